@@ -1,0 +1,22 @@
+// CPU feature detection (cpuid + xgetbv) and the ISA the dispatcher picks.
+#pragma once
+#include <string>
+
+namespace zoi {
+
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Vnni = 3 };
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512vl = false,
+       avx512vnni = false, avx_vnni = false, os_avx = false, os_avx512 = false;
+  std::string vendor, brand;
+};
+
+const CpuFeatures& cpu_features();
+Isa best_isa();                 // best ISA this CPU + OS support
+Isa active_isa();               // best_isa(), or ZOI_CPU_ISA when set (and supported)
+bool isa_supported(Isa isa);
+const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512" | "vnni"
+bool parse_isa(const std::string& s, Isa* out);
+
+}  // namespace zoi
