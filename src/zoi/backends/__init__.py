@@ -1,0 +1,71 @@
+"""Backends run a CompiledModel: reference (numpy), cpu (zoi._cpu native core), cuda (Triton + graphs)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from zoi.errors import BackendUnavailableError
+from zoi.graph.compiled import CompiledModel
+
+log = logging.getLogger("zoi")
+
+DEVICES = ("auto", "cpu", "cuda", "reference")
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_status() -> tuple[bool, str]:
+    """(usable, reason): a CUDA driver with a device, and triton importable. Never imports torch."""
+    try:
+        from cuda.bindings import driver  # type: ignore
+    except ImportError:
+        return False, "cuda-bindings is not installed (pip install 'zoi[gpu]')"
+    try:
+        (err,) = driver.cuInit(0)
+        if int(err) != 0:
+            return False, f"no usable CUDA driver (cuInit: {err})"
+        err, n = driver.cuDeviceGetCount()
+        if int(err) != 0 or n == 0:
+            return False, "no CUDA device found"
+    except Exception as e:  # driver library missing
+        return False, f"no usable CUDA driver ({e})"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False, "triton is not installed (pip install 'zoi[gpu]')"
+    return True, f"{n} CUDA device(s)"
+
+
+def resolve_device(device: str) -> str:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        ok, why = cuda_status()
+        picked = "cuda" if ok else "cpu"
+        log.warning("zoi: device='auto' picked %s (%s)", picked, why if ok else f"no GPU: {why}")
+        return picked
+    if device == "cuda":
+        ok, why = cuda_status()
+        if not ok:
+            raise BackendUnavailableError(f"device='cuda' is not usable here: {why}. Use device='cpu' or 'auto'.")
+    return device
+
+
+def make_backend(model: CompiledModel, device: str):
+    if device == "reference":
+        from zoi.backends.reference import ReferenceBackend
+
+        return ReferenceBackend(model)
+    if device == "cpu":
+        try:
+            from zoi.backends.cpu import CpuBackend
+        except ImportError as e:
+            raise BackendUnavailableError(
+                f"the native CPU core is not built ({e}); reinstall with `pip install -e .` or use device='reference'"
+            ) from e
+        return CpuBackend(model)
+    if device == "cuda":
+        from zoi.backends.cuda import CudaBackend
+
+        return CudaBackend(model)
+    raise ValueError(f"unknown device {device!r}")

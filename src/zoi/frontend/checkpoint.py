@@ -1,0 +1,304 @@
+"""Hugging Face checkpoint folder -> (ModelSpec, canonical float32 weights, tokenizer.json path).
+
+Supported: BertModel (all-MiniLM, BGE/E5/GTE, BERT-base), DistilBertModel, RobertaModel /
+XLMRobertaModel, with or without a task prefix (`bert.`, `roberta.` ...). Sentence-transformers
+folders: pooling from `modules.json` + `1_Pooling/config.json`, `Normalize`, `max_seq_length`.
+Only safetensors are read: a pickle checkpoint can execute code when loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoi.errors import CheckpointError, UnsupportedModelError
+from zoi.frontend.safetensors_io import SafetensorsFile
+from zoi.frontend.spec import ModelSpec
+
+SUPPORTED_TYPES = {
+    "bert": "bert",
+    "distilbert": "distilbert",
+    "roberta": "roberta",
+    "xlm-roberta": "roberta",
+    "camembert": "roberta",
+}
+SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel (model_type bert, distilbert, roberta, xlm-roberta, camembert)"
+_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
+
+def read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path}: file not found") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e})") from e
+
+
+def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = ...) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            v = cfg[n]
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) if kind in (int, float) else isinstance(v, kind)
+            if not ok or (kind is int and (float(v) != int(v) or v < 0)):
+                raise CheckpointError(f"{path}: field {n!r} should be a {kind.__name__} >= 0, got {v!r}")
+            return kind(v)
+    if default is ...:
+        raise CheckpointError(f"{path}: missing field {names[0]!r}")
+    return default
+
+
+def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
+    cpath = folder / "config.json"
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cpath}: expected a JSON object")
+    mtype = cfg.get("model_type")
+    if mtype not in SUPPORTED_TYPES:
+        archs = cfg.get("architectures")
+        raise UnsupportedModelError(
+            f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
+        )
+    arch = SUPPORTED_TYPES[mtype]
+    if arch == "distilbert":
+        hidden = _field(cfg, cpath, "dim")
+        layers = _field(cfg, cpath, "n_layers")
+        heads = _field(cfg, cpath, "n_heads")
+        inter = _field(cfg, cpath, "hidden_dim")
+        act_name = cfg.get("activation", "gelu")
+        maxpos = _field(cfg, cpath, "max_position_embeddings")
+        tv, offset, eps = 0, 0, 1e-12
+    else:
+        hidden = _field(cfg, cpath, "hidden_size")
+        layers = _field(cfg, cpath, "num_hidden_layers")
+        heads = _field(cfg, cpath, "num_attention_heads")
+        inter = _field(cfg, cpath, "intermediate_size")
+        act_name = cfg.get("hidden_act", "gelu")
+        maxpos = _field(cfg, cpath, "max_position_embeddings")
+        tv = _field(cfg, cpath, "type_vocab_size", default=0)
+        eps = _field(cfg, cpath, "layer_norm_eps", kind=float, default=1e-12)
+        pet = cfg.get("position_embedding_type", "absolute")
+        if pet not in (None, "absolute"):
+            raise UnsupportedModelError(f"{cpath}: position_embedding_type {pet!r} is not supported (only 'absolute')")
+        offset = 0
+        if arch == "roberta":
+            offset = _field(cfg, cpath, "pad_token_id", default=1) + 1
+    vocab = _field(cfg, cpath, "vocab_size")
+    if act_name not in _ACTS:
+        raise UnsupportedModelError(f"{cpath}: activation {act_name!r} is not supported (supported: {sorted(_ACTS)})")
+    if hidden == 0 or heads == 0 or layers == 0 or hidden % heads:
+        raise CheckpointError(f"{cpath}: hidden size {hidden} must be a positive multiple of the head count {heads}")
+    usable = maxpos - offset
+    if usable < 2:
+        raise CheckpointError(f"{cpath}: max_position_embeddings {maxpos} leaves no room for a sequence")
+    return ModelSpec(
+        arch=arch, vocab_size=vocab, hidden=hidden, layers=layers, heads=heads, intermediate=inter,
+        max_positions=usable, position_offset=offset, type_vocab_size=tv, eps=float(eps),
+        act=_ACTS[act_name], name=folder.resolve().name,
+    )
+
+
+def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
+    """Pooling / Normalize / max_seq_length from a sentence-transformers folder, if it is one."""
+    modules_path = folder / "modules.json"
+    pooling, normalize, maxlen = "mean", False, spec.max_positions
+    if modules_path.exists():
+        modules = read_json(modules_path)
+        if not isinstance(modules, list):
+            raise CheckpointError(f"{modules_path}: expected a JSON list of modules")
+        for m in modules:
+            if not isinstance(m, dict):
+                raise CheckpointError(f"{modules_path}: each module should be a JSON object")
+            mtype = str(m.get("type", ""))
+            if mtype.endswith("Pooling"):
+                pcfg = read_json(folder / str(m.get("path", "")) / "config.json")
+                if not isinstance(pcfg, dict):
+                    raise CheckpointError(f"{folder / str(m.get('path', ''))}/config.json: expected a JSON object")
+                modes = [k for k in ("cls", "mean", "max") if pcfg.get(f"pooling_mode_{k}_token" if k != "mean" else "pooling_mode_mean_tokens")]
+                if pcfg.get("pooling_mode_max_tokens"):
+                    modes.append("max")
+                modes = sorted(set(modes), key=modes.index)
+                if len(modes) != 1:
+                    raise UnsupportedModelError(
+                        f"{folder / str(m.get('path', ''))}/config.json: pooling modes {modes or 'none'}; zoi supports exactly one of mean, cls, max"
+                    )
+                pooling = modes[0]
+            elif mtype.endswith("Normalize"):
+                normalize = True
+            elif mtype.endswith("Dense"):
+                raise UnsupportedModelError(f"{modules_path}: a Dense module after pooling is not supported yet")
+        st_cfg = folder / "sentence_bert_config.json"
+        if st_cfg.exists():
+            c = read_json(st_cfg)
+            if isinstance(c, dict) and isinstance(c.get("max_seq_length"), int) and c["max_seq_length"] > 1:
+                maxlen = min(maxlen, c["max_seq_length"])
+    return spec.replace(pooling=pooling, normalize=normalize, max_positions=maxlen)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    single = folder / "model.safetensors"
+    index = folder / "model.safetensors.index.json"
+    if single.exists():
+        return [single]
+    if index.exists():
+        idx = read_json(index)
+        wm = idx.get("weight_map") if isinstance(idx, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            raise CheckpointError(f"{index}: missing or empty 'weight_map'")
+        files = []
+        for f in wm.values():
+            p = folder / str(f)
+            if p not in files:
+                files.append(p)
+        for p in files:
+            if not p.exists():
+                raise CheckpointError(f"{p}: shard named in {index.name} is missing")
+        return files
+    pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")] + [p.name for p in folder.glob("*.pth")]
+    if pickles:
+        raise CheckpointError(
+            f"{folder}: only pickle weights ({', '.join(sorted(pickles))}) found. zoi loads safetensors only, "
+            "because unpickling can execute arbitrary code. Convert once in a trusted environment: "
+            "python -c \"from transformers import AutoModel; AutoModel.from_pretrained('DIR').save_pretrained('DIR', safe_serialization=True)\""
+        )
+    raise CheckpointError(f"{folder}: no model.safetensors (or model.safetensors.index.json) found")
+
+
+def _mapping(arch: str, layers: int) -> dict[str, list[str]]:
+    """canonical name -> list of source names (concatenated along rows for qkv)."""
+    m: dict[str, list[str]] = {}
+    if arch == "distilbert":
+        m["embed.word"] = ["embeddings.word_embeddings.weight"]
+        m["embed.pos"] = ["embeddings.position_embeddings.weight"]
+        m["embed.ln.w"] = ["embeddings.LayerNorm.weight"]
+        m["embed.ln.b"] = ["embeddings.LayerNorm.bias"]
+        for i in range(layers):
+            p = f"transformer.layer.{i}."
+            for t in ("w", "b"):
+                s = "weight" if t == "w" else "bias"
+                m[f"l{i}.qkv.{t}"] = [p + f"attention.{x}_lin.{s}" for x in "qkv"]
+                m[f"l{i}.o.{t}"] = [p + f"attention.out_lin.{s}"]
+                m[f"l{i}.ln1.{t}"] = [p + f"sa_layer_norm.{s}"]
+                m[f"l{i}.ffn1.{t}"] = [p + f"ffn.lin1.{s}"]
+                m[f"l{i}.ffn2.{t}"] = [p + f"ffn.lin2.{s}"]
+                m[f"l{i}.ln2.{t}"] = [p + f"output_layer_norm.{s}"]
+        return m
+    m["embed.word"] = ["embeddings.word_embeddings.weight"]
+    m["embed.pos"] = ["embeddings.position_embeddings.weight"]
+    m["embed.type"] = ["embeddings.token_type_embeddings.weight"]
+    m["embed.ln.w"] = ["embeddings.LayerNorm.weight"]
+    m["embed.ln.b"] = ["embeddings.LayerNorm.bias"]
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+        for t in ("w", "b"):
+            s = "weight" if t == "w" else "bias"
+            m[f"l{i}.qkv.{t}"] = [p + f"attention.self.{x}.{s}" for x in ("query", "key", "value")]
+            m[f"l{i}.o.{t}"] = [p + f"attention.output.dense.{s}"]
+            m[f"l{i}.ln1.{t}"] = [p + f"attention.output.LayerNorm.{s}"]
+            m[f"l{i}.ffn1.{t}"] = [p + f"intermediate.dense.{s}"]
+            m[f"l{i}.ffn2.{t}"] = [p + f"output.dense.{s}"]
+            m[f"l{i}.ln2.{t}"] = [p + f"output.LayerNorm.{s}"]
+    return m
+
+
+def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    H, I, L = spec.hidden, spec.intermediate, spec.layers
+    s: dict[str, tuple[int, ...]] = {
+        "embed.word": (spec.vocab_size, H),
+        "embed.pos": (spec.max_positions + spec.position_offset, H),
+        "embed.ln.w": (H,), "embed.ln.b": (H,),
+    }
+    if spec.type_vocab_size:
+        s["embed.type"] = (spec.type_vocab_size, H)
+    for i in range(L):
+        s.update({
+            f"l{i}.qkv.w": (3 * H, H), f"l{i}.qkv.b": (3 * H,), f"l{i}.o.w": (H, H), f"l{i}.o.b": (H,),
+            f"l{i}.ln1.w": (H,), f"l{i}.ln1.b": (H,), f"l{i}.ffn1.w": (I, H), f"l{i}.ffn1.b": (I,),
+            f"l{i}.ffn2.w": (H, I), f"l{i}.ffn2.b": (H,), f"l{i}.ln2.w": (H,), f"l{i}.ln2.b": (H,),
+        })
+    return s
+
+
+def _find_prefix(names: list[str], anchor: str) -> str:
+    for n in names:
+        if n.endswith(anchor) and (n == anchor or n[: -len(anchor)].endswith(".")):
+            return n[: -len(anchor)]
+    return ""
+
+
+def _legacy(name: str) -> list[str]:
+    return [name, name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")]
+
+
+def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
+    files = [SafetensorsFile(p) for p in _weight_files(folder)]
+    where: dict[str, SafetensorsFile] = {}
+    for f in files:
+        for n in f.names():
+            where[n] = f
+    names = list(where)
+    prefix = _find_prefix(names, "embeddings.word_embeddings.weight")
+    # max positions in the table may exceed what the tokenizer limit uses: keep the whole table
+    out: dict[str, np.ndarray] = {}
+    shapes = expected_shapes(spec)
+    for canon, sources in _mapping(spec.arch, spec.layers).items():
+        if canon == "embed.type" and not spec.type_vocab_size:
+            continue
+        parts = []
+        for src in sources:
+            found = None
+            for cand in _legacy(prefix + src):
+                if cand in where:
+                    found = cand
+                    break
+            if found is None:
+                raise CheckpointError(
+                    f"{folder}: tensor {prefix + src!r} is missing from the safetensors file(s) "
+                    f"({', '.join(p.path.name for p in files)}); is this a complete {spec.arch} checkpoint?"
+                )
+            f = where[found]
+            dtype, _ = f.meta(found)
+            if dtype not in ("F32", "F16", "BF16", "F64"):
+                raise CheckpointError(f"{f.path}: tensor {found!r} has dtype {dtype}; expected F32, F16 or BF16")
+            parts.append(f.get(found))
+        arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        want = shapes[canon]
+        if canon == "embed.pos":
+            if arr.ndim != 2 or arr.shape[1] != want[1] or arr.shape[0] < want[0]:
+                raise CheckpointError(f"{folder}: {sources[0]!r} has shape {arr.shape}, expected at least {want}")
+        elif arr.shape != want:
+            raise CheckpointError(
+                f"{folder}: {', '.join(prefix + s for s in sources)} has shape {arr.shape}, expected {want} from config.json"
+            )
+        arr = np.asarray(arr, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise CheckpointError(f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values")
+        out[canon] = arr
+    return out
+
+
+def load_spec(path: str | Path) -> ModelSpec:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face model folder)")
+    spec = _spec_from_config(folder, read_json(folder / "config.json"))
+    return _sentence_transformers_options(folder, spec)
+
+
+def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, np.ndarray], Path]:
+    """Load a Hugging Face folder. Returns (spec, canonical float32 weights, tokenizer.json path)."""
+    folder = Path(path)
+    spec = load_spec(folder)
+    tok = folder / "tokenizer.json"
+    if not tok.exists():
+        raise CheckpointError(
+            f"{tok}: file not found; zoi needs the fast tokenizer file (save it with "
+            "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
+        )
+    weights = load_weights(folder, spec)
+    return spec, weights, tok

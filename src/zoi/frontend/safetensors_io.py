@@ -1,0 +1,116 @@
+"""Read safetensors files memory-mapped with numpy, no torch.
+
+We parse the (tiny) header ourselves instead of `safetensors.safe_open(framework="numpy")`
+because that path cannot return BF16 tensors (numpy has no bfloat16) and gives opaque errors
+on corrupt files; here every problem names the file and what is wrong. Writing uses the
+`safetensors` library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from zoi.errors import CheckpointError
+
+_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,  # raw bits; widened to float32 on read
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class SafetensorsFile:
+    """One .safetensors file: `names()`, `meta(name)`, `get(name) -> np.ndarray`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise CheckpointError(f"{self.path}: truncated safetensors file ({size} bytes, no header)")
+                (n,) = struct.unpack("<Q", head)
+                if n > MAX_HEADER or 8 + n > size:
+                    raise CheckpointError(
+                        f"{self.path}: corrupt safetensors header (declares {n} header bytes, file has {size})"
+                    )
+                raw = f.read(n)
+        except OSError as e:
+            raise CheckpointError(f"{self.path}: cannot read ({e.strerror or e})") from e
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{self.path}: corrupt safetensors header (not JSON: {e})") from e
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: corrupt safetensors header (not a JSON object)")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._base = 8 + n
+        data_len = size - self._base
+        self._info: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            try:
+                dtype = info["dtype"]
+                shape = tuple(int(s) for s in info["shape"])
+                begin, end = (int(o) for o in info["data_offsets"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has a malformed header entry") from e
+            if dtype not in _DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype}")
+            if any(s < 0 for s in shape):
+                raise CheckpointError(f"{self.path}: tensor {name!r} has a negative dimension {shape}")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dtype]).itemsize
+            if not (0 <= begin <= end <= data_len) or end - begin != nbytes:
+                raise CheckpointError(
+                    f"{self.path}: tensor {name!r} data [{begin}, {end}) does not fit its shape {shape} "
+                    f"{dtype} or the file's {data_len} data bytes (truncated or corrupt file)"
+                )
+            self._info[name] = (dtype, shape, begin, end)
+        self._mm: np.memmap | None = None
+
+    def names(self) -> list[str]:
+        return list(self._info)
+
+    def meta(self, name: str) -> tuple[str, tuple[int, ...]]:
+        d, s, _, _ = self._info[name]
+        return d, s
+
+    def _map(self) -> np.ndarray:
+        if self._mm is None:
+            if self.path.stat().st_size == self._base:
+                self._mm = np.zeros(0, np.uint8)
+            else:
+                self._mm = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._base)
+        return self._mm
+
+    def get(self, name: str, float32: bool = True) -> np.ndarray:
+        """The tensor, memory-mapped; float tensors widened to float32 when float32=True."""
+        dtype, shape, begin, end = self._info[name]
+        raw = self._map()[begin:end]
+        arr = np.frombuffer(raw, dtype=_DTYPES[dtype]).reshape(shape) if end > begin else np.zeros(
+            shape, _DTYPES[dtype]
+        )
+        if dtype == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        elif float32 and dtype in ("F16", "F64"):
+            arr = arr.astype(np.float32)
+        return arr
+
+
+def save_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike, metadata: dict | None = None) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)

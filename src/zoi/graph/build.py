@@ -1,0 +1,48 @@
+"""ModelSpec -> Graph (the op list of a BERT-family encoder over packed tokens)."""
+
+from __future__ import annotations
+
+import math
+
+from zoi.frontend.spec import ModelSpec
+from zoi.graph.ir import Buffer, Graph, Op
+
+
+def linear_prefix(op: Op) -> str:
+    """Weight prefix of a linear op, e.g. 'l0.qkv' (its weights are prefix.w / prefix.b)."""
+    return op.weights["w"].rsplit(".", 1)[0]
+
+
+def build_graph(spec: ModelSpec) -> Graph:
+    H, I = spec.hidden, spec.intermediate
+    bufs: dict[str, Buffer] = {}
+    ops: list[Op] = []
+
+    def buf(name: str, cols: int, rows: str = "T") -> str:
+        bufs[name] = Buffer(name, rows, cols)
+        return name
+
+    def lin(x: str, prefix: str, out: str, cols: int, act: str = "none") -> str:
+        ops.append(Op("linear", [x], buf(out, cols), {"w": f"{prefix}.w", "b": f"{prefix}.b"}, {"act": act}))
+        return out
+
+    def add_ln(x: str, res: str, prefix: str, out: str) -> str:
+        ops.append(Op("add_layernorm", [x, res], buf(out, H), {"w": f"{prefix}.w", "b": f"{prefix}.b"}, {"eps": spec.eps}))
+        return out
+
+    ew = {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"}
+    if spec.type_vocab_size:
+        ew["type"] = "embed.type"
+    ops.append(Op("embed", ["ids", "positions"], buf("x0", H), ew, {"eps": spec.eps}))
+    x = "x0"
+    for i in range(spec.layers):
+        qkv = lin(x, f"l{i}.qkv", f"l{i}.qkv_out", 3 * H)
+        ops.append(Op("attention", [qkv, "cu_seqlens"], buf(f"l{i}.ctx", H), {},
+                      {"heads": spec.heads, "head_dim": spec.head_dim, "scale": 1.0 / math.sqrt(spec.head_dim)}))
+        ao = lin(f"l{i}.ctx", f"l{i}.o", f"l{i}.attn_out", H)
+        x1 = add_ln(ao, x, f"l{i}.ln1", f"l{i}.x1")
+        h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", I, act=spec.act)
+        f = lin(h, f"l{i}.ffn2", f"l{i}.ffn_out", H)
+        x = add_ln(f, x1, f"l{i}.ln2", f"l{i}.x2")
+    ops.append(Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling}))
+    return Graph(ops, bufs)

@@ -1,0 +1,50 @@
+"""CompiledModel: everything a backend needs (spec, graph, memory plan, weights, quantisation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zoi.frontend.spec import ModelSpec
+from zoi.graph.build import build_graph
+from zoi.graph.ir import Graph
+from zoi.graph.planner import Plan, plan_memory
+
+
+@dataclass
+class LinearQuant:
+    """How one linear (weight prefix, e.g. 'l0.qkv') is quantised."""
+
+    scheme: str = "dynamic"  # "dynamic" (per-token) | "static" (per-tensor, calibrated) | "fp32"
+    amax: float | None = None  # static scheme: calibrated activation absmax
+    info: dict[str, Any] = field(default_factory=dict)  # sqnr_db, smooth alpha, ... (reporting only)
+
+    def to_dict(self) -> dict:
+        return {"scheme": self.scheme, "amax": self.amax, "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LinearQuant:
+        return cls(d.get("scheme", "dynamic"), d.get("amax"), d.get("info", {}))
+
+
+@dataclass
+class CompiledModel:
+    spec: ModelSpec
+    graph: Graph
+    plan: Plan
+    precision: str  # "fp32" | "int8" | "fp16"
+    weights: dict[str, np.ndarray]
+    quant: dict[str, LinearQuant] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, spec: ModelSpec, weights: dict[str, np.ndarray], precision: str, max_tokens: int,
+              max_batch: int | None = None, quant: dict[str, LinearQuant] | None = None) -> CompiledModel:
+        graph = build_graph(spec)
+        plan = plan_memory(graph, max_tokens, max_batch)
+        return cls(spec, graph, plan, precision, weights, quant or {})
+
+    def weight_bytes(self) -> int:
+        return int(sum(w.nbytes for w in self.weights.values()))

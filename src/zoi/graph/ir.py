@@ -1,0 +1,53 @@
+"""The IR: a short list of ops over packed tokens with static column counts (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool")
+ACTS = ("none", "gelu", "gelu_tanh", "relu", "sigmoid")
+
+
+@dataclass
+class Buffer:
+    name: str
+    rows: str  # "T" (tokens) or "B" (sequences)
+    cols: int
+    dtype: str = "f32"
+
+    def nbytes(self, max_tokens: int, max_batch: int) -> int:
+        rows = max_tokens if self.rows == "T" else max_batch
+        return rows * self.cols * 4
+
+
+@dataclass
+class Op:
+    kind: str
+    inputs: list[str]
+    output: str
+    weights: dict[str, str] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Graph:
+    ops: list[Op]
+    buffers: dict[str, Buffer]
+    inputs: tuple[str, ...] = ("ids", "positions", "cu_seqlens")
+    output: str = "pooled"
+
+    def to_dict(self) -> dict:
+        return {
+            "ops": [asdict(o) for o in self.ops],
+            "buffers": [asdict(b) for b in self.buffers.values()],
+            "inputs": list(self.inputs),
+            "output": self.output,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Graph:
+        bufs = {b["name"]: Buffer(**b) for b in d["buffers"]}
+        return cls([Op(**o) for o in d["ops"]], bufs, tuple(d["inputs"]), d["output"])
+
+    def linears(self) -> list[Op]:
+        return [o for o in self.ops if o.kind == "linear"]

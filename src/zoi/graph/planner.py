@@ -1,0 +1,81 @@
+"""Liveness-based memory planning: every intermediate gets an offset in one arena.
+
+Sizes are fixed by max_tokens / max_batch, so the arena is reserved once (ggml-alloc's
+"plan memory, don't allocate it") and a call never allocates. A buffer is live from the op
+that writes it to the last op that reads it; an op's output never shares bytes with its inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zoi.graph.ir import Graph
+
+ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class Plan:
+    offsets: dict[str, int]
+    sizes: dict[str, int]
+    live: dict[str, tuple[int, int]]  # buffer -> (first op index writing, last op index reading)
+    arena_bytes: int
+    max_tokens: int
+    max_batch: int
+
+    def to_dict(self) -> dict:
+        return {"offsets": self.offsets, "sizes": self.sizes, "live": {k: list(v) for k, v in self.live.items()},
+                "arena_bytes": self.arena_bytes, "max_tokens": self.max_tokens, "max_batch": self.max_batch}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        return cls(d["offsets"], d["sizes"], {k: tuple(v) for k, v in d["live"].items()}, d["arena_bytes"],
+                   d["max_tokens"], d["max_batch"])
+
+    def peak_live_bytes(self) -> int:
+        """Lower bound for any arena: the largest sum of sizes live at one op."""
+        n_ops = max((e for _, e in self.live.values()), default=-1) + 1
+        return max((sum(self.sizes[b] for b, (s, e) in self.live.items() if s <= i <= e) for i in range(n_ops)), default=0)
+
+
+def liveness(graph: Graph) -> dict[str, tuple[int, int]]:
+    live: dict[str, list[int]] = {}
+    for i, op in enumerate(graph.ops):
+        for name in op.inputs:
+            if name in live:
+                live[name][1] = i
+        live[op.output] = [i, i]
+    live[graph.output][1] = len(graph.ops)  # the output survives the run
+    return {k: (v[0], v[1]) for k, v in live.items()}
+
+
+def plan_memory(graph: Graph, max_tokens: int, max_batch: int | None = None) -> Plan:
+    """Greedy by size (TFLite's arena planner): place the largest buffers first, each at the
+    lowest offset that does not collide with an already placed buffer whose live range
+    overlaps. On encoder graphs this reaches the lower bound (the peak of live bytes)."""
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    max_batch = max_tokens if max_batch is None else max_batch
+    if max_batch < 1:
+        raise ValueError("max_batch must be >= 1")
+    live = liveness(graph)
+    sizes = {n: _align(graph.buffers[n].nbytes(max_tokens, max_batch)) for n in live}
+    order = sorted(live, key=lambda n: (-sizes[n], live[n][0]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    offsets: dict[str, int] = {}
+    for n in order:
+        s0, e0 = live[n]
+        busy = sorted((o, o + sz) for o, sz, s1, e1 in placed if s1 <= e0 and s0 <= e1)
+        off = 0
+        for a, b in busy:
+            if off + sizes[n] <= a:
+                break
+            off = max(off, b)
+        offsets[n] = off
+        placed.append((off, sizes[n], s0, e0))
+    arena = max((o + sz for o, sz, _, _ in placed), default=0)
+    return Plan(offsets, sizes, live, arena, max_tokens, max_batch)
