@@ -1,0 +1,85 @@
+"""embed: x = LayerNorm(word[ids] + pos[positions] + type[0]) * w + b, one program per BLOCK_R rows.
+
+Also writes the per-row amax of x (for the first INT8 linear) and zeroes the rows of the
+atomic amax buffers that later kernels of the same forward max into (one region
+``[n_zero, zero_stride]``), so no separate memset node is needed in the graph.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def embed_kernel(
+    ids_ptr,  # [T] int32 token ids
+    pos_ptr,  # [T] int32 position ids (already offset)
+    word_ptr,  # [V, H] fp16 (WORD_Q: int8)
+    word_scale_ptr,  # [V] fp32 per-row scale (WORD_Q)
+    posemb_ptr,  # [P, H] fp16
+    type_ptr,  # [H] fp16, row 0 of the token-type table (HAS_TYPE)
+    lnw_ptr,  # [H] fp32
+    lnb_ptr,  # [H] fp32
+    x_ptr,  # [T, H] output, row stride ldx
+    amax_ptr,  # [T] fp32 per-row amax of x (AMAX_OUT)
+    zero_ptr,  # [n_zero, zero_stride] fp32, rows < T zeroed
+    T,
+    H,
+    ldx,
+    n_zero,
+    zero_stride,
+    eps,
+    WORD_Q: tl.constexpr,
+    HAS_TYPE: tl.constexpr,
+    AMAX_OUT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_H)
+    r_ok = rows < T
+    c_ok = cols < H
+    m2 = r_ok[:, None] & c_ok[None, :]
+    ids = tl.load(ids_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+    w = tl.load(word_ptr + ids[:, None] * H + cols[None, :], mask=m2, other=0).to(tl.float32)
+    if WORD_Q:
+        ws = tl.load(word_scale_ptr + ids, mask=r_ok, other=0.0)
+        w = w * ws[:, None]
+    x = w + tl.load(posemb_ptr + pos[:, None] * H + cols[None, :], mask=m2, other=0).to(tl.float32)
+    if HAS_TYPE:
+        x = x + tl.load(type_ptr + cols, mask=c_ok, other=0).to(tl.float32)[None, :]
+    x = tl.where(c_ok[None, :], x, 0.0)
+    mean = tl.sum(x, axis=1) / H
+    d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
+    var = tl.sum(d * d, axis=1) / H
+    rstd = 1.0 / tl.sqrt(var + eps)
+    lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
+    lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
+    y = (d * rstd[:, None] * lw[None, :] + lb[None, :]).to(x_ptr.dtype.element_ty)
+    tl.store(x_ptr + rows[:, None].to(tl.int64) * ldx + cols[None, :], y, mask=m2)
+    if AMAX_OUT:
+        am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
+        tl.store(amax_ptr + rows, am, mask=r_ok)
+    for z in range(0, n_zero):
+        tl.store(zero_ptr + z * zero_stride + rows, tl.zeros((BLOCK_R,), tl.float32), mask=r_ok)
+
+
+def pick_config(H: int) -> dict:
+    bh = triton.next_power_of_2(H)
+    return dict(BLOCK_R=max(1, min(16, 4096 // bh)), BLOCK_H=bh, num_warps=4 if bh <= 1024 else 8)
+
+
+def launch_embed(ids, pos, word, word_scale, posemb, type0, lnw, lnb, x, amax, zero, T, H, n_zero,
+                 zero_stride, eps, cfg=None):
+    cfg = cfg or pick_config(H)
+    embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
+        ids, pos, word, word_scale if word_scale is not None else lnw, posemb,
+        type0 if type0 is not None else lnw, lnw, lnb, x,
+        amax if amax is not None else lnw, zero if zero is not None else lnw,
+        T, H, x.stride(0), n_zero, zero_stride, float(eps),
+        WORD_Q=word_scale is not None, HAS_TYPE=type0 is not None, AMAX_OUT=amax is not None,
+        **cfg,
+    )

@@ -1,0 +1,209 @@
+"""linear: y = act(x @ w.T + b) [+ r] [-> LayerNorm], INT8 (per-token dynamic/static) or FP16.
+
+One Triton kernel, specialised by constexpr flags:
+
+* ``QUANT`` 0: FP16 weights, ``tl.dot`` on fp16 operands with fp32 accumulation.
+  1: INT8 weights, activations quantised per token *while loading* from the fp16
+  activation buffer with ``amax`` read from ``a_amax_ptr`` (dynamic scheme, the producer
+  wrote it). 2: INT8 static scheme, ``amax = static_amax``. 3: A already int8 with
+  per-row scale in ``a_amax_ptr`` holding amax (used by the raw GEMM benchmark).
+  The INT8 numerics are those of ``zoi.quant.primitives`` (ARCHITECTURE.md):
+  ``inv = 127/amax`` (0 when amax == 0), ``q = clip(rint(x*inv), -127, 127)``,
+  ``y = float(sum_k q*w_q) * (amax/127 * w_scale[n]) + b[n]``; the sum is int32, exact.
+  rint is done as clamp-then-(x + 1.5*2^23) - 1.5*2^23 (round-half-even for |x| < 2^22,
+  identical on the GPU and in the interpreter; the clamp sits between the multiply and the
+  add, so no FMA contraction can change it).
+* ``ACT`` 0 none, 1 gelu (erf), 2 gelu_tanh, 3 relu, 4 sigmoid; applied before the residual.
+* ``HAS_RES``: ``+ r`` after the activation (fp32).
+* ``LN``: the program owns whole rows (``BLOCK_N >= N``, grid_n == 1); the epilogue
+  computes ``LayerNorm(y) * ln_w + ln_b`` in fp32 (two-pass on the tile in registers).
+* ``AMAX_OUT`` 0 none; 1 atomic max of |y| per row into ``amax_out_ptr`` (the buffer
+  must be zero beforehand; amax >= 0 so a float atomic max is exact); 2 plain store
+  (LN mode only, the program sees the whole row). The next INT8 linear reads it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
+
+
+@triton.jit
+def _activation(y, ACT: tl.constexpr):
+    if ACT == 1:  # gelu, erf form (BERT)
+        y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
+    elif ACT == 2:  # gelu, tanh form; tanh via exp for the interpreter's sake
+        u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        y = 0.5 * y * (1.0 + t)
+    elif ACT == 3:
+        y = tl.maximum(y, 0.0)
+    elif ACT == 4:
+        y = 1.0 / (1.0 + tl.exp(-y))
+    return y
+
+
+@triton.jit
+def linear_kernel(
+    a_ptr,  # A [M, K] fp16 activations (QUANT 3: int8), row stride lda
+    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1, 3)
+    w_ptr,  # W [N, K] int8 (QUANT 1..3) or fp16 (QUANT 0), row-major (HF orientation)
+    ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1..3)
+    b_ptr,  # [N] fp32 bias
+    r_ptr,  # [M, N] residual (HAS_RES), row stride ldr
+    lnw_ptr,  # [N] fp32 LayerNorm weight (LN)
+    lnb_ptr,  # [N] fp32 LayerNorm bias (LN)
+    y_ptr,  # [M, N] output (dtype of the buffer), row stride ldy
+    amax_out_ptr,  # [M] fp32 per-row amax of y (AMAX_OUT)
+    M,
+    N,
+    K,
+    lda,
+    ldr,
+    ldy,
+    static_amax,  # float, QUANT 2
+    eps,  # float, LN
+    QUANT: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    LN: tl.constexpr,
+    AMAX_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # grouped ordering: consecutive programs share W tiles in L2
+    group = GROUP_M * num_n
+    gid = pid // group
+    first_m = gid * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gsize
+    pid_n = (pid % group) // gsize
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_mask = rm < M
+    n_mask = rn < N
+    rm_c = tl.where(m_mask, rm, 0)  # clamp rows: loads stay in bounds, stores are masked
+    rn_c = tl.where(n_mask, rn, 0)
+
+    a_ptrs = a_ptr + rm_c[:, None].to(tl.int64) * lda + rk[None, :]
+    w_ptrs = w_ptr + rn_c[None, :].to(tl.int64) * K + rk[:, None]  # [BLOCK_K, BLOCK_N] view of W^T
+
+    if QUANT == 0:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            k_ok = (k + rk) < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a.to(tl.float16), w, acc)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        y = acc
+    else:
+        if QUANT == 2:
+            amax = tl.zeros((BLOCK_M,), dtype=tl.float32) + static_amax
+        else:
+            amax = tl.load(a_amax_ptr + rm_c)
+        inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for k in range(0, K, BLOCK_K):
+            k_ok = (k + rk) < K
+            if QUANT == 3:
+                q = tl.load(a_ptrs, mask=k_ok[None, :], other=0)
+            else:
+                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
+                s = tl.minimum(tl.maximum(a * inv[:, None], -127.0), 127.0)
+                s = (s + 12582912.0) - 12582912.0
+                q = s.to(tl.int8)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+            acc = tl.dot(q, w, acc, out_dtype=tl.int32)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        ws = tl.load(ws_ptr + rn_c)
+        a_scale = amax / 127.0
+        y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
+
+    bias = tl.load(b_ptr + rn_c)
+    y = y + bias[None, :]
+    y = _activation(y, ACT)
+    mask2 = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        r = tl.load(r_ptr + rm_c[:, None].to(tl.int64) * ldr + rn_c[None, :])
+        y = y + r.to(tl.float32)
+    if LN:
+        y = tl.where(n_mask[None, :], y, 0.0)
+        mean = tl.sum(y, axis=1) / N
+        d = tl.where(n_mask[None, :], y - mean[:, None], 0.0)
+        var = tl.sum(d * d, axis=1) / N
+        rstd = 1.0 / tl.sqrt(var + eps)
+        lw = tl.load(lnw_ptr + rn_c)
+        lb = tl.load(lnb_ptr + rn_c)
+        y = d * rstd[:, None] * lw[None, :] + lb[None, :]
+    out = y.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + rm_c[:, None].to(tl.int64) * ldy + rn_c[None, :], out, mask=mask2)
+    if AMAX_OUT != 0:
+        ay = tl.where(mask2, tl.abs(out.to(tl.float32)), 0.0)
+        row_amax = tl.max(ay, axis=1)
+        if AMAX_OUT == 1:
+            tl.atomic_max(amax_out_ptr + rm_c, row_amax, mask=m_mask)
+        else:
+            tl.store(amax_out_ptr + rm_c, row_amax, mask=m_mask)
+
+
+ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
+
+
+def pick_config(M: int, N: int, K: int, quant: bool, ln: bool) -> dict:
+    """Tile configuration per shape (chosen once, at compile time).
+
+    Small M (a few sequences): narrow M tiles so that more programs cover N.
+    Large M: 128-row tiles, which Triton lowers to wgmma (IGMMA/HGMMA) on sm_90a.
+    LN epilogue: the program must own whole rows, BLOCK_N = next_pow2(N).
+    """
+    bk = 128 if quant else 64
+    if ln:
+        bn = triton.next_power_of_2(N)
+        if M <= 256:
+            bm = 16
+        elif M <= 4096:
+            bm = 32
+        else:
+            bm = 64
+        warps = 4 if bn * bm <= 8192 else 8
+        stages = 3 if bn <= 512 else 2
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+    if M <= 256:
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
+    if M <= 4096:
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=4)
+
+
+def grid_size(M: int, N: int, cfg: dict) -> int:
+    return triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+
+
+def launch_linear(a, a_amax, w, ws, b, r, lnw, lnb, y, amax_out, M, N, K, *, quant, act="none",
+                  static_amax=0.0, eps=1e-12, ln=False, amax_out_mode=0, cfg=None):
+    """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts)."""
+    cfg = cfg or pick_config(M, N, K, quant != 0, ln)
+    if ln:
+        assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
+    dummy = b
+    linear_kernel[(grid_size(M, N, cfg),)](
+        a, a_amax if a_amax is not None else dummy, w, ws if ws is not None else dummy, b,
+        r if r is not None else dummy, lnw if lnw is not None else dummy,
+        lnb if lnb is not None else dummy, y, amax_out if amax_out is not None else dummy,
+        M, N, K, a.stride(0), r.stride(0) if r is not None else 0, y.stride(0),
+        float(static_amax), float(eps),
+        QUANT=quant, ACT=ACTS[act] if isinstance(act, str) else act, HAS_RES=r is not None,
+        LN=ln, AMAX_OUT=amax_out_mode, **cfg,
+    )

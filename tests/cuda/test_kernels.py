@@ -1,0 +1,229 @@
+"""Each Triton kernel of backends/cuda/kernels against zoi.backends.reference (float64).
+
+Runs under TRITON_INTERPRET=1 on the CPU (CI) with small, awkward shapes (1 token, primes,
+hidden sizes that are not powers of two); on a GPU (ZOI_TRITON_COMPILED=1) the same tests
+run compiled. Outputs are poisoned with NaN first: an unwritten element fails.
+Tolerances: relative Frobenius error against float64; fp16 storage of activations puts a
+naive fp16 implementation near 5e-4..1e-3, so 3e-3 is the bar (about 2x + margin);
+INT8 linears are compared against the integer-exact emulation (zoi.quant.primitives) run on
+the same fp16-rounded activations, where only float epilogue rounding differs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from zoi.backends import reference as ref  # noqa: E402
+from zoi.backends.cuda.kernels import attention as k_attn  # noqa: E402
+from zoi.backends.cuda.kernels import embed as k_embed  # noqa: E402
+from zoi.backends.cuda.kernels import layernorm as k_ln  # noqa: E402
+from zoi.backends.cuda.kernels import linear as k_lin  # noqa: E402
+from zoi.backends.cuda.kernels import pool as k_pool  # noqa: E402
+from zoi.quant import primitives as qp  # noqa: E402
+
+DEV = "cuda" if (torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1") else "cpu"
+
+
+def t(a, dtype=None):
+    x = torch.from_numpy(np.ascontiguousarray(a))
+    if dtype is not None:
+        x = x.to(dtype)
+    return x.to(DEV)
+
+
+def poison(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
+
+
+def rel(out, want) -> float:
+    out = np.asarray(out, np.float64)
+    want = np.asarray(want, np.float64)
+    assert np.isfinite(out).all(), "non-finite output (unwritten or NaN)"
+    return float(np.linalg.norm(out - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def f16(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
+
+
+def _rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 40, 24), (7, 72, 100), (33, 130, 96)])
+@pytest.mark.parametrize("act", ["none", "gelu", "gelu_tanh", "relu", "sigmoid"])
+def test_linear_fp16(M, N, K, act):
+    rng = np.random.default_rng(M * 1000 + N + K)
+    x, w, b = _rand(rng, M, K), _rand(rng, N, K, scale=K**-0.5), _rand(rng, N, scale=0.1)
+    r = _rand(rng, M, N)
+    y = poison((M, N), torch.float16)
+    k_lin.launch_linear(t(x, torch.float16), None, t(w, torch.float16), None, t(b), t(r, torch.float16),
+                        None, None, y, None, M, N, K, quant=0, act=act)
+    want = ref.linear(f16(x), f16(w), b.astype(np.float64), act, f16(r))
+    assert rel(y.float().cpu().numpy(), want) < 3e-3
+
+
+def _int8_want(x16, w_q, w_s, b, act, r=None, amax=None):
+    """Emulated INT8 linear on the fp16-rounded input, float64 epilogue."""
+    y = qp.linear_int8_emulated(x16.astype(np.float32), w_q, w_s, b, amax).astype(np.float64)
+    y = ref.activation(y, act)
+    return y if r is None else y + r
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 40, 24), (5, 72, 200), (37, 96, 130)])
+@pytest.mark.parametrize("static", [False, True])
+def test_linear_int8(M, N, K, static):
+    rng = np.random.default_rng(M + N * 7 + K * 13 + static)
+    x = _rand(rng, M, K, scale=2.0)
+    if M > 1:
+        x[M // 2] = 0.0  # amax 0 row: q = 0, scale 0
+    w_q, w_s = qp.quantize_weight(_rand(rng, N, K))
+    b = _rand(rng, N, scale=0.1)
+    x16 = f16(x)
+    amax_in = np.abs(x16).max(axis=1).astype(np.float32)
+    static_amax = 3.0 if static else 0.0
+    y = poison((M, N), torch.float16)
+    amax_out = torch.zeros(M, dtype=torch.float32, device=DEV)
+    k_lin.launch_linear(t(x16.astype(np.float16)), t(amax_in), t(w_q), t(w_s), t(b), None, None, None, y,
+                        amax_out, M, N, K, quant=2 if static else 1, act="gelu",
+                        static_amax=static_amax, amax_out_mode=1)
+    want = _int8_want(x16, w_q, w_s, b, "gelu", amax=static_amax if static else None)
+    got = y.float().cpu().numpy()
+    assert rel(got, want) < 2e-3
+    np.testing.assert_allclose(amax_out.cpu().numpy(), np.abs(got).max(axis=1), rtol=0, atol=0)
+
+
+def test_linear_int8_exact_accumulation():
+    """Integer part bit-exact: w_scale = 1, a power-of-two amax, no bias -> y == the int sum."""
+    rng = np.random.default_rng(5)
+    M, N, K = 9, 24, 300
+    q = rng.integers(-127, 128, size=(M, K)).astype(np.float32)
+    q[:, 0] = 127.0  # amax = 127 -> inv = 1, a_scale = 1
+    w_q = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    y = poison((M, N), torch.float32)
+    k_lin.launch_linear(t(q, torch.float16), t(np.full(M, 127.0, np.float32)), t(w_q),
+                        t(np.ones(N, np.float32)), t(np.zeros(N, np.float32)), None, None, None, y, None,
+                        M, N, K, quant=1)
+    exact = qp.int8_matmul_exact(q.astype(np.int8), w_q).astype(np.float64)
+    np.testing.assert_array_equal(y.cpu().numpy().astype(np.float64), exact)
+
+
+@pytest.mark.parametrize("quant", [0, 1])
+@pytest.mark.parametrize("M,N,K", [(1, 48, 40), (19, 96, 72)])
+def test_linear_residual_layernorm_epilogue(quant, M, N, K):
+    rng = np.random.default_rng(quant * 100 + M)
+    x, r = _rand(rng, M, K), _rand(rng, M, N)
+    w, b = _rand(rng, N, K, scale=K**-0.5), _rand(rng, N, scale=0.1)
+    lw, lb = (1 + _rand(rng, N, scale=0.1)), _rand(rng, N, scale=0.1)
+    x16, r16 = f16(x), f16(r)
+    y = poison((M, N), torch.float16)
+    amax_out = poison((M,), torch.float32)
+    cfg = k_lin.pick_config(M, N, K, quant != 0, True)
+    if quant:
+        w_q, w_s = qp.quantize_weight(w)
+        amax_in = np.abs(x16).max(axis=1).astype(np.float32)
+        k_lin.launch_linear(t(x16.astype(np.float16)), t(amax_in), t(w_q), t(w_s), t(b), t(r, torch.float16),
+                            t(lw), t(lb), y, amax_out, M, N, K, quant=1, eps=1e-12, ln=True,
+                            amax_out_mode=2, cfg=cfg)
+        lin = _int8_want(x16, w_q, w_s, b, "none", r16)
+    else:
+        k_lin.launch_linear(t(x, torch.float16), None, t(w, torch.float16), None, t(b), t(r, torch.float16),
+                            t(lw), t(lb), y, amax_out, M, N, K, quant=0, eps=1e-12, ln=True,
+                            amax_out_mode=2, cfg=cfg)
+        lin = ref.linear(x16, f16(w), b.astype(np.float64), "none", r16)
+    want = ref.layernorm(lin, lw.astype(np.float64), lb.astype(np.float64), 1e-12)
+    got = y.float().cpu().numpy()
+    assert rel(got, want) < 3e-3
+    np.testing.assert_array_equal(amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+
+
+@pytest.mark.parametrize("T,H", [(1, 24), (13, 100)])
+def test_add_layernorm(T, H):
+    rng = np.random.default_rng(T + H)
+    x, r = _rand(rng, T, H, scale=3.0), _rand(rng, T, H)
+    w, b = 1 + _rand(rng, H, scale=0.1), _rand(rng, H, scale=0.1)
+    y = poison((T, H), torch.float16)
+    amax = poison((T,), torch.float32)
+    k_ln.launch_add_layernorm(t(x, torch.float16), t(r, torch.float16), t(w), t(b), y, amax, T, H, 1e-5)
+    want = ref.add_layernorm(f16(x), f16(r), w.astype(np.float64), b.astype(np.float64), 1e-5)
+    got = y.float().cpu().numpy()
+    assert rel(got, want) < 2e-3
+    np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+
+
+@pytest.mark.parametrize("word_q", [False, True])
+@pytest.mark.parametrize("has_type", [False, True])
+def test_embed(word_q, has_type):
+    rng = np.random.default_rng(word_q * 2 + has_type)
+    V, P, H, T = 50, 20, 40, 11
+    word, pos, typ = _rand(rng, V, H), _rand(rng, P, H, scale=0.3), _rand(rng, 2, H, scale=0.3)
+    lw, lb = 1 + _rand(rng, H, scale=0.1), _rand(rng, H, scale=0.1)
+    ids = rng.integers(0, V, T).astype(np.int32)
+    positions = rng.integers(0, P, T).astype(np.int32)
+    if word_q:
+        wq, ws = qp.quantize_embedding(word)
+        word_ref = qp.dequantize_weight(wq, ws)
+        word_arg, ws_arg = t(wq), t(ws)
+    else:
+        word_ref = f16(word)
+        word_arg, ws_arg = t(word, torch.float16), None
+    x = poison((T, H), torch.float16)
+    amax = poison((T,), torch.float32)
+    zero = poison((3, T + 5), torch.float32)
+    k_embed.launch_embed(t(ids), t(positions), word_arg, ws_arg, t(pos, torch.float16),
+                         t(typ[0], torch.float16) if has_type else None, t(lw), t(lb), x, amax, zero,
+                         T, H, 3, T + 5, 1e-12)
+    want = ref.embed(ids, positions, word_ref.astype(np.float64), f16(pos), lw.astype(np.float64),
+                     lb.astype(np.float64), 1e-12, f16(typ) if has_type else None, np.float64)
+    got = x.float().cpu().numpy()
+    assert rel(got, want) < 2e-3
+    np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+    z = zero.cpu().numpy()
+    assert (z[:, :T] == 0).all() and np.isnan(z[:, T:]).all()
+
+
+@pytest.mark.parametrize("lens", [[1], [5, 1, 17], [70, 3]])
+@pytest.mark.parametrize("head_dim,heads", [(8, 3), (24, 2)])
+def test_attention_varlen(lens, head_dim, heads):
+    rng = np.random.default_rng(sum(lens) + head_dim)
+    T, H = sum(lens), heads * head_dim
+    n_seq = len(lens) + 2  # padded slots: empty sequences
+    cu = np.concatenate([[0], np.cumsum(lens), [T, T]]).astype(np.int32)
+    T_bucket = T + 3  # rows past T are not part of any sequence
+    qkv = np.zeros((T_bucket, 3 * H), np.float32)
+    qkv[:T] = _rand(rng, T, 3 * H, scale=1.5)
+    o = poison((T_bucket, H), torch.float16)
+    amax = torch.zeros(T_bucket, dtype=torch.float32, device=DEV)
+    scale = 1.0 / math.sqrt(head_dim)
+    cfg = k_attn.pick_config(T_bucket, head_dim)
+    k_attn.launch_attention(t(qkv, torch.float16), t(cu), o, amax, T_bucket, n_seq, heads, head_dim, scale,
+                            cfg=cfg)
+    want = ref.attention(f16(qkv[:T]), cu[: len(lens) + 1], heads, head_dim, scale)
+    got = o.float().cpu().numpy()
+    assert rel(got[:T], want) < 3e-3
+    assert np.isnan(got[T:]).all(), "rows past T must not be written"
+    np.testing.assert_array_equal(amax.cpu().numpy()[:T], np.abs(got[:T]).max(axis=1).astype(np.float32))
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+@pytest.mark.parametrize("norm", [0, 1])
+def test_pool(mode, norm):
+    rng = np.random.default_rng(len(mode) + norm)
+    lens = [3, 1, 40]
+    T, H = sum(lens), 56
+    cu = np.concatenate([[0], np.cumsum(lens), [T]]).astype(np.int32)  # one padded slot
+    x = _rand(rng, T, H)
+    p = poison((4, H), torch.float32)
+    k_pool.launch_pool(t(x, torch.float16), t(cu), t(np.array([norm], np.int32)), p, 4, H, mode)
+    want = ref.pool(f16(x), cu[:4], mode)
+    if norm:
+        want = ref.normalize(want)
+    got = p.cpu().numpy()
+    assert rel(got[:3], want) < 1e-5
+    assert (got[3] == 0).all()
