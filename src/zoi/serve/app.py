@@ -1,0 +1,54 @@
+"""The ASGI application: every route, /metrics, JSON errors, and a lifespan that drains on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from zoi.serve import routes_kserve, routes_openai, routes_tei
+from zoi.serve.http import json_response
+from zoi.serve.service import Service
+
+log = logging.getLogger("zoi.serve")
+
+
+def create_app(service: Service) -> Starlette:
+    async def metrics(request: Request):
+        data, ctype = service.metrics.render()
+        return Response(data, media_type=ctype)
+
+    async def root(request: Request):
+        return json_response({"name": "zoi", "model": service.model_name,
+                              "routes": ["/v1/embeddings", "/embed", "/tokenize", "/health", "/info",
+                                         "/v2", f"/v2/models/{service.model_name}/infer", "/metrics"]})
+
+    async def http_error(request: Request, exc: HTTPException):
+        return json_response({"error": exc.detail, "error_type": "Validation"}, exc.status_code,
+                             headers=getattr(exc, "headers", None))
+
+    async def server_error(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return json_response({"error": f"internal error: {type(exc).__name__}: {exc}",
+                              "error_type": "Backend"}, 500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn has stopped accepting and waited for in-flight requests; drain what is left.
+        log.info("zoi serve: shutting down, answering what is queued")
+        service.close()
+
+    routes = [Route("/", root, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
+    routes += routes_openai.make_routes(service)
+    routes += routes_tei.make_routes(service)
+    routes += routes_kserve.make_routes(service)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.service = service
+    return app

@@ -1,0 +1,286 @@
+"""Dynamic batching: requests queue, a worker thread packs them by a token budget and runs them.
+
+The event loop submits a `Job` (a request's token id arrays) and awaits its future; it never
+runs the engine. One worker thread owns the engine: it takes sequences from the queue head,
+first come first served, until the next one would pass `max_batch_tokens` tokens or
+`max_batch_requests` sequences, packs them without padding (ids[T], positions[T],
+cu_seqlens[B+1]) and makes one engine call, in which native code releases the GIL. A job
+bigger than one batch is split over several calls; a batch may hold pieces of many jobs.
+Each job gets its own rows back, in order, when its last sequence is done.
+
+- A job whose client went away (`Job.cancel()`) is dropped from the queue before packing.
+- When an engine call fails, each job of that batch is retried alone, so only the jobs
+  that fail by themselves get the error.
+- `close()` stops taking new jobs and returns once everything queued has been answered
+  (graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+log = logging.getLogger("zoi.serve")
+
+
+class BatcherClosed(RuntimeError):
+    """Raised by submit() once the batcher is shutting down."""
+
+
+class Job:
+    """One request's sequences; the worker fills `out` row by row."""
+
+    __slots__ = ("seqs", "normalize", "future", "loop", "out", "next", "left", "t_enqueue",
+                 "t_first_run", "queue_s", "infer_s", "cancelled", "error", "tokens")
+
+    def __init__(self, seqs: list[np.ndarray], normalize: bool, loop: asyncio.AbstractEventLoop):
+        self.seqs = seqs
+        self.normalize = normalize
+        self.loop = loop
+        self.future: asyncio.Future = loop.create_future()
+        self.out: np.ndarray | None = None
+        self.next = 0  # index of the first sequence not yet taken into a batch
+        self.left = len(seqs)  # sequences not yet computed
+        self.t_enqueue = 0.0
+        self.t_first_run: float | None = None
+        self.queue_s = 0.0  # time from enqueue to the first engine call that held it
+        self.infer_s = 0.0  # summed time of the engine calls that held it
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.tokens = int(sum(len(s) for s in seqs))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Batcher:
+    def __init__(
+        self,
+        run: Callable[[list[np.ndarray]], np.ndarray],
+        hidden: int,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        max_queue_delay_us: int = 0,
+        metrics=None,
+        name: str = "zoi-batcher",
+    ):
+        self._run = run
+        self.hidden = hidden
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_requests = max_batch_requests
+        self.max_delay = max_queue_delay_us / 1e6
+        self.metrics = metrics
+        self._queue: collections.deque[Job] = collections.deque()
+        self._queued_seqs = 0
+        self._queued_tokens = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self.batches = 0
+        self.sequences = 0
+        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- event loop side -------------------------------------------------------------
+    def submit(self, seqs: list[np.ndarray], normalize: bool) -> Job:
+        """Queue one request's sequences; await `job.future` for float32 [len(seqs), H]."""
+        job = Job(seqs, normalize, asyncio.get_running_loop())
+        if not seqs:
+            job.out = np.zeros((0, self.hidden), np.float32)
+            job.future.set_result(job.out)
+            return job
+        for s in seqs:
+            if len(s) == 0 or len(s) > self.max_batch_tokens:
+                raise ValueError(f"sequence of {len(s)} tokens does not fit a batch of {self.max_batch_tokens}")
+        with self._cond:
+            if self._closing:
+                raise BatcherClosed("the server is shutting down")
+            job.t_enqueue = time.perf_counter()
+            self._queue.append(job)
+            self._queued_seqs += len(seqs)
+            self._queued_tokens += job.tokens
+            self._set_queue_gauges()
+            self._cond.notify()
+        return job
+
+    @property
+    def queued_sequences(self) -> int:
+        return self._queued_seqs
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop taking jobs, answer everything queued, stop the worker."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # ---- worker side -----------------------------------------------------------------
+    def _set_queue_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_size.set(self._queued_seqs)
+            self.metrics.queue_tokens.set(self._queued_tokens)
+
+    def _drop_cancelled_head(self) -> None:
+        while self._queue and self._queue[0].cancelled:
+            job = self._queue.popleft()
+            n = len(job.seqs) - job.next
+            self._queued_seqs -= n
+            self._queued_tokens -= sum(len(s) for s in job.seqs[job.next:])
+            if self.metrics is not None:
+                self.metrics.dropped.inc()
+            job.seqs = []
+            self._set_queue_gauges()
+
+    def _take(self) -> list[tuple[Job, int, int]]:
+        """Under the lock: take (job, start, stop) pieces from the queue head by the budgets."""
+        pieces: list[tuple[Job, int, int]] = []
+        tokens = 0
+        count = 0
+        while self._queue and count < self.max_batch_requests:
+            self._drop_cancelled_head()
+            if not self._queue:
+                break
+            job = self._queue[0]
+            start = i = job.next
+            while i < len(job.seqs) and count < self.max_batch_requests:
+                n = len(job.seqs[i])
+                if tokens + n > self.max_batch_tokens:
+                    break
+                tokens += n
+                count += 1
+                i += 1
+            if i > start:
+                pieces.append((job, start, i))
+                job.next = i
+                self._queued_seqs -= i - start
+                self._queued_tokens -= sum(len(s) for s in job.seqs[start:i])
+            if i < len(job.seqs):
+                break  # budget full: the rest of this job goes into the next batch
+            self._queue.popleft()
+        self._set_queue_gauges()
+        return pieces
+
+    def _wait_for_work(self) -> bool:
+        """Under the lock: block until there is work (or closing with nothing left)."""
+        while True:
+            self._drop_cancelled_head()
+            if self._queue:
+                break
+            if self._closing:
+                return False
+            self._cond.wait()
+        if self.max_delay > 0 and not self._closing:
+            # Let the batch fill for up to max_delay after the oldest job arrived.
+            deadline = self._queue[0].t_enqueue + self.max_delay
+            while (self._queued_tokens < self.max_batch_tokens
+                   and self._queued_seqs < self.max_batch_requests and not self._closing):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        return True
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                if not self._wait_for_work():
+                    return
+                pieces = self._take()
+            if pieces:
+                try:
+                    self._run_batch(pieces)
+                except BaseException as e:  # never let the worker die
+                    log.exception("batcher: unexpected error")
+                    for job, _, _ in pieces:
+                        self._fail(job, e)
+
+    def _run_batch(self, pieces: list[tuple[Job, int, int]]) -> None:
+        t0 = time.perf_counter()
+        seqs = [s for job, a, b in pieces for s in job.seqs[a:b]]
+        for job, _, _ in pieces:
+            if job.t_first_run is None:
+                job.t_first_run = t0
+                job.queue_s = t0 - job.t_enqueue
+                if self.metrics is not None:
+                    self.metrics.queue_duration.observe(job.queue_s)
+        try:
+            out = self._run(seqs)
+            failed = None
+        except Exception as e:  # isolate: retry each job's piece alone
+            failed = e
+            log.warning("batcher: engine call over %d sequences failed (%s); retrying each request alone",
+                        len(seqs), e)
+        dt = time.perf_counter() - t0
+        self.batches += 1
+        self.sequences += len(seqs)
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(len(seqs))
+            self.metrics.batch_tokens.observe(sum(len(s) for s in seqs))
+            self.metrics.inference_duration.observe(dt)
+        if failed is None:
+            row = 0
+            for job, a, b in pieces:
+                self._deliver(job, a, out[row:row + b - a], dt)
+                row += b - a
+            return
+        for job, a, b in pieces:
+            if job.error is not None:
+                continue
+            t1 = time.perf_counter()
+            try:
+                part = self._run(job.seqs[a:b])
+            except Exception as e:
+                self._fail(job, e)
+                continue
+            self._deliver(job, a, part, dt + time.perf_counter() - t1)
+
+    def _deliver(self, job: Job, start: int, rows: np.ndarray, dt: float) -> None:
+        if job.error is not None:
+            return
+        if job.out is None:
+            job.out = np.empty((len(job.seqs), self.hidden), np.float32)
+        job.out[start:start + len(rows)] = rows
+        job.infer_s += dt
+        job.left -= len(rows)
+        if job.left == 0:
+            out = job.out
+            if job.normalize:
+                norms = np.linalg.norm(out, axis=1, keepdims=True)
+                np.maximum(norms, 1e-12, out=norms)
+                out /= norms
+            job.seqs = []
+            _post(job.loop, _set_result, job.future, out)
+
+    def _fail(self, job: Job, e: BaseException) -> None:
+        if job.error is not None or job.future.done():
+            return
+        job.error = e
+        with self._cond:  # drop what is still queued of it
+            if job.next < len(job.seqs) and job in self._queue:
+                self._queue.remove(job)
+                self._queued_seqs -= len(job.seqs) - job.next
+                self._queued_tokens -= sum(len(s) for s in job.seqs[job.next:])
+                self._set_queue_gauges()
+        _post(job.loop, _set_exception, job.future, e)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, e: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(e)
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass

@@ -1,0 +1,142 @@
+"""`zoi serve MODEL|ARTIFACT`: load or compile the engine, then serve it over HTTP (uvicorn).
+
+Every option is also an environment variable (see zoi.serve.config.OPTIONS); a flag wins over
+its variable. The server logs `zoi serve: ready on http://HOST:PORT ...` once it accepts
+connections (with --port 0 the port is the one the system picked). SIGINT / SIGTERM stop
+accepting, answer everything in flight and queued, then exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+
+from zoi.serve.config import OPTIONS, ServeConfig
+
+log = logging.getLogger("zoi.serve")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="HTTP server with dynamic batching (OpenAI, TEI, KServe v2 routes)",
+        description="Serve a model over HTTP: OpenAI /v1/embeddings, TEI /embed /tokenize /health /info, "
+                    "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. Every option "
+                    "can also be set by the environment variable shown.")
+    p.add_argument("model", nargs="?", default=None,
+                   help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2; "
+                        "env ZOI_MODEL)")
+    add_options(p)
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    defaults = ServeConfig()
+    for opt in OPTIONS:
+        if opt.dest == "fail_on_token":
+            p.add_argument(opt.flag, dest=opt.dest, type=int, default=None, help=argparse.SUPPRESS)
+            continue
+        shown = getattr(defaults, opt.dest)
+        text = f"{opt.help} [env {opt.env}; default {shown}]"
+        if opt.type is bool:
+            p.add_argument(opt.flag, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None,
+                           help=text)
+        else:
+            p.add_argument(opt.flag, dest=opt.dest, type=opt.type, default=None, choices=opt.choices,
+                           help=text)
+
+
+def config_from_args(args, env=None) -> ServeConfig:
+    overrides = {opt.dest: getattr(args, opt.dest, None) for opt in OPTIONS}
+    return ServeConfig.from_env(env, **overrides)
+
+
+def open_engine(model: str | None, config: ServeConfig):
+    """A zoi artifact is loaded; a Hugging Face folder (or None: the bundled model) is compiled."""
+    import zoi
+    from zoi.engine import is_artifact
+
+    max_tokens = config.max_batch_tokens
+    if model is not None and is_artifact(model):
+        return zoi.load(model, device=config.device, max_tokens=max_tokens)
+    try:
+        from zoi.frontend import load_spec
+
+        positions = load_spec(Path(model)).max_positions if model is not None else 512
+    except Exception:
+        positions = 512
+    return zoi.compile(model, device=config.device, precision=config.precision,
+                       max_tokens=max(max_tokens, positions))
+
+
+def served_name(model: str | None, config: ServeConfig, engine) -> str:
+    if config.served_model_name:
+        return config.served_model_name
+    if model is None:
+        return engine.spec.name  # the bundled model: all-MiniLM-L6-v2
+    return Path(model).resolve().name
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app, config: ServeConfig, banner: str = "") -> None:
+    """Run uvicorn on `app` until SIGINT/SIGTERM; log the ready line once it accepts connections."""
+    import uvicorn
+
+    sock = _bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                print(f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip(), file=sys.stderr, flush=True)
+
+    ucfg = uvicorn.Config(app, log_level=config.log_level, access_log=config.log_level in ("debug", "trace"),
+                          lifespan="on", backlog=2048, timeout_keep_alive=30, server_header=False,
+                          timeout_graceful_shutdown=None)
+    server = _Server(ucfg)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    config = config_from_args(args)
+    config.validate()
+    logging.getLogger("zoi").setLevel(config.log_level.upper() if config.log_level != "trace" else "DEBUG")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(message)s")
+    from zoi.serve.app import create_app
+    from zoi.serve.service import Service
+
+    model = args.model or os.environ.get("ZOI_MODEL") or None
+    t0 = time.perf_counter()
+    engine = open_engine(model, config)
+    name = served_name(model, config, engine)
+    service = Service(engine, config, name)
+    print(f"zoi serve: {engine!r} as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
+          f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
+          f"queue delay {config.max_queue_delay_us} us", file=sys.stderr, flush=True)
+    app = create_app(service)
+    serve(app, config, banner=f"(model {name}, device {service.device}, {service.dtype})")
+    return 0

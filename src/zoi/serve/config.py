@@ -1,0 +1,115 @@
+"""Server options: one table gives each option its flag, environment variable, type and default.
+
+Precedence: command-line flag > environment variable > default. `ServeConfig.from_env()` reads
+only the environment (used by tests and embedders); `zoi serve` builds its argparse options
+from the same table, so a flag and its variable can never drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+
+def _bool(s: str) -> bool:
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {s!r}")
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    device: str = "cpu"
+    precision: str = "fp32"
+    served_model_name: str | None = None  # default: the model folder's name
+    max_batch_tokens: int = 4096  # tokens per engine call (clamped to the engine's max_tokens)
+    max_batch_requests: int = 256  # sequences per engine call (clamped to the engine's max batch)
+    max_queue_delay_us: int = 0  # how long an idle worker waits for more work before running
+    max_concurrent_requests: int = 512  # requests admitted at once; beyond that -> 429
+    max_client_batch_size: int = 512  # inputs per request; beyond that -> 413
+    payload_limit: int = 2_000_000  # bytes of request body; beyond that -> 413
+    auto_truncate: bool = True  # default of `truncate` when a request does not say
+    max_input_chars: int | None = None  # per input, checked before tokenising; default 32 x positions
+    log_level: str = "info"
+    fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> ServeConfig:
+        env = os.environ if env is None else env
+        kw = {}
+        for opt in OPTIONS:
+            if opt.env in env:
+                kw[opt.dest] = opt.parse(env[opt.env])
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
+    def replace(self, **kw) -> ServeConfig:
+        return dataclasses.replace(self, **kw)
+
+    def validate(self) -> None:
+        for name in ("max_batch_tokens", "max_batch_requests", "max_concurrent_requests",
+                     "max_client_batch_size", "payload_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue_delay_us < 0:
+            raise ValueError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_input_chars is not None and self.max_input_chars < 1:
+            raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    flag: str
+    env: str
+    type: type
+    help: str
+    choices: tuple | None = None
+
+    def parse(self, s: str):
+        try:
+            v = _bool(s) if self.type is bool else self.type(s)
+        except ValueError as e:
+            raise ValueError(f"{self.env}={s!r}: {e}") from e
+        if self.choices and v not in self.choices:
+            raise ValueError(f"{self.env}={s!r}: expected one of {', '.join(self.choices)}")
+        return v
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", "--host", "ZOI_HOST", str, "address to listen on"),
+    Option("port", "--port", "ZOI_PORT", int, "port to listen on (0: any free port, printed when ready)"),
+    Option("device", "--device", "ZOI_DEVICE", str, "cpu or cuda (when compiling a model folder)"),
+    Option("precision", "--precision", "ZOI_PRECISION", str, "fp32, int8 or fp16 (when compiling)",
+           ("fp32", "int8", "fp16")),
+    Option("served_model_name", "--served-model-name", "ZOI_SERVED_MODEL_NAME", str,
+           "model name clients use (default: the model folder's name)"),
+    Option("max_batch_tokens", "--max-batch-tokens", "ZOI_MAX_BATCH_TOKENS", int,
+           "most tokens packed into one engine call"),
+    Option("max_batch_requests", "--max-batch-requests", "ZOI_MAX_BATCH_REQUESTS", int,
+           "most sequences packed into one engine call"),
+    Option("max_queue_delay_us", "--max-queue-delay-us", "ZOI_MAX_QUEUE_DELAY_US", int,
+           "microseconds an idle worker waits for a fuller batch (0: run what is queued)"),
+    Option("max_concurrent_requests", "--max-concurrent-requests", "ZOI_MAX_CONCURRENT_REQUESTS", int,
+           "requests in flight at once; more are answered 429"),
+    Option("max_client_batch_size", "--max-client-batch-size", "ZOI_MAX_CLIENT_BATCH_SIZE", int,
+           "inputs in one request; more are answered 413"),
+    Option("payload_limit", "--payload-limit", "ZOI_PAYLOAD_LIMIT", int,
+           "bytes of request body; more are answered 413"),
+    Option("auto_truncate", "--auto-truncate", "ZOI_AUTO_TRUNCATE", bool,
+           "truncate over-long inputs unless a request says otherwise (true/false)"),
+    Option("max_input_chars", "--max-input-chars", "ZOI_MAX_INPUT_CHARS", int,
+           "characters per input, checked before tokenising (default 32 x max positions)"),
+    Option("log_level", "--log-level", "ZOI_LOG_LEVEL", str, "log level",
+           ("critical", "error", "warning", "info", "debug", "trace")),
+    Option("fail_on_token", "--fail-on-token", "ZOI_SERVE_FAIL_ON_TOKEN", int,
+           "testing only: the engine call fails for any sequence holding this token id"),
+)

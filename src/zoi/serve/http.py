@@ -1,0 +1,127 @@
+"""HTTP plumbing shared by the routes: errors, bounded body reading, fast JSON, timing headers."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+try:
+    import orjson
+
+    def dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def loads(data: bytes) -> Any:
+        return orjson.loads(data)
+
+    JSONDecodeError = orjson.JSONDecodeError
+except ImportError:  # pragma: no cover - orjson is in the serve extra; stdlib as a fallback
+
+    def _default(o):
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"cannot serialise {type(o).__name__}")
+
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj, default=_default, separators=(",", ":")).encode()
+
+    def loads(data: bytes) -> Any:
+        return json.loads(data)
+
+    JSONDecodeError = json.JSONDecodeError
+
+# error kind -> HTTP status (the same for every protocol; only the body's shape differs)
+STATUS = {
+    "validation": 422,  # malformed JSON, wrong types, unknown fields' values
+    "empty": 400,  # no input, or an empty string
+    "invalid": 400,  # well-formed but unusable (e.g. unsupported `dimensions`)
+    "too_large": 413,  # body over the payload limit, too many inputs, input over the length cap
+    "overloaded": 429,  # too many requests in flight
+    "not_found": 404,  # unknown model
+    "backend": 500,  # the engine failed on this request
+    "unavailable": 503,  # shutting down
+}
+
+
+class ApiError(Exception):
+    def __init__(self, kind: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.status = STATUS[kind]
+        self.message = message
+        self.param = param
+
+
+def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(dumps(obj), status_code=status, headers=headers, media_type="application/json")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes (after decompression), else ApiError 413."""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            declared = int(cl)
+        except ValueError:
+            raise ApiError("validation", f"bad Content-Length {cl!r}") from None
+        if declared > limit:
+            # Read (and drop) a bounded amount so the client sees our answer instead of a reset.
+            if declared <= max(4 * limit, 64 << 20):
+                async for _ in request.stream():
+                    pass
+            raise ApiError("too_large", f"request body of {declared} bytes is over the payload limit of "
+                                        f"{limit} bytes (--payload-limit / ZOI_PAYLOAD_LIMIT)")
+    chunks = []
+    n = 0
+    over = False
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            over = True  # keep draining, bounded, then answer 413
+            if n > max(4 * limit, 64 << 20):
+                break
+            continue
+        chunks.append(chunk)
+    if over:
+        raise ApiError("too_large", f"request body is over the payload limit of {limit} bytes "
+                                    "(--payload-limit / ZOI_PAYLOAD_LIMIT)")
+    body = b"".join(chunks)
+    enc = (request.headers.get("content-encoding") or "").lower().strip()
+    if enc in ("gzip", "deflate"):
+        d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error as e:
+            raise ApiError("validation", f"body is not valid {enc} data ({e})") from None
+        if len(out) > limit or d.unconsumed_tail:
+            raise ApiError("too_large", f"decompressed body is over the payload limit of {limit} bytes")
+        body = out
+    elif enc not in ("", "identity"):
+        raise ApiError("validation", f"unsupported Content-Encoding {enc!r} (use gzip, deflate or none)")
+    return body
+
+
+def parse_json(body: bytes) -> Any:
+    if not body:
+        raise ApiError("validation", "request body is empty; expected a JSON object")
+    try:
+        return loads(body)
+    except (JSONDecodeError, ValueError, UnicodeDecodeError) as e:
+        raise ApiError("validation", f"request body is not valid JSON ({e})") from None
+
+
+def timing_headers(t) -> dict[str, str]:
+    """TEI-style timing headers, in milliseconds."""
+    return {
+        "x-tokenization-time": f"{t.tokenize_s * 1e3:.3f}",
+        "x-queue-time": f"{t.queue_s * 1e3:.3f}",
+        "x-inference-time": f"{t.infer_s * 1e3:.3f}",
+        "x-total-time": f"{t.total_s * 1e3:.3f}",
+    }

@@ -1,0 +1,144 @@
+"""Text Embeddings Inference (TEI) compatible routes: /embed, /tokenize, /health, /info."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from zoi.serve.http import ApiError, json_response, parse_json, read_body, timing_headers
+from zoi.serve.service import ClientGone, Service
+
+ROUTE = "tei"
+_ERROR_TYPES = {"validation": "Validation", "empty": "Empty", "invalid": "Validation", "too_large": "Validation",
+                "overloaded": "Overloaded", "not_found": "Validation", "backend": "Backend",
+                "unavailable": "Unhealthy"}
+
+
+def error_response(e: ApiError):
+    return json_response({"error": e.message, "error_type": _ERROR_TYPES.get(e.kind, "Validation")}, e.status)
+
+
+def _inputs(body) -> list:
+    if not isinstance(body, dict):
+        raise ApiError("validation", "request body should be a JSON object with 'inputs'")
+    if "inputs" not in body:
+        raise ApiError("validation", "missing required field 'inputs'", "inputs")
+    inp = body["inputs"]
+    if isinstance(inp, str):
+        return [inp]
+    if isinstance(inp, list):
+        return inp
+    raise ApiError("validation", "inputs should be a string or an array of strings", "inputs")
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError("validation", f"{name} should be true or false", name)
+    return v
+
+
+def make_routes(svc: Service) -> list[Route]:
+    async def embed(request: Request):
+        t0 = time.perf_counter()
+        try:
+            svc.admit(ROUTE)
+        except ApiError as e:
+            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
+            return error_response(e)
+        try:
+            body = parse_json(await read_body(request, svc.config.payload_limit))
+            items = _inputs(body)
+            normalize = _flag(body, "normalize", True)
+            truncate = _flag(body, "truncate", svc.config.auto_truncate)
+            direction = body.get("truncation_direction", "Right")
+            if direction not in ("Right", "right"):
+                raise ApiError("validation", "only truncation_direction 'Right' is supported",
+                               "truncation_direction")
+            if items and all(isinstance(x, list) for x in items):
+                seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
+            else:
+                texts = svc.check_texts(items, "inputs")
+                seqs, tok_s = await svc.tokenize(texts, truncate)
+            res = await svc.embed(request, seqs, normalize, tok_s, t0)
+            svc.metrics.successes.labels(ROUTE).inc()
+            svc.metrics.request_duration.observe(time.perf_counter() - t0)
+            return json_response(list(res.embeddings), headers=timing_headers(res.timings))
+        except ApiError as e:
+            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
+            return error_response(e)
+        except ClientGone:
+            svc.metrics.failures.labels(ROUTE, "499").inc()
+            return json_response({"error": "client went away", "error_type": "Validation"}, 499)
+        finally:
+            svc.release()
+
+    async def tokenize(request: Request):
+        try:
+            body = parse_json(await read_body(request, svc.config.payload_limit))
+            texts = svc.check_texts(_inputs(body), "inputs")
+            add_special = _flag(body, "add_special_tokens", True)
+
+            def work():
+                tok = svc.hf_tokenizer()
+                return tok.encode_batch(texts, add_special_tokens=add_special)
+
+            encs = await svc.run_in_tokenizer_thread(work)
+            out = []
+            for text, enc in zip(texts, encs):
+                toks = []
+                for tid, tstr, (a, b), special in zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask):
+                    sp = bool(special)
+                    toks.append({"id": tid, "text": tstr if sp else text[a:b], "special": sp,
+                                 "start": None if sp else a, "stop": None if sp else b})
+                out.append(toks)
+            return json_response(out)
+        except ApiError as e:
+            return error_response(e)
+
+    async def health(request: Request):
+        if not svc.ready:
+            return json_response({"error": "shutting down", "error_type": "Unhealthy"}, 503)
+        return Response(status_code=200)
+
+    async def info(request: Request):
+        e = svc.engine
+        return json_response({
+            "model_id": svc.model_name,
+            "model_sha": None,
+            "model_dtype": svc.dtype,
+            "model_type": {"embedding": {"pooling": svc.spec.pooling}},
+            "device": svc.device,
+            "hidden_size": svc.hidden,
+            "normalize_default": True,
+            "max_concurrent_requests": svc.config.max_concurrent_requests,
+            "max_input_length": svc.max_positions,
+            "max_input_chars": svc.max_input_chars,
+            "max_batch_tokens": svc.max_batch_tokens,
+            "max_batch_requests": svc.max_batch_requests,
+            "max_client_batch_size": svc.config.max_client_batch_size,
+            "max_queue_delay_us": svc.config.max_queue_delay_us,
+            "payload_limit": svc.config.payload_limit,
+            "auto_truncate": svc.config.auto_truncate,
+            "tokenization_workers": 1,
+            "engine_max_tokens": int(e.max_tokens),
+            "version": _version(),
+        })
+
+    return [
+        Route("/embed", embed, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/info", info, methods=["GET"]),
+    ]
+
+
+def _version() -> str:
+    from zoi import __version__
+
+    return __version__

@@ -1,0 +1,233 @@
+"""The inference path every route shares: admit, validate, tokenise, batch, await, time.
+
+Tokenisation runs on one dedicated thread (the HF tokenizer releases the GIL and its
+truncation setting is per instance, so one thread keeps it consistent); the engine runs on
+the batcher's worker thread. The event loop only parses, validates and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from starlette.requests import Request
+
+from zoi.errors import InputError
+from zoi.frontend.tokenizer import pack
+from zoi.serve.batcher import Batcher, BatcherClosed
+from zoi.serve.config import ServeConfig
+from zoi.serve.http import ApiError
+from zoi.serve.metrics import Metrics
+
+log = logging.getLogger("zoi.serve")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+@dataclass
+class Timings:
+    tokenize_s: float = 0.0
+    queue_s: float = 0.0
+    infer_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass
+class Result:
+    embeddings: np.ndarray  # float32 [n, H]
+    tokens: int  # total tokens fed to the model (special tokens included)
+    timings: Timings
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Service:
+    def __init__(self, engine, config: ServeConfig, model_name: str | None = None):
+        config.validate()
+        self.engine = engine
+        self.config = config
+        spec = engine.spec
+        self.spec = spec
+        self.model_name = model_name or config.served_model_name or spec.name
+        self.hidden = int(spec.hidden)
+        self.max_positions = int(spec.max_positions)
+        self.vocab_size = int(spec.vocab_size)
+        self.max_input_chars = int(config.max_input_chars or 32 * self.max_positions)
+        self.max_batch_tokens = max(min(config.max_batch_tokens, int(engine.max_tokens)), self.max_positions)
+        if config.max_batch_tokens < self.max_positions:
+            log.warning("max_batch_tokens=%d is below the model's %d positions; using %d",
+                        config.max_batch_tokens, self.max_positions, self.max_positions)
+        self.max_batch_requests = min(config.max_batch_requests, int(engine.max_batch))
+        self.metrics = Metrics()
+        self.in_flight = 0
+        self.ready = False
+        self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="zoi-tokenizer")
+        fail_on = config.fail_on_token
+        offset = int(spec.position_offset)
+
+        def run(seqs: list[np.ndarray]) -> np.ndarray:
+            if fail_on is not None and any(bool(np.any(s == fail_on)) for s in seqs):
+                raise InjectedFault(f"injected engine failure (a sequence holds token {fail_on})")
+            ids, pos, cu = pack(seqs, offset)
+            return engine.run_packed(ids, pos, cu, False)
+
+        self.batcher = Batcher(run, self.hidden, self.max_batch_tokens, self.max_batch_requests,
+                               config.max_queue_delay_us, self.metrics)
+        self.ready = True
+
+    # ---- facts for /info, /v2 ---------------------------------------------------------------
+    @property
+    def dtype(self) -> str:
+        return {"fp32": "float32", "int8": "int8", "fp16": "float16"}.get(self.engine.precision,
+                                                                       str(self.engine.precision))
+
+    @property
+    def device(self) -> str:
+        return str(self.engine.device)
+
+    def close(self) -> None:
+        """Answer everything queued, then stop the worker threads."""
+        self.ready = False
+        self.batcher.close()
+        self._tok_pool.shutdown(wait=True)
+
+    # ---- the shared inference path ------------------------------------------------------------
+    def admit(self, route: str) -> None:
+        self.metrics.requests.labels(route).inc()
+        if not self.ready:
+            raise ApiError("unavailable", "the server is shutting down")
+        if self.in_flight >= self.config.max_concurrent_requests:
+            raise ApiError("overloaded", f"model is overloaded: {self.in_flight} requests in flight "
+                                         f"(--max-concurrent-requests {self.config.max_concurrent_requests})")
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def check_count(self, n: int, param: str = "input") -> None:
+        if n == 0:
+            raise ApiError("empty", "input is empty; send at least one input", param)
+        if n > self.config.max_client_batch_size:
+            raise ApiError("too_large", f"{n} inputs in one request is over the limit of "
+                                        f"{self.config.max_client_batch_size} (--max-client-batch-size)", param)
+
+    def check_texts(self, texts: list, param: str = "input") -> list[str]:
+        self.check_count(len(texts), param)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ApiError("validation", f"{param}[{i}] is {_jtype(t)}, expected a string", param)
+            if not t:
+                raise ApiError("empty", f"{param}[{i}] is an empty string", param)
+            if len(t) > self.max_input_chars:
+                raise ApiError("too_large", f"{param}[{i}] has {len(t)} characters, over the cap of "
+                                            f"{self.max_input_chars} (--max-input-chars)", param)
+        return texts
+
+    def check_ids(self, seqs: list, truncate: bool, param: str = "input") -> list[np.ndarray]:
+        self.check_count(len(seqs), param)
+        out = []
+        for i, s in enumerate(seqs):
+            if not isinstance(s, list) or not all(type(x) is int for x in s):
+                raise ApiError("validation", f"{param}[{i}] should be a list of token ids (integers)", param)
+            if not s:
+                raise ApiError("empty", f"{param}[{i}] is an empty list of token ids", param)
+            a = np.asarray(s, dtype=np.int64)
+            if a.min() < 0 or a.max() >= self.vocab_size:
+                raise ApiError("validation", f"{param}[{i}] holds token ids outside [0, {self.vocab_size})", param)
+            if len(a) > self.max_positions:
+                if not truncate:
+                    raise ApiError("too_large", f"{param}[{i}] has {len(a)} tokens, over the model's limit of "
+                                                f"{self.max_positions}; shorten it or allow truncation", param)
+                a = a[: self.max_positions]
+            out.append(a.astype(np.int32))
+        return out
+
+    async def tokenize(self, texts: list[str], truncate: bool) -> tuple[list[np.ndarray], float]:
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            seqs = await loop.run_in_executor(self._tok_pool, self.engine.tokenizer.encode_ids, texts, truncate)
+        except InputError as e:
+            raise ApiError("too_large", str(e).replace("truncate=True", "truncate: true")) from None
+        dt = time.perf_counter() - t0
+        self.metrics.tokenization_duration.observe(dt)
+        return seqs, dt
+
+    def hf_tokenizer(self):
+        """A separate HF tokenizer (offsets for /tokenize); only the tokenizer thread uses it."""
+        tok = getattr(self, "_hf", None)
+        if tok is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            tok = self._hf = HFTokenizer.from_str(self.engine.tokenizer.json)
+            tok.no_padding()
+            tok.enable_truncation(self.max_positions)
+        return tok
+
+    async def run_in_tokenizer_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, fn, *args)
+
+    async def embed(self, request: Request | None, seqs: list[np.ndarray], normalize: bool,
+                    tokenize_s: float = 0.0, t_start: float | None = None) -> Result:
+        """Batch `seqs` with everyone else's; the rows come back in order."""
+        t_start = time.perf_counter() if t_start is None else t_start
+        ntok = int(sum(len(s) for s in seqs))
+        self.metrics.inputs.inc(len(seqs))
+        self.metrics.request_tokens.inc(ntok)
+        try:
+            job = self.batcher.submit(seqs, normalize)
+        except BatcherClosed:
+            raise ApiError("unavailable", "the server is shutting down") from None
+        watcher = asyncio.ensure_future(_wait_disconnect(request)) if request is not None else None
+        try:
+            if watcher is None:
+                await asyncio.shield(job.future)
+            else:
+                await asyncio.wait({job.future, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not job.future.done():
+                    job.cancel()
+                    raise ClientGone()
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        exc = job.future.exception()
+        if exc is not None:
+            log.error("engine failure on a request of %d sequences: %s", len(seqs), exc)
+            raise ApiError("backend", f"the engine failed on this request: {exc}")
+        t = Timings(tokenize_s, job.queue_s, job.infer_s, time.perf_counter() - t_start)
+        return Result(job.future.result(), ntok, t)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # The body has been read: the next ASGI message is http.disconnect when the client leaves.
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def _jtype(v) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def model_name_for(path: str | Path | None, served_model_name: str | None, default: str) -> str:
+    if served_model_name:
+        return served_model_name
+    if path is None:
+        return default
+    return Path(path).resolve().name
