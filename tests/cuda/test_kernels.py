@@ -176,9 +176,13 @@ def test_embed(word_q, has_type):
     x = poison((T, H), torch.float16)
     amax = poison((T,), torch.float32)
     zero = poison((3, T + 5), torch.float32)
+    cu = np.array([0, 4, 5, T], np.int32)
+    tcum = torch.full((4,), -1, dtype=torch.int32, device=DEV)
     k_embed.launch_embed(t(ids), t(positions), word_arg, ws_arg, t(pos, torch.float16),
                          t(typ[0], torch.float16) if has_type else None, t(lw), t(lb), x, amax, zero,
-                         T, H, 3, T + 5, 1e-12)
+                         T, H, 3, T + 5, 1e-12,
+                         tiles=(t(np.array([0, 3, T], np.int32)), t(cu), tcum, 4, 16))
+    np.testing.assert_array_equal(tcum.cpu().numpy(), [1, 2, 4, -1])
     want = ref.embed(ids, positions, word_ref.astype(np.float64), f16(pos), lw.astype(np.float64),
                      lb.astype(np.float64), 1e-12, f16(typ) if has_type else None, np.float64)
     got = x.float().cpu().numpy()
@@ -188,13 +192,13 @@ def test_embed(word_q, has_type):
     assert (z[:, :T] == 0).all() and np.isnan(z[:, T:]).all()
 
 
-@pytest.mark.parametrize("lens", [[1], [5, 1, 17], [70, 3]])
+@pytest.mark.parametrize("lens", [[1], [5, 1, 17], [70, 3], [2] * 21])
 @pytest.mark.parametrize("head_dim,heads", [(8, 3), (24, 2)])
 def test_attention_varlen(lens, head_dim, heads):
     rng = np.random.default_rng(sum(lens) + head_dim)
-    T, H = sum(lens), heads * head_dim
-    n_seq = len(lens) + 2  # padded slots: empty sequences
-    cu = np.concatenate([[0], np.cumsum(lens), [T, T]]).astype(np.int32)
+    T, H, B = sum(lens), heads * head_dim, len(lens)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    hdr = np.array([0, B, T, 0], np.int32)
     T_bucket = T + 3  # rows past T are not part of any sequence
     qkv = np.zeros((T_bucket, 3 * H), np.float32)
     qkv[:T] = _rand(rng, T, 3 * H, scale=1.5)
@@ -202,9 +206,17 @@ def test_attention_varlen(lens, head_dim, heads):
     amax = torch.zeros(T_bucket, dtype=torch.float32, device=DEV)
     scale = 1.0 / math.sqrt(head_dim)
     cfg = k_attn.pick_config(T_bucket, head_dim)
-    k_attn.launch_attention(t(qkv, torch.float16), t(cu), o, amax, T_bucket, n_seq, heads, head_dim, scale,
-                            cfg=cfg)
-    want = ref.attention(f16(qkv[:T]), cu[: len(lens) + 1], heads, head_dim, scale)
+    n_seq = B + 5
+    tcum = torch.full((n_seq,), -1, dtype=torch.int32, device=DEV)
+    if len(lens) > 4:  # exercise the chunked scans (BLOCK_B smaller than B)
+        k_attn.attention_tiles_kernel[(1,)](t(hdr), t(cu), tcum, BLOCK_M=cfg["BLOCK_M"], BLOCK_B=16)
+    else:
+        k_attn.launch_tiles(t(hdr), t(cu), tcum, n_seq, cfg)
+    want_t = np.cumsum([(n + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"] for n in lens])
+    np.testing.assert_array_equal(tcum.cpu().numpy()[:B], want_t)
+    k_attn.launch_attention(t(qkv, torch.float16), t(hdr), t(cu), tcum, o, amax, T_bucket, n_seq, heads,
+                            head_dim, scale, cfg=cfg)
+    want = ref.attention(f16(qkv[:T]), cu, heads, head_dim, scale)
     got = o.float().cpu().numpy()
     assert rel(got[:T], want) < 3e-3
     assert np.isnan(got[T:]).all(), "rows past T must not be written"
@@ -217,13 +229,13 @@ def test_pool(mode, norm):
     rng = np.random.default_rng(len(mode) + norm)
     lens = [3, 1, 40]
     T, H = sum(lens), 56
-    cu = np.concatenate([[0], np.cumsum(lens), [T]]).astype(np.int32)  # one padded slot
-    x = _rand(rng, T, H)
-    p = poison((4, H), torch.float32)
-    k_pool.launch_pool(t(x, torch.float16), t(cu), t(np.array([norm], np.int32)), p, 4, H, mode)
-    want = ref.pool(f16(x), cu[:4], mode)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    x = _rand(rng, T + 2, H)
+    p = poison((5, H), torch.float32)
+    k_pool.launch_pool(t(x, torch.float16), t(cu), t(np.array([norm, 3, T], np.int32)), p, 2, H, mode)
+    want = ref.pool(f16(x), cu, mode)
     if norm:
         want = ref.normalize(want)
     got = p.cpu().numpy()
     assert rel(got[:3], want) < 1e-5
-    assert (got[3] == 0).all()
+    assert np.isnan(got[3:]).all(), "slots past B must not be written"

@@ -1,10 +1,11 @@
 """attention: varlen softmax(q k^T * scale) v over packed sequences, one kernel.
 
-Grid: (tiles, heads). A tile is BLOCK_M query rows of one sequence. The tile table is not
-built on the host: each program loads ``cu_seqlens`` (padded to ``max_batch + 1`` with T,
-i.e. empty sequences), counts tiles per sequence, takes an inclusive cumsum and finds its
-own sequence, so one captured graph serves any split of T tokens into sequences. The grid
-is sized for the worst case (ceil(T_bucket/BLOCK_M) + batch); spare programs do nothing.
+A tile is BLOCK_M query rows of one sequence. The tile table (inclusive cumsum of tiles
+per sequence, ``tcum``) is built on the device once per forward, by ``tile_table`` (run by
+the embed kernel's first program), from ``cu_seqlens`` and the batch size B in the call
+header, so one captured graph serves any split of T tokens into sequences. Grid:
+(programs, heads); programs stride over the tiles (a grid-stride loop bounded by the real
+tile count, read from device memory), and each finds its sequence by counting tcum <= j.
 
 Online softmax (flash attention) in fp32 with exp2; q/k/v and p enter ``tl.dot`` as fp16.
 Rows of the output are written only for real tokens; with ``AMAX_OUT`` each program maxes
@@ -19,72 +20,102 @@ import triton.language as tl
 
 
 @triton.jit
+def tile_table(
+    hdr_ptr,  # [>=3] int32 call header: [normalize flag, B, T]
+    cu_ptr,  # [B + 1] int32 cu_seqlens
+    tcum_ptr,  # [>= B] int32 out: inclusive cumsum of ceil(len_b / BLOCK_M)
+    BLOCK_M: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """One program's work (called by the embed kernel's program 0): the attention tile table."""
+    B = tl.load(hdr_ptr + 1)
+    sb = tl.arange(0, BLOCK_B)
+    carry = 0
+    for c0 in range(0, B, BLOCK_B):
+        ok = (c0 + sb) < B
+        s = tl.load(cu_ptr + c0 + sb, mask=ok, other=0)
+        e = tl.load(cu_ptr + c0 + sb + 1, mask=ok, other=0)
+        nt = tl.where(ok, (e - s + BLOCK_M - 1) // BLOCK_M, 0)
+        tl.store(tcum_ptr + c0 + sb, tl.cumsum(nt, 0) + carry, mask=ok)
+        carry += tl.sum(nt, 0)
+
+
+@triton.jit
+def attention_tiles_kernel(hdr_ptr, cu_ptr, tcum_ptr, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    tile_table(hdr_ptr, cu_ptr, tcum_ptr, BLOCK_M, BLOCK_B)
+
+
+@triton.jit
 def attention_kernel(
     qkv_ptr,  # [T, 3*H] fp16: q | k | v, head h at cols [h*D, (h+1)*D) of each third
-    cu_ptr,  # [n_seq + 1] int32 cu_seqlens, padded with T
+    hdr_ptr,  # [>=3] int32 call header: [normalize flag, B, T]
+    cu_ptr,  # [B + 1] int32 cu_seqlens
+    tcum_ptr,  # [B] int32 tile table (tile_table)
     o_ptr,  # [T, H] fp16 context, row stride ldo
     amax_ptr,  # [T] fp32 (AMAX_OUT)
-    n_seq,  # number of sequence slots (max_batch)
     H,  # hidden = heads * D
     ldq,
     ldo,
     qk_scale,  # scale * log2(e)
     D: tl.constexpr,  # head dim
     BLOCK_D: tl.constexpr,
-    BLOCK_B: tl.constexpr,  # next_pow2(n_seq)
+    BLOCK_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     AMAX_OUT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
+    G = tl.num_programs(0)
+    B = tl.load(hdr_ptr + 1)
+    n_tiles = tl.load(tcum_ptr + B - 1)
     sb = tl.arange(0, BLOCK_B)
-    b_ok = sb < n_seq
-    starts = tl.load(cu_ptr + sb, mask=b_ok, other=0)
-    ends = tl.load(cu_ptr + sb + 1, mask=b_ok, other=0)
-    ntile = tl.where(b_ok, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-    cum = tl.cumsum(ntile, 0)  # inclusive
-    b = tl.sum((cum <= pid).to(tl.int32), 0)  # my sequence (n_seq: none)
-    sel = sb == b
-    seq_start = tl.sum(tl.where(sel, starts, 0), 0)
-    seq_end = tl.sum(tl.where(sel, ends, 0), 0)
-    first_tile = tl.sum(tl.where(sel, cum - ntile, 0), 0)
-    q0 = seq_start + (pid - first_tile) * BLOCK_M  # b == n_seq: seq_end = 0, nothing to do
-
-    rm = q0 + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
     d_ok = rd < D
-    m_ok = rm < seq_end
-    rm_c = tl.where(m_ok, rm, 0)
-    q = tl.load(qkv_ptr + rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :],
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    m_i = tl.zeros((BLOCK_M,), tl.float32) - float("inf")
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     rn = tl.arange(0, BLOCK_N)
-    for n0 in range(seq_start, seq_end, BLOCK_N):
-        kn = n0 + rn
-        n_ok = kn < seq_end
-        kn_c = tl.where(n_ok, kn, 0)
-        kv_off = kn_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
-        kv_m = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0)
-        v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty)
-    om = m_ok[:, None] & d_ok[None, :]
-    tl.store(o_ptr + rm_c[:, None].to(tl.int64) * ldo + h * D + rd[None, :], out, mask=om)
-    if AMAX_OUT:
-        am = tl.max(tl.where(om, tl.abs(out.to(tl.float32)), 0.0), axis=1)
-        tl.atomic_max(amax_ptr + rm_c, am, mask=m_ok)
+    for j in range(pid, n_tiles, G):
+        # my sequence: b = #{c : tcum[c] <= j}
+        b = 0
+        for c0 in range(0, B, BLOCK_B):
+            cum = tl.load(tcum_ptr + c0 + sb, mask=(c0 + sb) < B, other=2147483647)
+            b += tl.sum((cum <= j).to(tl.int32), 0)
+        prev = tl.load(tcum_ptr + tl.maximum(b - 1, 0))
+        prev = tl.where(b > 0, prev, 0)
+        seq_start = tl.load(cu_ptr + b)
+        seq_end = tl.load(cu_ptr + b + 1)
+        q0 = seq_start + (j - prev) * BLOCK_M
+
+        rm = q0 + tl.arange(0, BLOCK_M)
+        m_ok = rm < seq_end
+        rm_c = tl.where(m_ok, rm, 0)
+        q = tl.load(qkv_ptr + rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :],
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        m_i = tl.zeros((BLOCK_M,), tl.float32) - float("inf")
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        for n0 in range(seq_start, seq_end, BLOCK_N):
+            kn = n0 + rn
+            n_ok = kn < seq_end
+            kn_c = tl.where(n_ok, kn, 0)
+            kv_off = kn_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
+            kv_m = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0)
+            v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(n_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty)
+        om = m_ok[:, None] & d_ok[None, :]
+        tl.store(o_ptr + rm_c[:, None].to(tl.int64) * ldo + h * D + rd[None, :], out, mask=om)
+        if AMAX_OUT:
+            am = tl.max(tl.where(om, tl.abs(out.to(tl.float32)), 0.0), axis=1)
+            tl.atomic_max(amax_ptr + rm_c, am, mask=m_ok)
 
 
 def pick_config(T_bucket: int, head_dim: int) -> dict:
@@ -93,15 +124,26 @@ def pick_config(T_bucket: int, head_dim: int) -> dict:
                 num_warps=4, num_stages=2)
 
 
-def n_tiles(T_bucket: int, n_seq: int, cfg: dict) -> int:
-    return triton.cdiv(T_bucket, cfg["BLOCK_M"]) + min(n_seq, T_bucket)
+def block_b(n_seq: int) -> int:
+    """Chunk of cu_seqlens / tile table one program scans at a time."""
+    return max(16, min(1024, triton.next_power_of_2(max(n_seq, 1))))
 
 
-def launch_attention(qkv, cu, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None):
+def grid_tiles(T_bucket: int, n_seq: int, heads: int, cfg: dict, n_sm: int = 132) -> int:
+    """Programs along the tile axis: enough for the worst split, capped (grid-stride loop)."""
+    worst = triton.cdiv(T_bucket, cfg["BLOCK_M"]) + min(n_seq, T_bucket)
+    return max(1, min(worst, max(triton.cdiv(8 * n_sm, heads), triton.cdiv(T_bucket, cfg["BLOCK_M"]))))
+
+
+def launch_tiles(hdr, cu, tcum, n_seq, cfg):
+    attention_tiles_kernel[(1,)](hdr, cu, tcum, BLOCK_M=cfg["BLOCK_M"], BLOCK_B=block_b(n_seq))
+
+
+def launch_attention(qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None):
     cfg = cfg or pick_config(T_bucket, head_dim)
     H = heads * head_dim
-    attention_kernel[(n_tiles(T_bucket, n_seq, cfg), heads)](
-        qkv, cu, o, amax if amax is not None else o, n_seq, H, qkv.stride(0), o.stride(0),
-        float(scale) * 1.4426950408889634, D=head_dim,
-        BLOCK_B=max(16, triton.next_power_of_2(n_seq)), AMAX_OUT=amax is not None, **cfg,
+    attention_kernel[(grid_tiles(T_bucket, n_seq, heads, cfg), heads)](
+        qkv, hdr, cu, tcum, o, amax if amax is not None else o, H, qkv.stride(0), o.stride(0),
+        float(scale) * 1.4426950408889634, D=head_dim, BLOCK_B=block_b(n_seq),
+        AMAX_OUT=amax is not None, **cfg,
     )

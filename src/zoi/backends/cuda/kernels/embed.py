@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from zoi.backends.cuda.kernels.attention import tile_table
+
 
 @triton.jit
 def embed_kernel(
@@ -24,6 +26,9 @@ def embed_kernel(
     x_ptr,  # [T, H] output, row stride ldx
     amax_ptr,  # [T] fp32 per-row amax of x (AMAX_OUT)
     zero_ptr,  # [n_zero, zero_stride] fp32, rows < T zeroed
+    hdr_ptr,  # [>=3] int32 call header [flag, B, T] (TILES)
+    cu_ptr,  # [B + 1] int32 cu_seqlens (TILES)
+    tcum_ptr,  # [B] int32 attention tile table, written by program 0 (TILES)
     T,
     H,
     ldx,
@@ -33,10 +38,16 @@ def embed_kernel(
     WORD_Q: tl.constexpr,
     HAS_TYPE: tl.constexpr,
     AMAX_OUT: tl.constexpr,
+    TILES: tl.constexpr,
+    TILE_M: tl.constexpr,  # attention BLOCK_M
+    BLOCK_B: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if TILES:
+        if pid == 0:
+            tile_table(hdr_ptr, cu_ptr, tcum_ptr, TILE_M, BLOCK_B)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_H)
     r_ok = rows < T
@@ -73,13 +84,15 @@ def pick_config(H: int) -> dict:
 
 
 def launch_embed(ids, pos, word, word_scale, posemb, type0, lnw, lnb, x, amax, zero, T, H, n_zero,
-                 zero_stride, eps, cfg=None):
+                 zero_stride, eps, tiles=None, cfg=None):
+    """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table."""
     cfg = cfg or pick_config(H)
+    hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
     embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         ids, pos, word, word_scale if word_scale is not None else lnw, posemb,
         type0 if type0 is not None else lnw, lnw, lnb, x,
-        amax if amax is not None else lnw, zero if zero is not None else lnw,
+        amax if amax is not None else lnw, zero if zero is not None else lnw, hdr, cu, tcum,
         T, H, x.stride(0), n_zero, zero_stride, float(eps),
         WORD_Q=word_scale is not None, HAS_TYPE=type0 is not None, AMAX_OUT=amax is not None,
-        **cfg,
+        TILES=tiles is not None, TILE_M=tile_m, BLOCK_B=block_b, **cfg,
     )

@@ -1,7 +1,7 @@
 """pool (+ normalize): p[b] = mean / cls / max of x over the rows of sequence b, then
-optionally p / max(||p||_2, 1e-12). One program per sequence slot; an empty slot (padding
-of cu_seqlens with T) writes zeros. ``flag_ptr[0] != 0`` turns normalisation on, read from
-device memory so that one captured graph serves both settings.
+optionally p / max(||p||_2, 1e-12), written as fp32 [B, H]. The call header in device memory holds B and the
+normalise flag, so that one captured graph serves every batch size and both settings;
+programs stride over the B sequences.
 """
 
 from __future__ import annotations
@@ -13,20 +13,28 @@ import triton.language as tl
 @triton.jit
 def pool_kernel(
     x_ptr,  # [T, H] hidden states, row stride ldx
-    cu_ptr,  # [n_seq + 1] int32
-    flag_ptr,  # [1] int32: normalise when != 0
-    p_ptr,  # [n_seq, H] fp32 output
+    cu_ptr,  # [B + 1] int32
+    hdr_ptr,  # [>=3] int32 call header: [normalize flag, B, T]
+    p_ptr,  # [B, H] fp32 output
     H,
     ldx,
     MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    s = tl.load(cu_ptr + b)
-    e = tl.load(cu_ptr + b + 1)
     cols = tl.arange(0, BLOCK_H)
     c_ok = cols < H
+    flag = tl.load(hdr_ptr)
+    B = tl.load(hdr_ptr + 1)
+    for b in range(tl.program_id(0), B, tl.num_programs(0)):
+        _pool_one(x_ptr, cu_ptr, p_ptr, b, flag, cols, c_ok, H, ldx, MODE, BLOCK_R, BLOCK_H)
+
+
+@triton.jit
+def _pool_one(x_ptr, cu_ptr, p_ptr, b, flag, cols, c_ok, H, ldx, MODE: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    s = tl.load(cu_ptr + b)
+    e = tl.load(cu_ptr + b + 1)
     if MODE == 1:
         x = tl.load(x_ptr + s.to(tl.int64) * ldx + cols, mask=c_ok & (e > s), other=0).to(tl.float32)
         p = x
@@ -52,7 +60,6 @@ def pool_kernel(
             p = tl.max(acc, 0)
             p = tl.where(e > s, p, 0.0)
     p = tl.where(c_ok, p, 0.0)
-    flag = tl.load(flag_ptr)
     nrm = tl.sqrt(tl.sum(p * p, 0))
     div = tl.where(flag != 0, tl.maximum(nrm, 1e-12), 1.0)
     tl.store(p_ptr + b * H + cols, p / div, mask=c_ok)
@@ -66,6 +73,6 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(32, 8192 // bh)), BLOCK_H=bh, num_warps=4)
 
 
-def launch_pool(x, cu, flag, p, n_seq, H, mode, cfg=None):
+def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None):
     cfg = cfg or pick_config(H)
-    pool_kernel[(n_seq,)](x, cu, flag, p, H, x.stride(0), MODE=MODES[mode], **cfg)
+    pool_kernel[(max(1, min(n_seq, 1024)),)](x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], **cfg)
