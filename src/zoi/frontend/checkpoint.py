@@ -59,7 +59,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{cpath}: expected a JSON object")
     mtype = cfg.get("model_type")
-    if mtype not in SUPPORTED_TYPES:
+    if not isinstance(mtype, str) or mtype not in SUPPORTED_TYPES:
         archs = cfg.get("architectures")
         raise UnsupportedModelError(
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
@@ -89,8 +89,13 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         if arch == "roberta":
             offset = _field(cfg, cpath, "pad_token_id", default=1) + 1
     vocab = _field(cfg, cpath, "vocab_size")
-    if act_name not in _ACTS:
+    if not isinstance(act_name, str) or act_name not in _ACTS:
         raise UnsupportedModelError(f"{cpath}: activation {act_name!r} is not supported (supported: {sorted(_ACTS)})")
+    for what, v, cap in (("hidden size", hidden, 1 << 16), ("layer count", layers, 1024), ("head count", heads, 1024),
+                         ("intermediate size", inter, 1 << 18), ("vocab size", vocab, 1 << 24),
+                         ("max_position_embeddings", maxpos, 1 << 20)):
+        if v > cap:
+            raise CheckpointError(f"{cpath}: {what} {v} is implausibly large (limit {cap}); is config.json corrupt?")
     if hidden == 0 or heads == 0 or layers == 0 or hidden % heads:
         raise CheckpointError(f"{cpath}: hidden size {hidden} must be a positive multiple of the head count {heads}")
     usable = maxpos - offset

@@ -20,19 +20,19 @@ class Tokenizer:
 
         try:
             self._tok = HFTokenizer.from_str(tokenizer_json)
-        except Exception as e:  # tokenizers raises plain Exception subclasses
-            raise CheckpointError(f"{source}: not a valid tokenizers file ({e})") from e
+            self._tok.no_padding()
+            self._tok.no_truncation()
+            self._special = self._tok.num_special_tokens_to_add(False)
+            self._tok.encode("probe", add_special_tokens=True)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # Exception, or pyo3's PanicException (a BaseException) on corrupt files
+            raise CheckpointError(f"{source}: not a valid tokenizers file ({type(e).__name__}: {e})") from e
         self.json = tokenizer_json
         self.max_positions = max_positions
         self.position_offset = position_offset
         self.max_chars = CHARS_PER_POSITION * max_positions
-        self._tok.no_padding()
-        self._tok.no_truncation()
         self._trunc = False
-        try:
-            self._special = self._tok.num_special_tokens_to_add(False)
-        except Exception as e:
-            raise CheckpointError(f"{source}: tokenizer post-processor is unusable ({e})") from e
 
     @classmethod
     def from_file(cls, path: str | Path, max_positions: int, position_offset: int = 0) -> Tokenizer:

