@@ -1,0 +1,35 @@
+# Everyday targets. `make demo` and `make test` are the README's two commands.
+.PHONY: setup demo test test-fast lint format bench bench-quick gpu-check clean
+
+VENV := . .venv/bin/activate &&
+
+setup:
+	./scripts/setup.sh
+
+demo: setup
+	$(VENV) zoi demo
+
+test: setup
+	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1200
+
+test-fast:
+	$(VENV) python -m pytest -q -x -m "not slow"
+
+lint:
+	$(VENV) ruff check src tests && ruff format --check src tests
+
+format:
+	$(VENV) ruff format src tests && ruff check --fix src tests
+
+bench: setup
+	$(VENV) zoi bench
+
+bench-quick:
+	$(VENV) zoi bench --quick
+
+# Run on a machine with an NVIDIA GPU (the lent H200): install, test, benchmark.
+gpu-check:
+	./scripts/gpu_check.sh
+
+clean:
+	rm -rf build dist .pytest_cache .ruff_cache
