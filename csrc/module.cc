@@ -1,10 +1,121 @@
-// nanobind entry point of zoi._cpu. Kernels and the runtime register their bindings here.
+// nanobind entry point of zoi._cpu: CPU info, the Engine (whole plan in one call, GIL
+// released) and per-kernel bindings (tests, kernel lab) with an explicit ISA argument.
+// Kernel bindings take their outputs as arguments (tests poison them first) and run the
+// kernel's thread shares tid = 0..nt-1 one after the other on the calling thread.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
 #include "isa.h"
+#include "kernels/kernels.h"
+#include "runtime/engine.h"
+#include "runtime/pool.h"
 
 namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+template <class T>
+using Arr = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
+template <class T>
+using Opt = std::optional<Arr<T>>;
+
+const zoi::KernelTable& table_for(const std::string& isa) {
+  zoi::Isa i;
+  if (isa.empty()) return zoi::kernel_table(zoi::active_isa());
+  if (!zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avx2|scalar");
+  return zoi::kernel_table(i);
+}
+
+int parse_act(const std::string& a) {
+  if (a == "none") return zoi::ACT_NONE;
+  if (a == "gelu") return zoi::ACT_GELU;
+  if (a == "gelu_tanh") return zoi::ACT_GELU_TANH;
+  if (a == "relu") return zoi::ACT_RELU;
+  if (a == "sigmoid") return zoi::ACT_SIGMOID;
+  throw nb::value_error("act must be one of none, gelu, gelu_tanh, relu, sigmoid");
+}
+
+int parse_pool(const std::string& m) {
+  if (m == "mean") return 0;
+  if (m == "cls") return 1;
+  if (m == "max") return 2;
+  throw nb::value_error("pool mode must be mean, cls or max");
+}
+
+template <class T>
+void need(const Arr<T>& a, size_t ndim, std::initializer_list<long> shape, const char* what) {
+  if (a.ndim() != ndim) throw nb::value_error((std::string(what) + ": wrong number of dimensions").c_str());
+  size_t i = 0;
+  for (long s : shape) {
+    if (s >= 0 && static_cast<long>(a.shape(i)) != s)
+      throw nb::value_error((std::string(what) + ": wrong shape").c_str());
+    ++i;
+  }
+}
+
+template <class F>
+void for_threads(int nt, F&& f) {
+  if (nt < 1) nt = 1;
+  for (int t = 0; t < nt; ++t) f(t, nt);
+}
+
+// A-format buffer (u8 / s16) for M rows of Kp
+struct QBuf {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scale;
+  zoi::QuantOut qo;
+  QBuf(const zoi::KernelTable& kt, int M, int K, float static_amax) {
+    const int kp = zoi::round_up(K > 0 ? K : 1, kt.i8_kgroup);
+    bytes.assign(static_cast<size_t>(M) * kp * kt.i8_a_bytes + 64, 0);
+    scale.assign(M > 0 ? M : 1, 0.f);
+    qo.q = bytes.data();
+    qo.ldq = kp;
+    qo.scale = scale.data();
+    qo.static_amax = static_amax;
+  }
+  int8_t q(const zoi::KernelTable& kt, int m, int k) const {
+    if (kt.i8_a_bytes == 1) return static_cast<int8_t>(static_cast<int>(bytes[static_cast<size_t>(m) * qo.ldq + k]) - 128);
+    int16_t v;
+    std::memcpy(&v, bytes.data() + (static_cast<size_t>(m) * qo.ldq + k) * 2, 2);
+    return static_cast<int8_t>(v);
+  }
+  void set(const zoi::KernelTable& kt, int m, int k, int8_t v) {
+    if (kt.i8_a_bytes == 1) bytes[static_cast<size_t>(m) * qo.ldq + k] = static_cast<uint8_t>(v + 128);
+    else {
+      int16_t s = v;
+      std::memcpy(bytes.data() + (static_cast<size_t>(m) * qo.ldq + k) * 2, &s, 2);
+    }
+  }
+};
+
+struct PackedI8 {
+  std::vector<uint8_t> raw;
+  void* w;
+  std::vector<int32_t> comp;
+  std::vector<float> ws, bias;
+  PackedI8(const zoi::KernelTable& kt, const int8_t* wq, int N, int K, const float* w_scale, const float* b) {
+    raw.assign(kt.pack_i8_bytes(N, K) + 64, 0);
+    w = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) / 64 * 64);
+    const int np = zoi::round_up(N, kt.i8_panel);
+    comp.assign(np, 0);
+    ws.assign(np, 0.f);
+    bias.assign(np, 0.f);
+    kt.pack_i8(wq, N, K, w, comp.data());
+    if (w_scale) std::memcpy(ws.data(), w_scale, N * 4);
+    if (b) std::memcpy(bias.data(), b, N * 4);
+  }
+};
+
+}  // namespace
 
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
@@ -30,4 +141,279 @@ NB_MODULE(_cpu, m) {
     if (!zoi::parse_isa(s, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avx2|scalar");
     return zoi::isa_supported(i);
   });
+  m.def("pool_size", []() { return zoi::ThreadPool::instance().size(); },
+        "threads of the shared pool (ZOI_NUM_THREADS, default: CPUs in the affinity mask)");
+  m.def("pool_cpus", []() {
+    nb::list l;
+    for (int c : zoi::ThreadPool::instance().cpus()) l.append(c);
+    return l;
+  });
+
+  // ------------------------------------------------------------------ kernels (tests / lab)
+  m.def("k_activation", [](Arr<float> x, const std::string& act, const std::string& isa) {
+    table_for(isa).activation(x.data(), x.size(), parse_act(act));
+  }, "x"_a, "act"_a, "isa"_a = "");
+
+  m.def("k_quantize", [](Arr<const float> x, Arr<int8_t> q, Arr<float> scale, float static_amax,
+                         const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    need(x, 2, {-1, -1}, "x");
+    const int M = x.shape(0), K = x.shape(1);
+    need(q, 2, {M, K}, "q");
+    need(scale, 1, {M}, "scale");
+    QBuf qb(kt, M, K, static_amax);
+    for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
+    for (int i = 0; i < M; ++i) {
+      scale.data()[i] = qb.scale[i];
+      for (int k = 0; k < K; ++k) q.data()[static_cast<size_t>(i) * K + k] = qb.q(kt, i, k);
+    }
+  }, "x"_a, "q"_a, "scale"_a, "static_amax"_a = -1.f, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_gemm_s32", [](Arr<const int8_t> q, Arr<const int8_t> wq, Arr<int32_t> out, const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    need(q, 2, {-1, -1}, "q");
+    const int M = q.shape(0), K = q.shape(1);
+    need(wq, 2, {-1, K}, "w_q");
+    const int N = wq.shape(0);
+    need(out, 2, {M, N}, "out");
+    QBuf qb(kt, M, K, -1.f);
+    for (int i = 0; i < M; ++i) {
+      for (int k = 0; k < K; ++k) qb.set(kt, i, k, q.data()[static_cast<size_t>(i) * K + k]);
+      for (int k = K; k < qb.qo.ldq; ++k) qb.set(kt, i, k, 0);
+      qb.scale[i] = 1.f;
+    }
+    PackedI8 pw(kt, wq.data(), N, K, nullptr, nullptr);
+    zoi::GemmI8Args a;
+    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data();
+    a.w = pw.w; a.comp = pw.comp.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+    a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.ldy = N; a.y_i32 = out.data();
+    for_threads(nt, [&](int t, int n) { kt.gemm_i8(a, t, n); });
+  }, "q"_a, "w_q"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_linear_i8", [](Arr<const float> x, Arr<const int8_t> wq, Arr<const float> w_scale, Opt<const float> b,
+                          const std::string& act, Opt<const float> res, float static_amax, Arr<float> y,
+                          const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    need(x, 2, {-1, -1}, "x");
+    const int M = x.shape(0), K = x.shape(1);
+    need(wq, 2, {-1, K}, "w_q");
+    const int N = wq.shape(0);
+    need(w_scale, 1, {N}, "w_scale");
+    if (b) need(*b, 1, {N}, "b");
+    if (res) need(*res, 2, {M, N}, "res");
+    need(y, 2, {M, N}, "y");
+    QBuf qb(kt, M, K, static_amax);
+    for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
+    PackedI8 pw(kt, wq.data(), N, K, w_scale.data(), b ? b->data() : nullptr);
+    zoi::GemmI8Args a;
+    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data();
+    a.w = pw.w; a.comp = pw.comp.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+    a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N;
+    a.res = res ? res->data() : nullptr; a.ldr = N; a.act = parse_act(act);
+    for_threads(nt, [&](int t, int n) { kt.gemm_i8(a, t, n); });
+  }, "x"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res"_a.none(), "static_amax"_a, "y"_a,
+     "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_linear_f32", [](Arr<const float> x, Arr<const float> w, Opt<const float> b, const std::string& act,
+                           Opt<const float> res, Arr<float> y, const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    need(x, 2, {-1, -1}, "x");
+    const int M = x.shape(0), K = x.shape(1);
+    need(w, 2, {-1, K}, "w");
+    const int N = w.shape(0);
+    if (b) need(*b, 1, {N}, "b");
+    if (res) need(*res, 2, {M, N}, "res");
+    need(y, 2, {M, N}, "y");
+    std::vector<float> raw(kt.pack_f32_bytes(N, K) / 4 + 16);
+    float* pw = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) / 64 * 64);
+    kt.pack_f32(w.data(), N, K, pw);
+    std::vector<float> bias(zoi::round_up(N, kt.f32_panel), 0.f);
+    if (b) std::memcpy(bias.data(), b->data(), N * 4);
+    zoi::GemmF32Args a;
+    a.a = x.data(); a.lda = K; a.w = pw; a.bias = bias.data(); a.M = M; a.N = N; a.K = K;
+    a.y = y.data(); a.ldy = N; a.res = res ? res->data() : nullptr; a.ldr = N; a.act = parse_act(act);
+    for_threads(nt, [&](int t, int n) { kt.gemm_f32(a, t, n); });
+  }, "x"_a, "w"_a, "b"_a.none(), "act"_a, "res"_a.none(), "y"_a, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_layernorm", [](Arr<const float> x, Opt<const float> r, Arr<const float> w, Arr<const float> b, float eps,
+                          Arr<float> y, Opt<int8_t> q, Opt<float> qscale, float static_amax, const std::string& isa,
+                          int nt) {
+    const auto& kt = table_for(isa);
+    need(x, 2, {-1, -1}, "x");
+    const int M = x.shape(0), H = x.shape(1);
+    if (r) need(*r, 2, {M, H}, "r");
+    need(w, 1, {H}, "w");
+    need(b, 1, {H}, "b");
+    need(y, 2, {M, H}, "y");
+    QBuf qb(kt, M, H, static_amax);
+    zoi::LnArgs a;
+    a.x = x.data(); a.ldx = H; a.r = r ? r->data() : nullptr; a.ldr = H; a.w = w.data(); a.b = b.data();
+    a.eps = eps; a.M = M; a.H = H; a.y = y.data(); a.ldy = H;
+    if (q) a.qo = qb.qo;
+    for_threads(nt, [&](int t, int n) { kt.layernorm(a, t, n); });
+    if (q) {
+      need(*q, 2, {M, H}, "q");
+      for (int i = 0; i < M; ++i) {
+        if (qscale) qscale->data()[i] = qb.scale[i];
+        for (int k = 0; k < H; ++k) q->data()[static_cast<size_t>(i) * H + k] = qb.q(kt, i, k);
+      }
+    }
+  }, "x"_a, "r"_a.none(), "w"_a, "b"_a, "eps"_a, "y"_a, "q"_a.none() = nb::none(), "qscale"_a.none() = nb::none(),
+     "static_amax"_a = -1.f, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_embed", [](Arr<const int32_t> ids, Arr<const int32_t> positions, Opt<const float> word,
+                      Opt<const int8_t> word_q, Opt<const float> word_scale, Arr<const float> pos,
+                      Opt<const float> type0, Arr<const float> ln_w, Arr<const float> ln_b, float eps, Arr<float> y,
+                      const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    const int T = ids.shape(0), H = y.shape(1);
+    need(y, 2, {T, H}, "y");
+    need(positions, 1, {T}, "positions");
+    const long V = word ? static_cast<long>(word->shape(0)) : (word_q ? static_cast<long>(word_q->shape(0)) : 0);
+    for (int t = 0; t < T; ++t) {
+      if (ids.data()[t] < 0 || ids.data()[t] >= V) throw nb::value_error("id out of range");
+      if (positions.data()[t] < 0 || positions.data()[t] >= static_cast<long>(pos.shape(0)))
+        throw nb::value_error("position out of range");
+    }
+    zoi::EmbedArgs a;
+    a.ids = ids.data(); a.positions = positions.data(); a.T = T; a.H = H;
+    a.word = word ? word->data() : nullptr;
+    a.word_q = word_q ? word_q->data() : nullptr;
+    a.word_scale = word_scale ? word_scale->data() : nullptr;
+    if (!a.word && !(a.word_q && a.word_scale)) throw nb::value_error("need word or word_q + word_scale");
+    a.pos = pos.data(); a.type0 = type0 ? type0->data() : nullptr; a.ln_w = ln_w.data(); a.ln_b = ln_b.data();
+    a.eps = eps; a.y = y.data(); a.ldy = H;
+    for_threads(nt, [&](int t, int n) { kt.embed(a, t, n); });
+  }, "ids"_a, "positions"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a, "type0"_a.none(),
+     "ln_w"_a, "ln_b"_a, "eps"_a, "y"_a, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_attention", [](Arr<const float> qkv, Arr<const int32_t> cu, int heads, int d, float scale, Arr<float> out,
+                          const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    const int T = qkv.shape(0), H = heads * d;
+    need(qkv, 2, {T, 3 * H}, "qkv");
+    need(out, 2, {T, H}, "out");
+    const int B = static_cast<int>(cu.shape(0)) - 1;
+    if (B < 1 || cu.data()[0] != 0 || cu.data()[B] != T) throw nb::value_error("bad cu_seqlens");
+    int maxlen = 1;
+    for (int b = 0; b < B; ++b) {
+      const int L = cu.data()[b + 1] - cu.data()[b];
+      if (L <= 0) throw nb::value_error("empty sequence");
+      maxlen = L > maxlen ? L : maxlen;
+    }
+    if (nt < 1) nt = 1;
+    const size_t stride = (zoi::attn_scratch_floats(maxlen, d) + 15) / 16 * 16;
+    std::vector<float> scratch(stride * nt + 16);
+    zoi::AttnArgs a;
+    a.qkv = qkv.data(); a.ldqkv = 3 * H; a.cu = cu.data(); a.B = B; a.heads = heads; a.d = d; a.scale = scale;
+    a.out = out.data(); a.ldo = H; a.scratch = scratch.data(); a.scratch_stride = stride;
+    for_threads(nt, [&](int t, int n) { kt.attention(a, t, n); });
+  }, "qkv"_a, "cu"_a, "heads"_a, "d"_a, "scale"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_pool", [](Arr<const float> x, Arr<const int32_t> cu, const std::string& mode, Arr<float> out,
+                     const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    const int T = x.shape(0), H = x.shape(1), B = static_cast<int>(cu.shape(0)) - 1;
+    need(out, 2, {B, H}, "out");
+    if (B < 1 || cu.data()[0] != 0 || cu.data()[B] != T) throw nb::value_error("bad cu_seqlens");
+    zoi::PoolArgs a;
+    a.x = x.data(); a.ldx = H; a.cu = cu.data(); a.B = B; a.H = H; a.mode = parse_pool(mode); a.out = out.data();
+    a.ldo = H;
+    for_threads(nt, [&](int t, int n) { kt.pool(a, t, n); });
+  }, "x"_a, "cu"_a, "mode"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_normalize", [](Arr<float> p, const std::string& isa) {
+    const auto& kt = table_for(isa);
+    need(p, 2, {-1, -1}, "p");
+    kt.normalize(p.data(), p.shape(1), p.shape(0), p.shape(1), 0, 1);
+  }, "p"_a, "isa"_a = "");
+
+  m.def("kernel_layout", [](const std::string& isa) {
+    const auto& kt = table_for(isa);
+    nb::dict d;
+    d["isa"] = zoi::isa_name(kt.isa);
+    d["i8_kgroup"] = kt.i8_kgroup;
+    d["i8_a_bytes"] = kt.i8_a_bytes;
+    d["i8_panel"] = kt.i8_panel;
+    d["f32_panel"] = kt.f32_panel;
+    return d;
+  }, "isa"_a = "");
+
+  // ------------------------------------------------------------------ engine
+  nb::class_<zoi::Engine>(m, "Engine")
+      .def(nb::init<size_t, int, int, const std::string&, int>(), "arena_bytes"_a, "max_tokens"_a, "max_batch"_a,
+           "isa"_a = "", "nthreads"_a = 0)
+      .def("add_embed", [](zoi::Engine& e, size_t out_off, Opt<const float> word, Opt<const int8_t> word_q,
+                           Opt<const float> word_scale, Arr<const float> pos, Opt<const float> type0,
+                           Arr<const float> ln_w, Arr<const float> ln_b, float eps) {
+        const int H = ln_w.shape(0);
+        int V;
+        if (word) { need(*word, 2, {-1, H}, "word"); V = word->shape(0); }
+        else if (word_q && word_scale) {
+          need(*word_q, 2, {-1, H}, "word_q"); V = word_q->shape(0); need(*word_scale, 1, {V}, "word_scale");
+        } else throw nb::value_error("need word or word_q + word_scale");
+        need(pos, 2, {-1, H}, "pos");
+        if (type0) need(*type0, 1, {H}, "type0");
+        need(ln_b, 1, {H}, "ln_b");
+        e.add_embed(out_off, H, V, pos.shape(0), word ? word->data() : nullptr, word ? nullptr : word_q->data(),
+                    word ? nullptr : word_scale->data(), pos.data(), type0 ? type0->data() : nullptr, ln_w.data(),
+                    ln_b.data(), eps);
+      }, "out_off"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a, "type0"_a.none(),
+         "ln_w"_a, "ln_b"_a, "eps"_a, "(tables are referenced: keep word/word_q/word_scale/pos alive)")
+      .def("add_linear_f32", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const float> w,
+                                Opt<const float> b, const std::string& act, long res_off) {
+        need(w, 2, {-1, -1}, "w");
+        const int N = w.shape(0), K = w.shape(1);
+        if (b) need(*b, 1, {N}, "b");
+        e.add_linear_f32(in_off, K, out_off, N, w.data(), b ? b->data() : nullptr, parse_act(act), res_off);
+      }, "in_off"_a, "out_off"_a, "w"_a, "b"_a.none(), "act"_a, "res_off"_a = -1)
+      .def("add_linear_i8", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const int8_t> w_q,
+                               Arr<const float> w_scale, Opt<const float> b, const std::string& act, long res_off,
+                               float static_amax) {
+        need(w_q, 2, {-1, -1}, "w_q");
+        const int N = w_q.shape(0), K = w_q.shape(1);
+        need(w_scale, 1, {N}, "w_scale");
+        if (b) need(*b, 1, {N}, "b");
+        e.add_linear_i8(in_off, K, out_off, N, w_q.data(), w_scale.data(), b ? b->data() : nullptr, parse_act(act),
+                        res_off, static_amax);
+      }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
+         "static_amax"_a = -1.f)
+      .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
+      .def("add_layernorm", [](zoi::Engine& e, size_t x_off, long res_off, size_t out_off, Arr<const float> w,
+                               Arr<const float> b, float eps) {
+        const int H = w.shape(0);
+        need(b, 1, {H}, "b");
+        e.add_layernorm(x_off, res_off, out_off, H, w.data(), b.data(), eps);
+      }, "x_off"_a, "res_off"_a, "out_off"_a, "w"_a, "b"_a, "eps"_a)
+      .def("add_pool", [](zoi::Engine& e, size_t in_off, size_t out_off, int H, const std::string& mode) {
+        e.add_pool(in_off, out_off, H, parse_pool(mode));
+      }, "in_off"_a, "out_off"_a, "H"_a, "mode"_a)
+      .def("finalize", &zoi::Engine::finalize)
+      .def("run", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions, Arr<const int32_t> cu,
+                     bool normalize, Arr<float> out) {
+        const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
+        if (out.ndim() != 2 || static_cast<int>(out.shape(0)) < B || static_cast<int>(out.shape(1)) != e.out_cols())
+          throw nb::value_error("out must be float32 [>= B, H]");
+        nb::gil_scoped_release nogil;
+        e.run(ids.data(), positions.data(), cu.data(), T, B, normalize, out.data(), e.out_cols());
+      }, "ids"_a, "positions"_a, "cu_seqlens"_a, "normalize"_a, "out"_a,
+         "Runs the whole plan in one native call with the GIL released; writes out[:B]")
+      .def("run_repeat", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
+                            Arr<const int32_t> cu, bool normalize, Arr<float> out, int n) {
+        const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        if (out.ndim() != 2 || static_cast<int>(out.shape(0)) < B || static_cast<int>(out.shape(1)) != e.out_cols())
+          throw nb::value_error("out must be float32 [>= B, H]");
+        nb::gil_scoped_release nogil;
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i) e.run(ids.data(), positions.data(), cu.data(), T, B, normalize, out.data(), e.out_cols());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }, "ids"_a, "positions"_a, "cu_seqlens"_a, "normalize"_a, "out"_a, "n"_a,
+         "n runs back to back inside C++ (benchmarks, allocation tests); returns seconds")
+      .def_prop_ro("weights_bytes", &zoi::Engine::weights_bytes)
+      .def_prop_ro("arena_bytes", &zoi::Engine::arena_bytes)
+      .def_prop_ro("scratch_bytes", &zoi::Engine::scratch_bytes)
+      .def_prop_ro("nthreads", &zoi::Engine::nthreads)
+      .def_prop_ro("num_steps", &zoi::Engine::num_steps)
+      .def_prop_ro("isa", [](const zoi::Engine& e) { return std::string(zoi::isa_name(e.isa())); });
 }

@@ -1,0 +1,21 @@
+// Runtime ISA dispatch: the KernelTable of one ISA (compiled with base flags).
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace zoi {
+
+const KernelTable& kernel_table(Isa isa) {
+  if (!isa_supported(isa))
+    throw std::invalid_argument(std::string("ISA ") + isa_name(isa) + " is not supported by this CPU");
+  switch (isa) {
+    case Isa::Vnni: return vnni::table();
+    case Isa::Avx512: return avx512::table();
+    case Isa::Avx2: return avx2::table();
+    case Isa::Scalar: break;
+  }
+  return scalar::table();
+}
+
+}  // namespace zoi

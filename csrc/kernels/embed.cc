@@ -1,0 +1,43 @@
+// Embeddings: x[t] = LN(word[ids[t]] + pos[positions[t]] (+ type[0])) * w + b, the word table
+// either float32 or INT8 per row (dequantised as float(q) * scale[id], like the emulation);
+// optional fused quantisation of the output rows for the first INT8 GEMM.
+#include "kernels.h"
+#include "qrow.h"
+#include "simd.h"
+
+namespace zoi {
+namespace ZOI_NS {
+
+void ln_row(const float* x, const float* r, const float* w, const float* b, float eps, int H, float* y);
+
+void embed(const EmbedArgs& a, int tid, int nt) {
+  long lo, hi;
+  split_range(a.T, tid, nt, &lo, &hi);
+  const int H = a.H;
+  for (long t = lo; t < hi; ++t) {
+    float* y = a.y + t * a.ldy;
+    const size_t id = static_cast<size_t>(a.ids[t]);
+    const float* p = a.pos + static_cast<size_t>(a.positions[t]) * H;
+    if (a.word) {
+      const float* wr = a.word + id * H;
+      for (int k = 0; k < H; k += V::N) {
+        const int n = H - k;
+        V::T v = V::add(V::load_n(wr + k, n), V::load_n(p + k, n));
+        if (a.type0) v = V::add(v, V::load_n(a.type0 + k, n));
+        V::store_n(y + k, v, n);
+      }
+    } else {
+      const int8_t* wq = a.word_q + id * H;
+      const float sc = a.word_scale[id];
+      for (int k = 0; k < H; ++k) {
+        float v = static_cast<float>(wq[k]) * sc + p[k];
+        y[k] = a.type0 ? v + a.type0[k] : v;
+      }
+    }
+    ln_row(y, nullptr, a.ln_w, a.ln_b, a.eps, H, y);
+    if (a.qo.q) a.qo.scale[t] = quantize_row(y, H, qrow_ptr(a.qo, static_cast<int>(t)), a.qo.ldq, a.qo.static_amax);
+  }
+}
+
+}  // namespace ZOI_NS
+}  // namespace zoi

@@ -1,0 +1,112 @@
+// FP32 GEMM with fused epilogue (bias, activation, residual), compiled once per ISA.
+// Weights packed per panel of NB vectors: [panel][K][PW]; micro-kernel MR x NB vectors of FMA
+// with the A element broadcast; K is cut into blocks of KC so a panel block stays in L1/L2.
+#include "kernels.h"
+#include "simd.h"
+
+namespace zoi {
+namespace ZOI_NS {
+namespace {
+
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
+constexpr int MR = 6, NB = 4;
+#elif defined(ZOI_ISA_AVX2)
+constexpr int MR = 6, NB = 2;
+#else
+constexpr int MR = 4, NB = 4;
+#endif
+constexpr int PW = V::N * NB;
+constexpr int MC = 96;
+constexpr int KC = 256;
+static_assert(MC % MR == 0, "MC must be a multiple of MR");
+
+template <int R>
+inline void tile(const GemmF32Args& p, int m, int n0, const float* wpanel, int k0, int kc, bool first, bool last) {
+  using T = V::T;
+  T acc[R][NB];
+  const int nrem = p.N - n0;
+  if (first) {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j) acc[r][j] = V::zero();
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j)
+        acc[r][j] = V::load_n(p.y + static_cast<size_t>(m + r) * p.ldy + n0 + j * V::N, nrem - j * V::N);
+  }
+  const float* a = p.a + static_cast<size_t>(m) * p.lda + k0;
+  const float* w = wpanel + static_cast<size_t>(k0) * PW;
+  for (int k = 0; k < kc; ++k) {
+    T b[NB];
+    for (int j = 0; j < NB; ++j) b[j] = V::load(w + static_cast<size_t>(k) * PW + j * V::N);
+    for (int r = 0; r < R; ++r) {
+      T av = V::set(a[static_cast<size_t>(r) * p.lda + k]);
+      for (int j = 0; j < NB; ++j) acc[r][j] = V::fma(av, b[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int row = m + r;
+    for (int j = 0; j < NB; ++j) {
+      const int col = n0 + j * V::N;
+      const int n = p.N - col;
+      if (n <= 0) break;
+      T f = acc[r][j];
+      if (last) {
+        f = V::add(f, V::load(p.bias + col));
+        f = vact<V>(f, p.act);
+        if (p.res) f = V::add(f, V::load_n(p.res + static_cast<size_t>(row) * p.ldr + col, n));
+      }
+      V::store_n(p.y + static_cast<size_t>(row) * p.ldy + col, f, n);
+    }
+  }
+}
+
+template <int R>
+inline void tile_rows(int mr, const GemmF32Args& p, int m, int n0, const float* wp, int k0, int kc, bool first,
+                      bool last) {
+  if (mr == R) tile<R>(p, m, n0, wp, k0, kc, first, last);
+  else if constexpr (R > 1) tile_rows<R - 1>(mr, p, m, n0, wp, k0, kc, first, last);
+}
+
+}  // namespace
+
+size_t pack_f32_bytes(int N, int K) { return static_cast<size_t>(round_up(N, PW)) * K * sizeof(float); }
+
+void pack_f32(const float* w, int N, int K, float* dst) {
+  const int Np = round_up(N, PW);
+  for (int p = 0; p < Np / PW; ++p)
+    for (int k = 0; k < K; ++k)
+      for (int c = 0; c < PW; ++c) {
+        const int n = p * PW + c;
+        *dst++ = n < N ? w[static_cast<size_t>(n) * K + k] : 0.f;
+      }
+}
+
+void gemm_f32(const GemmF32Args& p, int tid, int nt) {
+  if (p.M <= 0 || p.N <= 0) return;
+  const int npanels = round_up(p.N, PW) / PW;
+  const int nch = (p.M + MC - 1) / MC;
+  const int mc = round_up((p.M + nch - 1) / nch, MR);
+  long lo, hi;
+  split_range(static_cast<long>(nch) * npanels, tid, nt, &lo, &hi);
+  const size_t panel_elems = static_cast<size_t>(p.K) * PW;
+  for (long it = lo; it < hi; ++it) {
+    const int ch = static_cast<int>(it / npanels), pn = static_cast<int>(it % npanels);
+    const int m0 = ch * mc, m1 = m0 + mc < p.M ? m0 + mc : p.M;
+    const float* wp = p.w + pn * panel_elems;
+    if (p.K == 0) {  // degenerate: bias only
+      for (int m = m0; m < m1; m += MR)
+        tile_rows<MR>(m1 - m < MR ? m1 - m : MR, p, m, pn * PW, wp, 0, 0, true, true);
+      continue;
+    }
+    for (int k0 = 0; k0 < p.K; k0 += KC) {
+      const int kc = p.K - k0 < KC ? p.K - k0 : KC;
+      for (int m = m0; m < m1; m += MR)
+        tile_rows<MR>(m1 - m < MR ? m1 - m : MR, p, m, pn * PW, wp, k0, kc, k0 == 0, k0 + kc == p.K);
+    }
+  }
+}
+
+int f32_panel() { return PW; }
+
+}  // namespace ZOI_NS
+}  // namespace zoi

@@ -1,0 +1,175 @@
+// INT8 GEMM with fused epilogue, compiled once per ISA.
+//   vnni:   u8 activations x s8 weights -> s32 with vpdpbusd (64 MACs / instruction)
+//   avx512: s16 x s16 -> s32 with vpmaddwd (AVX-512BW; exact: no u8*s8 pair saturation)
+//   avx2:   same with ymm
+//   scalar: plain C++ over the same packed layout
+// Register blocking MR rows x NB vectors; weights prepacked per panel of NB*LANES columns so
+// the micro-kernel streams them contiguously; M is cut into chunks of <= MC rows so that a
+// chunk of A and one weight panel (K <= 3072: 192 KiB) stay in L2 while the panel is reused.
+#include "kernels.h"
+#include "simd.h"
+
+namespace zoi {
+namespace ZOI_NS {
+namespace {
+
+#if defined(ZOI_ISA_VNNI)
+using IV = __m512i;
+using AE = uint8_t;
+using WE = int8_t;
+constexpr int LANES = 16, KG = 4, MR = 6, NB = 4;
+inline IV izero() { return _mm512_setzero_si512(); }
+inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
+inline IV dot(IV acc, IV a, IV w) { return _mm512_dpbusd_epi32(acc, a, w); }
+inline IV isub(IV a, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_loadu_si512(p)); }
+inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
+inline void istore(int32_t* p, IV a) { _mm512_storeu_si512(p, a); }
+constexpr bool U8 = true;
+#elif defined(ZOI_ISA_AVX512)
+using IV = __m512i;
+using AE = int16_t;
+using WE = int16_t;
+constexpr int LANES = 16, KG = 2, MR = 6, NB = 4;
+inline IV izero() { return _mm512_setzero_si512(); }
+inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
+inline IV dot(IV acc, IV a, IV w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, w)); }
+inline IV isub(IV a, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_loadu_si512(p)); }
+inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
+inline void istore(int32_t* p, IV a) { _mm512_storeu_si512(p, a); }
+constexpr bool U8 = false;
+#elif defined(ZOI_ISA_AVX2)
+using IV = __m256i;
+using AE = int16_t;
+using WE = int16_t;
+constexpr int LANES = 8, KG = 2, MR = 6, NB = 2;
+inline IV izero() { return _mm256_setzero_si256(); }
+inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+inline IV loadw(const WE* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IV dot(IV acc, IV a, IV w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, w)); }
+inline IV isub(IV a, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
+inline void istore(int32_t* p, IV a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), a); }
+constexpr bool U8 = false;
+#else
+using IV = int32_t;
+using AE = int16_t;
+using WE = int16_t;
+constexpr int LANES = 1, KG = 2, MR = 4, NB = 4;
+inline IV izero() { return 0; }
+inline const AE* bcast(const AE* p) { return p; }
+inline const WE* loadw(const WE* p) { return p; }
+inline IV dot(IV acc, const AE* a, const WE* w) { return acc + int32_t(a[0]) * w[0] + int32_t(a[1]) * w[1]; }
+inline IV isub(IV a, const int32_t* p) { return a - *p; }
+inline V::T tof(IV a) { return static_cast<float>(a); }
+inline void istore(int32_t* p, IV a) { *p = a; }
+constexpr bool U8 = false;
+#endif
+
+constexpr int PW = LANES * NB;  // columns per panel
+constexpr int MC = 96;          // rows per M chunk (multiple of MR)
+static_assert(MC % MR == 0, "MC must be a multiple of MR");
+
+// acc[r][j] = sum over kgroups of A row r x panel vector j
+template <int R>
+inline void micro(const AE* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j] = izero();
+  for (int g = 0; g < kgroups; ++g) {
+    const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+    decltype(loadw(wg)) b[NB];
+    for (int j = 0; j < NB; ++j) b[j] = loadw(wg + j * LANES * KG);
+    for (int r = 0; r < R; ++r) {
+      auto av = bcast(a + static_cast<size_t>(r) * lda + g * KG);
+      for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, b[j]);
+    }
+  }
+}
+
+template <int R>
+inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
+  IV acc[R][NB];
+  micro<R>(static_cast<const AE*>(p.a) + static_cast<size_t>(m) * p.lda, p.lda, wpanel, p.Kp / KG, acc);
+  for (int r = 0; r < R; ++r) {
+    const int row = m + r;
+    const V::T as = V::set(p.a_scale[row]);
+    for (int j = 0; j < NB; ++j) {
+      const int col = n0 + j * LANES;
+      const int n = p.N - col;
+      if (n <= 0) break;
+      IV s = isub(acc[r][j], p.comp + col);
+      if (p.y_i32) {
+        alignas(64) int32_t tmp[LANES];
+        istore(tmp, s);
+        int32_t* dst = p.y_i32 + static_cast<size_t>(row) * p.ldy + col;
+        for (int e = 0; e < LANES && e < n; ++e) dst[e] = tmp[e];
+        continue;
+      }
+      // float(sum) * (a_scale * w_scale) + bias, in this order (the emulation's rounding)
+      V::T f = V::add(V::mul(tof(s), V::mul(as, V::load(p.w_scale + col))), V::load(p.bias + col));
+      f = vact<V>(f, p.act);
+      if (p.res) f = V::add(f, V::load_n(p.res + static_cast<size_t>(row) * p.ldr + col, n));
+      V::store_n(p.y + static_cast<size_t>(row) * p.ldy + col, f, n);
+    }
+  }
+}
+
+template <int R>
+inline void tile_rows(int mr, const GemmI8Args& p, int m, int n0, const WE* wpanel) {
+  if (mr == R) tile<R>(p, m, n0, wpanel);
+  else if constexpr (R > 1) tile_rows<R - 1>(mr, p, m, n0, wpanel);
+}
+
+size_t pack_bytes(int N, int K) {
+  return static_cast<size_t>(round_up(N, PW)) * round_up(K, KG) * sizeof(WE);
+}
+
+void pack(const int8_t* w, int N, int K, void* dst, int32_t* comp) {
+  const int Kp = round_up(K, KG), Np = round_up(N, PW);
+  WE* d = static_cast<WE*>(dst);
+  for (int p = 0; p < Np / PW; ++p)
+    for (int g = 0; g < Kp / KG; ++g)
+      for (int c = 0; c < PW; ++c)
+        for (int e = 0; e < KG; ++e) {
+          const int n = p * PW + c, k = g * KG + e;
+          *d++ = (n < N && k < K) ? static_cast<WE>(w[static_cast<size_t>(n) * K + k]) : WE(0);
+        }
+  for (int n = 0; n < Np; ++n) {
+    int32_t s = 0;
+    if (n < N)
+      for (int k = 0; k < K; ++k) s += w[static_cast<size_t>(n) * K + k];
+    comp[n] = U8 ? 128 * s : 0;
+  }
+}
+
+void gemm(const GemmI8Args& p, int tid, int nt) {
+  if (p.M <= 0 || p.N <= 0) return;
+  const int npanels = round_up(p.N, PW) / PW;
+  const int nch = (p.M + MC - 1) / MC;
+  const int mc = round_up((p.M + nch - 1) / nch, MR);  // equal chunks: balanced split over M
+  long lo, hi;
+  split_range(static_cast<long>(nch) * npanels, tid, nt, &lo, &hi);
+  const size_t panel_elems = static_cast<size_t>(p.Kp) * PW;
+  for (long it = lo; it < hi; ++it) {
+    const int ch = static_cast<int>(it / npanels), pn = static_cast<int>(it % npanels);
+    const int m0 = ch * mc, m1 = m0 + mc < p.M ? m0 + mc : p.M;
+    const WE* wpanel = static_cast<const WE*>(p.w) + pn * panel_elems;
+    for (int m = m0; m < m1; m += MR) {
+      const int mr = m1 - m < MR ? m1 - m : MR;
+      tile_rows<MR>(mr, p, m, pn * PW, wpanel);
+    }
+  }
+}
+
+}  // namespace
+
+size_t pack_i8_bytes(int N, int K) { return pack_bytes(N, K); }
+void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* comp) { pack(w, N, K, dst, comp); }
+void gemm_i8(const GemmI8Args& a, int tid, int nt) { gemm(a, tid, nt); }
+int i8_kgroup() { return KG; }
+int i8_a_bytes() { return sizeof(AE); }
+int i8_panel() { return PW; }
+
+}  // namespace ZOI_NS
+}  // namespace zoi

@@ -1,0 +1,149 @@
+// Kernel interface shared by every ISA build. Each csrc/kernels/<op>.cc is compiled once per
+// ISA (vnni, avx512, avx2, scalar) into its own namespace zoi::<isa>; table.cc gathers the
+// entry points into a KernelTable and the runtime picks one table at construction.
+//
+// Every kernel takes (args, tid, nthreads) and computes the share of the work that belongs
+// to thread `tid`; calling it for tid = 0..nthreads-1 (in any order, on any threads)
+// computes the whole op. Kernels never allocate.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "isa.h"
+
+namespace zoi {
+
+enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4 };
+
+// ---- INT8 GEMM: y[M,N] = act(float(sum_k q[m,k] w[n,k]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
+// Activations arrive quantised by quantize_rows / a fused LayerNorm in the ISA's A format:
+//   vnni:            u8 = q + 128, rows of Kp = round_up(K, 4) bytes (pad = 128)
+//   avx512/avx2/scalar: s16 = q, rows of Kp = round_up(K, 2) elements (pad = 0)
+// Weights are packed by pack_i8 into panels of `i8_panel` columns: [panel][K/KG][panel col][KG];
+// comp[n] = 128 * sum_k w[n,k] on vnni (u8 offset), 0 elsewhere.
+struct GemmI8Args {
+  const void* a = nullptr;        // [M, lda] quantised activations (format above)
+  int lda = 0;                    // elements per row of a
+  const float* a_scale = nullptr; // [M] per-token activation scale
+  const void* w = nullptr;        // packed weights
+  const int32_t* comp = nullptr;  // [Npad]
+  const float* w_scale = nullptr; // [Npad] per-channel weight scale (0 in the padding)
+  const float* bias = nullptr;    // [Npad] (0 in the padding)
+  int M = 0, N = 0, Kp = 0;
+  float* y = nullptr;             // [M, ldy]
+  int ldy = 0;
+  const float* res = nullptr;     // optional residual [M, ldr], added after the activation
+  int ldr = 0;
+  int act = 0;                    // Act
+  int32_t* y_i32 = nullptr;       // tests: when set, raw integer sums [M, ldy] instead of y
+};
+
+// ---- FP32 GEMM: y = act(a @ w^T + bias) (+ res); w packed by pack_f32: [panel][K][panel col]
+struct GemmF32Args {
+  const float* a = nullptr;  // [M, lda]
+  int lda = 0;
+  const float* w = nullptr;  // packed
+  const float* bias = nullptr;  // [Npad]
+  int M = 0, N = 0, K = 0;
+  float* y = nullptr;
+  int ldy = 0;
+  const float* res = nullptr;
+  int ldr = 0;
+  int act = 0;
+};
+
+// Optional fused quantisation of a kernel's float output rows for the next INT8 GEMM.
+struct QuantOut {
+  void* q = nullptr;          // [M, ldq] in the ISA's A format; nullptr = off
+  int ldq = 0;                // = Kp of the consumer
+  float* scale = nullptr;     // [M]
+  float static_amax = -1.f;   // < 0: dynamic per-token amax; >= 0: calibrated per-tensor amax
+};
+
+// ---- y = LN(x (+ r)) * w + b, per row of H
+struct LnArgs {
+  const float* x = nullptr; int ldx = 0;
+  const float* r = nullptr; int ldr = 0;  // optional residual
+  const float* w = nullptr; const float* b = nullptr;
+  float eps = 1e-12f;
+  int M = 0, H = 0;
+  float* y = nullptr; int ldy = 0;
+  QuantOut qo;
+};
+
+// ---- x = LN(word[ids] + pos[positions] (+ type0)) * w + b
+struct EmbedArgs {
+  const int32_t* ids = nullptr; const int32_t* positions = nullptr;
+  int T = 0, H = 0;
+  const float* word = nullptr;                                     // [V, H] or
+  const int8_t* word_q = nullptr; const float* word_scale = nullptr; // [V, H] int8 + [V]
+  const float* pos = nullptr;    // [P, H]
+  const float* type0 = nullptr;  // [H] or nullptr
+  const float* ln_w = nullptr; const float* ln_b = nullptr;
+  float eps = 1e-12f;
+  float* y = nullptr; int ldy = 0;
+  QuantOut qo;
+};
+
+// ---- varlen attention: ctx = softmax(q k^T * scale) v per sequence and head
+struct AttnArgs {
+  const float* qkv = nullptr; int ldqkv = 0;  // [T, 3H]
+  const int32_t* cu = nullptr; int B = 0;     // cu_seqlens [B+1]
+  int heads = 0, d = 0;
+  float scale = 1.f;
+  float* out = nullptr; int ldo = 0;          // [T, H]
+  float* scratch = nullptr;                   // nthreads * attn_scratch_floats(maxlen, d)
+  size_t scratch_stride = 0;                  // floats per thread
+};
+
+struct PoolArgs {
+  const float* x = nullptr; int ldx = 0;  // [T, H]
+  const int32_t* cu = nullptr; int B = 0, H = 0;
+  int mode = 0;                           // 0 mean, 1 cls, 2 max
+  float* out = nullptr; int ldo = 0;      // [B, H]
+};
+
+struct KernelTable {
+  Isa isa;
+  int i8_kgroup;      // K granularity of the packed INT8 weights / A rows
+  int i8_a_bytes;     // bytes per A element (1: u8, 2: s16)
+  int i8_panel;       // columns per packed INT8 panel
+  int f32_panel;      // columns per packed FP32 panel
+  size_t (*pack_i8_bytes)(int N, int K);
+  void (*pack_i8)(const int8_t* w, int N, int K, void* dst, int32_t* comp);  // comp [Npad]
+  size_t (*pack_f32_bytes)(int N, int K);
+  void (*pack_f32)(const float* w, int N, int K, float* dst);
+  void (*gemm_i8)(const GemmI8Args& a, int tid, int nt);
+  void (*gemm_f32)(const GemmF32Args& a, int tid, int nt);
+  void (*quantize_rows)(const float* x, int ldx, int M, int K, const QuantOut& qo, int tid, int nt);
+  void (*layernorm)(const LnArgs& a, int tid, int nt);
+  void (*embed)(const EmbedArgs& a, int tid, int nt);
+  void (*attention)(const AttnArgs& a, int tid, int nt);
+  void (*pool)(const PoolArgs& a, int tid, int nt);
+  void (*normalize)(float* p, int ld, int B, int H, int tid, int nt);
+  void (*activation)(float* x, size_t n, int act);  // tests
+};
+
+const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU
+
+inline size_t attn_scratch_floats(int maxlen, int d) {
+  size_t lp = (static_cast<size_t>(maxlen) + 15) / 16 * 16;
+  return lp * static_cast<size_t>(d) + lp + 64;
+}
+
+inline void split_range(long total, int tid, int nt, long* lo, long* hi) {
+  long base = total / nt, rem = total % nt;
+  *lo = tid * base + (tid < rem ? tid : rem);
+  *hi = *lo + base + (tid < rem ? 1 : 0);
+}
+
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+#define ZOI_DECLARE_TABLE(ns) namespace ns { const KernelTable& table(); }
+ZOI_DECLARE_TABLE(vnni)
+ZOI_DECLARE_TABLE(avx512)
+ZOI_DECLARE_TABLE(avx2)
+ZOI_DECLARE_TABLE(scalar)
+#undef ZOI_DECLARE_TABLE
+
+}  // namespace zoi

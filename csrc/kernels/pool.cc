@@ -1,0 +1,52 @@
+// Pooling over each packed sequence (mean / CLS / max) and L2 normalisation of the rows.
+#include <cmath>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace zoi {
+namespace ZOI_NS {
+
+// out[b] = mean / first / max of x[cu[b]:cu[b+1]]; sequences split over threads
+void pool(const PoolArgs& a, int tid, int nt) {
+  long lo, hi;
+  split_range(a.B, tid, nt, &lo, &hi);
+  for (long b = lo; b < hi; ++b) {
+    const int s = a.cu[b], e = a.cu[b + 1];
+    float* o = a.out + b * a.ldo;
+    for (int k = 0; k < a.H; k += V::N) {
+      const int n = a.H - k;
+      V::T acc = V::load_n(a.x + static_cast<size_t>(s) * a.ldx + k, n);
+      if (a.mode == 0) {
+        for (int t = s + 1; t < e; ++t) acc = V::add(acc, V::load_n(a.x + static_cast<size_t>(t) * a.ldx + k, n));
+        acc = V::div(acc, V::set(static_cast<float>(e - s)));
+      } else if (a.mode == 2) {
+        for (int t = s + 1; t < e; ++t) acc = V::max(acc, V::load_n(a.x + static_cast<size_t>(t) * a.ldx + k, n));
+      }
+      V::store_n(o + k, acc, n);
+    }
+  }
+}
+
+// p[b] /= max(||p[b]||_2, 1e-12), the norm in float64 as the reference
+void normalize(float* p, int ld, int B, int H, int tid, int nt) {
+  long lo, hi;
+  split_range(B, tid, nt, &lo, &hi);
+  for (long b = lo; b < hi; ++b) {
+    float* r = p + b * ld;
+    double s = 0;
+    for (int k = 0; k < H; ++k) s += static_cast<double>(r[k]) * r[k];
+    double n = std::sqrt(s);
+    if (n < 1e-12) n = 1e-12;
+    for (int k = 0; k < H; ++k) r[k] = static_cast<float>(r[k] / n);
+  }
+}
+
+void activation(float* x, size_t n, int act) {
+  size_t k = 0;
+  for (; k + V::N <= n; k += V::N) V::store(x + k, vact<V>(V::load(x + k), act));
+  for (; k < n; ++k) x[k] = vact<S1>(x[k], act);
+}
+
+}  // namespace ZOI_NS
+}  // namespace zoi

@@ -1,0 +1,187 @@
+// Tiny SIMD layer: one vector type per ISA (V), plus a scalar one (S1), with the same
+// static functions. Every elementwise kernel and the math below is written once over V
+// and compiled per ISA (this header is included by files built with -DZOI_ISA_<X>).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
+
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace zoi {
+namespace ZOI_NS {
+
+struct S1 {  // one float lane: scalar fallback and loop tails
+  using T = float;
+  static constexpr int N = 1;
+  static T zero() { return 0.f; }
+  static T set(float x) { return x; }
+  static T load(const float* p) { return *p; }
+  static void store(float* p, T x) { *p = x; }
+  static T load_n(const float* p, int n) { return n > 0 ? *p : 0.f; }
+  static void store_n(float* p, T x, int n) { if (n > 0) *p = x; }
+  static T add(T a, T b) { return a + b; }
+  static T sub(T a, T b) { return a - b; }
+  static T mul(T a, T b) { return a * b; }
+  static T div(T a, T b) { return a / b; }
+  static T fma(T a, T b, T c) { return std::fma(a, b, c); }
+  static T max(T a, T b) { return a > b ? a : b; }
+  static T min(T a, T b) { return a < b ? a : b; }
+  static T abs(T a) { return std::fabs(a); }
+  static T sel_lt(T a, T b, T x, T y) { return a < b ? x : y; }  // a < b ? x : y
+  static T round(T a) { return std::nearbyint(a); }               // to nearest even
+  static T pow2n(T n) {  // 2^n for integral n in [-126, 127]
+    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  static float hsum(T a) { return a; }
+  static float hmax(T a) { return a; }
+};
+
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
+struct V16 {
+  using T = __m512;
+  static constexpr int N = 16;
+  static __mmask16 mask(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n < 0 ? 0 : n)) - 1); }
+  static T zero() { return _mm512_setzero_ps(); }
+  static T set(float x) { return _mm512_set1_ps(x); }
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
+  static T load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  static void store_n(float* p, T x, int n) { _mm512_mask_storeu_ps(p, mask(n), x); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm512_div_ps(a, b); }
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T min(T a, T b) { return _mm512_min_ps(a, b); }
+  static T abs(T a) { return _mm512_abs_ps(a); }
+  static T sel_lt(T a, T b, T x, T y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x); }
+  static T round(T a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static T pow2n(T n) {
+    __m512i i = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_castsi512_ps(i);
+  }
+  static float hsum(T a) { return _mm512_reduce_add_ps(a); }
+  static float hmax(T a) { return _mm512_reduce_max_ps(a); }
+};
+using V = V16;
+#elif defined(ZOI_ISA_AVX2)
+struct V8 {
+  using T = __m256;
+  static constexpr int N = 8;
+  static __m256i mask(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  static T zero() { return _mm256_setzero_ps(); }
+  static T set(float x) { return _mm256_set1_ps(x); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
+  static T load_n(const float* p, int n) { return _mm256_maskload_ps(p, mask(n)); }
+  static void store_n(float* p, T x, int n) { _mm256_maskstore_ps(p, mask(n), x); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm256_div_ps(a, b); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T min(T a, T b) { return _mm256_min_ps(a, b); }
+  static T abs(T a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
+  static T sel_lt(T a, T b, T x, T y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+  static T round(T a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static T pow2n(T n) {
+    __m256i i = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_castsi256_ps(i);
+  }
+  static float hsum(T a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float hmax(T a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+using V = V8;
+#else
+using V = S1;
+#endif
+
+// ---- math over any lane type (same polynomial for vector bodies and scalar tails) ----
+
+// exp(x), cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial; ~1-2 ulp.
+template <class W>
+inline typename W::T vexp(typename W::T x) {
+  using T = typename W::T;
+  x = W::min(W::max(x, W::set(-87.33f)), W::set(88.37f));
+  T n = W::round(W::mul(x, W::set(1.44269504088896341f)));
+  T r = W::fma(n, W::set(-0.693359375f), x);
+  r = W::fma(n, W::set(2.12194440e-4f), r);
+  T p = W::set(1.9875691500e-4f);
+  p = W::fma(p, r, W::set(1.3981999507e-3f));
+  p = W::fma(p, r, W::set(8.3334519073e-3f));
+  p = W::fma(p, r, W::set(4.1665795894e-2f));
+  p = W::fma(p, r, W::set(1.6666665459e-1f));
+  p = W::fma(p, r, W::set(5.0000001201e-1f));
+  p = W::fma(p, W::mul(r, r), W::add(r, W::set(1.f)));
+  return W::mul(p, W::pow2n(n));
+}
+
+// GELU, erf form: x * Phi(x). Phi via erfc (Numerical Recipes' Chebyshev fit, relative
+// error < 1.2e-7 everywhere) so that the negative tail keeps full relative accuracy.
+template <class W>
+inline typename W::T vgelu(typename W::T x) {
+  using T = typename W::T;
+  T z = W::mul(W::abs(x), W::set(0.70710678118654752f));
+  T t = W::div(W::set(1.f), W::fma(W::set(0.5f), z, W::set(1.f)));
+  T p = W::set(0.17087277f);
+  p = W::fma(p, t, W::set(-0.82215223f));
+  p = W::fma(p, t, W::set(1.48851587f));
+  p = W::fma(p, t, W::set(-1.13520398f));
+  p = W::fma(p, t, W::set(0.27886807f));
+  p = W::fma(p, t, W::set(-0.18628806f));
+  p = W::fma(p, t, W::set(0.09678418f));
+  p = W::fma(p, t, W::set(0.37409196f));
+  p = W::fma(p, t, W::set(1.00002368f));
+  p = W::fma(p, t, W::set(-1.26551223f));
+  p = W::sub(p, W::mul(z, z));
+  T e = W::mul(W::mul(W::set(0.5f), t), vexp<W>(p));  // 0.5 * erfc(|x|/sqrt2) = Phi(-|x|)
+  return W::mul(x, W::sel_lt(x, W::zero(), e, W::sub(W::set(1.f), e)));
+}
+
+// GELU, tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3)
+template <class W>
+inline typename W::T vgelu_tanh(typename W::T x) {
+  using T = typename W::T;
+  T x3 = W::mul(W::mul(x, x), x);
+  T u2 = W::mul(W::set(-2.f * 0.7978845608028654f), W::fma(W::set(0.044715f), x3, x));
+  return W::div(x, W::add(W::set(1.f), vexp<W>(u2)));
+}
+
+template <class W>
+inline typename W::T vsigmoid(typename W::T x) {
+  return W::div(W::set(1.f), W::add(W::set(1.f), vexp<W>(W::sub(W::zero(), x))));
+}
+
+template <class W>
+inline typename W::T vact(typename W::T x, int act) {
+  switch (act) {
+    case ACT_GELU: return vgelu<W>(x);
+    case ACT_GELU_TANH: return vgelu_tanh<W>(x);
+    case ACT_RELU: return W::max(x, W::zero());
+    case ACT_SIGMOID: return vsigmoid<W>(x);
+    default: return x;
+  }
+}
+
+}  // namespace ZOI_NS
+}  // namespace zoi

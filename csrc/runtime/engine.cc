@@ -1,0 +1,332 @@
+#include "engine.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "pool.h"
+
+namespace zoi {
+
+void AlignedFree::operator()(void* p) const { std::free(p); }
+
+AlignedBuf aligned_bytes(size_t n) {
+  size_t sz = (n + 63) / 64 * 64;
+  if (sz == 0) sz = 64;
+  void* p = std::aligned_alloc(64, sz);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, sz);
+  return AlignedBuf(p);
+}
+
+Engine::Engine(size_t arena_bytes, int max_tokens, int max_batch, const std::string& isa, int nthreads)
+    : max_tokens_(max_tokens), max_batch_(max_batch), arena_bytes_(arena_bytes) {
+  Isa want;
+  if (isa.empty()) want = active_isa();
+  else if (!parse_isa(isa, &want)) throw std::invalid_argument("unknown ISA '" + isa + "'; expected vnni|avx512|avx2|scalar");
+  kt_ = &kernel_table(want);
+  if (max_tokens < 1 || max_batch < 1) throw std::invalid_argument("max_tokens and max_batch must be >= 1");
+  const int pool_n = ThreadPool::instance().size();
+  nthreads_ = nthreads <= 0 || nthreads > pool_n ? pool_n : nthreads;
+  arena_ = aligned_bytes(arena_bytes);
+}
+
+void* Engine::keep(size_t bytes) {
+  owned_.push_back(aligned_bytes(bytes));
+  weights_bytes_ += bytes;
+  return owned_.back().get();
+}
+
+void Engine::check_off(size_t off, size_t bytes) const {
+  if (off % 4 != 0 || off + bytes > arena_bytes_)
+    throw std::invalid_argument("buffer [" + std::to_string(off) + ", +" + std::to_string(bytes) +
+                                ") does not fit the arena of " + std::to_string(arena_bytes_) + " bytes");
+}
+
+static float* copy_f(void* dst, const float* src, size_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+  return static_cast<float*>(dst);
+}
+
+void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const float* word, const int8_t* word_q,
+                       const float* word_scale, const float* pos, const float* type0, const float* ln_w,
+                       const float* ln_b, float eps) {
+  check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
+  if (!word && !(word_q && word_scale)) throw std::invalid_argument("embed needs word or word_q + word_scale");
+  Step s{};
+  s.kind = EMBED;
+  EmbedArgs& e = s.em;
+  e.H = H;
+  e.word = word;
+  e.word_q = word_q;
+  e.word_scale = word_scale;
+  e.pos = pos;
+  e.type0 = type0 ? copy_f(keep(H * 4), type0, H) : nullptr;
+  e.ln_w = copy_f(keep(H * 4), ln_w, H);
+  e.ln_b = copy_f(keep(H * 4), ln_b, H);
+  e.eps = eps;
+  e.y = buf(out_off);
+  e.ldy = H;
+  // referenced tables count as held weights too
+  weights_bytes_ += static_cast<size_t>(vocab) * H * (word ? 4 : 1) + (word ? 0 : vocab * 4) +
+                    static_cast<size_t>(max_pos) * H * 4;
+  vocab_ = vocab;
+  max_pos_ = max_pos;
+  steps_.push_back(s);
+}
+
+QuantOut Engine::quant_target(size_t in_off, int K, float static_amax) {
+  // the int8 input rows go to the shared scratch; fused into the producer when the
+  // previous step is the LayerNorm / embedding that writes exactly this buffer
+  const int kp = round_up(K, kt_->i8_kgroup);
+  if (kp > max_kp_) max_kp_ = kp;
+  QuantOut qo;
+  qo.ldq = kp;
+  qo.static_amax = static_amax;
+  if (!steps_.empty()) {
+    Step& prev = steps_.back();
+    if (prev.kind == LN && prev.ln.y == buf(in_off) && prev.ln.H == K && prev.ln.qo.ldq == 0) {
+      prev.ln.qo = qo;
+      return qo;
+    }
+    if (prev.kind == EMBED && prev.em.y == buf(in_off) && prev.em.H == K && prev.em.qo.ldq == 0) {
+      prev.em.qo = qo;
+      return qo;
+    }
+  }
+  Step s{};
+  s.kind = QUANT;
+  s.qx = buf(in_off);
+  s.qldx = K;
+  s.qK = K;
+  s.qo = qo;
+  steps_.push_back(s);
+  return qo;
+}
+
+void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
+                           const float* b, int act, long res_off, float static_amax) {
+  check_off(in_off, static_cast<size_t>(max_tokens_) * K * 4);
+  check_off(out_off, static_cast<size_t>(max_tokens_) * N * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * N * 4);
+  const QuantOut qo = quant_target(in_off, K, static_amax);
+  Step s{};
+  s.kind = GEMM_I8;
+  GemmI8Args& g = s.gi;
+  const int np = round_up(N, kt_->i8_panel);
+  void* w = keep(kt_->pack_i8_bytes(N, K));
+  int32_t* comp = static_cast<int32_t*>(keep(np * 4));
+  kt_->pack_i8(w_q, N, K, w, comp);
+  float* ws = static_cast<float*>(keep(np * 4));
+  float* bias = static_cast<float*>(keep(np * 4));
+  std::memcpy(ws, w_scale, N * 4);
+  if (b) std::memcpy(bias, b, N * 4);
+  g.w = w;
+  g.comp = comp;
+  g.w_scale = ws;
+  g.bias = bias;
+  g.lda = qo.ldq;
+  g.N = N;
+  g.Kp = qo.ldq;
+  g.y = buf(out_off);
+  g.ldy = N;
+  g.res = res_off >= 0 ? buf(static_cast<size_t>(res_off)) : nullptr;
+  g.ldr = N;
+  g.act = act;
+  steps_.push_back(s);
+}
+
+void Engine::add_linear_f32(size_t in_off, int K, size_t out_off, int N, const float* w, const float* b, int act,
+                            long res_off) {
+  check_off(in_off, static_cast<size_t>(max_tokens_) * K * 4);
+  check_off(out_off, static_cast<size_t>(max_tokens_) * N * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * N * 4);
+  Step s{};
+  s.kind = GEMM_F32;
+  GemmF32Args& g = s.gf;
+  const int np = round_up(N, kt_->f32_panel);
+  float* pw = static_cast<float*>(keep(kt_->pack_f32_bytes(N, K)));
+  kt_->pack_f32(w, N, K, pw);
+  float* bias = static_cast<float*>(keep(np * 4));
+  if (b) std::memcpy(bias, b, N * 4);
+  g.a = buf(in_off);
+  g.lda = K;
+  g.w = pw;
+  g.bias = bias;
+  g.N = N;
+  g.K = K;
+  g.y = buf(out_off);
+  g.ldy = N;
+  g.res = res_off >= 0 ? buf(static_cast<size_t>(res_off)) : nullptr;
+  g.ldr = N;
+  g.act = act;
+  steps_.push_back(s);
+}
+
+void Engine::add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale) {
+  const int H = heads * head_dim;
+  check_off(in_off, static_cast<size_t>(max_tokens_) * 3 * H * 4);
+  check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
+  Step s{};
+  s.kind = ATTN;
+  AttnArgs& a = s.at;
+  a.qkv = buf(in_off);
+  a.ldqkv = 3 * H;
+  a.heads = heads;
+  a.d = head_dim;
+  a.scale = scale;
+  a.out = buf(out_off);
+  a.ldo = H;
+  if (head_dim > max_attn_d_) max_attn_d_ = head_dim;
+  steps_.push_back(s);
+}
+
+void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b,
+                           float eps) {
+  check_off(x_off, static_cast<size_t>(max_tokens_) * H * 4);
+  check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * H * 4);
+  Step s{};
+  s.kind = LN;
+  LnArgs& l = s.ln;
+  l.x = buf(x_off);
+  l.ldx = H;
+  l.r = res_off >= 0 ? buf(static_cast<size_t>(res_off)) : nullptr;
+  l.ldr = H;
+  l.w = copy_f(keep(H * 4), w, H);
+  l.b = copy_f(keep(H * 4), b, H);
+  l.eps = eps;
+  l.H = H;
+  l.y = buf(out_off);
+  l.ldy = H;
+  steps_.push_back(s);
+}
+
+void Engine::add_pool(size_t in_off, size_t out_off, int H, int mode) {
+  check_off(in_off, static_cast<size_t>(max_tokens_) * H * 4);
+  check_off(out_off, static_cast<size_t>(max_batch_) * H * 4);
+  if (mode < 0 || mode > 2) throw std::invalid_argument("pool mode must be 0 (mean), 1 (cls) or 2 (max)");
+  Step s{};
+  s.kind = POOL;
+  s.po.x = buf(in_off);
+  s.po.ldx = H;
+  s.po.H = H;
+  s.po.mode = mode;
+  s.po.out = buf(out_off);
+  s.po.ldo = H;
+  out_off_ = out_off;
+  out_cols_ = H;
+  have_pool_ = true;
+  steps_.push_back(s);
+}
+
+void Engine::finalize() {
+  if (!have_pool_) throw std::invalid_argument("the plan has no pool op");
+  qbuf_bytes_ = static_cast<size_t>(max_tokens_) * (max_kp_ > 0 ? max_kp_ : 1) * kt_->i8_a_bytes;
+  qbuf_ = aligned_bytes(qbuf_bytes_);
+  qscale_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
+  attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
+  attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
+  scratch_bytes_ = qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 4 + attn_stride_ * 4 * nthreads_;
+  float* qs = static_cast<float*>(qscale_.get());
+  for (Step& s : steps_) {
+    auto fix = [&](QuantOut& qo) {
+      if (qo.ldq > 0) {
+        qo.q = qbuf_.get();
+        qo.scale = qs;
+      }
+    };
+    switch (s.kind) {
+      case QUANT: fix(s.qo); break;
+      case LN: fix(s.ln.qo); break;
+      case EMBED: fix(s.em.qo); break;
+      case GEMM_I8: s.gi.a = qbuf_.get(); s.gi.a_scale = qs; break;
+      case ATTN: s.at.scratch = static_cast<float*>(attn_.get()); s.at.scratch_stride = attn_stride_; break;
+      default: break;
+    }
+  }
+  finalized_ = true;
+}
+
+void Engine::exec(const Step& s, int tid, int nt) {
+  const KernelTable& k = *kt_;
+  switch (s.kind) {
+    case EMBED: {
+      EmbedArgs a = s.em;
+      a.ids = ids_;
+      a.positions = positions_;
+      a.T = T_;
+      k.embed(a, tid, nt);
+      break;
+    }
+    case QUANT: k.quantize_rows(s.qx, s.qldx, T_, s.qK, s.qo, tid, nt); break;
+    case GEMM_I8: {
+      GemmI8Args a = s.gi;
+      a.M = T_;
+      k.gemm_i8(a, tid, nt);
+      break;
+    }
+    case GEMM_F32: {
+      GemmF32Args a = s.gf;
+      a.M = T_;
+      k.gemm_f32(a, tid, nt);
+      break;
+    }
+    case ATTN: {
+      AttnArgs a = s.at;
+      a.cu = cu_;
+      a.B = B_;
+      k.attention(a, tid, nt);
+      break;
+    }
+    case LN: {
+      LnArgs a = s.ln;
+      a.M = T_;
+      k.layernorm(a, tid, nt);
+      break;
+    }
+    case POOL: {
+      PoolArgs a = s.po;
+      a.cu = cu_;
+      a.B = B_;
+      k.pool(a, tid, nt);
+      break;
+    }
+  }
+}
+
+void Engine::job(void* self, int tid, int nt) {
+  Engine* e = static_cast<Engine*>(self);
+  ThreadPool& pool = ThreadPool::instance();
+  const size_t n = e->steps_.size();
+  for (size_t i = 0; i < n; ++i) {
+    e->exec(e->steps_[i], tid, nt);
+    if (i + 1 < n) pool.barrier();
+  }
+}
+
+void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
+                 float* out, int ldo) {
+  if (!finalized_) throw std::invalid_argument("Engine.finalize() was not called");
+  if (T < 1 || T > max_tokens_) throw std::invalid_argument("T must be in [1, max_tokens]");
+  if (B < 1 || B > max_batch_) throw std::invalid_argument("B must be in [1, max_batch]");
+  if (cu[0] != 0 || cu[B] != T) throw std::invalid_argument("cu_seqlens must start at 0 and end at T");
+  for (int b = 0; b < B; ++b)
+    if (cu[b + 1] <= cu[b]) throw std::invalid_argument("cu_seqlens must be strictly increasing (no empty sequence)");
+  for (int t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= vocab_) throw std::invalid_argument("token id out of the vocabulary");
+    if (positions[t] < 0 || positions[t] >= max_pos_) throw std::invalid_argument("position out of the table");
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  ids_ = ids;
+  positions_ = positions;
+  cu_ = cu;
+  T_ = T;
+  B_ = B;
+  ThreadPool::instance().run(&Engine::job, this, nthreads_);
+  const float* src = buf(out_off_);
+  for (int b = 0; b < B; ++b) std::memcpy(out + static_cast<size_t>(b) * ldo, src + static_cast<size_t>(b) * out_cols_, out_cols_ * 4);
+  if (normalize) kt_->normalize(out, ldo, B, out_cols_, 0, 1);
+}
+
+}  // namespace zoi

@@ -1,0 +1,97 @@
+// The native plan: built once from a CompiledModel (ops in order, packed weights, the
+// planner's arena), then run(ids, positions, cu_seqlens) executes every op inside C++ on the
+// shared thread pool with a barrier between ops. No allocation after construction.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../kernels/kernels.h"
+
+namespace zoi {
+
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+using AlignedBuf = std::unique_ptr<void, AlignedFree>;
+AlignedBuf aligned_bytes(size_t n);  // 64-byte aligned, zero-filled
+
+class Engine {
+ public:
+  // arena_bytes: the planner's arena; nthreads 0 = the whole pool; isa "" = active_isa()
+  Engine(size_t arena_bytes, int max_tokens, int max_batch, const std::string& isa, int nthreads);
+
+  // ---- building (offsets are byte offsets into the arena; a "T" buffer has max_tokens rows)
+  // Tables are referenced, not copied: the caller keeps word/word_q/word_scale/pos alive.
+  void add_embed(size_t out_off, int H, int vocab, int max_pos, const float* word, const int8_t* word_q,
+                 const float* word_scale, const float* pos, const float* type0, const float* ln_w,
+                 const float* ln_b, float eps);
+  void add_linear_f32(size_t in_off, int K, size_t out_off, int N, const float* w, const float* b, int act,
+                      long res_off);
+  void add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
+                     const float* b, int act, long res_off, float static_amax);
+  void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale);
+  void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps);
+  void add_pool(size_t in_off, size_t out_off, int H, int mode);
+
+  // allocates the shared scratch (quantised activations, attention); call after the last add_*
+  void finalize();
+
+  // ---- running: out [B, ldo] float32; throws std::invalid_argument on a malformed batch
+  void run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
+           float* out, int ldo);
+
+  size_t weights_bytes() const { return weights_bytes_; }
+  size_t arena_bytes() const { return arena_bytes_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  int out_cols() const { return out_cols_; }
+  int nthreads() const { return nthreads_; }
+  Isa isa() const { return kt_->isa; }
+  int num_steps() const { return static_cast<int>(steps_.size()); }
+
+ private:
+  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL };
+  struct Step {
+    Kind kind;
+    GemmI8Args gi;
+    GemmF32Args gf;
+    LnArgs ln;
+    EmbedArgs em;
+    AttnArgs at;
+    PoolArgs po;
+    // QUANT
+    const float* qx = nullptr;
+    int qldx = 0, qK = 0;
+    QuantOut qo;
+  };
+  static void job(void* self, int tid, int nt);
+  void exec(const Step& s, int tid, int nt);
+  float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
+  void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
+  void check_off(size_t off, size_t bytes) const;
+  QuantOut quant_target(size_t in_off, int K, float static_amax);
+
+  const KernelTable* kt_;
+  int max_tokens_, max_batch_, nthreads_;
+  size_t arena_bytes_, weights_bytes_ = 0, scratch_bytes_ = 0;
+  AlignedBuf arena_, qbuf_, qscale_, attn_;
+  size_t qbuf_bytes_ = 0, attn_stride_ = 0;
+  int max_kp_ = 0, max_attn_d_ = 0;
+  std::vector<AlignedBuf> owned_;
+  std::vector<Step> steps_;
+  int vocab_ = 0, max_pos_ = 0;
+  size_t out_off_ = 0;
+  int out_cols_ = 0;
+  bool have_pool_ = false, finalized_ = false;
+  std::mutex mu_;
+  // per-run inputs
+  const int32_t* ids_ = nullptr;
+  const int32_t* positions_ = nullptr;
+  const int32_t* cu_ = nullptr;
+  int T_ = 0, B_ = 0;
+};
+
+}  // namespace zoi
