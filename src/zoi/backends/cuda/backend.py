@@ -1,0 +1,479 @@
+"""CudaBackend: Triton kernels, one weight buffer, one activation arena, one CUDA graph per
+token-count bucket, and a per-call path through the CUDA driver API only.
+
+Compile time (``__init__``), torch and triton are tools: torch allocates the two device
+buffers (and gives Triton its stream), triton compiles the kernels, the forward of each
+bucket is run once (warm-up) and captured with ``cuStreamBeginCapture`` on our own stream
+into a graph, instantiated with ``cuGraphInstantiate``.
+
+Per call (``run``): numpy writes ids / positions / cu_seqlens and a 4-int header into
+pinned staging; ``cuMemcpyHtoDAsync``; ``cuGraphLaunch``; ``cuMemcpyDtoHAsync`` of the
+pooled [B, H] fp32; ``cuStreamSynchronize``. Nothing else, no allocation; a lock makes
+concurrent callers safe.
+
+Fusion (decided once, from the IR): a ``linear`` whose only reader is the next op, an
+``add_layernorm``, becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
+row fits one program (N <= 1024). Per BERT layer: qkv, attention, o+LN, ffn1+act, ffn2+LN.
+Activations are fp16 in the arena; INT8 linears quantise their input per token while
+loading it, with the row amax written by the producer (exactly, by the kernels that see
+whole rows; by float atomic max, from a zeroed buffer, by attention and plain linears).
+
+``interpret=True`` (or no GPU with TRITON_INTERPRET=1) runs the same launch list eagerly on
+torch CPU tensors through the Triton interpreter: the CI test of everything but the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zoi.errors import BackendUnavailableError, InputError
+
+log = logging.getLogger("zoi")
+
+ALIGN = 256
+MAX_FUSED_N = 1024
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def default_buckets(max_tokens: int) -> list[int]:
+    b, out = 16, []
+    while b < max_tokens:
+        out.append(b)
+        b *= 2
+    out.append(max_tokens)
+    return out
+
+
+@dataclass
+class _Launch:
+    kind: str  # embed | linear | attention | add_layernorm | pool
+    op: object
+    out: str
+    ins: list[str]
+    ln: object = None  # fused add_layernorm op (linear)
+    res: str | None = None  # residual buffer
+    quant: int = 0  # linear: 0 fp16, 1 int8 dynamic, 2 int8 static
+    static_amax: float = 0.0
+    amax_out: int = 0  # 0 none, 1 atomic, 2 direct
+    n: int = 0  # output cols
+    k: int = 0  # input cols (linear)
+    extra: dict = field(default_factory=dict)
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, model, buckets: list[int] | None = None, interpret: bool | None = None):
+        self.model = model
+        self.spec = model.spec
+        self.precision = model.precision
+        if self.precision not in ("int8", "fp16", "fp32"):
+            raise InputError(f"unknown precision {self.precision!r}")
+        if self.precision == "fp32":
+            log.warning("zoi: device='cuda' computes precision='fp32' models in fp16 (fp16 weights and "
+                        "activations, fp32 accumulation); use precision='fp16' or 'int8' to say so")
+        self.max_tokens = int(model.plan.max_tokens)
+        self.max_batch = int(min(model.plan.max_batch, self.max_tokens))
+        self._lock = threading.Lock()
+        self._init_device(interpret)
+        self._plan_launches()
+        self._pack_weights()
+        self._alloc_arena()
+        self.buckets = sorted({min(int(b), self.max_tokens) for b in (buckets or default_buckets(self.max_tokens))})
+        self._graphs: dict[int, tuple] = {}
+        self._layouts: dict[int, tuple[int, int, int, int]] = {}
+        self._steps: dict[int, list] = {}
+        for tb in self.buckets:
+            self._build_bucket(tb)
+
+    # ------------------------------------------------------------------ device
+    def _init_device(self, interpret):
+        try:
+            import torch
+            import triton  # noqa: F401
+        except ImportError as e:
+            raise BackendUnavailableError(f"device='cuda' needs torch and triton at compile time: {e}") from e
+        self.torch = torch
+        env_interp = os.environ.get("TRITON_INTERPRET") == "1"
+        self.eager = bool(interpret) if interpret is not None else (env_interp and not torch.cuda.is_available())
+        if self.eager:
+            if not env_interp:
+                raise BackendUnavailableError("interpret=True needs TRITON_INTERPRET=1 set before triton is imported")
+            self.dev = "cpu"
+            self.sm = 8
+            self.device_name = "triton interpreter (CPU)"
+            return
+        if env_interp:
+            raise BackendUnavailableError("TRITON_INTERPRET=1 is set: unset it to run on the GPU")
+        from zoi.backends.cuda import driver as drv
+
+        drv.require()
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError("device='cuda': torch sees no CUDA device (driver missing or no GPU)")
+        self.drv = drv
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the runtime's primary context exists from here
+        self.cu_dev, self.ctx = drv.primary_context(torch.cuda.current_device())
+        cap = drv.capability(self.cu_dev)
+        if cap < (8, 0):
+            raise BackendUnavailableError(f"device='cuda' needs compute capability >= 8.0, found {cap}")
+        self.capability = cap
+        self.sm = drv.sm_count(self.cu_dev)
+        self.device_name = drv.device_name(self.cu_dev)
+        self.dev = "cuda"
+        self._free0 = drv.mem_info()[0]
+        self._reserved0 = torch.cuda.memory_reserved()
+        self.stream = drv.new_stream()
+        self.tstream = torch.cuda.ExternalStream(int(self.stream))
+
+    # ------------------------------------------------------------------ plan
+    def _linear_mode(self, prefix: str) -> tuple[int, float]:
+        W, q = self.model.weights, self.model.quant.get(prefix)
+        if self.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
+            if q is not None and q.scheme == "static":
+                return 2, float(q.amax)
+            return 1, 0.0
+        return 0, 0.0
+
+    def _plan_launches(self):
+        g = self.model.graph
+        ops = g.ops
+        readers: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            for n in op.inputs:
+                readers.setdefault(n, []).append(i)
+        out: list[_Launch] = []
+        i = 0
+        while i < len(ops):
+            op = ops[i]
+            if op.kind == "embed":
+                out.append(_Launch("embed", op, op.output, list(op.inputs), n=self.spec.hidden))
+            elif op.kind == "linear":
+                prefix = op.weights["w"].rsplit(".", 1)[0]
+                quant, samax = self._linear_mode(prefix)
+                wq = self.model.weights.get(f"{prefix}.w_q")
+                N, K = (wq.shape if wq is not None else self.model.weights[f"{prefix}.w"].shape)
+                L = _Launch("linear", op, op.output, [op.inputs[0]], quant=quant, static_amax=samax,
+                            n=int(N), k=int(K), res=op.inputs[1] if len(op.inputs) > 1 else None)
+                L.extra["prefix"] = prefix
+                nxt = ops[i + 1] if i + 1 < len(ops) else None
+                if (nxt is not None and nxt.kind == "add_layernorm" and nxt.inputs[0] == op.output
+                        and readers.get(op.output) == [i + 1] and L.res is None
+                        and nxt.inputs[1] != op.output and int(N) <= MAX_FUSED_N):
+                    L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
+                    i += 1
+                out.append(L)
+            elif op.kind == "attention":
+                out.append(_Launch("attention", op, op.output, [op.inputs[0]],
+                                   n=op.attrs["heads"] * op.attrs["head_dim"]))
+            elif op.kind == "add_layernorm":
+                out.append(_Launch("add_layernorm", op, op.output, [op.inputs[0]], res=op.inputs[1],
+                                   n=self.spec.hidden))
+            elif op.kind == "pool":
+                out.append(_Launch("pool", op, op.output, [op.inputs[0]], n=self.spec.hidden))
+            elif op.kind == "normalize":
+                pass  # the backend applies it on request (flag in the call header)
+            else:
+                raise BackendUnavailableError(f"device='cuda' has no kernel for op {op.kind!r}")
+            i += 1
+        if not out or out[0].kind != "embed" or out[-1].kind != "pool":
+            raise BackendUnavailableError("device='cuda' expects a graph that starts with embed and ends with pool")
+        # which activations need a per-row amax, and how their producer writes it
+        need = {L.ins[0] for L in out if L.kind == "linear" and L.quant == 1}
+        self.amax_atomic: list[str] = []
+        self.amax_direct: list[str] = []
+        for L in out:
+            if L.out in need:
+                if L.kind in ("embed", "add_layernorm") or (L.kind == "linear" and L.ln is not None):
+                    L.amax_out = 2
+                    self.amax_direct.append(L.out)
+                else:
+                    L.amax_out = 1
+                    self.amax_atomic.append(L.out)
+        self.launches = out
+        self.out_name = out[-1].out
+
+    # ------------------------------------------------------------------ weights
+    def _pack_weights(self):
+        torch, W = self.torch, self.model.weights
+        items: list[tuple[str, np.ndarray]] = []
+
+        def add(key, arr):
+            items.append((key, np.ascontiguousarray(arr)))
+
+        def f16(a):
+            a = np.asarray(a, np.float32)
+            if np.abs(a).max(initial=0) > 65504:
+                raise InputError("a weight exceeds the fp16 range; use precision='int8'")
+            return a.astype(np.float16)
+
+        f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+        for L in self.launches:
+            op = L.op
+            if L.kind == "embed":
+                w = op.weights
+                if "embed.word_q" in W and w["word"] == "embed.word" and "embed.word" not in W:
+                    add("embed.word_q", W["embed.word_q"])
+                    add("embed.word_scale", f32(W["embed.word_scale"]))
+                else:
+                    add("embed.word", f16(W[w["word"]]))
+                add("embed.pos", f16(W[w["pos"]]))
+                if "type" in w:
+                    add("embed.type0", f16(W[w["type"]][0]))
+                add("embed.ln.w", f32(W[w["ln_w"]]))
+                add("embed.ln.b", f32(W[w["ln_b"]]))
+            elif L.kind == "linear":
+                p = L.extra["prefix"]
+                if L.quant:
+                    add(f"{p}.w_q", np.asarray(W[f"{p}.w_q"], np.int8))
+                    add(f"{p}.w_scale", f32(W[f"{p}.w_scale"]))
+                elif f"{p}.w" in W:
+                    add(f"{p}.w", f16(W[f"{p}.w"]))
+                else:
+                    from zoi.quant.primitives import dequantize_weight
+
+                    add(f"{p}.w", f16(dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"])))
+                add(f"{p}.b", f32(W[f"{p}.b"]))
+                if L.ln is not None:
+                    add(f"{p}.ln.w", f32(W[L.ln.weights["w"]]))
+                    add(f"{p}.ln.b", f32(W[L.ln.weights["b"]]))
+            elif L.kind == "add_layernorm":
+                add(f"{op.output}.ln.w", f32(W[op.weights["w"]]))
+                add(f"{op.output}.ln.b", f32(W[op.weights["b"]]))
+        offs, total = {}, 0
+        for key, a in items:
+            offs[key] = (total, a)
+            total = _align(total + a.nbytes)
+        blob = np.zeros(total, np.uint8)
+        for key, (o, a) in offs.items():
+            blob[o : o + a.nbytes] = a.reshape(-1).view(np.uint8)
+        self.wbuf = torch.from_numpy(blob).to(self.dev)  # the one weight buffer
+        self.weights_bytes = total
+        self.w = {}
+        for key, (o, a) in offs.items():
+            tdt = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+                   np.dtype(np.int8): torch.int8}[a.dtype]
+            self.w[key] = self.wbuf[o : o + a.nbytes].view(tdt).view(a.shape)
+
+    # ------------------------------------------------------------------ arena
+    def _alloc_arena(self):
+        torch, T, Bmax = self.torch, self.max_tokens, self.max_batch
+        # activations: liveness over launches, first fit, fp16
+        cols: dict[str, int] = {}
+        live: dict[str, list[int]] = {}
+        for i, L in enumerate(self.launches):
+            for n in L.ins + ([L.res] if L.res else []):
+                if n in live:
+                    live[n][1] = i
+            if L.kind != "pool":
+                cols[L.out] = L.n
+                live[L.out] = [i, i]
+        sizes = {n: _align(T * c * 2) for n, c in cols.items()}
+        placed, offs = [], {}
+        for n in sorted(sizes, key=lambda n: (-sizes[n], live[n][0])):
+            s0, e0 = live[n]
+            off = 0
+            for a, b in sorted((o, o + sz) for o, sz, s1, e1 in placed if s1 <= e0 and s0 <= e1):
+                if off + sizes[n] <= a:
+                    break
+                off = max(off, b)
+            offs[n] = off
+            placed.append((off, sizes[n], s0, e0))
+        act_bytes = max((o + sz for o, sz, _, _ in placed), default=0)
+        n_amax = len(self.amax_atomic) + len(self.amax_direct)
+        self.hdr_ints = _align((4 + Bmax + 1) * 4) // 4  # header [flag, B, T, 0] + cu_seqlens
+        regions = [("act", act_bytes), ("amax", n_amax * T * 4), ("tcum", Bmax * 4),
+                   ("in", (self.hdr_ints + 2 * T) * 4), ("out", Bmax * self.spec.hidden * 4)]
+        roff, total = {}, 0
+        for name, nb in regions:
+            roff[name] = total
+            total = _align(total + max(nb, 4))
+        self.arena = torch.zeros(total, dtype=torch.uint8, device=self.dev)  # the one arena
+        self.arena_bytes = total
+        self.act_bytes = act_bytes
+        self._act_off, self._act_cols, self._roff = offs, cols, roff
+        amax_names = self.amax_atomic + self.amax_direct
+        ab = self.arena[roff["amax"] : roff["amax"] + max(n_amax, 1) * T * 4].view(torch.float32)
+        self.amax_region = ab.view(max(n_amax, 1), T)
+        self.amax = {n: self.amax_region[i] for i, n in enumerate(amax_names)}
+        self.tcum = self.arena[roff["tcum"] : roff["tcum"] + Bmax * 4].view(torch.int32)
+        self.d_in = self.arena[roff["in"] : roff["in"] + (self.hdr_ints + 2 * T) * 4].view(torch.int32)
+        self.d_out = self.arena[roff["out"] : roff["out"] + Bmax * self.spec.hidden * 4].view(torch.float32)
+        self.d_out = self.d_out.view(Bmax, self.spec.hidden)
+        if self.eager:
+            self.h_in = np.zeros(self.hdr_ints + 2 * T, np.int32)
+            self.h_out = np.zeros((Bmax, self.spec.hidden), np.float32)
+        else:
+            self.p_in = self.drv.Pinned((self.hdr_ints + 2 * T) * 4)
+            self.p_out = self.drv.Pinned(Bmax * self.spec.hidden * 4)
+            self.h_in = self.p_in.view(np.int32, 0, self.hdr_ints + 2 * T)
+            self.h_out = self.p_out.view(np.float32, 0, Bmax * self.spec.hidden).reshape(Bmax, self.spec.hidden)
+            self.h_in[:] = 0
+            from zoi.backends.cuda.driver import cu
+
+            self._cu = cu
+            self._d_in_ptr = cu.CUdeviceptr(self.d_in.data_ptr())
+            self._d_out_ptr = cu.CUdeviceptr(self.d_out.data_ptr())
+
+    def _act(self, name: str, rows: int):
+        c = self._act_cols[name]
+        o = self._act_off[name]
+        return self.arena[o : o + rows * c * 2].view(self.torch.float16).view(rows, c)
+
+    # ------------------------------------------------------------------ buckets
+    def _steps_for(self, tb: int) -> list:
+        """The launch list of one bucket: closures over fixed device views (captured as is)."""
+        from zoi.backends.cuda.kernels import attention as k_attn
+        from zoi.backends.cuda.kernels import embed as k_embed
+        from zoi.backends.cuda.kernels import layernorm as k_ln
+        from zoi.backends.cuda.kernels import linear as k_lin
+        from zoi.backends.cuda.kernels import pool as k_pool
+
+        T = self.max_tokens
+        nseq = min(self.max_batch, tb)
+        hdr = self.d_in[: self.hdr_ints]
+        cu = self.d_in[4 : 4 + self.max_batch + 1]
+        ids = self.d_in[self.hdr_ints : self.hdr_ints + tb]
+        pos = self.d_in[self.hdr_ints + tb : self.hdr_ints + 2 * tb]
+        hd = next((L.op.attrs["head_dim"] for L in self.launches if L.kind == "attention"), 32)
+        acfg = k_attn.pick_config(tb, hd)
+        steps, w, sp = [], self.w, self.spec
+        amx = lambda n: self.amax.get(n)  # noqa: E731
+        for L in self.launches:
+            if L.kind == "embed":
+                x = self._act(L.out, tb)
+                nz = len(self.amax_atomic)
+                steps.append(lambda x=x, L=L, nz=nz: k_embed.launch_embed(
+                    ids, pos, w.get("embed.word_q", w.get("embed.word")), w.get("embed.word_scale"),
+                    w["embed.pos"], w.get("embed.type0"), w["embed.ln.w"], w["embed.ln.b"], x,
+                    amx(L.out) if L.amax_out else None, self.amax_region, tb, sp.hidden, nz, T,
+                    L.op.attrs["eps"], tiles=(hdr, cu, self.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq))))
+            elif L.kind == "linear":
+                p = L.extra["prefix"]
+                a = self._act(L.ins[0], tb)
+                y = self._act(L.out, tb)
+                r = self._act(L.res, tb) if L.res else None
+                ln = L.ln is not None
+                cfg = k_lin.pick_config(tb, L.n, L.k, L.quant != 0, ln)
+                steps.append(lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg: k_lin.launch_linear(
+                    a, amx(L.ins[0]), w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
+                    w[f"{p}.w_scale"] if L.quant else None, w[f"{p}.b"], r,
+                    w[f"{p}.ln.w"] if ln else None, w[f"{p}.ln.b"] if ln else None, y,
+                    amx(L.out) if L.amax_out else None, tb, L.n, L.k, quant=L.quant,
+                    act=L.op.attrs.get("act", "none"), static_amax=L.static_amax,
+                    eps=L.ln.attrs["eps"] if ln else 1e-12, ln=ln, amax_out_mode=L.amax_out, cfg=cfg))
+            elif L.kind == "attention":
+                qkv = self._act(L.ins[0], tb)
+                o = self._act(L.out, tb)
+                at = L.op.attrs
+                steps.append(lambda qkv=qkv, o=o, L=L, at=at: k_attn.launch_attention(
+                    qkv, hdr, cu, self.tcum, o, amx(L.out) if L.amax_out else None, tb, nseq,
+                    at["heads"], at["head_dim"], at["scale"], cfg=acfg))
+            elif L.kind == "add_layernorm":
+                x, r, y = self._act(L.ins[0], tb), self._act(L.res, tb), self._act(L.out, tb)
+                steps.append(lambda x=x, r=r, y=y, L=L: k_ln.launch_add_layernorm(
+                    x, r, w[f"{L.out}.ln.w"], w[f"{L.out}.ln.b"], y, amx(L.out) if L.amax_out else None,
+                    tb, sp.hidden, L.op.attrs["eps"]))
+            elif L.kind == "pool":
+                x = self._act(L.ins[0], tb)
+                steps.append(lambda x=x, L=L: k_pool.launch_pool(
+                    x, cu, hdr, self.d_out, nseq, sp.hidden, L.op.attrs["mode"]))
+        return steps
+
+    def _layout(self, tb: int) -> tuple[int, int, int]:
+        """(ids offset, positions offset, ints to copy) in the input staging for bucket tb."""
+        return self.hdr_ints, self.hdr_ints + tb, self.hdr_ints + 2 * tb
+
+    def _stage(self, ids, positions, cu_seqlens, normalize, tb) -> tuple[int, int]:
+        T, B = len(ids), len(cu_seqlens) - 1
+        io, po, n = self._layout(tb)
+        h = self.h_in
+        h[0], h[1], h[2] = 1 if normalize else 0, B, T
+        h[4 : 4 + B + 1] = cu_seqlens
+        h[io : io + T] = ids
+        h[io + T : io + tb] = 0
+        h[po : po + T] = positions
+        h[po + T : po + tb] = 0
+        return n, B
+
+    def _build_bucket(self, tb: int):
+        steps = self._steps_for(tb)
+        self._steps[tb] = steps
+        # warm-up input: one sequence of tb tokens (compiles every kernel of the bucket)
+        V = int(self.spec.vocab_size)
+        rng = np.random.default_rng(tb)
+        ids = rng.integers(0, V, tb).astype(np.int32)
+        P = int(self.model.weights[self.launches[0].op.weights["pos"]].shape[0])
+        pos = (np.arange(tb) % P).astype(np.int32)
+        cu = np.array([0, tb], np.int32)
+        n, _ = self._stage(ids, pos, cu, False, tb)
+        if self.eager:
+            return
+        torch, drv, cuda = self.torch, self.drv, self._cu
+        drv.check(cuda.cuMemcpyHtoDAsync(self._d_in_ptr, self.p_in.ptr, n * 4, self.stream))
+        with torch.cuda.stream(self.tstream):
+            for s in steps:  # compile + run once outside the capture
+                s()
+        drv.check(cuda.cuStreamSynchronize(self.stream))
+        drv.begin_capture(self.stream)
+        try:
+            with torch.cuda.stream(self.tstream):
+                for s in steps:
+                    s()
+        finally:
+            graph, gexec, nodes = drv.end_capture(self.stream)
+        self._graphs[tb] = (graph, gexec, nodes)
+
+    # ------------------------------------------------------------------ run
+    def run(self, ids, positions, cu_seqlens, normalize: bool) -> np.ndarray:
+        ids = np.asarray(ids, np.int32)
+        T, B = int(ids.shape[0]), int(len(cu_seqlens) - 1)
+        if T > self.max_tokens or B > self.max_batch or T < 1 or B < 1:
+            raise InputError(f"batch of {T} tokens / {B} sequences exceeds this engine "
+                             f"(max_tokens {self.max_tokens}, max_batch {self.max_batch})")
+        tb = next(b for b in self.buckets if b >= T)
+        H = self.spec.hidden
+        with self._lock:
+            n, B = self._stage(ids, positions, cu_seqlens, normalize, tb)
+            if self.eager:
+                self.d_in[:n] = self.torch.from_numpy(self.h_in[:n].copy())
+                for s in self._steps[tb]:
+                    s()
+                return self.d_out[:B].numpy().copy()
+            cuda, chk = self._cu, self.drv.check
+            chk(cuda.cuCtxSetCurrent(self.ctx))
+            chk(cuda.cuMemcpyHtoDAsync(self._d_in_ptr, self.p_in.ptr, n * 4, self.stream))
+            chk(cuda.cuGraphLaunch(self._graphs[tb][1], self.stream))
+            chk(cuda.cuMemcpyDtoHAsync(self.p_out.ptr, self._d_out_ptr, B * H * 4, self.stream))
+            chk(cuda.cuStreamSynchronize(self.stream))
+            return self.h_out[:B].copy()
+
+    def memory(self) -> dict:
+        out = {"weights_bytes": int(self.weights_bytes), "arena_bytes": int(self.arena_bytes),
+               "activation_bytes": int(self.act_bytes), "buckets": list(self.buckets),
+               "kernels_per_forward": len(self.launches), "device": self.device_name}
+        if not self.eager:
+            out["pinned_bytes"] = int(self.p_in.nbytes + self.p_out.nbytes)
+            out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}
+            out["device_bytes_used"] = int(self._free0 - self.drv.mem_info()[0])
+            out["torch_reserved_bytes"] = int(self.torch.cuda.memory_reserved() - self._reserved0)
+        return out
+
+    def __del__(self):
+        try:
+            if not getattr(self, "eager", True):
+                for _graph, gexec, _ in self._graphs.values():
+                    self._cu.cuGraphExecDestroy(gexec)
+                    self._cu.cuGraphDestroy(_graph)
+                self.p_in.free()
+                self.p_out.free()
+        except Exception:
+            pass

@@ -1,0 +1,70 @@
+"""A small random BERT in zoi's weight names (docs/ARCHITECTURE.md), fp32 or INT8."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zoi.frontend.spec import ModelSpec
+from zoi.graph.compiled import CompiledModel, LinearQuant
+from zoi.quant import primitives as qp
+
+
+def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    H, I, V, P = spec.hidden, spec.intermediate, spec.vocab_size, spec.max_positions + spec.position_offset
+    n = lambda *s, sc=0.05: (rng.standard_normal(s) * sc).astype(np.float32)  # noqa: E731
+    w = {"embed.word": n(V, H, sc=0.5), "embed.pos": n(P, H, sc=0.2),
+         "embed.ln.w": 1 + n(H, sc=0.1), "embed.ln.b": n(H, sc=0.1)}
+    if spec.type_vocab_size:
+        w["embed.type"] = n(spec.type_vocab_size, H, sc=0.2)
+    for i in range(spec.layers):
+        w[f"l{i}.qkv.w"], w[f"l{i}.qkv.b"] = n(3 * H, H, sc=H**-0.5), n(3 * H, sc=0.02)
+        w[f"l{i}.o.w"], w[f"l{i}.o.b"] = n(H, H, sc=H**-0.5), n(H, sc=0.02)
+        w[f"l{i}.ffn1.w"], w[f"l{i}.ffn1.b"] = n(I, H, sc=H**-0.5), n(I, sc=0.02)
+        w[f"l{i}.ffn2.w"], w[f"l{i}.ffn2.b"] = n(H, I, sc=I**-0.5), n(H, sc=0.02)
+        for ln in ("ln1", "ln2"):
+            w[f"l{i}.{ln}.w"], w[f"l{i}.{ln}.b"] = 1 + n(H, sc=0.1), n(H, sc=0.1)
+    return w
+
+
+def quantize_linears(weights: dict[str, np.ndarray], static: dict[str, float] | None = None):
+    """Per-channel INT8 weights for every linear (dynamic scheme unless `static` names an amax)."""
+    out, quant = dict(weights), {}
+    for k in list(weights):
+        if k.endswith(".w") and k.split(".")[1] in ("qkv", "o", "ffn1", "ffn2"):
+            p = k[:-2]
+            out[f"{p}.w_q"], out[f"{p}.w_scale"] = qp.quantize_weight(out.pop(k))
+            amax = (static or {}).get(p)
+            quant[p] = LinearQuant("static", amax) if amax is not None else LinearQuant("dynamic")
+    return out, quant
+
+
+def tiny_model(precision: str, *, hidden=48, heads=3, layers=2, inter=80, act="gelu", pooling="mean",
+               max_tokens=64, max_batch=None, type_vocab=2, static=None, seed=0) -> CompiledModel:
+    spec = ModelSpec(arch="bert", vocab_size=97, hidden=hidden, layers=layers, heads=heads,
+                     intermediate=inter, max_positions=40, type_vocab_size=type_vocab, act=act,
+                     pooling=pooling, eps=1e-12, name="tiny")
+    w = random_weights(spec, seed)
+    quant = {}
+    if precision == "int8":
+        w, quant = quantize_linears(w, static)
+    return CompiledModel.build(spec, w, precision, max_tokens, max_batch, quant)
+
+
+def batch(rng, lens, vocab=97):
+    T = int(sum(lens))
+    ids = rng.integers(0, vocab, T).astype(np.int32)
+    pos = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return ids, pos, cu
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all()
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def min_cosine(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
