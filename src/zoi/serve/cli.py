@@ -9,7 +9,9 @@ accepting, answer everything in flight and queued, then exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import socket
 import sys
 import time
@@ -108,6 +110,19 @@ def serve(app, config: ServeConfig, banner: str = "") -> None:
             if self.started:
                 print(f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip(), file=sys.stderr, flush=True)
 
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown; a server that has
+            # answered everything exits 0 instead.
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    stopped_by.extend(self._captured_signals)
+                    self._captured_signals.clear()
+
+    stopped_by: list = []
+
     ucfg = uvicorn.Config(app, log_level=config.log_level, access_log=config.log_level in ("debug", "trace"),
                           lifespan="on", backlog=2048, timeout_keep_alive=30, server_header=False,
                           timeout_graceful_shutdown=None)
@@ -116,6 +131,8 @@ def serve(app, config: ServeConfig, banner: str = "") -> None:
         server.run(sockets=[sock])
     finally:
         sock.close()
+    why = ", ".join(signal.Signals(s).name for s in stopped_by) or "exit"
+    print(f"zoi serve: stopped ({why}); every admitted request was answered", file=sys.stderr, flush=True)
 
 
 def cmd_serve(args) -> int:

@@ -1,0 +1,38 @@
+"""Fixtures of the server tests: the real MiniLM engine in-process, and `zoi serve` as a subprocess."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+pytest.importorskip("prometheus_client")
+
+from serve_helpers import serve_device  # noqa: E402
+
+from zoi.serve.loadtest import ServerProcess  # noqa: E402
+
+FAIL_TOKEN = 1  # [unused0] in the BERT vocabulary: no text ever tokenises to it
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return serve_device()
+
+
+@pytest.fixture(scope="session")
+def engine(device):
+    import zoi
+
+    return zoi.compile(device=device)
+
+
+@pytest.fixture(scope="session")
+def server(device, tmp_path_factory):
+    """The real server with the bundled MiniLM, default limits, and an injected fault on token 1."""
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    srv = ServerProcess(env={"ZOI_DEVICE": device, "ZOI_SERVE_FAIL_ON_TOKEN": str(FAIL_TOKEN),
+                             "ZOI_LOG_LEVEL": "warning"}, log_path=log)
+    yield srv
+    rc = srv.stop()
+    assert rc == 0, f"server exited with {rc}:\n{srv.log()[-3000:]}"
