@@ -8,11 +8,9 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from serve_helpers import serve_device  # noqa: E402
+from serve_helpers import FAIL_TOKEN, serve_device  # noqa: E402
 
 from zoi.serve.loadtest import ServerProcess  # noqa: E402
-
-FAIL_TOKEN = 1  # [unused0] in the BERT vocabulary: no text ever tokenises to it
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_NAME = "all-MiniLM-L6-v2"
+FAIL_TOKEN = 1  # [unused0] in the BERT vocabulary: no text ever tokenises to it (fault injection)
 
 
 @functools.lru_cache(maxsize=1)
