@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU check, in one script (run on the lent H200 through the `device` tool):
+#   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
+#   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
+#   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|quick] ...   (several stages may be given)
+set -u
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+STAGES=${*:-all}
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+has() { [[ " $STAGES " == *" $1 "* || " $STAGES " == *" all "* ]]; }
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+{
+log "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | head -3
+$PY - <<'PY'
+import sys, torch, triton
+try:
+    import cuda.bindings as cb; v = cb.__version__
+except Exception as e:
+    v = f"missing ({e})"
+print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda-bindings", v,
+      "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+PY
+log "install"
+if $PY -m pip install --no-build-isolation --no-deps -e . >"$OUT/gpu_install.log" 2>&1; then
+  echo "pip install -e . ok"
+else
+  echo "pip install -e . FAILED (tail below); falling back to PYTHONPATH=src"; tail -5 "$OUT/gpu_install.log"
+  export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+fi
+$PY -c "import zoi, zoi.backends.cuda.backend; print('zoi', zoi.__version__, zoi.__file__)"
+} 2>&1 | tee "$OUT/gpu_check_${STAMP}.log"
+[[ -z "${PYTHONPATH:-}" ]] && ! $PY -c "import zoi" 2>/dev/null && export PYTHONPATH=$PWD/src
+
+rc=0
+if has test || has quick; then
+  log "tests (kernels compiled on the GPU + the whole backend)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  ZOI_TRITON_COMPILED=1 timeout 400 $PY -m pytest tests/cuda -q -rA -p no:cacheprovider 2>&1 \
+    | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  rc=${PIPESTATUS[0]}
+  echo "tests exit code $rc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if has sanitize; then
+  log "compute-sanitizer memcheck (one forward per precision)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout 240 compute-sanitizer --tool memcheck --leak-check no --print-limit 20 \
+    $PY -m zoi.backends.cuda.bench --sanitize 2>&1 | tail -25 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  echo "memcheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  if [[ -n "${RACECHECK:-}" ]]; then
+    log "compute-sanitizer racecheck" | tee -a "$OUT/gpu_check_${STAMP}.log"
+    timeout 300 compute-sanitizer --tool racecheck --print-limit 20 \
+      $PY -m zoi.backends.cuda.bench --sanitize 2>&1 | tail -25 | tee -a "$OUT/gpu_check_${STAMP}.log"
+    echo "racecheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  fi
+fi
+if has bench || has quick; then
+  log "benchmark" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  extra=()
+  has quick && ! has bench && extra+=(--quick)
+  [[ -n "${BENCH_ARGS:-}" ]] && extra+=(${BENCH_ARGS})
+  timeout 500 $PY -m zoi.backends.cuda.bench --out "$OUT/gpu_bench_${STAMP}.json" "${extra[@]}" 2>&1 \
+    | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+log "done (tests rc=$rc)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+exit $rc

@@ -1,0 +1,98 @@
+"""The whole CudaBackend on a real GPU (graphs, driver-API call path): run by scripts/gpu_check.sh.
+
+Skips only when there is no CUDA GPU (CI). Compares with the float64 reference engine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+
+from zoi.backends.reference import ReferenceBackend  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="needs a CUDA GPU"),
+]
+
+MINILM = dict(hidden=384, heads=12, layers=2, inter=1536)
+
+
+def _be(model, **kw):
+    from zoi.backends.cuda.backend import CudaBackend
+
+    return CudaBackend(model, **kw)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("shape", ["tiny", "minilm"])
+def test_forward_matches_reference(precision, shape):
+    kw = MINILM if shape == "minilm" else {}
+    model = tiny_model(precision, max_tokens=512, max_batch=64, **kw)
+    be = _be(model)
+    assert be.buckets[0] == 16 and be.buckets[-1] == 512
+    ref = ReferenceBackend(model, dtype=np.float64)
+    rng = np.random.default_rng(7)
+    for lens in ([1], [16], [17], [5, 1, 9, 40], [40] * 12 + [3], [2] * 64):
+        ids, pos, cu = batch(rng, lens)
+        for norm in (False, True):
+            got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
+            assert got.shape == want.shape
+            tol = 5e-3 if precision == "fp16" else 3e-2
+            assert rel(got, want) < tol, (lens, norm, rel(got, want))
+            assert min_cosine(got, want) > (0.9999 if precision == "fp16" else 0.999)
+
+
+def test_later_calls_not_corrupted_and_batched_equals_single():
+    model = tiny_model("int8", max_tokens=256, max_batch=32, **MINILM)
+    be = _be(model)
+    rng = np.random.default_rng(3)
+    ids, pos, cu = batch(rng, [30, 7, 19])
+    first = be.run(ids, pos, cu, True)
+    big = batch(rng, [40] * 6)
+    be.run(*big, False)  # a bigger call in another bucket, then the same small one again
+    again = be.run(ids, pos, cu, True)
+    np.testing.assert_array_equal(first, again)
+    for b in range(3):
+        a, e = cu[b], cu[b + 1]
+        one = be.run(ids[a:e], pos[a:e], np.array([0, e - a], np.int32), True)
+        np.testing.assert_allclose(one[0], first[b], rtol=0, atol=2e-6)
+
+
+def test_concurrent_callers():
+    model = tiny_model("fp16", max_tokens=256, max_batch=32)
+    be = _be(model)
+    rng = np.random.default_rng(4)
+    cases = [batch(rng, lens) for lens in ([3], [20, 5], [40, 40, 1], [12] * 10)]
+    want = [be.run(*c, True) for c in cases]
+    errors = []
+
+    def worker(k):
+        for i in range(30):
+            c = (k + i) % len(cases)
+            got = be.run(*cases[c], True)
+            if not np.array_equal(got, want[c]):
+                errors.append((k, i))
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+def test_memory_report():
+    model = tiny_model("int8", max_tokens=128, max_batch=8, **MINILM)
+    mem = _be(model).memory()
+    assert mem["weights_bytes"] > 0 and mem["arena_bytes"] > 0
+    assert all(n > 0 for n in mem["graph_nodes"].values())
