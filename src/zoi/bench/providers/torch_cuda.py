@@ -1,0 +1,69 @@
+"""PyTorch on a CUDA GPU: eager FP32 / FP16, FP16 captured in a CUDA graph (one graph per
+padded batch shape), and ``torch.compile(mode="reduce-overhead")`` FP16.
+
+The timed call starts from token ids in (pageable) host memory and ends with the pooled FP32
+result in host memory; ``.cpu()`` synchronises the device before the clock is read."""
+
+from __future__ import annotations
+
+from zoi.bench.providers.base import PaddedProvider
+
+
+class TorchCudaProvider(PaddedProvider):
+    def load(self):
+        import torch
+        from transformers import AutoModel
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda is not available")
+        torch.set_num_threads(self.threads)
+        self.torch = torch
+        dtype = getattr(torch, self.spec.options.get("dtype", "float32"))
+        self.m = AutoModel.from_pretrained(self.model_dir, dtype=dtype).eval().cuda()
+        self.graphs = {}
+        self.fn = self._forward
+        if self.spec.options.get("compile"):
+            self.fn = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+
+    def _forward(self, ids, mask):
+        h = self.m(input_ids=ids, attention_mask=mask).last_hidden_state
+        mk = mask.unsqueeze(-1).to(h.dtype)
+        return ((h * mk).sum(1) / mk.sum(1).clamp(min=1)).float()
+
+    def feed(self, ids, mask):
+        torch = self.torch
+        if not self.spec.options.get("graph"):
+            return torch.from_numpy(ids), torch.from_numpy(mask)
+        key = ids.shape
+        if key not in self.graphs:
+            s_ids = torch.from_numpy(ids).cuda()
+            s_mask = torch.from_numpy(mask).cuda()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.inference_mode(), torch.cuda.stream(side):
+                for _ in range(3):
+                    self._forward(s_ids, s_mask)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(g):
+                out = self._forward(s_ids, s_mask)
+            self.graphs[key] = (g, s_ids, s_mask, out)
+        return torch.from_numpy(ids), torch.from_numpy(mask), self.graphs[key]
+
+    def run(self, feed):
+        torch = self.torch
+        with torch.inference_mode():
+            if len(feed) == 3:
+                ids, mask, (g, s_ids, s_mask, out) = feed
+                s_ids.copy_(ids)
+                s_mask.copy_(mask)
+                g.replay()
+                return out.cpu().numpy()
+            ids, mask = feed
+            return self.fn(ids.cuda(), mask.cuda()).cpu().numpy()
+
+    def memory(self):
+        torch = self.torch
+        w = sum(p.numel() * p.element_size() for p in self.m.parameters())
+        w += sum(b.numel() * b.element_size() for b in self.m.buffers())
+        return {"weights_bytes": int(w), "gpu_reserved_bytes": int(torch.cuda.max_memory_reserved())}
