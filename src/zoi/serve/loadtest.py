@@ -178,14 +178,16 @@ class LoadResult:
     error_samples: list[str] = field(default_factory=list)
 
 
-async def run_load(url: str, texts: list[str], concurrency: int, requests: int, route: str = "embed",
+async def run_load(url: str, texts: list[str], concurrency: int, requests: int, route: str | tuple = "embed",
                    model: str = "model", texts_per_request: int = 1, collect: bool = False,
                    timeout_s: float = 600.0):
     """Send `requests` requests from `concurrency` clients; returns (LoadResult, answers or None).
 
-    Request i carries texts[(i*k + j) % len(texts)] for j < k (k = texts_per_request);
-    with collect=True answers[i] is its embeddings (float32 [k, H]) or None on failure.
+    Request i carries texts[(i*k + j) % len(texts)] for j < k (k = texts_per_request) and goes
+    to route[i % len(route)] when `route` is a tuple; with collect=True answers[i] is its
+    embeddings (float32 [k, H]) or None on failure.
     """
+    routes = (route,) if isinstance(route, str) else tuple(route)
     host, port = split_url(url)
     lat = np.zeros(requests)
     answers: list = [None] * requests if collect else None
@@ -198,7 +200,8 @@ async def run_load(url: str, texts: list[str], concurrency: int, requests: int, 
         try:
             for i in counter:
                 chunk = [texts[(i * texts_per_request + j) % len(texts)] for j in range(texts_per_request)]
-                path, body, headers = build_request(route, chunk, model)
+                rt = routes[i % len(routes)]
+                path, body, headers = build_request(rt, chunk, model)
                 t = time.perf_counter()
                 try:
                     status, rh, data = await conn.request("POST", path, body, headers)
@@ -206,7 +209,7 @@ async def run_load(url: str, texts: list[str], concurrency: int, requests: int, 
                     if status != 200:
                         raise HttpError(f"HTTP {status}: {data[:200]!r}")
                     if collect:
-                        answers[i] = parse_embeddings(route, status, rh, data)
+                        answers[i] = parse_embeddings(rt, status, rh, data)
                 except (HttpError, OSError, ValueError) as e:
                     lat[i] = np.nan
                     errors.append(str(e))
