@@ -58,7 +58,7 @@ def test_budgets_order_and_split():
 
     outs, jobs = asyncio.run(main())
     b.close()
-    for j, out in zip(jobs, outs):
+    for j, out in zip(jobs, outs, strict=True):
         assert out.shape == (len(j.out), H)
     for k, lens in enumerate([[4, 4], [3], [10], [1, 1, 1, 1, 1], [2]]):
         expect = np.stack([row(s) for s in seqs_of(lens, start=10 * k)])

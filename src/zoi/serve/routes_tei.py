@@ -90,9 +90,9 @@ def make_routes(svc: Service) -> list[Route]:
 
             encs = await svc.run_in_tokenizer_thread(work)
             out = []
-            for text, enc in zip(texts, encs):
+            for text, enc in zip(texts, encs, strict=True):
                 toks = []
-                for tid, tstr, (a, b), special in zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask):
+                for tid, tstr, (a, b), special in zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True):
                     sp = bool(special)
                     toks.append({"id": tid, "text": tstr if sp else text[a:b], "special": sp,
                                  "start": None if sp else a, "stop": None if sp else b})
