@@ -115,6 +115,12 @@ struct PackedI8 {
   }
 };
 
+template <class F>
+void trampoline(void* c, int t, int n) { (*static_cast<F*>(c))(t, n); }
+
+template <class F>
+void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run(&trampoline<F>, &f, nt); }
+
 }  // namespace
 
 NB_MODULE(_cpu, m) {
@@ -338,6 +344,69 @@ NB_MODULE(_cpu, m) {
     d["f32_panel"] = kt.f32_panel;
     return d;
   }, "isa"_a = "");
+
+  // ------------------------------------------------------------------ kernel lab
+  m.def("bench_peak_i8", [](const std::string& isa, int nt, long iters) {
+    const auto& kt = table_for(isa);
+    std::vector<double> ops(64, 0.0);
+    nb::gil_scoped_release nogil;
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = [&](int t, int) { ops[t] = kt.peak_i8(iters); };
+    pool_run(f, nt);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double tot = 0;
+    for (double o : ops) tot += o;
+    return tot / sec / 1e9;
+  }, "isa"_a = "", "nt"_a = 1, "iters"_a = 20000000, "register-only INT8 dot loop on nt pool threads: GOP/s");
+
+  m.def("bench_gemm", [](const std::string& kind, int M, int N, int K, const std::string& isa, int nt, int iters) {
+    const auto& kt = table_for(isa);
+    std::vector<int8_t> wq(static_cast<size_t>(N) * K);
+    std::vector<float> wf(static_cast<size_t>(N) * K), x(static_cast<size_t>(M) * K), y(static_cast<size_t>(M) * N);
+    uint32_t st = 12345;
+    auto rnd = [&]() { st = st * 1664525u + 1013904223u; return static_cast<int>((st >> 9) % 255) - 127; };
+    for (auto& v : wq) v = static_cast<int8_t>(rnd());
+    for (auto& v : wf) v = rnd() / 127.f;
+    for (auto& v : x) v = rnd() / 127.f;
+    std::vector<float> ws(N, 0.01f), b(N, 0.f);
+    double sec = 0;
+    if (kind == "i8") {
+      QBuf qb(kt, M, K, -1.f);
+      kt.quantize_rows(x.data(), K, M, K, qb.qo, 0, 1);
+      PackedI8 pw(kt, wq.data(), N, K, ws.data(), b.data());
+      zoi::GemmI8Args a;
+      a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data();
+      a.w = pw.w; a.comp = pw.comp.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+      a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N;
+      nb::gil_scoped_release nogil;
+      auto f = [&](int t, int n) {
+        for (int i = 0; i < iters; ++i) { kt.gemm_i8(a, t, n); zoi::ThreadPool::instance().barrier(); }
+      };
+      pool_run(f, 1);  // warm
+      auto t0 = std::chrono::steady_clock::now();
+      pool_run(f, nt);
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else if (kind == "f32") {
+      std::vector<float> raw(kt.pack_f32_bytes(N, K) / 4 + 16);
+      float* pw = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) / 64 * 64);
+      kt.pack_f32(wf.data(), N, K, pw);
+      std::vector<float> bias(zoi::round_up(N, kt.f32_panel), 0.f);
+      zoi::GemmF32Args a;
+      a.a = x.data(); a.lda = K; a.w = pw; a.bias = bias.data(); a.M = M; a.N = N; a.K = K; a.y = y.data(); a.ldy = N;
+      nb::gil_scoped_release nogil;
+      auto f = [&](int t, int n) {
+        for (int i = 0; i < iters; ++i) { kt.gemm_f32(a, t, n); zoi::ThreadPool::instance().barrier(); }
+      };
+      pool_run(f, 1);
+      auto t0 = std::chrono::steady_clock::now();
+      pool_run(f, nt);
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      throw nb::value_error("kind must be i8 or f32");
+    }
+    return sec / iters;
+  }, "kind"_a, "M"_a, "N"_a, "K"_a, "isa"_a = "", "nt"_a = 1, "iters"_a = 10,
+     "seconds per GEMM (random data, packed weights, through the pool)");
 
   // ------------------------------------------------------------------ engine
   nb::class_<zoi::Engine>(m, "Engine")

@@ -122,6 +122,7 @@ struct KernelTable {
   void (*pool)(const PoolArgs& a, int tid, int nt);
   void (*normalize)(float* p, int ld, int B, int H, int tid, int nt);
   void (*activation)(float* x, size_t n, int act);  // tests
+  double (*peak_i8)(long iters);  // roofline loop; returns integer ops done
 };
 
 const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU

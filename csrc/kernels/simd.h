@@ -28,7 +28,7 @@ struct S1 {  // one float lane: scalar fallback and loop tails
   static T sub(T a, T b) { return a - b; }
   static T mul(T a, T b) { return a * b; }
   static T div(T a, T b) { return a / b; }
-  static T fma(T a, T b, T c) { return std::fma(a, b, c); }
+  static T fma(T a, T b, T c) { return a * b + c; }  // not fused: no libm call without FMA
   static T max(T a, T b) { return a > b ? a : b; }
   static T min(T a, T b) { return a < b ? a : b; }
   static T abs(T a) { return std::fabs(a); }

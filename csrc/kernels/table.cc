@@ -21,6 +21,7 @@ void attention(const AttnArgs& a, int tid, int nt);
 void pool(const PoolArgs& a, int tid, int nt);
 void normalize(float* p, int ld, int B, int H, int tid, int nt);
 void activation(float* x, size_t n, int act);
+double peak_i8(long iters);
 
 #if defined(ZOI_ISA_VNNI)
 #define ZOI_ISA_ENUM Isa::Vnni
@@ -36,7 +37,7 @@ const KernelTable& table() {
   static const KernelTable t = {
       ZOI_ISA_ENUM, i8_kgroup(), i8_a_bytes(), i8_panel(), f32_panel(),
       pack_i8_bytes, pack_i8, pack_f32_bytes, pack_f32, gemm_i8, gemm_f32, quantize_rows,
-      layernorm, embed, attention, pool, normalize, activation,
+      layernorm, embed, attention, pool, normalize, activation, peak_i8,
   };
   return t;
 }
