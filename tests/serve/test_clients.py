@@ -148,3 +148,13 @@ def test_metrics_exposed(server):
                  "zoi_queue_duration_seconds_bucket", "zoi_inference_duration_seconds_bucket",
                  "zoi_request_failure_total"):
         assert name in text, name
+
+
+def test_tei_token_ids(server, engine):
+    ids = [int(x) for x in engine.tokenize(["token ids in, embedding out"])[0]]
+    r1 = httpx.post(server.url + "/embed", json={"inputs": ids}, timeout=60)
+    r2 = httpx.post(server.url + "/embed", json={"inputs": [ids, ids[:3]]}, timeout=60)
+    assert r1.status_code == 200 and r2.status_code == 200, (r1.text, r2.text)
+    ref = engine.encode("token ids in, embedding out")
+    assert cosine_rows(np.array(r1.json()[0]), ref)[()] >= 0.9999
+    assert cosine_rows(np.array(r2.json()[0]), ref)[()] >= 0.9999 and len(r2.json()) == 2

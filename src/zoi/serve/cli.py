@@ -96,11 +96,11 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app, config: ServeConfig, banner: str = "") -> None:
+def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None = None) -> None:
     """Run uvicorn on `app` until SIGINT/SIGTERM; log the ready line once it accepts connections."""
     import uvicorn
 
-    sock = _bind(config.host, config.port)
+    sock = sock or _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
 
@@ -147,6 +147,7 @@ def cmd_serve(args) -> int:
     from zoi.serve.service import Service
 
     model = args.model or os.environ.get("ZOI_MODEL") or None
+    sock = _bind(config.host, config.port)  # fail fast, before a long compile
     t0 = time.perf_counter()
     engine = open_engine(model, config)
     name = served_name(model, config, engine)
@@ -155,5 +156,5 @@ def cmd_serve(args) -> int:
           f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
           f"queue delay {config.max_queue_delay_us} us", file=sys.stderr, flush=True)
     app = create_app(service)
-    serve(app, config, banner=f"(model {name}, device {service.device}, {service.dtype})")
+    serve(app, config, banner=f"(model {name}, device {service.device}, {service.dtype})", sock=sock)
     return 0

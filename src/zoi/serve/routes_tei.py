@@ -60,6 +60,8 @@ def make_routes(svc: Service) -> list[Route]:
             if direction not in ("Right", "right"):
                 raise ApiError("validation", "only truncation_direction 'Right' is supported",
                                "truncation_direction")
+            if items and all(type(x) is int for x in items):
+                items = [items]  # one sequence of token ids
             if items and all(isinstance(x, list) for x in items):
                 seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
             else:
