@@ -1,0 +1,183 @@
+"""Whole-model CpuBackend against ReferenceBackend (fp32 and the emulated INT8 path), every ISA,
+batch independence, threads, two engines with concurrent callers, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import batch, make_model, minilm_spec, small_spec, supported_isas
+
+from zoi import _cpu
+from zoi.backends.cpu import CpuBackend
+from zoi.backends.reference import ReferenceBackend
+
+ISAS = supported_isas()
+LENGTHS = [5, 1, 17, 33, 2]
+
+
+def check(cpu: CpuBackend, model, lengths, atol, normalize=True, seed=0):
+    ids, pos, cu = batch(lengths, model.spec.vocab_size, seed, model.spec.position_offset)
+    want = ReferenceBackend(model).run(ids, pos, cu, normalize)
+    got = cpu.run(ids, pos, cu, normalize)
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.isfinite(got).all()
+    err = float(np.abs(got - want).max())
+    assert err <= atol, f"max abs diff {err:.3g} > {atol}"
+    return err
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_fp32_model_matches_reference(isa):
+    m = make_model(small_spec(), "fp32", max_tokens=128, max_batch=8)
+    be = CpuBackend(m, isa=isa)
+    assert be.isa == isa and be.memory()["isa"] == isa
+    check(be, m, LENGTHS, 2e-6)
+    check(be, m, LENGTHS, 2e-5, normalize=False)
+    check(be, m, [1], 2e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("embed_int8", [True, False])
+def test_int8_model_matches_emulation(isa, embed_int8):
+    schemes = {"l0.qkv": "static", "l1.ffn2": "fp32", "l1.o": "static"}
+    m = make_model(small_spec(), "int8", max_tokens=128, max_batch=8, embed_int8=embed_int8, schemes=schemes)
+    be = CpuBackend(m, isa=isa)
+    assert be.linear_kinds["l0.qkv"] == "int8-static" and be.linear_kinds["l1.ffn2"] == "fp32"
+    assert be.linear_kinds["l0.ffn1"] == "int8"
+    check(be, m, LENGTHS, 1e-3)
+    check(be, m, [1], 1e-3)
+
+
+@pytest.mark.parametrize("variant", [
+    dict(pooling="cls", act="gelu_tanh"),
+    dict(pooling="max", act="relu", type_vocab_size=0),
+    dict(arch="roberta", position_offset=2, type_vocab_size=1, hidden=48, heads=4, intermediate=80, eps=1e-5),
+    dict(hidden=36, heads=3, intermediate=50, layers=1),
+])
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_model_variants(variant, precision):
+    m = make_model(small_spec(**variant), precision, max_tokens=96, max_batch=6, seed=3)
+    be = CpuBackend(m)
+    check(be, m, [3, 31, 1, 9], 1e-3 if precision == "int8" else 3e-6)
+
+
+def test_minilm_shape_int8_and_memory():
+    spec = minilm_spec(layers=2)
+    m = make_model(spec, "int8", max_tokens=160, max_batch=16)
+    be = CpuBackend(m)
+    check(be, m, [128], 1e-3)
+    check(be, m, [16], 1e-3, seed=1)
+    check(be, m, [7, 40, 3, 1, 9], 1e-3, seed=2)
+    mem = be.memory()
+    fp32_bytes = make_model(spec, "fp32", max_tokens=16).weight_bytes()
+    assert mem["weights_bytes"] <= 0.27 * fp32_bytes, (mem, fp32_bytes)
+    assert mem["arena_bytes"] == m.plan.arena_bytes
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_batch_equals_single_bitwise(precision):
+    m = make_model(small_spec(), precision, max_tokens=128, max_batch=8)
+    be = CpuBackend(m)
+    ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 5)
+    full = be.run(ids, pos, cu, True)
+    for b in range(len(LENGTHS)):
+        a, e = cu[b], cu[b + 1]
+        one = be.run(ids[a:e], pos[a:e], np.array([0, e - a], np.int32), True)
+        np.testing.assert_array_equal(one[0], full[b])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_threads_give_identical_results(precision):
+    m = make_model(small_spec(), precision, max_tokens=128, max_batch=8)
+    ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 7)
+    outs = []
+    for nt in (1, 2, 3):  # more than the pool: clamped
+        be = CpuBackend(m, nthreads=nt)
+        assert be.engine.nthreads == min(nt, _cpu.pool_size())
+        outs.append(be.run(ids, pos, cu, False))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_two_engines_concurrent_callers():
+    m1 = make_model(small_spec(), "int8", max_tokens=128, max_batch=8, seed=1)
+    m2 = make_model(small_spec(pooling="cls"), "fp32", max_tokens=64, max_batch=4, seed=2)
+    e1, e2 = CpuBackend(m1), CpuBackend(m2)
+    cases = []
+    for i, (be, lengths) in enumerate([(e1, LENGTHS), (e2, [9, 20]), (e1, [1]), (e2, [64])]):
+        ids, pos, cu = batch(lengths, 300, i)
+        cases.append((be, ids, pos, cu, be.run(ids, pos, cu, True)))
+    errors = []
+
+    def worker(k):
+        try:
+            for j in range(40):
+                be, ids, pos, cu, want = cases[(k + j) % len(cases)]
+                got = be.run(ids, pos, cu, True)
+                if not np.array_equal(got, want):
+                    errors.append((k, j))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[:5]
+
+
+def test_bad_batches_raise():
+    m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
+    be = CpuBackend(m)
+    ids, pos, cu = batch([10, 5], 300)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        be.run(ids, pos, np.array([0, 10, 14], np.int32), False)
+    with pytest.raises(ValueError, match="increasing"):
+        be.run(ids, pos, np.array([0, 10, 10, 15], np.int32), False)
+    bad = ids.copy()
+    bad[3] = 300
+    with pytest.raises(ValueError, match="vocabulary"):
+        be.run(bad, pos, cu, False)
+    with pytest.raises(ValueError, match="position"):
+        be.run(ids, pos + 100, cu, False)
+    big_ids, big_pos, big_cu = batch([40, 30], 300)
+    with pytest.raises(ValueError, match="max_tokens"):
+        be.run(big_ids, big_pos, big_cu, False)
+    with pytest.raises(ValueError, match="max_batch"):
+        be.run(*batch([1] * 5, 300), False)
+    assert np.isfinite(be.run(ids, pos, cu, False)).all()  # still usable
+
+
+PIN_SCRIPT = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from helpers import make_model, small_spec, batch
+from zoi import _cpu
+from zoi.backends.cpu import CpuBackend
+m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
+be = CpuBackend(m)
+be.run(*batch([20], 300), True)
+aff = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
+import json
+print(json.dumps([_cpu.pool_size(), be.engine.nthreads, _cpu.pool_cpus(), aff]))
+"""
+
+
+@pytest.mark.parametrize("n", ["1", "2", "3"])
+def test_num_threads_env_and_pinning(n):
+    env = dict(os.environ, ZOI_NUM_THREADS=n)
+    out = subprocess.run([sys.executable, "-c", PIN_SCRIPT, str(Path(__file__).parent)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    pool, nthreads, cpus, aff = json.loads(out.strip().splitlines()[-1])
+    assert pool == int(n) and nthreads == int(n)
+    pinned = [a for a in aff if len(a) == 1]
+    if len(cpus) > 1:  # every worker (threads 1..n-1) pinned to one CPU of the mask
+        assert len(pinned) >= int(n) - 1
