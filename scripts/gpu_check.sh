@@ -47,9 +47,17 @@ if has test || has quick; then
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (one forward per precision)" | tee -a "$OUT/gpu_check_${STAMP}.log"
-  timeout 240 compute-sanitizer --tool memcheck --leak-check no --print-limit 20 \
-    $PY -m zoi.backends.cuda.bench --sanitize 2>&1 | tail -25 | tee -a "$OUT/gpu_check_${STAMP}.log"
-  echo "memcheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  # kernel memory errors (API errors reported separately: cuda.bindings probes driver entry points)
+  timeout 240 compute-sanitizer --tool memcheck --leak-check no --report-api-errors no --print-limit 50 \
+    $PY -m zoi.backends.cuda.bench --sanitize > "$OUT/gpu_memcheck.log" 2>&1
+  echo "memcheck exit $?" >> "$OUT/gpu_memcheck.log"
+  timeout 240 compute-sanitizer --tool memcheck --leak-check no --print-limit 200 \
+    $PY -m zoi.backends.cuda.bench --sanitize > "$OUT/gpu_memcheck_api.log" 2>&1
+  grep -v "Host Frame\|^========= *$" "$OUT/gpu_memcheck.log" | tail -20 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  echo "-- API errors seen (kind, count):" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  grep -o "Program hit [A-Z_]* (error [0-9]*) due to .* on CUDA API call to [a-zA-Z_0-9]*" "$OUT/gpu_memcheck_api.log" \
+    | sort | uniq -c | tee -a "$OUT/gpu_check_${STAMP}.log"
+  grep "ERROR SUMMARY" "$OUT/gpu_memcheck_api.log" | tee -a "$OUT/gpu_check_${STAMP}.log"
   if [[ -n "${RACECHECK:-}" ]]; then
     log "compute-sanitizer racecheck" | tee -a "$OUT/gpu_check_${STAMP}.log"
     timeout 300 compute-sanitizer --tool racecheck --print-limit 20 \
