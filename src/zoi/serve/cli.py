@@ -62,17 +62,10 @@ def open_engine(model: str | None, config: ServeConfig):
     import zoi
     from zoi.engine import is_artifact
 
-    max_tokens = config.max_batch_tokens
+    max_tokens = config.max_batch_tokens  # None: the engine's default for the device
     if model is not None and is_artifact(model):
         return zoi.load(model, device=config.device, max_tokens=max_tokens)
-    try:
-        from zoi.frontend import load_spec
-
-        positions = load_spec(Path(model)).max_positions if model is not None else 512
-    except Exception:
-        positions = 512
-    return zoi.compile(model, device=config.device, precision=config.precision,
-                       max_tokens=max(max_tokens, positions))
+    return zoi.compile(model, device=config.device, precision=config.precision, max_tokens=max_tokens)
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
@@ -125,7 +118,7 @@ def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None
 
     ucfg = uvicorn.Config(app, log_level=config.log_level, access_log=config.log_level in ("debug", "trace"),
                           lifespan="on", backlog=2048, timeout_keep_alive=30, server_header=False,
-                          timeout_graceful_shutdown=None)
+                          timeout_graceful_shutdown=config.graceful_timeout)
     server = _Server(ucfg)
     try:
         server.run(sockets=[sock])

@@ -28,7 +28,7 @@ class ServeConfig:
     device: str = "cpu"
     precision: str = "fp32"
     served_model_name: str | None = None  # default: the model folder's name
-    max_batch_tokens: int = 4096  # tokens per engine call (clamped to the engine's max_tokens)
+    max_batch_tokens: int | None = None  # tokens per engine call; default: the engine's max_tokens
     max_batch_requests: int = 256  # sequences per engine call (clamped to the engine's max batch)
     max_queue_delay_us: int = 0  # how long an idle worker waits for more work before running
     max_concurrent_requests: int = 512  # requests admitted at once; beyond that -> 429
@@ -36,6 +36,7 @@ class ServeConfig:
     payload_limit: int = 2_000_000  # bytes of request body; beyond that -> 413
     auto_truncate: bool = True  # default of `truncate` when a request does not say
     max_input_chars: int | None = None  # per input, checked before tokenising; default 32 x positions
+    graceful_timeout: float = 60.0  # seconds to finish in-flight requests after SIGTERM
     log_level: str = "info"
     fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
 
@@ -55,12 +56,14 @@ class ServeConfig:
     def validate(self) -> None:
         for name in ("max_batch_tokens", "max_batch_requests", "max_concurrent_requests",
                      "max_client_batch_size", "payload_limit"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.graceful_timeout <= 0:
+            raise ValueError(f"graceful_timeout must be > 0 seconds, got {self.graceful_timeout}")
         if self.max_input_chars is not None and self.max_input_chars < 1:
             raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
 
@@ -93,7 +96,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("served_model_name", "--served-model-name", "ZOI_SERVED_MODEL_NAME", str,
            "model name clients use (default: the model folder's name)"),
     Option("max_batch_tokens", "--max-batch-tokens", "ZOI_MAX_BATCH_TOKENS", int,
-           "most tokens packed into one engine call"),
+           "most tokens packed into one engine call (default: the engine's max tokens, 4096 on "
+           "the CPU, 32768 on a GPU; also sizes the engine's arena when compiling)"),
     Option("max_batch_requests", "--max-batch-requests", "ZOI_MAX_BATCH_REQUESTS", int,
            "most sequences packed into one engine call"),
     Option("max_queue_delay_us", "--max-queue-delay-us", "ZOI_MAX_QUEUE_DELAY_US", int,
@@ -108,6 +112,8 @@ OPTIONS: tuple[Option, ...] = (
            "truncate over-long inputs unless a request says otherwise (true/false)"),
     Option("max_input_chars", "--max-input-chars", "ZOI_MAX_INPUT_CHARS", int,
            "characters per input, checked before tokenising (default 32 x max positions)"),
+    Option("graceful_timeout", "--graceful-timeout", "ZOI_GRACEFUL_TIMEOUT", float,
+           "seconds given to in-flight requests after SIGINT/SIGTERM before they are cut"),
     Option("log_level", "--log-level", "ZOI_LOG_LEVEL", str, "log level",
            ("critical", "error", "warning", "info", "debug", "trace")),
     Option("fail_on_token", "--fail-on-token", "ZOI_SERVE_FAIL_ON_TOKEN", int,

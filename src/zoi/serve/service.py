@@ -62,10 +62,11 @@ class Service:
         self.max_positions = int(spec.max_positions)
         self.vocab_size = int(spec.vocab_size)
         self.max_input_chars = int(config.max_input_chars or 32 * self.max_positions)
-        self.max_batch_tokens = max(min(config.max_batch_tokens, int(engine.max_tokens)), self.max_positions)
-        if config.max_batch_tokens < self.max_positions:
+        want = int(config.max_batch_tokens or engine.max_tokens)
+        self.max_batch_tokens = max(min(want, int(engine.max_tokens)), self.max_positions)
+        if want < self.max_positions:
             log.warning("max_batch_tokens=%d is below the model's %d positions; using %d",
-                        config.max_batch_tokens, self.max_positions, self.max_positions)
+                        want, self.max_positions, self.max_positions)
         self.max_batch_requests = min(config.max_batch_requests, int(engine.max_batch))
         self.metrics = Metrics()
         self.in_flight = 0
