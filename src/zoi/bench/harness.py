@@ -120,7 +120,10 @@ class Bench:
     def specs(self, devices: set[str]) -> list[Spec]:
         out = []
         for s in SPECS:
-            if self.cfg.providers and not any(fnmatch.fnmatch(s.name, p) for p in self.cfg.providers):
+            pats = self.cfg.providers
+            if pats and not any(fnmatch.fnmatch(s.name, p) for p in pats):
+                continue
+            if not s.default and not (pats and s.name in pats):
                 continue
             if s.device not in devices:
                 continue
@@ -189,15 +192,18 @@ class Bench:
                 self.skip(s.name, f"conversion failed for {model.name}: {type(e).__name__}: {e}", "failed")
         return arts
 
-    def max_tokens(self, model: M.ModelRef, seqs_by_wl: dict[str, list]) -> int:
+    def limits(self, model: M.ModelRef, seqs_by_wl: dict[str, list]) -> tuple[int, int]:
+        """(max_tokens, max_batch) that hold every workload of this model in one call."""
         need = max(sum(len(s) for s in seqs) for seqs in seqs_by_wl.values())
-        return max(need, model.max_len)
+        batch = max(len(seqs) for seqs in seqs_by_wl.values())
+        return max(need, model.max_len), max(batch, 32)
 
-    def start(self, s: Spec, model: M.ModelRef, arts: dict, max_tokens: int, meter) -> WorkerProc:
+    def start(self, s: Spec, model: M.ModelRef, arts: dict, limits: tuple[int, int], meter) -> WorkerProc:
+        max_tokens, max_batch = limits
         wp = WorkerProc(self.cfg.threads, self.tmp / f"{s.name}-{model.name}.log")
         meter.add(wp.pid)
         rep = wp.request(op="load", provider=s.name, model_dir=str(model.path), artifacts=arts,
-                         threads=self.cfg.threads, max_tokens=max_tokens)
+                         threads=self.cfg.threads, max_tokens=max_tokens, max_batch=max_batch)
         wp.load_s = rep["load_s"]
         return wp
 
@@ -210,7 +216,7 @@ class Bench:
                 seqs = seqs_by_wl[w.name] = W.inputs(w, tok, i)
                 files[w.name] = str(self.tmp / f"{w.name}.npz")
                 save_seqs(files[w.name], seqs)
-        max_tokens = self.max_tokens(model, seqs_by_wl)
+        limits = self.limits(model, seqs_by_wl)
         acc_file = None
         if cfg.accuracy_n and model.name == "minilm":
             sents, src = eval_sentences(cfg.accuracy_n)
@@ -223,7 +229,7 @@ class Bench:
             for s in specs:
                 self.prog.update(self.task, description=f"{model.name}: loading {s.name}")
                 try:
-                    workers[s.name] = self.start(s, model, arts[s.name], max_tokens, meter)
+                    workers[s.name] = self.start(s, model, arts[s.name], limits, meter)
                     load_s[s.name] = workers[s.name].load_s
                 except WorkerError as e:
                     self.skip(s.name, f"load failed ({model.name}): {e}", "failed")
@@ -253,7 +259,7 @@ class Bench:
         if acc_file:
             self.compare_embeddings(list(workers))
         if cfg.rss:
-            self.fresh_rss(model, [s for s in specs if s.name in workers], arts, max_tokens, files, meter)
+            self.fresh_rss(model, [s for s in specs if s.name in workers], arts, limits, files, meter)
 
     def time_workload(self, w, active, file, seqs, meter) -> None:
         cfg = self.cfg
@@ -334,7 +340,7 @@ class Bench:
             self.acc.append({"provider": n, "reference": r, "precision": spec.precision,
                              **accuracy(embs[r], e)})
 
-    def fresh_rss(self, model, specs, arts, max_tokens, files, meter) -> None:
+    def fresh_rss(self, model, specs, arts, limits, files, meter) -> None:
         """Peak RSS (VmHWM) of a fresh process that loads the provider and runs the 1x128
         workload of this model (or the model's first workload when 1x128 is not selected)."""
         key = f"{model.name}-1x128"
@@ -345,7 +351,7 @@ class Bench:
             self.prog.update(self.task, description=f"peak RSS: {s.name} {model.name}")
             wp = None
             try:
-                wp = self.start(s, model, arts[s.name], max_tokens, meter)
+                wp = self.start(s, model, arts[s.name], limits, meter)
                 nb = 1
                 wp.request(op="prepare", key=key, file=files[key], n_batches=nb, n_seqs=seqs_n)
                 wp.request(op="time", key=key, n=5)

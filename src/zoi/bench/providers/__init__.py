@@ -23,6 +23,7 @@ class Spec:
     requires: tuple[str, ...]  # importable modules this provider needs
     options: dict = field(default_factory=dict)
     baseline: bool = False  # the provider speed-ups are computed against (per device)
+    default: bool = True  # run unless --providers names others (False: only when named exactly)
 
     @property
     def family(self) -> str:
@@ -52,6 +53,9 @@ SPECS: list[Spec] = [
          ("ctranslate2", "torch", "transformers")),
     Spec("ctranslate2-int8", "CTranslate2 INT8", "cpu", "int8", _P + "ct2", "Ct2Provider",
          ("ctranslate2", "torch", "transformers")),
+    # zoi's numpy reference backend: a correctness check of the harness, far too slow to rank
+    Spec("zoi-reference-fp32", "zoi reference (numpy) FP32", "cpu", "fp32", _P + "zoi_engine",
+         "ZoiProvider", ("zoi",), {"device": "reference", "precision": "fp32"}, default=False),
     # GPU (run when torch.cuda is available)
     Spec("zoi-cuda-fp16", "zoi CUDA FP16", "cuda", "fp16", _P + "zoi_engine", "ZoiProvider", ("zoi",),
          {"device": "cuda", "precision": "fp16"}),

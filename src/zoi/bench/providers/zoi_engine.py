@@ -18,6 +18,8 @@ class ZoiProvider(Provider):
         params = inspect.signature(zoi.compile).parameters
         if "max_tokens" in params:
             kw["max_tokens"] = self.max_tokens
+        if "max_batch" in params:
+            kw["max_batch"] = self.max_batch
         if "threads" in params:
             kw["threads"] = self.threads
         self.engine = zoi.compile(self.model_dir, **kw)
@@ -35,7 +37,7 @@ class ZoiProvider(Provider):
         i = 0
         while i < len(seqs):
             j, tokens = i, 0
-            while j < len(seqs) and j - i < batch and tokens + len(seqs[j]) <= self.max_tokens:
+            while j < len(seqs) and j - i < min(batch, self.max_batch) and tokens + len(seqs[j]) <= self.max_tokens:
                 tokens += len(seqs[j])
                 j += 1
             if j == i:
