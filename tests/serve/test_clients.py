@@ -81,6 +81,11 @@ def test_tritonclient_json_tensors(server, engine):
     out = th.InferRequestedOutput("EMBEDDING", binary_data=False)
     got = client.infer(MODEL_NAME, [inp], outputs=[out], request_id="r-7").as_numpy("EMBEDDING")
     assert cosine_rows(got, engine.encode(texts)).min() >= 0.9999
+    # gzip-compressed binary request, as `request_compression_algorithm` sends it
+    inp2 = th.InferInput("TEXT", [len(texts)], "BYTES")
+    inp2.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+    got2 = client.infer(MODEL_NAME, [inp2], request_compression_algorithm="gzip").as_numpy("EMBEDDING")
+    assert np.array_equal(got, got2)
     client.close()
 
 

@@ -43,7 +43,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
             p.add_argument(opt.flag, dest=opt.dest, type=int, default=None, help=argparse.SUPPRESS)
             continue
         shown = getattr(defaults, opt.dest)
-        text = f"{opt.help} [env {opt.env}; default {shown}]"
+        text = f"{opt.help} [env {opt.env}" + ("]" if shown is None else f"; default {shown}]")
         if opt.type is bool:
             p.add_argument(opt.flag, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None,
                            help=text)

@@ -90,7 +90,8 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("host", "--host", "ZOI_HOST", str, "address to listen on"),
     Option("port", "--port", "ZOI_PORT", int, "port to listen on (0: any free port, printed when ready)"),
-    Option("device", "--device", "ZOI_DEVICE", str, "cpu or cuda (when compiling a model folder)"),
+    Option("device", "--device", "ZOI_DEVICE", str, "where the engine runs",
+           ("cpu", "cuda", "auto", "reference")),
     Option("precision", "--precision", "ZOI_PRECISION", str, "fp32, int8 or fp16 (when compiling)",
            ("fp32", "int8", "fp16")),
     Option("served_model_name", "--served-model-name", "ZOI_SERVED_MODEL_NAME", str,
