@@ -171,12 +171,22 @@ def test_client_gone_is_dropped(server, engine):
     per_seq = (time.perf_counter() - t) / 4
     n = int(min(512, max(8, 1.5 / per_seq)))  # a blocker of ~1.5 s of engine time
     blocker = threading.Thread(target=post, args=(server, "/embed", {"inputs": [long] * n}), kwargs={"timeout": 300})
+    inputs0 = metric(httpx.get(server.url + "/metrics").text, "zoi_request_inputs_total")
     blocker.start()
-    time.sleep(0.3)
+
+    def wait_inputs(k):  # until the server has queued k more sequences
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if metric(httpx.get(server.url + "/metrics").text, "zoi_request_inputs_total") >= inputs0 + k:
+                return
+            time.sleep(0.02)
+        raise AssertionError("the server never queued the request")
+
+    wait_inputs(n)
     gone = SlowUpload(server.url, "/embed", {"inputs": ["nobody will read this answer"]}, split=10)
-    gone.sock.sendall(gone.data[gone.split:])  # complete request, then leave before the answer
-    time.sleep(0.1)
-    gone.abort()
+    gone.sock.sendall(gone.data[gone.split:])  # a complete request ...
+    wait_inputs(n + 1)  # ... queued behind the blocker
+    gone.abort()  # ... whose client leaves before the answer
     blocker.join()
     deadline = time.time() + 10
     while time.time() < deadline:
@@ -235,3 +245,20 @@ def test_graceful_shutdown_answers_in_flight(tight):
     tight.proc.wait(60)
     assert tight.proc.returncode == 0, tight.log()
     assert "stopped (SIGTERM)" in tight.log()
+
+
+def test_client_leaving_mid_upload(server):
+    before = metric(httpx.get(server.url + "/metrics").text, "zoi_request_failure_total", 'route="tei",status="499"')
+    s = SlowUpload(server.url, "/embed", {"inputs": ["half a body"]}, split=8)
+    time.sleep(0.2)
+    s.abort()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        now = metric(httpx.get(server.url + "/metrics").text, "zoi_request_failure_total",
+                     'route="tei",status="499"')
+        if now == before + 1:
+            break
+        time.sleep(0.05)
+    assert now == before + 1
+    assert "Traceback" not in server.log()
+    assert_alive(server)

@@ -7,7 +7,7 @@ import zlib
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 try:
@@ -50,6 +50,10 @@ STATUS = {
 }
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
 class ApiError(Exception):
     def __init__(self, kind: str, message: str, param: str | None = None):
         super().__init__(message)
@@ -65,6 +69,13 @@ def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> R
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, at most `limit` bytes (after decompression), else ApiError 413."""
+    try:
+        return await _read_body(request, limit)
+    except ClientDisconnect:
+        raise ClientGone() from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     cl = request.headers.get("content-length")
     if cl is not None:
         try:

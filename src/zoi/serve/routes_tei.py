@@ -102,6 +102,8 @@ def make_routes(svc: Service) -> list[Route]:
             return json_response(out)
         except ApiError as e:
             return error_response(e)
+        except ClientGone:
+            return json_response({"error": "client went away", "error_type": "Validation"}, 499)
 
     async def health(request: Request):
         if not svc.ready:

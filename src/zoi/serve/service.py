@@ -21,7 +21,7 @@ from zoi.errors import InputError
 from zoi.frontend.tokenizer import pack
 from zoi.serve.batcher import Batcher, BatcherClosed
 from zoi.serve.config import ServeConfig
-from zoi.serve.http import ApiError
+from zoi.serve.http import ApiError, ClientGone
 from zoi.serve.metrics import Metrics
 
 log = logging.getLogger("zoi.serve")
@@ -44,10 +44,6 @@ class Result:
     embeddings: np.ndarray  # float32 [n, H]
     tokens: int  # total tokens fed to the model (special tokens included)
     timings: Timings
-
-
-class ClientGone(Exception):
-    pass
 
 
 class Service:
