@@ -80,3 +80,77 @@ def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:
     if noise == 0:
         return float("inf")
     return 10.0 * np.log10(max(sig, 1e-300) / noise)
+
+
+def int8_matmul_fast(q: np.ndarray, w_q: np.ndarray) -> np.ndarray:
+    """Same result as `int8_matmul_exact`, through float64 BLAS.
+
+    Every product is at most 127**2 and a row sum at most K * 127**2 < 2**53 for any K
+    below 5e11, so float64 accumulation is exact in any order; much faster than int64.
+    """
+    acc = q.astype(np.float64) @ w_q.astype(np.float64).T
+    return acc.astype(np.int32)
+
+
+# ---- per-token asymmetric (unsigned) activations: scheme "dynamic_asym" -------------------
+#
+# The range of each token always includes 0 (so 0.0 is represented exactly):
+#   lo[t] = min(min_k x[t,k], 0), hi[t] = max(max_k x[t,k], 0), r[t] = hi[t] - lo[t]
+#   inv[t] = 255 / r[t] (float32; r 0 -> q = 0, zp = 0, scale 0)
+#   zp[t] = clip(rint(-lo[t] * inv[t]), 0, 255)                       (int)
+#   q[t,k] = clip(rint(x[t,k] * inv[t]) + zp[t], 0, 255)               (uint8)
+#   a_scale[t] = r[t] / 255
+#   acc[t,n] = sum_k q[t,k] * w_q[n,k] - zp[t] * colsum[n], colsum[n] = sum_k w_q[n,k]  (exact)
+#   y[t,n] = float(acc[t,n]) * (a_scale[t] * w_scale[n]) + b[n]
+# u8 x s8 is what VNNI's vpdpbusd multiplies; a kernel with s8 x s8 units uses q - 128 and
+# zp - 128 instead, the integer result is the same.
+
+UQMAX = 255
+
+
+def quantize_act_asym(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-token asymmetric UINT8. x: float32 [T, K] -> (q uint8 [T, K], a_scale f32 [T], zp int32 [T])."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[1] == 0:
+        z = np.zeros(x.shape[0], np.float32)
+        return np.zeros(x.shape, np.uint8), z, z.astype(np.int32)
+    lo = np.minimum(x.min(axis=1), np.float32(0)).astype(np.float32)
+    hi = np.maximum(x.max(axis=1), np.float32(0)).astype(np.float32)
+    r = (hi - lo).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(r > 0, np.float32(UQMAX) / np.where(r > 0, r, 1), 0).astype(np.float32)
+    zp = np.clip(np.rint(-lo * inv), 0, UQMAX).astype(np.int32)
+    q = np.clip(np.rint(x * inv[:, None]) + zp[:, None], 0, UQMAX).astype(np.uint8)
+    return q, (r / np.float32(UQMAX)).astype(np.float32), zp
+
+
+def int8_matmul_asym_exact(q: np.ndarray, zp: np.ndarray, w_q: np.ndarray) -> np.ndarray:
+    """sum_k q[t,k] w_q[n,k] - zp[t] colsum[n]: uint8 [T, K], int32 [T], int8 [N, K] -> int32 [T, N]."""
+    acc = q.astype(np.float64) @ w_q.astype(np.float64).T  # exact: |sum| < 2**53
+    colsum = w_q.astype(np.int64).sum(axis=1)
+    return (acc.astype(np.int64) - zp.astype(np.int64)[:, None] * colsum[None, :]).astype(np.int32)
+
+
+def linear_int8_asym_emulated(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray,
+                              b: np.ndarray | None) -> np.ndarray:
+    """The emulated INT8 linear with per-token asymmetric UINT8 activations: float32 [T, N]."""
+    q, a_scale, zp = quantize_act_asym(x)
+    acc = int8_matmul_asym_exact(q, zp, w_q).astype(np.float32)
+    y = acc * (a_scale[:, None] * w_scale[None, :])
+    if b is not None:
+        y = y + np.asarray(b, np.float32)[None, :]
+    return y.astype(np.float32)
+
+
+def linear_int8_scheme(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray, b: np.ndarray | None,
+                       scheme: str = "dynamic", amax: float | None = None) -> np.ndarray:
+    """The emulated INT8 linear for a LinearQuant scheme: "dynamic", "static" or "dynamic_asym"."""
+    if scheme == "dynamic_asym":
+        return linear_int8_asym_emulated(x, w_q, w_scale, b)
+    if scheme == "dynamic":
+        return linear_int8_emulated(x, w_q, w_scale, b, None)
+    if scheme == "static":
+        if amax is None:
+            raise ValueError("scheme 'static' needs the calibrated amax")
+        return linear_int8_emulated(x, w_q, w_scale, b, amax)
+    raise ValueError(f"not an INT8 scheme: {scheme!r}")

@@ -1,0 +1,104 @@
+"""zoi.quant: INT8 quantisation that every backend consumes, and the report (`zoi eval`).
+
+The one entry point the engine calls (zoi.engine.compile with precision="int8")::
+
+    from zoi import quant
+    report: dict = {}
+    weights_q, q = quant.quantize_model(
+        spec, weights, tokenizer,          # ModelSpec, float32 weights (our names), zoi Tokenizer
+        calibration=None,                  # list[str]; None -> zoi/data/calibration.txt
+        config=None,                       # QuantConfig | dict | None (defaults below)
+        progress=False,                    # tqdm bars on stderr
+        graph=None,                        # the Graph; None -> zoi.graph.build_graph(spec)
+        report=report,                     # optional dict, filled with the summary (JSON-able)
+    )
+    # weights_q: the new weights dict; q: {linear prefix: zoi.graph.LinearQuant}
+    model.meta["quant_report"] = report    # what `zoi info` / `zoi eval` show
+
+What the returned weights hold (docs/ARCHITECTURE.md, docs/QUANT.md):
+
+- an INT8 linear `p` (q[p].scheme "dynamic" or "static"): `p.w_q` int8 [N, K], `p.w_scale`
+  f32 [N], `p.b` f32 [N]; with QuantConfig.smooth_targets="act_mul" also `p.act_mul` and
+  maybe `p.act_shift` (f32 [K]) that the kernel applies to x before quantising it.
+- an FP32 linear (q[p].scheme "fp32"): `p.w` f32 [N, K] + `p.b`, or, when the byte budget
+  did not allow FP32 weights, `p.w_q` + `p.w_scale` (weight-only INT8: dequantise, run in
+  float; q[p].info["weights"] == "int8").
+- `embed.word_q` int8 [V, H] + `embed.word_scale` f32 [V] instead of `embed.word` (default).
+- every other weight unchanged (LayerNorms may carry folded SmoothQuant factors).
+
+q[p].info records: sqnr_db (per-layer SQNR on the calibration set), smooth (site and
+alpha, or None), gptq (bool), fallback reason. `quant_to_json` / `quant_from_json`
+(de)serialise the dict for the artifact.
+
+QuantConfig (zoi.quant.config) defaults: per-token dynamic activations, SmoothQuant "auto"
+(alpha searched on the calibration set), GPTQ weight rounding, per-layer SQNR with FP32
+fallback under a byte budget of 0.27x the FP32 weights, INT8 embedding table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+from zoi.quant import primitives
+from zoi.quant.config import QuantConfig
+
+__all__ = [
+    "QuantConfig",
+    "primitives",
+    "quantize_model",
+    "quant_to_json",
+    "quant_from_json",
+    "weights_ratio",
+]
+
+
+def _linear_quant_cls():
+    from zoi.graph.compiled import LinearQuant
+
+    return LinearQuant
+
+
+def quant_to_json(quant: dict) -> str:
+    return json.dumps({p: q.to_dict() for p, q in quant.items()}, sort_keys=True)
+
+
+def quant_from_json(s: str | dict) -> dict:
+    d = json.loads(s) if isinstance(s, str) else s
+    LQ = _linear_quant_cls()
+    return {p: LQ.from_dict(v) for p, v in d.items()}
+
+
+def weights_ratio(quantized: dict, original: dict) -> float:
+    """Bytes of the quantised weights over the bytes of the FP32 weights."""
+    return float(sum(a.nbytes for a in quantized.values()) / max(1, sum(a.nbytes for a in original.values())))
+
+
+def quantize_model(spec, weights: dict, tokenizer, calibration: Sequence[str] | None = None,
+                   config: QuantConfig | dict | None = None, progress: bool = False, graph=None,
+                   report: dict | None = None) -> tuple[dict, dict]:
+    """Calibrate, smooth, quantise and choose per-layer precision. See the module doc."""
+    from zoi.quant.pipeline import run_pipeline
+
+    cfg = QuantConfig.coerce(config)
+    if graph is None:
+        from zoi.graph.build import build_graph
+
+        graph = build_graph(spec)
+    if calibration is None:
+        from zoi.data import calibration_texts
+
+        texts = calibration_texts()
+    else:
+        texts = [t for t in calibration if isinstance(t, str) and t.strip()]
+        if not texts:
+            from zoi.errors import InputError
+
+            raise InputError("the calibration set holds no text")
+    t0 = time.perf_counter()
+    new_w, quant, summary = run_pipeline(spec, graph, weights, tokenizer, texts, cfg, progress)
+    summary["seconds"] = round(time.perf_counter() - t0, 2)
+    if report is not None:
+        report.update(summary)
+    return new_w, quant

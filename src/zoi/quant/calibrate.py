@@ -1,0 +1,166 @@
+"""Calibration: run the FP32 model over calibration texts and record what quantisation needs.
+
+For every linear (weight prefix `p`) the pass collects, from its input x [T, K]:
+
+- `chan_absmax[k] = max_t |x[t, k]|`, `chan_min`, `chan_max` (SmoothQuant, shifts);
+- per-token absmax statistics (mean, max) of the dynamic scheme;
+- optionally the Gram matrix `x^T x` (float64, for GPTQ's error-compensating rounding);
+- optionally an activation observer (static scheme).
+
+It also keeps the FP32 sentence embeddings of every calibration text, the yardstick of the
+SmoothQuant alpha search. All through `zoi.quant.forward.run_graph` (numpy, float32).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zoi.quant.forward import linear_prefix, run_graph
+
+Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, positions, cu_seqlens
+
+
+def pack_seqs(seqs: Sequence[np.ndarray], position_offset: int = 0) -> Batch:
+    lens = np.array([len(s) for s in seqs], dtype=np.int32)
+    cu = np.zeros(len(seqs) + 1, np.int32)
+    np.cumsum(lens, out=cu[1:])
+    ids = np.concatenate([np.asarray(s, np.int32) for s in seqs]) if seqs else np.zeros(0, np.int32)
+    pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lens) + position_offset).astype(np.int32)
+    return ids, pos, cu
+
+
+def token_batches(seqs: Sequence[np.ndarray], position_offset: int = 0, chunk_tokens: int = 4096) -> list[Batch]:
+    """Pack token id arrays (input order kept) into batches of at most chunk_tokens tokens."""
+    out: list[Batch] = []
+    cur: list[np.ndarray] = []
+    n = 0
+    for s in seqs:
+        if cur and n + len(s) > chunk_tokens:
+            out.append(pack_seqs(cur, position_offset))
+            cur, n = [], 0
+        cur.append(s)
+        n += len(s)
+    if cur:
+        out.append(pack_seqs(cur, position_offset))
+    return out
+
+
+def tokenize(tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
+    """Token ids of each text with zoi's Tokenizer (encode_ids) or an HF `tokenizers.Tokenizer`."""
+    if hasattr(tokenizer, "encode_ids"):
+        return [np.asarray(s, np.int32) for s in tokenizer.encode_ids(list(texts))]
+    return [np.asarray(e.ids, np.int32) for e in tokenizer.encode_batch(list(texts))]
+
+
+@dataclass
+class LinearStats:
+    k: int
+    chan_absmax: np.ndarray
+    chan_min: np.ndarray
+    chan_max: np.ndarray
+    chan_sum: np.ndarray | None = None
+    tokens: int = 0
+    tok_absmax_sum: float = 0.0
+    tok_absmax_max: float = 0.0
+    gram: np.ndarray | None = None
+    observer: object | None = None
+
+    @property
+    def tok_absmax_mean(self) -> float:
+        return self.tok_absmax_sum / max(self.tokens, 1)
+
+    def update(self, x: np.ndarray, gram: bool) -> None:
+        np.maximum(self.chan_absmax, np.abs(x).max(axis=0), out=self.chan_absmax)
+        np.minimum(self.chan_min, x.min(axis=0), out=self.chan_min)
+        np.maximum(self.chan_max, x.max(axis=0), out=self.chan_max)
+        cs = x.astype(np.float64).sum(axis=0)
+        self.chan_sum = cs if self.chan_sum is None else self.chan_sum + cs
+        ta = np.abs(x).max(axis=1)
+        self.tokens += x.shape[0]
+        self.tok_absmax_sum += float(ta.sum())
+        self.tok_absmax_max = max(self.tok_absmax_max, float(ta.max()))
+        if gram:
+            x64 = x.astype(np.float64)
+            g = x64.T @ x64
+            self.gram = g if self.gram is None else self.gram + g
+        if self.observer is not None:
+            self.observer.update(x)
+
+
+@dataclass
+class Calibration:
+    stats: dict[str, LinearStats]
+    reference: np.ndarray  # FP32 pooled, L2-normalised embeddings of the calibration texts [n, H]
+    seconds: float = 0.0
+    tokens: int = 0
+    texts: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tok", disable=not enabled, leave=False)
+
+
+def calibrate(
+    graph,
+    weights: dict,
+    batches: Sequence[Batch],
+    gram: bool = False,
+    observer_factory: Callable[[], object] | None = None,
+    progress: bool = False,
+    desc: str = "calibrating",
+) -> Calibration:
+    """One FP32 pass over `batches`; returns per-linear statistics and the reference embeddings."""
+    t0 = time.perf_counter()
+    stats: dict[str, LinearStats] = {}
+    for op in graph.ops:
+        if op.kind == "linear":
+            p = linear_prefix(op)
+            k = weights[p + ".w"].shape[1] if p + ".w" in weights else weights[p + ".w_q"].shape[1]
+            stats[p] = LinearStats(
+                k,
+                np.zeros(k, np.float32),
+                np.full(k, np.inf, np.float32),
+                np.full(k, -np.inf, np.float32),
+                observer=observer_factory() if observer_factory else None,
+            )
+
+    def tap(p, x, y):
+        stats[p].update(x, gram)
+
+    refs = []
+    total = int(sum(len(b[0]) for b in batches))
+    with _progress_bar(total, desc, progress) as bar:
+        for ids, pos, cu in batches:
+            refs.append(run_graph(graph, weights, ids, pos, cu, normalize=True, tap=tap))
+            bar.update(len(ids))
+    ref = np.concatenate(refs) if refs else np.zeros((0, 0), np.float32)
+    return Calibration(stats, ref, time.perf_counter() - t0, total, int(ref.shape[0]))
+
+
+def observe(graph, weights: dict, batches: Sequence[Batch], factory: Callable[[], object],
+            prefixes: Sequence[str] | None = None, transform: Callable | None = None,
+            progress: bool = False) -> dict[str, object]:
+    """Feed every linear's (pre-transformed) input to a fresh observer; returns them by prefix."""
+    from zoi.quant.forward import pre_transform
+
+    obs: dict[str, object] = {}
+
+    def tap(p, x, y):
+        if prefixes is not None and p not in prefixes:
+            return
+        o = obs.setdefault(p, factory())
+        o.update(pre_transform(x, weights, p) if transform is None else transform(p, x))
+
+    total = int(sum(len(b[0]) for b in batches))
+    with _progress_bar(total, "observing", progress) as bar:
+        for ids, pos, cu in batches:
+            run_graph(graph, weights, ids, pos, cu, tap=tap)
+            bar.update(len(ids))
+    return obs

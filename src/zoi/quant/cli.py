@@ -1,0 +1,42 @@
+"""The `zoi eval` subcommand (the lead's zoi/cli.py calls `register(subparsers)`)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "eval",
+        help="INT8 quality against FP32: cosine, neighbour agreement, per-layer SQNR",
+        description="Compile MODEL (a Hugging Face folder; default: the bundled all-MiniLM-L6-v2) "
+        "to INT8, or load an INT8 ARTIFACT, and measure it against the FP32 original on "
+        "held-out texts (default: zoi's eval set).",
+    )
+    p.add_argument("model", nargs="?", default=None, help="model folder or zoi artifact")
+    p.add_argument("--texts", help="file of texts, one per line (default: zoi/data/eval.txt)")
+    p.add_argument("--json", help="write the full report as JSON here")
+    p.add_argument("--device", default="reference", help="backend of the INT8 side (default: reference)")
+    p.add_argument("--calibrate", help="calibration texts, one per line (MODEL only; default: zoi's set)")
+    p.add_argument("--quant-config", help="QuantConfig as JSON (inline or a file), MODEL only")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run)
+    return p
+
+
+def _run(args) -> int:
+    from zoi.quant.eval import main
+
+    return main(args)
+
+
+def main(argv=None) -> int:  # `python -m zoi.quant.cli eval ...` without the lead's CLI
+    ap = argparse.ArgumentParser(prog="zoi")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    register(sub)
+    args = ap.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""`zoi eval MODEL|ARTIFACT`: what INT8 cost, measured against the FP32 original.
+
+Figures (on zoi/data/eval.txt by default, texts never used for calibration or tuning):
+
+- sentence-embedding cosine of each text, INT8 against FP32 (L2-normalised): mean, min, p1;
+- top-10 neighbour agreement: for each text, the share of its 10 nearest neighbours (cosine,
+  within the set, itself excluded) that the INT8 embeddings give as the FP32 ones do; mean
+  over the texts. Top-1 agreement: the share of texts whose nearest neighbour is the same;
+- per-layer SQNR (dB) of every linear on these texts: the FP32 model's input of the layer,
+  through the quantised layer against through the FP32 layer (SmoothQuant's rescaling undone);
+- the weight bytes against FP32, and the scheme of each layer.
+
+The INT8 side runs on the chosen backend (default "reference", the numpy emulation) and,
+as a cross-check, through zoi.quant's own emulator: a backend that does not reproduce the
+numerics of docs/QUANT.md shows up as a large "backend vs emulation" gap.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from zoi.quant.calibrate import token_batches, tokenize
+from zoi.quant.forward import linear_apply, linear_prefix, run_graph
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    na = np.linalg.norm(a, axis=1)
+    nb = np.linalg.norm(b, axis=1)
+    return np.sum(a * b, axis=1) / np.maximum(na * nb, 1e-30)
+
+
+def neighbours(e: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k nearest neighbours (cosine) of each row, itself excluded. [n, k]"""
+    e = e.astype(np.float64)
+    e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-30)
+    s = e @ e.T
+    np.fill_diagonal(s, -np.inf)
+    k = min(k, len(e) - 1)
+    idx = np.argpartition(-s, kth=k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(s, idx, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(idx, order, axis=1)
+
+
+def agreement(ref: np.ndarray, test: np.ndarray, k: int = 10) -> dict:
+    """Top-k and top-1 neighbour agreement of `test` embeddings against `ref` ones."""
+    if len(ref) < 2:
+        return {"top10": float("nan"), "top1": float("nan")}
+    a, b = neighbours(ref, k), neighbours(test, k)
+    kk = a.shape[1]
+    topk = float(np.mean([len(set(x) & set(y)) / kk for x, y in zip(a.tolist(), b.tolist(), strict=True)]))
+    return {f"top{k}": topk, "top1": float(np.mean(a[:, 0] == b[:, 0]))}
+
+
+def embedding_report(ref: np.ndarray, test: np.ndarray) -> dict:
+    cos = cosine_rows(ref, test)
+    out = {"texts": int(len(cos)), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
+           "cos_p1": float(np.percentile(cos, 1))}
+    out.update(agreement(ref, test, 10))
+    return out
+
+
+def _basis(graph, quant: dict) -> tuple[dict, dict]:
+    """Per linear: the divisor of its input (ln_fold / v_fold) and the multiplier of its output
+    (a qkv whose o was folded into its V rows) that map the quantised model onto the FP32 one."""
+    in_div: dict[str, np.ndarray] = {}
+    out_mul: dict[str, np.ndarray] = {}
+    lin = {linear_prefix(o): o for o in graph.ops if o.kind == "linear"}
+    prod = {o.output: o for o in graph.ops}
+    for p, op in lin.items():
+        info = getattr(quant.get(p), "info", {}) or {}
+        s = info.get("in_scale")
+        if s is None:
+            continue
+        s = np.asarray(s, np.float32)
+        in_div[p] = s
+        sm = info.get("smooth") or {}
+        if sm.get("site") == "v_fold":
+            att = prod[op.inputs[0]]
+            qp = linear_prefix(prod[att.inputs[0]])
+            H = s.shape[0]
+            out_mul[qp] = np.concatenate([np.ones(2 * H, np.float32), s])
+    return in_div, out_mul
+
+
+def layer_sqnr_eval(graph, fp32_weights: dict, q_weights: dict, quant: dict, batches) -> dict[str, float]:
+    """Per-layer SQNR of the quantised model's layers on the FP32 model's inputs."""
+    in_div, out_mul = _basis(graph, quant)
+    sig: dict[str, float] = {}
+    noise: dict[str, float] = {}
+
+    def tap(p, x, y):
+        xin = x / in_div[p][None, :] if p in in_div else x
+        lq = quant.get(p)
+        yq = linear_apply(xin.astype(np.float32), q_weights, p, lq)
+        if p in out_mul:
+            yq = yq * out_mul[p][None, :]
+        y64 = y.astype(np.float64)
+        sig[p] = sig.get(p, 0.0) + float(np.sum(y64 * y64))
+        noise[p] = noise.get(p, 0.0) + float(np.sum((y64 - yq) ** 2))
+
+    for b in batches:
+        run_graph(graph, fp32_weights, *b, tap=tap)
+    return {p: (float("inf") if noise[p] == 0 else 10 * float(np.log10(max(sig[p], 1e-300) / noise[p]))) for p in sig}
+
+
+def _load_engines(model: str | None, device: str, config, calibration, progress: bool):
+    import zoi
+    from zoi.engine import is_artifact
+
+    t0 = time.perf_counter()
+    if model is not None and is_artifact(model):
+        q = zoi.load(model, device=device)
+        src = q.model.meta.get("source")
+        if not src:
+            raise ValueError(f"{model}: the artifact does not record its source model; cannot build FP32")
+        f = zoi.compile(src, device="reference", precision="fp32")
+        if q.precision != "int8":
+            raise ValueError(f"{model}: precision {q.precision!r}; zoi eval measures INT8 artifacts")
+    else:
+        f = zoi.compile(model, device="reference", precision="fp32")
+        q = zoi.compile(model, device=device, precision="int8", calibration=calibration,
+                        quant_config=config, progress=progress)
+    return f, q, time.perf_counter() - t0
+
+
+def evaluate(model: str | None = None, texts: Sequence[str] | None = None, device: str = "reference",
+             config=None, calibration=None, progress: bool = False, sqnr_texts: int = 256) -> dict:
+    """Compile (or load) INT8 and FP32, encode `texts` (default: zoi's eval set), report."""
+    from zoi.data import eval_texts
+
+    texts = list(texts) if texts is not None else eval_texts()
+    f, q, t_compile = _load_engines(model, device, config, calibration, progress)
+    t0 = time.perf_counter()
+    e_f = f.encode(texts, normalize_embeddings=True)
+    e_q = q.encode(texts, normalize_embeddings=True)
+    t_enc = time.perf_counter() - t0
+
+    m = q.model
+    graph = m.graph
+    seqs = tokenize(q.tokenizer, texts)
+    batches = token_batches(seqs, q.spec.position_offset, 4096)
+    emu = np.concatenate([run_graph(graph, m.weights, *b, quant=m.quant, normalize=True) for b in batches])
+    gap = cosine_rows(emu, e_q)
+
+    sel = list(range(0, len(seqs), max(1, len(seqs) // max(1, sqnr_texts))))[:sqnr_texts]
+    sq = layer_sqnr_eval(graph, f.model.weights, m.weights, m.quant, token_batches([seqs[i] for i in sel], q.spec.position_offset, 4096))
+    layers = []
+    for op in graph.ops:
+        if op.kind != "linear":
+            continue
+        p = linear_prefix(op)
+        lq = m.quant.get(p)
+        info = dict(getattr(lq, "info", {}) or {})
+        sm = info.get("smooth") or {}
+        layers.append({
+            "layer": p,
+            "scheme": getattr(lq, "scheme", "fp32"),
+            "weights": info.get("weights", "int8" if f"{p}.w_q" in m.weights else "fp32"),
+            "smooth": f"{sm.get('site')} a={sm.get('alpha')}" if sm else "-",
+            "sqnr_calib_db": info.get("sqnr_db"),
+            "sqnr_eval_db": round(sq.get(p, float("nan")), 3),
+        })
+    wq = int(sum(a.nbytes for a in m.weights.values()))
+    wf = int(sum(a.nbytes for a in f.model.weights.values()))
+    rep = {
+        "model": m.spec.name,
+        "source": m.meta.get("source", model),
+        "device": q.device,
+        "texts": len(texts),
+        "embedding": embedding_report(e_f, e_q),
+        "backend_vs_emulation_cos_min": float(gap.min()),
+        "weights_bytes": wq,
+        "fp32_weights_bytes": wf,
+        "weights_ratio": round(wq / max(1, wf), 4),
+        "layers": layers,
+        "quant_report": {k: v for k, v in (m.meta.get("quant_report") or {}).items() if k != "search"},
+        "seconds": {"compile_or_load": round(t_compile, 2), "encode": round(t_enc, 2)},
+    }
+    return rep
+
+
+def render(rep: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    e = rep["embedding"]
+    t = Table(title=f"zoi eval: {rep['model']} INT8 ({rep['device']}) vs FP32, {rep['texts']} texts")
+    for c in ("figure", "value"):
+        t.add_column(c)
+    t.add_row("cosine mean", f"{e['cos_mean']:.5f}")
+    t.add_row("cosine min", f"{e['cos_min']:.5f}")
+    t.add_row("cosine p1", f"{e['cos_p1']:.5f}")
+    t.add_row("top-10 neighbour agreement", f"{e['top10']:.4f}")
+    t.add_row("top-1 agreement", f"{e['top1']:.4f}")
+    t.add_row("weights vs FP32", f"{rep['weights_ratio']:.3f}x ({rep['weights_bytes'] / 2**20:.1f} MiB)")
+    t.add_row("backend vs emulation (min cos)", f"{rep['backend_vs_emulation_cos_min']:.6f}")
+    console.print(t)
+    lt = Table(title="per-layer SQNR (dB)")
+    for c in ("layer", "scheme", "weights", "smoothing", "calibration", "eval"):
+        lt.add_column(c)
+    for r in rep["layers"]:
+        lt.add_row(r["layer"], r["scheme"], r["weights"], r["smooth"],
+                   "-" if r["sqnr_calib_db"] is None else f"{r['sqnr_calib_db']:.1f}", f"{r['sqnr_eval_db']:.1f}")
+    console.print(lt)
+
+
+def main(args) -> int:
+    from zoi.data import read_lines
+
+    texts = read_lines(args.texts) if args.texts else None
+    cfg = None
+    if getattr(args, "quant_config", None):
+        cfg = json.loads(Path(args.quant_config).read_text()) if Path(args.quant_config).exists() else json.loads(args.quant_config)
+    rep = evaluate(args.model, texts, device=args.device, config=cfg, calibration=args.calibrate,
+                   progress=not args.quiet)
+    render(rep)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rep, indent=2, default=float))
+    return 0

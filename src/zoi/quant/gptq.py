@@ -1,0 +1,57 @@
+"""Error-compensating INT8 weight rounding (GPTQ, Frantar et al. 2022) in the contract's format.
+
+The scale stays the contract's `w_scale[n] = max|w[n, :]| / 127`; only the choice of each
+integer changes: columns are rounded one at a time and the rounding error of column k is
+spread over the columns not yet rounded, weighted by the inverse Gram matrix of the
+calibration inputs, so that `x @ w_q.T * w_scale` tracks `x @ w.T` on real activations
+rather than `w_q * w_scale` tracking `w` entrywise. Kernels see the same int8 [N, K] + f32 [N].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zoi.quant.primitives import QMAX
+
+
+def weight_scale(w: np.ndarray) -> np.ndarray:
+    amax = np.abs(w).max(axis=1)
+    return np.where(amax > 0, amax / np.float32(QMAX), np.float32(1.0)).astype(np.float32)
+
+
+def gptq_quantize(w: np.ndarray, gram: np.ndarray, damp: float = 0.01, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """w: float [N, K]; gram: x^T x [K, K] of the calibration inputs. -> (int8 [N, K], f32 [N])."""
+    w = np.asarray(w, np.float32)
+    scale = weight_scale(w)
+    W = w.astype(np.float64).copy()
+    N, K = W.shape
+    H = np.array(gram, np.float64, copy=True)
+    dead = np.diag(H) <= 0
+    H[dead, dead] = 1.0
+    mean_diag = float(np.mean(np.diag(H)))
+    H[np.diag_indices(K)] += damp * (mean_diag if mean_diag > 0 else 1.0)
+    try:
+        hinv = np.linalg.cholesky(np.linalg.inv(H)).T  # upper triangular
+    except np.linalg.LinAlgError:  # not positive definite even with damping: plain rounding
+        q = np.clip(np.rint(w / scale[:, None]), -QMAX, QMAX).astype(np.int8)
+        return q, scale
+    # work on W^T [K, N]: column k of W is row k, contiguous
+    s = scale.astype(np.float64)[None, :]
+    WT = np.ascontiguousarray(W.T)
+    QT = np.empty((K, N), np.float64)
+    for i1 in range(0, K, block):
+        i2 = min(i1 + block, K)
+        W1 = WT[i1:i2].copy()
+        E1 = np.empty_like(W1)
+        Hi = hinv[i1:i2, i1:i2]
+        for j in range(i2 - i1):
+            row = W1[j]
+            q = np.clip(np.rint(row / s[0]), -QMAX, QMAX)
+            QT[i1 + j] = q
+            e = (row - q * s[0]) / Hi[j, j]
+            E1[j] = e
+            if j + 1 < i2 - i1:
+                W1[j + 1 :] -= Hi[j, j + 1 :, None] * e[None, :]
+        if i2 < K:
+            WT[i2:] -= hinv[i1:i2, i2:].T @ E1
+    return np.ascontiguousarray(QT.T).astype(np.int8), scale
