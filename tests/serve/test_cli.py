@@ -56,3 +56,26 @@ def test_port_in_use_fails_clearly(device):
         port = s.getsockname()[1]
         p = run_serve("--port", str(port), "--device", device)
     assert p.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in p.stderr
+
+
+def test_zoi_cli_has_serve():
+    from zoi.cli import build_parser
+    from zoi.serve.cli import cmd_serve
+
+    args = build_parser().parse_args(["serve", "some/model", "--port", "0", "--max-queue-delay-us", "100"])
+    assert args.func is cmd_serve and args.model == "some/model"
+    c = config_from_args(args, {})
+    assert c.port == 0 and c.max_queue_delay_us == 100
+
+
+def test_bench_serve_parser():
+    from zoi.serve.loadtest import cmd_bench_serve, make_texts, register_bench
+
+    ap = argparse.ArgumentParser()
+    register_bench(ap.add_subparsers())
+    args = ap.parse_args(["serve", "--url", "http://127.0.0.1:9", "-c", "1", "32", "--route", "kserve"])
+    assert args.func is cmd_bench_serve and args.concurrency == [1, 32] and args.route == "kserve"
+    texts = make_texts(50, seed=0, min_words=4, max_words=60)
+    assert texts == make_texts(50, seed=0, min_words=4, max_words=60)  # reproducible
+    lens = [len(t.split()) for t in texts]
+    assert min(lens) >= 4 and max(lens) <= 60 and len(set(lens)) > 10

@@ -90,3 +90,25 @@ def test_client_batches_split_over_engine_calls(server, engine):
     assert cosine_rows(got, ref[list(range(len(long))) + list(range(16))]).min() >= 0.99999
     after = metric(httpx.get(server.url + "/metrics").text, "zoi_batch_size_count")
     assert after - before >= 3
+
+
+def test_bench_serve_command(server, tmp_path, capsys):
+    import argparse
+    import json
+
+    from zoi.serve.loadtest import register_bench
+
+    ap = argparse.ArgumentParser()
+    register_bench(ap.add_subparsers())
+    out = tmp_path / "serve.jsonl"
+    args = ap.parse_args(["serve", "--url", server.url, "-c", "1", "8", "-n", "40", "--warmup", "4",
+                          "--route", "openai", "-k", "2", "-o", str(out), "--json"])
+    assert args.func(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["concurrency"] for r in rows] == [1, 8]
+    for r in rows:
+        assert r["ok"] == 40 and r["errors"] == 0 and r["req_per_s"] > 0 and r["texts_per_s"] == 2 * r["req_per_s"]
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["model"] == MODEL_NAME and r["route"] == "openai" and r["engine_calls"] >= 1
+    assert rows[0]["mean_batch"] == 2.0  # one client, two texts per request
+    assert json.loads(capsys.readouterr().out) == rows
