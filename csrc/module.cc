@@ -479,6 +479,18 @@ NB_MODULE(_cpu, m) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }, "ids"_a, "positions"_a, "cu_seqlens"_a, "normalize"_a, "out"_a, "n"_a,
          "n runs back to back inside C++ (benchmarks, allocation tests); returns seconds")
+      .def("profile", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions, Arr<const int32_t> cu) {
+        const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        std::vector<double> wall(e.num_steps()), cpu(e.num_steps());
+        {
+          nb::gil_scoped_release nogil;
+          e.profile(ids.data(), positions.data(), cu.data(), T, B, wall.data(), cpu.data());
+        }
+        nb::list l;
+        for (int i = 0; i < e.num_steps(); ++i) l.append(nb::make_tuple(std::string(e.step_kind(i)), wall[i], cpu[i]));
+        return l;
+      }, "ids"_a, "positions"_a, "cu_seqlens"_a,
+         "kernel lab: one run; [(step kind, thread-0 wall s, thread-0 CPU s)] per step (inputs not validated)")
       .def_prop_ro("weights_bytes", &zoi::Engine::weights_bytes)
       .def_prop_ro("arena_bytes", &zoi::Engine::arena_bytes)
       .def_prop_ro("scratch_bytes", &zoi::Engine::scratch_bytes)

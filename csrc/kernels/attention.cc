@@ -12,37 +12,129 @@ namespace {
 
 using T = V::T;
 
-// s[0:Lp) = Kt^T q for one query row, nv key vectors at a time
-template <int NV>
-inline void scores_block(const float* q, const float* kt, int lp, int d, int j, float* s, T scale) {
-  T acc[NV];
-  for (int u = 0; u < NV; ++u) acc[u] = V::zero();
+// s_i[j : j + NV*N) = scale * q_i . k_j for NQ query rows at once (K^T loads shared)
+template <int NQ, int NV>
+inline void scores_block(const float* const* q, const float* kt, int lp, int d, int j, float* const* s, T scale) {
+  T acc[NQ][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < NV; ++u) acc[r][u] = V::zero();
   for (int c = 0; c < d; ++c) {
-    T qc = V::set(q[c]);
     const float* kr = kt + static_cast<size_t>(c) * lp + j;
-    for (int u = 0; u < NV; ++u) acc[u] = V::fma(qc, V::load(kr + u * V::N), acc[u]);
+    T k[NV];
+#pragma GCC unroll 4
+    for (int u = 0; u < NV; ++u) k[u] = V::load(kr + u * V::N);
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; ++r) {
+      T qc = V::set(q[r][c]);
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) acc[r][u] = V::fma(qc, k[u], acc[r][u]);
+    }
   }
-  for (int u = 0; u < NV; ++u) V::store(s + j + u * V::N, V::mul(acc[u], scale));
+#pragma GCC unroll 4
+  for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < NV; ++u) V::store(s[r] + j + u * V::N, V::mul(acc[r][u], scale));
 }
 
-// o[c0 : c0 + NV*N) = sum_j p_j v_j[c0 : ...], divided by sum
-template <int NV>
-inline void pv_block(const float* p, const float* v, int ldv, int L, int c0, int d, float* o, T inv_sum_div) {
-  T acc[NV];
-  for (int u = 0; u < NV; ++u) acc[u] = V::zero();
-  for (int j = 0; j < L; ++j) {
-    T pj = V::set(p[j]);
-    const float* vr = v + static_cast<size_t>(j) * ldv + c0;
-    for (int u = 0; u < NV; ++u) acc[u] = V::fma(pj, V::load_n(vr + u * V::N, d - c0 - u * V::N), acc[u]);
+// o_i[c0 : c0 + NV*N) = (sum_j p_i[j] v_j) / sum_i for NQ rows; keys split over two
+// interleaved accumulator sets (shorter dependency chains, smaller rounding error)
+template <int NQ, int NV>
+inline void pv_block(const float* const* p, const float* v, int ldv, int L, int c0, int d, float* const* o,
+                     const float* sums) {
+  T acc[2][NQ][NV];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) acc[h][r][u] = V::zero();
+  int j = 0;
+  for (; j + 2 <= L; j += 2) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const float* vr = v + static_cast<size_t>(j + h) * ldv + c0;
+      T vv[NV];
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) vv[u] = V::load_n(vr + u * V::N, d - c0 - u * V::N);
+#pragma GCC unroll 4
+      for (int r = 0; r < NQ; ++r) {
+        T pj = V::set(p[r][j + h]);
+#pragma GCC unroll 4
+        for (int u = 0; u < NV; ++u) acc[h][r][u] = V::fma(pj, vv[u], acc[h][r][u]);
+      }
+    }
   }
-  for (int u = 0; u < NV; ++u) V::store_n(o + c0 + u * V::N, V::div(acc[u], inv_sum_div), d - c0 - u * V::N);
+  if (j < L) {
+    const float* vr = v + static_cast<size_t>(j) * ldv + c0;
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; ++r) {
+      T pj = V::set(p[r][j]);
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) acc[0][r][u] = V::fma(pj, V::load_n(vr + u * V::N, d - c0 - u * V::N), acc[0][r][u]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NQ; ++r) {
+    const T sum = V::set(sums[r]);
+#pragma GCC unroll 4
+    for (int u = 0; u < NV; ++u)
+      V::store_n(o[r] + c0 + u * V::N, V::div(V::add(acc[0][r][u], acc[1][r][u]), sum), d - c0 - u * V::N);
+  }
+}
+
+// softmax numerator in place over s[0:L); returns the sum
+inline float softmax_row(float* s, int L) {
+  T mx = V::set(-INFINITY);
+  int j = 0;
+  for (; j + V::N <= L; j += V::N) mx = V::max(mx, V::load(s + j));
+  float m = V::hmax(mx);
+  for (; j < L; ++j) m = s[j] > m ? s[j] : m;
+  const T vm = V::set(m);
+  T sum = V::zero();
+  for (j = 0; j + V::N <= L; j += V::N) {
+    T e = vexp<V>(V::sub(V::load(s + j), vm));
+    V::store(s + j, e);
+    sum = V::add(sum, e);
+  }
+  float ssum = V::hsum(sum);
+  for (; j < L; ++j) {
+    float e = vexp<S1>(s[j] - m);
+    s[j] = e;
+    ssum += e;
+  }
+  return ssum;
+}
+
+template <int NQ>
+inline void query_rows(const AttnArgs& a, int i, const float* qb, const float* vb, const float* kt, int lp, int L,
+                       int t0, int h, float* srow) {
+  const int d = a.d, ld = a.ldqkv;
+  const float* q[NQ];
+  float* s[NQ];
+  float* o[NQ];
+  float sums[NQ];
+  for (int r = 0; r < NQ; ++r) {
+    q[r] = qb + static_cast<size_t>(i + r) * ld;
+    s[r] = srow + static_cast<size_t>(r) * lp;
+    o[r] = a.out + static_cast<size_t>(t0 + i + r) * a.ldo + h * d;
+  }
+  const T vscale = V::set(a.scale);
+  int j = 0;
+  for (; j + 4 * V::N <= lp; j += 4 * V::N) scores_block<NQ, 4>(q, kt, lp, d, j, s, vscale);
+  for (; j < lp; j += V::N) scores_block<NQ, 1>(q, kt, lp, d, j, s, vscale);
+  for (int r = 0; r < NQ; ++r) sums[r] = softmax_row(s[r], L);
+  int c = 0;
+  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2>(s, vb, ld, L, c, d, o, sums);
+  for (; c < d; c += V::N) pv_block<NQ, 1>(s, vb, ld, L, c, d, o, sums);
 }
 
 void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
   const int H = a.heads * a.d, d = a.d, ld = a.ldqkv;
   const int lp = (L + V::N - 1) / V::N * V::N;
   float* kt = scratch;                               // [d][lp]
-  float* s = scratch + static_cast<size_t>(d) * lp;  // [lp]
+  float* s = scratch + static_cast<size_t>(d) * lp;  // [2][lp]
   const float* qb = a.qkv + static_cast<size_t>(t0) * ld + h * d;
   const float* kb = qb + H;
   const float* vb = qb + 2 * H;
@@ -50,36 +142,9 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
     for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = kb[static_cast<size_t>(j) * ld + c];
   for (int c = 0; c < d; ++c)
     for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
-  const T vscale = V::set(a.scale);
-  for (int i = 0; i < L; ++i) {
-    const float* q = qb + static_cast<size_t>(i) * ld;
-    int j = 0;
-    for (; j + 4 * V::N <= lp; j += 4 * V::N) scores_block<4>(q, kt, lp, d, j, s, vscale);
-    for (; j < lp; j += V::N) scores_block<1>(q, kt, lp, d, j, s, vscale);
-    // softmax over s[0:L)
-    T mx = V::set(-INFINITY);
-    for (j = 0; j + V::N <= L; j += V::N) mx = V::max(mx, V::load(s + j));
-    float m = V::hmax(mx);
-    for (; j < L; ++j) m = s[j] > m ? s[j] : m;
-    const T vm = V::set(m);
-    T sum = V::zero();
-    for (j = 0; j + V::N <= L; j += V::N) {
-      T e = vexp<V>(V::sub(V::load(s + j), vm));
-      V::store(s + j, e);
-      sum = V::add(sum, e);
-    }
-    float ssum = V::hsum(sum);
-    for (; j < L; ++j) {
-      float e = vexp<S1>(s[j] - m);
-      s[j] = e;
-      ssum += e;
-    }
-    float* o = a.out + static_cast<size_t>(t0 + i) * a.ldo + h * d;
-    const T vsum = V::set(ssum);
-    int c = 0;
-    for (; c + 4 * V::N <= d; c += 4 * V::N) pv_block<4>(s, vb, ld, L, c, d, o, vsum);
-    for (; c < d; c += V::N) pv_block<1>(s, vb, ld, L, c, d, o, vsum);
-  }
+  int i = 0;
+  for (; i + 2 <= L; i += 2) query_rows<2>(a, i, qb, vb, kt, lp, L, t0, h, s);
+  if (i < L) query_rows<1>(a, i, qb, vb, kt, lp, L, t0, h, s);
 }
 
 }  // namespace

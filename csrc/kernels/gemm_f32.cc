@@ -26,10 +26,14 @@ inline void tile(const GemmF32Args& p, int m, int n0, const float* wpanel, int k
   T acc[R][NB];
   const int nrem = p.N - n0;
   if (first) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) acc[r][j] = V::zero();
   } else {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
       for (int j = 0; j < NB; ++j)
         acc[r][j] = V::load_n(p.y + static_cast<size_t>(m + r) * p.ldy + n0 + j * V::N, nrem - j * V::N);
   }
@@ -37,19 +41,27 @@ inline void tile(const GemmF32Args& p, int m, int n0, const float* wpanel, int k
   const float* w = wpanel + static_cast<size_t>(k0) * PW;
   for (int k = 0; k < kc; ++k) {
     T b[NB];
+#pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) b[j] = V::load(w + static_cast<size_t>(k) * PW + j * V::N);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       T av = V::set(a[static_cast<size_t>(r) * p.lda + k]);
+#pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) acc[r][j] = V::fma(av, b[j], acc[r][j]);
     }
   }
+  alignas(64) float t[R * PW];  // spill once to the L1-hot tile, then the epilogue
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) V::store(t + r * PW + j * V::N, acc[r][j]);
   for (int r = 0; r < R; ++r) {
     const int row = m + r;
     for (int j = 0; j < NB; ++j) {
       const int col = n0 + j * V::N;
       const int n = p.N - col;
       if (n <= 0) break;
-      T f = acc[r][j];
+      T f = V::load(t + r * PW + j * V::N);
       if (last) {
         f = V::add(f, V::load(p.bias + col));
         f = vact<V>(f, p.act);

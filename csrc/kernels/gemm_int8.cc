@@ -24,7 +24,8 @@ inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
 inline IV dot(IV acc, IV a, IV w) { return _mm512_dpbusd_epi32(acc, a, w); }
 inline IV isub(IV a, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_loadu_si512(p)); }
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
-inline void istore(int32_t* p, IV a) { _mm512_storeu_si512(p, a); }
+inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
+inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
 constexpr bool U8 = true;
 #elif defined(ZOI_ISA_AVX512)
 using IV = __m512i;
@@ -37,7 +38,8 @@ inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
 inline IV dot(IV acc, IV a, IV w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, w)); }
 inline IV isub(IV a, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_loadu_si512(p)); }
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
-inline void istore(int32_t* p, IV a) { _mm512_storeu_si512(p, a); }
+inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
+inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
 constexpr bool U8 = false;
 #elif defined(ZOI_ISA_AVX2)
 using IV = __m256i;
@@ -50,7 +52,8 @@ inline IV loadw(const WE* p) { return _mm256_load_si256(reinterpret_cast<const _
 inline IV dot(IV acc, IV a, IV w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, w)); }
 inline IV isub(IV a, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
-inline void istore(int32_t* p, IV a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), a); }
+inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
+inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 constexpr bool U8 = false;
 #else
 using IV = int32_t;
@@ -64,6 +67,7 @@ inline IV dot(IV acc, const AE* a, const WE* w) { return acc + int32_t(a[0]) * w
 inline IV isub(IV a, const int32_t* p) { return a - *p; }
 inline V::T tof(IV a) { return static_cast<float>(a); }
 inline void istore(int32_t* p, IV a) { *p = a; }
+inline IV iload(const int32_t* p) { return *p; }
 constexpr bool U8 = false;
 #endif
 
@@ -71,25 +75,36 @@ constexpr int PW = LANES * NB;  // columns per panel
 constexpr int MC = 96;          // rows per M chunk (multiple of MR)
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
-// acc[r][j] = sum over kgroups of A row r x panel vector j
+// out[r][0:PW) = sum over kgroups of A row r x the panel. The accumulators stay in registers
+// (only constant indices after full unrolling); they are spilled once, to the L1-hot tile.
 template <int R>
-inline void micro(const AE* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
+inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) {
+  IV acc[R][NB];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) acc[r][j] = izero();
   for (int g = 0; g < kgroups; ++g) {
     const WE* wg = w + static_cast<size_t>(g) * PW * KG;
     decltype(loadw(wg)) b[NB];
+#pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) b[j] = loadw(wg + j * LANES * KG);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       auto av = bcast(a + static_cast<size_t>(r) * lda + g * KG);
+#pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, b[j]);
     }
   }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) istore(out + r * PW + j * LANES, acc[r][j]);
 }
 
 template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
-  IV acc[R][NB];
+  alignas(64) int32_t acc[R * PW];
   micro<R>(static_cast<const AE*>(p.a) + static_cast<size_t>(m) * p.lda, p.lda, wpanel, p.Kp / KG, acc);
   for (int r = 0; r < R; ++r) {
     const int row = m + r;
@@ -98,16 +113,15 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
       const int col = n0 + j * LANES;
       const int n = p.N - col;
       if (n <= 0) break;
-      IV s = isub(acc[r][j], p.comp + col);
+      const int32_t* ar = acc + r * PW + j * LANES;
       if (p.y_i32) {
-        alignas(64) int32_t tmp[LANES];
-        istore(tmp, s);
         int32_t* dst = p.y_i32 + static_cast<size_t>(row) * p.ldy + col;
-        for (int e = 0; e < LANES && e < n; ++e) dst[e] = tmp[e];
+        for (int e = 0; e < LANES && e < n; ++e) dst[e] = ar[e] - p.comp[col + e];
         continue;
       }
       // float(sum) * (a_scale * w_scale) + bias, in this order (the emulation's rounding)
-      V::T f = V::add(V::mul(tof(s), V::mul(as, V::load(p.w_scale + col))), V::load(p.bias + col));
+      V::T f = V::add(V::mul(tof(isub(iload(ar), p.comp + col)), V::mul(as, V::load(p.w_scale + col))),
+                      V::load(p.bias + col));
       f = vact<V>(f, p.act);
       if (p.res) f = V::add(f, V::load_n(p.res + static_cast<size_t>(row) * p.ldr + col, n));
       V::store_n(p.y + static_cast<size_t>(row) * p.ldy + col, f, n);

@@ -9,48 +9,44 @@ namespace ZOI_NS {
 
 double peak_i8(long iters) {
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
-#if defined(ZOI_ISA_AVX2)
-  using IV = __m256i;
-  constexpr double macs = 16;
-#define ZOI_SET1(x) _mm256_set1_epi32(x)
-#elif defined(ZOI_ISA_VNNI)
-  using IV = __m512i;
-  constexpr double macs = 64;
-#define ZOI_SET1(x) _mm512_set1_epi32(x)
-#else
-  using IV = __m512i;
-  constexpr double macs = 32;
-#define ZOI_SET1(x) _mm512_set1_epi32(x)
-#endif
-  IV acc[24];
-  for (int i = 0; i < 24; ++i) acc[i] = ZOI_SET1(i);
-  IV a = ZOI_SET1(0x01010101), b = ZOI_SET1(0x02010201);
-  for (long it = 0; it < iters; ++it) {
-    for (int i = 0; i < 24; ++i) {
+  // inline asm: 24 independent accumulators (zmm/ymm 8..31 or ymm 4..15), sources in 0 and 1
+  if (iters < 1) return 0;
 #if defined(ZOI_ISA_VNNI)
-      acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+#define ZOI_OP(r) "vpdpbusd %%zmm1, %%zmm0, %%zmm" #r "\n\t"
+  constexpr double per_iter = 24 * 64;
 #elif defined(ZOI_ISA_AVX512)
-      acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(a, b));
-#else
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(a, b));
+#define ZOI_OP(r) "vpmaddwd %%zmm1, %%zmm0, %%zmm2\n\tvpaddd %%zmm2, %%zmm" #r ", %%zmm" #r "\n\t"
+  constexpr double per_iter = 24 * 32;
 #endif
-    }
-    __asm__ volatile("" : "+x"(a));  // keep the loop from being folded
-  }
-  IV s = acc[0];
-  for (int i = 1; i < 24; ++i) {
 #if defined(ZOI_ISA_AVX2)
-    s = _mm256_add_epi32(s, acc[i]);
+#undef ZOI_OP
+#define ZOI_OP(r) "vpmaddwd %%ymm1, %%ymm0, %%ymm2\n\tvpaddd %%ymm2, %%ymm" #r ", %%ymm" #r "\n\t"
+  constexpr double per_iter = 12 * 16;
+  long n = iters;
+  __asm__ volatile(
+      "vpxor %%ymm0, %%ymm0, %%ymm0\n\tvpxor %%ymm1, %%ymm1, %%ymm1\n\t"
+      "1:\n\t" ZOI_OP(3) ZOI_OP(4) ZOI_OP(5) ZOI_OP(6) ZOI_OP(7) ZOI_OP(8) ZOI_OP(9) ZOI_OP(10) ZOI_OP(11)
+      ZOI_OP(12) ZOI_OP(13) ZOI_OP(14) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "xmm14", "cc");
 #else
-    s = _mm512_add_epi32(s, acc[i]);
+  long n = iters;
+  __asm__ volatile(
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n\tvpxord %%zmm1, %%zmm1, %%zmm1\n\t"
+      "1:\n\t" ZOI_OP(8) ZOI_OP(9) ZOI_OP(10) ZOI_OP(11) ZOI_OP(12) ZOI_OP(13) ZOI_OP(14) ZOI_OP(15) ZOI_OP(16)
+      ZOI_OP(17) ZOI_OP(18) ZOI_OP(19) ZOI_OP(20) ZOI_OP(21) ZOI_OP(22) ZOI_OP(23) ZOI_OP(24) ZOI_OP(25) ZOI_OP(26)
+      ZOI_OP(27) ZOI_OP(28) ZOI_OP(29) ZOI_OP(30) ZOI_OP(31) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16",
+        "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28",
+        "xmm29", "xmm30", "xmm31", "cc");
 #endif
-  }
-  alignas(64) int32_t tmp[16];
-  std::memcpy(tmp, &s, sizeof(s));
-  volatile int32_t sink = tmp[0];
-  (void)sink;
-#undef ZOI_SET1
-  return static_cast<double>(iters) * 24 * macs * 2;
+#undef ZOI_OP
+  __asm__ volatile("vzeroupper" ::: "memory");
+  return per_iter * 2 * static_cast<double>(iters);  // 2 ops per MAC
 #else
   int32_t acc[8] = {0};
   for (long it = 0; it < iters; ++it)

@@ -1,6 +1,8 @@
 #include "engine.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <cstring>
 #include <stdexcept>
 
@@ -299,10 +301,49 @@ void Engine::job(void* self, int tid, int nt) {
   Engine* e = static_cast<Engine*>(self);
   ThreadPool& pool = ThreadPool::instance();
   const size_t n = e->steps_.size();
+  if (tid == 0 && e->prof_wall_) {  // profiling run (kernel lab only)
+    auto cpu_now = [] {
+      timespec ts;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return ts.tv_sec + 1e-9 * ts.tv_nsec;
+    };
+    auto wall_now = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    };
+    for (size_t i = 0; i < n; ++i) {
+      double w0 = wall_now(), c0 = cpu_now();
+      e->exec(e->steps_[i], tid, nt);
+      if (i + 1 < n) pool.barrier();
+      e->prof_wall_[i] = wall_now() - w0;
+      e->prof_cpu_[i] = cpu_now() - c0;
+    }
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
     e->exec(e->steps_[i], tid, nt);
     if (i + 1 < n) pool.barrier();
   }
+}
+
+void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, double* wall,
+                     double* cpu) {
+  std::vector<float> out(static_cast<size_t>(B) * out_cols_);
+  std::lock_guard<std::mutex> g(mu_);
+  prof_wall_ = wall;
+  prof_cpu_ = cpu;
+  ids_ = ids;
+  positions_ = positions;
+  cu_ = cu;
+  T_ = T;
+  B_ = B;
+  ThreadPool::instance().run(&Engine::job, this, nthreads_);
+  prof_wall_ = prof_cpu_ = nullptr;
+}
+
+const char* Engine::step_kind(int i) const {
+  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool"};
+  const Step& s = steps_.at(i);
+  return names[s.kind];
 }
 
 void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,

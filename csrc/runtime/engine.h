@@ -44,6 +44,12 @@ class Engine {
   void run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
            float* out, int ldo);
 
+  // kernel lab: one run recording, per step, thread 0's wall and CPU seconds (after the barrier)
+  // into wall[num_steps()], cpu[num_steps()]; step_kind(i) names the step
+  void profile(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, double* wall,
+               double* cpu);
+  const char* step_kind(int i) const;
+
   size_t weights_bytes() const { return weights_bytes_; }
   size_t arena_bytes() const { return arena_bytes_; }
   size_t scratch_bytes() const { return scratch_bytes_; }
@@ -92,6 +98,8 @@ class Engine {
   const int32_t* positions_ = nullptr;
   const int32_t* cu_ = nullptr;
   int T_ = 0, B_ = 0;
+  double* prof_wall_ = nullptr;
+  double* prof_cpu_ = nullptr;
 };
 
 }  // namespace zoi

@@ -8,6 +8,7 @@ Shapes are awkward on purpose: 1 token, primes, K not a multiple of the block, N
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def close(got, want, rtol, atol):
 
 @pytest.fixture
 def rng(request):
-    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def test_isa_dispatch():
@@ -178,7 +179,10 @@ def test_attention(isa, heads, d, lengths, rng):
     scale = 1 / math.sqrt(d)
     _cpu.k_attention(qkv, cu, heads, d, scale, out, isa, 3)
     want = ref.attention(qkv.astype(np.float64), cu, heads, d, scale)
-    close(out, want, 1e-5, 2e-6)
+    naive = ref.attention(qkv, cu, heads, d, scale)  # same-dtype naive implementation
+    assert np.isfinite(out).all()
+    # at most ~2x the error of a naive float32 implementation against float64 (DESIGN.md)
+    assert np.abs(out - want).max() <= 2 * np.abs(naive - want).max() + 1e-6
 
 
 @pytest.mark.parametrize("isa", ISAS)
