@@ -1,8 +1,9 @@
 """The inference path every route shares: admit, validate, tokenise, batch, await, time.
 
-Tokenisation runs on one dedicated thread (the HF tokenizer releases the GIL and its
-truncation setting is per instance, so one thread keeps it consistent); the engine runs on
-the batcher's worker thread. The event loop only parses, validates and answers.
+Small requests are tokenised on the event loop; bigger ones on one dedicated thread (the HF
+tokenizer releases the GIL; its truncation setting is per instance, so each thread has its
+own instance). The engine runs on the batcher's worker thread. The event loop never waits
+on inference.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from zoi.serve.http import ApiError, ClientGone
 from zoi.serve.metrics import Metrics
 
 log = logging.getLogger("zoi.serve")
+
+
+INLINE_TOKENIZE_CHARS = 1024  # requests with at most this many characters are tokenised inline
 
 
 class InjectedFault(RuntimeError):
@@ -68,6 +72,17 @@ class Service:
         self.in_flight = 0
         self.ready = False
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="zoi-tokenizer")
+        # Small requests are tokenised right on the event loop (~50 us, against ~200 us for a
+        # round trip through the tokenizer thread), by a second instance: a tokenizer's
+        # truncation setting is per instance, so each thread keeps its own.
+        try:
+            from zoi.frontend.tokenizer import Tokenizer
+
+            t = engine.tokenizer
+            self._loop_tok = Tokenizer(t.json, t.max_positions, t.position_offset)
+        except Exception as e:  # pragma: no cover - an engine without the usual tokenizer
+            log.warning("inline tokenisation off (%s)", e)
+            self._loop_tok = None
         fail_on = config.fail_on_token
         offset = int(spec.position_offset)
 
@@ -152,9 +167,12 @@ class Service:
 
     async def tokenize(self, texts: list[str], truncate: bool) -> tuple[list[np.ndarray], float]:
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
         try:
-            seqs = await loop.run_in_executor(self._tok_pool, self.engine.tokenizer.encode_ids, texts, truncate)
+            if self._loop_tok is not None and sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
+                seqs = self._loop_tok.encode_ids(texts, truncate)
+            else:
+                loop = asyncio.get_running_loop()
+                seqs = await loop.run_in_executor(self._tok_pool, self.engine.tokenizer.encode_ids, texts, truncate)
         except InputError as e:
             raise ApiError("too_large", str(e).replace("truncate=True", "truncate: true")) from None
         dt = time.perf_counter() - t0
