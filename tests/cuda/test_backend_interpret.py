@@ -28,10 +28,11 @@ def _backend(model, **kw):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_forward_matches_reference(precision):
     model = tiny_model(precision)
-    be = _backend(model, buckets=[16, 64])
+    be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)  # bucket 16 unfused, 64 fused
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(1)
-    assert be.memory()["kernels_per_forward"] == 1 + 5 * model.spec.layers + 1  # LN fused into o / ffn2
+    L = model.spec.layers
+    assert be.memory()["kernels_per_forward"] == {16: 1 + 7 * L + 1, 64: 1 + 5 * L + 1}  # LN fused into o / ffn2
     for lens in ([1], [5, 1, 9], [40, 3, 17]):
         ids, pos, cu = batch(rng, lens)
         for norm in (False, True):
@@ -61,8 +62,8 @@ def test_static_scheme_and_unfused_layernorm(monkeypatch):
 
     monkeypatch.setattr(bmod, "MAX_FUSED_N", 16)  # force the standalone add_layernorm kernel
     model = tiny_model("int8", static={"l0.ffn2": 4.0, "l1.qkv": 6.0}, act="relu", pooling="max")
-    be = _backend(model, buckets=[32, 64])
-    assert be.memory()["kernels_per_forward"] == 1 + 7 * model.spec.layers + 1
+    be = _backend(model, buckets=[32, 64], fuse_min_tokens=0)
+    assert be.memory()["kernels_per_forward"] == {32: 1 + 7 * model.spec.layers + 1, 64: 1 + 7 * model.spec.layers + 1}
     ref = ReferenceBackend(model, dtype=np.float64)
     ids, pos, cu = batch(np.random.default_rng(3), [30, 11])
     got, want = be.run(ids, pos, cu, False), ref.run(ids, pos, cu, False)

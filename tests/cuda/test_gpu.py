@@ -38,7 +38,7 @@ def _be(model, **kw):
 def test_forward_matches_reference(precision, shape):
     kw = MINILM if shape == "minilm" else {}
     model = tiny_model(precision, max_tokens=512, max_batch=64, **kw)
-    be = _be(model)
+    be = _be(model, fuse_min_tokens=128)  # buckets 16..64 unfused, 128..512 fused
     assert be.buckets[0] == 16 and be.buckets[-1] == 512
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(7)
@@ -68,9 +68,10 @@ def test_later_calls_not_corrupted_and_batched_equals_single():
         np.testing.assert_allclose(one[0], first[b], rtol=0, atol=2e-6)
 
 
-def test_concurrent_callers():
+@pytest.mark.parametrize("pdl", [False, True])
+def test_concurrent_callers(pdl):
     model = tiny_model("fp16", max_tokens=256, max_batch=32)
-    be = _be(model)
+    be = _be(model, pdl=pdl)
     rng = np.random.default_rng(4)
     cases = [batch(rng, lens) for lens in ([3], [20, 5], [40, 40, 1], [12] * 10)]
     want = [be.run(*c, True) for c in cases]

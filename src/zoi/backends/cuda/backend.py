@@ -36,7 +36,9 @@ from zoi.errors import BackendUnavailableError, InputError
 log = logging.getLogger("zoi")
 
 ALIGN = 256
-MAX_FUSED_N = 1024
+MAX_FUSED_N = 512  # LN fused into a linear's epilogue only when a row fits one program
+FUSE_MIN_TOKENS = 2048  # below this, one program per 16 rows would read the whole weight: unfused
+PDL_MAX_TOKENS = 4096  # programmatic dependent launch for the small (latency-bound) buckets
 
 
 def _align(n: int) -> int:
@@ -71,7 +73,8 @@ class _Launch:
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, model, buckets: list[int] | None = None, interpret: bool | None = None):
+    def __init__(self, model, buckets: list[int] | None = None, interpret: bool | None = None,
+                 fuse_min_tokens: int | None = None, pdl: bool | None = None):
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
@@ -84,7 +87,10 @@ class CudaBackend:
         self.max_batch = int(min(model.plan.max_batch, self.max_tokens))
         self._lock = threading.Lock()
         self._init_device(interpret)
-        self._plan_launches()
+        self.fuse_min_tokens = FUSE_MIN_TOKENS if fuse_min_tokens is None else int(fuse_min_tokens)
+        self.pdl = (not self.eager and self.capability >= (9, 0)) if pdl is None else bool(pdl and not self.eager)
+        self.plans = {f: self._plan_launches(f) for f in (False, True)}
+        self.launches = self.plans[True]["launches"]
         self._pack_weights()
         self._alloc_arena()
         self.buckets = sorted({min(int(b), self.max_tokens) for b in (buckets or default_buckets(self.max_tokens))})
@@ -143,7 +149,7 @@ class CudaBackend:
             return 1, 0.0
         return 0, 0.0
 
-    def _plan_launches(self):
+    def _plan_launches(self, fuse: bool) -> dict:
         g = self.model.graph
         ops = g.ops
         readers: dict[str, list[int]] = {}
@@ -165,7 +171,7 @@ class CudaBackend:
                             n=int(N), k=int(K), res=op.inputs[1] if len(op.inputs) > 1 else None)
                 L.extra["prefix"] = prefix
                 nxt = ops[i + 1] if i + 1 < len(ops) else None
-                if (nxt is not None and nxt.kind == "add_layernorm" and nxt.inputs[0] == op.output
+                if (fuse and nxt is not None and nxt.kind == "add_layernorm" and nxt.inputs[0] == op.output
                         and readers.get(op.output) == [i + 1] and L.res is None
                         and nxt.inputs[1] != op.output and int(N) <= MAX_FUSED_N):
                     L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
@@ -188,26 +194,25 @@ class CudaBackend:
             raise BackendUnavailableError("device='cuda' expects a graph that starts with embed and ends with pool")
         # which activations need a per-row amax, and how their producer writes it
         need = {L.ins[0] for L in out if L.kind == "linear" and L.quant == 1}
-        self.amax_atomic: list[str] = []
-        self.amax_direct: list[str] = []
+        atomic, direct = [], []
         for L in out:
             if L.out in need:
                 if L.kind in ("embed", "add_layernorm") or (L.kind == "linear" and L.ln is not None):
                     L.amax_out = 2
-                    self.amax_direct.append(L.out)
+                    direct.append(L.out)
                 else:
                     L.amax_out = 1
-                    self.amax_atomic.append(L.out)
-        self.launches = out
-        self.out_name = out[-1].out
+                    atomic.append(L.out)
+        return {"launches": out, "atomic": atomic, "direct": direct}
 
     # ------------------------------------------------------------------ weights
     def _pack_weights(self):
         torch, W = self.torch, self.model.weights
-        items: list[tuple[str, np.ndarray]] = []
+        items: dict[str, np.ndarray] = {}  # packed name -> array (both plans share weights)
 
         def add(key, arr):
-            items.append((key, np.ascontiguousarray(arr)))
+            if key not in items:
+                items[key] = np.ascontiguousarray(arr)
 
         def f16(a):
             a = np.asarray(a, np.float32)
@@ -216,11 +221,11 @@ class CudaBackend:
             return a.astype(np.float16)
 
         f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
-        for L in self.launches:
+        for L in self.plans[False]["launches"] + self.plans[True]["launches"]:
             op = L.op
             if L.kind == "embed":
                 w = op.weights
-                if "embed.word_q" in W and w["word"] == "embed.word" and "embed.word" not in W:
+                if "embed.word_q" in W and "embed.word" not in W:
                     add("embed.word_q", W["embed.word_q"])
                     add("embed.word_scale", f32(W["embed.word_scale"]))
                 else:
@@ -237,19 +242,19 @@ class CudaBackend:
                     add(f"{p}.w_scale", f32(W[f"{p}.w_scale"]))
                 elif f"{p}.w" in W:
                     add(f"{p}.w", f16(W[f"{p}.w"]))
-                else:
+                elif f"{p}.w" not in items:
                     from zoi.quant.primitives import dequantize_weight
 
                     add(f"{p}.w", f16(dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"])))
                 add(f"{p}.b", f32(W[f"{p}.b"]))
-                if L.ln is not None:
-                    add(f"{p}.ln.w", f32(W[L.ln.weights["w"]]))
-                    add(f"{p}.ln.b", f32(W[L.ln.weights["b"]]))
+                if L.ln is not None:  # fused LN: params under the add_layernorm's output name
+                    add(f"{L.out}.ln.w", f32(W[L.ln.weights["w"]]))
+                    add(f"{L.out}.ln.b", f32(W[L.ln.weights["b"]]))
             elif L.kind == "add_layernorm":
                 add(f"{op.output}.ln.w", f32(W[op.weights["w"]]))
                 add(f"{op.output}.ln.b", f32(W[op.weights["b"]]))
         offs, total = {}, 0
-        for key, a in items:
+        for key, a in items.items():
             offs[key] = (total, a)
             total = _align(total + a.nbytes)
         blob = np.zeros(total, np.uint8)
@@ -264,12 +269,12 @@ class CudaBackend:
             self.w[key] = self.wbuf[o : o + a.nbytes].view(tdt).view(a.shape)
 
     # ------------------------------------------------------------------ arena
-    def _alloc_arena(self):
-        torch, T, Bmax = self.torch, self.max_tokens, self.max_batch
-        # activations: liveness over launches, first fit, fp16
+    @staticmethod
+    def _place(launches, T) -> tuple[dict, dict, int]:
+        """Liveness over one launch list, first fit by size, fp16 rows of T tokens."""
         cols: dict[str, int] = {}
         live: dict[str, list[int]] = {}
-        for i, L in enumerate(self.launches):
+        for i, L in enumerate(launches):
             for n in L.ins + ([L.res] if L.res else []):
                 if n in live:
                     live[n][1] = i
@@ -287,8 +292,19 @@ class CudaBackend:
                 off = max(off, b)
             offs[n] = off
             placed.append((off, sizes[n], s0, e0))
-        act_bytes = max((o + sz for o, sz, _, _ in placed), default=0)
-        n_amax = len(self.amax_atomic) + len(self.amax_direct)
+        return offs, cols, max((o + sz for o, sz, _, _ in placed), default=0)
+
+    def _alloc_arena(self):
+        """One arena: activations (both plans share the region, one runs at a time), per-row
+        amax, the attention tile table, the call's input staging and the pooled output."""
+        torch, T, Bmax = self.torch, self.max_tokens, self.max_batch
+        act_bytes, n_amax = 0, 1
+        for plan in self.plans.values():
+            plan["offs"], plan["cols"], nb = self._place(plan["launches"], T)
+            act_bytes = max(act_bytes, nb)
+            names = plan["atomic"] + plan["direct"]  # atomic first: the embed kernel zeroes rows [0, n_atomic)
+            plan["amax_row"] = {n: i for i, n in enumerate(names)}
+            n_amax = max(n_amax, len(names))
         self.hdr_ints = _align((4 + Bmax + 1) * 4) // 4  # header [flag, B, T, 0] + cu_seqlens
         regions = [("act", act_bytes), ("amax", n_amax * T * 4), ("tcum", Bmax * 4),
                    ("in", (self.hdr_ints + 2 * T) * 4), ("out", Bmax * self.spec.hidden * 4)]
@@ -299,11 +315,9 @@ class CudaBackend:
         self.arena = torch.zeros(total, dtype=torch.uint8, device=self.dev)  # the one arena
         self.arena_bytes = total
         self.act_bytes = act_bytes
-        self._act_off, self._act_cols, self._roff = offs, cols, roff
-        amax_names = self.amax_atomic + self.amax_direct
-        ab = self.arena[roff["amax"] : roff["amax"] + max(n_amax, 1) * T * 4].view(torch.float32)
-        self.amax_region = ab.view(max(n_amax, 1), T)
-        self.amax = {n: self.amax_region[i] for i, n in enumerate(amax_names)}
+        self._roff = roff
+        ab = self.arena[roff["amax"] : roff["amax"] + n_amax * T * 4].view(torch.float32)
+        self.amax_region = ab.view(n_amax, T)
         self.tcum = self.arena[roff["tcum"] : roff["tcum"] + Bmax * 4].view(torch.int32)
         self.d_in = self.arena[roff["in"] : roff["in"] + (self.hdr_ints + 2 * T) * 4].view(torch.int32)
         self.d_out = self.arena[roff["out"] : roff["out"] + Bmax * self.spec.hidden * 4].view(torch.float32)
@@ -323,12 +337,15 @@ class CudaBackend:
             self._d_in_ptr = cu.CUdeviceptr(self.d_in.data_ptr())
             self._d_out_ptr = cu.CUdeviceptr(self.d_out.data_ptr())
 
-    def _act(self, name: str, rows: int):
-        c = self._act_cols[name]
-        o = self._act_off[name]
+    def _act(self, plan: dict, name: str, rows: int):
+        c = plan["cols"][name]
+        o = plan["offs"][name]
         return self.arena[o : o + rows * c * 2].view(self.torch.float16).view(rows, c)
 
     # ------------------------------------------------------------------ buckets
+    def plan_for(self, tb: int) -> dict:
+        return self.plans[tb >= self.fuse_min_tokens]
+
     def _steps_for(self, tb: int) -> list:
         """The launch list of one bucket: closures over fixed device views (captured as is)."""
         from zoi.backends.cuda.kernels import attention as k_attn
@@ -338,54 +355,58 @@ class CudaBackend:
         from zoi.backends.cuda.kernels import pool as k_pool
 
         T = self.max_tokens
+        plan = self.plan_for(tb)
+        pdl = self.pdl and tb <= PDL_MAX_TOKENS
         nseq = min(self.max_batch, tb)
         hdr = self.d_in[: self.hdr_ints]
         cu = self.d_in[4 : 4 + self.max_batch + 1]
         ids = self.d_in[self.hdr_ints : self.hdr_ints + tb]
         pos = self.d_in[self.hdr_ints + tb : self.hdr_ints + 2 * tb]
-        hd = next((L.op.attrs["head_dim"] for L in self.launches if L.kind == "attention"), 32)
+        hd = next((L.op.attrs["head_dim"] for L in plan["launches"] if L.kind == "attention"), 32)
         acfg = k_attn.pick_config(tb, hd)
         steps, w, sp = [], self.w, self.spec
-        amx = lambda n: self.amax.get(n)  # noqa: E731
-        for L in self.launches:
+        rows = plan["amax_row"]
+        amx = lambda n: self.amax_region[rows[n]] if n in rows else None  # noqa: E731
+        act = lambda n: self._act(plan, n, tb)  # noqa: E731
+        for L in plan["launches"]:
             if L.kind == "embed":
-                x = self._act(L.out, tb)
-                nz = len(self.amax_atomic)
+                x = act(L.out)
+                nz = len(plan["atomic"])
                 steps.append(lambda x=x, L=L, nz=nz: k_embed.launch_embed(
                     ids, pos, w.get("embed.word_q", w.get("embed.word")), w.get("embed.word_scale"),
                     w["embed.pos"], w.get("embed.type0"), w["embed.ln.w"], w["embed.ln.b"], x,
                     amx(L.out) if L.amax_out else None, self.amax_region, tb, sp.hidden, nz, T,
-                    L.op.attrs["eps"], tiles=(hdr, cu, self.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq))))
+                    L.op.attrs["eps"], tiles=(hdr, cu, self.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq)),
+                    pdl=pdl))
             elif L.kind == "linear":
                 p = L.extra["prefix"]
-                a = self._act(L.ins[0], tb)
-                y = self._act(L.out, tb)
-                r = self._act(L.res, tb) if L.res else None
+                a, y = act(L.ins[0]), act(L.out)
+                r = act(L.res) if L.res else None
                 ln = L.ln is not None
                 cfg = k_lin.pick_config(tb, L.n, L.k, L.quant != 0, ln)
                 steps.append(lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg: k_lin.launch_linear(
                     a, amx(L.ins[0]), w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
                     w[f"{p}.w_scale"] if L.quant else None, w[f"{p}.b"], r,
-                    w[f"{p}.ln.w"] if ln else None, w[f"{p}.ln.b"] if ln else None, y,
+                    w[f"{L.out}.ln.w"] if ln else None, w[f"{L.out}.ln.b"] if ln else None, y,
                     amx(L.out) if L.amax_out else None, tb, L.n, L.k, quant=L.quant,
                     act=L.op.attrs.get("act", "none"), static_amax=L.static_amax,
-                    eps=L.ln.attrs["eps"] if ln else 1e-12, ln=ln, amax_out_mode=L.amax_out, cfg=cfg))
+                    eps=L.ln.attrs["eps"] if ln else 1e-12, ln=ln, amax_out_mode=L.amax_out, cfg=cfg,
+                    pdl=pdl))
             elif L.kind == "attention":
-                qkv = self._act(L.ins[0], tb)
-                o = self._act(L.out, tb)
+                qkv, o = act(L.ins[0]), act(L.out)
                 at = L.op.attrs
                 steps.append(lambda qkv=qkv, o=o, L=L, at=at: k_attn.launch_attention(
                     qkv, hdr, cu, self.tcum, o, amx(L.out) if L.amax_out else None, tb, nseq,
-                    at["heads"], at["head_dim"], at["scale"], cfg=acfg))
+                    at["heads"], at["head_dim"], at["scale"], cfg=acfg, pdl=pdl))
             elif L.kind == "add_layernorm":
-                x, r, y = self._act(L.ins[0], tb), self._act(L.res, tb), self._act(L.out, tb)
+                x, r, y = act(L.ins[0]), act(L.res), act(L.out)
                 steps.append(lambda x=x, r=r, y=y, L=L: k_ln.launch_add_layernorm(
                     x, r, w[f"{L.out}.ln.w"], w[f"{L.out}.ln.b"], y, amx(L.out) if L.amax_out else None,
-                    tb, sp.hidden, L.op.attrs["eps"]))
+                    tb, sp.hidden, L.op.attrs["eps"], pdl=pdl))
             elif L.kind == "pool":
-                x = self._act(L.ins[0], tb)
+                x = act(L.ins[0])
                 steps.append(lambda x=x, L=L: k_pool.launch_pool(
-                    x, cu, hdr, self.d_out, nseq, sp.hidden, L.op.attrs["mode"]))
+                    x, cu, hdr, self.d_out, nseq, sp.hidden, L.op.attrs["mode"], pdl=pdl))
         return steps
 
     def _layout(self, tb: int) -> tuple[int, int, int]:
@@ -411,7 +432,7 @@ class CudaBackend:
         V = int(self.spec.vocab_size)
         rng = np.random.default_rng(tb)
         ids = rng.integers(0, V, tb).astype(np.int32)
-        P = int(self.model.weights[self.launches[0].op.weights["pos"]].shape[0])
+        P = int(self.model.weights[self.plans[True]["launches"][0].op.weights["pos"]].shape[0])
         pos = (np.arange(tb) % P).astype(np.int32)
         cu = np.array([0, tb], np.int32)
         n, _ = self._stage(ids, pos, cu, False, tb)
@@ -459,7 +480,8 @@ class CudaBackend:
     def memory(self) -> dict:
         out = {"weights_bytes": int(self.weights_bytes), "arena_bytes": int(self.arena_bytes),
                "activation_bytes": int(self.act_bytes), "buckets": list(self.buckets),
-               "kernels_per_forward": len(self.launches), "device": self.device_name}
+               "kernels_per_forward": {tb: len(self.plan_for(tb)["launches"]) for tb in self.buckets},
+               "fuse_min_tokens": self.fuse_min_tokens, "pdl": self.pdl, "device": self.device_name}
         if not self.eager:
             out["pinned_bytes"] = int(self.p_in.nbytes + self.p_out.nbytes)
             out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}

@@ -174,7 +174,7 @@ def kernel_times(be, tb, reps=20):
     replay adds < 0.5 us per kernel)."""
     drv, cu = be.drv, be._cu
     out = []
-    for L, step in zip(be.launches, be._steps[tb]):
+    for L, step in zip(be.plan_for(tb)["launches"], be._steps[tb]):
         drv.begin_capture(be.stream)
         with be.torch.cuda.stream(be.tstream):
             for _ in range(reps):
@@ -207,12 +207,13 @@ def gemm_bench():
     big = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3)
     big4 = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=4)
     sq = dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=4)
-    cases = [("8192^3", 8192, 8192, 8192, 3, big), ("8192^3", 8192, 8192, 8192, 3, None),
-             ("8192^3", 8192, 8192, 8192, 3, big4), ("8192^3", 8192, 8192, 8192, 3, sq)]
+    small = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=2)
+    cases = [("8192^3", 8192, 8192, 8192, 3, big), ("8192^3", 8192, 8192, 8192, 3, big4),
+             ("8192^3", 8192, 8192, 8192, 3, sq)]
     T = 256 * 128
     for nm, N, K in (("qkv", 1152, 384), ("o", 384, 384), ("ffn1", 1536, 384), ("ffn2", 384, 1536)):
         cases.append((f"minilm 256x128 {nm}", T, N, K, 1, None))
-        cases.append((f"minilm 256x128 {nm}", T, N, K, 1, big))
+        cases.append((f"minilm 256x128 {nm}", T, N, K, 1, small))
     for label, M, N, K, quant, cfg in cases:
         a8 = torch.randint(-127, 128, (M, K), dtype=torch.int8, device="cuda")
         a16 = torch.randn((M, K), dtype=torch.float16, device="cuda")
@@ -247,6 +248,12 @@ def gemm_bench():
     return res
 
 
+def _write(path, result):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
 def sanitize():
     """One small forward per precision, for compute-sanitizer (memcheck / racecheck)."""
     from zoi.backends.cuda.backend import CudaBackend
@@ -268,6 +275,7 @@ def main(argv=None):
     ap.add_argument("--compile-peer", action="store_true", help="also torch.compile reduce-overhead")
     ap.add_argument("--models", default="minilm,bert-base")
     ap.add_argument("--no-gemm", action="store_true")
+    ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--sanitize", action="store_true", help="one small forward (for compute-sanitizer)")
     args = ap.parse_args(argv)
     if args.sanitize:
@@ -291,6 +299,7 @@ def main(argv=None):
         pass
     if not args.no_gemm:
         result["gemm"] = gemm_bench()
+        _write(args.out, result)
     for name in args.models.split(","):
         shapes = SHAPES[name]["shapes"]
         if args.quick:
@@ -298,19 +307,23 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as d:
             hf = build_hf(name, d)
             engines = {}
-            for prec in ("int8", "fp16"):
+            variants = [("int8", "int8", {}), ("fp16", "fp16", {})]
+            if name == "minilm" and not args.no_variants:
+                variants += [("int8 no-pdl", "int8", dict(pdl=False)), ("int8 ln-fused", "int8", dict(fuse_min_tokens=0))]
+            for prec, mprec, kw in variants:
                 t0 = time.perf_counter()
-                m = zoi_model(d, prec, max_tokens=max(b * s for b, s in shapes), max_batch=256)
+                m = zoi_model(d, mprec, max_tokens=max(b * s for b, s in shapes), max_batch=256)
                 buckets = sorted({b * s for b, s in shapes})
                 torch.cuda.synchronize()
                 r0 = torch.cuda.memory_reserved()
-                engines[prec] = CudaBackend(m, buckets=buckets)
+                engines[prec] = CudaBackend(m, buckets=buckets, **kw)
                 mem = engines[prec].memory()
                 mem["build_s"] = time.perf_counter() - t0
                 result["rows"].append({"model": name, "provider": f"zoi {prec}", "memory": mem,
                                        "torch_reserved_delta": torch.cuda.memory_reserved() - r0})
                 print(f"{name} zoi {prec}: built in {mem['build_s']:.1f}s, weights {mem['weights_bytes']/1e6:.1f} MB, "
                       f"arena {mem['arena_bytes']/1e6:.1f} MB, device used {mem['device_bytes_used']/1e6:.1f} MB, "
+                      f"torch reserved +{mem['torch_reserved_bytes']/1e6:.1f} MB, "
                       f"kernels/forward {mem['kernels_per_forward']}", flush=True)
             for B, S in shapes:
                 ids, pos, cu = inputs(rng, B, S)
@@ -340,6 +353,8 @@ def main(argv=None):
                     del p
                     torch.cuda.empty_cache()
                 for prec, be in engines.items():
+                    if " " in prec and B * S > 4096:
+                        continue
                     got = be.run(flat, pos, cu, True)
                     tb = next(b for b in be.buckets if b >= B * S)
                     row = {"model": name, "shape": f"{B}x{S}", "provider": f"zoi {prec}",
@@ -347,9 +362,17 @@ def main(argv=None):
                            "graph_only_us": graph_only_us(be, tb), "cos_vs_fp32": cos_stats(got, want),
                            "bucket": tb}
                     result["rows"].append(row)
-                    if (B, S) in ((1, 128), (256, 128)) and name == "minilm" or (B, S) == (1, 128):
-                        result["kernels"][f"{name} {B}x{S} {prec}"] = kernel_times(be, tb)
-                for r in result["rows"][-(3 + len(peers)):]:
+                    if prec == "int8" and (B, S) in ((1, 16), (1, 128), (32, 128), (256, 128)):
+                        kt = kernel_times(be, tb)
+                        result["kernels"][f"{name} {B}x{S} {prec}"] = kt
+                        agg = {}
+                        for k in kt:
+                            key = k["launch"].split(" N=")[0].replace(" int8", "").replace(" fp16", "")
+                            agg[key] = agg.get(key, 0.0) + k["us"]
+                        print(f"  kernels {name} {B}x{S} {prec} (sum {sum(k['us'] for k in kt):.1f} us): "
+                              + ", ".join(f"{k} {v:.1f}" for k, v in agg.items()), flush=True)
+                n_rows = 1 + len(peers) + sum(1 for p_ in engines if " " not in p_ or B * S <= 4096)
+                for r in result["rows"][-n_rows:]:
                     if "p50_us" in r:
                         print(f"{name:9s} {B:3d}x{S:<4d} {r['provider']:36s} p50 {r['p50_us']:9.1f} us  "
                               f"p99 {r['p99_us']:9.1f} us"
@@ -358,6 +381,7 @@ def main(argv=None):
                                  if "cos_vs_fp32" in r else ""), flush=True)
             del engines
             torch.cuda.empty_cache()
+        _write(args.out, result)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -63,7 +64,11 @@ def attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     AMAX_OUT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     h = tl.program_id(1)
     G = tl.num_programs(0)
@@ -139,11 +144,12 @@ def launch_tiles(hdr, cu, tcum, n_seq, cfg):
     attention_tiles_kernel[(1,)](hdr, cu, tcum, BLOCK_M=cfg["BLOCK_M"], BLOCK_B=block_b(n_seq))
 
 
-def launch_attention(qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None):
+def launch_attention(qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None,
+                     pdl=False):
     cfg = cfg or pick_config(T_bucket, head_dim)
     H = heads * head_dim
     attention_kernel[(grid_tiles(T_bucket, n_seq, heads, cfg), heads)](
         qkv, hdr, cu, tcum, o, amax if amax is not None else o, H, qkv.stride(0), o.stride(0),
         float(scale) * 1.4426950408889634, D=head_dim, BLOCK_B=block_b(n_seq),
-        AMAX_OUT=amax is not None, **cfg,
+        AMAX_OUT=amax is not None, PDL=pdl, launch_pdl=pdl, **cfg,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
 
@@ -43,7 +44,11 @@ def embed_kernel(
     BLOCK_B: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     if TILES:
         if pid == 0:
@@ -84,7 +89,7 @@ def pick_config(H: int) -> dict:
 
 
 def launch_embed(ids, pos, word, word_scale, posemb, type0, lnw, lnb, x, amax, zero, T, H, n_zero,
-                 zero_stride, eps, tiles=None, cfg=None):
+                 zero_stride, eps, tiles=None, cfg=None, pdl=False):
     """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table."""
     cfg = cfg or pick_config(H)
     hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
@@ -94,5 +99,5 @@ def launch_embed(ids, pos, word, word_scale, posemb, type0, lnw, lnb, x, amax, z
         amax if amax is not None else lnw, zero if zero is not None else lnw, hdr, cu, tcum,
         T, H, x.stride(0), n_zero, zero_stride, float(eps),
         WORD_Q=word_scale is not None, HAS_TYPE=type0 is not None, AMAX_OUT=amax is not None,
-        TILES=tiles is not None, TILE_M=tile_m, BLOCK_B=block_b, **cfg,
+        TILES=tiles is not None, TILE_M=tile_m, BLOCK_B=block_b, PDL=pdl, launch_pdl=pdl, **cfg,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -27,7 +28,11 @@ def add_layernorm_kernel(
     AMAX_OUT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_H)
@@ -55,9 +60,9 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(16, 4096 // bh)), BLOCK_H=bh, num_warps=4 if bh <= 1024 else 8)
 
 
-def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None):
+def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False):
     cfg = cfg or pick_config(H)
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         x, r, w, b, y, amax if amax is not None else w, T, H, x.stride(0), r.stride(0),
-        y.stride(0), float(eps), AMAX_OUT=amax is not None, **cfg,
+        y.stride(0), float(eps), AMAX_OUT=amax is not None, PDL=pdl, launch_pdl=pdl, **cfg,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -21,7 +22,11 @@ def pool_kernel(
     MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
     cols = tl.arange(0, BLOCK_H)
     c_ok = cols < H
     flag = tl.load(hdr_ptr)
@@ -73,6 +78,6 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(32, 8192 // bh)), BLOCK_H=bh, num_warps=4)
 
 
-def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None):
+def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None, pdl=False):
     cfg = cfg or pick_config(H)
-    pool_kernel[(max(1, min(n_seq, 1024)),)](x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], **cfg)
+    pool_kernel[(max(1, min(n_seq, 1024)),)](x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], PDL=pdl, launch_pdl=pdl, **cfg)
