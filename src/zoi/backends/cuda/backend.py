@@ -98,7 +98,14 @@ class CudaBackend:
         self._layouts: dict[int, tuple[int, int, int, int]] = {}
         self._steps: dict[int, list] = {}
         for tb in self.buckets:
-            self._build_bucket(tb)
+            try:
+                self._build_bucket(tb)
+            except Exception as e:  # noqa: BLE001 - PDL in graph capture needs a recent driver
+                if not (self.pdl and tb <= PDL_MAX_TOKENS):
+                    raise
+                log.warning("zoi: programmatic dependent launch failed in capture (%s); without it", e)
+                self.pdl = False
+                self._build_bucket(tb)
 
     # ------------------------------------------------------------------ device
     def _init_device(self, interpret):
