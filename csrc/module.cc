@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -369,7 +370,12 @@ NB_MODULE(_cpu, m) {
     for (auto& v : wf) v = rnd() / 127.f;
     for (auto& v : x) v = rnd() / 127.f;
     std::vector<float> ws(N, 0.01f), b(N, 0.f);
-    double sec = 0;
+    double sec = 0, cpu = 0;
+    auto cpu_now = [] {
+      timespec ts;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return ts.tv_sec + 1e-9 * ts.tv_nsec;
+    };
     if (kind == "i8") {
       QBuf qb(kt, M, K, -1.f);
       kt.quantize_rows(x.data(), K, M, K, qb.qo, 0, 1);
@@ -384,7 +390,9 @@ NB_MODULE(_cpu, m) {
       };
       pool_run(f, 1);  // warm
       auto t0 = std::chrono::steady_clock::now();
+      double c0 = cpu_now();
       pool_run(f, nt);
+      cpu = cpu_now() - c0;
       sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else if (kind == "f32") {
       std::vector<float> raw(kt.pack_f32_bytes(N, K) / 4 + 16);
@@ -399,14 +407,16 @@ NB_MODULE(_cpu, m) {
       };
       pool_run(f, 1);
       auto t0 = std::chrono::steady_clock::now();
+      double c0 = cpu_now();
       pool_run(f, nt);
+      cpu = cpu_now() - c0;
       sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
       throw nb::value_error("kind must be i8 or f32");
     }
-    return sec / iters;
+    return nb::make_tuple(sec / iters, cpu / iters);
   }, "kind"_a, "M"_a, "N"_a, "K"_a, "isa"_a = "", "nt"_a = 1, "iters"_a = 10,
-     "seconds per GEMM (random data, packed weights, through the pool)");
+     "(wall s, calling thread's CPU s) per GEMM (random data, packed weights, through the pool)");
 
   // ------------------------------------------------------------------ engine
   nb::class_<zoi::Engine>(m, "Engine")

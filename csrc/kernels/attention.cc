@@ -11,6 +11,11 @@ namespace ZOI_NS {
 namespace {
 
 using T = V::T;
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
+constexpr int NQMAX = 4;  // query rows per pass (32 zmm registers)
+#else
+constexpr int NQMAX = 2;
+#endif
 
 // s_i[j : j + NV*N) = scale * q_i . k_j for NQ query rows at once (K^T loads shared)
 template <int NQ, int NV>
@@ -134,7 +139,7 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
   const int H = a.heads * a.d, d = a.d, ld = a.ldqkv;
   const int lp = (L + V::N - 1) / V::N * V::N;
   float* kt = scratch;                               // [d][lp]
-  float* s = scratch + static_cast<size_t>(d) * lp;  // [2][lp]
+  float* s = scratch + static_cast<size_t>(d) * lp;  // [NQMAX][lp]
   const float* qb = a.qkv + static_cast<size_t>(t0) * ld + h * d;
   const float* kb = qb + H;
   const float* vb = qb + 2 * H;
@@ -143,6 +148,7 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
   for (int c = 0; c < d; ++c)
     for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
   int i = 0;
+  for (; i + NQMAX <= L; i += NQMAX) query_rows<NQMAX>(a, i, qb, vb, kt, lp, L, t0, h, s);
   for (; i + 2 <= L; i += 2) query_rows<2>(a, i, qb, vb, kt, lp, L, t0, h, s);
   if (i < L) query_rows<1>(a, i, qb, vb, kt, lp, L, t0, h, s);
 }

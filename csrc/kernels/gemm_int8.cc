@@ -17,7 +17,7 @@ namespace {
 using IV = __m512i;
 using AE = uint8_t;
 using WE = int8_t;
-constexpr int LANES = 16, KG = 4, MR = 6, NB = 4;
+constexpr int LANES = 16, KG = 4, MR = 8, NB = 3;
 inline IV izero() { return _mm512_setzero_si512(); }
 inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
@@ -31,7 +31,7 @@ constexpr bool U8 = true;
 using IV = __m512i;
 using AE = int16_t;
 using WE = int16_t;
-constexpr int LANES = 16, KG = 2, MR = 6, NB = 4;
+constexpr int LANES = 16, KG = 2, MR = 8, NB = 3;
 inline IV izero() { return _mm512_setzero_si512(); }
 inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
@@ -72,7 +72,8 @@ constexpr bool U8 = false;
 #endif
 
 constexpr int PW = LANES * NB;  // columns per panel
-constexpr int MC = 96;          // rows per M chunk (multiple of MR)
+constexpr int MC = 192;         // rows per M chunk (multiple of MR): one chunk up to M = 192, so
+                                // small batches split over N (each weight byte read once)
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
 // out[r][0:PW) = sum over kgroups of A row r x the panel. The accumulators stay in registers

@@ -129,7 +129,7 @@ const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by 
 
 inline size_t attn_scratch_floats(int maxlen, int d) {
   size_t lp = (static_cast<size_t>(maxlen) + 15) / 16 * 16;
-  return lp * static_cast<size_t>(d) + 2 * lp + 64;
+  return lp * static_cast<size_t>(d) + 4 * lp + 64;
 }
 
 inline void split_range(long total, int tid, int nt, long* lo, long* hi) {
