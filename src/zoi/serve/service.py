@@ -13,7 +13,6 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from starlette.requests import Request
@@ -238,11 +237,3 @@ async def _wait_disconnect(request: Request) -> None:
 def _jtype(v) -> str:
     return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
             dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def model_name_for(path: str | Path | None, served_model_name: str | None, default: str) -> str:
-    if served_model_name:
-        return served_model_name
-    if path is None:
-        return default
-    return Path(path).resolve().name
