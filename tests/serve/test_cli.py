@@ -79,3 +79,22 @@ def test_bench_serve_parser():
     assert texts == make_texts(50, seed=0, min_words=4, max_words=60)  # reproducible
     lens = [len(t.split()) for t in texts]
     assert min(lens) >= 4 and max(lens) <= 60 and len(set(lens)) > 10
+
+
+def test_serve_a_saved_artifact_under_another_name(engine, device, tmp_path):
+    import httpx
+    import numpy as np
+    from serve_helpers import cosine_rows
+
+    from zoi.serve.loadtest import ServerProcess
+
+    art = engine.save(tmp_path / "minilm-art")
+    with ServerProcess(str(art), env={"ZOI_DEVICE": device}, args=["--max-batch-tokens", "1024"]) as srv:
+        info = httpx.get(srv.url + "/info").json()
+        assert info["model_id"] == "minilm-art" and info["max_batch_tokens"] == 1024
+        r = httpx.post(srv.url + "/v1/embeddings", json={"model": "minilm-art", "input": ["from an artifact"]})
+        assert r.status_code == 200
+        assert cosine_rows(np.array(r.json()["data"][0]["embedding"]), engine.encode("from an artifact"))[()] >= 0.9999
+    with ServerProcess(str(art), env={"ZOI_DEVICE": device, "ZOI_SERVED_MODEL_NAME": "my-embedder"}) as srv:
+        assert httpx.get(srv.url + "/info").json()["model_id"] == "my-embedder"
+        assert httpx.get(srv.url + "/v2/models/my-embedder/ready").status_code == 200
