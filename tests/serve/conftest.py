@@ -8,9 +8,9 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from serve_helpers import FAIL_TOKEN, serve_device  # noqa: E402
-
 from zoi.serve.loadtest import ServerProcess  # noqa: E402
+
+from .serve_helpers import FAIL_TOKEN, serve_device  # noqa: E402
 
 
 @pytest.fixture(scope="session")

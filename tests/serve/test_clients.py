@@ -6,7 +6,8 @@ import base64
 
 import numpy as np
 import pytest
-from serve_helpers import MODEL_NAME, cosine_rows, mixed_texts
+
+from .serve_helpers import MODEL_NAME, cosine_rows, mixed_texts
 
 httpx = pytest.importorskip("httpx")
 

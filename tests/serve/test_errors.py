@@ -9,9 +9,10 @@ import time
 
 import numpy as np
 import pytest
-from serve_helpers import FAIL_TOKEN, MODEL_NAME, SlowUpload, cosine_rows, metric
 
 from zoi.serve.loadtest import ServerProcess
+
+from .serve_helpers import FAIL_TOKEN, MODEL_NAME, SlowUpload, cosine_rows, metric
 
 httpx = pytest.importorskip("httpx")
 

@@ -10,9 +10,10 @@ import asyncio
 
 import httpx
 import numpy as np
-from serve_helpers import MODEL_NAME, cosine_rows, metric, real_sentences
 
 from zoi.serve.loadtest import run_load
+
+from .serve_helpers import MODEL_NAME, cosine_rows, metric, real_sentences
 
 
 def load_texts(n: int, seed: int = 11) -> list[str]:

@@ -84,9 +84,10 @@ def test_bench_serve_parser():
 def test_serve_a_saved_artifact_under_another_name(engine, device, tmp_path):
     import httpx
     import numpy as np
-    from serve_helpers import cosine_rows
 
     from zoi.serve.loadtest import ServerProcess
+
+    from .serve_helpers import cosine_rows
 
     art = engine.save(tmp_path / "minilm-art")
     with ServerProcess(str(art), env={"ZOI_DEVICE": device}, args=["--max-batch-tokens", "1024"]) as srv:

@@ -1,0 +1,1 @@
+"""Tests of `zoi serve` (a package, so that its conftest and modules do not shadow the top-level ones)."""
