@@ -263,3 +263,38 @@ def test_client_leaving_mid_upload(server):
     assert now == before + 1
     assert "Traceback" not in server.log()
     assert_alive(server)
+
+
+def test_sigterm_answers_everything_queued(device, tmp_path):
+    """SIGTERM with 40 requests queued in the batcher: every one gets its answer, then exit 0.
+
+    A 2 s queue delay holds each batch open (40 sequences fill neither budget), so requests are
+    still queued when the signal comes, however fast the engine is.
+    """
+    srv = ServerProcess(env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning"}, log_path=tmp_path / "log",
+                        args=["--max-queue-delay-us", "2000000", "--max-batch-requests", "256"])
+    try:
+        texts = [f"request {i}: " + "the server drains its queue before it exits. " * (2 + i % 6) for i in range(40)]
+        results: dict = {}
+
+        def send(i):
+            results[i] = post(srv, "/embed", {"inputs": [texts[i]]}, timeout=120)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(40)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 60
+        while time.time() < deadline:  # every request admitted and handed to the batcher
+            if metric(httpx.get(srv.url + "/metrics").text, "zoi_request_inputs_total") >= 40:
+                break
+            time.sleep(0.01)
+        queued = metric(httpx.get(srv.url + "/metrics").text, "zoi_queue_size")
+        srv.proc.send_signal(15)
+        for t in threads:
+            t.join()
+        assert srv.proc.wait(60) == 0, srv.log()
+        assert all(results[i].status_code == 200 for i in range(40)), [results[i].status_code for i in range(40)]
+        assert all(len(results[i].json()[0]) == 384 for i in range(40))
+        assert queued >= 1  # requests were still waiting for the engine when the signal came
+    finally:
+        srv.stop()
