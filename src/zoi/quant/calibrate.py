@@ -83,9 +83,8 @@ class LinearStats:
         self.tokens += x.shape[0]
         self.tok_absmax_sum += float(ta.sum())
         self.tok_absmax_max = max(self.tok_absmax_max, float(ta.max()))
-        if gram:
-            x64 = x.astype(np.float64)
-            g = x64.T @ x64
+        if gram:  # float32 product per chunk (fast), accumulated in float64
+            g = (x.T @ x).astype(np.float64)
             self.gram = g if self.gram is None else self.gram + g
         if self.observer is not None:
             self.observer.update(x)

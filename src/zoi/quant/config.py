@@ -20,7 +20,8 @@ class QuantConfig:
     # "on" (always, alpha searched unless smooth_alpha is set), "off"
     smoothquant: str = "auto"
     smooth_alpha: float | None = None
-    alpha_grid: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    alpha_grid: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7)  # one alpha for the model first,
+    alpha_step: float = 0.1  # then each role (qkv, o, ffn1, ffn2) tries off and alpha +- step
     # where the migration may go. "fold": only where it folds exactly into weights kernels
     # already see (attention output projection <- the V rows of qkv). "act_mul": also the
     # linears reading LayerNorm outputs and the FFN down-projection, through a per-channel
@@ -43,8 +44,8 @@ class QuantConfig:
     int8_embedding: bool = True
     # calibration data: at most this many texts; the alpha search uses at most search_texts
     max_calib_texts: int = 512
-    search_texts: int = 160
-    sqnr_texts: int = 256
+    search_texts: int = 96
+    sqnr_texts: int = 128
     chunk_tokens: int = 4096
     extra: dict = field(default_factory=dict)
 

@@ -119,11 +119,9 @@ def pre_transform(x: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
     x' = (x - p.act_shift) * p.act_mul, each optional; identity when neither is stored."""
     z = weights.get(prefix + ".act_shift")
     m = weights.get(prefix + ".act_mul")
-    if z is not None:
-        x = x - z[None, :]
-    if m is not None:
-        x = x * m[None, :]
-    return x.astype(np.float32, copy=False)
+    if z is None and m is None:
+        return x
+    return P.act_transform(x, z, m)
 
 
 def linear_apply(

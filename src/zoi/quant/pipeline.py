@@ -143,7 +143,7 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
         grid = [cfg.smooth_alpha] if cfg.smooth_alpha is not None else list(cfg.alpha_grid)
         off_opt: list[float | None] = [None] if cfg.smoothquant == "auto" else []
         refine = cfg.smooth_alpha is None and len(smooth_roles) > 1
-        n_runs = len(off_opt) + len(grid) + (len(smooth_roles) * len(grid) if refine else 0)
+        n_runs = len(off_opt) + len(grid) + (len(smooth_roles) * (len(off_opt) + 2) if refine else 0)
         with tqdm(total=n_runs, desc="SmoothQuant alpha", disable=not progress, leave=False) as bar:
             best, best_trial = float("inf"), dict(alphas)
             for a in off_opt + grid:  # one alpha for the whole model
@@ -153,8 +153,10 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
                 if sc < best:
                     best, best_trial = sc, trial
             if refine and any(best_trial[r] is not None for r in smooth_roles):
-                for r in smooth_roles:  # then per role, the others fixed ("off" included in auto)
-                    for a in off_opt + grid:
+                for r in smooth_roles:  # then per role, the others fixed: off (auto) or +-step
+                    cur = best_trial[r]
+                    near = [] if cur is None else [round(cur + d, 4) for d in (-cfg.alpha_step, cfg.alpha_step)]
+                    for a in off_opt + [a for a in near if 0.0 < a < 1.0]:
                         trial = dict(best_trial)
                         trial[r] = a
                         sc = score_of(trial)

@@ -154,3 +154,16 @@ def linear_int8_scheme(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray, b: n
             raise ValueError("scheme 'static' needs the calibrated amax")
         return linear_int8_emulated(x, w_q, w_scale, b, amax)
     raise ValueError(f"not an INT8 scheme: {scheme!r}")
+
+
+def act_transform(x: np.ndarray, act_shift: np.ndarray | None = None,
+                  act_mul: np.ndarray | None = None) -> np.ndarray:
+    """The per-channel transform of a linear's input before its activation is quantised
+    (SmoothQuant where it cannot fold): x' = (x - act_shift) * act_mul, in float32, two
+    roundings (subtract, then multiply: not a fused multiply-add). Either may be absent."""
+    x = np.asarray(x, np.float32)
+    if act_shift is not None:
+        x = (x - np.asarray(act_shift, np.float32)[None, :]).astype(np.float32)
+    if act_mul is not None:
+        x = (x * np.asarray(act_mul, np.float32)[None, :]).astype(np.float32)
+    return x

