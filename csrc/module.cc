@@ -69,30 +69,33 @@ void for_threads(int nt, F&& f) {
   for (int t = 0; t < nt; ++t) f(t, nt);
 }
 
-// A-format buffer (u8 / s16) for M rows of Kp
+// A-format buffer (u8 / s16) for M rows of Kp, with scales and zero points
 struct QBuf {
   std::vector<uint8_t> bytes;
   std::vector<float> scale;
+  std::vector<int32_t> zp;
   zoi::QuantOut qo;
-  QBuf(const zoi::KernelTable& kt, int M, int K, float static_amax) {
+  QBuf(const zoi::KernelTable& kt, int M, int K, const zoi::QuantOut& params) {
     const int kp = zoi::round_up(K > 0 ? K : 1, kt.i8_kgroup);
     bytes.assign(static_cast<size_t>(M) * kp * kt.i8_a_bytes + 64, 0);
     scale.assign(M > 0 ? M : 1, 0.f);
+    zp.assign(M > 0 ? M : 1, 0);
+    qo = params;
     qo.q = bytes.data();
     qo.ldq = kp;
     qo.scale = scale.data();
-    qo.static_amax = static_amax;
+    qo.zp = zp.data();
   }
-  int8_t q(const zoi::KernelTable& kt, int m, int k) const {
-    if (kt.i8_a_bytes == 1) return static_cast<int8_t>(static_cast<int>(bytes[static_cast<size_t>(m) * qo.ldq + k]) - 128);
+  int stored(const zoi::KernelTable& kt, int m, int k) const {
+    if (kt.i8_a_bytes == 1) return bytes[static_cast<size_t>(m) * qo.ldq + k];
     int16_t v;
     std::memcpy(&v, bytes.data() + (static_cast<size_t>(m) * qo.ldq + k) * 2, 2);
-    return static_cast<int8_t>(v);
+    return v;
   }
-  void set(const zoi::KernelTable& kt, int m, int k, int8_t v) {
-    if (kt.i8_a_bytes == 1) bytes[static_cast<size_t>(m) * qo.ldq + k] = static_cast<uint8_t>(v + 128);
+  void set(const zoi::KernelTable& kt, int m, int k, int v) {
+    if (kt.i8_a_bytes == 1) bytes[static_cast<size_t>(m) * qo.ldq + k] = static_cast<uint8_t>(v);
     else {
-      int16_t s = v;
+      int16_t s = static_cast<int16_t>(v);
       std::memcpy(bytes.data() + (static_cast<size_t>(m) * qo.ldq + k) * 2, &s, 2);
     }
   }
@@ -101,16 +104,16 @@ struct QBuf {
 struct PackedI8 {
   std::vector<uint8_t> raw;
   void* w;
-  std::vector<int32_t> comp;
+  std::vector<int32_t> colsum;
   std::vector<float> ws, bias;
   PackedI8(const zoi::KernelTable& kt, const int8_t* wq, int N, int K, const float* w_scale, const float* b) {
     raw.assign(kt.pack_i8_bytes(N, K) + 64, 0);
     w = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) / 64 * 64);
     const int np = zoi::round_up(N, kt.i8_panel);
-    comp.assign(np, 0);
+    colsum.assign(np, 0);
     ws.assign(np, 0.f);
     bias.assign(np, 0.f);
-    kt.pack_i8(wq, N, K, w, comp.data());
+    kt.pack_i8(wq, N, K, w, colsum.data());
     if (w_scale) std::memcpy(ws.data(), w_scale, N * 4);
     if (b) std::memcpy(bias.data(), b, N * 4);
   }
@@ -161,45 +164,64 @@ NB_MODULE(_cpu, m) {
     table_for(isa).activation(x.data(), x.size(), parse_act(act));
   }, "x"_a, "act"_a, "isa"_a = "");
 
-  m.def("k_quantize", [](Arr<const float> x, Arr<int8_t> q, Arr<float> scale, float static_amax,
-                         const std::string& isa, int nt) {
+  // q: the logical integers (symmetric: -127..127; asym: 0..255), zp: 0 when symmetric
+  m.def("k_quantize", [](Arr<const float> x, Arr<int16_t> q, Arr<float> scale, Arr<int32_t> zp, float static_amax,
+                         bool asym, Opt<const float> shift, Opt<const float> mul, const std::string& isa, int nt) {
     const auto& kt = table_for(isa);
     need(x, 2, {-1, -1}, "x");
     const int M = x.shape(0), K = x.shape(1);
     need(q, 2, {M, K}, "q");
     need(scale, 1, {M}, "scale");
-    QBuf qb(kt, M, K, static_amax);
+    need(zp, 1, {M}, "zp");
+    if (shift) need(*shift, 1, {K}, "shift");
+    if (mul) need(*mul, 1, {K}, "mul");
+    zoi::QuantOut params;
+    params.static_amax = static_amax;
+    params.asym = asym;
+    params.shift = shift ? shift->data() : nullptr;
+    params.mul = mul ? mul->data() : nullptr;
+    QBuf qb(kt, M, K, params);
     for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
+    const int off = (!asym && kt.i8_a_bytes == 1) ? 128 : 0;
     for (int i = 0; i < M; ++i) {
       scale.data()[i] = qb.scale[i];
-      for (int k = 0; k < K; ++k) q.data()[static_cast<size_t>(i) * K + k] = qb.q(kt, i, k);
+      zp.data()[i] = asym ? qb.zp[i] : qb.zp[i] - off;
+      for (int k = 0; k < K; ++k) q.data()[static_cast<size_t>(i) * K + k] = static_cast<int16_t>(qb.stored(kt, i, k) - off);
     }
-  }, "x"_a, "q"_a, "scale"_a, "static_amax"_a = -1.f, "isa"_a = "", "nt"_a = 1);
+  }, "x"_a, "q"_a, "scale"_a, "zp"_a, "static_amax"_a = -1.f, "asym"_a = false, "shift"_a.none() = nb::none(),
+     "mul"_a.none() = nb::none(), "isa"_a = "", "nt"_a = 1);
 
-  m.def("k_gemm_s32", [](Arr<const int8_t> q, Arr<const int8_t> wq, Arr<int32_t> out, const std::string& isa, int nt) {
+  // exact integer sums: q int16 [M,K] (symmetric -127..127 when zp is None; else 0..255 with zp [M])
+  m.def("k_gemm_s32", [](Arr<const int16_t> q, Opt<const int32_t> zp, Arr<const int8_t> wq, Arr<int32_t> out,
+                         const std::string& isa, int nt) {
     const auto& kt = table_for(isa);
     need(q, 2, {-1, -1}, "q");
     const int M = q.shape(0), K = q.shape(1);
     need(wq, 2, {-1, K}, "w_q");
     const int N = wq.shape(0);
     need(out, 2, {M, N}, "out");
-    QBuf qb(kt, M, K, -1.f);
+    if (zp) need(*zp, 1, {M}, "zp");
+    zoi::QuantOut params;
+    QBuf qb(kt, M, K, params);
+    const int off = (!zp && kt.i8_a_bytes == 1) ? 128 : 0;
     for (int i = 0; i < M; ++i) {
-      for (int k = 0; k < K; ++k) qb.set(kt, i, k, q.data()[static_cast<size_t>(i) * K + k]);
-      for (int k = K; k < qb.qo.ldq; ++k) qb.set(kt, i, k, 0);
+      const int z = zp ? zp->data()[i] : off;
+      for (int k = 0; k < K; ++k) qb.set(kt, i, k, q.data()[static_cast<size_t>(i) * K + k] + off);
+      for (int k = K; k < qb.qo.ldq; ++k) qb.set(kt, i, k, z);
       qb.scale[i] = 1.f;
+      qb.zp[i] = z;
     }
     PackedI8 pw(kt, wq.data(), N, K, nullptr, nullptr);
     zoi::GemmI8Args a;
-    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data();
-    a.w = pw.w; a.comp = pw.comp.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
+    a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
     a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.ldy = N; a.y_i32 = out.data();
     for_threads(nt, [&](int t, int n) { kt.gemm_i8(a, t, n); });
-  }, "q"_a, "w_q"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
+  }, "q"_a, "zp"_a.none(), "w_q"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
 
   m.def("k_linear_i8", [](Arr<const float> x, Arr<const int8_t> wq, Arr<const float> w_scale, Opt<const float> b,
                           const std::string& act, Opt<const float> res, float static_amax, Arr<float> y,
-                          const std::string& isa, int nt) {
+                          const std::string& isa, int nt, bool asym, Opt<const float> shift, Opt<const float> mul) {
     const auto& kt = table_for(isa);
     need(x, 2, {-1, -1}, "x");
     const int M = x.shape(0), K = x.shape(1);
@@ -209,17 +231,24 @@ NB_MODULE(_cpu, m) {
     if (b) need(*b, 1, {N}, "b");
     if (res) need(*res, 2, {M, N}, "res");
     need(y, 2, {M, N}, "y");
-    QBuf qb(kt, M, K, static_amax);
+    if (shift) need(*shift, 1, {K}, "shift");
+    if (mul) need(*mul, 1, {K}, "mul");
+    zoi::QuantOut params;
+    params.static_amax = static_amax;
+    params.asym = asym;
+    params.shift = shift ? shift->data() : nullptr;
+    params.mul = mul ? mul->data() : nullptr;
+    QBuf qb(kt, M, K, params);
     for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
     PackedI8 pw(kt, wq.data(), N, K, w_scale.data(), b ? b->data() : nullptr);
     zoi::GemmI8Args a;
-    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data();
-    a.w = pw.w; a.comp = pw.comp.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
+    a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
     a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N;
     a.res = res ? res->data() : nullptr; a.ldr = N; a.act = parse_act(act);
     for_threads(nt, [&](int t, int n) { kt.gemm_i8(a, t, n); });
   }, "x"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res"_a.none(), "static_amax"_a, "y"_a,
-     "isa"_a = "", "nt"_a = 1);
+     "isa"_a = "", "nt"_a = 1, "asym"_a = false, "shift"_a.none() = nb::none(), "mul"_a.none() = nb::none());
 
   m.def("k_linear_f32", [](Arr<const float> x, Arr<const float> w, Opt<const float> b, const std::string& act,
                            Opt<const float> res, Arr<float> y, const std::string& isa, int nt) {
@@ -243,7 +272,7 @@ NB_MODULE(_cpu, m) {
   }, "x"_a, "w"_a, "b"_a.none(), "act"_a, "res"_a.none(), "y"_a, "isa"_a = "", "nt"_a = 1);
 
   m.def("k_layernorm", [](Arr<const float> x, Opt<const float> r, Arr<const float> w, Arr<const float> b, float eps,
-                          Arr<float> y, Opt<int8_t> q, Opt<float> qscale, float static_amax, const std::string& isa,
+                          Arr<float> y, Opt<int16_t> q, Opt<float> qscale, float static_amax, const std::string& isa,
                           int nt) {
     const auto& kt = table_for(isa);
     need(x, 2, {-1, -1}, "x");
@@ -252,7 +281,9 @@ NB_MODULE(_cpu, m) {
     need(w, 1, {H}, "w");
     need(b, 1, {H}, "b");
     need(y, 2, {M, H}, "y");
-    QBuf qb(kt, M, H, static_amax);
+    zoi::QuantOut params;
+    params.static_amax = static_amax;
+    QBuf qb(kt, M, H, params);
     zoi::LnArgs a;
     a.x = x.data(); a.ldx = H; a.r = r ? r->data() : nullptr; a.ldr = H; a.w = w.data(); a.b = b.data();
     a.eps = eps; a.M = M; a.H = H; a.y = y.data(); a.ldy = H;
@@ -262,7 +293,8 @@ NB_MODULE(_cpu, m) {
       need(*q, 2, {M, H}, "q");
       for (int i = 0; i < M; ++i) {
         if (qscale) qscale->data()[i] = qb.scale[i];
-        for (int k = 0; k < H; ++k) q->data()[static_cast<size_t>(i) * H + k] = qb.q(kt, i, k);
+        for (int k = 0; k < H; ++k)
+          q->data()[static_cast<size_t>(i) * H + k] = static_cast<int16_t>(qb.stored(kt, i, k) - qb.zp[i]);
       }
     }
   }, "x"_a, "r"_a.none(), "w"_a, "b"_a, "eps"_a, "y"_a, "q"_a.none() = nb::none(), "qscale"_a.none() = nb::none(),
@@ -377,12 +409,12 @@ NB_MODULE(_cpu, m) {
       return ts.tv_sec + 1e-9 * ts.tv_nsec;
     };
     if (kind == "i8") {
-      QBuf qb(kt, M, K, -1.f);
+      QBuf qb(kt, M, K, zoi::QuantOut{});
       kt.quantize_rows(x.data(), K, M, K, qb.qo, 0, 1);
       PackedI8 pw(kt, wq.data(), N, K, ws.data(), b.data());
       zoi::GemmI8Args a;
-      a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data();
-      a.w = pw.w; a.comp = pw.comp.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+      a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
+      a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
       a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N;
       nb::gil_scoped_release nogil;
       auto f = [&](int t, int n) {
@@ -448,15 +480,18 @@ NB_MODULE(_cpu, m) {
       }, "in_off"_a, "out_off"_a, "w"_a, "b"_a.none(), "act"_a, "res_off"_a = -1)
       .def("add_linear_i8", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const int8_t> w_q,
                                Arr<const float> w_scale, Opt<const float> b, const std::string& act, long res_off,
-                               float static_amax) {
+                               float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul) {
         need(w_q, 2, {-1, -1}, "w_q");
         const int N = w_q.shape(0), K = w_q.shape(1);
         need(w_scale, 1, {N}, "w_scale");
         if (b) need(*b, 1, {N}, "b");
+        if (act_shift) need(*act_shift, 1, {K}, "act_shift");
+        if (act_mul) need(*act_mul, 1, {K}, "act_mul");
         e.add_linear_i8(in_off, K, out_off, N, w_q.data(), w_scale.data(), b ? b->data() : nullptr, parse_act(act),
-                        res_off, static_amax);
+                        res_off, static_amax, asym, act_shift ? act_shift->data() : nullptr,
+                        act_mul ? act_mul->data() : nullptr);
       }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
-         "static_amax"_a = -1.f)
+         "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none())
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
       .def("add_layernorm", [](zoi::Engine& e, size_t x_off, long res_off, size_t out_off, Arr<const float> w,
                                Arr<const float> b, float eps) {

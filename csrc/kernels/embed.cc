@@ -35,7 +35,7 @@ void embed(const EmbedArgs& a, int tid, int nt) {
       }
     }
     ln_row(y, nullptr, a.ln_w, a.ln_b, a.eps, H, y);
-    if (a.qo.q) a.qo.scale[t] = quantize_row(y, H, qrow_ptr(a.qo, static_cast<int>(t)), a.qo.ldq, a.qo.static_amax);
+    if (a.qo.q) quantize_into(y, H, a.qo, static_cast<int>(t));
   }
 }
 

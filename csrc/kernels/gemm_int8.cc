@@ -22,11 +22,10 @@ inline IV izero() { return _mm512_setzero_si512(); }
 inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
 inline IV dot(IV acc, IV a, IV w) { return _mm512_dpbusd_epi32(acc, a, w); }
-inline IV isub(IV a, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_loadu_si512(p)); }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zp), _mm512_loadu_si512(p))); }
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
-constexpr bool U8 = true;
 #elif defined(ZOI_ISA_AVX512)
 using IV = __m512i;
 using AE = int16_t;
@@ -36,11 +35,10 @@ inline IV izero() { return _mm512_setzero_si512(); }
 inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
 inline IV dot(IV acc, IV a, IV w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, w)); }
-inline IV isub(IV a, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_loadu_si512(p)); }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zp), _mm512_loadu_si512(p))); }
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
-constexpr bool U8 = false;
 #elif defined(ZOI_ISA_AVX2)
 using IV = __m256i;
 using AE = int16_t;
@@ -50,11 +48,10 @@ inline IV izero() { return _mm256_setzero_si256(); }
 inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 inline IV dot(IV acc, IV a, IV w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, w)); }
-inline IV isub(IV a, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_mullo_epi32(_mm256_set1_epi32(zp), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))); }
 inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
 inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
-constexpr bool U8 = false;
 #else
 using IV = int32_t;
 using AE = int16_t;
@@ -64,11 +61,10 @@ inline IV izero() { return 0; }
 inline const AE* bcast(const AE* p) { return p; }
 inline const WE* loadw(const WE* p) { return p; }
 inline IV dot(IV acc, const AE* a, const WE* w) { return acc + int32_t(a[0]) * w[0] + int32_t(a[1]) * w[1]; }
-inline IV isub(IV a, const int32_t* p) { return a - *p; }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return a - zp * *p; }
 inline V::T tof(IV a) { return static_cast<float>(a); }
 inline void istore(int32_t* p, IV a) { *p = a; }
 inline IV iload(const int32_t* p) { return *p; }
-constexpr bool U8 = false;
 #endif
 
 constexpr int PW = LANES * NB;  // columns per panel
@@ -110,6 +106,7 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
   for (int r = 0; r < R; ++r) {
     const int row = m + r;
     const V::T as = V::set(p.a_scale[row]);
+    const int zp = p.a_zp[row];
     for (int j = 0; j < NB; ++j) {
       const int col = n0 + j * LANES;
       const int n = p.N - col;
@@ -117,11 +114,11 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
       const int32_t* ar = acc + r * PW + j * LANES;
       if (p.y_i32) {
         int32_t* dst = p.y_i32 + static_cast<size_t>(row) * p.ldy + col;
-        for (int e = 0; e < LANES && e < n; ++e) dst[e] = ar[e] - p.comp[col + e];
+        for (int e = 0; e < LANES && e < n; ++e) dst[e] = ar[e] - zp * p.colsum[col + e];
         continue;
       }
       // float(sum) * (a_scale * w_scale) + bias, in this order (the emulation's rounding)
-      V::T f = V::add(V::mul(tof(isub(iload(ar), p.comp + col)), V::mul(as, V::load(p.w_scale + col))),
+      V::T f = V::add(V::mul(tof(isub_zp(iload(ar), zp, p.colsum + col)), V::mul(as, V::load(p.w_scale + col))),
                       V::load(p.bias + col));
       f = vact<V>(f, p.act);
       if (p.res) f = V::add(f, V::load_n(p.res + static_cast<size_t>(row) * p.ldr + col, n));
@@ -140,7 +137,7 @@ size_t pack_bytes(int N, int K) {
   return static_cast<size_t>(round_up(N, PW)) * round_up(K, KG) * sizeof(WE);
 }
 
-void pack(const int8_t* w, int N, int K, void* dst, int32_t* comp) {
+void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
   const int Kp = round_up(K, KG), Np = round_up(N, PW);
   WE* d = static_cast<WE*>(dst);
   for (int p = 0; p < Np / PW; ++p)
@@ -154,7 +151,7 @@ void pack(const int8_t* w, int N, int K, void* dst, int32_t* comp) {
     int32_t s = 0;
     if (n < N)
       for (int k = 0; k < K; ++k) s += w[static_cast<size_t>(n) * K + k];
-    comp[n] = U8 ? 128 * s : 0;
+    colsum[n] = s;
   }
 }
 
@@ -180,7 +177,7 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
 }  // namespace
 
 size_t pack_i8_bytes(int N, int K) { return pack_bytes(N, K); }
-void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* comp) { pack(w, N, K, dst, comp); }
+void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* colsum) { pack(w, N, K, dst, colsum); }
 void gemm_i8(const GemmI8Args& a, int tid, int nt) { gemm(a, tid, nt); }
 int i8_kgroup() { return KG; }
 int i8_a_bytes() { return sizeof(AE); }

@@ -15,18 +15,23 @@ namespace zoi {
 
 enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4 };
 
-// ---- INT8 GEMM: y[M,N] = act(float(sum_k q[m,k] w[n,k]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
-// Activations arrive quantised by quantize_rows / a fused LayerNorm in the ISA's A format:
-//   vnni:            u8 = q + 128, rows of Kp = round_up(K, 4) bytes (pad = 128)
-//   avx512/avx2/scalar: s16 = q, rows of Kp = round_up(K, 2) elements (pad = 0)
-// Weights are packed by pack_i8 into panels of `i8_panel` columns: [panel][K/KG][panel col][KG];
-// comp[n] = 128 * sum_k w[n,k] on vnni (u8 offset), 0 elsewhere.
+// ---- INT8 GEMM:
+//   y[m,n] = act(float(sum_k a[m,k] w[n,k] - zp[m] * colsum[n]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
+// Activations arrive quantised by quantize_rows / a fused LayerNorm / embedding, as stored
+// integers a with a per-row zero point zp (zoi.quant.primitives numerics):
+//   symmetric (dynamic / static): q in [-127, 127]; vnni stores a = q + 128 (u8), zp = 128;
+//                                 the s16 ISAs store a = q, zp = 0
+//   asymmetric (dynamic_asym):    q in [0, 255] with the token's zero point; a = q, zp = zp[t]
+// A format: vnni u8 rows of Kp = round_up(K, 4) bytes; avx512/avx2/scalar s16 rows of
+// Kp = round_up(K, 2) (padding: a value whose weight is 0). Weights are packed by pack_i8
+// into panels of `i8_panel` columns: [panel][K/KG][panel col][KG]; colsum[n] = sum_k w[n,k].
 struct GemmI8Args {
   const void* a = nullptr;        // [M, lda] quantised activations (format above)
   int lda = 0;                    // elements per row of a
   const float* a_scale = nullptr; // [M] per-token activation scale
   const void* w = nullptr;        // packed weights
-  const int32_t* comp = nullptr;  // [Npad]
+  const int32_t* colsum = nullptr;  // [Npad]
+  const int32_t* a_zp = nullptr;    // [M] per-row zero point of a
   const float* w_scale = nullptr; // [Npad] per-channel weight scale (0 in the padding)
   const float* bias = nullptr;    // [Npad] (0 in the padding)
   int M = 0, N = 0, Kp = 0;
@@ -52,12 +57,18 @@ struct GemmF32Args {
   int act = 0;
 };
 
-// Optional fused quantisation of a kernel's float output rows for the next INT8 GEMM.
+// Quantisation of float rows for the next INT8 GEMM (standalone, or fused into the kernel
+// that produces the rows): x' = (x - shift) * mul per channel (each optional, two roundings),
+// then symmetric (per-token amax or the static amax) or asymmetric per-token UINT8.
 struct QuantOut {
-  void* q = nullptr;          // [M, ldq] in the ISA's A format; nullptr = off
-  int ldq = 0;                // = Kp of the consumer
-  float* scale = nullptr;     // [M]
-  float static_amax = -1.f;   // < 0: dynamic per-token amax; >= 0: calibrated per-tensor amax
+  void* q = nullptr;            // [M, ldq] in the ISA's A format; nullptr = off
+  int ldq = 0;                  // = Kp of the consumer
+  float* scale = nullptr;       // [M] a_scale
+  int32_t* zp = nullptr;        // [M] zero point of the stored integers (see the GEMM above)
+  float static_amax = -1.f;     // < 0: dynamic per-token amax; >= 0: calibrated per-tensor amax
+  int asym = 0;                 // 1: dynamic_asym (per-token UINT8 with zero point)
+  const float* shift = nullptr; // [K] or nullptr
+  const float* mul = nullptr;   // [K] or nullptr
 };
 
 // ---- y = LN(x (+ r)) * w + b, per row of H
@@ -110,7 +121,7 @@ struct KernelTable {
   int i8_panel;       // columns per packed INT8 panel
   int f32_panel;      // columns per packed FP32 panel
   size_t (*pack_i8_bytes)(int N, int K);
-  void (*pack_i8)(const int8_t* w, int N, int K, void* dst, int32_t* comp);  // comp [Npad]
+  void (*pack_i8)(const int8_t* w, int N, int K, void* dst, int32_t* colsum);  // colsum [Npad]
   size_t (*pack_f32_bytes)(int N, int K);
   void (*pack_f32)(const float* w, int N, int K, float* dst);
   void (*gemm_i8)(const GemmI8Args& a, int tid, int nt);

@@ -55,7 +55,7 @@ void layernorm(const LnArgs& a, int tid, int nt) {
   for (long m = lo; m < hi; ++m) {
     float* y = a.y + m * a.ldy;
     ln_row(a.x + m * a.ldx, a.r ? a.r + m * a.ldr : nullptr, a.w, a.b, a.eps, a.H, y);
-    if (a.qo.q) a.qo.scale[m] = quantize_row(y, a.H, qrow_ptr(a.qo, static_cast<int>(m)), a.qo.ldq, a.qo.static_amax);
+    if (a.qo.q) quantize_into(y, a.H, a.qo, static_cast<int>(m));
   }
 }
 

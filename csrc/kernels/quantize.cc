@@ -1,4 +1,5 @@
-// Per-token dynamic (or static per-tensor) quantisation of float rows for the INT8 GEMM.
+// Per-token dynamic (symmetric or asymmetric) or static per-tensor quantisation of float rows
+// for the INT8 GEMM (numerics in qrow.h).
 #include "qrow.h"
 
 namespace zoi {
@@ -9,7 +10,7 @@ void quantize_rows(const float* x, int ldx, int M, int K, const QuantOut& qo, in
   long lo, hi;
   split_range(M, tid, nt, &lo, &hi);
   for (long m = lo; m < hi; ++m)
-    qo.scale[m] = quantize_row(x + m * ldx, K, qrow_ptr(qo, static_cast<int>(m)), qo.ldq, qo.static_amax);
+    quantize_into(x + m * ldx, K, qo, static_cast<int>(m));
 }
 
 }  // namespace ZOI_NS

@@ -5,7 +5,7 @@ namespace zoi {
 namespace ZOI_NS {
 
 size_t pack_i8_bytes(int N, int K);
-void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* comp);
+void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* colsum);
 void gemm_i8(const GemmI8Args& a, int tid, int nt);
 int i8_kgroup();
 int i8_a_bytes();

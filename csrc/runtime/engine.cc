@@ -77,14 +77,13 @@ void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const floa
   steps_.push_back(s);
 }
 
-QuantOut Engine::quant_target(size_t in_off, int K, float static_amax) {
+QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
   // the int8 input rows go to the shared scratch; fused into the producer when the
   // previous step is the LayerNorm / embedding that writes exactly this buffer
   const int kp = round_up(K, kt_->i8_kgroup);
   if (kp > max_kp_) max_kp_ = kp;
-  QuantOut qo;
+  QuantOut qo = params;
   qo.ldq = kp;
-  qo.static_amax = static_amax;
   if (!steps_.empty()) {
     Step& prev = steps_.back();
     if (prev.kind == LN && prev.ln.y == buf(in_off) && prev.ln.H == K && prev.ln.qo.ldq == 0) {
@@ -107,24 +106,31 @@ QuantOut Engine::quant_target(size_t in_off, int K, float static_amax) {
 }
 
 void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
-                           const float* b, int act, long res_off, float static_amax) {
+                           const float* b, int act, long res_off, float static_amax, bool asym,
+                           const float* act_shift, const float* act_mul) {
   check_off(in_off, static_cast<size_t>(max_tokens_) * K * 4);
   check_off(out_off, static_cast<size_t>(max_tokens_) * N * 4);
   if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * N * 4);
-  const QuantOut qo = quant_target(in_off, K, static_amax);
+  if (asym && static_amax >= 0) throw std::invalid_argument("a linear is either static or dynamic_asym");
+  QuantOut params;
+  params.static_amax = static_amax;
+  params.asym = asym ? 1 : 0;
+  params.shift = act_shift ? copy_f(keep(static_cast<size_t>(K) * 4), act_shift, K) : nullptr;
+  params.mul = act_mul ? copy_f(keep(static_cast<size_t>(K) * 4), act_mul, K) : nullptr;
+  const QuantOut qo = quant_target(in_off, K, params);
   Step s{};
   s.kind = GEMM_I8;
   GemmI8Args& g = s.gi;
   const int np = round_up(N, kt_->i8_panel);
   void* w = keep(kt_->pack_i8_bytes(N, K));
-  int32_t* comp = static_cast<int32_t*>(keep(np * 4));
-  kt_->pack_i8(w_q, N, K, w, comp);
+  int32_t* colsum = static_cast<int32_t*>(keep(np * 4));
+  kt_->pack_i8(w_q, N, K, w, colsum);
   float* ws = static_cast<float*>(keep(np * 4));
   float* bias = static_cast<float*>(keep(np * 4));
   std::memcpy(ws, w_scale, N * 4);
   if (b) std::memcpy(bias, b, N * 4);
   g.w = w;
-  g.comp = comp;
+  g.colsum = colsum;
   g.w_scale = ws;
   g.bias = bias;
   g.lda = qo.ldq;
@@ -227,22 +233,25 @@ void Engine::finalize() {
   qbuf_bytes_ = static_cast<size_t>(max_tokens_) * (max_kp_ > 0 ? max_kp_ : 1) * kt_->i8_a_bytes;
   qbuf_ = aligned_bytes(qbuf_bytes_);
   qscale_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
+  qzp_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
-  scratch_bytes_ = qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 4 + attn_stride_ * 4 * nthreads_;
+  scratch_bytes_ = qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8 + attn_stride_ * 4 * nthreads_;
   float* qs = static_cast<float*>(qscale_.get());
+  int32_t* qz = static_cast<int32_t*>(qzp_.get());
   for (Step& s : steps_) {
     auto fix = [&](QuantOut& qo) {
       if (qo.ldq > 0) {
         qo.q = qbuf_.get();
         qo.scale = qs;
+        qo.zp = qz;
       }
     };
     switch (s.kind) {
       case QUANT: fix(s.qo); break;
       case LN: fix(s.ln.qo); break;
       case EMBED: fix(s.em.qo); break;
-      case GEMM_I8: s.gi.a = qbuf_.get(); s.gi.a_scale = qs; break;
+      case GEMM_I8: s.gi.a = qbuf_.get(); s.gi.a_scale = qs; s.gi.a_zp = qz; break;
       case ATTN: s.at.scratch = static_cast<float*>(attn_.get()); s.at.scratch_stride = attn_stride_; break;
       default: break;
     }

@@ -31,8 +31,11 @@ class Engine {
                  const float* ln_b, float eps);
   void add_linear_f32(size_t in_off, int K, size_t out_off, int N, const float* w, const float* b, int act,
                       long res_off);
+  // static_amax >= 0: static scheme; asym: dynamic_asym; act_shift / act_mul [K] (optional):
+  // the per-channel transform of x before it is quantised
   void add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
-                     const float* b, int act, long res_off, float static_amax);
+                     const float* b, int act, long res_off, float static_amax, bool asym, const float* act_shift,
+                     const float* act_mul);
   void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale);
   void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps);
   void add_pool(size_t in_off, size_t out_off, int H, int mode);
@@ -78,12 +81,12 @@ class Engine {
   float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
   void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
   void check_off(size_t off, size_t bytes) const;
-  QuantOut quant_target(size_t in_off, int K, float static_amax);
+  QuantOut quant_target(size_t in_off, int K, const QuantOut& params);
 
   const KernelTable* kt_;
   int max_tokens_, max_batch_, nthreads_;
   size_t arena_bytes_, weights_bytes_ = 0, scratch_bytes_ = 0;
-  AlignedBuf arena_, qbuf_, qscale_, attn_;
+  AlignedBuf arena_, qbuf_, qscale_, qzp_, attn_;
   size_t qbuf_bytes_ = 0, attn_stride_ = 0;
   int max_kp_ = 0, max_attn_d_ = 0;
   std::vector<AlignedBuf> owned_;

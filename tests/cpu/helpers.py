@@ -52,18 +52,28 @@ def quantize_weights(W: dict, spec: ModelSpec, embed_int8: bool = True, keep_fp3
 
 
 def make_model(spec: ModelSpec, precision: str = "fp32", max_tokens: int = 256, max_batch: int | None = None,
-               seed: int = 0, embed_int8: bool = True, schemes: dict | None = None) -> CompiledModel:
+               seed: int = 0, embed_int8: bool = True, schemes: dict | None = None, default_scheme: str = "dynamic",
+               act_transforms: dict | None = None) -> CompiledModel:
+    """schemes: {prefix: dynamic|static|dynamic_asym|fp32}; act_transforms: {prefix: "mul" | "shift+mul"}
+    adds random `p.act_mul` / `p.act_shift` (the pre-quantisation transform of zoi.quant)."""
     W = random_weights(spec, seed)
     quant = {}
     if precision == "int8":
         schemes = schemes or {}
         keep = tuple(p for p, s in schemes.items() if s == "fp32")
         W = quantize_weights(W, spec, embed_int8, keep)
+        rng = np.random.default_rng(seed + 1000)
         for i in range(spec.layers):
             for n in ("qkv", "o", "ffn1", "ffn2"):
                 p = f"l{i}.{n}"
-                s = schemes.get(p, "dynamic")
+                s = schemes.get(p, default_scheme)
                 quant[p] = LinearQuant(s, 2.5 if s == "static" else None)
+                t = (act_transforms or {}).get(p)
+                if t:
+                    K = W[f"{p}.w_q"].shape[1] if f"{p}.w_q" in W else W[f"{p}.w"].shape[1]
+                    W[f"{p}.act_mul"] = (0.5 + rng.random(K)).astype(np.float32)
+                    if "shift" in t:
+                        W[f"{p}.act_shift"] = (0.1 * rng.standard_normal(K)).astype(np.float32)
     return CompiledModel.build(spec, W, precision, max_tokens, max_batch, quant)
 
 

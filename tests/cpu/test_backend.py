@@ -55,6 +55,27 @@ def test_int8_model_matches_emulation(isa, embed_int8):
     check(be, m, [1], 1e-3)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("default_scheme", ["dynamic_asym", "dynamic"])
+def test_int8_schemes_and_act_transform_match_quant_forward(isa, default_scheme):
+    """dynamic_asym activations and the SmoothQuant pre-transform (p.act_mul / p.act_shift),
+    against zoi.quant.forward.run_graph (the emulation the quantiser calibrates with)."""
+    from zoi.quant.forward import run_graph
+
+    schemes = {"l0.o": "static", "l1.ffn2": "fp32", "l1.qkv": "dynamic"}
+    tr = {"l0.qkv": "shift+mul", "l0.ffn2": "mul", "l1.ffn1": "mul", "l0.o": "mul"}
+    m = make_model(small_spec(), "int8", max_tokens=128, max_batch=8, schemes=schemes,
+                   default_scheme=default_scheme, act_transforms=tr)
+    be = CpuBackend(m, isa=isa)
+    assert be.linear_kinds["l0.ffn1"] == ("int8-dynamic_asym" if default_scheme == "dynamic_asym" else "int8")
+    for lengths, seed in [(LENGTHS, 0), ([1], 1), ([64, 3], 2)]:
+        ids, pos, cu = batch(lengths, m.spec.vocab_size, seed)
+        want = run_graph(m.graph, m.weights, ids, pos, cu, quant=m.quant, normalize=True)
+        got = be.run(ids, pos, cu, True)
+        assert np.isfinite(got).all()
+        assert np.abs(got - want).max() <= 1e-3
+
+
 @pytest.mark.parametrize("variant", [
     dict(pooling="cls", act="gelu_tanh"),
     dict(pooling="max", act="relu", type_vocab_size=0),

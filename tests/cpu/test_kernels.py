@@ -60,8 +60,15 @@ def test_gemm_s32_bit_exact(isa, M, N, K, rng):
     q[0, :] = 127  # extremes: saturation would show here
     w[0, :] = -127
     out = np.full((M, N), -(2**31), np.int32)
-    _cpu.k_gemm_s32(q, w, out, isa, 3)
+    _cpu.k_gemm_s32(q.astype(np.int16), None, w, out, isa, 3)
     np.testing.assert_array_equal(out, qp.int8_matmul_exact(q, w))
+    # asymmetric: u8 activations with a per-row zero point
+    qa = rng.integers(0, 256, (M, K)).astype(np.uint8)
+    qa[0, :] = 255
+    zp = rng.integers(0, 256, M).astype(np.int32)
+    out = np.full((M, N), -(2**31), np.int32)
+    _cpu.k_gemm_s32(qa.astype(np.int16), zp, w, out, isa, 2)
+    np.testing.assert_array_equal(out, qp.int8_matmul_asym_exact(qa, zp, w))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -70,12 +77,36 @@ def test_quantize_matches_primitives(isa, static, rng):
     x = (rng.standard_normal((37, 131)) * 2).astype(np.float32)
     x[3] = 0  # zero row -> q 0, scale 0
     x[5, 7] = 1e-30
-    q = np.full(x.shape, 99, np.int8)
-    s = nanlike(37)
-    _cpu.k_quantize(x, q, s, -1.0 if static is None else static, isa, 4)
+    q = np.full(x.shape, 999, np.int16)
+    s, zp = nanlike(37), np.full(37, -1, np.int32)
+    _cpu.k_quantize(x, q, s, zp, -1.0 if static is None else static, False, None, None, isa, 4)
     q_ref, s_ref = qp.quantize_act(x, static)
     np.testing.assert_array_equal(q, q_ref)
     np.testing.assert_array_equal(s, s_ref)
+    np.testing.assert_array_equal(zp, 0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("transform", [False, True])
+def test_quantize_asym_and_transform(isa, transform, rng):
+    x = (rng.standard_normal((29, 97)) * 2 + 0.5).astype(np.float32)
+    x[3] = 0
+    x[4] = np.abs(x[4])  # all positive: lo = 0
+    x[5] = -np.abs(x[5])  # all negative: hi = 0
+    shift = rng.standard_normal(97).astype(np.float32) if transform else None
+    mul = (0.5 + rng.random(97)).astype(np.float32) if transform else None
+    xt = qp.act_transform(x, shift, mul) if transform else x
+    for asym in (True, False):
+        q = np.full(x.shape, 999, np.int16)
+        s, zp = nanlike(29), np.full(29, -1, np.int32)
+        _cpu.k_quantize(x, q, s, zp, -1.0, asym, shift, mul, isa, 3)
+        if asym:
+            q_ref, s_ref, zp_ref = qp.quantize_act_asym(xt)
+        else:
+            (q_ref, s_ref), zp_ref = qp.quantize_act(xt), 0
+        np.testing.assert_array_equal(q, q_ref)
+        np.testing.assert_array_equal(s, s_ref)
+        np.testing.assert_array_equal(zp, zp_ref)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -94,6 +125,13 @@ def test_linear_int8_vs_emulation(isa, M, N, K, rng):
     y = nanlike((M, N))
     _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 1)
     np.testing.assert_array_equal(y, qp.linear_int8_emulated(x, w_q, w_s, b))
+    y = nanlike((M, N))
+    _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 2, asym=True)
+    np.testing.assert_array_equal(y, qp.linear_int8_asym_emulated(x, w_q, w_s, b))
+    shift, mul = rng.standard_normal(K).astype(np.float32), (0.5 + rng.random(K)).astype(np.float32)
+    y = nanlike((M, N))
+    _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 2, asym=True, shift=shift, mul=mul)
+    np.testing.assert_array_equal(y, qp.linear_int8_asym_emulated(qp.act_transform(x, shift, mul), w_q, w_s, b))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -133,7 +171,7 @@ def test_layernorm(isa, M, H, rng):
     b = (0.1 * rng.standard_normal(H)).astype(np.float32)
     for res in (None, r):
         y = nanlike((M, H))
-        q = np.full((M, H), 99, np.int8)
+        q = np.full((M, H), 999, np.int16)
         s = nanlike(M)
         _cpu.k_layernorm(x, res, w, b, 1e-5, y, q, s, -1.0, isa, 3)
         xin = x.astype(np.float64) + (0 if res is None else res)

@@ -62,24 +62,37 @@ class CpuBackend:
                 q = model.quant.get(p)
                 b = W.get(f"{p}.b")
                 b = _f32(b) if b is not None else None
-                if f"{p}.w_q" in W and (q is None or q.scheme != "fp32"):
-                    static = float(q.amax) if q is not None and q.scheme == "static" else -1.0
+                shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
+                shift = _f32(shift) if shift is not None else None
+                mul = _f32(mul) if mul is not None else None
+                scheme = q.scheme if q is not None else "dynamic"
+                if f"{p}.w_q" in W and scheme != "fp32":
+                    if scheme not in ("dynamic", "static", "dynamic_asym"):
+                        raise ValueError(f"the cpu backend does not know INT8 scheme {scheme!r} ({p})")
+                    static = float(q.amax) if scheme == "static" else -1.0
                     eng.add_linear_i8(off[op.inputs[0]], off[op.output],
                                       np.ascontiguousarray(W[f"{p}.w_q"], dtype=np.int8), _f32(W[f"{p}.w_scale"]),
-                                      b, act, res, static)
-                    self.linear_kinds[p] = "int8-static" if static >= 0 else "int8"
+                                      b, act, res, static, scheme == "dynamic_asym", shift, mul)
+                    self.linear_kinds[p] = "int8" if scheme == "dynamic" else f"int8-{scheme}"
                 else:
                     if f"{p}.w" in W:
                         w = _f32(W[f"{p}.w"])
                     else:  # int8 weights kept in fp32 compute: dequantise once
                         w = W[f"{p}.w_q"].astype(np.float32) * _f32(W[f"{p}.w_scale"])[:, None]
+                    if shift is not None or mul is not None:  # fold x' = (x - shift) * mul into w, b
+                        m = mul if mul is not None else np.ones(w.shape[1], np.float32)
+                        w64 = w.astype(np.float64) * m.astype(np.float64)[None, :]
+                        b64 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
+                        if shift is not None:
+                            b64 = b64 - w64 @ shift.astype(np.float64)
+                        w, b = w64.astype(np.float32), b64.astype(np.float32)
                     eng.add_linear_f32(off[op.inputs[0]], off[op.output], w, b, act, res)
                     self.linear_kinds[p] = "fp32"
             elif op.kind == "attention":
                 a = op.attrs
                 eng.add_attention(off[op.inputs[0]], off[op.output], int(a["heads"]), int(a["head_dim"]),
                                   float(a["scale"]))
-            elif op.kind == "add_layernorm":
+            elif op.kind in ("add_layernorm", "layernorm"):
                 res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
                 eng.add_layernorm(off[op.inputs[0]], res, off[op.output], _f32(W[op.weights["w"]]),
                                   _f32(W[op.weights["b"]]), float(op.attrs["eps"]))
