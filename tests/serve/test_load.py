@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import numpy as np
+import pytest
 
 from zoi.serve.loadtest import run_load
 
 from .serve_helpers import MODEL_NAME, cosine_rows, metric, real_sentences
+
+httpx = pytest.importorskip("httpx")
 
 
 def load_texts(n: int, seed: int = 11) -> list[str]:
