@@ -105,12 +105,12 @@ def test_bench_serve_command(server, tmp_path, capsys):
     register_bench(ap.add_subparsers())
     out = tmp_path / "serve.jsonl"
     args = ap.parse_args(["serve", "--url", server.url, "-c", "1", "8", "-n", "40", "--warmup", "4",
-                          "--route", "openai", "-k", "2", "-o", str(out), "--json"])
+                          "--route", "openai", "-k", "2", "--rounds", "2", "-o", str(out), "--json"])
     assert args.func(args) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["concurrency"] for r in rows] == [1, 8]
     for r in rows:
-        assert r["ok"] == 40 and r["errors"] == 0 and r["req_per_s"] > 0 and r["texts_per_s"] == 2 * r["req_per_s"]
+        assert r["ok"] == r["requests"] == 40 and r["rounds"] == 2 and r["errors"] == 0 and r["req_per_s"] > 0 and r["texts_per_s"] == 2 * r["req_per_s"]
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
         assert r["model"] == MODEL_NAME and r["route"] == "openai" and r["engine_calls"] >= 1
     assert rows[0]["mean_batch"] == 2.0  # one client, two texts per request

@@ -176,6 +176,32 @@ class LoadResult:
     mean_batch: float | None = None  # sequences per engine call during the run (from /metrics)
     engine_calls: int | None = None
     error_samples: list[str] = field(default_factory=list)
+    rounds: int = 1
+    latencies_ms: np.ndarray | None = field(default=None, repr=False)  # not written out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("latencies_ms")
+        return d
+
+
+def merge(results: list[LoadResult]) -> LoadResult:
+    """One result from several rounds at the same concurrency (latencies pooled)."""
+    r0 = results[0]
+    lat = np.concatenate([r.latencies_ms for r in results])
+    wall = sum(r.wall_s for r in results)
+    ok = sum(r.ok for r in results)
+    pct = (lambda q: float(np.percentile(lat, q))) if len(lat) else (lambda q: float("nan"))
+    out = LoadResult(r0.concurrency, sum(r.requests for r in results), r0.texts_per_request, ok,
+                     sum(r.errors for r in results), wall, ok / wall, ok * r0.texts_per_request / wall,
+                     pct(50), pct(90), pct(99), float(lat.max()) if len(lat) else float("nan"),
+                     error_samples=[e for r in results for e in r.error_samples][:5], rounds=len(results),
+                     latencies_ms=lat)
+    calls = [r for r in results if r.engine_calls]
+    if calls:
+        out.engine_calls = sum(r.engine_calls for r in calls)
+        out.mean_batch = sum(r.mean_batch * r.engine_calls for r in calls) / out.engine_calls
+    return out
 
 
 async def run_load(url: str, texts: list[str], concurrency: int, requests: int, route: str | tuple = "embed",
@@ -224,7 +250,8 @@ async def run_load(url: str, texts: list[str], concurrency: int, requests: int, 
     pct = (lambda q: float(np.percentile(good, q))) if len(good) else (lambda q: float("nan"))
     res = LoadResult(concurrency, requests, texts_per_request, len(good), len(errors), wall,
                      len(good) / wall, len(good) * texts_per_request / wall, pct(50), pct(90), pct(99),
-                     float(good.max()) if len(good) else float("nan"), error_samples=errors[:5])
+                     float(good.max()) if len(good) else float("nan"), error_samples=errors[:5],
+                     latencies_ms=good)
     if before is not None and after is not None and after[0] > before[0]:
         res.engine_calls = int(after[0] - before[0])
         res.mean_batch = (after[1] - before[1]) / (after[0] - before[0])
@@ -334,6 +361,9 @@ def register_bench(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--min-words", type=int, default=4)
     p.add_argument("--max-words", type=int, default=60)
     p.add_argument("--warmup", type=int, default=20, help="requests sent before measuring")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds; each runs every concurrency once (interleaved, so drifting machine load "
+                        "spreads over all levels); results pool the rounds")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for the started server (repeatable), e.g. --server-arg=--precision=int8")
     p.add_argument("--output", "-o", default=None, help="append results as JSON lines to this file")
@@ -353,20 +383,24 @@ def cmd_bench_serve(args) -> int:
     try:
         model = asyncio.run(_model_name(url))
         asyncio.run(run_load(url, texts, 4, args.warmup, args.route, model, args.texts_per_request))
-        results = []
-        for c in args.concurrency:
-            n = args.requests or max(200, 30 * c)
-            r, _ = asyncio.run(run_load(url, texts, c, n, args.route, model, args.texts_per_request))
-            results.append(r)
-            if not args.json:
-                print(f"  c={c:<4} {r.req_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms"
-                      f"  mean batch {r.mean_batch or 0:5.1f}  errors {r.errors}", file=sys.stderr, flush=True)
+        rounds = max(1, args.rounds)
+        per: dict[int, list[LoadResult]] = {c: [] for c in args.concurrency}
+        for k in range(rounds):
+            for c in args.concurrency:
+                n = max(1, (args.requests or max(200, 30 * c)) // rounds)
+                r, _ = asyncio.run(run_load(url, texts, c, n, args.route, model, args.texts_per_request))
+                per[c].append(r)
+                if not args.json:
+                    print(f"  round {k + 1}/{rounds} c={c:<4} {r.req_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                          f"p99 {r.p99_ms:7.2f} ms  mean batch {r.mean_batch or 0:5.1f}  errors {r.errors}",
+                          file=sys.stderr, flush=True)
+        results = [merge(per[c]) for c in args.concurrency]
     finally:
         if server is not None:
             server.stop()
     meta = {"url": url, "route": args.route, "model": model, "cores": os.cpu_count(),
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "server_args": args.server_arg}
-    rows = [{**meta, **asdict(r)} for r in results]
+    rows = [{**meta, **r.to_dict()} for r in results]
     if args.output:
         with open(args.output, "a", encoding="utf-8") as f:
             for row in rows:
