@@ -32,6 +32,10 @@ def test_forward_matches_reference(precision):
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(1)
     L = model.spec.layers
+    if precision == "int8":  # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM)
+        quants = {la.extra["prefix"].split(".")[1]: la.quant for la in be.plans[True]["launches"]
+                  if la.kind == "linear"}
+        assert quants == {"qkv": 3, "o": 1, "ffn1": 3, "ffn2": 1}
     assert be.memory()["kernels_per_forward"] == {16: 1 + 7 * L + 1, 64: 1 + 5 * L + 1}  # LN fused into o / ffn2
     for lens in ([1], [5, 1, 9], [40, 3, 17]):
         ids, pos, cu = batch(rng, lens)

@@ -124,23 +124,25 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K):
     x16, r16 = f16(x), f16(r)
     y = poison((M, N), torch.float16)
     amax_out = poison((M,), torch.float32)
+    yq = torch.full((M, N), 99, dtype=torch.int8, device=DEV)
     cfg = k_lin.pick_config(M, N, K, quant != 0, True)
     if quant:
         w_q, w_s = qp.quantize_weight(w)
         amax_in = np.abs(x16).max(axis=1).astype(np.float32)
         k_lin.launch_linear(t(x16.astype(np.float16)), t(amax_in), t(w_q), t(w_s), t(b), t(r, torch.float16),
                             t(lw), t(lb), y, amax_out, M, N, K, quant=1, eps=1e-12, ln=True,
-                            amax_out_mode=2, cfg=cfg)
+                            amax_out_mode=2, cfg=cfg, yq=yq)
         lin = _int8_want(x16, w_q, w_s, b, "none", r16)
     else:
         k_lin.launch_linear(t(x, torch.float16), None, t(w, torch.float16), None, t(b), t(r, torch.float16),
                             t(lw), t(lb), y, amax_out, M, N, K, quant=0, eps=1e-12, ln=True,
-                            amax_out_mode=2, cfg=cfg)
+                            amax_out_mode=2, cfg=cfg, yq=yq)
         lin = ref.linear(x16, f16(w), b.astype(np.float64), "none", r16)
     want = ref.layernorm(lin, lw.astype(np.float64), lb.astype(np.float64), 1e-12)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 3e-3
     np.testing.assert_array_equal(amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+    np.testing.assert_array_equal(yq.cpu().numpy(), qp.quantize_act(got)[0])  # producer-side INT8
 
 
 @pytest.mark.parametrize("T,H", [(1, 24), (13, 100)])
@@ -150,11 +152,13 @@ def test_add_layernorm(T, H):
     w, b = 1 + _rand(rng, H, scale=0.1), _rand(rng, H, scale=0.1)
     y = poison((T, H), torch.float16)
     amax = poison((T,), torch.float32)
-    k_ln.launch_add_layernorm(t(x, torch.float16), t(r, torch.float16), t(w), t(b), y, amax, T, H, 1e-5)
+    yq = torch.full((T, H), 99, dtype=torch.int8, device=DEV)
+    k_ln.launch_add_layernorm(t(x, torch.float16), t(r, torch.float16), t(w), t(b), y, amax, T, H, 1e-5, yq=yq)
     want = ref.add_layernorm(f16(x), f16(r), w.astype(np.float64), b.astype(np.float64), 1e-5)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 2e-3
     np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+    np.testing.assert_array_equal(yq.cpu().numpy(), qp.quantize_act(got)[0])
 
 
 @pytest.mark.parametrize("word_q", [False, True])
@@ -178,16 +182,18 @@ def test_embed(word_q, has_type):
     zero = poison((3, T + 5), torch.float32)
     cu = np.array([0, 4, 5, T], np.int32)
     tcum = torch.full((4,), -1, dtype=torch.int32, device=DEV)
+    xq = torch.full((T, H), 99, dtype=torch.int8, device=DEV)
     k_embed.launch_embed(t(ids), t(positions), word_arg, ws_arg, t(pos, torch.float16),
                          t(typ[0], torch.float16) if has_type else None, t(lw), t(lb), x, amax, zero,
                          T, H, 3, T + 5, 1e-12,
-                         tiles=(t(np.array([0, 3, T], np.int32)), t(cu), tcum, 4, 16))
+                         tiles=(t(np.array([0, 3, T], np.int32)), t(cu), tcum, 4, 16), xq=xq)
     np.testing.assert_array_equal(tcum.cpu().numpy(), [1, 2, 4, -1])
     want = ref.embed(ids, positions, word_ref.astype(np.float64), f16(pos), lw.astype(np.float64),
                      lb.astype(np.float64), 1e-12, f16(typ) if has_type else None, np.float64)
     got = x.float().cpu().numpy()
     assert rel(got, want) < 2e-3
     np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+    np.testing.assert_array_equal(xq.cpu().numpy(), qp.quantize_act(got)[0])
     z = zero.cpu().numpy()
     assert (z[:, :T] == 0).all() and np.isnan(z[:, T:]).all()
 

@@ -272,7 +272,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/gpu_bench.json")
     ap.add_argument("--quick", action="store_true", help="minilm 1x128 and 32x128 only")
-    ap.add_argument("--compile-peer", action="store_true", help="also torch.compile reduce-overhead")
+    ap.add_argument("--compile-shapes", default="",
+                    help="shapes that also get the torch.compile reduce-overhead peer, e.g. minilm:1x128")
     ap.add_argument("--models", default="minilm,bert-base")
     ap.add_argument("--no-gemm", action="store_true")
     ap.add_argument("--no-variants", action="store_true")
@@ -336,7 +337,7 @@ def main(argv=None):
                 del ref32
                 torch.cuda.empty_cache()
                 peers = [("torch eager fp16", dict()), ("torch fp16 + cuda graph", dict(graph=True))]
-                if args.compile_peer and B <= 32:
+                if f"{name}:{B}x{S}" in args.compile_shapes.split(","):
                     peers.append(("torch.compile reduce-overhead fp16", dict(compiled=True)))
                 for pname, kw in peers:
                     import copy

@@ -12,6 +12,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
+from zoi.backends.cuda.kernels.linear import quantize_rows
 
 
 @triton.jit
@@ -26,6 +27,7 @@ def embed_kernel(
     lnb_ptr,  # [H] fp32
     x_ptr,  # [T, H] output, row stride ldx
     amax_ptr,  # [T] fp32 per-row amax of x (AMAX_OUT)
+    xq_ptr,  # [T, H] int8 per-token quantised x, row stride ldxq (Q_OUT, with AMAX_OUT)
     zero_ptr,  # [n_zero, zero_stride] fp32, rows < T zeroed
     hdr_ptr,  # [>=3] int32 call header [flag, B, T] (TILES)
     cu_ptr,  # [B + 1] int32 cu_seqlens (TILES)
@@ -33,12 +35,14 @@ def embed_kernel(
     T,
     H,
     ldx,
+    ldxq,
     n_zero,
     zero_stride,
     eps,
     WORD_Q: tl.constexpr,
     HAS_TYPE: tl.constexpr,
     AMAX_OUT: tl.constexpr,
+    Q_OUT: tl.constexpr,
     TILES: tl.constexpr,
     TILE_M: tl.constexpr,  # attention BLOCK_M
     BLOCK_B: tl.constexpr,
@@ -79,6 +83,9 @@ def embed_kernel(
     if AMAX_OUT:
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
         tl.store(amax_ptr + rows, am, mask=r_ok)
+        if Q_OUT:
+            tl.store(xq_ptr + rows[:, None].to(tl.int64) * ldxq + cols[None, :],
+                     quantize_rows(y.to(tl.float32), am), mask=m2)
     for z in range(0, n_zero):
         tl.store(zero_ptr + z * zero_stride + rows, tl.zeros((BLOCK_R,), tl.float32), mask=r_ok)
 
@@ -89,15 +96,15 @@ def pick_config(H: int) -> dict:
 
 
 def launch_embed(ids, pos, word, word_scale, posemb, type0, lnw, lnb, x, amax, zero, T, H, n_zero,
-                 zero_stride, eps, tiles=None, cfg=None, pdl=False):
+                 zero_stride, eps, tiles=None, cfg=None, pdl=False, xq=None):
     """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table."""
     cfg = cfg or pick_config(H)
     hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
     embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         ids, pos, word, word_scale if word_scale is not None else lnw, posemb,
         type0 if type0 is not None else lnw, lnw, lnb, x,
-        amax if amax is not None else lnw, zero if zero is not None else lnw, hdr, cu, tcum,
-        T, H, x.stride(0), n_zero, zero_stride, float(eps),
+        amax if amax is not None else lnw, xq if xq is not None else x, zero if zero is not None else lnw,
+        hdr, cu, tcum, T, H, x.stride(0), xq.stride(0) if xq is not None else 0, n_zero, zero_stride, float(eps),
         WORD_Q=word_scale is not None, HAS_TYPE=type0 is not None, AMAX_OUT=amax is not None,
-        TILES=tiles is not None, TILE_M=tile_m, BLOCK_B=block_b, PDL=pdl, launch_pdl=pdl, **cfg,
+        Q_OUT=xq is not None, TILES=tiles is not None, TILE_M=tile_m, BLOCK_B=block_b, PDL=pdl, launch_pdl=pdl, **cfg,
     )

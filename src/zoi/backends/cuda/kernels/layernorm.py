@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from zoi.backends.cuda.kernels.linear import quantize_rows
+
 
 @triton.jit
 def add_layernorm_kernel(
@@ -19,13 +21,16 @@ def add_layernorm_kernel(
     b_ptr,  # [H] fp32
     y_ptr,  # [T, H] output, row stride ldy
     amax_ptr,  # [T] fp32 (AMAX_OUT)
+    yq_ptr,  # [T, H] int8 per-token quantised y, row stride ldyq (Q_OUT, with AMAX_OUT)
     T,
     H,
     ldx,
     ldr,
     ldy,
+    ldyq,
     eps,
     AMAX_OUT: tl.constexpr,
+    Q_OUT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
@@ -53,6 +58,8 @@ def add_layernorm_kernel(
     if AMAX_OUT:
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
         tl.store(amax_ptr + rows, am, mask=r_ok)
+        if Q_OUT:
+            tl.store(yq_ptr + r64 * ldyq + cols[None, :], quantize_rows(y.to(tl.float32), am), mask=m2)
 
 
 def pick_config(H: int) -> dict:
@@ -60,9 +67,10 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(16, 4096 // bh)), BLOCK_H=bh, num_warps=4 if bh <= 1024 else 8)
 
 
-def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False):
+def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False, yq=None):
     cfg = cfg or pick_config(H)
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
-        x, r, w, b, y, amax if amax is not None else w, T, H, x.stride(0), r.stride(0),
-        y.stride(0), float(eps), AMAX_OUT=amax is not None, PDL=pdl, launch_pdl=pdl, **cfg,
+        x, r, w, b, y, amax if amax is not None else w, yq if yq is not None else y, T, H, x.stride(0),
+        r.stride(0), y.stride(0), yq.stride(0) if yq is not None else 0, float(eps),
+        AMAX_OUT=amax is not None, Q_OUT=yq is not None, PDL=pdl, launch_pdl=pdl, **cfg,
     )

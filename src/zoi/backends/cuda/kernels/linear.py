@@ -20,6 +20,8 @@ One Triton kernel, specialised by constexpr flags:
 * ``AMAX_OUT`` 0 none; 1 atomic max of |y| per row into ``amax_out_ptr`` (the buffer
   must be zero beforehand; amax >= 0 so a float atomic max is exact); 2 plain store
   (LN mode only, the program sees the whole row). The next INT8 linear reads it.
+* ``Q_OUT`` (with AMAX_OUT 2): also write y quantised per token as int8, so that the next
+  INT8 linear runs as QUANT 3 (a pure int8 GEMM, no conversion in its main loop).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
+
+
+@triton.jit
+def quantize_rows(x, amax):
+    """Per-token INT8 of x [R, C] (fp32) with amax [R]: the numerics of zoi.quant.primitives."""
+    inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+    s = tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)
+    s = (s + 12582912.0) - 12582912.0  # rint, half to even (the clamp keeps |s| small)
+    return s.to(tl.int8)
 
 
 @triton.jit
@@ -58,12 +69,14 @@ def linear_kernel(
     lnb_ptr,  # [N] fp32 LayerNorm bias (LN)
     y_ptr,  # [M, N] output (dtype of the buffer), row stride ldy
     amax_out_ptr,  # [M] fp32 per-row amax of y (AMAX_OUT)
+    yq_ptr,  # [M, N] int8 per-token quantised y, row stride ldyq (Q_OUT; needs AMAX_OUT == 2)
     M,
     N,
     K,
     lda,
     ldr,
     ldy,
+    ldyq,
     static_amax,  # float, QUANT 2
     eps,  # float, LN
     QUANT: tl.constexpr,
@@ -71,6 +84,7 @@ def linear_kernel(
     HAS_RES: tl.constexpr,
     LN: tl.constexpr,
     AMAX_OUT: tl.constexpr,
+    Q_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -165,6 +179,9 @@ def linear_kernel(
             tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
         else:
             tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
+            if Q_OUT:
+                yq = quantize_rows(out.to(tl.float32), row_amax)
+                tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
 
 
 ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
@@ -203,7 +220,7 @@ def grid_size(M: int, N: int, cfg: dict) -> int:
 
 
 def launch_linear(a, a_amax, w, ws, b, r, lnw, lnb, y, amax_out, M, N, K, *, quant, act="none",
-                  static_amax=0.0, eps=1e-12, ln=False, amax_out_mode=0, cfg=None, pdl=False):
+                  static_amax=0.0, eps=1e-12, ln=False, amax_out_mode=0, cfg=None, pdl=False, yq=None):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts)."""
     cfg = cfg or pick_config(M, N, K, quant != 0, ln)
     if ln:
@@ -213,8 +230,9 @@ def launch_linear(a, a_amax, w, ws, b, r, lnw, lnb, y, amax_out, M, N, K, *, qua
         a, a_amax if a_amax is not None else dummy, w, ws if ws is not None else dummy, b,
         r if r is not None else dummy, lnw if lnw is not None else dummy,
         lnb if lnb is not None else dummy, y, amax_out if amax_out is not None else dummy,
-        M, N, K, a.stride(0), r.stride(0) if r is not None else 0, y.stride(0),
+        yq if yq is not None else y, M, N, K, a.stride(0), r.stride(0) if r is not None else 0, y.stride(0),
+        yq.stride(0) if yq is not None else 0,
         float(static_amax), float(eps),
         QUANT=quant, ACT=ACTS[act] if isinstance(act, str) else act, HAS_RES=r is not None,
-        LN=ln, AMAX_OUT=amax_out_mode, PDL=pdl, launch_pdl=pdl, **cfg,
+        LN=ln, AMAX_OUT=amax_out_mode, Q_OUT=yq is not None, PDL=pdl, launch_pdl=pdl, **cfg,
     )
