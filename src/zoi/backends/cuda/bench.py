@@ -205,9 +205,6 @@ def gemm_bench():
 
     res = []
     big = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3)
-    big4 = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=4)
-    sq = dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=4)
-    small = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=2)
     cases = [("8192^3", 8192, 8192, 8192, 3, big)]
     T = 256 * 128
     for nm, N, K in (("qkv", 1152, 384), ("o", 384, 384), ("ffn1", 1536, 384), ("ffn2", 384, 1536)):
