@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from tests.conftest import build_hf_model, real_sentences, save_checkpoint
+
 from zoi.quant.eval import agreement, cosine_rows, embedding_report, neighbours
 
 

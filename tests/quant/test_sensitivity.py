@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
 from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
+
 from zoi.graph import build_graph
 from zoi.quant import QuantConfig, quant_from_json, quant_to_json, quantize_model
 from zoi.quant import primitives as P
@@ -106,7 +106,9 @@ def test_bad_config_is_refused(tiny):
         quantize_model(spec, w, tok, tx, {"activations": "int4"})
     with pytest.raises(ValueError):
         quantize_model(spec, w, tok, tx, {"no_such_field": 1})
-    with pytest.raises(Exception):
+    from zoi.errors import InputError
+
+    with pytest.raises(InputError):
         quantize_model(spec, w, tok, ["", "  "], None)
 
 

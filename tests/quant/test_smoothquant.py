@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
+
 from zoi.graph import build_graph
 from zoi.graph.ir import Buffer, Graph, Op
 from zoi.quant import primitives as P
