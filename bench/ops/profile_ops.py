@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--isa", default="")
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--steps", action="store_true", help="also print the first layer step by step")
     a = ap.parse_args()
     spec = minilm_spec() if a.model == "minilm" else bert_base_spec()
     b, s = (int(v) for v in a.shape.split("x"))
@@ -52,6 +53,10 @@ def main() -> None:
     print(f"{'op':<12}{'n':>4}{'wall ms':>10}{'cpu ms':>10}")
     for k, (w, c, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
         print(f"{k:<12}{n:>4}{w * 1e3:>10.3f}{c * 1e3:>10.3f}")
+    if a.steps:
+        for i, (k, w, c) in enumerate(zip(kinds, wall, cpu)):
+            if i < 12:
+                print(f"  step {i:>2} {k:<10} wall {w * 1e3:8.3f} ms  cpu {c * 1e3:8.3f} ms")
     print(f"{'total':<12}{len(kinds):>4}{wall.sum() * 1e3:>10.3f}{cpu.sum() * 1e3:>10.3f}")
     if a.precision == "int8":
         gemm_c = sum(c for k, c in zip(kinds, cpu) if k == "gemm_i8")

@@ -55,19 +55,21 @@ inline void tile(const GemmF32Args& p, int m, int n0, const float* wpanel, int k
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) V::store(t + r * PW + j * V::N, acc[r][j]);
+  const int ncols = nrem < PW ? nrem : PW;
+  if (last) {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j)
+        V::store(t + r * PW + j * V::N, V::add(V::load(t + r * PW + j * V::N), V::load(p.bias + n0 + j * V::N)));
+    vact_inplace(t, R * PW, p.act);
+  }
   for (int r = 0; r < R; ++r) {
     const int row = m + r;
-    for (int j = 0; j < NB; ++j) {
-      const int col = n0 + j * V::N;
-      const int n = p.N - col;
-      if (n <= 0) break;
-      T f = V::load(t + r * PW + j * V::N);
-      if (last) {
-        f = V::add(f, V::load(p.bias + col));
-        f = vact<V>(f, p.act);
-        if (p.res) f = V::add(f, V::load_n(p.res + static_cast<size_t>(row) * p.ldr + col, n));
-      }
-      V::store_n(p.y + static_cast<size_t>(row) * p.ldy + col, f, n);
+    float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
+    const float* res = last && p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
+    for (int c = 0; c < ncols; c += V::N) {
+      T f = V::load(t + r * PW + c);
+      if (res) f = V::add(f, V::load_n(res + c, ncols - c));
+      V::store_n(y + c, f, ncols - c);
     }
   }
 }

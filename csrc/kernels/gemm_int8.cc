@@ -103,26 +103,40 @@ template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
   alignas(64) int32_t acc[R * PW];
   micro<R>(static_cast<const AE*>(p.a) + static_cast<size_t>(m) * p.lda, p.lda, wpanel, p.Kp / KG, acc);
+  const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
+  if (p.y_i32) {
+    for (int r = 0; r < R; ++r) {
+      const int zp = p.a_zp[m + r];
+      int32_t* dst = p.y_i32 + static_cast<size_t>(m + r) * p.ldy + n0;
+      for (int e = 0; e < ncols; ++e) dst[e] = acc[r * PW + e] - zp * p.colsum[n0 + e];
+    }
+    return;
+  }
+  // 1. dequantise into the (L1-hot) tile: float(sum - zp * colsum) * (a_scale * w_scale) + bias,
+  //    in this order (the emulation's rounding)
+  float* t = reinterpret_cast<float*>(acc);
   for (int r = 0; r < R; ++r) {
-    const int row = m + r;
-    const V::T as = V::set(p.a_scale[row]);
-    const int zp = p.a_zp[row];
+    const V::T as = V::set(p.a_scale[m + r]);
+    const int zp = p.a_zp[m + r];
     for (int j = 0; j < NB; ++j) {
       const int col = n0 + j * LANES;
-      const int n = p.N - col;
-      if (n <= 0) break;
-      const int32_t* ar = acc + r * PW + j * LANES;
-      if (p.y_i32) {
-        int32_t* dst = p.y_i32 + static_cast<size_t>(row) * p.ldy + col;
-        for (int e = 0; e < LANES && e < n; ++e) dst[e] = ar[e] - zp * p.colsum[col + e];
-        continue;
-      }
-      // float(sum) * (a_scale * w_scale) + bias, in this order (the emulation's rounding)
+      int32_t* ar = acc + r * PW + j * LANES;
       V::T f = V::add(V::mul(tof(isub_zp(iload(ar), zp, p.colsum + col)), V::mul(as, V::load(p.w_scale + col))),
                       V::load(p.bias + col));
-      f = vact<V>(f, p.act);
-      if (p.res) f = V::add(f, V::load_n(p.res + static_cast<size_t>(row) * p.ldr + col, n));
-      V::store_n(p.y + static_cast<size_t>(row) * p.ldy + col, f, n);
+      V::store(reinterpret_cast<float*>(ar), f);
+    }
+  }
+  // 2. activation over the whole tile (independent vectors interleaved)
+  vact_inplace(t, R * PW, p.act);
+  // 3. residual, store
+  for (int r = 0; r < R; ++r) {
+    const int row = m + r;
+    float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
+    const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
+    for (int c = 0; c < ncols; c += LANES) {
+      V::T f = V::load(t + r * PW + c);
+      if (res) f = V::add(f, V::load_n(res + c, ncols - c));
+      V::store_n(y + c, f, ncols - c);
     }
   }
 }

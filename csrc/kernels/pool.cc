@@ -43,9 +43,7 @@ void normalize(float* p, int ld, int B, int H, int tid, int nt) {
 }
 
 void activation(float* x, size_t n, int act) {
-  size_t k = 0;
-  for (; k + V::N <= n; k += V::N) V::store(x + k, vact<V>(V::load(x + k), act));
-  for (; k < n; ++k) x[k] = vact<S1>(x[k], act);
+  for (size_t k = 0; k < n; k += 1 << 20) vact_inplace(x + k, static_cast<int>(n - k < (1u << 20) ? n - k : 1u << 20), act);
 }
 
 }  // namespace ZOI_NS

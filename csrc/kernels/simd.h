@@ -116,6 +116,42 @@ using V = V8;
 using V = S1;
 #endif
 
+// Four independent vectors processed in lock-step: the math below instantiated over X4
+// interleaves four dependency chains (a GELU is ~35 dependent operations).
+template <class W>
+struct X4 {
+  struct T {
+    typename W::T v[4];
+  };
+  static constexpr int N = 4 * W::N;
+#define ZOI_X4_1(name)                               \
+  static T name(T a) {                               \
+    T r;                                             \
+    for (int i = 0; i < 4; ++i) r.v[i] = W::name(a.v[i]); \
+    return r;                                        \
+  }
+#define ZOI_X4_2(name)                                          \
+  static T name(T a, T b) {                                     \
+    T r;                                                        \
+    for (int i = 0; i < 4; ++i) r.v[i] = W::name(a.v[i], b.v[i]); \
+    return r;                                                   \
+  }
+  static T zero() { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::zero(); return r; }
+  static T set(float x) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::set(x); return r; }
+  static T load(const float* p) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::load(p + i * W::N); return r; }
+  static void store(float* p, T x) { for (int i = 0; i < 4; ++i) W::store(p + i * W::N, x.v[i]); }
+  ZOI_X4_2(add) ZOI_X4_2(sub) ZOI_X4_2(mul) ZOI_X4_2(div) ZOI_X4_2(max) ZOI_X4_2(min)
+  ZOI_X4_1(abs) ZOI_X4_1(round) ZOI_X4_1(pow2n)
+  static T fma(T a, T b, T c) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::fma(a.v[i], b.v[i], c.v[i]); return r; }
+  static T sel_lt(T a, T b, T x, T y) {
+    T r;
+    for (int i = 0; i < 4; ++i) r.v[i] = W::sel_lt(a.v[i], b.v[i], x.v[i], y.v[i]);
+    return r;
+  }
+#undef ZOI_X4_1
+#undef ZOI_X4_2
+};
+
 // ---- math over any lane type (same polynomial for vector bodies and scalar tails) ----
 
 // exp(x), cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial; ~1-2 ulp.
@@ -136,26 +172,32 @@ inline typename W::T vexp(typename W::T x) {
   return W::mul(p, W::pow2n(n));
 }
 
-// GELU, erf form: x * Phi(x). Phi via erfc (Numerical Recipes' Chebyshev fit, relative
-// error < 1.2e-7 everywhere) so that the negative tail keeps full relative accuracy.
+// erf(x) for float32: odd/even rational minimax fit on [-4, 4] (Eigen's generic_fast_erf_float),
+// a few ulp; |x| >= 4 is +-1 in float32.
+template <class W>
+inline typename W::T verf(typename W::T a) {
+  using T = typename W::T;
+  const T x = W::max(W::min(a, W::set(4.f)), W::set(-4.f));
+  const T x2 = W::mul(x, x);
+  T p = W::fma(x2, W::set(-2.72614225801306e-10f), W::set(2.77068142495902e-08f));
+  p = W::fma(x2, p, W::set(-2.10102402082508e-06f));
+  p = W::fma(x2, p, W::set(-5.69250639462346e-05f));
+  p = W::fma(x2, p, W::set(-7.34990630326855e-04f));
+  p = W::fma(x2, p, W::set(-2.95459980854025e-03f));
+  p = W::fma(x2, p, W::set(-1.60960333262415e-02f));
+  p = W::mul(x, p);
+  T q = W::fma(x2, W::set(-1.45660718464996e-05f), W::set(-2.13374055278905e-04f));
+  q = W::fma(x2, q, W::set(-1.68282697438203e-03f));
+  q = W::fma(x2, q, W::set(-7.37332916720468e-03f));
+  q = W::fma(x2, q, W::set(-1.42647390514189e-02f));
+  return W::div(p, q);
+}
+
+// GELU, erf form, as BERT and the reference: (0.5 x) (1 + erf(x / sqrt 2))
 template <class W>
 inline typename W::T vgelu(typename W::T x) {
-  using T = typename W::T;
-  T z = W::mul(W::abs(x), W::set(0.70710678118654752f));
-  T t = W::div(W::set(1.f), W::fma(W::set(0.5f), z, W::set(1.f)));
-  T p = W::set(0.17087277f);
-  p = W::fma(p, t, W::set(-0.82215223f));
-  p = W::fma(p, t, W::set(1.48851587f));
-  p = W::fma(p, t, W::set(-1.13520398f));
-  p = W::fma(p, t, W::set(0.27886807f));
-  p = W::fma(p, t, W::set(-0.18628806f));
-  p = W::fma(p, t, W::set(0.09678418f));
-  p = W::fma(p, t, W::set(0.37409196f));
-  p = W::fma(p, t, W::set(1.00002368f));
-  p = W::fma(p, t, W::set(-1.26551223f));
-  p = W::sub(p, W::mul(z, z));
-  T e = W::mul(W::mul(W::set(0.5f), t), vexp<W>(p));  // 0.5 * erfc(|x|/sqrt2) = Phi(-|x|)
-  return W::mul(x, W::sel_lt(x, W::zero(), e, W::sub(W::set(1.f), e)));
+  const typename W::T e = verf<W>(W::mul(x, W::set(0.70710678118654752f)));
+  return W::mul(W::mul(W::set(0.5f), x), W::add(W::set(1.f), e));
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3)
@@ -181,6 +223,15 @@ inline typename W::T vact(typename W::T x, int act) {
     case ACT_SIGMOID: return vsigmoid<W>(x);
     default: return x;
   }
+}
+
+// act over p[0:n) in place (4 vectors at a time, then single vectors, then a scalar tail)
+inline void vact_inplace(float* p, int n, int act) {
+  if (act == ACT_NONE) return;
+  int k = 0;
+  for (; k + 4 * V::N <= n; k += 4 * V::N) X4<V>::store(p + k, vact<X4<V>>(X4<V>::load(p + k), act));
+  for (; k + V::N <= n; k += V::N) V::store(p + k, vact<V>(V::load(p + k), act));
+  for (; k < n; ++k) p[k] = vact<S1>(p[k], act);
 }
 
 }  // namespace ZOI_NS
