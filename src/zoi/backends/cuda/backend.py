@@ -24,6 +24,7 @@ torch CPU tensors through the Triton interpreter: the CI test of everything but 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -468,6 +469,11 @@ class CudaBackend:
             for s in steps:  # compile + run once outside the capture
                 s()
         drv.check(cuda.cuStreamSynchronize(self.stream))
+        # no garbage collection inside the capture: a collected torch CUDAGraph (of anyone's)
+        # calls into CUDA and invalidates the capture (seen on the H200)
+        gc.collect()
+        gc_was = gc.isenabled()
+        gc.disable()
         drv.begin_capture(self.stream)
         try:
             with torch.cuda.stream(self.tstream):
@@ -475,6 +481,8 @@ class CudaBackend:
                     s()
         finally:
             graph, gexec, nodes = drv.end_capture(self.stream)
+            if gc_was:
+                gc.enable()
         self._graphs[tb] = (graph, gexec, nodes)
 
     # ------------------------------------------------------------------ run

@@ -174,12 +174,19 @@ def kernel_times(be, tb, reps=20):
     replay adds < 0.5 us per kernel)."""
     drv, cu = be.drv, be._cu
     out = []
+    import gc
+
+    gc.collect()
     for L, step in zip(be.plan_for(tb)["launches"], be._steps[tb]):
+        gc.disable()
         drv.begin_capture(be.stream)
-        with be.torch.cuda.stream(be.tstream):
-            for _ in range(reps):
-                step()
-        graph, gexec, _ = drv.end_capture(be.stream)
+        try:
+            with be.torch.cuda.stream(be.tstream):
+                for _ in range(reps):
+                    step()
+        finally:
+            graph, gexec, _ = drv.end_capture(be.stream)
+            gc.enable()
         ts = []
         for i in range(13):
             t0 = time.perf_counter()
@@ -368,6 +375,7 @@ def main(argv=None):
                             agg[key] = agg.get(key, 0.0) + k["us"]
                         print(f"  kernels {name} {B}x{S} {prec} (sum {sum(k['us'] for k in kt):.1f} us): "
                               + ", ".join(f"{k} {v:.1f}" for k, v in agg.items()), flush=True)
+                _write(args.out, result)
                 n_rows = 1 + len(peers) + sum(1 for p_ in engines if " " not in p_ or B * S <= 4096)
                 for r in result["rows"][-n_rows:]:
                     if "p50_us" in r:

@@ -36,7 +36,9 @@ ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
 @triton.jit
 def quantize_rows(x, amax):
     """Per-token INT8 of x [R, C] (fp32) with amax [R]: the numerics of zoi.quant.primitives."""
-    inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+    # IEEE division (div_rn): Triton's default fp32 '/' is approximate, and one ulp of inv
+    # moved a product across a .5 tie (seen on the H200: 64 vs 63)
+    inv = tl.where(amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0)
     s = tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)
     s = (s + 12582912.0) - 12582912.0  # rint, half to even (the clamp keeps |s| small)
     return s.to(tl.int8)
@@ -135,7 +137,7 @@ def linear_kernel(
             amax = tl.zeros((BLOCK_M,), dtype=tl.float32) + static_amax
         else:
             amax = tl.load(a_amax_ptr + rm_c)
-        inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+        inv = tl.where(amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         for k in range(0, K, BLOCK_K):
             k_ok = (k + rk) < K
@@ -151,7 +153,7 @@ def linear_kernel(
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
-        a_scale = amax / 127.0
+        a_scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
 
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
