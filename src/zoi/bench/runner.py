@@ -22,11 +22,8 @@ def worker_env(threads: int) -> dict:
         env[k] = t
     env["TOKENIZERS_PARALLELISM"] = "false"
     env.setdefault("PYTHONWARNINGS", "ignore")
-    # the worker imports zoi from where the parent found it (source tree or installed)
-    import zoi
-
-    src = str(Path(zoi.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # same interpreter, same environment: the worker imports zoi exactly as the parent did
+    # (an editable install's import hook included; never prepend the source tree to PYTHONPATH)
     return env
 
 

@@ -39,18 +39,12 @@ def cpu_info() -> dict:
     except OSError:
         pass
     isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    zoi_isa = None
-    try:
-        from zoi.backends.cpu import isa as zisa  # type: ignore
+    try:  # the kernels zoi's CPU core picks here (ZOI_CPU_ISA forces one)
+        from zoi.backends.cpu import cpu_info as zoi_cpu_info
 
-        zoi_isa = getattr(zisa, "selected", lambda: None)()
+        zoi_isa = os.environ.get("ZOI_CPU_ISA") or zoi_cpu_info().get("best_isa")
     except Exception:
-        try:
-            import zoi._cpu as zc  # type: ignore
-
-            zoi_isa = getattr(zc, "isa", lambda: None)()
-        except Exception:
-            zoi_isa = None
+        zoi_isa = None
     try:
         import psutil
 
