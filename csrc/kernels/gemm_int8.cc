@@ -74,7 +74,10 @@ static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
 // out[r][0:PW) = sum over kgroups of A row r x the panel. The accumulators stay in registers
 // (only constant indices after full unrolling); they are spilled once, to the L1-hot tile.
-template <int R>
+// PF: software-prefetch the panel PF_DIST bytes ahead (the first row block of a panel streams
+// it from L3; later row blocks find it in L1/L2)
+constexpr int PF_DIST = 2048;
+template <int R, bool PF>
 inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) {
   IV acc[R][NB];
 #pragma GCC unroll 8
@@ -83,6 +86,12 @@ inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) 
     for (int j = 0; j < NB; ++j) acc[r][j] = izero();
   for (int g = 0; g < kgroups; ++g) {
     const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+    if (PF) {
+      constexpr int kBytes = PW * KG * static_cast<int>(sizeof(WE));
+#pragma GCC unroll 8
+      for (int o = 0; o < kBytes; o += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(wg) + PF_DIST + o, 0, 3);
+    }
     decltype(loadw(wg)) b[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) b[j] = loadw(wg + j * LANES * KG);
@@ -100,9 +109,11 @@ inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) 
 }
 
 template <int R>
-inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
+inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
   alignas(64) int32_t acc[R * PW];
-  micro<R>(static_cast<const AE*>(p.a) + static_cast<size_t>(m) * p.lda, p.lda, wpanel, p.Kp / KG, acc);
+  const AE* a = static_cast<const AE*>(p.a) + static_cast<size_t>(m) * p.lda;
+  if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, acc);
+  else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, acc);
   const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
   if (p.y_i32) {
     for (int r = 0; r < R; ++r) {
@@ -142,9 +153,9 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel) {
 }
 
 template <int R>
-inline void tile_rows(int mr, const GemmI8Args& p, int m, int n0, const WE* wpanel) {
-  if (mr == R) tile<R>(p, m, n0, wpanel);
-  else if constexpr (R > 1) tile_rows<R - 1>(mr, p, m, n0, wpanel);
+inline void tile_rows(int mr, const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
+  if (mr == R) tile<R>(p, m, n0, wpanel, first);
+  else if constexpr (R > 1) tile_rows<R - 1>(mr, p, m, n0, wpanel, first);
 }
 
 size_t pack_bytes(int N, int K) {
@@ -183,7 +194,7 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
     const WE* wpanel = static_cast<const WE*>(p.w) + pn * panel_elems;
     for (int m = m0; m < m1; m += MR) {
       const int mr = m1 - m < MR ? m1 - m : MR;
-      tile_rows<MR>(mr, p, m, pn * PW, wpanel);
+      tile_rows<MR>(mr, p, m, pn * PW, wpanel, m == m0);
     }
   }
 }

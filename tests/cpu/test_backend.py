@@ -202,3 +202,33 @@ def test_num_threads_env_and_pinning(n):
     pinned = [a for a in aff if len(a) == 1]
     if len(cpus) > 1:  # every worker (threads 1..n-1) pinned to one CPU of the mask
         assert len(pinned) >= int(n) - 1
+
+
+ISA_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from helpers import batch, make_model, small_spec
+from zoi import _cpu
+from zoi.backends.cpu import CpuBackend
+m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
+try:
+    be = CpuBackend(m)
+    print(json.dumps([_cpu.active_isa(), be.isa, be.run(*batch([9, 4], 300), True).tolist()]))
+except ValueError as e:
+    print(json.dumps(["error", str(e), None]))
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS + ["sse9"])
+def test_zoi_cpu_isa_env_forces_the_variant(isa):
+    env = dict(os.environ, ZOI_CPU_ISA=isa)
+    out = subprocess.run([sys.executable, "-c", ISA_SCRIPT, str(Path(__file__).parent)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    active, used, emb = json.loads(out.strip().splitlines()[-1])
+    if isa == "sse9":
+        assert active == "error" and "ZOI_CPU_ISA" in used
+        return
+    assert active == isa and used == isa
+    m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
+    want = CpuBackend(m, isa="scalar").run(*batch([9, 4], 300), True)
+    assert np.abs(np.array(emb, np.float32) - want).max() <= 1e-5
