@@ -35,7 +35,7 @@ def tiny():
 
 
 def _cfg(**kw):
-    base = dict(gptq=False, smooth_alpha=0.5, search_texts=16, sqnr_texts=48)
+    base = dict(gptq=False, smooth_alpha=0.5, search_texts=16, sqnr_texts=48, sensitivity_db=0.0)
     base.update(kw)
     return QuantConfig(**base)
 

@@ -35,7 +35,7 @@ class QuantConfig:
     gptq_damp: float = 0.01
     # mixed precision: a linear whose output SQNR (dB) on calibration data is below this
     # stays FP32, worst first, while the weights stay under max_weight_ratio x FP32 bytes
-    sensitivity_db: float = 0.0
+    sensitivity_db: float = 30.0  # MiniLM's worst linear is at 38 dB: nothing falls back
     max_weight_ratio: float | None = 0.27
     # past the budget: "auto" keeps INT8 weights with FP32 activations (weight-only),
     # "fp32" stops at the budget, "int8" always uses weight-only (never FP32 weights)
