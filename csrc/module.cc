@@ -392,7 +392,8 @@ NB_MODULE(_cpu, m) {
     return tot / sec / 1e9;
   }, "isa"_a = "", "nt"_a = 1, "iters"_a = 20000000, "register-only INT8 dot loop on nt pool threads: GOP/s");
 
-  m.def("bench_gemm", [](const std::string& kind, int M, int N, int K, const std::string& isa, int nt, int iters) {
+  m.def("bench_gemm", [](const std::string& kind, int M, int N, int K, const std::string& isa, int nt, int iters,
+                         const std::string& act) {
     const auto& kt = table_for(isa);
     std::vector<int8_t> wq(static_cast<size_t>(N) * K);
     std::vector<float> wf(static_cast<size_t>(N) * K), x(static_cast<size_t>(M) * K), y(static_cast<size_t>(M) * N);
@@ -415,7 +416,7 @@ NB_MODULE(_cpu, m) {
       zoi::GemmI8Args a;
       a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
       a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
-      a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N;
+      a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N; a.act = parse_act(act);
       nb::gil_scoped_release nogil;
       auto f = [&](int t, int n) {
         for (int i = 0; i < iters; ++i) { kt.gemm_i8(a, t, n); zoi::ThreadPool::instance().barrier(); }
@@ -433,6 +434,7 @@ NB_MODULE(_cpu, m) {
       std::vector<float> bias(zoi::round_up(N, kt.f32_panel), 0.f);
       zoi::GemmF32Args a;
       a.a = x.data(); a.lda = K; a.w = pw; a.bias = bias.data(); a.M = M; a.N = N; a.K = K; a.y = y.data(); a.ldy = N;
+      a.act = parse_act(act);
       nb::gil_scoped_release nogil;
       auto f = [&](int t, int n) {
         for (int i = 0; i < iters; ++i) { kt.gemm_f32(a, t, n); zoi::ThreadPool::instance().barrier(); }
@@ -447,7 +449,7 @@ NB_MODULE(_cpu, m) {
       throw nb::value_error("kind must be i8 or f32");
     }
     return nb::make_tuple(sec / iters, cpu / iters);
-  }, "kind"_a, "M"_a, "N"_a, "K"_a, "isa"_a = "", "nt"_a = 1, "iters"_a = 10,
+  }, "kind"_a, "M"_a, "N"_a, "K"_a, "isa"_a = "", "nt"_a = 1, "iters"_a = 10, "act"_a = "none",
      "(wall s, calling thread's CPU s) per GEMM (random data, packed weights, through the pool)");
 
   // ------------------------------------------------------------------ engine

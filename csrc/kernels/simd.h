@@ -12,6 +12,8 @@
 #include <immintrin.h>
 #endif
 
+#define ZOI_INLINE inline __attribute__((always_inline))
+
 namespace zoi {
 namespace ZOI_NS {
 
@@ -125,27 +127,27 @@ struct X4 {
   };
   static constexpr int N = 4 * W::N;
 #define ZOI_X4_1(name)                               \
-  static T name(T a) {                               \
+  ZOI_INLINE static T name(T a) {                    \
     T r;                                             \
-    for (int i = 0; i < 4; ++i) r.v[i] = W::name(a.v[i]); \
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) r.v[i] = W::name(a.v[i]); \
     return r;                                        \
   }
 #define ZOI_X4_2(name)                                          \
-  static T name(T a, T b) {                                     \
+  ZOI_INLINE static T name(T a, T b) {                          \
     T r;                                                        \
-    for (int i = 0; i < 4; ++i) r.v[i] = W::name(a.v[i], b.v[i]); \
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) r.v[i] = W::name(a.v[i], b.v[i]); \
     return r;                                                   \
   }
-  static T zero() { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::zero(); return r; }
-  static T set(float x) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::set(x); return r; }
-  static T load(const float* p) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::load(p + i * W::N); return r; }
-  static void store(float* p, T x) { for (int i = 0; i < 4; ++i) W::store(p + i * W::N, x.v[i]); }
+  ZOI_INLINE static T zero() { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::zero(); return r; }
+  ZOI_INLINE static T set(float x) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::set(x); return r; }
+  ZOI_INLINE static T load(const float* p) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::load(p + i * W::N); return r; }
+  ZOI_INLINE static void store(float* p, T x) { for (int i = 0; i < 4; ++i) W::store(p + i * W::N, x.v[i]); }
   ZOI_X4_2(add) ZOI_X4_2(sub) ZOI_X4_2(mul) ZOI_X4_2(div) ZOI_X4_2(max) ZOI_X4_2(min)
   ZOI_X4_1(abs) ZOI_X4_1(round) ZOI_X4_1(pow2n)
-  static T fma(T a, T b, T c) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::fma(a.v[i], b.v[i], c.v[i]); return r; }
-  static T sel_lt(T a, T b, T x, T y) {
+  ZOI_INLINE static T fma(T a, T b, T c) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::fma(a.v[i], b.v[i], c.v[i]); return r; }
+  ZOI_INLINE static T sel_lt(T a, T b, T x, T y) {
     T r;
-    for (int i = 0; i < 4; ++i) r.v[i] = W::sel_lt(a.v[i], b.v[i], x.v[i], y.v[i]);
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) r.v[i] = W::sel_lt(a.v[i], b.v[i], x.v[i], y.v[i]);
     return r;
   }
 #undef ZOI_X4_1
@@ -156,7 +158,7 @@ struct X4 {
 
 // exp(x), cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial; ~1-2 ulp.
 template <class W>
-inline typename W::T vexp(typename W::T x) {
+ZOI_INLINE typename W::T vexp(typename W::T x) {
   using T = typename W::T;
   x = W::min(W::max(x, W::set(-87.33f)), W::set(88.37f));
   T n = W::round(W::mul(x, W::set(1.44269504088896341f)));
@@ -175,7 +177,7 @@ inline typename W::T vexp(typename W::T x) {
 // erf(x) for float32: odd/even rational minimax fit on [-4, 4] (Eigen's generic_fast_erf_float),
 // a few ulp; |x| >= 4 is +-1 in float32.
 template <class W>
-inline typename W::T verf(typename W::T a) {
+ZOI_INLINE typename W::T verf(typename W::T a) {
   using T = typename W::T;
   const T x = W::max(W::min(a, W::set(4.f)), W::set(-4.f));
   const T x2 = W::mul(x, x);
@@ -195,14 +197,14 @@ inline typename W::T verf(typename W::T a) {
 
 // GELU, erf form, as BERT and the reference: (0.5 x) (1 + erf(x / sqrt 2))
 template <class W>
-inline typename W::T vgelu(typename W::T x) {
+ZOI_INLINE typename W::T vgelu(typename W::T x) {
   const typename W::T e = verf<W>(W::mul(x, W::set(0.70710678118654752f)));
   return W::mul(W::mul(W::set(0.5f), x), W::add(W::set(1.f), e));
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3)
 template <class W>
-inline typename W::T vgelu_tanh(typename W::T x) {
+ZOI_INLINE typename W::T vgelu_tanh(typename W::T x) {
   using T = typename W::T;
   T x3 = W::mul(W::mul(x, x), x);
   T u2 = W::mul(W::set(-2.f * 0.7978845608028654f), W::fma(W::set(0.044715f), x3, x));
@@ -210,12 +212,12 @@ inline typename W::T vgelu_tanh(typename W::T x) {
 }
 
 template <class W>
-inline typename W::T vsigmoid(typename W::T x) {
+ZOI_INLINE typename W::T vsigmoid(typename W::T x) {
   return W::div(W::set(1.f), W::add(W::set(1.f), vexp<W>(W::sub(W::zero(), x))));
 }
 
 template <class W>
-inline typename W::T vact(typename W::T x, int act) {
+ZOI_INLINE typename W::T vact(typename W::T x, int act) {
   switch (act) {
     case ACT_GELU: return vgelu<W>(x);
     case ACT_GELU_TANH: return vgelu_tanh<W>(x);
@@ -225,13 +227,24 @@ inline typename W::T vact(typename W::T x, int act) {
   }
 }
 
-// act over p[0:n) in place (4 vectors at a time, then single vectors, then a scalar tail)
-inline void vact_inplace(float* p, int n, int act) {
-  if (act == ACT_NONE) return;
+// act over p[0:n) in place (4 vectors at a time, then single vectors, then a scalar tail);
+// one loop per activation so the math is inlined with its constants hoisted
+template <int ACT>
+inline void act_loop(float* p, int n) {
   int k = 0;
-  for (; k + 4 * V::N <= n; k += 4 * V::N) X4<V>::store(p + k, vact<X4<V>>(X4<V>::load(p + k), act));
-  for (; k + V::N <= n; k += V::N) V::store(p + k, vact<V>(V::load(p + k), act));
-  for (; k < n; ++k) p[k] = vact<S1>(p[k], act);
+  for (; k + 4 * V::N <= n; k += 4 * V::N) X4<V>::store(p + k, vact<X4<V>>(X4<V>::load(p + k), ACT));
+  for (; k + V::N <= n; k += V::N) V::store(p + k, vact<V>(V::load(p + k), ACT));
+  for (; k < n; ++k) p[k] = vact<S1>(p[k], ACT);
+}
+
+inline void vact_inplace(float* p, int n, int act) {
+  switch (act) {
+    case ACT_GELU: act_loop<ACT_GELU>(p, n); break;
+    case ACT_GELU_TANH: act_loop<ACT_GELU_TANH>(p, n); break;
+    case ACT_RELU: act_loop<ACT_RELU>(p, n); break;
+    case ACT_SIGMOID: act_loop<ACT_SIGMOID>(p, n); break;
+    default: break;
+  }
 }
 
 }  // namespace ZOI_NS
