@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from zoi.backends.reference import ReferenceBackend  # noqa: E402
-
 from cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+
+from zoi.backends.reference import ReferenceBackend  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter run (the GPU runs test_gpu.py)")

@@ -273,7 +273,7 @@ class CudaBackend:
             offs[key] = (total, a)
             total = _align(total + a.nbytes)
         blob = np.zeros(total, np.uint8)
-        for key, (o, a) in offs.items():
+        for o, a in offs.values():
             blob[o : o + a.nbytes] = a.reshape(-1).view(np.uint8)
         self.wbuf = torch.from_numpy(blob).to(self.dev)  # the one weight buffer
         self.weights_bytes = total

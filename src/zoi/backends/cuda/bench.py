@@ -13,13 +13,14 @@ kernel's TOP/s, memory, and accuracy (cosine against PyTorch FP32 eager).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import sys
 import tempfile
-from pathlib import Path
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -177,7 +178,7 @@ def kernel_times(be, tb, reps=20):
     import gc
 
     gc.collect()
-    for L, step in zip(be.plan_for(tb)["launches"], be._steps[tb]):
+    for L, step in zip(be.plan_for(tb)["launches"], be._steps[tb], strict=True):
         gc.disable()
         drv.begin_capture(be.stream)
         try:
@@ -226,14 +227,15 @@ def gemm_bench():
         b = torch.zeros(N, device="cuda")
         y = torch.empty((M, N), dtype=torch.float16, device="cuda")
         a = a8 if quant == 3 else a16
-        fn = lambda: k_lin.launch_linear(a, amax, w, ws, b, None, None, None, y, None, M, N, K,  # noqa: E731
-                                         quant=quant, cfg=cfg)
+        fn = functools.partial(k_lin.launch_linear, a, amax, w, ws, b, None, None, None, y, None, M, N, K,
+                               quant=quant, cfg=cfg)
         ms = tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
         row = {"shape": label, "M": M, "N": N, "K": K, "a": "int8" if quant == 3 else "fp16->int8 on load",
                "cfg": cfg or k_lin.pick_config(M, N, K, True, False), "us": ms * 1e3,
                "TOPs": 2 * M * N * K / ms / 1e9}
         if quant == 3:
-            ms2 = tt.do_bench(lambda: torch._int_mm(a8, w.t()), warmup=25, rep=100, return_mode="median")
+            ms2 = tt.do_bench(functools.partial(torch._int_mm, a8, w.t()), warmup=25, rep=100,
+                              return_mode="median")
             row["torch_int_mm_TOPs"] = 2 * M * N * K / ms2 / 1e9
         res.append(row)
         c = row["cfg"]
@@ -335,7 +337,7 @@ def main(argv=None):
                 ref32 = TorchPeer(hf, torch.float32, B, S)
                 want = ref32(ids)
                 row_ref = {"model": name, "shape": f"{B}x{S}", "provider": "torch eager fp32",
-                           **timed(lambda: ref32(ids))}
+                           **timed(functools.partial(ref32, ids))}
                 result["rows"].append(row_ref)
                 del ref32
                 torch.cuda.empty_cache()
@@ -350,7 +352,7 @@ def main(argv=None):
                     torch.cuda.reset_peak_memory_stats()
                     p = TorchPeer(copy.deepcopy(hf).cpu(), torch.float16, B, S, **kw)
                     got = p(ids)
-                    row = {"model": name, "shape": f"{B}x{S}", "provider": pname, **timed(lambda: p(ids)),
+                    row = {"model": name, "shape": f"{B}x{S}", "provider": pname, **timed(functools.partial(p, ids)),
                            "cos_vs_fp32": cos_stats(got, want),
                            "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated() - a0}
                     result["rows"].append(row)
@@ -362,7 +364,7 @@ def main(argv=None):
                     got = be.run(flat, pos, cu, True)
                     tb = next(b for b in be.buckets if b >= B * S)
                     row = {"model": name, "shape": f"{B}x{S}", "provider": f"zoi {prec}",
-                           **timed(lambda: be.run(flat, pos, cu, True)),
+                           **timed(functools.partial(be.run, flat, pos, cu, True)),
                            "graph_only_us": graph_only_us(be, tb), "cos_vs_fp32": cos_stats(got, want),
                            "bucket": tb}
                     result["rows"].append(row)
