@@ -45,7 +45,7 @@ inline void scores_block(const float* const* q, const float* kt, int lp, int d, 
 
 // o_i[c0 : c0 + NV*N) = (sum_j p_i[j] v_j) / sum_i for NQ rows; keys split over two
 // interleaved accumulator sets (shorter dependency chains, smaller rounding error)
-template <int NQ, int NV>
+template <int NQ, int NV, bool FULL>
 inline void pv_block(const float* const* p, const float* v, int ldv, int L, int c0, int d, float* const* o,
                      const float* sums) {
   T acc[2][NQ][NV];
@@ -62,7 +62,7 @@ inline void pv_block(const float* const* p, const float* v, int ldv, int L, int 
       const float* vr = v + static_cast<size_t>(j + h) * ldv + c0;
       T vv[NV];
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) vv[u] = V::load_n(vr + u * V::N, d - c0 - u * V::N);
+      for (int u = 0; u < NV; ++u) vv[u] = FULL ? V::load(vr + u * V::N) : V::load_n(vr + u * V::N, d - c0 - u * V::N);
 #pragma GCC unroll 4
       for (int r = 0; r < NQ; ++r) {
         T pj = V::set(p[r][j + h]);
@@ -77,7 +77,9 @@ inline void pv_block(const float* const* p, const float* v, int ldv, int L, int 
     for (int r = 0; r < NQ; ++r) {
       T pj = V::set(p[r][j]);
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[0][r][u] = V::fma(pj, V::load_n(vr + u * V::N, d - c0 - u * V::N), acc[0][r][u]);
+      for (int u = 0; u < NV; ++u)
+        acc[0][r][u] = V::fma(pj, FULL ? V::load(vr + u * V::N) : V::load_n(vr + u * V::N, d - c0 - u * V::N),
+                              acc[0][r][u]);
     }
   }
 #pragma GCC unroll 4
@@ -131,8 +133,9 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, const float* v
   for (; j < lp; j += V::N) scores_block<NQ, 1>(q, kt, lp, d, j, s, vscale);
   for (int r = 0; r < NQ; ++r) sums[r] = softmax_row(s[r], L);
   int c = 0;
-  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2>(s, vb, ld, L, c, d, o, sums);
-  for (; c < d; c += V::N) pv_block<NQ, 1>(s, vb, ld, L, c, d, o, sums);
+  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, L, c, d, o, sums);
+  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, L, c, d, o, sums);
+  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, L, c, d, o, sums);
 }
 
 void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {

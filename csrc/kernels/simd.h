@@ -42,6 +42,7 @@ struct S1 {  // one float lane: scalar fallback and loop tails
     std::memcpy(&f, &bits, 4);
     return f;
   }
+  static T scale2n(T x, T n) { return x * pow2n(n); }
   static float hsum(T a) { return a; }
   static float hmax(T a) { return a; }
 };
@@ -71,6 +72,7 @@ struct V16 {
     __m512i i = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_castsi512_ps(i);
   }
+  static T scale2n(T x, T n) { return _mm512_scalef_ps(x, n); }  // x * 2^n, n integral
   static float hsum(T a) { return _mm512_reduce_add_ps(a); }
   static float hmax(T a) { return _mm512_reduce_max_ps(a); }
 };
@@ -100,6 +102,7 @@ struct V8 {
     __m256i i = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_castsi256_ps(i);
   }
+  static T scale2n(T x, T n) { return _mm256_mul_ps(x, pow2n(n)); }
   static float hsum(T a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -143,7 +146,7 @@ struct X4 {
   ZOI_INLINE static T load(const float* p) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::load(p + i * W::N); return r; }
   ZOI_INLINE static void store(float* p, T x) { for (int i = 0; i < 4; ++i) W::store(p + i * W::N, x.v[i]); }
   ZOI_X4_2(add) ZOI_X4_2(sub) ZOI_X4_2(mul) ZOI_X4_2(div) ZOI_X4_2(max) ZOI_X4_2(min)
-  ZOI_X4_1(abs) ZOI_X4_1(round) ZOI_X4_1(pow2n)
+  ZOI_X4_1(abs) ZOI_X4_1(round) ZOI_X4_1(pow2n) ZOI_X4_2(scale2n)
   ZOI_INLINE static T fma(T a, T b, T c) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::fma(a.v[i], b.v[i], c.v[i]); return r; }
   ZOI_INLINE static T sel_lt(T a, T b, T x, T y) {
     T r;
@@ -171,7 +174,7 @@ ZOI_INLINE typename W::T vexp(typename W::T x) {
   p = W::fma(p, r, W::set(1.6666665459e-1f));
   p = W::fma(p, r, W::set(5.0000001201e-1f));
   p = W::fma(p, W::mul(r, r), W::add(r, W::set(1.f)));
-  return W::mul(p, W::pow2n(n));
+  return W::scale2n(p, n);
 }
 
 // erf(x) for float32: odd/even rational minimax fit on [-4, 4] (Eigen's generic_fast_erf_float),
