@@ -26,6 +26,7 @@ from zoi.graph.compiled import CompiledModel, LinearQuant
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "reference": 4096, "cuda": 32768}
+DEFAULT_MAX_BATCH = 1024  # sequences per backend call (sizes the pooled output buffers)
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 
@@ -93,6 +94,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     _check_precision(precision, device)
     src = Path(path) if path is not None else default_model_path()
     max_tokens = int(max_tokens or DEFAULT_MAX_TOKENS[device])
+    max_batch = int(max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
     with _progress(progress) as prog:
         steps = _Steps(prog, 4 if precision == "int8" else 3)
         steps.step(f"loading {src.name}")
@@ -334,7 +336,9 @@ def load(path: str | os.PathLike, device: str | None = None, max_tokens: int | N
         else:
             raise CheckpointError(f"{folder / 'weights.safetensors'}: tensor {n} is missing")
     tokenizer = Tokenizer.from_file(folder / "tokenizer.json", spec.max_positions, spec.position_offset)
-    model = CompiledModel.build(spec, weights, precision, int(max_tokens or saved_tokens), max_batch, quant)
+    max_tokens = int(max_tokens or saved_tokens)
+    max_batch = min(int(max_batch or max_tokens), max_tokens)
+    model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     model.meta = dict(meta.get("meta", {}))
     model.meta["artifact"] = str(folder)
     return Engine(model, tokenizer, device)
