@@ -123,7 +123,7 @@ template <class F>
 void trampoline(void* c, int t, int n) { (*static_cast<F*>(c))(t, n); }
 
 template <class F>
-void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run(&trampoline<F>, &f, nt); }
+void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>, &f, nt); }  // static: all join
 
 }  // namespace
 

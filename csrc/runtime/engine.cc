@@ -237,6 +237,14 @@ void Engine::finalize() {
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
   scratch_bytes_ = qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8 + attn_stride_ * 4 * nthreads_;
+  // work parts per step, handed out dynamically: a few per thread, so a thread that other load
+  // delays holds up at most one part, and the others take the rest
+  sync_.reset(new StepSync[steps_.size()]);
+  parts_.assign(steps_.size(), 1);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Kind k = steps_[i].kind;
+    parts_[i] = nthreads_ == 1 ? 1 : (k == GEMM_I8 || k == GEMM_F32 || k == ATTN) ? 4 * nthreads_ : 2 * nthreads_;
+  }
   float* qs = static_cast<float*>(qscale_.get());
   int32_t* qz = static_cast<int32_t*>(qzp_.get());
   for (Step& s : steps_) {
@@ -259,84 +267,101 @@ void Engine::finalize() {
   finalized_ = true;
 }
 
-void Engine::exec(const Step& s, int tid, int nt) {
+void Engine::exec(const Step& s, int part, int parts, int tid) {
   const KernelTable& k = *kt_;
+  const int t = part, nt = parts;
   switch (s.kind) {
     case EMBED: {
       EmbedArgs a = s.em;
       a.ids = ids_;
       a.positions = positions_;
       a.T = T_;
-      k.embed(a, tid, nt);
+      k.embed(a, t, nt);
       break;
     }
-    case QUANT: k.quantize_rows(s.qx, s.qldx, T_, s.qK, s.qo, tid, nt); break;
+    case QUANT: k.quantize_rows(s.qx, s.qldx, T_, s.qK, s.qo, t, nt); break;
     case GEMM_I8: {
       GemmI8Args a = s.gi;
       a.M = T_;
-      k.gemm_i8(a, tid, nt);
+      k.gemm_i8(a, t, nt);
       break;
     }
     case GEMM_F32: {
       GemmF32Args a = s.gf;
       a.M = T_;
-      k.gemm_f32(a, tid, nt);
+      k.gemm_f32(a, t, nt);
       break;
     }
     case ATTN: {
       AttnArgs a = s.at;
       a.cu = cu_;
       a.B = B_;
-      k.attention(a, tid, nt);
+      a.scratch = s.at.scratch + static_cast<size_t>(tid) * attn_stride_;  // the pool thread's scratch
+      a.scratch_stride = 0;
+      k.attention(a, t, nt);
       break;
     }
     case LN: {
       LnArgs a = s.ln;
       a.M = T_;
-      k.layernorm(a, tid, nt);
+      k.layernorm(a, t, nt);
       break;
     }
     case POOL: {
       PoolArgs a = s.po;
       a.cu = cu_;
       a.B = B_;
-      k.pool(a, tid, nt);
+      k.pool(a, t, nt);
       break;
     }
   }
 }
 
+namespace {
+constexpr int kStepSpin = 4000;  // ~100 us of pause before sleeping while a step finishes
+
+double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+// Every thread walks the steps in order: takes parts of step i until none is left, then waits
+// until all parts of step i are done (the data dependency), then goes on. A thread that
+// arrives late finds the parts taken and the step done, and catches up without waiting.
 void Engine::job(void* self, int tid, int nt) {
+  (void)nt;
   Engine* e = static_cast<Engine*>(self);
-  ThreadPool& pool = ThreadPool::instance();
   const size_t n = e->steps_.size();
-  if (tid == 0 && e->prof_wall_) {  // profiling run (kernel lab only)
-    auto cpu_now = [] {
-      timespec ts;
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-      return ts.tv_sec + 1e-9 * ts.tv_nsec;
-    };
-    auto wall_now = [] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    };
-    for (size_t i = 0; i < n; ++i) {
-      double w0 = wall_now(), c0 = cpu_now();
-      e->exec(e->steps_[i], tid, nt);
-      if (i + 1 < n) pool.barrier();
+  const bool prof = tid == 0 && e->prof_wall_;
+  for (size_t i = 0; i < n; ++i) {
+    const double w0 = prof ? wall_now() : 0, c0 = prof ? cpu_now() : 0;
+    StepSync& sy = e->sync_[i];
+    const int parts = e->parts_[i];
+    for (;;) {
+      const int p = sy.next.fetch_add(1, std::memory_order_acq_rel);
+      if (p >= parts) break;
+      e->exec(e->steps_[i], p, parts, tid);
+      if (sy.done.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) futex_wake_all(&sy.done);
+    }
+    for (;;) {
+      const int d = sy.done.load(std::memory_order_acquire);
+      if (d >= parts) break;
+      futex_wait_while(&sy.done, d, kStepSpin);
+    }
+    if (prof) {
       e->prof_wall_[i] = wall_now() - w0;
       e->prof_cpu_[i] = cpu_now() - c0;
     }
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    e->exec(e->steps_[i], tid, nt);
-    if (i + 1 < n) pool.barrier();
   }
 }
 
 void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, double* wall,
                      double* cpu) {
-  std::vector<float> out(static_cast<size_t>(B) * out_cols_);
   std::lock_guard<std::mutex> g(mu_);
   prof_wall_ = wall;
   prof_cpu_ = cpu;
@@ -345,6 +370,10 @@ void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t
   cu_ = cu;
   T_ = T;
   B_ = B;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    sync_[i].next.store(0, std::memory_order_relaxed);
+    sync_[i].done.store(0, std::memory_order_relaxed);
+  }
   ThreadPool::instance().run(&Engine::job, this, nthreads_);
   prof_wall_ = prof_cpu_ = nullptr;
 }
@@ -373,6 +402,10 @@ void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu
   cu_ = cu;
   T_ = T;
   B_ = B;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    sync_[i].next.store(0, std::memory_order_relaxed);
+    sync_[i].done.store(0, std::memory_order_relaxed);
+  }
   ThreadPool::instance().run(&Engine::job, this, nthreads_);
   const float* src = buf(out_off_);
   for (int b = 0; b < B; ++b) std::memcpy(out + static_cast<size_t>(b) * ldo, src + static_cast<size_t>(b) * out_cols_, out_cols_ * 4);

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,8 +77,14 @@ class Engine {
     int qldx = 0, qK = 0;
     QuantOut qo;
   };
+  // per step: parts handed out dynamically (next) and parts finished (done)
+  struct alignas(64) StepSync {
+    std::atomic<int> next{0};
+    alignas(64) std::atomic<int> done{0};
+  };
   static void job(void* self, int tid, int nt);
-  void exec(const Step& s, int tid, int nt);
+  // computes part `part` of `parts` of step s on pool thread `tid`
+  void exec(const Step& s, int part, int parts, int tid);
   float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
   void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
   void check_off(size_t off, size_t bytes) const;
@@ -91,6 +98,8 @@ class Engine {
   int max_kp_ = 0, max_attn_d_ = 0;
   std::vector<AlignedBuf> owned_;
   std::vector<Step> steps_;
+  std::vector<int> parts_;
+  std::unique_ptr<StepSync[]> sync_;
   int vocab_ = 0, max_pos_ = 0;
   size_t out_off_ = 0;
   int out_cols_ = 0;

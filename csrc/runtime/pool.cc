@@ -9,36 +9,11 @@
 
 #include <climits>
 #include <cstdlib>
-#include <string>
 
 namespace zoi {
 namespace {
 
-void futex_wait(std::atomic<int>* addr, int expected) {
-  syscall(SYS_futex, reinterpret_cast<int*>(addr), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
-}
-void futex_wake_all(std::atomic<int>* addr) {
-  syscall(SYS_futex, reinterpret_cast<int*>(addr), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// Spin (with pause) up to kSpin rounds while *addr == v, then sleep on the futex.
-constexpr int kSpin = 20000;  // ~ 100-200 us of spinning before sleeping
-
-void wait_while_equal(std::atomic<int>* addr, int v, std::atomic<int>* sleepers) {
-  for (int i = 0; i < kSpin; ++i) {
-    if (addr->load(std::memory_order_acquire) != v) return;
-    _mm_pause();
-  }
-  while (addr->load(std::memory_order_acquire) == v) {
-    sleepers->fetch_add(1, std::memory_order_seq_cst);
-    if (addr->load(std::memory_order_seq_cst) == v) futex_wait(addr, v);
-    sleepers->fetch_sub(1, std::memory_order_seq_cst);
-  }
-}
-
-void wake(std::atomic<int>* addr, std::atomic<int>* sleepers) {
-  if (sleepers->load(std::memory_order_seq_cst) > 0) futex_wake_all(addr);
-}
+std::atomic<int> g_sleepers{0};  // threads asleep in futex_wait_while (any address)
 
 std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
@@ -51,7 +26,28 @@ std::vector<int> allowed_cpus() {
   return cpus;
 }
 
+constexpr int kIdleSpin = 20000;  // ~0.5 ms of pause between jobs before sleeping
+constexpr int kJoinSpin = 20000;
+
 }  // namespace
+
+void futex_wait_while(std::atomic<int>* addr, int v, int spin) {
+  for (int i = 0; i < spin; ++i) {
+    if (addr->load(std::memory_order_acquire) != v) return;
+    _mm_pause();
+  }
+  while (addr->load(std::memory_order_acquire) == v) {
+    g_sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (addr->load(std::memory_order_seq_cst) == v)
+      syscall(SYS_futex, reinterpret_cast<int*>(addr), FUTEX_WAIT_PRIVATE, v, nullptr, nullptr, 0);
+    g_sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void futex_wake_all(std::atomic<int>* addr) {
+  if (g_sleepers.load(std::memory_order_seq_cst) > 0)
+    syscall(SYS_futex, reinterpret_cast<int*>(addr), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
 
 ThreadPool& ThreadPool::instance() {
   static ThreadPool pool([] {
@@ -65,7 +61,15 @@ ThreadPool& ThreadPool::instance() {
 
 ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
   cpus_ = allowed_cpus();
-  for (int t = 1; t < n_; ++t) threads_.emplace_back([this, t] { worker(t); });
+  for (int t = 1; t < n_; ++t) {
+    threads_.emplace_back([this, t] { worker(t); });
+    // pin worker t to the t-th allowed CPU, from here so that it holds when the constructor
+    // returns (the caller, thread 0, is not pinned)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus_[t % cpus_.size()], &set);
+    pthread_setaffinity_np(threads_.back().native_handle(), sizeof(set), &set);
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -73,31 +77,39 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> g(run_mutex_);
     stop_ = true;
     job_gen_.fetch_add(1, std::memory_order_seq_cst);
+    g_sleepers.fetch_add(1);  // force the wake
     futex_wake_all(&job_gen_);
+    g_sleepers.fetch_sub(1);
   }
   for (auto& th : threads_) th.join();
 }
 
 void ThreadPool::worker(int tid) {
-  if (!cpus_.empty()) {  // pin worker t to the t-th allowed CPU (the caller, thread 0, is not pinned)
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus_[tid % cpus_.size()], &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  }
   int seen = 0;
   for (;;) {
-    wait_while_equal(&job_gen_, seen, &sleepers_);
+    futex_wait_while(&job_gen_, seen, kIdleSpin);
     seen = job_gen_.load(std::memory_order_acquire);
     if (stop_) return;
-    // every worker acknowledges every job (so none can lag into the next one); only
-    // threads below the job's width run it
-    if (tid < job_nt_) fn_(ctx_, tid, job_nt_);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) wake(&pending_, &sleepers_);
+    // join the job unless it is already closed (the caller finished without us)
+    uint32_t s = active_.load(std::memory_order_acquire);
+    bool joined = false;
+    while (!(s & kClosed)) {
+      if (active_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;
+    // the job's parameters are stable while we are counted in active_
+    if (job_gen_.load(std::memory_order_acquire) == seen && tid < job_nt_) fn_(ctx_, tid, job_nt_);
+    joined_total_.fetch_add(1, std::memory_order_acq_rel);
+    active_.fetch_sub(1, std::memory_order_acq_rel);
+    left_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(&left_);
   }
 }
 
-void ThreadPool::run(Fn fn, void* ctx, int nt) {
+void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
   if (nt > n_) nt = n_;
   if (nt < 1) nt = 1;
   std::lock_guard<std::mutex> g(run_mutex_);
@@ -110,16 +122,31 @@ void ThreadPool::run(Fn fn, void* ctx, int nt) {
   ctx_ = ctx;
   job_nt_ = nt;
   bar_count_.store(0, std::memory_order_relaxed);
-  pending_.store(n_ - 1, std::memory_order_relaxed);
+  joined_total_.store(0, std::memory_order_relaxed);
+  active_.store(0, std::memory_order_release);  // open
   job_gen_.fetch_add(1, std::memory_order_seq_cst);
-  wake(&job_gen_, &sleepers_);
+  futex_wake_all(&job_gen_);
+  if (all) {  // static partitions: wait until every worker has joined (they all will)
+    for (;;) {
+      uint32_t s = active_.load(std::memory_order_acquire);
+      if (static_cast<int>(s) + joined_total_.load(std::memory_order_acquire) >= n_ - 1) break;
+      _mm_pause();
+    }
+  }
   fn(ctx, 0, nt);
-  for (;;) {
-    int p = pending_.load(std::memory_order_acquire);
-    if (p == 0) break;
-    wait_while_equal(&pending_, p, &sleepers_);
+  // close the job: no late joiner; then wait for the joined ones to leave
+  uint32_t s = active_.fetch_or(kClosed, std::memory_order_acq_rel) | kClosed;
+  while ((s & ~kClosed) != 0) {
+    const int l = left_.load(std::memory_order_acquire);
+    s = active_.load(std::memory_order_acquire);
+    if ((s & ~kClosed) == 0) break;
+    futex_wait_while(&left_, l, kJoinSpin);
+    s = active_.load(std::memory_order_acquire);
   }
 }
+
+void ThreadPool::run(Fn fn, void* ctx, int nt) { launch(fn, ctx, nt, false); }
+void ThreadPool::run_all(Fn fn, void* ctx, int nt) { launch(fn, ctx, nt, true); }
 
 void ThreadPool::barrier() {
   const int nt = job_nt_;
@@ -128,9 +155,9 @@ void ThreadPool::barrier() {
   if (bar_count_.fetch_add(1, std::memory_order_acq_rel) == nt - 1) {
     bar_count_.store(0, std::memory_order_relaxed);
     bar_phase_.fetch_add(1, std::memory_order_seq_cst);
-    wake(&bar_phase_, &sleepers_);
+    futex_wake_all(&bar_phase_);
   } else {
-    wait_while_equal(&bar_phase_, ph, &sleepers_);
+    futex_wait_while(&bar_phase_, ph, kJoinSpin);
   }
 }
 
