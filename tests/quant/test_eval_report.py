@@ -42,3 +42,22 @@ def test_zoi_eval_command_on_a_tiny_checkpoint(tmp_path):
     assert 0.9 < e["cos_mean"] <= 1.0 + 1e-6 and 0.0 <= e["top10"] <= 1.0
     assert len(rep["layers"]) == 2 * 4 and all(r["sqnr_eval_db"] > 15 for r in rep["layers"])
     assert rep["weights_ratio"] < 0.5
+
+
+def test_zoi_eval_on_a_saved_artifact(tmp_path):
+    import zoi
+    from zoi.quant.cli import main
+
+    folder = save_checkpoint(build_hf_model("bert", seed=2), tmp_path / "tiny")
+    cfg = {"gptq": False, "smooth_alpha": 0.5, "max_calib_texts": 64, "search_texts": 16, "sqnr_texts": 16}
+    eng = zoi.compile(folder, device="reference", precision="int8", quant_config=cfg, max_tokens=512)
+    art = eng.save(tmp_path / "art")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(real_sentences(30)), encoding="utf-8")
+    out = tmp_path / "r.json"
+    assert main(["eval", str(art), "--texts", str(texts), "--json", str(out), "--device", "emulated", "-q"]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["texts"] == 30 and rep["embedding"]["cos_mean"] > 0.9
+    assert {r["scheme"] for r in rep["layers"]} <= {"dynamic_asym", "fp32"}
+    # the artifact keeps what the quantiser chose: smoothing factors and SQNR per layer
+    assert all(r["sqnr_calib_db"] is not None for r in rep["layers"])
