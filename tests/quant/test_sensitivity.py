@@ -124,3 +124,12 @@ def test_gptq_lowers_output_error_in_the_same_format():
     assert q1.dtype == np.int8 and np.abs(q1.astype(int)).max() <= 127
     y = x @ w.T
     assert P.sqnr_db(y, x @ P.dequantize_weight(q1, s1).T) > P.sqnr_db(y, x @ P.dequantize_weight(q0, s0).T) + 3
+
+
+def test_calibration_from_a_file(tiny, tmp_path):
+    spec, w, tok, tx = tiny
+    f = tmp_path / "cal.txt"
+    f.write_text("\n".join(tx) + "\n\n", encoding="utf-8")
+    rep: dict = {}
+    quantize_model(spec, w, tok, str(f), _cfg(), report=rep)
+    assert rep["calibration"]["texts"] == len(tx)

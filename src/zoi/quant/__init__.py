@@ -6,7 +6,7 @@ The one entry point the engine calls (zoi.engine.compile with precision="int8"):
     report: dict = {}
     weights_q, q = quant.quantize_model(
         spec, weights, tokenizer,          # ModelSpec, float32 weights (our names), zoi Tokenizer
-        calibration=None,                  # list[str]; None -> zoi/data/calibration.txt
+        calibration=None,                  # list[str] or a file path; None -> zoi/data/calibration.txt
         config=None,                       # QuantConfig | dict | None (defaults below)
         progress=False,                    # tqdm bars on stderr
         graph=None,                        # the Graph; None -> zoi.graph.build_graph(spec)
@@ -38,6 +38,7 @@ fallback under a byte budget of 0.27x the FP32 weights, INT8 embedding table.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 
@@ -91,6 +92,10 @@ def quantize_model(spec, weights: dict, tokenizer, calibration: Sequence[str] | 
 
         texts = calibration_texts()
     else:
+        if isinstance(calibration, (str, os.PathLike)):  # a file, one text per line
+            from zoi.data import read_lines
+
+            calibration = read_lines(calibration)
         texts = [t for t in calibration if isinstance(t, str) and t.strip()]
         if not texts:
             from zoi.errors import InputError
