@@ -17,22 +17,27 @@ The one entry point the engine calls (zoi.engine.compile with precision="int8"):
 
 What the returned weights hold (docs/ARCHITECTURE.md, docs/QUANT.md):
 
-- an INT8 linear `p` (q[p].scheme "dynamic" or "static"): `p.w_q` int8 [N, K], `p.w_scale`
-  f32 [N], `p.b` f32 [N]; with QuantConfig.smooth_targets="act_mul" also `p.act_mul` and
-  maybe `p.act_shift` (f32 [K]) that the kernel applies to x before quantising it.
+- an INT8 linear `p` (q[p].scheme "dynamic_asym" (default), "dynamic" or "static"):
+  `p.w_q` int8 [N, K], `p.w_scale` f32 [N], `p.b` f32 [N]; with smooth_targets="act_mul"
+  (default) also `p.act_mul` (f32 [K]) and, with smooth_shift, `p.act_shift` (f32 [K]):
+  the kernel computes x' = (x - act_shift) * act_mul before quantising x (docs/QUANT.md).
 - an FP32 linear (q[p].scheme "fp32"): `p.w` f32 [N, K] + `p.b`, or, when the byte budget
   did not allow FP32 weights, `p.w_q` + `p.w_scale` (weight-only INT8: dequantise, run in
-  float; q[p].info["weights"] == "int8").
+  float; q[p].info["weights"] == "int8"). Never act_mul / act_shift.
 - `embed.word_q` int8 [V, H] + `embed.word_scale` f32 [V] instead of `embed.word` (default).
-- every other weight unchanged (LayerNorms may carry folded SmoothQuant factors).
+- every other weight unchanged, except the V rows of `l{i}.qkv.w`/`.b` that carry the
+  o-projection's SmoothQuant factors (exact fold; kernels see nothing).
 
-q[p].info records: sqnr_db (per-layer SQNR on the calibration set), smooth (site and
-alpha, or None), gptq (bool), fallback reason. `quant_to_json` / `quant_from_json`
-(de)serialise the dict for the artifact.
+q[p].info records: sqnr_db (per-layer SQNR on the calibration set), smooth ({site, alpha}
+or None), gptq (bool), weights / fallback when it stayed FP32, in_scale (the folded
+factors, for reports). `quant_to_json` / `quant_from_json` (de)serialise the dict.
 
-QuantConfig (zoi.quant.config) defaults: per-token dynamic activations, SmoothQuant "auto"
-(alpha searched on the calibration set), GPTQ weight rounding, per-layer SQNR with FP32
-fallback under a byte budget of 0.27x the FP32 weights, INT8 embedding table.
+QuantConfig (zoi.quant.config) defaults, chosen on the calibration set to meet issue 4's
+targets on MiniLM (docs/QUANT.md): per-token asymmetric UINT8 activations ("dynamic_asym"),
+SmoothQuant "auto" (alpha searched, per role, "off" allowed) with `act_mul` where a fold is
+impossible, GPTQ weight rounding, per-layer SQNR with FP32 fallback under 30 dB within
+0.27x the FP32 weight bytes, per-row INT8 embedding table. Artifacts inside the original
+contract (no act_mul, symmetric): QuantConfig(activations="dynamic", smooth_targets="fold").
 """
 
 from __future__ import annotations
