@@ -133,3 +133,16 @@ def test_calibration_from_a_file(tiny, tmp_path):
     rep: dict = {}
     quantize_model(spec, w, tok, str(f), _cfg(), report=rep)
     assert rep["calibration"]["texts"] == len(tx)
+
+
+def test_config_restricted_to_backend_features(tiny):
+    from zoi.quant.config import QuantConfig as QC
+
+    c = QC().restricted_to({"dynamic", "static"})
+    assert c.activations == "dynamic" and c.smooth_targets == "fold" and not c.smooth_shift and c.fallback_weights == "fp32"
+    assert QC().restricted_to({"dynamic", "dynamic_asym", "act_mul", "weight_only"}) == QC()
+    with pytest.raises(ValueError):
+        QC().restricted_to({"int4"})
+    spec, w, tok, tx = tiny
+    w1, q1 = quantize_model(spec, w, tok, tx, _cfg(), features={"dynamic", "static"})
+    assert all(q.scheme == "dynamic" for q in q1.values()) and not any(k.endswith((".act_mul", ".act_shift")) for k in w1)

@@ -11,6 +11,7 @@ The one entry point the engine calls (zoi.engine.compile with precision="int8"):
         progress=False,                    # tqdm bars on stderr
         graph=None,                        # the Graph; None -> zoi.graph.build_graph(spec)
         report=report,                     # optional dict, filled with the summary (JSON-able)
+        features=None,                     # what the backend runs; None = all (see below)
     )
     # weights_q: the new weights dict; q: {linear prefix: zoi.graph.LinearQuant}
     model.meta["quant_report"] = report    # what `zoi info` / `zoi eval` show
@@ -37,7 +38,8 @@ targets on MiniLM (docs/QUANT.md): per-token asymmetric UINT8 activations ("dyna
 SmoothQuant "auto" (alpha searched, per role, "off" allowed) with `act_mul` where a fold is
 impossible, GPTQ weight rounding, per-layer SQNR with FP32 fallback under 30 dB within
 0.27x the FP32 weight bytes, per-row INT8 embedding table. Artifacts inside the original
-contract (no act_mul, symmetric): QuantConfig(activations="dynamic", smooth_targets="fold").
+contract (no act_mul, symmetric): QuantConfig(activations="dynamic", smooth_targets="fold"),
+or `features={"dynamic", "static"}`, which narrows any config that way.
 """
 
 from __future__ import annotations
@@ -83,11 +85,17 @@ def weights_ratio(quantized: dict, original: dict) -> float:
 
 def quantize_model(spec, weights: dict, tokenizer, calibration: Sequence[str] | None = None,
                    config: QuantConfig | dict | None = None, progress: bool = False, graph=None,
-                   report: dict | None = None) -> tuple[dict, dict]:
-    """Calibrate, smooth, quantise and choose per-layer precision. See the module doc."""
+                   report: dict | None = None, features=None) -> tuple[dict, dict]:
+    """Calibrate, smooth, quantise and choose per-layer precision. See the module doc.
+
+    features: what the target backend runs (zoi.quant.config.FEATURES); None = everything.
+    The config is narrowed to it (QuantConfig.restricted_to) so the artifact never needs a
+    feature the backend lacks."""
     from zoi.quant.pipeline import run_pipeline
 
     cfg = QuantConfig.coerce(config)
+    if features is not None:
+        cfg = cfg.restricted_to(features)
     if graph is None:
         from zoi.graph.build import build_graph
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 ACT_SCHEMES = ("dynamic", "dynamic_asym", "static")
+# what a backend may declare it runs (QuantConfig.restricted_to): the original contract is
+# {"dynamic", "static"}; the defaults need "dynamic_asym" and "act_mul"
+FEATURES = ("dynamic", "static", "dynamic_asym", "act_mul", "act_shift", "weight_only")
 SMOOTH_MODES = ("auto", "on", "off")
 
 
@@ -81,6 +84,29 @@ class QuantConfig:
         if "alpha_grid" in d:
             d["alpha_grid"] = tuple(d["alpha_grid"])
         return cls(**d).validate()
+
+    def restricted_to(self, features) -> QuantConfig:
+        """The closest config a backend that runs only `features` (see FEATURES) can execute:
+        dynamic_asym -> dynamic, act_mul SmoothQuant -> exact folds only, no act_shift,
+        weight-only fallback -> FP32 weights within the budget only."""
+        import dataclasses
+
+        f = set(features)
+        unknown = f - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown quantisation features {sorted(unknown)}; known: {FEATURES}")
+        c = dataclasses.replace(self)
+        if c.activations not in f:
+            c.activations = "dynamic" if "dynamic" in f else "static"
+        if c.activations not in f:
+            raise ValueError(f"the backend runs none of the activation schemes {ACT_SCHEMES}")
+        if "act_mul" not in f:
+            c.smooth_targets = "fold"
+        if "act_shift" not in f:
+            c.smooth_shift = False
+        if "weight_only" not in f and c.fallback_weights != "fp32":
+            c.fallback_weights = "fp32"
+        return c.validate()
 
     @classmethod
     def coerce(cls, c) -> QuantConfig:
