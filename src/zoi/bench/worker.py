@@ -75,7 +75,7 @@ class Worker:
         clock = time.perf_counter_ns
         ns = []
         limit = c.get("seconds")
-        t_end = clock() + int(limit * 1e9) if limit else None
+        t_end = clock() + int(limit * 1e9) if limit is not None else None
         n = c["n"]
         for i in range(n):
             t0 = clock()
