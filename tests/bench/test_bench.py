@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,8 +54,8 @@ def test_packing_and_padding_agree(model_dir):
     batches, order = padded_batches(seqs, 4)
     assert sum(b[0].shape[0] for b in batches) == 10
     # every padded row holds exactly its sequence, then zeros under a zero mask
-    flat = [row for ids, mask in batches for row in zip(ids, mask)]
-    for (ids, mask), i in zip(flat, order):
+    flat = [row for ids, mask in batches for row in zip(ids, mask, strict=True)]
+    for (ids, mask), i in zip(flat, order, strict=True):
         n = len(seqs[i])
         assert np.array_equal(ids[:n], seqs[i]) and mask[:n].all() and not mask[n:].any()
 
@@ -85,18 +84,40 @@ def test_quick_run_schema(tmp_path, model_dir):
     reference backend (the harness path is the same)."""
     out = tmp_path / "run.json"
     zoi_names = ["zoi-cpu-fp32", "zoi-cpu-int8"] if _native_cpu() else ["zoi-reference-fp32"]
-    peers = [s.name for s in SPECS if s.device == "cpu" and s.default and not s.name.startswith("zoi")]
+    peers = [
+        s.name for s in SPECS if s.device == "cpu" and s.default and not s.name.startswith("zoi")
+    ]
     cfg = harness.Config(
         providers=zoi_names + peers,
-        quick=True, device="cpu", workloads=["minilm-1x16", "minilm-mixed"], calls=3,
-        calls_slow=2, rounds=2, warmup_s=0.0, accuracy_n=24, rss=True, load_threshold=100.0,
-        load_wait_s=0.0, out_file=out,
+        quick=True,
+        device="cpu",
+        workloads=["minilm-1x16", "minilm-mixed"],
+        calls=3,
+        calls_slow=2,
+        rounds=2,
+        warmup_s=0.0,
+        accuracy_n=24,
+        rss=True,
+        load_threshold=100.0,
+        load_wait_s=0.0,
+        out_file=out,
     )
     assert harness.main(cfg) == 0
     res = json.loads(out.read_text())
     assert res["schema"] == harness.SCHEMA
-    for key in ("created_utc", "machine", "versions", "git", "settings", "load", "workloads",
-                "providers", "results", "memory", "accuracy"):
+    for key in (
+        "created_utc",
+        "machine",
+        "versions",
+        "git",
+        "settings",
+        "load",
+        "workloads",
+        "providers",
+        "results",
+        "memory",
+        "accuracy",
+    ):
         assert key in res, key
     assert res["machine"]["cpu"]["logical_cores"] >= 1 and res["machine"]["threads"] == 2
     assert res["versions"]["numpy"]
@@ -128,7 +149,10 @@ def test_quick_run_schema(tmp_path, model_dir):
     mem = {m["provider"]: m for m in res["memory"]}
     for n in ran:
         assert _finite(mem[n]["weights_bytes"]) and mem[n]["weights_bytes"] > 1e6, n
-        assert _finite(mem[n]["peak_rss_bytes"]) and mem[n]["peak_rss_bytes"] > mem[n]["weights_bytes"] / 4, n
+        assert (
+            _finite(mem[n]["peak_rss_bytes"])
+            and mem[n]["peak_rss_bytes"] > mem[n]["weights_bytes"] / 4
+        ), n
     if "zoi-cpu-int8" in mem:
         assert mem["zoi-cpu-int8"]["weights_bytes"] < mem["zoi-cpu-fp32"]["weights_bytes"]
     assert _finite(mem[zoi_names[0]]["arena_bytes"]) and mem[zoi_names[0]]["arena_bytes"] > 0

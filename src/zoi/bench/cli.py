@@ -15,29 +15,70 @@ def _csv(s: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: minilm 1x16/1x128/8x128/mixed, fewer calls (< 3 min)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "all"],
-                   help="providers to run (auto: CPU, plus CUDA when torch sees a GPU)")
-    p.add_argument("--providers", type=_csv, default=None,
-                   help="comma-separated provider names or patterns, e.g. 'zoi-*,torch-fp32'")
-    p.add_argument("--workloads", type=_csv, default=None,
-                   help="comma-separated workloads, e.g. 'minilm-1x128,bert-base-32x128'")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: minilm 1x16/1x128/8x128/mixed, fewer calls (< 3 min)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda", "all"],
+        help="providers to run (auto: CPU, plus CUDA when torch sees a GPU)",
+    )
+    p.add_argument(
+        "--providers",
+        type=_csv,
+        default=None,
+        help="comma-separated provider names or patterns, e.g. 'zoi-*,torch-fp32'",
+    )
+    p.add_argument(
+        "--workloads",
+        type=_csv,
+        default=None,
+        help="comma-separated workloads, e.g. 'minilm-1x128,bert-base-32x128'",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads for every provider (default 2)")
-    p.add_argument("--calls", type=int, default=None, help="timed calls per cell (default 200; quick 40)")
-    p.add_argument("--calls-slow", type=int, default=None,
-                   help="timed calls per cell when a call takes over 100 ms (default 20; quick 8)")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 4)")
-    p.add_argument("--warmup", type=float, default=None, help="warm-up seconds per cell (default 1)")
-    p.add_argument("--accuracy", type=int, default=500, help="real sentences for accuracy (0: skip)")
+    p.add_argument(
+        "--calls", type=int, default=None, help="timed calls per cell (default 200; quick 40)"
+    )
+    p.add_argument(
+        "--calls-slow",
+        type=int,
+        default=None,
+        help="timed calls per cell when a call takes over 100 ms (default 20; quick 8)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 4)"
+    )
+    p.add_argument(
+        "--warmup", type=float, default=None, help="warm-up seconds per cell (default 1)"
+    )
+    p.add_argument(
+        "--accuracy", type=int, default=500, help="real sentences for accuracy (0: skip)"
+    )
     p.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS runs")
-    p.add_argument("--load-threshold", type=float, default=0.3,
-                   help="other processes' CPU load (cores) tolerated before a workload starts")
-    p.add_argument("--load-wait", type=float, default=120.0,
-                   help="seconds to wait for the machine to become quiet before each workload")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="peer conversions (default ~/.cache/zoi/bench, or $ZOI_BENCH_CACHE)")
-    p.add_argument("--out-dir", type=Path, default=None, help="where the JSON goes (default bench/results)")
+    p.add_argument(
+        "--load-threshold",
+        type=float,
+        default=0.3,
+        help="other processes' CPU load (cores) tolerated before a workload starts",
+    )
+    p.add_argument(
+        "--load-wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the machine to become quiet before each workload",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="peer conversions (default ~/.cache/zoi/bench, or $ZOI_BENCH_CACHE)",
+    )
+    p.add_argument(
+        "--out-dir", type=Path, default=None, help="where the JSON goes (default bench/results)"
+    )
     p.add_argument("--out", type=Path, default=None, help="exact JSON file to write")
 
 
@@ -46,15 +87,22 @@ def run_bench(args: argparse.Namespace) -> int:
 
     q = args.quick
     cfg = Config(
-        quick=q, device=args.device, providers=args.providers, workloads=args.workloads,
+        quick=q,
+        device=args.device,
+        providers=args.providers,
+        workloads=args.workloads,
         threads=args.threads,
         calls=args.calls or (40 if q else 200),
         calls_slow=args.calls_slow or (8 if q else 20),
         rounds=args.rounds or (4 if q else 10),
         warmup_s=args.warmup if args.warmup is not None else (0.5 if q else 1.0),
-        accuracy_n=args.accuracy, rss=not args.no_rss, load_threshold=args.load_threshold,
-        load_wait_s=args.load_wait if not q else min(args.load_wait, 20.0),
-        cache_dir=args.cache_dir, out_dir=args.out_dir, out_file=args.out,
+        accuracy_n=args.accuracy,
+        rss=not args.no_rss,
+        load_threshold=args.load_threshold,
+        load_wait_s=args.load_wait if not q else min(args.load_wait, 10.0),
+        cache_dir=args.cache_dir,
+        out_dir=args.out_dir,
+        out_file=args.out,
         argv=(["zoi", "bench", *args._argv] if hasattr(args, "_argv") else ["zoi", *sys.argv[1:]]),
     )
     return main(cfg)
@@ -92,16 +140,23 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "bench", help="benchmark zoi against the peers (JSON + plots under bench/results/)",
+        "bench",
+        help="benchmark zoi against the peers (JSON + plots under bench/results/)",
         description="Measure zoi and the peer libraries on the workloads of BENCHMARKS.md; "
         "every provider runs in its own fresh process, rounds interleaved.",
     )
     add_arguments(p)
     sub = p.add_subparsers(dest="bench_action")
     pp = sub.add_parser("plot", help="draw PNGs from result JSON files")
-    pp.add_argument("files", nargs="*", type=Path,
-                    help="result files (default: the latest CPU and GPU full runs in bench/results)")
-    pp.add_argument("--out-dir", type=Path, default=None, help="where PNGs go (default: next to the JSON)")
+    pp.add_argument(
+        "files",
+        nargs="*",
+        type=Path,
+        help="result files (default: the latest CPU and GPU full runs in bench/results)",
+    )
+    pp.add_argument(
+        "--out-dir", type=Path, default=None, help="where PNGs go (default: next to the JSON)"
+    )
     ps = sub.add_parser("show", help="print the tables of a result file (default: the latest)")
     ps.add_argument("file", nargs="?", type=Path, default=None)
     p.set_defaults(func=_dispatch)

@@ -61,7 +61,9 @@ def _pooled_module(model_dir: Path):
     return Pooled(enc).eval()
 
 
-def _example(model: ModelRef, n: int, max_len: int = 128, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def _example(
+    model: ModelRef, n: int, max_len: int = 128, seed: int = 0
+) -> list[dict[str, np.ndarray]]:
     """``n`` single-sequence feeds of real text (natural lengths), for export and calibration."""
     tok = Tok(model.path)
     lines = corpus_lines()
@@ -71,7 +73,11 @@ def _example(model: ModelRef, n: int, max_len: int = 128, seed: int = 0) -> list
     for ids in tok.encode([lines[i] for i in idx], max_len):
         ids = ids[None, :].astype(np.int64)
         feeds.append(
-            {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            {
+                "input_ids": ids,
+                "attention_mask": np.ones_like(ids),
+                "token_type_ids": np.zeros_like(ids),
+            }
         )
     return feeds
 
@@ -92,8 +98,14 @@ def onnx_raw(model: ModelRef, cache: Path) -> Path:
         axes["embedding"] = {0: "batch"}
         with torch.no_grad():
             torch.onnx.export(
-                m, args, str(tmp), input_names=list(INPUTS), output_names=["embedding"],
-                dynamic_axes=axes, opset_version=17, dynamo=False,
+                m,
+                args,
+                str(tmp),
+                input_names=list(INPUTS),
+                output_names=["embedding"],
+                dynamic_axes=axes,
+                opset_version=17,
+                dynamo=False,
             )
 
     d = cache / model.name / f"onnx-torch{_ver('torch').split('+')[0]}"
@@ -127,7 +139,10 @@ def onnx_int8(model: ModelRef, cache: Path) -> Path:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         quantize_dynamic(
-            str(fused), str(tmp) + ".onnx", per_channel=True, weight_type=QuantType.QInt8,
+            str(fused),
+            str(tmp) + ".onnx",
+            per_channel=True,
+            weight_type=QuantType.QInt8,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
         Path(str(tmp) + ".onnx").rename(tmp)

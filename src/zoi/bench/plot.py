@@ -51,8 +51,11 @@ def _style(names: list[str]) -> dict[str, dict]:
         f = n.rsplit("-", 1)[0] if n.startswith(("zoi", "torch-cuda")) else n.split("-")[0]
         i = families.index(f)
         low = any(k in n for k in ("int8", "fp16"))
-        st[n] = {"color": cmap((2 * i + int(low)) % 20), "marker": "os^vD<>ph*"[i % 10],
-                 "lw": 2.6 if n.startswith("zoi") else 1.4}
+        st[n] = {
+            "color": cmap((2 * i + int(low)) % 20),
+            "marker": "os^vD<>ph*"[i % 10],
+            "lw": 2.6 if n.startswith("zoi") else 1.4,
+        }
     return st
 
 
@@ -76,18 +79,27 @@ def plot_result(path: Path, out_dir: Path | None = None) -> list[Path]:
     written = []
 
     # latency against batch size (seq 128)
-    models = [m for m in ("minilm", "bert-base") if any(r["model"] == m and r.get("seq") == 128 for r in rows)]
+    models = [
+        m
+        for m in ("minilm", "bert-base")
+        if any(r["model"] == m and r.get("seq") == 128 for r in rows)
+    ]
     if models:
         fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5), squeeze=False)
-        for ax, m in zip(axes[0], models):
+        for ax, m in zip(axes[0], models, strict=True):
             for n in provs:
-                pts = sorted((r["batch"], r["p50_ms"], r["p99_ms"]) for r in rows
-                             if r["provider"] == n and r["model"] == m and r.get("seq") == 128)
+                pts = sorted(
+                    (r["batch"], r["p50_ms"], r["p99_ms"])
+                    for r in rows
+                    if r["provider"] == n and r["model"] == m and r.get("seq") == 128
+                )
                 if not pts:
                     continue
-                b, p50, p99 = zip(*pts)
+                b, p50, p99 = zip(*pts, strict=True)
                 s = st[n]
-                ax.plot(b, p50, marker=s["marker"], color=s["color"], lw=s["lw"], label=labels.get(n, n))
+                ax.plot(
+                    b, p50, marker=s["marker"], color=s["color"], lw=s["lw"], label=labels.get(n, n)
+                )
                 ax.plot(b, p99, ls="--", color=s["color"], lw=1.0, alpha=0.8)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -117,8 +129,14 @@ def plot_result(path: Path, out_dir: Path | None = None) -> list[Path]:
                 if r:
                     xs.append(j + (i - (len(pv) - 1) / 2) * width)
                     ys.append(r["speedup"])
-            ax.bar(xs, ys, width, color=st[n]["color"], label=labels.get(n, n),
-                   edgecolor="black" if n.startswith("zoi") else None)
+            ax.bar(
+                xs,
+                ys,
+                width,
+                color=st[n]["color"],
+                label=labels.get(n, n),
+                edgecolor="black" if n.startswith("zoi") else None,
+            )
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_yscale("log")
         ax.set_xticks(range(len(wls)))

@@ -17,7 +17,9 @@ def print_report(res: dict, console=None) -> None:
     cells = {(r["provider"], r["workload"]): r for r in res["results"]}
     provs = [p["name"] for p in res["providers"] if p.get("status") == "ok"]
 
-    t = Table(title="latency p50 / p99 (ms), speed-up over the baseline's p50", title_justify="left")
+    t = Table(
+        title="latency p50 / p99 (ms), speed-up over the baseline's p50", title_justify="left"
+    )
     t.add_column("provider")
     for w in wls:
         t.add_column(w, justify="right")
@@ -38,23 +40,44 @@ def print_report(res: dict, console=None) -> None:
 
     if res.get("memory"):
         m = Table(title="memory (MB)", title_justify="left")
-        for c in ("provider", "model", "weights", "arena", "peak RSS (fresh)", "GPU reserved", "load s"):
+        for c in (
+            "provider",
+            "model",
+            "weights",
+            "arena",
+            "peak RSS (fresh)",
+            "GPU reserved",
+            "load s",
+        ):
             m.add_column(c, justify="left" if c in ("provider", "model") else "right")
         for r in res["memory"]:
-            m.add_row(labels.get(r["provider"], r["provider"]), r["model"], _mb(r.get("weights_bytes")),
-                      _mb(r.get("arena_bytes")), _mb(r.get("peak_rss_bytes")),
-                      _mb(r.get("gpu_reserved_bytes")), f"{r.get('load_s', 0):.1f}")
+            m.add_row(
+                labels.get(r["provider"], r["provider"]),
+                r["model"],
+                _mb(r.get("weights_bytes")),
+                _mb(r.get("arena_bytes")),
+                _mb(r.get("peak_rss_bytes")),
+                _mb(r.get("gpu_reserved_bytes")),
+                f"{r.get('load_s', 0):.1f}",
+            )
         con.print(m)
 
     acc = res.get("accuracy", {}).get("rows") or []
     if acc:
-        a = Table(title=f"accuracy vs FP32 ({acc[0]['n']} sentences, {res['accuracy'].get('source')})",
-                  title_justify="left")
+        a = Table(
+            title=f"accuracy vs FP32 ({acc[0]['n']} sentences, {res['accuracy'].get('source')})",
+            title_justify="left",
+        )
         for c in ("provider", "reference", "cos mean", "cos min", "top-10 agree"):
             a.add_column(c, justify="left" if c in ("provider", "reference") else "right")
         for r in acc:
-            a.add_row(labels.get(r["provider"], r["provider"]), r["reference"], f"{r['cos_mean']:.4f}",
-                      f"{r['cos_min']:.4f}", f"{r['top10']:.3f}")
+            a.add_row(
+                labels.get(r["provider"], r["provider"]),
+                r["reference"],
+                f"{r['cos_mean']:.4f}",
+                f"{r['cos_min']:.4f}",
+                f"{r['top10']:.3f}",
+            )
         con.print(a)
     skipped = [p for p in res["providers"] if p.get("status") != "ok"]
     for p in skipped:
@@ -63,5 +86,7 @@ def print_report(res: dict, console=None) -> None:
     load = res.get("load", {})
     fl = [x["foreign_cores"] for x in load.get("per_workload", [])]
     if fl:
-        con.print(f"other load during measurement: max {max(fl):.2f} cores; loadavg start "
-                  f"{load.get('loadavg_start')} end {load.get('loadavg_end')}")
+        con.print(
+            f"other load during measurement: max {max(fl):.2f} cores; loadavg start "
+            f"{load.get('loadavg_start')} end {load.get('loadavg_end')}"
+        )

@@ -17,8 +17,13 @@ class WorkerError(RuntimeError):
 def worker_env(threads: int) -> dict:
     env = dict(os.environ)
     t = str(threads)
-    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ZOI_NUM_THREADS",
-              "ZOI_THREADS"):
+    for k in (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "ZOI_NUM_THREADS",
+        "ZOI_THREADS",
+    ):
         env[k] = t
     env["TOKENIZERS_PARALLELISM"] = "false"
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -34,8 +39,12 @@ class WorkerProc:
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "zoi.bench.worker", str(w)],
-            stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, pass_fds=(w,),
-            env=worker_env(threads), text=True,
+            stdin=subprocess.PIPE,
+            stdout=self.log,
+            stderr=self.log,
+            pass_fds=(w,),
+            env=worker_env(threads),
+            text=True,
         )
         os.close(w)
         self.r = os.fdopen(r, "r")
@@ -53,7 +62,9 @@ class WorkerProc:
             raise WorkerError(f"worker timed out after {timeout:.0f}s on {cmd['op']}")
         line = self.r.readline()
         if not line:
-            raise WorkerError(f"worker exited during {cmd['op']} (rc={self.proc.poll()}): {self.tail()}")
+            raise WorkerError(
+                f"worker exited during {cmd['op']} (rc={self.proc.poll()}): {self.tail()}"
+            )
         rep = json.loads(line)
         if not rep.get("ok"):
             raise WorkerError(rep.get("error", "unknown error") + "\n" + rep.get("trace", ""))

@@ -10,8 +10,18 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PACKAGES = (
-    "zoi", "numpy", "tokenizers", "torch", "transformers", "sentence-transformers", "onnx",
-    "onnxruntime", "openvino", "nncf", "ctranslate2", "triton",
+    "zoi",
+    "numpy",
+    "tokenizers",
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "ctranslate2",
+    "triton",
 )
 
 
@@ -58,7 +68,9 @@ def cpu_info() -> dict:
         "zoi_isa": zoi_isa,
         "logical_cores": os.cpu_count(),
         "physical_cores": physical,
-        "affinity_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "affinity_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else None,
         "memory_bytes": mem,
         "os": platform.platform(),
     }
@@ -71,13 +83,26 @@ def gpu_info() -> dict | None:
         if not torch.cuda.is_available():
             return None
         p = torch.cuda.get_device_properties(0)
-        info = {"name": p.name, "memory_bytes": p.total_memory, "count": torch.cuda.device_count(),
-                "cuda": torch.version.cuda, "capability": f"{p.major}.{p.minor}"}
+        info = {
+            "name": p.name,
+            "memory_bytes": p.total_memory,
+            "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda,
+            "capability": f"{p.major}.{p.minor}",
+        }
     except Exception:
         return None
     try:
-        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+        drv = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         info["driver"] = drv[0] if drv else None
     except Exception:
         info["driver"] = None
@@ -87,8 +112,9 @@ def gpu_info() -> dict | None:
 def git_info(root: Path) -> dict:
     def g(*a):
         try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *a], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except Exception:
             return ""
 
@@ -133,7 +159,13 @@ class LoadMeter:
 
     def _sys_busy(self) -> float:
         t = self.ps.cpu_times()
-        return t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
+        return (
+            t.user
+            + t.system
+            + getattr(t, "nice", 0)
+            + getattr(t, "irq", 0)
+            + getattr(t, "softirq", 0)
+        )
 
     def start(self) -> None:
         self._t, self._busy, self._own = time.monotonic(), self._sys_busy(), self._own_cpu()
@@ -158,9 +190,14 @@ class LoadMeter:
         waited = False
         while load > threshold and time.monotonic() - t0 < max_wait:
             if not waited:
-                log(f"[yellow]other load {load:.2f} cores > {threshold}: waiting up to {max_wait:.0f}s")
+                log(
+                    f"[yellow]other load {load:.2f} cores > {threshold}: waiting up to {max_wait:.0f}s"
+                )
                 waited = True
             time.sleep(2.0)
             load = self.sample()
-        return {"foreign_cores": round(load, 3), "waited_s": round(time.monotonic() - t0, 1),
-                "quiet": load <= threshold}
+        return {
+            "foreign_cores": round(load, 3),
+            "waited_s": round(time.monotonic() - t0, 1),
+            "quiet": load <= threshold,
+        }

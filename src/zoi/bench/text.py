@@ -123,7 +123,9 @@ def pack(seqs: list[np.ndarray]) -> Packed:
     return Packed(np.concatenate(seqs).astype(np.int32), pos, cu)
 
 
-def padded_batches(seqs: list[np.ndarray], n_batches: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+def padded_batches(
+    seqs: list[np.ndarray], n_batches: int
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Sort by length and cut into ``n_batches`` padded batches (ids int64, mask int64).
 
     Returns the batches and the permutation (``order[i]`` = original index of sorted row i).

@@ -54,9 +54,14 @@ class Worker:
 
         t = time.perf_counter()
         spec = BY_NAME[c["provider"]]
-        self.p = instantiate(spec, model_dir=c["model_dir"], artifacts=c["artifacts"],
-                             threads=c["threads"], max_tokens=c["max_tokens"],
-                             max_batch=c.get("max_batch", 256))
+        self.p = instantiate(
+            spec,
+            model_dir=c["model_dir"],
+            artifacts=c["artifacts"],
+            threads=c["threads"],
+            max_tokens=c["max_tokens"],
+            max_batch=c.get("max_batch", 256),
+        )
         self.p.load()
         return {"load_s": time.perf_counter() - t, "status": proc_status()}
 

@@ -11,8 +11,15 @@ class Provider:
     """``call(prepared)`` is what is timed: token ids already in host memory in the form the
     library takes, to the pooled ``float32 [B, H]`` result in host memory."""
 
-    def __init__(self, spec, model_dir: str, artifacts: dict, threads: int, max_tokens: int,
-                 max_batch: int = 256):
+    def __init__(
+        self,
+        spec,
+        model_dir: str,
+        artifacts: dict,
+        threads: int,
+        max_tokens: int,
+        max_batch: int = 256,
+    ):
         self.spec = spec
         self.model_dir = model_dir
         self.artifacts = artifacts

@@ -21,8 +21,11 @@ class Ct2Provider(PaddedProvider):
 
         self.ct2 = ctranslate2
         self.enc = ctranslate2.Encoder(
-            self.artifacts["dir"], device="cpu", compute_type=self.artifacts["compute_type"],
-            intra_threads=self.threads, inter_threads=1,
+            self.artifacts["dir"],
+            device="cpu",
+            compute_type=self.artifacts["compute_type"],
+            intra_threads=self.threads,
+            inter_threads=1,
         )
 
     def feed(self, ids, mask):

@@ -12,7 +12,11 @@ from zoi.bench.providers.base import PaddedProvider, file_bytes
 class OrtProvider(PaddedProvider):
     @classmethod
     def convert(cls, spec, model, cache):
-        f = convert.onnx_int8(model, cache) if spec.precision == "int8" else convert.onnx_fp32(model, cache)
+        f = (
+            convert.onnx_int8(model, cache)
+            if spec.precision == "int8"
+            else convert.onnx_fp32(model, cache)
+        )
         return {"onnx": str(f)}
 
     def load(self):
@@ -23,7 +27,9 @@ class OrtProvider(PaddedProvider):
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.sess = ort.InferenceSession(self.artifacts["onnx"], so, providers=["CPUExecutionProvider"])
+        self.sess = ort.InferenceSession(
+            self.artifacts["onnx"], so, providers=["CPUExecutionProvider"]
+        )
         self.names = {i.name for i in self.sess.get_inputs()}
 
     def feed(self, ids, mask):

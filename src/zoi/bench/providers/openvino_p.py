@@ -14,7 +14,11 @@ from zoi.bench.providers.base import PaddedProvider, file_bytes
 class OvProvider(PaddedProvider):
     @classmethod
     def convert(cls, spec, model, cache):
-        f = convert.openvino_int8(model, cache) if spec.precision == "int8" else convert.openvino_fp32(model, cache)
+        f = (
+            convert.openvino_int8(model, cache)
+            if spec.precision == "int8"
+            else convert.openvino_fp32(model, cache)
+        )
         return {"xml": str(f)}
 
     def load(self):

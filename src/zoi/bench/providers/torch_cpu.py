@@ -35,4 +35,3 @@ class TorchProvider(PaddedProvider):
         buf = io.BytesIO()
         self.torch.save(self.m.state_dict(), buf)
         return {"weights_bytes": buf.getbuffer().nbytes}
-

@@ -66,4 +66,7 @@ class TorchCudaProvider(PaddedProvider):
         torch = self.torch
         w = sum(p.numel() * p.element_size() for p in self.m.parameters())
         w += sum(b.numel() * b.element_size() for b in self.m.buffers())
-        return {"weights_bytes": int(w), "gpu_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+        return {
+            "weights_bytes": int(w),
+            "gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        }

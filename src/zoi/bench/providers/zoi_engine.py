@@ -48,8 +48,13 @@ class ZoiProvider(Provider):
 
         dst = Path(cache) / model.name / f"zoi-{zoi.__version__}-{source_hash()}" / spec.precision
         if not (dst / "zoi.json").exists():
-            engine = zoi.compile(str(model.path), device="reference", precision=spec.precision,
-                                 max_tokens=model.max_len, max_batch=ARTIFACT_MAX_BATCH)
+            engine = zoi.compile(
+                str(model.path),
+                device="reference",
+                precision=spec.precision,
+                max_tokens=model.max_len,
+                max_batch=ARTIFACT_MAX_BATCH,
+            )
             engine.save(dst)
         return {"artifact": str(dst)}
 
@@ -58,7 +63,9 @@ class ZoiProvider(Provider):
 
         dev = self.spec.options["device"]
         if self.artifacts.get("artifact"):
-            self.engine = zoi.load(self.artifacts["artifact"], device=dev, max_tokens=self.max_tokens)
+            self.engine = zoi.load(
+                self.artifacts["artifact"], device=dev, max_tokens=self.max_tokens
+            )
             return
         kw = {"device": dev, "precision": self.spec.options["precision"]}
         params = inspect.signature(zoi.compile).parameters
@@ -86,15 +93,20 @@ class ZoiProvider(Provider):
                 tokens += len(seqs[j])
                 j += 1
             if j == i:
-                raise ValueError(f"sequence of {len(seqs[i])} tokens > max_tokens {self.max_tokens}")
+                raise ValueError(
+                    f"sequence of {len(seqs[i])} tokens > max_tokens {self.max_tokens}"
+                )
             out.append(np.asarray(self.call(self.prepare(seqs[i:j], 1)), dtype=np.float32))
             i = j
         return np.concatenate(out)
 
     def memory(self):
         m = dict(self.engine.memory())
-        m = {k: (int(v) if isinstance(v, (int, np.integer)) else v) for k, v in m.items()
-             if isinstance(v, (int, np.integer, str, float))}
+        m = {
+            k: (int(v) if isinstance(v, (int, np.integer)) else v)
+            for k, v in m.items()
+            if isinstance(v, (int, np.integer, str, float))
+        }
         m["max_tokens"] = int(self.engine.max_tokens)
         m["max_batch"] = int(self.engine.max_batch)
         return m
