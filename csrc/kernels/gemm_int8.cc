@@ -123,6 +123,23 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool firs
     }
     return;
   }
+  if (p.act == ACT_NONE) {  // one pass: dequantise (+ residual) straight into y
+    for (int r = 0; r < R; ++r) {
+      const int row = m + r;
+      const V::T as = V::set(p.a_scale[row]);
+      const int zp = p.a_zp[row];
+      float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
+      const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
+      for (int c = 0; c < ncols; c += LANES) {
+        V::T f = V::add(V::mul(tof(isub_zp(iload(acc + r * PW + c), zp, p.colsum + n0 + c)),
+                               V::mul(as, V::load(p.w_scale + n0 + c))),
+                        V::load(p.bias + n0 + c));
+        if (res) f = V::add(f, V::load_n(res + c, ncols - c));
+        V::store_n(y + c, f, ncols - c);
+      }
+    }
+    return;
+  }
   // 1. dequantise into the (L1-hot) tile: float(sum - zp * colsum) * (a_scale * w_scale) + bias,
   //    in this order (the emulation's rounding)
   float* t = reinterpret_cast<float*>(acc);
