@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -108,11 +108,13 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         quant: dict[str, LinearQuant] = {}
         if precision == "int8":
             steps.step("quantising (calibration)")
-            weights, quant = _quantize(spec, weights, tokenizer, calibration, quant_config, progress)
+            weights, quant, report = _quantize(spec, weights, tokenizer, calibration, quant_config, progress, device)
             steps.done()
         steps.step("planning memory")
         model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
         model.meta["source"] = str(src)
+        if precision == "int8":
+            model.meta["quant_report"] = report
         steps.done()
         steps.step(f"building the {device} backend")
         engine = Engine(model, tokenizer, device)
@@ -120,24 +122,53 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     return engine
 
 
-def _quantize(spec, weights, tokenizer, calibration, config, progress):
-    """INT8: the quantisation layer (zoi.quant) decides the scheme per linear."""
+# INT8 features each backend executes (zoi.quant.config.FEATURES); None: all of them.
+BACKEND_QUANT_FEATURES: dict[str, set[str] | None] = {"cpu": None, "reference": None, "cuda": {"dynamic", "static"}}
+
+
+def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
+    """INT8: the quantisation layer (zoi.quant) decides the scheme per linear, within what
+    the target backend executes. Returns (weights, quant, report)."""
     from zoi import quant
 
-    if isinstance(calibration, (str, os.PathLike)):
-        try:
-            calibration = [t for t in Path(calibration).read_text(encoding="utf-8").splitlines() if t.strip()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"{calibration}: cannot read the calibration file ({e})") from e
-        if not calibration:
-            raise InputError("the calibration file holds no text (one text per line expected)")
-    return quant.quantize_model(spec, weights, tokenizer, calibration=calibration, config=config, progress=progress)
+    report: dict = {}
+    weights, q = quant.quantize_model(spec, weights, tokenizer, calibration=calibration, config=config,
+                                      progress=progress, report=report, features=BACKEND_QUANT_FEATURES[device])
+    return weights, q, report
+
+
+def required_quant_features(weights: dict, quant: dict[str, LinearQuant]) -> set[str]:
+    """The INT8 features a model's weights and quant dict need from a backend."""
+    need = set()
+    for p, q in quant.items():
+        if q.scheme == "fp32":
+            if f"{p}.w_q" in weights:
+                need.add("weight_only")
+        else:
+            need.add(q.scheme)
+        for extra in ("act_mul", "act_shift"):
+            if f"{p}.{extra}" in weights:
+                need.add(extra)
+    return need
+
+
+def _check_backend_features(model: CompiledModel, device: str) -> None:
+    have = BACKEND_QUANT_FEATURES.get(device)
+    if have is None:
+        return
+    missing = required_quant_features(model.weights, model.quant) - have
+    if missing:
+        raise CheckpointError(
+            f"this INT8 model needs {sorted(missing)}, which device={device!r} does not run "
+            f"(it runs {sorted(have)}); compile it for that device: zoi compile MODEL --device {device} --precision int8"
+        )
 
 
 class Engine:
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
     def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):
+        _check_backend_features(model, device)
         self.model = model
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
@@ -342,7 +373,3 @@ def load(path: str | os.PathLike, device: str | None = None, max_tokens: int | N
     model.meta = dict(meta.get("meta", {}))
     model.meta["artifact"] = str(folder)
     return Engine(model, tokenizer, device)
-
-
-def iter_lines(lines: Iterable[str]) -> list[str]:
-    return [ln.rstrip("\n") for ln in lines if ln.strip()]

@@ -1,6 +1,7 @@
 """The golden engine: a readable numpy implementation of every IR op (float32 or float64).
 
-Every other backend is tested against these functions. INT8 linears run through
+Every other backend is tested against these functions, and the quantiser (zoi.quant) runs
+the model through `execute` (with taps on every linear). INT8 linears run through
 `zoi.quant.primitives` (integer-exact emulation) so INT8 numerics are testable anywhere.
 """
 
@@ -66,15 +67,6 @@ def linear(x, w, b, act="none", residual=None) -> np.ndarray:
     return y.astype(x.dtype)
 
 
-def linear_int8(x, w_q, w_scale, b, act="none", residual=None, amax=None) -> np.ndarray:
-    """Emulated INT8 linear: quantise x (per token, or per tensor with amax), exact int matmul."""
-    y = qp.linear_int8_emulated(x.astype(np.float32), w_q, w_scale, b, amax).astype(x.dtype)
-    y = activation(y, act)
-    if residual is not None:
-        y = y + residual
-    return y.astype(x.dtype)
-
-
 def attention(qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int, head_dim: int, scale: float) -> np.ndarray:
     """Varlen self-attention over packed sequences. qkv [T, 3H] -> ctx [T, H]."""
     H = heads * head_dim
@@ -120,46 +112,105 @@ def normalize(p: np.ndarray) -> np.ndarray:
 l2_normalize = normalize
 
 
-def dequantized_embedding(weights: dict[str, np.ndarray]) -> np.ndarray:
-    if "embed.word" in weights:
-        return weights["embed.word"]
-    return qp.dequantize_weight(weights["embed.word_q"], weights["embed.word_scale"])
+def gather_rows(weights: dict[str, np.ndarray], name: str, idx: np.ndarray) -> np.ndarray:
+    """Rows of an embedding table, stored as float (`name`) or per-row INT8 (`name_q` + `name_scale`)."""
+    if name in weights:
+        return weights[name][idx]
+    q, scale = weights[name + "_q"], weights[name + "_scale"]
+    return q[idx].astype(np.float32) * scale[idx][:, None]
 
 
-def run_graph(model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32, int8: bool | None = None,
-              capture: dict | None = None) -> dict[str, np.ndarray]:
-    """Run the whole op list; returns every buffer (by name). `capture` receives linear inputs."""
-    W = model.weights
+def pre_transform(x: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
+    """The per-channel transform a linear may apply before quantising x (SmoothQuant where it
+    cannot fold, docs/QUANT.md): x' = (x - p.act_shift) * p.act_mul; identity when absent."""
+    z = weights.get(prefix + ".act_shift")
+    m = weights.get(prefix + ".act_mul")
+    if z is None and m is None:
+        return x
+    return qp.act_transform(x, z, m).astype(x.dtype)
+
+
+def linear_apply(x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exact: bool = True) -> np.ndarray:
+    """x @ w.T + b of one linear (before activation / residual): float, or emulated INT8 by
+    `lq.scheme` ("dynamic" | "static" | "dynamic_asym"; "fp32" or None: float). Float
+    inputs keep their dtype (float64 for golden runs); INT8 runs in float32 as the kernels."""
+    b = weights.get(prefix + ".b")
+    scheme = getattr(lq, "scheme", "fp32") if lq is not None else "fp32"
+    x = pre_transform(x, weights, prefix)
+    if scheme == "fp32":
+        w = weights.get(prefix + ".w")
+        if w is None:  # weight-only INT8: dequantise, compute in float
+            w = qp.dequantize_weight(weights[prefix + ".w_q"], weights[prefix + ".w_scale"])
+        y = x @ w.T.astype(x.dtype)
+        return (y + b.astype(x.dtype) if b is not None else y).astype(x.dtype)
+    x = x.astype(np.float32)
+    if prefix + ".w_q" in weights:
+        w_q, w_s = weights[prefix + ".w_q"], weights[prefix + ".w_scale"]
+    else:
+        w_q, w_s = qp.quantize_weight(weights[prefix + ".w"])
+    if scheme == "dynamic_asym":
+        q, a_scale, zp = qp.quantize_act_asym(x)
+        if matmul_exact:
+            acc = qp.int8_matmul_asym_exact(q, zp, w_q).astype(np.float32)
+        else:  # float32 sums of integer products: exact unless a partial sum passes 2**24
+            wf = w_q.astype(np.float32)
+            acc = q.astype(np.float32) @ wf.T - zp.astype(np.float32)[:, None] * wf.sum(axis=1)[None, :]
+    elif scheme in ("dynamic", "static"):
+        q, a_scale = qp.quantize_act(x, lq.amax if scheme == "static" else None)
+        acc = (qp.int8_matmul_fast(q, w_q) if matmul_exact else q.astype(np.float32) @ w_q.astype(np.float32).T).astype(np.float32)
+    else:
+        raise ValueError(f"{prefix}: unknown quantisation scheme {scheme!r}")
+    y = acc * (a_scale[:, None] * w_s[None, :])
+    if b is not None:
+        y = y + np.asarray(b, np.float32)[None, :]
+    return y.astype(np.float32)
+
+
+def execute(graph, weights: dict, ids, positions, cu_seqlens, quant: dict | None = None, dtype=np.float32,
+            tap=None, override=None, matmul_exact: bool = True) -> dict[str, np.ndarray]:
+    """Run the op list; returns every buffer by name.
+
+    quant: {linear prefix: LinearQuant}; a linear without an entry runs in float.
+    tap(prefix, x, y) sees each linear's input and output (before activation and residual);
+    override(prefix, x) may return a replacement output for a linear (None: normal path).
+    """
+    W = weights
+    quant = quant or {}
     env: dict[str, np.ndarray] = {"ids": np.asarray(ids), "positions": np.asarray(positions),
                                   "cu_seqlens": np.asarray(cu_seqlens)}
-    for op in model.graph.ops:
+    for op in graph.ops:
         ins = [env[n] for n in op.inputs]
+        a, wn = op.attrs, op.weights
         if op.kind == "embed":
-            word = dequantized_embedding(W)
-            env[op.output] = embed(ins[0], ins[1], word, W[op.weights["pos"]], W[op.weights["ln_w"]],
-                                   W[op.weights["ln_b"]], op.attrs["eps"],
-                                   W[op.weights["type"]] if "type" in op.weights else None, dtype)
+            x = gather_rows(W, wn["word"], ins[0]).astype(dtype) + W[wn["pos"]][ins[1]].astype(dtype)
+            if "type" in wn:
+                x = x + W[wn["type"]][0].astype(dtype)
+            env[op.output] = layernorm(x, W[wn["ln_w"]].astype(dtype), W[wn["ln_b"]].astype(dtype), a["eps"])
         elif op.kind == "linear":
             p = linear_prefix(op)
-            res = ins[1] if len(ins) > 1 else None
-            if capture is not None:
-                capture.setdefault(p, []).append(ins[0])
-            q = model.quant.get(p)
-            if f"{p}.w_q" in W and (q is None or q.scheme != "fp32") and int8 is not False:
-                env[op.output] = linear_int8(ins[0], W[f"{p}.w_q"], W[f"{p}.w_scale"], W[f"{p}.b"],
-                                             op.attrs["act"], res, q.amax if q and q.scheme == "static" else None)
-            else:
-                w = W[f"{p}.w"] if f"{p}.w" in W else qp.dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"])
-                env[op.output] = linear(ins[0], w, W[f"{p}.b"], op.attrs["act"], res)
+            y = override(p, ins[0]) if override is not None else None
+            if y is None:
+                y = linear_apply(ins[0], W, p, quant.get(p), matmul_exact)
+            if tap is not None:
+                tap(p, ins[0], y)
+            y = activation(y.astype(dtype), a["act"])
+            if len(ins) > 1:
+                y = y + ins[1]
+            env[op.output] = y.astype(dtype)
         elif op.kind == "attention":
-            env[op.output] = attention(ins[0], ins[1], op.attrs["heads"], op.attrs["head_dim"], op.attrs["scale"])
+            env[op.output] = attention(ins[0], ins[1], a["heads"], a["head_dim"], a["scale"])
         elif op.kind == "add_layernorm":
-            env[op.output] = add_layernorm(ins[0], ins[1], W[op.weights["w"]], W[op.weights["b"]], op.attrs["eps"])
+            env[op.output] = add_layernorm(ins[0], ins[1], W[wn["w"]], W[wn["b"]], a["eps"])
         elif op.kind == "pool":
-            env[op.output] = pool(ins[0], ins[1], op.attrs["mode"])
+            env[op.output] = pool(ins[0], ins[1], a["mode"])
         else:
             raise ValueError(f"unknown op kind {op.kind!r}")
     return env
+
+
+def run_graph(model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Run a CompiledModel (its quantisation emulated); returns every buffer by name."""
+    return execute(model.graph, model.weights, ids, positions, cu_seqlens, model.quant, dtype)
 
 
 class ReferenceBackend:
