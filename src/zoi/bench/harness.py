@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fnmatch
 import json
@@ -111,6 +112,15 @@ class Bench:
         self.memory: list[dict] = []
         self.acc: list[dict] = []
         self.loads: list[dict] = []
+        self.phases: dict[str, float] = {}  # wall seconds spent per phase
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - t, 2)
 
     # -- selection ------------------------------------------------------------------------
     def devices(self) -> set[str]:
@@ -178,8 +188,9 @@ class Bench:
             self.prog, self.task = prog, task
             for model_name, mwls in by_model.items():
                 prog.update(task, description=f"{model_name}: model + conversions")
-                model = mrefs[model_name] = M.get_model(model_name, self.cache)
-                arts = self.convert_all(model, specs)
+                with self.phase("convert"):
+                    model = mrefs[model_name] = M.get_model(model_name, self.cache)
+                    arts = self.convert_all(model, specs)
                 self.run_model(model, mwls, [s for s in specs if s.name in arts], arts, meter)
             prog.update(task, description="done")
         result = self.result(wls, specs, mrefs, load_start, t_start)
@@ -252,13 +263,15 @@ class Bench:
             for s in specs:
                 self.prog.update(self.task, description=f"{model.name}: loading {s.name}")
                 try:
-                    workers[s.name] = self.start(s, model, arts[s.name], limits, meter)
+                    with self.phase("load"):
+                        workers[s.name] = self.start(s, model, arts[s.name], limits, meter)
                     load_s[s.name] = workers[s.name].load_s
                 except WorkerError as e:
                     self.skip(s.name, f"load failed ({model.name}): {e}", "failed")
             for w in mwls:
                 active = {n: wp for n, wp in workers.items() if BY_NAME[n].device in w.devices}
-                self.time_workload(w, active, files[w.name], seqs_by_wl[w.name], meter)
+                with self.phase(f"time {w.name}"):
+                    self.time_workload(w, active, files[w.name], seqs_by_wl[w.name], meter)
             for n, wp in workers.items():
                 mem = {"provider": n, "model": model.name, "load_s": round(load_s[n], 3)}
                 try:
@@ -271,7 +284,8 @@ class Bench:
                     self.prog.update(self.task, description=f"accuracy: {n}")
                     out = str(self.tmp / f"emb-{n}.npy")
                     try:
-                        wp.request(op="embed", file=acc_file, out=out, batch=32)
+                        with self.phase("accuracy"):
+                            wp.request(op="embed", file=acc_file, out=out, batch=32)
                     except WorkerError as e:
                         self.con.print(f"[red]accuracy failed[/] {n}: {str(e).splitlines()[0]}")
                 self.memory.append(mem)
@@ -282,9 +296,10 @@ class Bench:
         if acc_file:
             self.compare_embeddings(list(workers))
         if cfg.rss:
-            self.fresh_rss(
-                model, [s for s in specs if s.name in workers], arts, limits, files, meter
-            )
+            with self.phase("peak rss"):
+                self.fresh_rss(
+                    model, [s for s in specs if s.name in workers], arts, limits, files, meter
+                )
 
     def time_workload(self, w, active, file, seqs, meter) -> None:
         cfg = self.cfg
@@ -451,6 +466,7 @@ class Bench:
             "command": " ".join(cfg.argv) if cfg.argv else "zoi bench",
             "quick": cfg.quick,
             "duration_s": round(time.time() - t_start, 1),
+            "phases_s": self.phases,
             "machine": {
                 "cpu": sysinfo.cpu_info(),
                 "gpu": sysinfo.gpu_info(),

@@ -93,15 +93,15 @@ def exact_length_batch(tok: Tok, batch: int, seq: int, offset: int = 0) -> list[
 
 
 def natural_set(tok: Tok, n: int, max_len: int, seed: int = 64) -> list[np.ndarray]:
-    """``n`` real corpus paragraphs at their natural lengths (no padding, no cutting below
-    ``max_len``), drawn with a fixed seed."""
+    """``n`` real corpus paragraphs at their natural lengths (16 to ``max_len`` tokens, no
+    padding, no cutting), drawn with a fixed seed."""
     lines = corpus_lines()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(lines))
     out = []
     for i in order:
         ids = tok.encode([lines[i]], max_len)[0]
-        if 8 <= len(ids) <= max_len:
+        if 16 <= len(ids) <= max_len:  # sentences, not fragments
             out.append(ids)
         if len(out) == n:
             break
