@@ -61,8 +61,11 @@ ThreadPool& ThreadPool::instance() {
 
 ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
   cpus_ = allowed_cpus();
+  const char* pin_env = std::getenv("ZOI_PIN");
+  const bool pin = !(pin_env && pin_env[0] == '0');  // ZOI_PIN=0: leave placement to the OS
   for (int t = 1; t < n_; ++t) {
     threads_.emplace_back([this, t] { worker(t); });
+    if (!pin) continue;
     // pin worker t to the t-th allowed CPU, from here so that it holds when the constructor
     // returns (the caller, thread 0, is not pinned)
     cpu_set_t set;
