@@ -54,7 +54,7 @@ def quantize_weights(W: dict, spec: ModelSpec, embed_int8: bool = True, keep_fp3
 def make_model(spec: ModelSpec, precision: str = "fp32", max_tokens: int = 256, max_batch: int | None = None,
                seed: int = 0, embed_int8: bool = True, schemes: dict | None = None, default_scheme: str = "dynamic",
                act_transforms: dict | None = None) -> CompiledModel:
-    """schemes: {prefix: dynamic|static|dynamic_asym|fp32}; act_transforms: {prefix: "mul" | "shift+mul"}
+    """schemes: {prefix: dynamic|static|dynamic_asym|fp32|weight_only}; act_transforms: {prefix: "mul" | "shift+mul"}
     adds random `p.act_mul` / `p.act_shift` (the pre-quantisation transform of zoi.quant)."""
     W = random_weights(spec, seed)
     quant = {}
@@ -67,6 +67,9 @@ def make_model(spec: ModelSpec, precision: str = "fp32", max_tokens: int = 256, 
             for n in ("qkv", "o", "ffn1", "ffn2"):
                 p = f"l{i}.{n}"
                 s = schemes.get(p, default_scheme)
+                if s == "weight_only":  # INT8 weights, float compute
+                    quant[p] = LinearQuant("fp32", None, {"weights": "int8"})
+                    continue
                 quant[p] = LinearQuant(s, 2.5 if s == "static" else None)
                 t = (act_transforms or {}).get(p)
                 if t:

@@ -62,12 +62,13 @@ def test_int8_schemes_and_act_transform_match_quant_forward(isa, default_scheme)
     against zoi.quant.forward.run_graph (the emulation the quantiser calibrates with)."""
     from zoi.quant.forward import run_graph
 
-    schemes = {"l0.o": "static", "l1.ffn2": "fp32", "l1.qkv": "dynamic"}
+    schemes = {"l0.o": "static", "l1.ffn2": "fp32", "l1.qkv": "dynamic", "l1.o": "weight_only"}
     tr = {"l0.qkv": "shift+mul", "l0.ffn2": "mul", "l1.ffn1": "mul", "l0.o": "mul"}
     m = make_model(small_spec(), "int8", max_tokens=128, max_batch=8, schemes=schemes,
                    default_scheme=default_scheme, act_transforms=tr)
     be = CpuBackend(m, isa=isa)
     assert be.linear_kinds["l0.ffn1"] == ("int8-dynamic_asym" if default_scheme == "dynamic_asym" else "int8")
+    assert be.linear_kinds["l1.o"] == "fp32" and "l1.o.w_q" in m.weights  # weight-only INT8
     for lengths, seed in [(LENGTHS, 0), ([1], 1), ([64, 3], 2)]:
         ids, pos, cu = batch(lengths, m.spec.vocab_size, seed)
         want = run_graph(m.graph, m.weights, ids, pos, cu, quant=m.quant, normalize=True)
