@@ -62,10 +62,10 @@ ThreadPool& ThreadPool::instance() {
 ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
   cpus_ = allowed_cpus();
   const char* pin_env = std::getenv("ZOI_PIN");
-  const bool pin = !(pin_env && pin_env[0] == '0');  // ZOI_PIN=0: leave placement to the OS
+  pin_ = !(pin_env && pin_env[0] == '0');  // ZOI_PIN=0: leave placement to the OS
   for (int t = 1; t < n_; ++t) {
     threads_.emplace_back([this, t] { worker(t); });
-    if (!pin) continue;
+    if (!pin_) continue;
     // pin worker t to the t-th allowed CPU, from here so that it holds when the constructor
     // returns (the caller, thread 0, is not pinned)
     cpu_set_t set;
@@ -121,6 +121,17 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
     fn(ctx, 0, 1);
     return;
   }
+  // the caller is thread 0: for the job, pin it to the CPU no worker uses (else the OS may
+  // run it on a worker's CPU, and the two share one core); its own mask comes back after
+  cpu_set_t saved;
+  bool repin = false;
+  if (pin_ && pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved) == 0 && CPU_ISSET(cpus_[0], &saved) &&
+      CPU_COUNT(&saved) > 1) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus_[0], &one);
+    repin = pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+  }
   fn_ = fn;
   ctx_ = ctx;
   job_nt_ = nt;
@@ -146,6 +157,7 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
     futex_wait_while(&left_, l, kJoinSpin);
     s = active_.load(std::memory_order_acquire);
   }
+  if (repin) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
 }
 
 void ThreadPool::run(Fn fn, void* ctx, int nt) { launch(fn, ctx, nt, false); }

@@ -58,6 +58,7 @@ class ThreadPool {
   void* ctx_ = nullptr;
   int job_nt_ = 1;
   bool stop_ = false;
+  bool pin_ = true;
 };
 
 }  // namespace zoi
