@@ -233,3 +233,11 @@ def test_zoi_cpu_isa_env_forces_the_variant(isa):
     m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
     want = CpuBackend(m, isa="scalar").run(*batch([9, 4], 300), True)
     assert np.abs(np.array(emb, np.float32) - want).max() <= 1e-5
+
+
+def test_caller_affinity_is_restored():
+    m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
+    be = CpuBackend(m)
+    before = os.sched_getaffinity(0)
+    be.run(*batch([20, 7], 300), True)
+    assert os.sched_getaffinity(0) == before
