@@ -96,6 +96,7 @@ def test_quick_run_schema(tmp_path, model_dir):
         calls_slow=2,
         rounds=2,
         warmup_s=0.0,
+        warmup_min_calls=1,
         accuracy_n=24,
         rss=True,
         load_threshold=100.0,

@@ -40,25 +40,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=2, help="threads for every provider (default 2)")
     p.add_argument(
-        "--calls", type=int, default=None, help="timed calls per cell (default 200; quick 30)"
+        "--calls", type=int, default=None, help="timed calls per cell (default 200; quick 20)"
     )
     p.add_argument(
         "--calls-slow",
         type=int,
         default=None,
-        help="timed calls per cell when a call takes over 100 ms (default 20; quick 5)",
+        help="timed calls per cell when a call takes over 100 ms (default 20; quick 3)",
     )
     p.add_argument(
-        "--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 3)"
+        "--rounds", type=int, default=None, help="interleaved rounds (default 10; quick 2)"
     )
     p.add_argument(
-        "--warmup", type=float, default=None, help="warm-up seconds per cell (default 1; quick 0.3)"
+        "--warmup", type=float, default=None, help="warm-up seconds per cell (default 1; quick 0.2)"
     )
     p.add_argument(
         "--accuracy",
         type=int,
         default=None,
-        help="real sentences for accuracy (default 500; quick 200)",
+        help="real sentences for accuracy (default 500; quick 100)",
     )
     p.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS runs")
     p.add_argument(
@@ -95,11 +95,12 @@ def run_bench(args: argparse.Namespace) -> int:
         providers=args.providers,
         workloads=args.workloads,
         threads=args.threads,
-        calls=args.calls or (30 if q else 200),
-        calls_slow=args.calls_slow or (5 if q else 20),
-        rounds=args.rounds or (3 if q else 10),
-        warmup_s=args.warmup if args.warmup is not None else (0.3 if q else 1.0),
-        accuracy_n=args.accuracy if args.accuracy is not None else (200 if q else 500),
+        calls=args.calls or (20 if q else 200),
+        calls_slow=args.calls_slow or (3 if q else 20),
+        warmup_min_calls=2 if q else 3,
+        rounds=args.rounds or (2 if q else 10),
+        warmup_s=args.warmup if args.warmup is not None else (0.2 if q else 1.0),
+        accuracy_n=args.accuracy if args.accuracy is not None else (100 if q else 500),
         rss=not args.no_rss,
         load_threshold=args.load_threshold,
         load_wait_s=args.load_wait if not q else min(args.load_wait, 10.0),

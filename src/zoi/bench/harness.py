@@ -39,6 +39,7 @@ class Config:
     slow_ms: float = 100.0
     rounds: int = 10  # interleaved rounds the calls are split into
     warmup_s: float = 1.0
+    warmup_min_calls: int = 3
     accuracy_n: int = 500  # real sentences (0: skip)
     rss: bool = True  # peak RSS of a fresh process per provider and model
     load_threshold: float = 0.3  # foreign cores tolerated before a workload starts
@@ -312,7 +313,9 @@ class Bench:
             nb = 1 if n.startswith("zoi-") else w.peer_batches
             try:
                 wp.request(op="prepare", key=w.name, file=file, n_batches=nb, n_seqs=n_seqs)
-                rep = wp.request(op="time", key=w.name, n=10**6, seconds=cfg.warmup_s, min_n=3)
+                rep = wp.request(
+                    op="time", key=w.name, n=10**6, seconds=cfg.warmup_s, min_n=cfg.warmup_min_calls
+                )
                 ok[n] = float(np.median(rep["ns"][-3:])) / 1e6
             except WorkerError as e:
                 self.rows.append({"provider": n, "workload": w.name, "error": str(e)[:2000]})
@@ -480,6 +483,7 @@ class Bench:
                 "slow_ms": cfg.slow_ms,
                 "rounds": cfg.rounds,
                 "warmup_s": cfg.warmup_s,
+                "warmup_min_calls": cfg.warmup_min_calls,
                 "threads": cfg.threads,
                 "accuracy_n": cfg.accuracy_n,
                 "load_threshold_cores": cfg.load_threshold,
