@@ -11,6 +11,8 @@ the FP32 GEMM.
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from zoi import _cpu
@@ -29,6 +31,36 @@ def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _release_file_pages(arrays: list[np.ndarray]) -> int:
+    """Drop the resident pages of arrays that are read-only views of a memory-mapped file
+    (an artifact's weights, once packed, are not read again): madvise(MADV_DONTNEED) on a
+    read-only shared file mapping only unmaps pages, which fault back from the file if
+    anything reads them. Best effort; returns the bytes advised."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    page = mmap.PAGESIZE
+    done = 0
+    for a in arrays:
+        base, mm_arr = a, None
+        while isinstance(base, np.ndarray):
+            if isinstance(base, np.memmap):
+                mm_arr = base
+            base = base.base
+        if mm_arr is None or getattr(mm_arr, "mode", None) != "r" or not isinstance(base, mmap.mmap):
+            continue
+        try:
+            root = np.frombuffer(base, dtype=np.uint8)
+            start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+            lo = -(-start // page) * page
+            hi = (start + a.nbytes) // page * page
+            if hi > lo:
+                base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+                done += hi - lo
+        except (ValueError, OSError, BufferError):
+            continue
+    return done
+
+
 class CpuBackend:
     """Backend interface of docs/ARCHITECTURE.md over the native engine."""
 
@@ -42,6 +74,9 @@ class CpuBackend:
         off = plan.offsets
         self.hidden = None
         self.linear_kinds: dict[str, str] = {}
+        # weights copied into the engine's packed layout: let an artifact's pages of the
+        # originals go as soon as each is packed (keeps the peak RSS down)
+        self.released_bytes = 0
         for op in graph.ops:
             if op.kind == "embed":
                 ow = op.weights
@@ -73,10 +108,12 @@ class CpuBackend:
                     eng.add_linear_i8(off[op.inputs[0]], off[op.output],
                                       np.ascontiguousarray(W[f"{p}.w_q"], dtype=np.int8), _f32(W[f"{p}.w_scale"]),
                                       b, act, res, static, scheme == "dynamic_asym", shift, mul)
+                    self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
                     self.linear_kinds[p] = "int8" if scheme == "dynamic" else f"int8-{scheme}"
                 else:
                     if f"{p}.w" in W:
                         w = _f32(W[f"{p}.w"])
+                        self.released_bytes += _release_file_pages([W[f"{p}.w"]])
                     else:  # int8 weights kept in fp32 compute: dequantise once
                         w = W[f"{p}.w_q"].astype(np.float32) * _f32(W[f"{p}.w_scale"])[:, None]
                     if shift is not None or mul is not None:  # fold x' = (x - shift) * mul into w, b
@@ -105,6 +142,7 @@ class CpuBackend:
             raise ValueError("the cpu backend expects the graph to end with its pool op")
         eng.finalize()
         self.engine = eng
+
 
     def _hold(self, a: np.ndarray) -> np.ndarray:
         self._keep.append(a)
