@@ -241,3 +241,17 @@ def test_caller_affinity_is_restored():
     before = os.sched_getaffinity(0)
     be.run(*batch([20, 7], 300), True)
     assert os.sched_getaffinity(0) == before
+
+
+def test_release_file_pages_keeps_data(tmp_path):
+    from zoi.backends.cpu import _release_file_pages
+
+    data = np.arange(300_000, dtype=np.int8)
+    f = tmp_path / "w.bin"
+    data.tofile(f)
+    mm = np.memmap(f, dtype=np.uint8, mode="r")
+    view = mm[4096 * 3 + 5 : 4096 * 60].view(np.int8)
+    assert int(view.astype(np.int64).sum()) == int(data[4096 * 3 + 5 : 4096 * 60].astype(np.int64).sum())
+    assert _release_file_pages([view]) > 0
+    np.testing.assert_array_equal(view, data[4096 * 3 + 5 : 4096 * 60])  # faults back from the file
+    assert _release_file_pages([np.zeros(10000, np.int8)]) == 0  # not a file mapping: untouched
