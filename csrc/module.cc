@@ -281,6 +281,7 @@ NB_MODULE(_cpu, m) {
     need(w, 1, {H}, "w");
     need(b, 1, {H}, "b");
     need(y, 2, {M, H}, "y");
+    if (H > zoi::kMaxLnH) throw nb::value_error("H too large");
     zoi::QuantOut params;
     params.static_amax = static_amax;
     QBuf qb(kt, M, H, params);
@@ -307,6 +308,7 @@ NB_MODULE(_cpu, m) {
     const auto& kt = table_for(isa);
     const int T = ids.shape(0), H = y.shape(1);
     need(y, 2, {T, H}, "y");
+    if (H > zoi::kMaxLnH) throw nb::value_error("H too large");
     need(positions, 1, {T}, "positions");
     const long V = word ? static_cast<long>(word->shape(0)) : (word_q ? static_cast<long>(word_q->shape(0)) : 0);
     for (int t = 0; t < T; ++t) {

@@ -138,6 +138,8 @@ struct KernelTable {
 
 const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU
 
+constexpr int kMaxLnH = 8192;  // widest LayerNorm row (a stack row of scratch per call)
+
 inline size_t attn_scratch_floats(int maxlen, int d) {
   size_t lp = (static_cast<size_t>(maxlen) + 15) / 16 * 16;
   return lp * static_cast<size_t>(d) + 4 * lp + 64;

@@ -8,57 +8,54 @@
 namespace zoi {
 namespace ZOI_NS {
 
-// y[H] = LN(x (+ r)) * w + b; y may alias x (row-wise, each element read before written).
-// Pass 1 stores x + r into y (so later passes read one stream), pass 2 the centred variance,
-// pass 3 normalises with one reciprocal of the deviation per row.
+// numpy's float32 sum of a contiguous row (pairwise_sum in numpy's loops_utils): blocks of at
+// most 128 summed with 8 strided accumulators combined as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)),
+// halves (rounded to multiples of 8) above that. Reproducing the order makes the LayerNorm
+// output bit-identical to the reference, so the INT8 quantisation that follows it rounds
+// exactly as the emulation (a 1-ulp difference there flips an integer step).
+inline float np_sum(const float* a, int n) {
+  if (n < 8) {
+    float r = 0.f;
+    for (int i = 0; i < n; ++i) r += a[i];
+    return r;
+  }
+  if (n <= 128) {
+    float r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    int i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  int n2 = n / 2;
+  n2 -= n2 % 8;
+  return np_sum(a, n2) + np_sum(a + n2, n - n2);
+}
+
+// y[H] = LN(x (+ r)) * w + b with the reference's float32 operations in its order:
+// s = x + r; mu = sum(s) / H; var = sum((s - mu)^2) / H; y = ((s - mu) / sqrt(var + eps)) * w + b.
+// y may alias x (each element read before written). H <= kMaxLnH.
 void ln_row(const float* x, const float* r, const float* w, const float* b, float eps, int H, float* y) {
   using T = V::T;
-  T s0 = V::zero(), s1 = V::zero();
-  int k = 0;
-  for (; k + 2 * V::N <= H; k += 2 * V::N) {
-    T v0 = V::load(x + k), v1 = V::load(x + k + V::N);
-    if (r) {
-      v0 = V::add(v0, V::load(r + k));
-      v1 = V::add(v1, V::load(r + k + V::N));
-      V::store(y + k, v0);
-      V::store(y + k + V::N, v1);
-    }
-    s0 = V::add(s0, v0);
-    s1 = V::add(s1, v1);
+  alignas(64) float tmp[kMaxLnH];
+  const float* src = x;
+  if (r) {
+    for (int k = 0; k < H; k += V::N) V::store_n(y + k, V::add(V::load_n(x + k, H - k), V::load_n(r + k, H - k)), H - k);
+    src = y;
   }
-  for (; k < H; k += V::N) {
-    const int n = H - k;
-    T v = V::load_n(x + k, n);
-    if (r) {
-      v = V::add(v, V::load_n(r + k, n));
-      V::store_n(y + k, v, n);
-    }
-    s0 = V::add(s0, v);
-  }
-  const float* src = r ? y : x;
-  const float mu = V::hsum(V::add(s0, s1)) / static_cast<float>(H);
+  const float mu = np_sum(src, H) / static_cast<float>(H);
   const T vmu = V::set(mu);
-  T q0 = V::zero(), q1 = V::zero();
-  for (k = 0; k + 2 * V::N <= H; k += 2 * V::N) {
-    T v0 = V::sub(V::load(src + k), vmu), v1 = V::sub(V::load(src + k + V::N), vmu);
-    q0 = V::fma(v0, v0, q0);
-    q1 = V::fma(v1, v1, q1);
+  for (int k = 0; k < H; k += V::N) {
+    const T d = V::sub(V::load_n(src + k, H - k), vmu);
+    V::store_n(tmp + k, V::mul(d, d), H - k);
   }
-  for (; k + V::N <= H; k += V::N) {
-    T v = V::sub(V::load(src + k), vmu);
-    q0 = V::fma(v, v, q0);
-  }
-  // tail in scalar: masked lanes would count (0 - mu)^2
-  float var_sum = V::hsum(V::add(q0, q1));
-  for (int e = k; e < H; ++e) {
-    const float v = src[e] - mu;
-    var_sum += v * v;
-  }
-  const float rstd = 1.f / std::sqrt(var_sum / static_cast<float>(H) + eps);
-  const T vr = V::set(rstd);
-  for (k = 0; k < H; k += V::N) {
+  const float var = np_sum(tmp, H) / static_cast<float>(H);
+  const T vs = V::set(std::sqrt(var + eps));
+  for (int k = 0; k < H; k += V::N) {
     const int n = H - k;
-    T v = V::mul(V::sub(V::load_n(src + k, n), vmu), vr);
+    T v = V::div(V::sub(V::load_n(src + k, n), vmu), vs);
     V::store_n(y + k, V::add(V::mul(v, V::load_n(w + k, n)), V::load_n(b + k, n)), n);
   }
 }

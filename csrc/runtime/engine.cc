@@ -54,6 +54,7 @@ void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const floa
                        const float* word_scale, const float* pos, const float* type0, const float* ln_w,
                        const float* ln_b, float eps) {
   check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
+  if (H > kMaxLnH) throw std::invalid_argument("hidden size above " + std::to_string(kMaxLnH));
   if (!word && !(word_q && word_scale)) throw std::invalid_argument("embed needs word or word_q + word_scale");
   Step s{};
   s.kind = EMBED;
@@ -194,6 +195,7 @@ void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, co
   check_off(x_off, static_cast<size_t>(max_tokens_) * H * 4);
   check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
   if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * H * 4);
+  if (H > kMaxLnH) throw std::invalid_argument("hidden size above " + std::to_string(kMaxLnH));
   Step s{};
   s.kind = LN;
   LnArgs& l = s.ln;

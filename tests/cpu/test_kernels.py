@@ -190,6 +190,9 @@ def test_layernorm(isa, M, H, rng):
         _cpu.k_layernorm(x, res, w, b, 1e-5, y, q, s, -1.0, isa, 3)
         xin = x.astype(np.float64) + (0 if res is None else res)
         close(y, ref.layernorm(xin, w.astype(np.float64), b.astype(np.float64), 1e-5), 1e-5, 3e-6)
+        # and bit for bit the float32 reference (numpy's pairwise sums, same op order), so
+        # that the fused quantisation rounds exactly as the emulation
+        np.testing.assert_array_equal(y, ref.layernorm(x if res is None else x + res, w, b, 1e-5))
         q_ref, s_ref = qp.quantize_act(y)  # the fused quantisation of the kernel's own output
         np.testing.assert_array_equal(q, q_ref)
         np.testing.assert_array_equal(s, s_ref)
