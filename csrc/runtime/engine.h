@@ -1,6 +1,7 @@
 // The native plan: built once from a CompiledModel (ops in order, packed weights, the
 // planner's arena), then run(ids, positions, cu_seqlens) executes every op inside C++ on the
-// shared thread pool with a barrier between ops. No allocation after construction.
+// shared thread pool: each op is cut into parts that the threads take dynamically, and a
+// per-op completion counter orders the ops. No allocation after construction.
 #pragma once
 #include <cstddef>
 #include <cstdint>
