@@ -71,10 +71,15 @@ def _make_bert_base(dst: Path, src_tok: Path) -> None:
         hidden_act="gelu",
     )
     torch.manual_seed(0)
-    model = BertModel(cfg, add_pooling_layer=False).eval()
+    model = BertModel(cfg).eval()  # a standard checkpoint (pooler included, never used)
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
+    # fields older readers (e.g. CTranslate2's converter) expect in a BERT config.json
+    cj = json.loads((tmp / "config.json").read_text())
+    cj.setdefault("position_embedding_type", "absolute")
+    cj.setdefault("architectures", ["BertModel"])
+    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
     for f in _TOKENIZER_FILES:
         if (src_tok / f).exists():
             shutil.copy(src_tok / f, tmp / f)
@@ -124,7 +129,7 @@ def get_model(name: str, cache_dir: Path) -> ModelRef:
     if name == "minilm":
         return ModelRef("minilm", minilm_path(), hidden=384, layers=6, heads=12, max_len=256)
     if name == "bert-base":
-        dst = Path(cache_dir) / "models" / "bert-base-random-seed0"
+        dst = Path(cache_dir) / "models" / "bert-base-random-s0"
         if not (dst / "model.safetensors").exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             _make_bert_base(dst, minilm_path())
