@@ -40,7 +40,7 @@ $PY -c "import zoi, zoi.backends.cuda.backend; print('zoi', zoi.__version__, zoi
 rc=0
 if has test || has quick; then
   log "tests (kernels compiled on the GPU + the whole backend)" | tee -a "$OUT/gpu_check_${STAMP}.log"
-  ZOI_TRITON_COMPILED=1 timeout 400 $PY -m pytest tests/cuda -q -rA -p no:cacheprovider 2>&1 \
+  ZOI_TRITON_COMPILED=1 timeout 400 $PY -m pytest tests/cuda_backend -q -rA -p no:cacheprovider 2>&1 \
     | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
   rc=${PIPESTATUS[0]}
   echo "tests exit code $rc" | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
 
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
 
