@@ -129,6 +129,8 @@ void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>
 
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
+  // engines still referenced by daemon threads at interpreter exit are not leaks worth a report
+  nb::set_leak_warnings(false);
   m.def("cpu_info", []() {
     const zoi::CpuFeatures& f = zoi::cpu_features();
     nb::dict d;

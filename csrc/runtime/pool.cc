@@ -50,13 +50,15 @@ void futex_wake_all(std::atomic<int>* addr) {
 }
 
 ThreadPool& ThreadPool::instance() {
-  static ThreadPool pool([] {
+  // Never destroyed: at process exit a daemon thread may still hold run_mutex_ (or be inside a
+  // job), and joining the workers then could hang the exit; exit() ends them instead.
+  static ThreadPool* pool = new ThreadPool([] {
     const char* env = std::getenv("ZOI_NUM_THREADS");
     int n = env && *env ? std::atoi(env) : 0;
     if (n <= 0) n = static_cast<int>(allowed_cpus().size());
     return n;
   }());
-  return pool;
+  return *pool;
 }
 
 ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
