@@ -16,7 +16,6 @@ from zoi.bench.providers import BY_NAME, SPECS, missing
 from zoi.bench.text import Tok, exact_length_batch, natural_set, pack, padded_batches
 
 pytest.importorskip("rich")
-pytest.importorskip("psutil")
 
 NUM = (int, float)
 

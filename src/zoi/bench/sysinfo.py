@@ -131,17 +131,24 @@ def loadavg() -> list[float] | None:
 
 
 class LoadMeter:
-    """CPU used by processes other than ours, in cores, over an interval (psutil)."""
+    """CPU used by processes other than ours, in cores, over an interval (psutil, or /proc
+    directly where psutil is not installed)."""
 
     def __init__(self):
-        import psutil
-
+        try:
+            import psutil
+        except ImportError:
+            psutil = None
         self.ps = psutil
         self.ours: dict[int, object] = {}
         self.add(os.getpid())
         self._t = self._busy = self._own = None
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def add(self, pid: int) -> None:
+        if self.ps is None:
+            self.ours[pid] = pid
+            return
         try:
             self.ours[pid] = self.ps.Process(pid)
         except self.ps.Error:
@@ -151,13 +158,23 @@ class LoadMeter:
         s = 0.0
         for p in list(self.ours.values()):
             try:
-                t = p.cpu_times()
-                s += t.user + t.system
-            except self.ps.Error:
+                if self.ps is None:
+                    with open(f"/proc/{p}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    s += (int(fields[11]) + int(fields[12])) / self._hz  # utime, stime
+                else:
+                    t = p.cpu_times()
+                    s += t.user + t.system
+            except Exception:  # the process is gone
                 pass
         return s
 
     def _sys_busy(self) -> float:
+        if self.ps is None:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            # user nice system idle iowait irq softirq steal ...: busy = all but idle, iowait
+            return (sum(v[:8]) - v[3] - v[4]) / self._hz
         t = self.ps.cpu_times()
         return (
             t.user
@@ -165,6 +182,7 @@ class LoadMeter:
             + getattr(t, "nice", 0)
             + getattr(t, "irq", 0)
             + getattr(t, "softirq", 0)
+            + getattr(t, "steal", 0)
         )
 
     def start(self) -> None:
