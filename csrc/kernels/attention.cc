@@ -1,9 +1,14 @@
 // Varlen multi-head self-attention over packed sequences, FP32 inside.
 // One work item = (sequence, head); items are split over threads by cost (L^2) so that
 // ragged batches stay balanced. Per item: K^T of the head is laid out [d][Lp] in the
-// thread's scratch so that a query row's scores are vector FMAs over keys; softmax with a
-// vector exp; then ctx = sum_j p_j v_j with the output row held in registers.
+// thread's scratch so that a query row's scores are vector FMAs over keys; softmax; then
+// ctx = sum_j p_j v_j with the output rows held in registers.
+// Rounding follows the numpy reference step for step: q.k and p.v as one FMA chain each over
+// the inner index from 0 (what its BLAS does at these shapes), np.exp's kernel, numpy's
+// pairwise sum, p = e / sum before p.v. The attention output is quantised for the next INT8
+// GEMM, where a 1-ulp difference flips an integer step.
 #include "kernels.h"
+#include "np_sum.h"
 #include "simd.h"
 
 namespace zoi {
@@ -34,7 +39,7 @@ inline void scores_block(const float* const* q, const float* kt, int lp, int d, 
     for (int r = 0; r < NQ; ++r) {
       T qc = V::set(q[r][c]);
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[r][u] = V::fma(qc, k[u], acc[r][u]);
+      for (int u = 0; u < NV; ++u) acc[r][u] = V::fma_exact(qc, k[u], acc[r][u]);
     }
   }
 #pragma GCC unroll 4
@@ -43,75 +48,44 @@ inline void scores_block(const float* const* q, const float* kt, int lp, int d, 
     for (int u = 0; u < NV; ++u) V::store(s[r] + j + u * V::N, V::mul(acc[r][u], scale));
 }
 
-// o_i[c0 : c0 + NV*N) = (sum_j p_i[j] v_j) / sum_i for NQ rows; keys split over two
-// interleaved accumulator sets (shorter dependency chains, smaller rounding error)
+// o_i[c0 : c0 + NV*N) = sum_j p_i[j] v_j for NQ rows, one FMA chain per output over j
 template <int NQ, int NV, bool FULL>
-inline void pv_block(const float* const* p, const float* v, int ldv, int L, int c0, int d, float* const* o,
-                     const float* sums) {
-  T acc[2][NQ][NV];
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h)
+inline void pv_block(const float* const* p, const float* v, int ldv, int L, int c0, int d, float* const* o) {
+  T acc[NQ][NV];
 #pragma GCC unroll 4
-    for (int r = 0; r < NQ; ++r)
+  for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[h][r][u] = V::zero();
-  int j = 0;
-  for (; j + 2 <= L; j += 2) {
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const float* vr = v + static_cast<size_t>(j + h) * ldv + c0;
-      T vv[NV];
-#pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) vv[u] = FULL ? V::load(vr + u * V::N) : V::load_n(vr + u * V::N, d - c0 - u * V::N);
-#pragma GCC unroll 4
-      for (int r = 0; r < NQ; ++r) {
-        T pj = V::set(p[r][j + h]);
-#pragma GCC unroll 4
-        for (int u = 0; u < NV; ++u) acc[h][r][u] = V::fma(pj, vv[u], acc[h][r][u]);
-      }
-    }
-  }
-  if (j < L) {
+    for (int u = 0; u < NV; ++u) acc[r][u] = V::zero();
+  for (int j = 0; j < L; ++j) {
     const float* vr = v + static_cast<size_t>(j) * ldv + c0;
+    T vv[NV];
+#pragma GCC unroll 4
+    for (int u = 0; u < NV; ++u) vv[u] = FULL ? V::load(vr + u * V::N) : V::load_n(vr + u * V::N, d - c0 - u * V::N);
 #pragma GCC unroll 4
     for (int r = 0; r < NQ; ++r) {
-      T pj = V::set(p[r][j]);
+      const T pj = V::set(p[r][j]);
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u)
-        acc[0][r][u] = V::fma(pj, FULL ? V::load(vr + u * V::N) : V::load_n(vr + u * V::N, d - c0 - u * V::N),
-                              acc[0][r][u]);
+      for (int u = 0; u < NV; ++u) acc[r][u] = V::fma_exact(pj, vv[u], acc[r][u]);
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < NQ; ++r) {
-    const T sum = V::set(sums[r]);
+  for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u)
-      V::store_n(o[r] + c0 + u * V::N, V::div(V::add(acc[0][r][u], acc[1][r][u]), sum), d - c0 - u * V::N);
-  }
+    for (int u = 0; u < NV; ++u) V::store_n(o[r] + c0 + u * V::N, acc[r][u], d - c0 - u * V::N);
 }
 
-// softmax numerator in place over s[0:L); returns the sum
-inline float softmax_row(float* s, int L) {
+// s[0:L) <- softmax(s[0:L)) as numpy: e = exp(s - max), p = e / sum(e)
+inline void softmax_row(float* s, int L) {
   T mx = V::set(-INFINITY);
   int j = 0;
   for (; j + V::N <= L; j += V::N) mx = V::max(mx, V::load(s + j));
   float m = V::hmax(mx);
   for (; j < L; ++j) m = s[j] > m ? s[j] : m;
   const T vm = V::set(m);
-  T sum = V::zero();
-  for (j = 0; j + V::N <= L; j += V::N) {
-    T e = vexp<V>(V::sub(V::load(s + j), vm));
-    V::store(s + j, e);
-    sum = V::add(sum, e);
-  }
-  float ssum = V::hsum(sum);
-  for (; j < L; ++j) {
-    float e = vexp<S1>(s[j] - m);
-    s[j] = e;
-    ssum += e;
-  }
-  return ssum;
+  for (j = 0; j + V::N <= L; j += V::N) V::store(s + j, vexp_np<V>(V::sub(V::load(s + j), vm)));
+  for (; j < L; ++j) s[j] = vexp_np<S1>(s[j] - m);
+  const T sum = V::set(np_sum(s, L));
+  for (j = 0; j < L; j += V::N) V::store_n(s + j, V::div(V::load_n(s + j, L - j), sum), L - j);
 }
 
 template <int NQ>
@@ -121,7 +95,6 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, const float* v
   const float* q[NQ];
   float* s[NQ];
   float* o[NQ];
-  float sums[NQ];
   for (int r = 0; r < NQ; ++r) {
     q[r] = qb + static_cast<size_t>(i + r) * ld;
     s[r] = srow + static_cast<size_t>(r) * lp;
@@ -131,11 +104,11 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, const float* v
   int j = 0;
   for (; j + 4 * V::N <= lp; j += 4 * V::N) scores_block<NQ, 4>(q, kt, lp, d, j, s, vscale);
   for (; j < lp; j += V::N) scores_block<NQ, 1>(q, kt, lp, d, j, s, vscale);
-  for (int r = 0; r < NQ; ++r) sums[r] = softmax_row(s[r], L);
+  for (int r = 0; r < NQ; ++r) softmax_row(s[r], L);
   int c = 0;
-  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, L, c, d, o, sums);
-  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, L, c, d, o, sums);
-  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, L, c, d, o, sums);
+  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, L, c, d, o);
+  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, L, c, d, o);
+  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, L, c, d, o);
 }
 
 void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {

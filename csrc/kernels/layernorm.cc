@@ -2,37 +2,12 @@
 // quantisation of its output for the next GEMM. Float32 throughout, two passes for the
 // variance (as the reference: var = mean((x - mu)^2)).
 #include "kernels.h"
+#include "np_sum.h"
 #include "qrow.h"
 #include "simd.h"
 
 namespace zoi {
 namespace ZOI_NS {
-
-// numpy's float32 sum of a contiguous row (pairwise_sum in numpy's loops_utils): blocks of at
-// most 128 summed with 8 strided accumulators combined as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)),
-// halves (rounded to multiples of 8) above that. Reproducing the order makes the LayerNorm
-// output bit-identical to the reference, so the INT8 quantisation that follows it rounds
-// exactly as the emulation (a 1-ulp difference there flips an integer step).
-inline float np_sum(const float* a, int n) {
-  if (n < 8) {
-    float r = 0.f;
-    for (int i = 0; i < n; ++i) r += a[i];
-    return r;
-  }
-  if (n <= 128) {
-    float r[8];
-    for (int j = 0; j < 8; ++j) r[j] = a[j];
-    int i = 8;
-    for (; i < n - (n % 8); i += 8)
-      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
-    float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-    for (; i < n; ++i) res += a[i];
-    return res;
-  }
-  int n2 = n / 2;
-  n2 -= n2 % 8;
-  return np_sum(a, n2) + np_sum(a + n2, n - n2);
-}
 
 // y[H] = LN(x (+ r)) * w + b with the reference's float32 operations in its order:
 // s = x + r; mu = sum(s) / H; var = sum((s - mu)^2) / H; y = ((s - mu) / sqrt(var + eps)) * w + b.

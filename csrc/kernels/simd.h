@@ -31,6 +31,7 @@ struct S1 {  // one float lane: scalar fallback and loop tails
   static T mul(T a, T b) { return a * b; }
   static T div(T a, T b) { return a / b; }
   static T fma(T a, T b, T c) { return a * b + c; }  // not fused: no libm call without FMA
+  static T fma_exact(T a, T b, T c) { return std::fma(a, b, c); }  // fused, as the vector ISAs
   static T max(T a, T b) { return a > b ? a : b; }
   static T min(T a, T b) { return a < b ? a : b; }
   static T abs(T a) { return std::fabs(a); }
@@ -42,7 +43,7 @@ struct S1 {  // one float lane: scalar fallback and loop tails
     std::memcpy(&f, &bits, 4);
     return f;
   }
-  static T scale2n(T x, T n) { return x * pow2n(n); }
+  static T scale2n(T x, T n) { return x * pow2n(n < -126.f ? -126.f : n); }
   static float hsum(T a) { return a; }
   static float hmax(T a) { return a; }
 };
@@ -63,6 +64,7 @@ struct V16 {
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
   static T div(T a, T b) { return _mm512_div_ps(a, b); }
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T fma_exact(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
   static T min(T a, T b) { return _mm512_min_ps(a, b); }
   static T abs(T a) { return _mm512_abs_ps(a); }
@@ -93,6 +95,7 @@ struct V8 {
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
   static T div(T a, T b) { return _mm256_div_ps(a, b); }
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T fma_exact(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T max(T a, T b) { return _mm256_max_ps(a, b); }
   static T min(T a, T b) { return _mm256_min_ps(a, b); }
   static T abs(T a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
@@ -102,7 +105,7 @@ struct V8 {
     __m256i i = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_castsi256_ps(i);
   }
-  static T scale2n(T x, T n) { return _mm256_mul_ps(x, pow2n(n)); }
+  static T scale2n(T x, T n) { return _mm256_mul_ps(x, pow2n(_mm256_max_ps(n, _mm256_set1_ps(-126.f)))); }
   static float hsum(T a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -147,6 +150,7 @@ struct X4 {
   ZOI_INLINE static void store(float* p, T x) { for (int i = 0; i < 4; ++i) W::store(p + i * W::N, x.v[i]); }
   ZOI_X4_2(add) ZOI_X4_2(sub) ZOI_X4_2(mul) ZOI_X4_2(div) ZOI_X4_2(max) ZOI_X4_2(min)
   ZOI_X4_1(abs) ZOI_X4_1(round) ZOI_X4_1(pow2n) ZOI_X4_2(scale2n)
+  ZOI_INLINE static T fma_exact(T a, T b, T c) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::fma_exact(a.v[i], b.v[i], c.v[i]); return r; }
   ZOI_INLINE static T fma(T a, T b, T c) { T r; for (int i = 0; i < 4; ++i) r.v[i] = W::fma(a.v[i], b.v[i], c.v[i]); return r; }
   ZOI_INLINE static T sel_lt(T a, T b, T x, T y) {
     T r;
@@ -175,6 +179,31 @@ ZOI_INLINE typename W::T vexp(typename W::T x) {
   p = W::fma(p, r, W::set(5.0000001201e-1f));
   p = W::fma(p, W::mul(r, r), W::add(r, W::set(1.f)));
   return W::scale2n(p, n);
+}
+
+// exp(x) exactly as numpy's float32 SIMD kernel (AVX512F simd_exp_FLOAT: Cody-Waite reduction,
+// rational P5/Q2, scalef), for x <= 0 (softmax): bit-identical to np.exp on the AVX-512 builds;
+// the AVX2 / scalar builds scale by 2^k with an exponent add (identical down to 2^-126).
+template <class W>
+ZOI_INLINE typename W::T vexp_np(typename W::T x_in) {
+  using T = typename W::T;
+  const T xmin = W::set(-103.97208404541015625f);
+  const T under = W::sel_lt(xmin, x_in, W::zero(), W::set(1.f));  // 1 where x <= xmin
+  const T x = W::sel_lt(xmin, x_in, x_in, W::zero());
+  T q = W::mul(x, W::set(1.442695040888963407359924681001892137f));
+  q = W::sub(W::add(q, W::set(12582912.f)), W::set(12582912.f));  // rint via 0x1.8p23
+  T y = W::fma_exact(q, W::set(-6.93145752e-1f), x);
+  y = W::fma_exact(q, W::set(-1.42860677e-6f), y);
+  y = W::fma_exact(q, W::zero(), y);
+  T num = W::fma_exact(W::set(5.082762527590693718096e-04f), y, W::set(6.757896990527504603057e-03f));
+  num = W::fma_exact(num, y, W::set(5.114512081637298353406e-02f));
+  num = W::fma_exact(num, y, W::set(2.473615434895520810817e-01f));
+  num = W::fma_exact(num, y, W::set(7.257664613233124478488e-01f));
+  num = W::fma_exact(num, y, W::set(9.999999999980870924916e-01f));
+  T den = W::fma_exact(W::set(2.159509375685829852307e-02f), y, W::set(-2.742335390411667452936e-01f));
+  den = W::fma_exact(den, y, W::set(1.f));
+  const T r = W::scale2n(W::div(num, den), q);
+  return W::sel_lt(under, W::set(0.5f), r, W::zero());
 }
 
 // erf(x) for float32: odd/even rational minimax fit on [-4, 4] (Eigen's generic_fast_erf_float),
