@@ -27,10 +27,40 @@ def _erf(x: np.ndarray) -> np.ndarray:
         return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
 
 
+def _fma32(a: np.ndarray, b, c) -> np.ndarray:
+    """float32 fused multiply-add (one rounding; the product is exact in float64)."""
+    return (a.astype(np.float64) * np.float64(np.float32(b)) + np.float64(np.float32(c))).astype(np.float32)
+
+
+def _fma32v(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
+    return (a.astype(np.float64) * b.astype(np.float64) + np.float64(np.float32(c))).astype(np.float32)
+
+
+def erf_f32(a: np.ndarray) -> np.ndarray:
+    """erf in float32 as zoi's kernels compute it (csrc/kernels/simd.h `verf`): the odd/even
+    rational minimax fit on [-4, 4] of Eigen's generic_fast_erf_float, a few ulp from erf,
+    evaluated with fused multiply-adds. The float32 contract of GELU, so INT8 kernels can
+    reproduce the emulation's requantisation exactly; float64 runs use the exact erf."""
+    x = np.clip(a.astype(np.float32), np.float32(-4), np.float32(4))
+    x2 = (x * x).astype(np.float32)
+    p = _fma32(x2, -2.72614225801306e-10, 2.77068142495902e-08)
+    for c in (-2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+              -1.60960333262415e-02):
+        p = _fma32v(x2, p, c)
+    p = (x * p).astype(np.float32)
+    q = _fma32(x2, -1.45660718464996e-05, -2.13374055278905e-04)
+    for c in (-1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02):
+        q = _fma32v(x2, q, c)
+    return (p / q).astype(np.float32)
+
+
 def activation(x: np.ndarray, act: str) -> np.ndarray:
     if act == "none":
         return x
-    if act == "gelu":  # erf form, as BERT
+    if act == "gelu":  # erf form, as BERT: (0.5 x)(1 + erf(x / sqrt 2))
+        if x.dtype == np.float32:
+            e = erf_f32((x * np.float32(_SQRT1_2)).astype(np.float32))
+            return ((np.float32(0.5) * x) * (np.float32(1) + e)).astype(np.float32)
         return (0.5 * x * (1.0 + _erf(x * _SQRT1_2))).astype(x.dtype)
     if act == "gelu_tanh":
         c = math.sqrt(2.0 / math.pi)
