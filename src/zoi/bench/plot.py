@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zoi.bench.harness import default_out_dir
+from zoi.bench.harness import SCHEMA, default_out_dir
 
 
 def latest(results_dir: Path | None, kind: str | None = None, full: bool = True) -> Path:
     d = Path(results_dir or default_out_dir())
-    files = sorted(d.glob("*.json"))
+    files = sorted(f for f in d.glob("*.json") if _ours(f))  # other tools write there too
     if kind:
         files = [f for f in files if f"_{kind}" in f.stem]
     if full and any("_quick" not in f.stem for f in files):
@@ -23,6 +23,13 @@ def latest(results_dir: Path | None, kind: str | None = None, full: bool = True)
     if not files:
         raise FileNotFoundError(f"no result files in {d} (run `zoi bench` first)")
     return files[-1]
+
+
+def _ours(f: Path) -> bool:
+    try:
+        return json.loads(f.read_text()).get("schema") == SCHEMA
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _default_files() -> list[Path]:
@@ -66,6 +73,8 @@ def plot_result(path: Path, out_dir: Path | None = None) -> list[Path]:
     import matplotlib.pyplot as plt
 
     res = json.loads(Path(path).read_text())
+    if not isinstance(res, dict) or res.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a `zoi bench` result file (schema {SCHEMA})")
     out_dir = Path(out_dir or Path(path).parent)
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = {p["name"]: p["label"] for p in res["providers"]}
