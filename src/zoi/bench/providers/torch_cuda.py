@@ -40,23 +40,33 @@ class TorchCudaProvider(PaddedProvider):
             s_mask = torch.from_numpy(mask).cuda()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.inference_mode(), torch.cuda.stream(side):
+            with torch.no_grad(), torch.cuda.stream(side):
                 for _ in range(3):
                     self._forward(s_ids, s_mask)
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(g):
+            with torch.no_grad(), torch.cuda.graph(g):
                 out = self._forward(s_ids, s_mask)
-            self.graphs[key] = (g, s_ids, s_mask, out)
+            # pinned host staging, as a careful user of CUDA graphs would do
+            self.graphs[key] = (
+                g,
+                s_ids,
+                s_mask,
+                out,
+                s_ids.cpu().pin_memory(),
+                s_mask.cpu().pin_memory(),
+            )
         return torch.from_numpy(ids), torch.from_numpy(mask), self.graphs[key]
 
     def run(self, feed):
         torch = self.torch
-        with torch.inference_mode():
+        with torch.no_grad():
             if len(feed) == 3:
-                ids, mask, (g, s_ids, s_mask, out) = feed
-                s_ids.copy_(ids)
-                s_mask.copy_(mask)
+                ids, mask, (g, s_ids, s_mask, out, h_ids, h_mask) = feed
+                h_ids.copy_(ids)
+                h_mask.copy_(mask)
+                s_ids.copy_(h_ids, non_blocking=True)
+                s_mask.copy_(h_mask, non_blocking=True)
                 g.replay()
                 return out.cpu().numpy()
             ids, mask = feed
