@@ -76,6 +76,7 @@ def _native_cpu() -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_quick_run_schema(tmp_path, model_dir):
     """zoi + installed peers on two small workloads; every row numeric, JSON complete.
 
