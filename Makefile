@@ -22,10 +22,10 @@ format:
 	$(VENV) ruff format src tests && ruff check --fix src tests
 
 bench: setup
-	$(VENV) zoi bench
+	$(VENV) pip install -q -e ".[bench]" --no-build-isolation && zoi bench
 
-bench-quick:
-	$(VENV) zoi bench --quick
+bench-quick: setup
+	$(VENV) pip install -q -e ".[bench]" --no-build-isolation && zoi bench --quick
 
 # Run on a machine with an NVIDIA GPU (the lent H200): install, test, benchmark.
 gpu-check:

@@ -163,6 +163,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     ps = sub.add_parser("show", help="print the tables of a result file (default: the latest)")
     ps.add_argument("file", nargs="?", type=Path, default=None)
+    try:  # `zoi bench serve`: load test of the HTTP server (sets its own func)
+        from zoi.serve.loadtest import register_bench
+    except ImportError:  # the serve extra is not installed
+        pass
+    else:
+        register_bench(sub)
     p.set_defaults(func=_dispatch)
     return p
 
