@@ -37,9 +37,32 @@ def real_sentences(n: int | None = None) -> list[str]:
 
 ARCH_CONFIGS = {
     # hidden sizes that are not powers of two, odd head dims
-    "bert": dict(hidden_size=60, num_hidden_layers=2, num_attention_heads=5, intermediate_size=97, max_position_embeddings=64, type_vocab_size=2),
-    "roberta": dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=80, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
-    "xlm-roberta": dict(hidden_size=36, num_hidden_layers=1, num_attention_heads=3, intermediate_size=50, max_position_embeddings=40, type_vocab_size=1, pad_token_id=1),
+    "bert": dict(
+        hidden_size=60,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        intermediate_size=97,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+    ),
+    "roberta": dict(
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=80,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+        pad_token_id=1,
+    ),
+    "xlm-roberta": dict(
+        hidden_size=36,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        intermediate_size=50,
+        max_position_embeddings=40,
+        type_vocab_size=1,
+        pad_token_id=1,
+    ),
     "distilbert": dict(dim=48, n_layers=2, n_heads=4, hidden_dim=70, max_position_embeddings=64),
 }
 
@@ -65,8 +88,14 @@ def build_hf_model(arch: str, seed: int = 0, vocab_size: int = 30522, **override
     return model
 
 
-def save_checkpoint(model, folder: Path, dtype=None, max_shard_size=None, pooling: str | None = None,
-                    normalize: bool = False) -> Path:
+def save_checkpoint(
+    model,
+    folder: Path,
+    dtype=None,
+    max_shard_size=None,
+    pooling: str | None = None,
+    normalize: bool = False,
+) -> Path:
     """save_pretrained + the real MiniLM tokenizer.json (+ sentence-transformers modules)."""
     import torch
 
@@ -78,22 +107,46 @@ def save_checkpoint(model, folder: Path, dtype=None, max_shard_size=None, poolin
         model.to(torch.float32)
     shutil.copy(minilm_path() / "tokenizer.json", folder / "tokenizer.json")
     if pooling:
-        mods = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        mods = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling",
+            },
+        ]
         if normalize:
-            mods.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+            mods.append(
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                }
+            )
         (folder / "modules.json").write_text(json.dumps(mods))
         (folder / "1_Pooling").mkdir(exist_ok=True)
-        (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-            "word_embedding_dimension": model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.dim,
-            "pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
-            "pooling_mode_max_tokens": pooling == "max"}))
+        (folder / "1_Pooling" / "config.json").write_text(
+            json.dumps(
+                {
+                    "word_embedding_dimension": model.config.hidden_size
+                    if hasattr(model.config, "hidden_size")
+                    else model.config.dim,
+                    "pooling_mode_cls_token": pooling == "cls",
+                    "pooling_mode_mean_tokens": pooling == "mean",
+                    "pooling_mode_max_tokens": pooling == "max",
+                }
+            )
+        )
     return folder
 
 
 @pytest.fixture(scope="session")
 def small_bert(tmp_path_factory) -> Path:
-    return save_checkpoint(build_hf_model("bert"), tmp_path_factory.mktemp("bert"), pooling="mean", normalize=True)
+    return save_checkpoint(
+        build_hf_model("bert"), tmp_path_factory.mktemp("bert"), pooling="mean", normalize=True
+    )
 
 
 def rng(seed: int | None = None) -> np.random.Generator:

@@ -23,7 +23,21 @@ def test_info(capsys):
 
 def test_compile_info_encode(small_bert, tmp_path, capsys, monkeypatch):
     art = tmp_path / "art"
-    assert main(["compile", str(small_bert), "-o", str(art), "--device", "reference", "--max-tokens", "128"]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                str(small_bert),
+                "-o",
+                str(art),
+                "--device",
+                "reference",
+                "--max-tokens",
+                "128",
+            ]
+        )
+        == 0
+    )
     assert (art / "zoi.json").exists()
     capsys.readouterr()
     assert main(["info", str(art)]) == 0
@@ -35,11 +49,28 @@ def test_compile_info_encode(small_bert, tmp_path, capsys, monkeypatch):
     np.testing.assert_allclose(np.array(res["embeddings"]), ref, atol=1e-6)
     f = tmp_path / "t.txt"
     f.write_text("hello\n\nworld\n")
-    assert main(["encode", "--model", str(art), "--device", "reference", "-f", str(f), "-o", str(tmp_path / "e.npy")]) == 0
+    assert (
+        main(
+            [
+                "encode",
+                "--model",
+                str(art),
+                "--device",
+                "reference",
+                "-f",
+                str(f),
+                "-o",
+                str(tmp_path / "e.npy"),
+            ]
+        )
+        == 0
+    )
     np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ref, atol=1e-6)
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\nworld\n"))
     assert main(["encode", "--model", str(art), "--device", "reference", "-f", "-"]) == 0
-    np.testing.assert_allclose(np.array(json.loads(capsys.readouterr().out)["embeddings"]), ref, atol=1e-6)
+    np.testing.assert_allclose(
+        np.array(json.loads(capsys.readouterr().out)["embeddings"]), ref, atol=1e-6
+    )
 
 
 def test_errors_are_clean(tmp_path, capsys):

@@ -18,8 +18,15 @@ def eng(small_bert):
     return zoi.compile(small_bert, device="reference", max_tokens=64)
 
 
-TEXTS = ["short", "a somewhat longer sentence with more words in it", "", "mid length text here",
-         "x " * 40, "another one", "z"]
+TEXTS = [
+    "short",
+    "a somewhat longer sentence with more words in it",
+    "",
+    "mid length text here",
+    "x " * 40,
+    "another one",
+    "z",
+]
 
 
 def test_shapes_and_defaults(eng):
@@ -58,7 +65,9 @@ def test_chunking_over_max_tokens(eng):
         ids.extend(s)
         cu.append(len(ids))
     pos = np.concatenate([np.arange(len(s)) for s in eng.tokenize(texts)])
-    np.testing.assert_allclose(eng.run_packed(np.array(ids), pos, np.array(cu), normalize=True), out, atol=1e-5)
+    np.testing.assert_allclose(
+        eng.run_packed(np.array(ids), pos, np.array(cu), normalize=True), out, atol=1e-5
+    )
 
 
 def test_truncation(eng):
@@ -98,7 +107,11 @@ def test_save_load_roundtrip(eng, tmp_path):
     texts = TEXTS
     ref = eng.encode(texts)
     out = eng.save(tmp_path / "art")
-    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "weights.safetensors", "zoi.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "tokenizer.json",
+        "weights.safetensors",
+        "zoi.json",
+    ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
     back = zoi.load(out, device="reference")
     np.testing.assert_array_equal(back.encode(texts), ref)
@@ -143,7 +156,9 @@ def test_unsupported_architecture(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["model_type"] = "gpt2"
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"gpt2.*supports BertModel, DistilBertModel, RobertaModel"):
+    with pytest.raises(
+        CheckpointError, match=r"gpt2.*supports BertModel, DistilBertModel, RobertaModel"
+    ):
         zoi.compile(ckpt, device="reference")
 
 
@@ -181,7 +196,9 @@ def test_missing_tensor_wrong_shape_wrong_dtype(ckpt):
     with pytest.raises(CheckpointError, match=r"encoder.layer.1.output.dense.weight.*missing"):
         zoi.compile(ckpt, device="reference")
     t = dict(orig)
-    t["encoder.layer.0.intermediate.dense.weight"] = t["encoder.layer.0.intermediate.dense.weight"][:, :-1].copy()
+    t["encoder.layer.0.intermediate.dense.weight"] = t["encoder.layer.0.intermediate.dense.weight"][
+        :, :-1
+    ].copy()
     save_file(t, str(p))
     with pytest.raises(CheckpointError, match=r"intermediate.dense.weight has shape"):
         zoi.compile(ckpt, device="reference")

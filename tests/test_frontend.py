@@ -12,7 +12,12 @@ from zoi.backends.reference import run_graph
 from zoi.frontend import load_checkpoint
 from zoi.frontend.tokenizer import pack
 
-TEXTS = ["Hello world!", "", "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 4, "The quick brown fox."]
+TEXTS = [
+    "Hello world!",
+    "",
+    "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 4,
+    "The quick brown fox.",
+]
 
 
 def hf_hidden(model, ids: np.ndarray) -> np.ndarray:
@@ -26,7 +31,9 @@ def hf_hidden(model, ids: np.ndarray) -> np.ndarray:
 def test_architecture_matches_transformers(arch, variant, tmp_path):
     model = build_hf_model(arch, seed=hash((arch, variant)) % 1000)
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(variant)
-    folder = save_checkpoint(model, tmp_path / arch, dtype=dtype, max_shard_size="50KB" if variant == "sharded" else None)
+    folder = save_checkpoint(
+        model, tmp_path / arch, dtype=dtype, max_shard_size="50KB" if variant == "sharded" else None
+    )
     if variant == "sharded":
         assert (folder / "model.safetensors.index.json").exists()
     if dtype is not None:  # compare against the model holding the same rounded weights
@@ -49,7 +56,10 @@ def test_architecture_matches_transformers(arch, variant, tmp_path):
 def test_roberta_position_offset(tmp_path):
     folder = save_checkpoint(build_hf_model("roberta"), tmp_path / "r")
     spec, w, _ = load_checkpoint(folder)
-    assert spec.position_offset == 2 and spec.max_positions == ARCH_CONFIGS["roberta"]["max_position_embeddings"] - 2
+    assert (
+        spec.position_offset == 2
+        and spec.max_positions == ARCH_CONFIGS["roberta"]["max_position_embeddings"] - 2
+    )
     assert spec.arch == "roberta" and "embed.type" in w
     eng = zoi.compile(folder, device="reference")
     ids = eng.tokenize(["x " * 500])[0]

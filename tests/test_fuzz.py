@@ -17,7 +17,9 @@ import zoi
 from conftest import minilm_path
 from zoi.errors import ZoiError
 
-FUZZ = settings(max_examples=60, deadline=5000, suppress_health_check=list(HealthCheck), derandomize=False)
+FUZZ = settings(
+    max_examples=60, deadline=5000, suppress_health_check=list(HealthCheck), derandomize=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,9 @@ def test_safetensors_bytes(folder, data):
     if region == "truncate":
         buf = buf[: data.draw(st.integers(0, len(orig) - 1))]
     else:
-        lo, hi = {"header_len": (0, 8), "header": (8, 8 + hlen), "data": (8 + hlen, len(orig))}[region]
+        lo, hi = {"header_len": (0, 8), "header": (8, 8 + hlen), "data": (8 + hlen, len(orig))}[
+            region
+        ]
         for _ in range(data.draw(st.integers(1, 8))):
             i = data.draw(st.integers(lo, hi - 1))
             buf[i] = data.draw(st.integers(0, 255))
@@ -62,7 +66,11 @@ def test_safetensors_bytes(folder, data):
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=8),
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
     max_leaves=5,
 )
@@ -83,7 +91,11 @@ def test_config_fields(folder, data):
             if not cfg:
                 break
     try:
-        p.write_text(json.dumps(cfg) if data.draw(st.integers(0, 9)) else orig[: data.draw(st.integers(0, len(orig)))])
+        p.write_text(
+            json.dumps(cfg)
+            if data.draw(st.integers(0, 9))
+            else orig[: data.draw(st.integers(0, len(orig)))]
+        )
         _try_load(folder)
     finally:
         p.write_text(orig)

@@ -10,14 +10,29 @@ from zoi.graph.planner import ALIGN, liveness
 
 
 def spec(**kw) -> ModelSpec:
-    base = dict(arch="bert", vocab_size=100, hidden=60, layers=3, heads=5, intermediate=97, max_positions=64,
-                type_vocab_size=2)
+    base = dict(
+        arch="bert",
+        vocab_size=100,
+        hidden=60,
+        layers=3,
+        heads=5,
+        intermediate=97,
+        max_positions=64,
+        type_vocab_size=2,
+    )
     base.update(kw)
     return ModelSpec(**base)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 7, 128, 4099])
-@pytest.mark.parametrize("s", [spec(), spec(hidden=384, heads=12, intermediate=1536, layers=6), spec(layers=1, intermediate=13)])
+@pytest.mark.parametrize(
+    "s",
+    [
+        spec(),
+        spec(hidden=384, heads=12, intermediate=1536, layers=6),
+        spec(layers=1, intermediate=13),
+    ],
+)
 def test_no_overlap_and_tight(s, max_tokens):
     g = build_graph(s)
     plan = plan_memory(g, max_tokens, max_batch=max(1, max_tokens // 3))

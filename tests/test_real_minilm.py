@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import zoi
-
 from conftest import minilm_path, real_sentences
 
 

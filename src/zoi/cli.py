@@ -34,8 +34,13 @@ def _cpu_model() -> str:
 def system_info() -> dict:
     from zoi.backends import cuda_status
 
-    info: dict = {"cpu": _cpu_model(), "cores": os.cpu_count(),
-                  "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    info: dict = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+    }
     try:
         from zoi import _cpu
 
@@ -76,10 +81,15 @@ def cmd_info(args) -> int:
             spec = ModelSpec.from_dict(meta["spec"])
             plan = plan_memory(build_graph(spec), meta["max_tokens"], meta.get("max_batch"))
             wbytes = (p / "weights.safetensors").stat().st_size
-            rows = {"kind": "zoi artifact", "precision": meta["precision"], **{k: v for k, v in meta["spec"].items()},
-                    "max_tokens": plan.max_tokens, "max_batch": plan.max_batch,
-                    "arena": f"{plan.arena_bytes / 2**20:.2f} MiB ({plan.arena_bytes} bytes)",
-                    "weights file": f"{wbytes / 2**20:.2f} MiB"}
+            rows = {
+                "kind": "zoi artifact",
+                "precision": meta["precision"],
+                **{k: v for k, v in meta["spec"].items()},
+                "max_tokens": plan.max_tokens,
+                "max_batch": plan.max_batch,
+                "arena": f"{plan.arena_bytes / 2**20:.2f} MiB ({plan.arena_bytes} bytes)",
+                "weights file": f"{wbytes / 2**20:.2f} MiB",
+            }
             for k, v in rows.items():
                 t.add_row(k, str(v))
             con.print(t)
@@ -110,10 +120,16 @@ def cmd_info(args) -> int:
     t.add_row("CPU", info["cpu"])
     t.add_row("cores", f"{info['cores']} ({info['usable_cores']} usable)")
     t.add_row("ISA (best)", str(info.get("isa_best")))
-    t.add_row("ISA (active)", str(info.get("isa_active", "-")) + ("  [ZOI_CPU_ISA]" if os.environ.get("ZOI_CPU_ISA") else ""))
+    t.add_row(
+        "ISA (active)",
+        str(info.get("isa_active", "-"))
+        + ("  [ZOI_CPU_ISA]" if os.environ.get("ZOI_CPU_ISA") else ""),
+    )
     feats = info.get("cpu_features", {})
     t.add_row("CPU features", " ".join(k for k, v in feats.items() if v) or "-")
-    t.add_row("CUDA GPU", escape(("yes: " if info["cuda"]["usable"] else "no: ") + info["cuda"]["detail"]))
+    t.add_row(
+        "CUDA GPU", escape(("yes: " if info["cuda"]["usable"] else "no: ") + info["cuda"]["detail"])
+    )
     t.add_row("triton", info["triton"] or "not installed")
     con.print(t)
     return 0
@@ -126,8 +142,14 @@ def _open_engine(args, progress: bool = True):
 
     if args.model and is_artifact(args.model):
         return zoi.load(args.model, device=args.device, max_tokens=args.max_tokens)
-    return zoi.compile(args.model, device=args.device or "cpu", precision=args.precision,
-                       max_tokens=args.max_tokens, calibration=getattr(args, "calibrate", None), progress=progress)
+    return zoi.compile(
+        args.model,
+        device=args.device or "cpu",
+        precision=args.precision,
+        max_tokens=args.max_tokens,
+        calibration=getattr(args, "calibrate", None),
+        progress=progress,
+    )
 
 
 def cmd_compile(args) -> int:
@@ -137,7 +159,9 @@ def cmd_compile(args) -> int:
     out = eng.save(args.output)
     mem = eng.memory()
     con.print(f"[green]compiled[/] {eng!r} in {time.perf_counter() - t0:.1f} s -> {out}")
-    con.print(f"weights {mem['weights_bytes'] / 2**20:.1f} MiB, arena {mem['arena_bytes'] / 2**20:.1f} MiB")
+    con.print(
+        f"weights {mem['weights_bytes'] / 2**20:.1f} MiB, arena {mem['arena_bytes'] / 2**20:.1f} MiB"
+    )
     return 0
 
 
@@ -164,14 +188,24 @@ def cmd_encode(args) -> int:
     texts = _read_texts(args)
     eng = _open_engine(args, progress=False)
     norm = None if args.normalize is None else args.normalize == "yes"
-    emb = eng.encode(texts, batch_size=args.batch_size, normalize_embeddings=norm,
-                     show_progress_bar=len(texts) > 1000 and sys.stderr.isatty(), truncate=not args.no_truncate)
+    emb = eng.encode(
+        texts,
+        batch_size=args.batch_size,
+        normalize_embeddings=norm,
+        show_progress_bar=len(texts) > 1000 and sys.stderr.isatty(),
+        truncate=not args.no_truncate,
+    )
     if args.output and args.output.endswith(".npy"):
         np.save(args.output, emb)
         print(f"wrote {emb.shape} float32 to {args.output}", file=sys.stderr)
         return 0
-    payload = json.dumps({"model": eng.spec.name, "dim": int(emb.shape[1]) if emb.ndim == 2 else eng.spec.hidden,
-                          "embeddings": [[round(float(v), 7) for v in row] for row in emb]})
+    payload = json.dumps(
+        {
+            "model": eng.spec.name,
+            "dim": int(emb.shape[1]) if emb.ndim == 2 else eng.spec.hidden,
+            "embeddings": [[round(float(v), 7) for v in row] for row in emb],
+        }
+    )
     if args.output:
         Path(args.output).write_text(payload)
         print(f"wrote {len(texts)} embeddings to {args.output}", file=sys.stderr)
@@ -211,7 +245,9 @@ def cmd_demo(args) -> int:
 
     con = _console()
     con.print("[bold]zoi demo[/]: all-MiniLM-L6-v2 (bundled), compiled for the CPU")
-    engines = {p: zoi.compile(device=args.device, precision=p, progress=True) for p in args.precisions}
+    engines = {
+        p: zoi.compile(device=args.device, precision=p, progress=True) for p in args.precisions
+    }
     main = engines[args.precisions[-1]]
     emb = main.encode(DEMO_SENTENCES)
     sims = emb @ emb.T
@@ -229,7 +265,9 @@ def cmd_demo(args) -> int:
     n = args.iters
     for p, e in engines.items():
         ms16 = _median_ms(lambda e=e: e.run_packed(ids[:16], np.arange(16), np.array([0, 16])), n)
-        ms128 = _median_ms(lambda e=e: e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)])), n)
+        ms128 = _median_ms(
+            lambda e=e: e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)])), n
+        )
         rows.append((f"zoi {e.device} {p}", ms16, ms128))
     try:
         import torch
@@ -245,10 +283,18 @@ def cmd_demo(args) -> int:
                 return h.mean(1).numpy()
 
         ref = tfwd(len(ids))[0]
-        rows.append((f"PyTorch {torch.__version__} eager fp32", _median_ms(lambda: tfwd(16), n), _median_ms(lambda: tfwd(len(ids)), n)))
+        rows.append(
+            (
+                f"PyTorch {torch.__version__} eager fp32",
+                _median_ms(lambda: tfwd(16), n),
+                _median_ms(lambda: tfwd(len(ids)), n),
+            )
+        )
         for p, e in engines.items():
             z = e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)]))[0]
-            con.print(f"cosine zoi {p} vs PyTorch on the 128-token text: {np.dot(z, ref) / np.linalg.norm(z) / np.linalg.norm(ref):.6f}")
+            con.print(
+                f"cosine zoi {p} vs PyTorch on the 128-token text: {np.dot(z, ref) / np.linalg.norm(z) / np.linalg.norm(ref):.6f}"
+            )
     except ImportError:
         con.print("[yellow]PyTorch/transformers not installed: skipping the PyTorch comparison[/]")
     tt = Table(title=f"latency, one sequence, p50 of {n} calls ({os.cpu_count()} cores)")
@@ -263,16 +309,26 @@ def cmd_demo(args) -> int:
 
 # ---- entry ---------------------------------------------------------------------------------
 def _add_engine_args(p, with_output: bool) -> None:
-    p.add_argument("model", nargs="?" if not with_output else None, default=None,
-                   help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2)")
+    p.add_argument(
+        "model",
+        nargs="?" if not with_output else None,
+        default=None,
+        help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2)",
+    )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
-    p.add_argument("--max-tokens", type=int, default=None, help="tokens per backend call (arena size)")
-    p.add_argument("--calibrate", default=None, metavar="FILE", help="INT8 calibration texts, one per line")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per backend call (arena size)"
+    )
+    p.add_argument(
+        "--calibrate", default=None, metavar="FILE", help="INT8 calibration texts, one per line"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="zoi", description="ZeroOverhead-Inference: compile once, run small encoders fast")
+    ap = argparse.ArgumentParser(
+        prog="zoi", description="ZeroOverhead-Inference: compile once, run small encoders fast"
+    )
     ap.add_argument("--version", action="version", version=f"zoi {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -287,16 +343,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("encode", help="embed texts (arguments, --file, or stdin)")
-    p.add_argument("--model", "-m", default=None, help="model folder or artifact (default: bundled MiniLM)")
+    p.add_argument(
+        "--model", "-m", default=None, help="model folder or artifact (default: bundled MiniLM)"
+    )
     p.add_argument("texts", nargs="*")
     p.add_argument("--file", "-f", default=None, help="one text per line ('-' for stdin)")
-    p.add_argument("--output", "-o", default=None, help="write .json or .npy (default: JSON to stdout)")
+    p.add_argument(
+        "--output", "-o", default=None, help="write .json or .npy (default: JSON to stdout)"
+    )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--normalize", choices=["yes", "no"], default=None, help="default: as the model says")
-    p.add_argument("--no-truncate", action="store_true", help="error on over-long texts instead of truncating")
+    p.add_argument(
+        "--normalize", choices=["yes", "no"], default=None, help="default: as the model says"
+    )
+    p.add_argument(
+        "--no-truncate", action="store_true", help="error on over-long texts instead of truncating"
+    )
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser("demo", help="similarities and timing of the bundled MiniLM against PyTorch")

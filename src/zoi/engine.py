@@ -62,14 +62,18 @@ class _Steps:
 
     def done(self) -> None:
         if self.console is not None and time.perf_counter() - self.t0 > 1.0:
-            self.console.print(f"      done in {time.perf_counter() - self.t0:.1f} s", style="dim", highlight=False)
+            self.console.print(
+                f"      done in {time.perf_counter() - self.t0:.1f} s", style="dim", highlight=False
+            )
 
 
 def _check_precision(precision: str, device: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "fp16" and device != "cuda":
-        raise ValueError("precision='fp16' runs on device='cuda' only; use 'fp32' or 'int8' on the CPU")
+        raise ValueError(
+            "precision='fp16' runs on device='cuda' only; use 'fp32' or 'int8' on the CPU"
+        )
 
 
 def compile(  # noqa: A001 - the public name, as torch.compile
@@ -102,11 +106,15 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     steps.done()
     if max_tokens < spec.max_positions:
-        raise ValueError(f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})")
+        raise ValueError(
+            f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})"
+        )
     quant: dict[str, LinearQuant] = {}
     if precision == "int8":
         steps.step("quantising (calibration)")
-        weights, quant, report = _quantize(spec, weights, tokenizer, calibration, quant_config, progress, device)
+        weights, quant, report = _quantize(
+            spec, weights, tokenizer, calibration, quant_config, progress, device
+        )
         steps.done()
     steps.step("planning memory")
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
@@ -121,7 +129,11 @@ def compile(  # noqa: A001 - the public name, as torch.compile
 
 
 # INT8 features each backend executes (zoi.quant.config.FEATURES); None: all of them.
-BACKEND_QUANT_FEATURES: dict[str, set[str] | None] = {"cpu": None, "reference": None, "cuda": {"dynamic", "static"}}
+BACKEND_QUANT_FEATURES: dict[str, set[str] | None] = {
+    "cpu": None,
+    "reference": None,
+    "cuda": {"dynamic", "static"},
+}
 
 
 def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
@@ -130,8 +142,16 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
     from zoi import quant
 
     report: dict = {}
-    weights, q = quant.quantize_model(spec, weights, tokenizer, calibration=calibration, config=config,
-                                      progress=progress, report=report, features=BACKEND_QUANT_FEATURES[device])
+    weights, q = quant.quantize_model(
+        spec,
+        weights,
+        tokenizer,
+        calibration=calibration,
+        config=config,
+        progress=progress,
+        report=report,
+        features=BACKEND_QUANT_FEATURES[device],
+    )
     return weights, q, report
 
 
@@ -198,23 +218,38 @@ class Engine:
         return dict(self.backend.memory())
 
     def __repr__(self) -> str:
-        return (f"Engine({self.spec.name}, {self.spec.arch} L{self.spec.layers} H{self.spec.hidden}, "
-                f"device={self.device}, precision={self.precision}, max_tokens={self.max_tokens})")
+        return (
+            f"Engine({self.spec.name}, {self.spec.arch} L{self.spec.layers} H{self.spec.hidden}, "
+            f"device={self.device}, precision={self.precision}, max_tokens={self.max_tokens})"
+        )
 
     # ---- low level ----------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], truncate: bool = True) -> list[np.ndarray]:
         """Token ids (int32, special tokens included) of each text."""
         return self.tokenizer.encode_ids(Tokenizer.check_texts(texts), truncate)
 
-    def run_packed(self, ids: np.ndarray, positions: np.ndarray, cu_seqlens: np.ndarray,
-                   normalize: bool = False) -> np.ndarray:
+    def run_packed(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        cu_seqlens: np.ndarray,
+        normalize: bool = False,
+    ) -> np.ndarray:
         """Run packed sequences (see docs/ARCHITECTURE.md). Splits into chunks of max_tokens."""
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         positions = np.ascontiguousarray(positions, dtype=np.int32)
         cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
         B = len(cu) - 1
-        if B < 0 or cu[0] != 0 or cu[-1] != len(ids) or len(positions) != len(ids) or (B and np.any(np.diff(cu) <= 0)):
-            raise InputError("cu_seqlens must start at 0, increase strictly and end at len(ids) == len(positions)")
+        if (
+            B < 0
+            or cu[0] != 0
+            or cu[-1] != len(ids)
+            or len(positions) != len(ids)
+            or (B and np.any(np.diff(cu) <= 0))
+        ):
+            raise InputError(
+                "cu_seqlens must start at 0, increase strictly and end at len(ids) == len(positions)"
+            )
         if len(ids) and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
             raise InputError(f"token ids must lie in [0, {self.spec.vocab_size})")
         npos = self.model.weights["embed.pos"].shape[0]
@@ -252,7 +287,9 @@ class Engine:
         texts = [sentences] if single else Tokenizer.check_texts(sentences)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        normalize = self.spec.normalize if normalize_embeddings is None else bool(normalize_embeddings)
+        normalize = (
+            self.spec.normalize if normalize_embeddings is None else bool(normalize_embeddings)
+        )
         out = np.empty((len(texts), self.spec.hidden), np.float32)
         if not texts:
             return out
@@ -267,7 +304,11 @@ class Engine:
         i = 0
         while i < len(order):
             j, tokens = i, 0
-            while j < len(order) and j - i < batch_size and tokens + len(seqs[order[j]]) <= self.max_tokens:
+            while (
+                j < len(order)
+                and j - i < batch_size
+                and tokens + len(seqs[order[j]]) <= self.max_tokens
+            ):
                 tokens += len(seqs[order[j]])
                 j += 1
             idx = order[i:j]
@@ -305,7 +346,9 @@ class Engine:
             old = None
             if dest.exists():
                 if not (dest / "zoi.json").exists():
-                    raise ZoiError(f"{dest}: exists and is not a zoi artifact; refusing to overwrite it")
+                    raise ZoiError(
+                        f"{dest}: exists and is not a zoi artifact; refusing to overwrite it"
+                    )
                 old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
                 os.replace(dest, old)
             os.replace(tmp, dest)
@@ -327,7 +370,9 @@ def read_artifact_meta(path: str | os.PathLike) -> dict:
     folder = Path(path)
     meta = read_json(folder / "zoi.json")
     if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
-        raise CheckpointError(f"{folder / 'zoi.json'}: not a zoi artifact of format {ARTIFACT_FORMAT}")
+        raise CheckpointError(
+            f"{folder / 'zoi.json'}: not a zoi artifact of format {ARTIFACT_FORMAT}"
+        )
     return meta
 
 
@@ -335,7 +380,9 @@ def is_artifact(path: str | os.PathLike) -> bool:
     return (Path(path) / "zoi.json").is_file()
 
 
-def load(path: str | os.PathLike, device: str | None = None, max_tokens: int | None = None) -> Engine:
+def load(
+    path: str | os.PathLike, device: str | None = None, max_tokens: int | None = None
+) -> Engine:
     """Load an artifact written by Engine.save (no pickle: JSON + safetensors)."""
     folder = Path(path)
     meta = read_artifact_meta(folder)
@@ -356,15 +403,21 @@ def load(path: str | os.PathLike, device: str | None = None, max_tokens: int | N
         if n in weights:
             ok = weights[n].shape == shp if n != "embed.pos" else weights[n].shape[1:] == shp[1:]
             if not ok:
-                raise CheckpointError(f"{folder / 'weights.safetensors'}: {n} has shape {weights[n].shape}, expected {shp}")
+                raise CheckpointError(
+                    f"{folder / 'weights.safetensors'}: {n} has shape {weights[n].shape}, expected {shp}"
+                )
         elif n == "embed.word" and "embed.word_q" in weights:
             continue
         elif p is not None and f"{p}.w_q" in weights:
             if weights[f"{p}.w_q"].shape != shp or weights[f"{p}.w_q"].dtype != np.int8:
-                raise CheckpointError(f"{folder / 'weights.safetensors'}: {p}.w_q should be int8 {shp}")
+                raise CheckpointError(
+                    f"{folder / 'weights.safetensors'}: {p}.w_q should be int8 {shp}"
+                )
         else:
             raise CheckpointError(f"{folder / 'weights.safetensors'}: tensor {n} is missing")
-    tokenizer = Tokenizer.from_file(folder / "tokenizer.json", spec.max_positions, spec.position_offset)
+    tokenizer = Tokenizer.from_file(
+        folder / "tokenizer.json", spec.max_positions, spec.position_offset
+    )
     max_tokens = int(max_tokens or saved_tokens)
     max_batch = min(int(max_batch or max_tokens), max_tokens)
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)

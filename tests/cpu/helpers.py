@@ -24,8 +24,12 @@ def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray]:
     def r(*shape, s=0.08):
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
-    W = {"embed.word": r(spec.vocab_size, H, s=0.5), "embed.pos": r(spec.max_positions + spec.position_offset, H, s=0.3),
-         "embed.ln.w": 1 + r(H, s=0.1), "embed.ln.b": r(H, s=0.05)}
+    W = {
+        "embed.word": r(spec.vocab_size, H, s=0.5),
+        "embed.pos": r(spec.max_positions + spec.position_offset, H, s=0.3),
+        "embed.ln.w": 1 + r(H, s=0.1),
+        "embed.ln.b": r(H, s=0.05),
+    }
     if spec.type_vocab_size:
         W["embed.type"] = r(spec.type_vocab_size, H, s=0.3)
     for i in range(spec.layers):
@@ -51,9 +55,17 @@ def quantize_weights(W: dict, spec: ModelSpec, embed_int8: bool = True, keep_fp3
     return Q
 
 
-def make_model(spec: ModelSpec, precision: str = "fp32", max_tokens: int = 256, max_batch: int | None = None,
-               seed: int = 0, embed_int8: bool = True, schemes: dict | None = None, default_scheme: str = "dynamic",
-               act_transforms: dict | None = None) -> CompiledModel:
+def make_model(
+    spec: ModelSpec,
+    precision: str = "fp32",
+    max_tokens: int = 256,
+    max_batch: int | None = None,
+    seed: int = 0,
+    embed_int8: bool = True,
+    schemes: dict | None = None,
+    default_scheme: str = "dynamic",
+    act_transforms: dict | None = None,
+) -> CompiledModel:
     """schemes: {prefix: dynamic|static|dynamic_asym|fp32|weight_only}; act_transforms: {prefix: "mul" | "shift+mul"}
     adds random `p.act_mul` / `p.act_shift` (the pre-quantisation transform of zoi.quant)."""
     W = random_weights(spec, seed)
@@ -81,15 +93,39 @@ def make_model(spec: ModelSpec, precision: str = "fp32", max_tokens: int = 256, 
 
 
 def small_spec(**kw) -> ModelSpec:
-    d = dict(arch="bert", vocab_size=300, hidden=60, layers=2, heads=5, intermediate=97, max_positions=80,
-             type_vocab_size=2, eps=1e-12, act="gelu", pooling="mean", name="tiny")
+    d = dict(
+        arch="bert",
+        vocab_size=300,
+        hidden=60,
+        layers=2,
+        heads=5,
+        intermediate=97,
+        max_positions=80,
+        type_vocab_size=2,
+        eps=1e-12,
+        act="gelu",
+        pooling="mean",
+        name="tiny",
+    )
     d.update(kw)
     return ModelSpec(**d)
 
 
 def minilm_spec(layers: int = 6) -> ModelSpec:
-    return ModelSpec(arch="bert", vocab_size=30522, hidden=384, layers=layers, heads=12, intermediate=1536,
-                     max_positions=512, type_vocab_size=2, eps=1e-12, act="gelu", pooling="mean", name="minilm-shape")
+    return ModelSpec(
+        arch="bert",
+        vocab_size=30522,
+        hidden=384,
+        layers=layers,
+        heads=12,
+        intermediate=1536,
+        max_positions=512,
+        type_vocab_size=2,
+        eps=1e-12,
+        act="gelu",
+        pooling="mean",
+        name="minilm-shape",
+    )
 
 
 def batch(lengths, vocab: int, seed: int = 0, position_offset: int = 0):

@@ -77,19 +77,29 @@ def counter_so(tmp_path_factory) -> Path:
         pytest.fail("no C compiler to build the malloc counter")
     d = tmp_path_factory.mktemp("alloc")
     (d / "counter.c").write_text(COUNTER_C)
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(d / "counter.so"), str(d / "counter.c")], check=True)
+    subprocess.run(
+        [cc, "-O2", "-shared", "-fPIC", "-o", str(d / "counter.so"), str(d / "counter.c")],
+        check=True,
+    )
     return d / "counter.so"
 
 
 def test_zero_allocations_in_steady_state(counter_so):
     env = dict(os.environ, LD_PRELOAD=str(counter_so))
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(Path(__file__).parent), str(counter_so)], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(Path(__file__).parent), str(counter_so)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     res = json.loads(out.strip().splitlines()[-1])
     for precision in ("int8", "fp32"):
         r = res[precision]
-        assert r["native_1000"] - r["one"] == 0, r  # 1000 runs inside C++: not one allocation per run
-        assert r["python_1000"] <= 5, r             # and no allocation per Engine.run call either
-        assert r["before"] > 1000, r                # the counter does count (imports, model build)
+        assert r["native_1000"] - r["one"] == 0, (
+            r
+        )  # 1000 runs inside C++: not one allocation per run
+        assert r["python_1000"] <= 5, r  # and no allocation per Engine.run call either
+        assert r["before"] > 1000, r  # the counter does count (imports, model build)
     r100, r10k = res["rss_kb"]
-    assert r10k - r100 <= 2048, res["rss_kb"]      # no leak: within 2 MB
+    assert r10k - r100 <= 2048, res["rss_kb"]  # no leak: within 2 MB

@@ -47,7 +47,9 @@ def test_fp32_model_matches_reference(isa):
 @pytest.mark.parametrize("embed_int8", [True, False])
 def test_int8_model_matches_emulation(isa, embed_int8):
     schemes = {"l0.qkv": "static", "l1.ffn2": "fp32", "l1.o": "static"}
-    m = make_model(small_spec(), "int8", max_tokens=128, max_batch=8, embed_int8=embed_int8, schemes=schemes)
+    m = make_model(
+        small_spec(), "int8", max_tokens=128, max_batch=8, embed_int8=embed_int8, schemes=schemes
+    )
     be = CpuBackend(m, isa=isa)
     assert be.linear_kinds["l0.qkv"] == "int8-static" and be.linear_kinds["l1.ffn2"] == "fp32"
     assert be.linear_kinds["l0.ffn1"] == "int8"
@@ -64,10 +66,19 @@ def test_int8_schemes_and_act_transform_match_quant_forward(isa, default_scheme)
 
     schemes = {"l0.o": "static", "l1.ffn2": "fp32", "l1.qkv": "dynamic", "l1.o": "weight_only"}
     tr = {"l0.qkv": "shift+mul", "l0.ffn2": "mul", "l1.ffn1": "mul", "l0.o": "mul"}
-    m = make_model(small_spec(), "int8", max_tokens=128, max_batch=8, schemes=schemes,
-                   default_scheme=default_scheme, act_transforms=tr)
+    m = make_model(
+        small_spec(),
+        "int8",
+        max_tokens=128,
+        max_batch=8,
+        schemes=schemes,
+        default_scheme=default_scheme,
+        act_transforms=tr,
+    )
     be = CpuBackend(m, isa=isa)
-    assert be.linear_kinds["l0.ffn1"] == ("int8-dynamic_asym" if default_scheme == "dynamic_asym" else "int8")
+    assert be.linear_kinds["l0.ffn1"] == (
+        "int8-dynamic_asym" if default_scheme == "dynamic_asym" else "int8"
+    )
     assert be.linear_kinds["l1.o"] == "fp32" and "l1.o.w_q" in m.weights  # weight-only INT8
     for lengths, seed in [(LENGTHS, 0), ([1], 1), ([64, 3], 2)]:
         ids, pos, cu = batch(lengths, m.spec.vocab_size, seed)
@@ -77,12 +88,23 @@ def test_int8_schemes_and_act_transform_match_quant_forward(isa, default_scheme)
         assert np.abs(got - want).max() <= 1e-3
 
 
-@pytest.mark.parametrize("variant", [
-    dict(pooling="cls", act="gelu_tanh"),
-    dict(pooling="max", act="relu", type_vocab_size=0),
-    dict(arch="roberta", position_offset=2, type_vocab_size=1, hidden=48, heads=4, intermediate=80, eps=1e-5),
-    dict(hidden=36, heads=3, intermediate=50, layers=1),
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(pooling="cls", act="gelu_tanh"),
+        dict(pooling="max", act="relu", type_vocab_size=0),
+        dict(
+            arch="roberta",
+            position_offset=2,
+            type_vocab_size=1,
+            hidden=48,
+            heads=4,
+            intermediate=80,
+            eps=1e-5,
+        ),
+        dict(hidden=36, heads=3, intermediate=50, layers=1),
+    ],
+)
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_model_variants(variant, precision):
     m = make_model(small_spec(**variant), precision, max_tokens=96, max_batch=6, seed=3)
@@ -196,8 +218,13 @@ print(json.dumps([_cpu.pool_size(), be.engine.nthreads, _cpu.pool_cpus(), aff]))
 @pytest.mark.parametrize("n", ["1", "2", "3"])
 def test_num_threads_env_and_pinning(n):
     env = dict(os.environ, ZOI_NUM_THREADS=n)
-    out = subprocess.run([sys.executable, "-c", PIN_SCRIPT, str(Path(__file__).parent)], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PIN_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     pool, nthreads, cpus, aff = json.loads(out.strip().splitlines()[-1])
     assert pool == int(n) and nthreads == int(n)
     pinned = [a for a in aff if len(a) == 1]
@@ -223,8 +250,13 @@ except ValueError as e:
 @pytest.mark.parametrize("isa", ISAS + ["sse9"])
 def test_zoi_cpu_isa_env_forces_the_variant(isa):
     env = dict(os.environ, ZOI_CPU_ISA=isa)
-    out = subprocess.run([sys.executable, "-c", ISA_SCRIPT, str(Path(__file__).parent)], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", ISA_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     active, used, emb = json.loads(out.strip().splitlines()[-1])
     if isa == "sse9":
         assert active == "error" and "ZOI_CPU_ISA" in used
@@ -251,7 +283,9 @@ def test_release_file_pages_keeps_data(tmp_path):
     data.tofile(f)
     mm = np.memmap(f, dtype=np.uint8, mode="r")
     view = mm[4096 * 3 + 5 : 4096 * 60].view(np.int8)
-    assert int(view.astype(np.int64).sum()) == int(data[4096 * 3 + 5 : 4096 * 60].astype(np.int64).sum())
+    assert int(view.astype(np.int64).sum()) == int(
+        data[4096 * 3 + 5 : 4096 * 60].astype(np.int64).sum()
+    )
     assert _release_file_pages([view]) > 0
     np.testing.assert_array_equal(view, data[4096 * 3 + 5 : 4096 * 60])  # faults back from the file
     assert _release_file_pages([np.zeros(10000, np.int8)]) == 0  # not a file mapping: untouched

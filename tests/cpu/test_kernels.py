@@ -20,8 +20,17 @@ from zoi.quant import primitives as qp
 
 ISAS = supported_isas()
 ACTS = ["none", "gelu", "gelu_tanh", "relu", "sigmoid"]
-GEMM_SHAPES = [(1, 1, 1), (1, 7, 5), (3, 13, 9), (7, 64, 64), (17, 131, 67), (33, 97, 1031), (100, 384, 130),
-               (6, 385, 129), (13, 1536, 65)]
+GEMM_SHAPES = [
+    (1, 1, 1),
+    (1, 7, 5),
+    (3, 13, 9),
+    (7, 64, 64),
+    (17, 131, 67),
+    (33, 97, 1031),
+    (100, 384, 130),
+    (6, 385, 129),
+    (13, 1536, 65),
+]
 
 
 def nanlike(shape, dtype=np.float32):
@@ -133,7 +142,9 @@ def test_linear_int8_vs_emulation(isa, M, N, K, rng):
     shift, mul = rng.standard_normal(K).astype(np.float32), (0.5 + rng.random(K)).astype(np.float32)
     y = nanlike((M, N))
     _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 2, asym=True, shift=shift, mul=mul)
-    np.testing.assert_array_equal(y, qp.linear_int8_asym_emulated(qp.act_transform(x, shift, mul), w_q, w_s, b))
+    np.testing.assert_array_equal(
+        y, qp.linear_int8_asym_emulated(qp.act_transform(x, shift, mul), w_q, w_s, b)
+    )
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -146,8 +157,13 @@ def test_linear_f32(isa, M, N, K, rng):
     for act, r in [("none", None), ("gelu", res), ("gelu_tanh", None), ("sigmoid", res)]:
         y = nanlike((M, N))
         _cpu.k_linear_f32(x, w, b, act, r, y, isa, 3)
-        want = ref.linear(x.astype(np.float64), w.astype(np.float64), b, act,
-                          None if r is None else r.astype(np.float64))
+        want = ref.linear(
+            x.astype(np.float64),
+            w.astype(np.float64),
+            b,
+            act,
+            None if r is None else r.astype(np.float64),
+        )
         close(y, want, 1e-5, 1e-5 * math.sqrt(K) / 8)
     y = nanlike((M, N))
     _cpu.k_linear_f32(x, w, None, "none", None, y, isa, 1)
@@ -157,7 +173,9 @@ def test_linear_f32(isa, M, N, K, rng):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("act", ACTS)
 def test_activation(isa, act):
-    x = np.concatenate([np.linspace(-12, 12, 2001), [0.0, -0.0, 1e-8, -1e-8, 30, -30, -90, 90]]).astype(np.float32)
+    x = np.concatenate(
+        [np.linspace(-12, 12, 2001), [0.0, -0.0, 1e-8, -1e-8, 30, -30, -90, 90]]
+    ).astype(np.float32)
     y = x.copy()
     _cpu.k_activation(y, act, isa)
     want = ref.activation(x.astype(np.float64), act)
@@ -173,7 +191,9 @@ def test_activation(isa, act):
     # (and 1e-20 where the float64 formula itself cancels to 0 but the true value is ~1e-30)
     tail = 1e-6 if act == "gelu" else 1e-20
 
-    assert (err <= 2 * err_naive + 4 * np.spacing(np.abs(want).astype(np.float32)) + tail).all(), err.max()
+    assert (err <= 2 * err_naive + 4 * np.spacing(np.abs(want).astype(np.float32)) + tail).all(), (
+        err.max()
+    )
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -213,11 +233,38 @@ def test_embed(isa, int8_table, H, with_type, rng):
     y = nanlike((T, H))
     if int8_table:
         wq, ws = qp.quantize_embedding(word)
-        _cpu.k_embed(ids, positions, None, wq, ws, pos, None if typ is None else typ[0].copy(), lw, lb, 1e-12, y, isa, 2)
+        _cpu.k_embed(
+            ids,
+            positions,
+            None,
+            wq,
+            ws,
+            pos,
+            None if typ is None else typ[0].copy(),
+            lw,
+            lb,
+            1e-12,
+            y,
+            isa,
+            2,
+        )
         table = qp.dequantize_weight(wq, ws)
     else:
-        _cpu.k_embed(ids, positions, word, None, None, pos, None if typ is None else typ[0].copy(), lw, lb, 1e-12, y,
-                     isa, 2)
+        _cpu.k_embed(
+            ids,
+            positions,
+            word,
+            None,
+            None,
+            pos,
+            None if typ is None else typ[0].copy(),
+            lw,
+            lb,
+            1e-12,
+            y,
+            isa,
+            2,
+        )
         table = word
     want = ref.embed(ids, positions, table, pos, lw, lb, 1e-12, typ, dtype=np.float64)
     close(y, want, 1e-5, 3e-6)

@@ -12,5 +12,7 @@ if os.environ.get("ZOI_TRITON_COMPILED") != "1":
 
 def pytest_configure(config):
     # the interpreter's own deprecation / divide-by-zero (inside tl.where) noise
-    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.runtime.interpreter")
+    config.addinivalue_line(
+        "filterwarnings", "ignore::DeprecationWarning:triton.runtime.interpreter"
+    )
     config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")

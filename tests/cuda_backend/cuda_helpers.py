@@ -11,10 +11,19 @@ from zoi.quant import primitives as qp
 
 def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    H, I, V, P = spec.hidden, spec.intermediate, spec.vocab_size, spec.max_positions + spec.position_offset
+    H, I, V, P = (
+        spec.hidden,
+        spec.intermediate,
+        spec.vocab_size,
+        spec.max_positions + spec.position_offset,
+    )
     n = lambda *s, sc=0.05: (rng.standard_normal(s) * sc).astype(np.float32)  # noqa: E731
-    w = {"embed.word": n(V, H, sc=0.5), "embed.pos": n(P, H, sc=0.2),
-         "embed.ln.w": 1 + n(H, sc=0.1), "embed.ln.b": n(H, sc=0.1)}
+    w = {
+        "embed.word": n(V, H, sc=0.5),
+        "embed.pos": n(P, H, sc=0.2),
+        "embed.ln.w": 1 + n(H, sc=0.1),
+        "embed.ln.b": n(H, sc=0.1),
+    }
     if spec.type_vocab_size:
         w["embed.type"] = n(spec.type_vocab_size, H, sc=0.2)
     for i in range(spec.layers):
@@ -39,11 +48,35 @@ def quantize_linears(weights: dict[str, np.ndarray], static: dict[str, float] | 
     return out, quant
 
 
-def tiny_model(precision: str, *, hidden=48, heads=3, layers=2, inter=80, act="gelu", pooling="mean",
-               max_tokens=64, max_batch=None, type_vocab=2, static=None, seed=0) -> CompiledModel:
-    spec = ModelSpec(arch="bert", vocab_size=97, hidden=hidden, layers=layers, heads=heads,
-                     intermediate=inter, max_positions=40, type_vocab_size=type_vocab, act=act,
-                     pooling=pooling, eps=1e-12, name="tiny")
+def tiny_model(
+    precision: str,
+    *,
+    hidden=48,
+    heads=3,
+    layers=2,
+    inter=80,
+    act="gelu",
+    pooling="mean",
+    max_tokens=64,
+    max_batch=None,
+    type_vocab=2,
+    static=None,
+    seed=0,
+) -> CompiledModel:
+    spec = ModelSpec(
+        arch="bert",
+        vocab_size=97,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        intermediate=inter,
+        max_positions=40,
+        type_vocab_size=type_vocab,
+        act=act,
+        pooling=pooling,
+        eps=1e-12,
+        name="tiny",
+    )
     w = random_weights(spec, seed)
     quant = {}
     if precision == "int8":

@@ -15,8 +15,9 @@ from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  
 
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="interpreter run (the GPU runs test_gpu.py)")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter run (the GPU runs test_gpu.py)"
+)
 
 
 def _backend(model, **kw):
@@ -32,11 +33,19 @@ def test_forward_matches_reference(precision):
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(1)
     L = model.spec.layers
-    if precision == "int8":  # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM)
-        quants = {la.extra["prefix"].split(".")[1]: la.quant for la in be.plans[True]["launches"]
-                  if la.kind == "linear"}
+    if (
+        precision == "int8"
+    ):  # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM)
+        quants = {
+            la.extra["prefix"].split(".")[1]: la.quant
+            for la in be.plans[True]["launches"]
+            if la.kind == "linear"
+        }
         assert quants == {"qkv": 3, "o": 1, "ffn1": 3, "ffn2": 1}
-    assert be.memory()["kernels_per_forward"] == {16: 1 + 7 * L + 1, 64: 1 + 5 * L + 1}  # LN fused into o / ffn2
+    assert be.memory()["kernels_per_forward"] == {
+        16: 1 + 7 * L + 1,
+        64: 1 + 5 * L + 1,
+    }  # LN fused into o / ffn2
     for lens in ([1], [5, 1, 9], [40, 3, 17]):
         ids, pos, cu = batch(rng, lens)
         for norm in (False, True):
@@ -67,7 +76,10 @@ def test_static_scheme_and_unfused_layernorm(monkeypatch):
     monkeypatch.setattr(bmod, "MAX_FUSED_N", 16)  # force the standalone add_layernorm kernel
     model = tiny_model("int8", static={"l0.ffn2": 4.0, "l1.qkv": 6.0}, act="relu", pooling="max")
     be = _backend(model, buckets=[32, 64], fuse_min_tokens=0)
-    assert be.memory()["kernels_per_forward"] == {32: 1 + 7 * model.spec.layers + 1, 64: 1 + 7 * model.spec.layers + 1}
+    assert be.memory()["kernels_per_forward"] == {
+        32: 1 + 7 * model.spec.layers + 1,
+        64: 1 + 7 * model.spec.layers + 1,
+    }
     ref = ReferenceBackend(model, dtype=np.float64)
     ids, pos, cu = batch(np.random.default_rng(3), [30, 11])
     got, want = be.run(ids, pos, cu, False), ref.run(ids, pos, cu, False)

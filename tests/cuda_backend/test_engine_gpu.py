@@ -15,15 +15,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.conftest import build_hf_model, minilm_path, real_sentences, save_checkpoint  # noqa: E402
+
 import zoi  # noqa: E402
 from zoi.engine import Engine  # noqa: E402
 
-from tests.conftest import build_hf_model, minilm_path, real_sentences, save_checkpoint  # noqa: E402
-
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                       reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a CUDA GPU",
+    ),
 ]
 
 
@@ -33,18 +35,29 @@ def cos(a, b):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
-    return save_checkpoint(build_hf_model("bert", hidden_size=96, num_attention_heads=6, intermediate_size=200),
-                           tmp_path_factory.mktemp("b"), pooling="mean", normalize=True)
+    return save_checkpoint(
+        build_hf_model("bert", hidden_size=96, num_attention_heads=6, intermediate_size=200),
+        tmp_path_factory.mktemp("b"),
+        pooling="mean",
+        normalize=True,
+    )
 
 
-TEXTS = ["A man is eating food.", "", "x", "A man is riding a white horse on an enclosed ground. " * 12]
+TEXTS = [
+    "A man is eating food.",
+    "",
+    "x",
+    "A man is riding a white horse on an enclosed ground. " * 12,
+]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_engine_cuda_matches_reference(small, precision):
     eng = zoi.compile(small, device="cuda", precision=precision, max_tokens=1024)
     assert eng.device == "cuda" and eng.backend.name == "cuda"
-    ref = Engine(eng.model, eng.tokenizer, "reference")  # the same weights and quantisation, emulated
+    ref = Engine(
+        eng.model, eng.tokenizer, "reference"
+    )  # the same weights and quantisation, emulated
     got, want = eng.encode(TEXTS), ref.encode(TEXTS)
     assert np.isfinite(got).all() and got.shape == (len(TEXTS), eng.spec.hidden)
     assert cos(got, want).min() > (0.9999 if precision == "fp16" else 0.999)
@@ -70,7 +83,9 @@ def test_real_minilm_on_gpu(tmp_path):
         eng = zoi.compile(folder, device="cuda", precision=precision)
         got = eng.encode(texts, batch_size=128)
         c = cos(got, fp32)
-        print(f"real MiniLM on GPU {precision}: cosine vs FP32 mean {c.mean():.6f} min {c.min():.6f}")
+        print(
+            f"real MiniLM on GPU {precision}: cosine vs FP32 mean {c.mean():.6f} min {c.min():.6f}"
+        )
         assert c.mean() >= mean_min[0] and c.min() >= mean_min[1]
         art = eng.save(tmp_path / precision)
         back = zoi.load(art, device="cuda")  # same batches -> same buckets -> same result

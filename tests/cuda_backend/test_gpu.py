@@ -20,8 +20,10 @@ from zoi.backends.reference import ReferenceBackend  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                       reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a CUDA GPU",
+    ),
 ]
 
 MINILM = dict(hidden=384, heads=12, layers=2, inter=1536)

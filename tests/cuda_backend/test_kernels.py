@@ -27,7 +27,11 @@ from zoi.backends.cuda.kernels import linear as k_lin  # noqa: E402
 from zoi.backends.cuda.kernels import pool as k_pool  # noqa: E402
 from zoi.quant import primitives as qp  # noqa: E402
 
-DEV = "cuda" if (torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1") else "cpu"
+DEV = (
+    "cuda"
+    if (torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1")
+    else "cpu"
+)
 
 
 def t(a, dtype=None):
@@ -63,8 +67,23 @@ def test_linear_fp16(M, N, K, act):
     x, w, b = _rand(rng, M, K), _rand(rng, N, K, scale=K**-0.5), _rand(rng, N, scale=0.1)
     r = _rand(rng, M, N)
     y = poison((M, N), torch.float16)
-    k_lin.launch_linear(t(x, torch.float16), None, t(w, torch.float16), None, t(b), t(r, torch.float16),
-                        None, None, y, None, M, N, K, quant=0, act=act)
+    k_lin.launch_linear(
+        t(x, torch.float16),
+        None,
+        t(w, torch.float16),
+        None,
+        t(b),
+        t(r, torch.float16),
+        None,
+        None,
+        y,
+        None,
+        M,
+        N,
+        K,
+        quant=0,
+        act=act,
+    )
     want = ref.linear(f16(x), f16(w), b.astype(np.float64), act, f16(r))
     assert rel(y.float().cpu().numpy(), want) < 3e-3
 
@@ -90,9 +109,25 @@ def test_linear_int8(M, N, K, static):
     static_amax = 3.0 if static else 0.0
     y = poison((M, N), torch.float16)
     amax_out = torch.zeros(M, dtype=torch.float32, device=DEV)
-    k_lin.launch_linear(t(x16.astype(np.float16)), t(amax_in), t(w_q), t(w_s), t(b), None, None, None, y,
-                        amax_out, M, N, K, quant=2 if static else 1, act="gelu",
-                        static_amax=static_amax, amax_out_mode=1)
+    k_lin.launch_linear(
+        t(x16.astype(np.float16)),
+        t(amax_in),
+        t(w_q),
+        t(w_s),
+        t(b),
+        None,
+        None,
+        None,
+        y,
+        amax_out,
+        M,
+        N,
+        K,
+        quant=2 if static else 1,
+        act="gelu",
+        static_amax=static_amax,
+        amax_out_mode=1,
+    )
     want = _int8_want(x16, w_q, w_s, b, "gelu", amax=static_amax if static else None)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 2e-3
@@ -107,9 +142,22 @@ def test_linear_int8_exact_accumulation():
     q[:, 0] = 127.0  # amax = 127 -> inv = 1, a_scale = 1
     w_q = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
     y = poison((M, N), torch.float32)
-    k_lin.launch_linear(t(q, torch.float16), t(np.full(M, 127.0, np.float32)), t(w_q),
-                        t(np.ones(N, np.float32)), t(np.zeros(N, np.float32)), None, None, None, y, None,
-                        M, N, K, quant=1)
+    k_lin.launch_linear(
+        t(q, torch.float16),
+        t(np.full(M, 127.0, np.float32)),
+        t(w_q),
+        t(np.ones(N, np.float32)),
+        t(np.zeros(N, np.float32)),
+        None,
+        None,
+        None,
+        y,
+        None,
+        M,
+        N,
+        K,
+        quant=1,
+    )
     exact = qp.int8_matmul_exact(q.astype(np.int8), w_q).astype(np.float64)
     np.testing.assert_array_equal(y.cpu().numpy().astype(np.float64), exact)
 
@@ -129,19 +177,57 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K):
     if quant:
         w_q, w_s = qp.quantize_weight(w)
         amax_in = np.abs(x16).max(axis=1).astype(np.float32)
-        k_lin.launch_linear(t(x16.astype(np.float16)), t(amax_in), t(w_q), t(w_s), t(b), t(r, torch.float16),
-                            t(lw), t(lb), y, amax_out, M, N, K, quant=1, eps=1e-12, ln=True,
-                            amax_out_mode=2, cfg=cfg, yq=yq)
+        k_lin.launch_linear(
+            t(x16.astype(np.float16)),
+            t(amax_in),
+            t(w_q),
+            t(w_s),
+            t(b),
+            t(r, torch.float16),
+            t(lw),
+            t(lb),
+            y,
+            amax_out,
+            M,
+            N,
+            K,
+            quant=1,
+            eps=1e-12,
+            ln=True,
+            amax_out_mode=2,
+            cfg=cfg,
+            yq=yq,
+        )
         lin = _int8_want(x16, w_q, w_s, b, "none", r16)
     else:
-        k_lin.launch_linear(t(x, torch.float16), None, t(w, torch.float16), None, t(b), t(r, torch.float16),
-                            t(lw), t(lb), y, amax_out, M, N, K, quant=0, eps=1e-12, ln=True,
-                            amax_out_mode=2, cfg=cfg, yq=yq)
+        k_lin.launch_linear(
+            t(x, torch.float16),
+            None,
+            t(w, torch.float16),
+            None,
+            t(b),
+            t(r, torch.float16),
+            t(lw),
+            t(lb),
+            y,
+            amax_out,
+            M,
+            N,
+            K,
+            quant=0,
+            eps=1e-12,
+            ln=True,
+            amax_out_mode=2,
+            cfg=cfg,
+            yq=yq,
+        )
         lin = ref.linear(x16, f16(w), b.astype(np.float64), "none", r16)
     want = ref.layernorm(lin, lw.astype(np.float64), lb.astype(np.float64), 1e-12)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 3e-3
-    np.testing.assert_array_equal(amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
+    np.testing.assert_array_equal(
+        amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32)
+    )
     np.testing.assert_array_equal(yq.cpu().numpy(), qp.quantize_act(got)[0])  # producer-side INT8
 
 
@@ -153,7 +239,9 @@ def test_add_layernorm(T, H):
     y = poison((T, H), torch.float16)
     amax = poison((T,), torch.float32)
     yq = torch.full((T, H), 99, dtype=torch.int8, device=DEV)
-    k_ln.launch_add_layernorm(t(x, torch.float16), t(r, torch.float16), t(w), t(b), y, amax, T, H, 1e-5, yq=yq)
+    k_ln.launch_add_layernorm(
+        t(x, torch.float16), t(r, torch.float16), t(w), t(b), y, amax, T, H, 1e-5, yq=yq
+    )
     want = ref.add_layernorm(f16(x), f16(r), w.astype(np.float64), b.astype(np.float64), 1e-5)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 2e-3
@@ -183,13 +271,38 @@ def test_embed(word_q, has_type):
     cu = np.array([0, 4, 5, T], np.int32)
     tcum = torch.full((4,), -1, dtype=torch.int32, device=DEV)
     xq = torch.full((T, H), 99, dtype=torch.int8, device=DEV)
-    k_embed.launch_embed(t(ids), t(positions), word_arg, ws_arg, t(pos, torch.float16),
-                         t(typ[0], torch.float16) if has_type else None, t(lw), t(lb), x, amax, zero,
-                         T, H, 3, T + 5, 1e-12,
-                         tiles=(t(np.array([0, 3, T], np.int32)), t(cu), tcum, 4, 16), xq=xq)
+    k_embed.launch_embed(
+        t(ids),
+        t(positions),
+        word_arg,
+        ws_arg,
+        t(pos, torch.float16),
+        t(typ[0], torch.float16) if has_type else None,
+        t(lw),
+        t(lb),
+        x,
+        amax,
+        zero,
+        T,
+        H,
+        3,
+        T + 5,
+        1e-12,
+        tiles=(t(np.array([0, 3, T], np.int32)), t(cu), tcum, 4, 16),
+        xq=xq,
+    )
     np.testing.assert_array_equal(tcum.cpu().numpy(), [1, 2, 4, -1])
-    want = ref.embed(ids, positions, word_ref.astype(np.float64), f16(pos), lw.astype(np.float64),
-                     lb.astype(np.float64), 1e-12, f16(typ) if has_type else None, np.float64)
+    want = ref.embed(
+        ids,
+        positions,
+        word_ref.astype(np.float64),
+        f16(pos),
+        lw.astype(np.float64),
+        lb.astype(np.float64),
+        1e-12,
+        f16(typ) if has_type else None,
+        np.float64,
+    )
     got = x.float().cpu().numpy()
     assert rel(got, want) < 2e-3
     np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
@@ -220,13 +333,27 @@ def test_attention_varlen(lens, head_dim, heads):
         k_attn.launch_tiles(t(hdr), t(cu), tcum, n_seq, cfg)
     want_t = np.cumsum([(n + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"] for n in lens])
     np.testing.assert_array_equal(tcum.cpu().numpy()[:B], want_t)
-    k_attn.launch_attention(t(qkv, torch.float16), t(hdr), t(cu), tcum, o, amax, T_bucket, n_seq, heads,
-                            head_dim, scale, cfg=cfg)
+    k_attn.launch_attention(
+        t(qkv, torch.float16),
+        t(hdr),
+        t(cu),
+        tcum,
+        o,
+        amax,
+        T_bucket,
+        n_seq,
+        heads,
+        head_dim,
+        scale,
+        cfg=cfg,
+    )
     want = ref.attention(f16(qkv[:T]), cu, heads, head_dim, scale)
     got = o.float().cpu().numpy()
     assert rel(got[:T], want) < 3e-3
     assert np.isnan(got[T:]).all(), "rows past T must not be written"
-    np.testing.assert_array_equal(amax.cpu().numpy()[:T], np.abs(got[:T]).max(axis=1).astype(np.float32))
+    np.testing.assert_array_equal(
+        amax.cpu().numpy()[:T], np.abs(got[:T]).max(axis=1).astype(np.float32)
+    )
 
 
 @pytest.mark.parametrize("mode", ["mean", "cls", "max"])
@@ -238,7 +365,9 @@ def test_pool(mode, norm):
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     x = _rand(rng, T + 2, H)
     p = poison((5, H), torch.float32)
-    k_pool.launch_pool(t(x, torch.float16), t(cu), t(np.array([norm, 3, T], np.int32)), p, 2, H, mode)
+    k_pool.launch_pool(
+        t(x, torch.float16), t(cu), t(np.array([norm, 3, T], np.int32)), p, 2, H, mode
+    )
     want = ref.pool(f16(x), cu, mode)
     if norm:
         want = ref.normalize(want)

@@ -7,10 +7,24 @@ import numpy as np
 from zoi.frontend.spec import ModelSpec
 
 
-def tiny_spec(hidden: int = 24, layers: int = 2, heads: int = 3, inter: int = 40, vocab: int = 97) -> ModelSpec:
-    return ModelSpec(arch="bert", vocab_size=vocab, hidden=hidden, layers=layers, heads=heads,
-                     intermediate=inter, max_positions=32, type_vocab_size=2, eps=1e-12,
-                     act="gelu", pooling="mean", normalize=True, name="tiny")
+def tiny_spec(
+    hidden: int = 24, layers: int = 2, heads: int = 3, inter: int = 40, vocab: int = 97
+) -> ModelSpec:
+    return ModelSpec(
+        arch="bert",
+        vocab_size=vocab,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        intermediate=inter,
+        max_positions=32,
+        type_vocab_size=2,
+        eps=1e-12,
+        act="gelu",
+        pooling="mean",
+        normalize=True,
+        name="tiny",
+    )
 
 
 def tiny_weights(spec: ModelSpec, seed: int = 0, outliers: bool = True) -> dict[str, np.ndarray]:
@@ -27,8 +41,11 @@ def tiny_weights(spec: ModelSpec, seed: int = 0, outliers: bool = True) -> dict[
             w[r.choice(H, 2, replace=False)] *= 12.0
         return w, n(H, sc=0.1)
 
-    w = {"embed.word": n(spec.vocab_size, H, sc=0.5), "embed.pos": n(spec.max_positions, H, sc=0.2),
-         "embed.type": n(2, H, sc=0.1)}
+    w = {
+        "embed.word": n(spec.vocab_size, H, sc=0.5),
+        "embed.pos": n(spec.max_positions, H, sc=0.2),
+        "embed.type": n(2, H, sc=0.1),
+    }
     w["embed.ln.w"], w["embed.ln.b"] = ln()
     for i in range(spec.layers):
         w[f"l{i}.qkv.w"], w[f"l{i}.qkv.b"] = n(3 * H, H), n(3 * H, sc=0.05)
@@ -49,7 +66,10 @@ class WordTokenizer:
     def encode_ids(self, texts: list[str]) -> list[np.ndarray]:
         out = []
         for t in texts:
-            ids = [3 + (sum(ord(c) * 31 ** k for k, c in enumerate(wd)) % (self.vocab - 3)) for wd in t.lower().split()]
+            ids = [
+                3 + (sum(ord(c) * 31**k for k, c in enumerate(wd)) % (self.vocab - 3))
+                for wd in t.lower().split()
+            ]
             out.append(np.array([1] + ids[: self.max_positions - 2] + [2], np.int32))
         return out
 

@@ -21,7 +21,9 @@ def test_quantised_tracks_fp32(arch, tmp_path):
     tok = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     sents = real_sentences()
     rep: dict = {}
-    wq, q = quantize_model(spec, w, tok, sents[:96], {"search_texts": 24, "sqnr_texts": 24}, report=rep)
+    wq, q = quantize_model(
+        spec, w, tok, sents[:96], {"search_texts": 24, "sqnr_texts": 24}, report=rep
+    )
     g = build_graph(spec)
     b = token_batches(tokenize(tok, sents[200:260]), spec.position_offset, 4096)[0]
     assert b[1].min() == spec.position_offset

@@ -17,7 +17,9 @@ def test_figures_on_synthetic_embeddings():
     assert rep["cos_min"] > 0.999999 and rep["top10"] == 1.0 and rep["top1"] == 1.0
     nb = neighbours(e, 10)
     assert nb.shape == (60, 10) and not np.any(nb == np.arange(60)[:, None])
-    s = (e / np.linalg.norm(e, axis=1, keepdims=True)) @ (e / np.linalg.norm(e, axis=1, keepdims=True)).T
+    s = (e / np.linalg.norm(e, axis=1, keepdims=True)) @ (
+        e / np.linalg.norm(e, axis=1, keepdims=True)
+    ).T
     np.fill_diagonal(s, -np.inf)
     assert np.array_equal(nb[:, 0], s.argmax(axis=1))
     noisy = e + 0.5 * r.standard_normal(e.shape)
@@ -33,9 +35,33 @@ def test_zoi_eval_command_on_a_tiny_checkpoint(tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(real_sentences(40)), encoding="utf-8")
     out = tmp_path / "report.json"
-    cfg = json.dumps({"gptq": False, "smooth_alpha": 0.5, "max_calib_texts": 64, "search_texts": 16, "sqnr_texts": 16})
-    assert main(["eval", str(folder), "--texts", str(texts), "--json", str(out), "--device", "emulated",
-                 "--quant-config", cfg, "-q"]) == 0
+    cfg = json.dumps(
+        {
+            "gptq": False,
+            "smooth_alpha": 0.5,
+            "max_calib_texts": 64,
+            "search_texts": 16,
+            "sqnr_texts": 16,
+        }
+    )
+    assert (
+        main(
+            [
+                "eval",
+                str(folder),
+                "--texts",
+                str(texts),
+                "--json",
+                str(out),
+                "--device",
+                "emulated",
+                "--quant-config",
+                cfg,
+                "-q",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(out.read_text())
     assert rep["texts"] == 40 and rep["device"] == "emulated"
     e = rep["embedding"]
@@ -49,13 +75,36 @@ def test_zoi_eval_on_a_saved_artifact(tmp_path):
     from zoi.quant.cli import main
 
     folder = save_checkpoint(build_hf_model("bert", seed=2), tmp_path / "tiny")
-    cfg = {"gptq": False, "smooth_alpha": 0.5, "max_calib_texts": 64, "search_texts": 16, "sqnr_texts": 16}
-    eng = zoi.compile(folder, device="reference", precision="int8", quant_config=cfg, max_tokens=512)
+    cfg = {
+        "gptq": False,
+        "smooth_alpha": 0.5,
+        "max_calib_texts": 64,
+        "search_texts": 16,
+        "sqnr_texts": 16,
+    }
+    eng = zoi.compile(
+        folder, device="reference", precision="int8", quant_config=cfg, max_tokens=512
+    )
     art = eng.save(tmp_path / "art")
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(real_sentences(30)), encoding="utf-8")
     out = tmp_path / "r.json"
-    assert main(["eval", str(art), "--texts", str(texts), "--json", str(out), "--device", "emulated", "-q"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(art),
+                "--texts",
+                str(texts),
+                "--json",
+                str(out),
+                "--device",
+                "emulated",
+                "-q",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(out.read_text())
     assert rep["texts"] == 30 and rep["embedding"]["cos_mean"] > 0.9
     assert {r["scheme"] for r in rep["layers"]} <= {"dynamic_asym", "fp32"}

@@ -56,10 +56,12 @@ def test_mse_clips_heavy_tails_but_not_uniform():
     o.update(heavy)
     m = float(np.abs(heavy).max())
     assert o.amax() < 0.5 * m
+
     # the chosen range really gives a lower error than min-max
     def err(c):
         q, s = P.quantize_act(heavy, c)
         return float(np.mean((q.astype(np.float32) * s[:, None] - heavy) ** 2))
+
     assert err(o.amax()) < err(m)
     uni = r.uniform(-1, 1, (4000, 16)).astype(np.float32)
     o2 = MSEObserver()

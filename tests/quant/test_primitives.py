@@ -8,7 +8,9 @@ import pytest
 from zoi.quant import primitives as P
 
 
-@pytest.mark.parametrize("T,K,N", [(1, 1, 1), (1, 7, 3), (13, 97, 31), (5, 4096, 17), (3, 1536, 384)])
+@pytest.mark.parametrize(
+    "T,K,N", [(1, 1, 1), (1, 7, 3), (13, 97, 31), (5, 4096, 17), (3, 1536, 384)]
+)
 def test_int8_matmul_exact_and_fast_agree(T, K, N):
     r = np.random.default_rng(T * K + N)
     q = r.integers(-127, 128, (T, K)).astype(np.int8)
@@ -28,7 +30,9 @@ def test_weight_quantisation_rule():
     q, s = P.quantize_weight(w)
     assert q.dtype == np.int8 and s.dtype == np.float32
     assert s[3] == 1.0 and not q[3].any()
-    np.testing.assert_array_equal(s[:3], (np.abs(w[:3]).max(axis=1) / np.float32(127)).astype(np.float32))
+    np.testing.assert_array_equal(
+        s[:3], (np.abs(w[:3]).max(axis=1) / np.float32(127)).astype(np.float32)
+    )
     np.testing.assert_array_equal(q, np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8))
     assert np.abs(q).max(axis=1)[[0, 1, 2]].tolist() == [127, 127, 127]
     assert np.all(np.abs(P.dequantize_weight(q, s) - w) <= s[:, None] / 2 + 1e-7)
@@ -42,7 +46,10 @@ def test_dynamic_activation_rule_and_zero_rows():
     amax = np.abs(x).max(axis=1)
     assert a[2] == 0 and not q[2].any()
     inv = (np.float32(127) / amax[[0, 1, 3, 4, 5]]).astype(np.float32)
-    np.testing.assert_array_equal(q[[0, 1, 3, 4, 5]], np.clip(np.rint(x[[0, 1, 3, 4, 5]] * inv[:, None]), -127, 127).astype(np.int8))
+    np.testing.assert_array_equal(
+        q[[0, 1, 3, 4, 5]],
+        np.clip(np.rint(x[[0, 1, 3, 4, 5]] * inv[:, None]), -127, 127).astype(np.int8),
+    )
     np.testing.assert_allclose(a, amax / 127, rtol=1e-7)
 
 
@@ -59,7 +66,9 @@ def test_emulated_linear_matches_manual():
     b = r.standard_normal(11).astype(np.float32)
     wq, ws = P.quantize_weight(w)
     q, a = P.quantize_act(x)
-    manual = (q.astype(np.int64) @ wq.astype(np.int64).T).astype(np.float32) * (a[:, None] * ws[None, :]) + b
+    manual = (q.astype(np.int64) @ wq.astype(np.int64).T).astype(np.float32) * (
+        a[:, None] * ws[None, :]
+    ) + b
     np.testing.assert_array_equal(P.linear_int8_emulated(x, wq, ws, b), manual.astype(np.float32))
     # and it approximates the float product
     assert P.sqnr_db(x @ w.T + b, manual) > 30
@@ -89,11 +98,17 @@ def test_asym_integer_accumulation_exact(T, K, N):
     w = r.integers(-127, 128, (N, K)).astype(np.int8)
     q[0] = 255
     w[0] = 127
-    ref = q.astype(np.int64) @ w.astype(np.int64).T - zp.astype(np.int64)[:, None] * w.astype(np.int64).sum(1)[None, :]
+    ref = (
+        q.astype(np.int64) @ w.astype(np.int64).T
+        - zp.astype(np.int64)[:, None] * w.astype(np.int64).sum(1)[None, :]
+    )
     np.testing.assert_array_equal(P.int8_matmul_asym_exact(q, zp, w), ref)
     # the signed form (q - 128, zp - 128) a kernel with s8 x s8 units uses gives the same integers
     qs = q.astype(np.int64) - 128
-    ref2 = qs @ w.astype(np.int64).T - (zp.astype(np.int64) - 128)[:, None] * w.astype(np.int64).sum(1)[None, :]
+    ref2 = (
+        qs @ w.astype(np.int64).T
+        - (zp.astype(np.int64) - 128)[:, None] * w.astype(np.int64).sum(1)[None, :]
+    )
     np.testing.assert_array_equal(ref, ref2)
 
 
@@ -113,9 +128,17 @@ def test_scheme_dispatch():
     r = np.random.default_rng(5)
     x = r.standard_normal((3, 8)).astype(np.float32)
     wq, ws = P.quantize_weight(r.standard_normal((4, 8)).astype(np.float32))
-    np.testing.assert_array_equal(P.linear_int8_scheme(x, wq, ws, None, "dynamic"), P.linear_int8_emulated(x, wq, ws, None))
-    np.testing.assert_array_equal(P.linear_int8_scheme(x, wq, ws, None, "static", 1.5), P.linear_int8_emulated(x, wq, ws, None, 1.5))
-    np.testing.assert_array_equal(P.linear_int8_scheme(x, wq, ws, None, "dynamic_asym"), P.linear_int8_asym_emulated(x, wq, ws, None))
+    np.testing.assert_array_equal(
+        P.linear_int8_scheme(x, wq, ws, None, "dynamic"), P.linear_int8_emulated(x, wq, ws, None)
+    )
+    np.testing.assert_array_equal(
+        P.linear_int8_scheme(x, wq, ws, None, "static", 1.5),
+        P.linear_int8_emulated(x, wq, ws, None, 1.5),
+    )
+    np.testing.assert_array_equal(
+        P.linear_int8_scheme(x, wq, ws, None, "dynamic_asym"),
+        P.linear_int8_asym_emulated(x, wq, ws, None),
+    )
     with pytest.raises(ValueError):
         P.linear_int8_scheme(x, wq, ws, None, "static")
     with pytest.raises(ValueError):

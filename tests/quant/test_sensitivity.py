@@ -49,9 +49,18 @@ def test_fallback_picks_the_worst_layer_when_threshold_is_high(tiny):
     worst = min(sq, key=sq.get)
     shapes = {p: w[p + ".w"].shape for p in sq}
     cheapest = min(fallback_cost(*s) for s in shapes.values())
-    ratio = (rep0["weights_bytes"] + fallback_cost(*shapes[worst]) + cheapest // 2) / rep0["fp32_weights_bytes"]
+    ratio = (rep0["weights_bytes"] + fallback_cost(*shapes[worst]) + cheapest // 2) / rep0[
+        "fp32_weights_bytes"
+    ]
     rep: dict = {}
-    w1, q1 = quantize_model(spec, w, tok, tx, _cfg(sensitivity_db=1000.0, max_weight_ratio=ratio, fallback_weights="fp32"), report=rep)
+    w1, q1 = quantize_model(
+        spec,
+        w,
+        tok,
+        tx,
+        _cfg(sensitivity_db=1000.0, max_weight_ratio=ratio, fallback_weights="fp32"),
+        report=rep,
+    )
     assert rep["fallback_fp32"] == [worst]
     assert q1[worst].scheme == "fp32" and q1[worst].info["weights"] == "fp32"
     assert worst + ".w" in w1 and worst + ".w_q" not in w1 and worst + ".act_mul" not in w1
@@ -67,10 +76,17 @@ def test_fallback_picks_the_worst_layer_when_threshold_is_high(tiny):
 def test_weight_only_fallback_past_the_budget(tiny):
     spec, w, tok, tx = tiny
     rep: dict = {}
-    w1, q1 = quantize_model(spec, w, tok, tx, _cfg(sensitivity_db=1000.0, max_weight_ratio=0.0), report=rep)
+    w1, q1 = quantize_model(
+        spec, w, tok, tx, _cfg(sensitivity_db=1000.0, max_weight_ratio=0.0), report=rep
+    )
     assert rep["fallback_fp32"] == [] and len(rep["fallback_weight_only"]) == len(q1)
     for p, q in q1.items():
-        assert q.scheme == "fp32" and q.info["weights"] == "int8" and p + ".w_q" in w1 and p + ".act_mul" not in w1
+        assert (
+            q.scheme == "fp32"
+            and q.info["weights"] == "int8"
+            and p + ".w_q" in w1
+            and p + ".act_mul" not in w1
+        )
 
 
 def test_pipeline_outputs_and_json(tiny):
@@ -79,7 +95,11 @@ def test_pipeline_outputs_and_json(tiny):
     w1, q1 = quantize_model(spec, w, tok, tx, _cfg(smooth_alpha=None, gptq=True), report=rep)
     g = build_graph(spec)
     assert set(q1) == {o.weights["w"][:-2] for o in g.ops if o.kind == "linear"}
-    assert "embed.word" not in w1 and w1["embed.word_q"].dtype == np.int8 and w1["embed.word_scale"].shape == (spec.vocab_size,)
+    assert (
+        "embed.word" not in w1
+        and w1["embed.word_q"].dtype == np.int8
+        and w1["embed.word_scale"].shape == (spec.vocab_size,)
+    )
     for p, q in q1.items():
         assert w1[p + ".w_q"].dtype == np.int8 and w1[p + ".w_scale"].dtype == np.float32
         assert np.isfinite(q.info["sqnr_db"]) and q.info["sqnr_db"] > 20
@@ -96,7 +116,9 @@ def test_pipeline_outputs_and_json(tiny):
 def test_static_scheme_gets_an_amax(tiny):
     spec, w, tok, tx = tiny
     for obs in ("minmax", "percentile", "mse"):
-        w1, q1 = quantize_model(spec, w, tok, tx, _cfg(activations="static", observer=obs, smoothquant="off"))
+        w1, q1 = quantize_model(
+            spec, w, tok, tx, _cfg(activations="static", observer=obs, smoothquant="off")
+        )
         assert all(q.scheme == "static" and q.amax is not None and q.amax > 0 for q in q1.values())
 
 
@@ -116,14 +138,19 @@ def test_gptq_lowers_output_error_in_the_same_format():
     r = np.random.default_rng(0)
     K, N = 96, 40
     base = r.standard_normal((2000, 8))
-    x = (base @ r.standard_normal((8, K)) + 0.05 * r.standard_normal((2000, K))).astype(np.float32)  # correlated
+    x = (base @ r.standard_normal((8, K)) + 0.05 * r.standard_normal((2000, K))).astype(
+        np.float32
+    )  # correlated
     w = r.standard_normal((N, K)).astype(np.float32)
     q0, s0 = P.quantize_weight(w)
     q1, s1 = gptq_quantize(w, x.astype(np.float64).T @ x)
     np.testing.assert_array_equal(s0, s1)
     assert q1.dtype == np.int8 and np.abs(q1.astype(int)).max() <= 127
     y = x @ w.T
-    assert P.sqnr_db(y, x @ P.dequantize_weight(q1, s1).T) > P.sqnr_db(y, x @ P.dequantize_weight(q0, s0).T) + 3
+    assert (
+        P.sqnr_db(y, x @ P.dequantize_weight(q1, s1).T)
+        > P.sqnr_db(y, x @ P.dequantize_weight(q0, s0).T) + 3
+    )
 
 
 def test_calibration_from_a_file(tiny, tmp_path):
@@ -139,10 +166,17 @@ def test_config_restricted_to_backend_features(tiny):
     from zoi.quant.config import QuantConfig as QC
 
     c = QC().restricted_to({"dynamic", "static"})
-    assert c.activations == "dynamic" and c.smooth_targets == "fold" and not c.smooth_shift and c.fallback_weights == "fp32"
+    assert (
+        c.activations == "dynamic"
+        and c.smooth_targets == "fold"
+        and not c.smooth_shift
+        and c.fallback_weights == "fp32"
+    )
     assert QC().restricted_to({"dynamic", "dynamic_asym", "act_mul", "weight_only"}) == QC()
     with pytest.raises(ValueError):
         QC().restricted_to({"int4"})
     spec, w, tok, tx = tiny
     w1, q1 = quantize_model(spec, w, tok, tx, _cfg(), features={"dynamic", "static"})
-    assert all(q.scheme == "dynamic" for q in q1.values()) and not any(k.endswith((".act_mul", ".act_shift")) for k in w1)
+    assert all(q.scheme == "dynamic" for q in q1.values()) and not any(
+        k.endswith((".act_mul", ".act_shift")) for k in w1
+    )

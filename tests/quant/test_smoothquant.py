@@ -38,8 +38,11 @@ def test_folding_keeps_fp32_function(tiny, alpha):
     cal = calibrate(g, w, batches)
     prefixes = list(cal.stats)
     f = {p: smooth_factors(cal.stats[p].chan_absmax, w[p + ".w"], alpha) for p in prefixes}
-    shifts = {p: ((cal.stats[p].chan_max + cal.stats[p].chan_min) / 2).astype(np.float32)
-              for p in prefixes if p.endswith((".qkv", ".ffn1"))}
+    shifts = {
+        p: ((cal.stats[p].chan_max + cal.stats[p].chan_min) / 2).astype(np.float32)
+        for p in prefixes
+        if p.endswith((".qkv", ".ffn1"))
+    }
     ws, used = apply_smoothing(g, w, f, shifts, allow_act=True)
     assert set(used) == set(prefixes)
     assert used["l0.o"] == "v_fold" and used["l0.qkv"] == "act"
@@ -60,11 +63,24 @@ def test_layernorm_fold_when_the_ln_output_feeds_only_linears(tiny):
     spec, _, w, batches = tiny
     H = spec.hidden
     ops = [
-        Op("embed", ["ids", "positions"], "x0", {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"}, {"eps": 1e-12}),
+        Op(
+            "embed",
+            ["ids", "positions"],
+            "x0",
+            {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"},
+            {"eps": 1e-12},
+        ),
         Op("linear", ["x0"], "h", {"w": "l0.ffn1.w", "b": "l0.ffn1.b"}, {"act": "gelu"}),
         Op("pool", ["h", "cu_seqlens"], "pooled", {}, {"mode": "mean"}),
     ]
-    g = Graph(ops, {"x0": Buffer("x0", "T", H), "h": Buffer("h", "T", spec.intermediate), "pooled": Buffer("pooled", "B", spec.intermediate)})
+    g = Graph(
+        ops,
+        {
+            "x0": Buffer("x0", "T", H),
+            "h": Buffer("h", "T", spec.intermediate),
+            "pooled": Buffer("pooled", "B", spec.intermediate),
+        },
+    )
     assert smoothing_site(g, "l0.ffn1") == "ln_fold"
     cal = calibrate(g, w, batches)
     s = smooth_factors(cal.stats["l0.ffn1"].chan_absmax, w["l0.ffn1.w"], 0.5)
@@ -73,17 +89,21 @@ def test_layernorm_fold_when_the_ln_output_feeds_only_linears(tiny):
     np.testing.assert_allclose(ws["embed.ln.w"], w["embed.ln.w"] / s, rtol=1e-6)
     for b in batches:
         np.testing.assert_allclose(run_graph(g, ws, *b), run_graph(g, w, *b), atol=1e-5)
+
     # and the folded LN output is flatter: INT8 error of that linear goes down
     def err(weights):
         sig = noise = 0.0
+
         def tap(p, x, y):
             nonlocal sig, noise
             yq = linear_apply(x, weights, p, type("Q", (), {"scheme": "dynamic", "amax": None})())
             sig += float((y.astype(np.float64) ** 2).sum())
             noise += float(((y - yq).astype(np.float64) ** 2).sum())
+
         for b in batches:
             run_graph(g, weights, *b, tap=tap)
         return 10 * np.log10(sig / noise)
+
     assert err(ws) > err(w) + 1.0
 
 
@@ -107,5 +127,9 @@ def test_factor_edge_cases():
     a = np.array([0.0, 1.0, 4.0, 1e9], np.float32)
     w = np.array([[0.0, 2.0, 1.0, 1.0]], np.float32)
     s = smooth_factors(a, w, 0.5)
-    assert s[0] == 1.0 and s[1] == pytest.approx(np.sqrt(1.0) / np.sqrt(2.0)) and s[2] == pytest.approx(2.0)
+    assert (
+        s[0] == 1.0
+        and s[1] == pytest.approx(np.sqrt(1.0) / np.sqrt(2.0))
+        and s[2] == pytest.approx(2.0)
+    )
     assert s[3] <= 1e4

@@ -33,8 +33,15 @@ def server(device, tmp_path_factory):
     (with no delay, a worker faster than the HTTP front runs each request as it arrives).
     """
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    srv = ServerProcess(env={"ZOI_DEVICE": device, "ZOI_SERVE_FAIL_ON_TOKEN": str(FAIL_TOKEN),
-                             "ZOI_MAX_QUEUE_DELAY_US": "5000", "ZOI_LOG_LEVEL": "warning"}, log_path=log)
+    srv = ServerProcess(
+        env={
+            "ZOI_DEVICE": device,
+            "ZOI_SERVE_FAIL_ON_TOKEN": str(FAIL_TOKEN),
+            "ZOI_MAX_QUEUE_DELAY_US": "5000",
+            "ZOI_LOG_LEVEL": "warning",
+        },
+        log_path=log,
+    )
     yield srv
     rc = srv.stop()
     assert rc == 0, f"server exited with {rc}:\n{srv.log()[-3000:]}"

@@ -84,13 +84,15 @@ class SlowUpload:
     def __init__(self, url: str, path: str, body: dict, split: int = 5):
         self.data = json.dumps(body).encode()
         self.sock = socket.create_connection(host_port(url), timeout=60)
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(self.data)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(self.data)}\r\n\r\n"
+        ).encode()
         self.sock.sendall(head + self.data[:split])
         self.split = split
 
     def finish(self) -> tuple[int, bytes]:
-        self.sock.sendall(self.data[self.split:])
+        self.sock.sendall(self.data[self.split :])
         buf = b""
         while b"\r\n\r\n" not in buf:
             chunk = self.sock.recv(65536)

@@ -51,8 +51,10 @@ def test_budgets_order_and_split():
     b = Batcher(rec, H, max_batch_tokens=10, max_batch_requests=3, metrics=Metrics())
 
     async def main():
-        jobs = [b.submit(seqs_of(lens, start=10 * k), normalize=False)
-                for k, lens in enumerate([[4, 4], [3], [10], [1, 1, 1, 1, 1], [2]])]
+        jobs = [
+            b.submit(seqs_of(lens, start=10 * k), normalize=False)
+            for k, lens in enumerate([[4, 4], [3], [10], [1, 1, 1, 1, 1], [2]])
+        ]
         rec.gate.set()
         return [await j.future for j in jobs], jobs
 

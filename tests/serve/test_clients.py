@@ -11,8 +11,12 @@ from .serve_helpers import MODEL_NAME, cosine_rows, mixed_texts
 
 httpx = pytest.importorskip("httpx")
 
-TEXTS = ["A man is eating food.", "The girl is carrying a baby.", "hello", "Zoi serves embeddings over HTTP, "
-         "batching requests from many clients into one engine call."] + mixed_texts(12, seed=3)
+TEXTS = [
+    "A man is eating food.",
+    "The girl is carrying a baby.",
+    "hello",
+    "Zoi serves embeddings over HTTP, batching requests from many clients into one engine call.",
+] + mixed_texts(12, seed=3)
 
 
 def test_openai_client_base64_default(server, engine):
@@ -33,19 +37,29 @@ def test_openai_client_base64_default(server, engine):
 def test_openai_client_float_and_single_string(server, engine):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    r = client.embeddings.create(model=MODEL_NAME, input="A man is eating food.", encoding_format="float")
+    r = client.embeddings.create(
+        model=MODEL_NAME, input="A man is eating food.", encoding_format="float"
+    )
     assert len(r.data) == 1
-    assert cosine_rows(np.array(r.data[0].embedding), engine.encode("A man is eating food."))[()] >= 0.9999
+    assert (
+        cosine_rows(np.array(r.data[0].embedding), engine.encode("A man is eating food."))[()]
+        >= 0.9999
+    )
 
 
 def test_openai_token_ids(server, engine):
     ids = [[int(x) for x in s] for s in engine.tokenize(TEXTS[:3])]
-    r = httpx.post(server.url + "/v1/embeddings", json={"model": MODEL_NAME, "input": ids}, timeout=60)
+    r = httpx.post(
+        server.url + "/v1/embeddings", json={"model": MODEL_NAME, "input": ids}, timeout=60
+    )
     assert r.status_code == 200, r.text
     got = np.array([d["embedding"] for d in r.json()["data"]])
     assert cosine_rows(got, engine.encode(TEXTS[:3])).min() >= 0.9999
-    r1 = httpx.post(server.url + "/v1/embeddings", json={"model": MODEL_NAME, "input": ids[0],
-                                                         "encoding_format": "base64"}, timeout=60)
+    r1 = httpx.post(
+        server.url + "/v1/embeddings",
+        json={"model": MODEL_NAME, "input": ids[0], "encoding_format": "base64"},
+        timeout=60,
+    )
     assert r1.status_code == 200, r1.text
     row = np.frombuffer(base64.b64decode(r1.json()["data"][0]["embedding"]), "<f4")
     assert cosine_rows(row, got[0])[()] >= 0.99999
@@ -61,7 +75,9 @@ def test_tritonclient_binary_defaults(server, engine):
     assert meta["inputs"][0]["datatype"] == "BYTES" and meta["outputs"][0]["shape"] == [-1, 384]
     assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
     inp = th.InferInput("TEXT", [len(TEXTS)], "BYTES")
-    inp.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))  # binary by default
+    inp.set_data_from_numpy(
+        np.array([t.encode() for t in TEXTS], dtype=np.object_)
+    )  # binary by default
     ref = engine.encode(TEXTS)
     res = client.infer(MODEL_NAME, [inp], outputs=[th.InferRequestedOutput("EMBEDDING")])
     got = res.as_numpy("EMBEDDING")
@@ -85,14 +101,19 @@ def test_tritonclient_json_tensors(server, engine):
     # gzip-compressed binary request, as `request_compression_algorithm` sends it
     inp2 = th.InferInput("TEXT", [len(texts)], "BYTES")
     inp2.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
-    got2 = client.infer(MODEL_NAME, [inp2], request_compression_algorithm="gzip").as_numpy("EMBEDDING")
+    got2 = client.infer(MODEL_NAME, [inp2], request_compression_algorithm="gzip").as_numpy(
+        "EMBEDDING"
+    )
     assert np.array_equal(got, got2)
     client.close()
 
 
 def test_kserve_raw_json(server, engine):
-    body = {"id": "abc", "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": TEXTS[:2]}],
-            "parameters": {"normalize": False}}
+    body = {
+        "id": "abc",
+        "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": TEXTS[:2]}],
+        "parameters": {"normalize": False},
+    }
     r = httpx.post(f"{server.url}/v2/models/{MODEL_NAME}/versions/1/infer", json=body, timeout=60)
     assert r.status_code == 200, r.text
     j = r.json()
@@ -103,8 +124,14 @@ def test_kserve_raw_json(server, engine):
     ref = engine.encode(TEXTS[:2], normalize_embeddings=False)
     assert cosine_rows(got, ref).min() >= 0.9999
     assert np.allclose(np.linalg.norm(got, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)
-    for path in ("/v2", "/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL_NAME}",
-                 f"/v2/models/{MODEL_NAME}/ready", f"/v2/models/{MODEL_NAME}/config"):
+    for path in (
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+        f"/v2/models/{MODEL_NAME}",
+        f"/v2/models/{MODEL_NAME}/ready",
+        f"/v2/models/{MODEL_NAME}/config",
+    ):
         assert httpx.get(server.url + path).status_code == 200, path
 
 
@@ -121,12 +148,18 @@ def test_tei_embed_tokenize_info_health(server, engine):
     raw = np.array(r.json()[0])
     ref_raw = engine.encode(TEXTS[0], normalize_embeddings=False)
     assert abs(np.linalg.norm(raw) - np.linalg.norm(ref_raw)) < 1e-3 * np.linalg.norm(ref_raw)
-    assert abs(np.linalg.norm(raw) - 1.0) > 1e-2  # MiniLM's raw mean-pooled vectors are not unit length
+    assert (
+        abs(np.linalg.norm(raw) - 1.0) > 1e-2
+    )  # MiniLM's raw mean-pooled vectors are not unit length
 
     r = httpx.post(server.url + "/tokenize", json={"inputs": ["Hello world"]})
     toks = r.json()[0]
     assert [t["id"] for t in toks] == [int(x) for x in engine.tokenize(["Hello world"])[0]]
-    assert toks[0]["special"] and toks[1]["text"] == "Hello" and (toks[1]["start"], toks[1]["stop"]) == (0, 5)
+    assert (
+        toks[0]["special"]
+        and toks[1]["text"] == "Hello"
+        and (toks[1]["start"], toks[1]["stop"]) == (0, 5)
+    )
 
     info = httpx.get(server.url + "/info").json()
     assert info["model_id"] == MODEL_NAME and info["max_input_length"] == 256
@@ -149,10 +182,17 @@ def test_truncation_and_long_inputs(server, engine):
 def test_metrics_exposed(server):
     httpx.post(server.url + "/embed", json={"inputs": ["metrics please"]}, timeout=60)
     text = httpx.get(server.url + "/metrics").text
-    for name in ("zoi_request_total", "zoi_request_success_total", "zoi_queue_size", "zoi_batch_size_bucket",
-                 "zoi_batch_tokens_bucket", "zoi_tokenization_duration_seconds_bucket",
-                 "zoi_queue_duration_seconds_bucket", "zoi_inference_duration_seconds_bucket",
-                 "zoi_request_failure_total"):
+    for name in (
+        "zoi_request_total",
+        "zoi_request_success_total",
+        "zoi_queue_size",
+        "zoi_batch_size_bucket",
+        "zoi_batch_tokens_bucket",
+        "zoi_tokenization_duration_seconds_bucket",
+        "zoi_queue_duration_seconds_bucket",
+        "zoi_inference_duration_seconds_bucket",
+        "zoi_request_failure_total",
+    ):
         assert name in text, name
 
 

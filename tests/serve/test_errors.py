@@ -41,18 +41,34 @@ def assert_alive(server):
     assert r.status_code == 200 and len(r.json()[0]) == 384
 
 
-@pytest.mark.parametrize("path,content", [
-    (OPENAI, b"{not json"), ("/embed", b"{not json"), (INFER, b"{not json"),
-    (OPENAI, b'{"model": "%s"}' % MODEL_NAME.encode()),  # no input
-    (OPENAI, b'{"input": 5}'), (OPENAI, b'{"input": [1, "a"]}'), (OPENAI, b'{"input": [[1, 2], [3.5]]}'),
-    (OPENAI, b'{"input": "a", "encoding_format": "hex"}'), (OPENAI, b'[1, 2]'),
-    ("/embed", b'{"inputs": {"a": 1}}'), ("/embed", b'{"inputs": ["a", 3]}'),
-    ("/embed", b'{"inputs": "a", "normalize": "yes"}'), ("/embed", b'{}'),
-    (INFER, b'{"inputs": [{"name": "TEXT", "datatype": "FP32", "shape": [1], "data": [1.0]}]}'),
-    (INFER, b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [3], "data": ["a", "b"]}]}'),
-    (INFER, b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}],'
-            b' "outputs": [{"name": "NOPE"}]}'),
-])
+@pytest.mark.parametrize(
+    "path,content",
+    [
+        (OPENAI, b"{not json"),
+        ("/embed", b"{not json"),
+        (INFER, b"{not json"),
+        (OPENAI, b'{"model": "%s"}' % MODEL_NAME.encode()),  # no input
+        (OPENAI, b'{"input": 5}'),
+        (OPENAI, b'{"input": [1, "a"]}'),
+        (OPENAI, b'{"input": [[1, 2], [3.5]]}'),
+        (OPENAI, b'{"input": "a", "encoding_format": "hex"}'),
+        (OPENAI, b"[1, 2]"),
+        ("/embed", b'{"inputs": {"a": 1}}'),
+        ("/embed", b'{"inputs": ["a", 3]}'),
+        ("/embed", b'{"inputs": "a", "normalize": "yes"}'),
+        ("/embed", b"{}"),
+        (INFER, b'{"inputs": [{"name": "TEXT", "datatype": "FP32", "shape": [1], "data": [1.0]}]}'),
+        (
+            INFER,
+            b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [3], "data": ["a", "b"]}]}',
+        ),
+        (
+            INFER,
+            b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}],'
+            b' "outputs": [{"name": "NOPE"}]}',
+        ),
+    ],
+)
 def test_validation_422(server, path, content):
     r = post(server, path, content=content)
     assert r.status_code == 422, (path, content, r.text)
@@ -60,32 +76,72 @@ def test_validation_422(server, path, content):
 
 
 def test_token_ids_out_of_vocab_422(server):
-    assert_openai_error(post(server, OPENAI, {"model": MODEL_NAME, "input": [[101, 10**6, 102]]}), 422, "input")
+    assert_openai_error(
+        post(server, OPENAI, {"model": MODEL_NAME, "input": [[101, 10**6, 102]]}), 422, "input"
+    )
     assert_openai_error(post(server, OPENAI, {"model": MODEL_NAME, "input": [[-1]]}), 422, "input")
 
 
 def test_binary_tensor_errors_422(server):
-    head = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1],
-                                   "parameters": {"binary_data_size": 50}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "TEXT",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": 50},
+                }
+            ]
+        }
+    ).encode()
     raw = (5).to_bytes(4, "little") + b"hello"
-    r = post(server, INFER, content=head + raw, headers={"Inference-Header-Content-Length": str(len(head))})
+    r = post(
+        server,
+        INFER,
+        content=head + raw,
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
     assert r.status_code == 422 and "binary" in r.json()["error"]
-    head = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1],
-                                   "parameters": {"binary_data_size": 9}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "TEXT",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": 9},
+                }
+            ]
+        }
+    ).encode()
     bad = (99).to_bytes(4, "little") + b"hello"
-    r = post(server, INFER, content=head + bad, headers={"Inference-Header-Content-Length": str(len(head))})
+    r = post(
+        server,
+        INFER,
+        content=head + bad,
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
     assert r.status_code == 422
-    r = post(server, INFER, content=head + raw, headers={"Inference-Header-Content-Length": "99999"})
+    r = post(
+        server, INFER, content=head + raw, headers={"Inference-Header-Content-Length": "99999"}
+    )
     assert r.status_code == 422
 
 
-@pytest.mark.parametrize("path,body", [
-    (OPENAI, {"model": MODEL_NAME, "input": ""}), (OPENAI, {"model": MODEL_NAME, "input": []}),
-    (OPENAI, {"model": MODEL_NAME, "input": ["a", ""]}), (OPENAI, {"model": MODEL_NAME, "input": [[]]}),
-    ("/embed", {"inputs": ""}), ("/embed", {"inputs": []}),
-    (INFER, {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [0], "data": []}]}),
-    (INFER, {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [""]}]}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        (OPENAI, {"model": MODEL_NAME, "input": ""}),
+        (OPENAI, {"model": MODEL_NAME, "input": []}),
+        (OPENAI, {"model": MODEL_NAME, "input": ["a", ""]}),
+        (OPENAI, {"model": MODEL_NAME, "input": [[]]}),
+        ("/embed", {"inputs": ""}),
+        ("/embed", {"inputs": []}),
+        (INFER, {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [0], "data": []}]}),
+        (INFER, {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [""]}]}),
+    ],
+)
 def test_empty_400(server, path, body):
     r = post(server, path, body)
     assert r.status_code == 400, r.text
@@ -95,8 +151,11 @@ def test_unknown_model_404_and_bad_dimensions_400(server):
     assert_openai_error(post(server, OPENAI, {"model": "gpt-nope", "input": "a"}), 404, "model")
     assert post(server, "/v2/models/nope/infer", {"inputs": []}).status_code == 404
     assert httpx.get(server.url + "/v2/models/nope/ready").status_code == 404
-    assert_openai_error(post(server, OPENAI, {"model": MODEL_NAME, "input": "a", "dimensions": 100}), 400,
-                        "dimensions")
+    assert_openai_error(
+        post(server, OPENAI, {"model": MODEL_NAME, "input": "a", "dimensions": 100}),
+        400,
+        "dimensions",
+    )
 
 
 def test_too_large_413(server):
@@ -107,8 +166,12 @@ def test_too_large_413(server):
         r = post(server, path, content=big)
         assert r.status_code == 413, (path, r.text)
     # chunked upload (no Content-Length) over the limit
-    r = httpx.post(server.url + "/embed", content=iter([big[i:i + 65536] for i in range(0, len(big), 65536)]),
-                   headers={"content-type": "application/json"}, timeout=60)
+    r = httpx.post(
+        server.url + "/embed",
+        content=iter([big[i : i + 65536] for i in range(0, len(big), 65536)]),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert r.status_code == 413
     # a gzip bomb: small on the wire, over the limit once inflated
     bomb = gzip.compress(b'{"inputs": ["' + b"a" * (info["payload_limit"] + 10) + b'"]}')
@@ -116,7 +179,9 @@ def test_too_large_413(server):
     r = post(server, "/embed", content=bomb, headers={"content-encoding": "gzip"})
     assert r.status_code == 413
     # more inputs than --max-client-batch-size
-    r = post(server, OPENAI, {"model": MODEL_NAME, "input": ["a"] * (info["max_client_batch_size"] + 1)})
+    r = post(
+        server, OPENAI, {"model": MODEL_NAME, "input": ["a"] * (info["max_client_batch_size"] + 1)}
+    )
     assert_openai_error(r, 413, "input")
     # an input over the character cap, rejected before tokenising
     r = post(server, "/embed", {"inputs": ["word " * (info["max_input_chars"] // 5 + 1)]})
@@ -144,7 +209,9 @@ def test_engine_failure_500_only_for_that_request(server, engine):
         results[i] = post(server, "/embed", {"inputs": [texts[i]]})
 
     def bad(i):
-        results[("bad", i)] = post(server, OPENAI, {"model": MODEL_NAME, "input": [[101, FAIL_TOKEN, 102]]})
+        results[("bad", i)] = post(
+            server, OPENAI, {"model": MODEL_NAME, "input": [[101, FAIL_TOKEN, 102]]}
+        )
 
     threads = [threading.Thread(target=good, args=(i,)) for i in range(24)]
     threads += [threading.Thread(target=bad, args=(i,)) for i in range(3)]
@@ -171,21 +238,26 @@ def test_client_gone_is_dropped(server, engine):
     engine.encode([long] * 4)
     per_seq = (time.perf_counter() - t) / 4
     n = int(min(512, max(8, 1.5 / per_seq)))  # a blocker of ~1.5 s of engine time
-    blocker = threading.Thread(target=post, args=(server, "/embed", {"inputs": [long] * n}), kwargs={"timeout": 300})
+    blocker = threading.Thread(
+        target=post, args=(server, "/embed", {"inputs": [long] * n}), kwargs={"timeout": 300}
+    )
     inputs0 = metric(httpx.get(server.url + "/metrics").text, "zoi_request_inputs_total")
     blocker.start()
 
     def wait_inputs(k):  # until the server has queued k more sequences
         deadline = time.time() + 60
         while time.time() < deadline:
-            if metric(httpx.get(server.url + "/metrics").text, "zoi_request_inputs_total") >= inputs0 + k:
+            if (
+                metric(httpx.get(server.url + "/metrics").text, "zoi_request_inputs_total")
+                >= inputs0 + k
+            ):
                 return
             time.sleep(0.02)
         raise AssertionError("the server never queued the request")
 
     wait_inputs(n)
     gone = SlowUpload(server.url, "/embed", {"inputs": ["nobody will read this answer"]}, split=10)
-    gone.sock.sendall(gone.data[gone.split:])  # a complete request ...
+    gone.sock.sendall(gone.data[gone.split :])  # a complete request ...
     wait_inputs(n + 1)  # ... queued behind the blocker
     gone.abort()  # ... whose client leaves before the answer
     blocker.join()
@@ -202,10 +274,19 @@ def test_client_gone_is_dropped(server, engine):
 # ---- a server with tight limits: 429 and graceful shutdown -------------------------------------
 @pytest.fixture(scope="module")
 def tight(device, tmp_path_factory):
-    srv = ServerProcess(args=["--max-concurrent-requests", "2", "--payload-limit", "4000",
-                              "--max-client-batch-size", "4", "--no-auto-truncate"],
-                        env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning", "ZOI_MAX_INPUT_CHARS": "1000"},
-                        log_path=tmp_path_factory.mktemp("tight") / "server.log")
+    srv = ServerProcess(
+        args=[
+            "--max-concurrent-requests",
+            "2",
+            "--payload-limit",
+            "4000",
+            "--max-client-batch-size",
+            "4",
+            "--no-auto-truncate",
+        ],
+        env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning", "ZOI_MAX_INPUT_CHARS": "1000"},
+        log_path=tmp_path_factory.mktemp("tight") / "server.log",
+    )
     yield srv
     srv.stop()
 
@@ -230,8 +311,14 @@ def test_overloaded_429(tight):
         status, body = s.finish()
         assert status == 200 and len(json.loads(body)[0]) == 384
     assert post(tight, "/embed", {"inputs": ["room again"]}).status_code == 200
-    assert metric(httpx.get(tight.url + "/metrics").text, "zoi_request_failure_total",
-                  'route="tei",status="429"') == 1
+    assert (
+        metric(
+            httpx.get(tight.url + "/metrics").text,
+            "zoi_request_failure_total",
+            'route="tei",status="429"',
+        )
+        == 1
+    )
 
 
 def test_graceful_shutdown_answers_in_flight(tight):
@@ -249,14 +336,21 @@ def test_graceful_shutdown_answers_in_flight(tight):
 
 
 def test_client_leaving_mid_upload(server):
-    before = metric(httpx.get(server.url + "/metrics").text, "zoi_request_failure_total", 'route="tei",status="499"')
+    before = metric(
+        httpx.get(server.url + "/metrics").text,
+        "zoi_request_failure_total",
+        'route="tei",status="499"',
+    )
     s = SlowUpload(server.url, "/embed", {"inputs": ["half a body"]}, split=8)
     time.sleep(0.2)
     s.abort()
     deadline = time.time() + 10
     while time.time() < deadline:
-        now = metric(httpx.get(server.url + "/metrics").text, "zoi_request_failure_total",
-                     'route="tei",status="499"')
+        now = metric(
+            httpx.get(server.url + "/metrics").text,
+            "zoi_request_failure_total",
+            'route="tei",status="499"',
+        )
         if now == before + 1:
             break
         time.sleep(0.05)
@@ -271,10 +365,16 @@ def test_sigterm_answers_everything_queued(device, tmp_path):
     A 2 s queue delay holds each batch open (40 sequences fill neither budget), so requests are
     still queued when the signal comes, however fast the engine is.
     """
-    srv = ServerProcess(env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning"}, log_path=tmp_path / "log",
-                        args=["--max-queue-delay-us", "2000000", "--max-batch-requests", "256"])
+    srv = ServerProcess(
+        env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning"},
+        log_path=tmp_path / "log",
+        args=["--max-queue-delay-us", "2000000", "--max-batch-requests", "256"],
+    )
     try:
-        texts = [f"request {i}: " + "the server drains its queue before it exits. " * (2 + i % 6) for i in range(40)]
+        texts = [
+            f"request {i}: " + "the server drains its queue before it exits. " * (2 + i % 6)
+            for i in range(40)
+        ]
         results: dict = {}
 
         def send(i):
@@ -293,7 +393,9 @@ def test_sigterm_answers_everything_queued(device, tmp_path):
         for t in threads:
             t.join()
         assert srv.proc.wait(60) == 0, srv.log()
-        assert all(results[i].status_code == 200 for i in range(40)), [results[i].status_code for i in range(40)]
+        assert all(results[i].status_code == 200 for i in range(40)), [
+            results[i].status_code for i in range(40)
+        ]
         assert all(len(results[i].json()[0]) == 384 for i in range(40))
         assert queued >= 1  # requests were still waiting for the engine when the signal came
     finally:

@@ -27,11 +27,18 @@ def test_every_option_has_a_flag_and_a_variable():
 
 
 def test_flag_beats_env_beats_default():
-    env = {"ZOI_MAX_BATCH_TOKENS": "1024", "ZOI_PORT": "9000", "ZOI_AUTO_TRUNCATE": "false",
-           "ZOI_MAX_QUEUE_DELAY_US": "250"}
+    env = {
+        "ZOI_MAX_BATCH_TOKENS": "1024",
+        "ZOI_PORT": "9000",
+        "ZOI_AUTO_TRUNCATE": "false",
+        "ZOI_MAX_QUEUE_DELAY_US": "250",
+    }
     c = parse(["--max-batch-tokens", "2048"], env)
     assert c.max_batch_tokens == 2048 and c.port == 9000 and c.auto_truncate is False
-    assert c.max_queue_delay_us == 250 and c.max_concurrent_requests == ServeConfig().max_concurrent_requests
+    assert (
+        c.max_queue_delay_us == 250
+        and c.max_concurrent_requests == ServeConfig().max_concurrent_requests
+    )
     assert parse(["--auto-truncate"], env).auto_truncate is True
     with pytest.raises(ValueError, match="ZOI_PORT"):
         parse([], {"ZOI_PORT": "eighty"})
@@ -40,8 +47,9 @@ def test_flag_beats_env_beats_default():
 
 
 def run_serve(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "zoi.serve", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "zoi.serve", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_missing_model_folder_fails_clearly(tmp_path):
@@ -62,7 +70,9 @@ def test_zoi_cli_has_serve():
     from zoi.cli import build_parser
     from zoi.serve.cli import cmd_serve
 
-    args = build_parser().parse_args(["serve", "some/model", "--port", "0", "--max-queue-delay-us", "100"])
+    args = build_parser().parse_args(
+        ["serve", "some/model", "--port", "0", "--max-queue-delay-us", "100"]
+    )
     assert args.func is cmd_serve and args.model == "some/model"
     c = config_from_args(args, {})
     assert c.port == 0 and c.max_queue_delay_us == 100
@@ -73,7 +83,9 @@ def test_bench_serve_parser():
 
     ap = argparse.ArgumentParser()
     register_bench(ap.add_subparsers())
-    args = ap.parse_args(["serve", "--url", "http://127.0.0.1:9", "-c", "1", "32", "--route", "kserve"])
+    args = ap.parse_args(
+        ["serve", "--url", "http://127.0.0.1:9", "-c", "1", "32", "--route", "kserve"]
+    )
     assert args.func is cmd_bench_serve and args.concurrency == [1, 32] and args.route == "kserve"
     texts = make_texts(50, seed=0, min_words=4, max_words=60)
     assert texts == make_texts(50, seed=0, min_words=4, max_words=60)  # reproducible
@@ -90,12 +102,23 @@ def test_serve_a_saved_artifact_under_another_name(engine, device, tmp_path):
     from .serve_helpers import cosine_rows
 
     art = engine.save(tmp_path / "minilm-art")
-    with ServerProcess(str(art), env={"ZOI_DEVICE": device}, args=["--max-batch-tokens", "1024"]) as srv:
+    with ServerProcess(
+        str(art), env={"ZOI_DEVICE": device}, args=["--max-batch-tokens", "1024"]
+    ) as srv:
         info = httpx.get(srv.url + "/info").json()
         assert info["model_id"] == "minilm-art" and info["max_batch_tokens"] == 1024
-        r = httpx.post(srv.url + "/v1/embeddings", json={"model": "minilm-art", "input": ["from an artifact"]})
+        r = httpx.post(
+            srv.url + "/v1/embeddings", json={"model": "minilm-art", "input": ["from an artifact"]}
+        )
         assert r.status_code == 200
-        assert cosine_rows(np.array(r.json()["data"][0]["embedding"]), engine.encode("from an artifact"))[()] >= 0.9999
-    with ServerProcess(str(art), env={"ZOI_DEVICE": device, "ZOI_SERVED_MODEL_NAME": "my-embedder"}) as srv:
+        assert (
+            cosine_rows(
+                np.array(r.json()["data"][0]["embedding"]), engine.encode("from an artifact")
+            )[()]
+            >= 0.9999
+        )
+    with ServerProcess(
+        str(art), env={"ZOI_DEVICE": device, "ZOI_SERVED_MODEL_NAME": "my-embedder"}
+    ) as srv:
         assert httpx.get(srv.url + "/info").json()["model_id"] == "my-embedder"
         assert httpx.get(srv.url + "/v2/models/my-embedder/ready").status_code == 200

@@ -47,7 +47,9 @@ def resolve_device(device: str) -> str:
     if device == "cuda":
         ok, why = cuda_status()
         if not ok:
-            raise BackendUnavailableError(f"device='cuda' is not usable here: {why}. Use device='cpu' or 'auto'.")
+            raise BackendUnavailableError(
+                f"device='cuda' is not usable here: {why}. Use device='cpu' or 'auto'."
+            )
     return device
 
 

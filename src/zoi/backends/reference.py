@@ -29,11 +29,15 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 def _fma32(a: np.ndarray, b, c) -> np.ndarray:
     """float32 fused multiply-add (one rounding; the product is exact in float64)."""
-    return (a.astype(np.float64) * np.float64(np.float32(b)) + np.float64(np.float32(c))).astype(np.float32)
+    return (a.astype(np.float64) * np.float64(np.float32(b)) + np.float64(np.float32(c))).astype(
+        np.float32
+    )
 
 
 def _fma32v(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
-    return (a.astype(np.float64) * b.astype(np.float64) + np.float64(np.float32(c))).astype(np.float32)
+    return (a.astype(np.float64) * b.astype(np.float64) + np.float64(np.float32(c))).astype(
+        np.float32
+    )
 
 
 def erf_f32(a: np.ndarray) -> np.ndarray:
@@ -44,8 +48,13 @@ def erf_f32(a: np.ndarray) -> np.ndarray:
     x = np.clip(a.astype(np.float32), np.float32(-4), np.float32(4))
     x2 = (x * x).astype(np.float32)
     p = _fma32(x2, -2.72614225801306e-10, 2.77068142495902e-08)
-    for c in (-2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-              -1.60960333262415e-02):
+    for c in (
+        -2.10102402082508e-06,
+        -5.69250639462346e-05,
+        -7.34990630326855e-04,
+        -2.95459980854025e-03,
+        -1.60960333262415e-02,
+    ):
         p = _fma32v(x2, p, c)
     p = (x * p).astype(np.float32)
     q = _fma32(x2, -1.45660718464996e-05, -2.13374055278905e-04)
@@ -97,7 +106,9 @@ def linear(x, w, b, act="none", residual=None) -> np.ndarray:
     return y.astype(x.dtype)
 
 
-def attention(qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int, head_dim: int, scale: float) -> np.ndarray:
+def attention(
+    qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int, head_dim: int, scale: float
+) -> np.ndarray:
     """Varlen self-attention over packed sequences. qkv [T, 3H] -> ctx [T, H]."""
     H = heads * head_dim
     out = np.empty((qkv.shape[0], H), dtype=qkv.dtype)
@@ -160,7 +171,9 @@ def pre_transform(x: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
     return qp.act_transform(x, z, m).astype(x.dtype)
 
 
-def linear_apply(x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exact: bool = True) -> np.ndarray:
+def linear_apply(
+    x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exact: bool = True
+) -> np.ndarray:
     """x @ w.T + b of one linear (before activation / residual): float, or emulated INT8 by
     `lq.scheme` ("dynamic" | "static" | "dynamic_asym"; "fp32" or None: float). Float
     inputs keep their dtype (float64 for golden runs); INT8 runs in float32 as the kernels."""
@@ -184,10 +197,17 @@ def linear_apply(x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exac
             acc = qp.int8_matmul_asym_exact(q, zp, w_q).astype(np.float32)
         else:  # float32 sums of integer products: exact unless a partial sum passes 2**24
             wf = w_q.astype(np.float32)
-            acc = q.astype(np.float32) @ wf.T - zp.astype(np.float32)[:, None] * wf.sum(axis=1)[None, :]
+            acc = (
+                q.astype(np.float32) @ wf.T
+                - zp.astype(np.float32)[:, None] * wf.sum(axis=1)[None, :]
+            )
     elif scheme in ("dynamic", "static"):
         q, a_scale = qp.quantize_act(x, lq.amax if scheme == "static" else None)
-        acc = (qp.int8_matmul_fast(q, w_q) if matmul_exact else q.astype(np.float32) @ w_q.astype(np.float32).T).astype(np.float32)
+        acc = (
+            qp.int8_matmul_fast(q, w_q)
+            if matmul_exact
+            else q.astype(np.float32) @ w_q.astype(np.float32).T
+        ).astype(np.float32)
     else:
         raise ValueError(f"{prefix}: unknown quantisation scheme {scheme!r}")
     y = acc * (a_scale[:, None] * w_s[None, :])
@@ -196,8 +216,18 @@ def linear_apply(x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exac
     return y.astype(np.float32)
 
 
-def execute(graph, weights: dict, ids, positions, cu_seqlens, quant: dict | None = None, dtype=np.float32,
-            tap=None, override=None, matmul_exact: bool = True) -> dict[str, np.ndarray]:
+def execute(
+    graph,
+    weights: dict,
+    ids,
+    positions,
+    cu_seqlens,
+    quant: dict | None = None,
+    dtype=np.float32,
+    tap=None,
+    override=None,
+    matmul_exact: bool = True,
+) -> dict[str, np.ndarray]:
     """Run the op list; returns every buffer by name.
 
     quant: {linear prefix: LinearQuant}; a linear without an entry runs in float.
@@ -206,16 +236,23 @@ def execute(graph, weights: dict, ids, positions, cu_seqlens, quant: dict | None
     """
     W = weights
     quant = quant or {}
-    env: dict[str, np.ndarray] = {"ids": np.asarray(ids), "positions": np.asarray(positions),
-                                  "cu_seqlens": np.asarray(cu_seqlens)}
+    env: dict[str, np.ndarray] = {
+        "ids": np.asarray(ids),
+        "positions": np.asarray(positions),
+        "cu_seqlens": np.asarray(cu_seqlens),
+    }
     for op in graph.ops:
         ins = [env[n] for n in op.inputs]
         a, wn = op.attrs, op.weights
         if op.kind == "embed":
-            x = gather_rows(W, wn["word"], ins[0]).astype(dtype) + W[wn["pos"]][ins[1]].astype(dtype)
+            x = gather_rows(W, wn["word"], ins[0]).astype(dtype) + W[wn["pos"]][ins[1]].astype(
+                dtype
+            )
             if "type" in wn:
                 x = x + W[wn["type"]][0].astype(dtype)
-            env[op.output] = layernorm(x, W[wn["ln_w"]].astype(dtype), W[wn["ln_b"]].astype(dtype), a["eps"])
+            env[op.output] = layernorm(
+                x, W[wn["ln_w"]].astype(dtype), W[wn["ln_b"]].astype(dtype), a["eps"]
+            )
         elif op.kind == "linear":
             p = linear_prefix(op)
             y = override(p, ins[0]) if override is not None else None
@@ -238,7 +275,9 @@ def execute(graph, weights: dict, ids, positions, cu_seqlens, quant: dict | None
     return env
 
 
-def run_graph(model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32) -> dict[str, np.ndarray]:
+def run_graph(
+    model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32
+) -> dict[str, np.ndarray]:
     """Run a CompiledModel (its quantisation emulated); returns every buffer by name."""
     return execute(model.graph, model.weights, ids, positions, cu_seqlens, model.quant, dtype)
 
@@ -260,4 +299,7 @@ class ReferenceBackend:
         return np.ascontiguousarray(out, dtype=np.float32)
 
     def memory(self) -> dict:
-        return {"weights_bytes": self.model.weight_bytes(), "arena_bytes": self.model.plan.arena_bytes}
+        return {
+            "weights_bytes": self.model.weight_bytes(),
+            "arena_bytes": self.model.plan.arena_bytes,
+        }

@@ -45,9 +45,15 @@ def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = 
     for n in names:
         if n in cfg and cfg[n] is not None:
             v = cfg[n]
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) if kind in (int, float) else isinstance(v, kind)
+            ok = (
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                if kind in (int, float)
+                else isinstance(v, kind)
+            )
             if not ok or (kind is int and (float(v) != int(v) or v < 0)):
-                raise CheckpointError(f"{path}: field {n!r} should be a {kind.__name__} >= 0, got {v!r}")
+                raise CheckpointError(
+                    f"{path}: field {n!r} should be a {kind.__name__} >= 0, got {v!r}"
+                )
             return kind(v)
     if default is ...:
         raise CheckpointError(f"{path}: missing field {names[0]!r}")
@@ -84,27 +90,51 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         eps = _field(cfg, cpath, "layer_norm_eps", kind=float, default=1e-12)
         pet = cfg.get("position_embedding_type", "absolute")
         if pet not in (None, "absolute"):
-            raise UnsupportedModelError(f"{cpath}: position_embedding_type {pet!r} is not supported (only 'absolute')")
+            raise UnsupportedModelError(
+                f"{cpath}: position_embedding_type {pet!r} is not supported (only 'absolute')"
+            )
         offset = 0
         if arch == "roberta":
             offset = _field(cfg, cpath, "pad_token_id", default=1) + 1
     vocab = _field(cfg, cpath, "vocab_size")
     if not isinstance(act_name, str) or act_name not in _ACTS:
-        raise UnsupportedModelError(f"{cpath}: activation {act_name!r} is not supported (supported: {sorted(_ACTS)})")
-    for what, v, cap in (("hidden size", hidden, 1 << 16), ("layer count", layers, 1024), ("head count", heads, 1024),
-                         ("intermediate size", inter, 1 << 18), ("vocab size", vocab, 1 << 24),
-                         ("max_position_embeddings", maxpos, 1 << 20)):
+        raise UnsupportedModelError(
+            f"{cpath}: activation {act_name!r} is not supported (supported: {sorted(_ACTS)})"
+        )
+    for what, v, cap in (
+        ("hidden size", hidden, 1 << 16),
+        ("layer count", layers, 1024),
+        ("head count", heads, 1024),
+        ("intermediate size", inter, 1 << 18),
+        ("vocab size", vocab, 1 << 24),
+        ("max_position_embeddings", maxpos, 1 << 20),
+    ):
         if v > cap:
-            raise CheckpointError(f"{cpath}: {what} {v} is implausibly large (limit {cap}); is config.json corrupt?")
+            raise CheckpointError(
+                f"{cpath}: {what} {v} is implausibly large (limit {cap}); is config.json corrupt?"
+            )
     if hidden == 0 or heads == 0 or layers == 0 or hidden % heads:
-        raise CheckpointError(f"{cpath}: hidden size {hidden} must be a positive multiple of the head count {heads}")
+        raise CheckpointError(
+            f"{cpath}: hidden size {hidden} must be a positive multiple of the head count {heads}"
+        )
     usable = maxpos - offset
     if usable < 2:
-        raise CheckpointError(f"{cpath}: max_position_embeddings {maxpos} leaves no room for a sequence")
+        raise CheckpointError(
+            f"{cpath}: max_position_embeddings {maxpos} leaves no room for a sequence"
+        )
     return ModelSpec(
-        arch=arch, vocab_size=vocab, hidden=hidden, layers=layers, heads=heads, intermediate=inter,
-        max_positions=usable, position_offset=offset, type_vocab_size=tv, eps=float(eps),
-        act=_ACTS[act_name], name=folder.resolve().name,
+        arch=arch,
+        vocab_size=vocab,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        intermediate=inter,
+        max_positions=usable,
+        position_offset=offset,
+        type_vocab_size=tv,
+        eps=float(eps),
+        act=_ACTS[act_name],
+        name=folder.resolve().name,
     )
 
 
@@ -123,8 +153,16 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
             if mtype.endswith("Pooling"):
                 pcfg = read_json(folder / str(m.get("path", "")) / "config.json")
                 if not isinstance(pcfg, dict):
-                    raise CheckpointError(f"{folder / str(m.get('path', ''))}/config.json: expected a JSON object")
-                modes = [k for k in ("cls", "mean", "max") if pcfg.get(f"pooling_mode_{k}_token" if k != "mean" else "pooling_mode_mean_tokens")]
+                    raise CheckpointError(
+                        f"{folder / str(m.get('path', ''))}/config.json: expected a JSON object"
+                    )
+                modes = [
+                    k
+                    for k in ("cls", "mean", "max")
+                    if pcfg.get(
+                        f"pooling_mode_{k}_token" if k != "mean" else "pooling_mode_mean_tokens"
+                    )
+                ]
                 if pcfg.get("pooling_mode_max_tokens"):
                     modes.append("max")
                 modes = sorted(set(modes), key=modes.index)
@@ -136,11 +174,17 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
             elif mtype.endswith("Normalize"):
                 normalize = True
             elif mtype.endswith("Dense"):
-                raise UnsupportedModelError(f"{modules_path}: a Dense module after pooling is not supported yet")
+                raise UnsupportedModelError(
+                    f"{modules_path}: a Dense module after pooling is not supported yet"
+                )
         st_cfg = folder / "sentence_bert_config.json"
         if st_cfg.exists():
             c = read_json(st_cfg)
-            if isinstance(c, dict) and isinstance(c.get("max_seq_length"), int) and c["max_seq_length"] > 1:
+            if (
+                isinstance(c, dict)
+                and isinstance(c.get("max_seq_length"), int)
+                and c["max_seq_length"] > 1
+            ):
                 maxlen = min(maxlen, c["max_seq_length"])
     return spec.replace(pooling=pooling, normalize=normalize, max_positions=maxlen)
 
@@ -164,7 +208,11 @@ def _weight_files(folder: Path) -> list[Path]:
             if not p.exists():
                 raise CheckpointError(f"{p}: shard named in {index.name} is missing")
         return files
-    pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")] + [p.name for p in folder.glob("*.pth")]
+    pickles = (
+        [p.name for p in folder.glob("*.bin")]
+        + [p.name for p in folder.glob("*.pt")]
+        + [p.name for p in folder.glob("*.pth")]
+    )
     if pickles:
         raise CheckpointError(
             f"{folder}: only pickle weights ({', '.join(sorted(pickles))}) found. zoi loads safetensors only, "
@@ -216,16 +264,28 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     s: dict[str, tuple[int, ...]] = {
         "embed.word": (spec.vocab_size, H),
         "embed.pos": (spec.max_positions + spec.position_offset, H),
-        "embed.ln.w": (H,), "embed.ln.b": (H,),
+        "embed.ln.w": (H,),
+        "embed.ln.b": (H,),
     }
     if spec.type_vocab_size:
         s["embed.type"] = (spec.type_vocab_size, H)
     for i in range(L):
-        s.update({
-            f"l{i}.qkv.w": (3 * H, H), f"l{i}.qkv.b": (3 * H,), f"l{i}.o.w": (H, H), f"l{i}.o.b": (H,),
-            f"l{i}.ln1.w": (H,), f"l{i}.ln1.b": (H,), f"l{i}.ffn1.w": (I, H), f"l{i}.ffn1.b": (I,),
-            f"l{i}.ffn2.w": (H, I), f"l{i}.ffn2.b": (H,), f"l{i}.ln2.w": (H,), f"l{i}.ln2.b": (H,),
-        })
+        s.update(
+            {
+                f"l{i}.qkv.w": (3 * H, H),
+                f"l{i}.qkv.b": (3 * H,),
+                f"l{i}.o.w": (H, H),
+                f"l{i}.o.b": (H,),
+                f"l{i}.ln1.w": (H,),
+                f"l{i}.ln1.b": (H,),
+                f"l{i}.ffn1.w": (I, H),
+                f"l{i}.ffn1.b": (I,),
+                f"l{i}.ffn2.w": (H, I),
+                f"l{i}.ffn2.b": (H,),
+                f"l{i}.ln2.w": (H,),
+                f"l{i}.ln2.b": (H,),
+            }
+        )
     return s
 
 
@@ -237,7 +297,12 @@ def _find_prefix(names: list[str], anchor: str) -> str:
 
 
 def _legacy(name: str) -> list[str]:
-    return [name, name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")]
+    return [
+        name,
+        name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ),
+    ]
 
 
 def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
@@ -269,20 +334,26 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
             f = where[found]
             dtype, _ = f.meta(found)
             if dtype not in ("F32", "F16", "BF16", "F64"):
-                raise CheckpointError(f"{f.path}: tensor {found!r} has dtype {dtype}; expected F32, F16 or BF16")
+                raise CheckpointError(
+                    f"{f.path}: tensor {found!r} has dtype {dtype}; expected F32, F16 or BF16"
+                )
             parts.append(f.get(found))
         arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         want = shapes[canon]
         if canon == "embed.pos":
             if arr.ndim != 2 or arr.shape[1] != want[1] or arr.shape[0] < want[0]:
-                raise CheckpointError(f"{folder}: {sources[0]!r} has shape {arr.shape}, expected at least {want}")
+                raise CheckpointError(
+                    f"{folder}: {sources[0]!r} has shape {arr.shape}, expected at least {want}"
+                )
         elif arr.shape != want:
             raise CheckpointError(
                 f"{folder}: {', '.join(prefix + s for s in sources)} has shape {arr.shape}, expected {want} from config.json"
             )
         arr = np.asarray(arr, dtype=np.float32)
         if not np.isfinite(arr).all():
-            raise CheckpointError(f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values")
+            raise CheckpointError(
+                f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values"
+            )
         out[canon] = arr
     return out
 

@@ -42,7 +42,9 @@ class SafetensorsFile:
             with open(self.path, "rb") as f:
                 head = f.read(8)
                 if len(head) < 8:
-                    raise CheckpointError(f"{self.path}: truncated safetensors file ({size} bytes, no header)")
+                    raise CheckpointError(
+                        f"{self.path}: truncated safetensors file ({size} bytes, no header)"
+                    )
                 (n,) = struct.unpack("<Q", head)
                 if n > MAX_HEADER or 8 + n > size:
                     raise CheckpointError(
@@ -67,11 +69,15 @@ class SafetensorsFile:
                 shape = tuple(int(s) for s in info["shape"])
                 begin, end = (int(o) for o in info["data_offsets"])
             except (KeyError, TypeError, ValueError) as e:
-                raise CheckpointError(f"{self.path}: tensor {name!r} has a malformed header entry") from e
+                raise CheckpointError(
+                    f"{self.path}: tensor {name!r} has a malformed header entry"
+                ) from e
             if dtype not in _DTYPES:
                 raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype}")
             if any(s < 0 for s in shape):
-                raise CheckpointError(f"{self.path}: tensor {name!r} has a negative dimension {shape}")
+                raise CheckpointError(
+                    f"{self.path}: tensor {name!r} has a negative dimension {shape}"
+                )
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dtype]).itemsize
             if not (0 <= begin <= end <= data_len) or end - begin != nbytes:
                 raise CheckpointError(
@@ -100,8 +106,10 @@ class SafetensorsFile:
         """The tensor, memory-mapped; float tensors widened to float32 when float32=True."""
         dtype, shape, begin, end = self._info[name]
         raw = self._map()[begin:end]
-        arr = np.frombuffer(raw, dtype=_DTYPES[dtype]).reshape(shape) if end > begin else np.zeros(
-            shape, _DTYPES[dtype]
+        arr = (
+            np.frombuffer(raw, dtype=_DTYPES[dtype]).reshape(shape)
+            if end > begin
+            else np.zeros(shape, _DTYPES[dtype])
         )
         if dtype == "BF16":
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
@@ -110,7 +118,11 @@ class SafetensorsFile:
         return arr
 
 
-def save_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike, metadata: dict | None = None) -> None:
+def save_safetensors(
+    tensors: dict[str, np.ndarray], path: str | os.PathLike, metadata: dict | None = None
+) -> None:
     from safetensors.numpy import save_file
 
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata
+    )

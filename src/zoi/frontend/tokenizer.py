@@ -15,7 +15,13 @@ CHARS_PER_POSITION = 32
 
 
 class Tokenizer:
-    def __init__(self, tokenizer_json: str, max_positions: int, position_offset: int = 0, source: str = "tokenizer.json"):
+    def __init__(
+        self,
+        tokenizer_json: str,
+        max_positions: int,
+        position_offset: int = 0,
+        source: str = "tokenizer.json",
+    ):
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
@@ -26,8 +32,12 @@ class Tokenizer:
             self._tok.encode("probe", add_special_tokens=True)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as e:  # Exception, or pyo3's PanicException (a BaseException) on corrupt files
-            raise CheckpointError(f"{source}: not a valid tokenizers file ({type(e).__name__}: {e})") from e
+        except (
+            BaseException
+        ) as e:  # Exception, or pyo3's PanicException (a BaseException) on corrupt files
+            raise CheckpointError(
+                f"{source}: not a valid tokenizers file ({type(e).__name__}: {e})"
+            ) from e
         self.json = tokenizer_json
         self.max_positions = max_positions
         self.position_offset = position_offset
@@ -57,7 +67,9 @@ class Tokenizer:
         try:
             items = list(texts)
         except TypeError as e:
-            raise TypeError(f"texts should be a str or a list of str, got {type(texts).__name__}") from e
+            raise TypeError(
+                f"texts should be a str or a list of str, got {type(texts).__name__}"
+            ) from e
         for i, t in enumerate(items):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str")
@@ -90,7 +102,9 @@ class Tokenizer:
         return [len(x) for x in self.encode_ids(texts, truncate)]
 
 
-def pack(seqs: list[np.ndarray], position_offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack(
+    seqs: list[np.ndarray], position_offset: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pack token id arrays into (ids[T], positions[T], cu_seqlens[B+1]), all int32."""
     lens = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
     cu = np.zeros(len(seqs) + 1, dtype=np.int32)

@@ -5,4 +5,14 @@ from zoi.graph.compiled import CompiledModel, LinearQuant
 from zoi.graph.ir import Buffer, Graph, Op
 from zoi.graph.planner import Plan, plan_memory
 
-__all__ = ["Buffer", "CompiledModel", "Graph", "LinearQuant", "Op", "Plan", "build_graph", "linear_prefix", "plan_memory"]
+__all__ = [
+    "Buffer",
+    "CompiledModel",
+    "Graph",
+    "LinearQuant",
+    "Op",
+    "Plan",
+    "build_graph",
+    "linear_prefix",
+    "plan_memory",
+]

@@ -23,11 +23,27 @@ def build_graph(spec: ModelSpec) -> Graph:
         return name
 
     def lin(x: str, prefix: str, out: str, cols: int, act: str = "none") -> str:
-        ops.append(Op("linear", [x], buf(out, cols), {"w": f"{prefix}.w", "b": f"{prefix}.b"}, {"act": act}))
+        ops.append(
+            Op(
+                "linear",
+                [x],
+                buf(out, cols),
+                {"w": f"{prefix}.w", "b": f"{prefix}.b"},
+                {"act": act},
+            )
+        )
         return out
 
     def add_ln(x: str, res: str, prefix: str, out: str) -> str:
-        ops.append(Op("add_layernorm", [x, res], buf(out, H), {"w": f"{prefix}.w", "b": f"{prefix}.b"}, {"eps": spec.eps}))
+        ops.append(
+            Op(
+                "add_layernorm",
+                [x, res],
+                buf(out, H),
+                {"w": f"{prefix}.w", "b": f"{prefix}.b"},
+                {"eps": spec.eps},
+            )
+        )
         return out
 
     ew = {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"}
@@ -37,12 +53,25 @@ def build_graph(spec: ModelSpec) -> Graph:
     x = "x0"
     for i in range(spec.layers):
         qkv = lin(x, f"l{i}.qkv", f"l{i}.qkv_out", 3 * H)
-        ops.append(Op("attention", [qkv, "cu_seqlens"], buf(f"l{i}.ctx", H), {},
-                      {"heads": spec.heads, "head_dim": spec.head_dim, "scale": 1.0 / math.sqrt(spec.head_dim)}))
+        ops.append(
+            Op(
+                "attention",
+                [qkv, "cu_seqlens"],
+                buf(f"l{i}.ctx", H),
+                {},
+                {
+                    "heads": spec.heads,
+                    "head_dim": spec.head_dim,
+                    "scale": 1.0 / math.sqrt(spec.head_dim),
+                },
+            )
+        )
         ao = lin(f"l{i}.ctx", f"l{i}.o", f"l{i}.attn_out", H)
         x1 = add_ln(ao, x, f"l{i}.ln1", f"l{i}.x1")
         h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", I, act=spec.act)
         f = lin(h, f"l{i}.ffn2", f"l{i}.ffn_out", H)
         x = add_ln(f, x1, f"l{i}.ln2", f"l{i}.x2")
-    ops.append(Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling}))
+    ops.append(
+        Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling})
+    )
     return Graph(ops, bufs)

@@ -19,7 +19,9 @@ class LinearQuant:
 
     scheme: str = "dynamic"  # "dynamic" (per-token) | "static" (per-tensor, calibrated) | "fp32"
     amax: float | None = None  # static scheme: calibrated activation absmax
-    info: dict[str, Any] = field(default_factory=dict)  # sqnr_db, smooth alpha, ... (reporting only)
+    info: dict[str, Any] = field(
+        default_factory=dict
+    )  # sqnr_db, smooth alpha, ... (reporting only)
 
     def to_dict(self) -> dict:
         return {"scheme": self.scheme, "amax": self.amax, "info": self.info}
@@ -40,8 +42,15 @@ class CompiledModel:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, spec: ModelSpec, weights: dict[str, np.ndarray], precision: str, max_tokens: int,
-              max_batch: int | None = None, quant: dict[str, LinearQuant] | None = None) -> CompiledModel:
+    def build(
+        cls,
+        spec: ModelSpec,
+        weights: dict[str, np.ndarray],
+        precision: str,
+        max_tokens: int,
+        max_batch: int | None = None,
+        quant: dict[str, LinearQuant] | None = None,
+    ) -> CompiledModel:
         graph = build_graph(spec)
         plan = plan_memory(graph, max_tokens, max_batch)
         return cls(spec, graph, plan, precision, weights, quant or {})

@@ -28,18 +28,36 @@ class Plan:
     max_batch: int
 
     def to_dict(self) -> dict:
-        return {"offsets": self.offsets, "sizes": self.sizes, "live": {k: list(v) for k, v in self.live.items()},
-                "arena_bytes": self.arena_bytes, "max_tokens": self.max_tokens, "max_batch": self.max_batch}
+        return {
+            "offsets": self.offsets,
+            "sizes": self.sizes,
+            "live": {k: list(v) for k, v in self.live.items()},
+            "arena_bytes": self.arena_bytes,
+            "max_tokens": self.max_tokens,
+            "max_batch": self.max_batch,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
-        return cls(d["offsets"], d["sizes"], {k: tuple(v) for k, v in d["live"].items()}, d["arena_bytes"],
-                   d["max_tokens"], d["max_batch"])
+        return cls(
+            d["offsets"],
+            d["sizes"],
+            {k: tuple(v) for k, v in d["live"].items()},
+            d["arena_bytes"],
+            d["max_tokens"],
+            d["max_batch"],
+        )
 
     def peak_live_bytes(self) -> int:
         """Lower bound for any arena: the largest sum of sizes live at one op."""
         n_ops = max((e for _, e in self.live.values()), default=-1) + 1
-        return max((sum(self.sizes[b] for b, (s, e) in self.live.items() if s <= i <= e) for i in range(n_ops)), default=0)
+        return max(
+            (
+                sum(self.sizes[b] for b, (s, e) in self.live.items() if s <= i <= e)
+                for i in range(n_ops)
+            ),
+            default=0,
+        )
 
 
 def liveness(graph: Graph) -> dict[str, tuple[int, int]]:
@@ -53,7 +71,9 @@ def liveness(graph: Graph) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in live.items()}
 
 
-def _place(order: list[str], live: dict[str, tuple[int, int]], sizes: dict[str, int]) -> dict[str, int]:
+def _place(
+    order: list[str], live: dict[str, tuple[int, int]], sizes: dict[str, int]
+) -> dict[str, int]:
     """Put each buffer, in `order`, at the lowest offset free of every already placed buffer
     whose live range overlaps its own."""
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)

@@ -80,12 +80,22 @@ def quant_from_json(s: str | dict) -> dict:
 
 def weights_ratio(quantized: dict, original: dict) -> float:
     """Bytes of the quantised weights over the bytes of the FP32 weights."""
-    return float(sum(a.nbytes for a in quantized.values()) / max(1, sum(a.nbytes for a in original.values())))
+    return float(
+        sum(a.nbytes for a in quantized.values()) / max(1, sum(a.nbytes for a in original.values()))
+    )
 
 
-def quantize_model(spec, weights: dict, tokenizer, calibration: Sequence[str] | None = None,
-                   config: QuantConfig | dict | None = None, progress: bool = False, graph=None,
-                   report: dict | None = None, features=None) -> tuple[dict, dict]:
+def quantize_model(
+    spec,
+    weights: dict,
+    tokenizer,
+    calibration: Sequence[str] | None = None,
+    config: QuantConfig | dict | None = None,
+    progress: bool = False,
+    graph=None,
+    report: dict | None = None,
+    features=None,
+) -> tuple[dict, dict]:
     """Calibrate, smooth, quantise and choose per-layer precision. See the module doc.
 
     features: what the target backend runs (zoi.quant.config.FEATURES); None = everything.

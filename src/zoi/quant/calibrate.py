@@ -29,11 +29,15 @@ def pack_seqs(seqs: Sequence[np.ndarray], position_offset: int = 0) -> Batch:
     cu = np.zeros(len(seqs) + 1, np.int32)
     np.cumsum(lens, out=cu[1:])
     ids = np.concatenate([np.asarray(s, np.int32) for s in seqs]) if seqs else np.zeros(0, np.int32)
-    pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lens) + position_offset).astype(np.int32)
+    pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lens) + position_offset).astype(
+        np.int32
+    )
     return ids, pos, cu
 
 
-def token_batches(seqs: Sequence[np.ndarray], position_offset: int = 0, chunk_tokens: int = 4096) -> list[Batch]:
+def token_batches(
+    seqs: Sequence[np.ndarray], position_offset: int = 0, chunk_tokens: int = 4096
+) -> list[Batch]:
     """Pack token id arrays (input order kept) into batches of at most chunk_tokens tokens."""
     out: list[Batch] = []
     cur: list[np.ndarray] = []
@@ -143,9 +147,15 @@ def calibrate(
     return Calibration(stats, ref, time.perf_counter() - t0, total, int(ref.shape[0]))
 
 
-def observe(graph, weights: dict, batches: Sequence[Batch], factory: Callable[[], object],
-            prefixes: Sequence[str] | None = None, transform: Callable | None = None,
-            progress: bool = False) -> dict[str, object]:
+def observe(
+    graph,
+    weights: dict,
+    batches: Sequence[Batch],
+    factory: Callable[[], object],
+    prefixes: Sequence[str] | None = None,
+    transform: Callable | None = None,
+    progress: bool = False,
+) -> dict[str, object]:
     """Feed every linear's (pre-transformed) input to a fresh observer; returns them by prefix."""
     from zoi.quant.forward import pre_transform
 

@@ -16,9 +16,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None, help="model folder or zoi artifact")
     p.add_argument("--texts", help="file of texts, one per line (default: zoi/data/eval.txt)")
     p.add_argument("--json", help="write the full report as JSON here")
-    p.add_argument("--device", default="reference", help="backend of the INT8 side: reference (default), cpu, cuda, or emulated "
-                   "(zoi.quant's own integer-exact emulator, no backend)")
-    p.add_argument("--calibrate", help="calibration texts, one per line (MODEL only; default: zoi's set)")
+    p.add_argument(
+        "--device",
+        default="reference",
+        help="backend of the INT8 side: reference (default), cpu, cuda, or emulated "
+        "(zoi.quant's own integer-exact emulator, no backend)",
+    )
+    p.add_argument(
+        "--calibrate", help="calibration texts, one per line (MODEL only; default: zoi's set)"
+    )
     p.add_argument("--quant-config", help="QuantConfig as JSON (inline or a file), MODEL only")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)

@@ -62,9 +62,13 @@ class QuantConfig:
         if self.smoothquant not in SMOOTH_MODES:
             raise ValueError(f"smoothquant must be one of {SMOOTH_MODES}, got {self.smoothquant!r}")
         if self.smooth_targets not in ("fold", "act_mul"):
-            raise ValueError(f"smooth_targets must be 'fold' or 'act_mul', got {self.smooth_targets!r}")
+            raise ValueError(
+                f"smooth_targets must be 'fold' or 'act_mul', got {self.smooth_targets!r}"
+            )
         if self.fallback_weights not in ("auto", "fp32", "int8"):
-            raise ValueError(f"fallback_weights must be auto, fp32 or int8, got {self.fallback_weights!r}")
+            raise ValueError(
+                f"fallback_weights must be auto, fp32 or int8, got {self.fallback_weights!r}"
+            )
         if self.smooth_alpha is not None and not 0.0 <= self.smooth_alpha <= 1.0:
             raise ValueError("smooth_alpha must lie in [0, 1]")
         return self

@@ -54,14 +54,20 @@ def agreement(ref: np.ndarray, test: np.ndarray, k: int = 10) -> dict:
         return {"top10": float("nan"), "top1": float("nan")}
     a, b = neighbours(ref, k), neighbours(test, k)
     kk = a.shape[1]
-    topk = float(np.mean([len(set(x) & set(y)) / kk for x, y in zip(a.tolist(), b.tolist(), strict=True)]))
+    topk = float(
+        np.mean([len(set(x) & set(y)) / kk for x, y in zip(a.tolist(), b.tolist(), strict=True)])
+    )
     return {f"top{k}": topk, "top1": float(np.mean(a[:, 0] == b[:, 0]))}
 
 
 def embedding_report(ref: np.ndarray, test: np.ndarray) -> dict:
     cos = cosine_rows(ref, test)
-    out = {"texts": int(len(cos)), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
-           "cos_p1": float(np.percentile(cos, 1))}
+    out = {
+        "texts": int(len(cos)),
+        "cos_mean": float(cos.mean()),
+        "cos_min": float(cos.min()),
+        "cos_p1": float(np.percentile(cos, 1)),
+    }
     out.update(agreement(ref, test, 10))
     return out
 
@@ -89,7 +95,9 @@ def _basis(graph, quant: dict) -> tuple[dict, dict]:
     return in_div, out_mul
 
 
-def layer_sqnr_eval(graph, fp32_weights: dict, q_weights: dict, quant: dict, batches) -> dict[str, float]:
+def layer_sqnr_eval(
+    graph, fp32_weights: dict, q_weights: dict, quant: dict, batches
+) -> dict[str, float]:
     """Per-layer SQNR of the quantised model's layers on the FP32 model's inputs."""
     in_div, out_mul = _basis(graph, quant)
     sig: dict[str, float] = {}
@@ -107,7 +115,10 @@ def layer_sqnr_eval(graph, fp32_weights: dict, q_weights: dict, quant: dict, bat
 
     for b in batches:
         run_graph(graph, fp32_weights, *b, tap=tap)
-    return {p: (float("inf") if noise[p] == 0 else 10 * float(np.log10(max(sig[p], 1e-300) / noise[p]))) for p in sig}
+    return {
+        p: (float("inf") if noise[p] == 0 else 10 * float(np.log10(max(sig[p], 1e-300) / noise[p])))
+        for p in sig
+    }
 
 
 def _load_engines(model: str | None, device: str, config, calibration, progress: bool):
@@ -121,19 +132,36 @@ def _load_engines(model: str | None, device: str, config, calibration, progress:
         q = zoi.load(model, device=device)
         src = q.model.meta.get("source")
         if not src:
-            raise ValueError(f"{model}: the artifact does not record its source model; cannot build FP32")
+            raise ValueError(
+                f"{model}: the artifact does not record its source model; cannot build FP32"
+            )
         f = zoi.compile(src, device="reference", precision="fp32")
         if q.precision != "int8":
-            raise ValueError(f"{model}: precision {q.precision!r}; zoi eval measures INT8 artifacts")
+            raise ValueError(
+                f"{model}: precision {q.precision!r}; zoi eval measures INT8 artifacts"
+            )
     else:
         f = zoi.compile(model, device="reference", precision="fp32")
-        q = zoi.compile(model, device=device, precision="int8", calibration=calibration,
-                        quant_config=config, progress=progress)
+        q = zoi.compile(
+            model,
+            device=device,
+            precision="int8",
+            calibration=calibration,
+            quant_config=config,
+            progress=progress,
+        )
     return f, q, time.perf_counter() - t0
 
 
-def evaluate(model: str | None = None, texts: Sequence[str] | None = None, device: str = "reference",
-             config=None, calibration=None, progress: bool = False, sqnr_texts: int = 256) -> dict:
+def evaluate(
+    model: str | None = None,
+    texts: Sequence[str] | None = None,
+    device: str = "reference",
+    config=None,
+    calibration=None,
+    progress: bool = False,
+    sqnr_texts: int = 256,
+) -> dict:
     """Compile (or load) INT8 and FP32, encode `texts` (default: zoi's eval set), report."""
     from zoi.data import eval_texts
 
@@ -145,13 +173,21 @@ def evaluate(model: str | None = None, texts: Sequence[str] | None = None, devic
     batches = token_batches(seqs, q.spec.position_offset, 4096)
     t0 = time.perf_counter()
     e_f = f.encode(texts, normalize_embeddings=True)
-    emu = np.concatenate([run_graph(graph, m.weights, *b, quant=m.quant, normalize=True) for b in batches])
+    emu = np.concatenate(
+        [run_graph(graph, m.weights, *b, quant=m.quant, normalize=True) for b in batches]
+    )
     e_q = emu if device == "emulated" else q.encode(texts, normalize_embeddings=True)
     t_enc = time.perf_counter() - t0
     gap = cosine_rows(emu, e_q)
 
     sel = list(range(0, len(seqs), max(1, len(seqs) // max(1, sqnr_texts))))[:sqnr_texts]
-    sq = layer_sqnr_eval(graph, f.model.weights, m.weights, m.quant, token_batches([seqs[i] for i in sel], q.spec.position_offset, 4096))
+    sq = layer_sqnr_eval(
+        graph,
+        f.model.weights,
+        m.weights,
+        m.quant,
+        token_batches([seqs[i] for i in sel], q.spec.position_offset, 4096),
+    )
     layers = []
     for op in graph.ops:
         if op.kind != "linear":
@@ -160,14 +196,16 @@ def evaluate(model: str | None = None, texts: Sequence[str] | None = None, devic
         lq = m.quant.get(p)
         info = dict(getattr(lq, "info", {}) or {})
         sm = info.get("smooth") or {}
-        layers.append({
-            "layer": p,
-            "scheme": getattr(lq, "scheme", "fp32"),
-            "weights": info.get("weights", "int8" if f"{p}.w_q" in m.weights else "fp32"),
-            "smooth": f"{sm.get('site')} a={sm.get('alpha')}" if sm else "-",
-            "sqnr_calib_db": info.get("sqnr_db"),
-            "sqnr_eval_db": round(sq.get(p, float("nan")), 3),
-        })
+        layers.append(
+            {
+                "layer": p,
+                "scheme": getattr(lq, "scheme", "fp32"),
+                "weights": info.get("weights", "int8" if f"{p}.w_q" in m.weights else "fp32"),
+                "smooth": f"{sm.get('site')} a={sm.get('alpha')}" if sm else "-",
+                "sqnr_calib_db": info.get("sqnr_db"),
+                "sqnr_eval_db": round(sq.get(p, float("nan")), 3),
+            }
+        )
     wq = int(sum(a.nbytes for a in m.weights.values()))
     wf = int(sum(a.nbytes for a in f.model.weights.values()))
     rep = {
@@ -181,7 +219,9 @@ def evaluate(model: str | None = None, texts: Sequence[str] | None = None, devic
         "fp32_weights_bytes": wf,
         "weights_ratio": round(wq / max(1, wf), 4),
         "layers": layers,
-        "quant_report": {k: v for k, v in (m.meta.get("quant_report") or {}).items() if k != "search"},
+        "quant_report": {
+            k: v for k, v in (m.meta.get("quant_report") or {}).items() if k != "search"
+        },
         "seconds": {"compile_or_load": round(t_compile, 2), "encode": round(t_enc, 2)},
     }
     return rep
@@ -193,7 +233,9 @@ def render(rep: dict, console=None) -> None:
 
     console = console or Console()
     e = rep["embedding"]
-    t = Table(title=f"zoi eval: {rep['model']} INT8 ({rep['device']}) vs FP32, {rep['texts']} texts")
+    t = Table(
+        title=f"zoi eval: {rep['model']} INT8 ({rep['device']}) vs FP32, {rep['texts']} texts"
+    )
     for c in ("figure", "value"):
         t.add_column(c)
     t.add_row("cosine mean", f"{e['cos_mean']:.5f}")
@@ -201,15 +243,23 @@ def render(rep: dict, console=None) -> None:
     t.add_row("cosine p1", f"{e['cos_p1']:.5f}")
     t.add_row("top-10 neighbour agreement", f"{e['top10']:.4f}")
     t.add_row("top-1 agreement", f"{e['top1']:.4f}")
-    t.add_row("weights vs FP32", f"{rep['weights_ratio']:.3f}x ({rep['weights_bytes'] / 2**20:.1f} MiB)")
+    t.add_row(
+        "weights vs FP32", f"{rep['weights_ratio']:.3f}x ({rep['weights_bytes'] / 2**20:.1f} MiB)"
+    )
     t.add_row("backend vs emulation (min cos)", f"{rep['backend_vs_emulation_cos_min']:.6f}")
     console.print(t)
     lt = Table(title="per-layer SQNR (dB)")
     for c in ("layer", "scheme", "weights", "smoothing", "calibration", "eval"):
         lt.add_column(c)
     for r in rep["layers"]:
-        lt.add_row(r["layer"], r["scheme"], r["weights"], r["smooth"],
-                   "-" if r["sqnr_calib_db"] is None else f"{r['sqnr_calib_db']:.1f}", f"{r['sqnr_eval_db']:.1f}")
+        lt.add_row(
+            r["layer"],
+            r["scheme"],
+            r["weights"],
+            r["smooth"],
+            "-" if r["sqnr_calib_db"] is None else f"{r['sqnr_calib_db']:.1f}",
+            f"{r['sqnr_eval_db']:.1f}",
+        )
     console.print(lt)
 
 
@@ -219,9 +269,19 @@ def main(args) -> int:
     texts = read_lines(args.texts) if args.texts else None
     cfg = None
     if getattr(args, "quant_config", None):
-        cfg = json.loads(Path(args.quant_config).read_text()) if Path(args.quant_config).exists() else json.loads(args.quant_config)
-    rep = evaluate(args.model, texts, device=args.device, config=cfg, calibration=args.calibrate,
-                   progress=not args.quiet)
+        cfg = (
+            json.loads(Path(args.quant_config).read_text())
+            if Path(args.quant_config).exists()
+            else json.loads(args.quant_config)
+        )
+    rep = evaluate(
+        args.model,
+        texts,
+        device=args.device,
+        config=cfg,
+        calibration=args.calibrate,
+        progress=not args.quiet,
+    )
     render(rep)
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2, default=float))

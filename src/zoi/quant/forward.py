@@ -28,11 +28,21 @@ from zoi.graph.build import linear_prefix  # noqa: F401
 Tap = Callable[[str, np.ndarray, np.ndarray], None]
 
 
-def run_graph(graph, weights: dict, ids: np.ndarray, positions: np.ndarray, cu_seqlens: np.ndarray,
-              quant: dict | None = None, normalize: bool = False, tap: Tap | None = None,
-              override: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
-              matmul_exact: bool = True) -> np.ndarray:
+def run_graph(
+    graph,
+    weights: dict,
+    ids: np.ndarray,
+    positions: np.ndarray,
+    cu_seqlens: np.ndarray,
+    quant: dict | None = None,
+    normalize: bool = False,
+    tap: Tap | None = None,
+    override: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
+    matmul_exact: bool = True,
+) -> np.ndarray:
     """Run the graph in float32; returns pooled [B, H] (L2-normalised when normalize)."""
-    env = execute(graph, weights, ids, positions, cu_seqlens, quant, np.float32, tap, override, matmul_exact)
+    env = execute(
+        graph, weights, ids, positions, cu_seqlens, quant, np.float32, tap, override, matmul_exact
+    )
     out = env[graph.output]
     return l2_normalize(out) if normalize else out

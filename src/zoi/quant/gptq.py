@@ -19,7 +19,9 @@ def weight_scale(w: np.ndarray) -> np.ndarray:
     return np.where(amax > 0, amax / np.float32(QMAX), np.float32(1.0)).astype(np.float32)
 
 
-def gptq_quantize(w: np.ndarray, gram: np.ndarray, damp: float = 0.01, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
+def gptq_quantize(
+    w: np.ndarray, gram: np.ndarray, damp: float = 0.01, block: int = 64
+) -> tuple[np.ndarray, np.ndarray]:
     """w: float [N, K]; gram: x^T x [K, K] of the calibration inputs. -> (int8 [N, K], f32 [N])."""
     w = np.asarray(w, np.float32)
     scale = weight_scale(w)

@@ -71,8 +71,15 @@ def _transform_gram(st, shift: np.ndarray | None, scale_div: np.ndarray | None) 
     return g
 
 
-def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: QuantConfig,
-                 progress: bool = False):
+def run_pipeline(
+    spec,
+    graph,
+    weights: dict,
+    tokenizer,
+    texts: list[str],
+    cfg: QuantConfig,
+    progress: bool = False,
+):
     from zoi.graph.compiled import LinearQuant
 
     t_start = time.perf_counter()
@@ -97,31 +104,50 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
 
     def evaluate(w_float: dict) -> float:
         wq = _quantize_plain(w_float, prefixes)
-        outs = [run_graph(graph, wq, *b, quant=qd, normalize=True, matmul_exact=False) for b in sbatches]
+        outs = [
+            run_graph(graph, wq, *b, quant=qd, normalize=True, matmul_exact=False) for b in sbatches
+        ]
         return embedding_error(np.concatenate(outs), sref)[0]
 
     # 2. SmoothQuant
     sites = {p: smoothing_site(graph, p) for p in prefixes}
     allow_act = cfg.smooth_targets == "act_mul"
-    eligible = [p for p in prefixes if sites[p] in ("ln_fold", "v_fold") or (sites[p] == "act" and allow_act)]
+    eligible = [
+        p
+        for p in prefixes
+        if sites[p] in ("ln_fold", "v_fold") or (sites[p] == "act" and allow_act)
+    ]
     shifts: dict[str, np.ndarray] = {}
     absmax: dict[str, np.ndarray] = {}
     for p in prefixes:
         s = st[p]
         prod = _input_producer(graph, p)
-        if allow_act and cfg.smooth_shift and sites[p] == "act" and prod is not None and prod.kind in LN_KINDS:
+        if (
+            allow_act
+            and cfg.smooth_shift
+            and sites[p] == "act"
+            and prod is not None
+            and prod.kind in LN_KINDS
+        ):
             shifts[p] = ((s.chan_max + s.chan_min) * 0.5).astype(np.float32)
             absmax[p] = ((s.chan_max - s.chan_min) * 0.5).astype(np.float32)
         else:
             absmax[p] = s.chan_absmax
 
     def factors_for(alphas: dict[str, float | None]) -> dict[str, np.ndarray]:
-        return {p: smooth_factors(absmax[p], weights[p + ".w"], alphas[role(p)])
-                for p in eligible if alphas.get(role(p)) is not None}
+        return {
+            p: smooth_factors(absmax[p], weights[p + ".w"], alphas[role(p)])
+            for p in eligible
+            if alphas.get(role(p)) is not None
+        }
 
-    def build(alphas: dict[str, float | None]) -> tuple[dict, dict[str, str], dict[str, np.ndarray]]:
+    def build(
+        alphas: dict[str, float | None],
+    ) -> tuple[dict, dict[str, str], dict[str, np.ndarray]]:
         f = factors_for(alphas)
-        w, used = apply_smoothing(graph, weights, f, {p: shifts[p] for p in f if p in shifts}, allow_act)
+        w, used = apply_smoothing(
+            graph, weights, f, {p: shifts[p] for p in f if p in shifts}, allow_act
+        )
         return w, used, f
 
     search_log: list[dict] = []
@@ -143,7 +169,9 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
         grid = [cfg.smooth_alpha] if cfg.smooth_alpha is not None else list(cfg.alpha_grid)
         off_opt: list[float | None] = [None] if cfg.smoothquant == "auto" else []
         refine = cfg.smooth_alpha is None and len(smooth_roles) > 1
-        n_runs = len(off_opt) + len(grid) + (len(smooth_roles) * (len(off_opt) + 2) if refine else 0)
+        n_runs = (
+            len(off_opt) + len(grid) + (len(smooth_roles) * (len(off_opt) + 2) if refine else 0)
+        )
         with tqdm(total=n_runs, desc="SmoothQuant alpha", disable=not progress, leave=False) as bar:
             best, best_trial = float("inf"), dict(alphas)
             for a in off_opt + grid:  # one alpha for the whole model
@@ -155,7 +183,11 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
             if refine and any(best_trial[r] is not None for r in smooth_roles):
                 for r in smooth_roles:  # then per role, the others fixed: off (auto) or +-step
                     cur = best_trial[r]
-                    near = [] if cur is None else [round(cur + d, 4) for d in (-cfg.alpha_step, cfg.alpha_step)]
+                    near = (
+                        []
+                        if cur is None
+                        else [round(cur + d, 4) for d in (-cfg.alpha_step, cfg.alpha_step)]
+                    )
                     for a in off_opt + [a for a in near if 0.0 < a < 1.0]:
                         trial = dict(best_trial)
                         trial[r] = a
@@ -174,8 +206,11 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
     qw = dict(ws)
     for p in prefixes:
         if cfg.gptq and st[p].gram is not None:
-            g = _transform_gram(st[p], shifts.get(p) if used.get(p) == "act" else None,
-                                factors.get(p) if p in used else None)
+            g = _transform_gram(
+                st[p],
+                shifts.get(p) if used.get(p) == "act" else None,
+                factors.get(p) if p in used else None,
+            )
             qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(ws[p + ".w"], g, cfg.gptq_damp)
         else:
             qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
@@ -185,7 +220,13 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
     # 4. static scheme: per-tensor amax from the observer, on the (smoothed) FP32 inputs
     amax: dict[str, float | None] = {p: None for p in prefixes}
     if cfg.activations == "static":
-        obs = observe(graph, ws, batches, lambda: make_observer(cfg.observer, cfg.percentile), progress=progress)
+        obs = observe(
+            graph,
+            ws,
+            batches,
+            lambda: make_observer(cfg.observer, cfg.percentile),
+            progress=progress,
+        )
         amax = {p: float(obs[p].amax()) for p in prefixes}
     quant = {p: LinearQuant(cfg.activations, amax[p], {}) for p in prefixes}
 
@@ -204,10 +245,14 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
     budget = None if cfg.max_weight_ratio is None else cfg.max_weight_ratio * fp32_bytes - cur
     shapes = {p: weights[p + ".w"].shape for p in prefixes}
     below = [p for p in prefixes if sqnr[p] < cfg.sensitivity_db]
-    fp32_full = choose_fallback(sqnr, cfg.sensitivity_db, {p: fallback_cost(*shapes[p]) for p in prefixes}, budget)
+    fp32_full = choose_fallback(
+        sqnr, cfg.sensitivity_db, {p: fallback_cost(*shapes[p]) for p in prefixes}, budget
+    )
     if cfg.fallback_weights == "int8":
         fp32_full = []
-    weight_only = [p for p in below if p not in fp32_full] if cfg.fallback_weights in ("auto", "int8") else []
+    weight_only = (
+        [p for p in below if p not in fp32_full] if cfg.fallback_weights in ("auto", "int8") else []
+    )
     for p in fp32_full + weight_only:
         site = used.get(p)
         # an "act" migration would need the kernel's pre-transform: undo it (original w, b)
@@ -226,21 +271,30 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
             out[p + ".w"] = w_f
             quant[p].info["weights"] = "fp32"
         else:
-            out[p + ".w_q"], out[p + ".w_scale"] = (gptq_quantize(w_f, g, cfg.gptq_damp) if cfg.gptq and g is not None
-                                                    else P.quantize_weight(w_f))
+            out[p + ".w_q"], out[p + ".w_scale"] = (
+                gptq_quantize(w_f, g, cfg.gptq_damp)
+                if cfg.gptq and g is not None
+                else P.quantize_weight(w_f)
+            )
             quant[p].info["weights"] = "int8"
         quant[p].scheme = "fp32"
         quant[p].amax = None
         quant[p].info["fallback"] = f"sqnr {sqnr[p]:.1f} dB < {cfg.sensitivity_db:g} dB"
 
     for p in prefixes:
-        quant[p].info.update({
-            "sqnr_db": round(float(sqnr[p]), 3),
-            "smooth": ({"site": used[p], "alpha": alphas[role(p)]} if p in used and p in factors else None),
-            "gptq": bool(cfg.gptq and quant[p].info.get("weights") != "fp32"),
-            "act_tok_absmax_mean": round(st[p].tok_absmax_mean, 4),
-            "act_absmax": round(float(st[p].chan_absmax.max()), 4),
-        })
+        quant[p].info.update(
+            {
+                "sqnr_db": round(float(sqnr[p]), 3),
+                "smooth": (
+                    {"site": used[p], "alpha": alphas[role(p)]}
+                    if p in used and p in factors
+                    else None
+                ),
+                "gptq": bool(cfg.gptq and quant[p].info.get("weights") != "fp32"),
+                "act_tok_absmax_mean": round(st[p].tok_absmax_mean, 4),
+                "act_absmax": round(float(st[p].chan_absmax.max()), 4),
+            }
+        )
     # the V rows of a qkv whose o was folded carry 1/s: record s, reports need it (eval's SQNR)
     for p, site in used.items():
         if site in ("v_fold", "ln_fold"):
@@ -248,9 +302,17 @@ def run_pipeline(spec, graph, weights: dict, tokenizer, texts: list[str], cfg: Q
 
     summary = {
         "config": cfg.to_dict(),
-        "calibration": {"texts": len(texts), "tokens": cal.tokens, "seconds": round(cal.seconds, 2)},
-        "smoothquant": {"alphas": alphas, "search": search_log, "seconds": round(t_search, 2),
-                        "sites": {p: used[p] for p in used}},
+        "calibration": {
+            "texts": len(texts),
+            "tokens": cal.tokens,
+            "seconds": round(cal.seconds, 2),
+        },
+        "smoothquant": {
+            "alphas": alphas,
+            "search": search_log,
+            "seconds": round(t_search, 2),
+            "sites": {p: used[p] for p in used},
+        },
         "weights_seconds": round(t_w, 2),
         "sqnr_seconds": round(t_s, 2),
         "sqnr_db": {p: round(float(sqnr[p]), 3) for p in prefixes},

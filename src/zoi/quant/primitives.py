@@ -26,7 +26,9 @@ def dequantize_weight(w_q: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
     return w_q.astype(np.float32) * w_scale[:, None]
 
 
-def quantize_act(x: np.ndarray, amax: float | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_act(
+    x: np.ndarray, amax: float | np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric INT8 activations.
 
     x: float32 [T, K]. amax None -> per token (dynamic): amax[t] = max|x[t, :]|.
@@ -131,8 +133,9 @@ def int8_matmul_asym_exact(q: np.ndarray, zp: np.ndarray, w_q: np.ndarray) -> np
     return (acc.astype(np.int64) - zp.astype(np.int64)[:, None] * colsum[None, :]).astype(np.int32)
 
 
-def linear_int8_asym_emulated(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray,
-                              b: np.ndarray | None) -> np.ndarray:
+def linear_int8_asym_emulated(
+    x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray, b: np.ndarray | None
+) -> np.ndarray:
     """The emulated INT8 linear with per-token asymmetric UINT8 activations: float32 [T, N]."""
     q, a_scale, zp = quantize_act_asym(x)
     acc = int8_matmul_asym_exact(q, zp, w_q).astype(np.float32)
@@ -142,8 +145,14 @@ def linear_int8_asym_emulated(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarra
     return y.astype(np.float32)
 
 
-def linear_int8_scheme(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray, b: np.ndarray | None,
-                       scheme: str = "dynamic", amax: float | None = None) -> np.ndarray:
+def linear_int8_scheme(
+    x: np.ndarray,
+    w_q: np.ndarray,
+    w_scale: np.ndarray,
+    b: np.ndarray | None,
+    scheme: str = "dynamic",
+    amax: float | None = None,
+) -> np.ndarray:
     """The emulated INT8 linear for a LinearQuant scheme: "dynamic", "static" or "dynamic_asym"."""
     if scheme == "dynamic_asym":
         return linear_int8_asym_emulated(x, w_q, w_scale, b)
@@ -156,8 +165,9 @@ def linear_int8_scheme(x: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray, b: n
     raise ValueError(f"not an INT8 scheme: {scheme!r}")
 
 
-def act_transform(x: np.ndarray, act_shift: np.ndarray | None = None,
-                  act_mul: np.ndarray | None = None) -> np.ndarray:
+def act_transform(
+    x: np.ndarray, act_shift: np.ndarray | None = None, act_mul: np.ndarray | None = None
+) -> np.ndarray:
     """The per-channel transform of a linear's input before its activation is quantised
     (SmoothQuant where it cannot fold): x' = (x - act_shift) * act_mul, in float32, two
     roundings (subtract, then multiply: not a fused multiply-add). Either may be absent."""

@@ -17,8 +17,14 @@ import numpy as np
 from zoi.quant.forward import linear_apply, run_graph
 
 
-def layer_sqnr(graph, float_weights: dict, q_weights: dict, quant: dict, batches: Sequence,
-               progress: bool = False) -> dict[str, float]:
+def layer_sqnr(
+    graph,
+    float_weights: dict,
+    q_weights: dict,
+    quant: dict,
+    batches: Sequence,
+    progress: bool = False,
+) -> dict[str, float]:
     sig: dict[str, float] = {}
     noise: dict[str, float] = {}
 
@@ -35,12 +41,20 @@ def layer_sqnr(graph, float_weights: dict, q_weights: dict, quant: dict, batches
     from tqdm.auto import tqdm
 
     total = int(sum(len(b[0]) for b in batches))
-    with tqdm(total=total, desc="per-layer SQNR", unit="tok", disable=not progress, leave=False) as bar:
+    with tqdm(
+        total=total, desc="per-layer SQNR", unit="tok", disable=not progress, leave=False
+    ) as bar:
         for ids, pos, cu in batches:
             run_graph(graph, float_weights, ids, pos, cu, tap=tap)
             bar.update(len(ids))
-    return {p: (float("inf") if noise[p] == 0 else 10.0 * float(np.log10(max(sig[p], 1e-300) / noise[p])))
-            for p in sig}
+    return {
+        p: (
+            float("inf")
+            if noise[p] == 0
+            else 10.0 * float(np.log10(max(sig[p], 1e-300) / noise[p]))
+        )
+        for p in sig
+    }
 
 
 class _Dyn:
@@ -57,8 +71,9 @@ def fallback_cost(n: int, k: int) -> int:
     return n * k * 4 - (n * k + 4 * n)
 
 
-def choose_fallback(sqnr: dict[str, float], threshold_db: float, costs: dict[str, int],
-                    budget_bytes: float | None) -> list[str]:
+def choose_fallback(
+    sqnr: dict[str, float], threshold_db: float, costs: dict[str, int], budget_bytes: float | None
+) -> list[str]:
     """Prefixes to keep in FP32: SQNR < threshold, worst first, within budget_bytes (None: no cap)."""
     chosen: list[str] = []
     left = float("inf") if budget_bytes is None else float(budget_bytes)

@@ -63,7 +63,11 @@ def smoothing_site(graph, prefix: str) -> str | None:
         return "ln_fold"
     if prod.kind == "attention" and len(users) == 1:
         qkv_prod = _producers(graph).get(prod.inputs[0])
-        if qkv_prod is not None and qkv_prod.kind == "linear" and len(_consumers(graph, prod.inputs[0])) == 1:
+        if (
+            qkv_prod is not None
+            and qkv_prod.kind == "linear"
+            and len(_consumers(graph, prod.inputs[0])) == 1
+        ):
             return "v_fold"
     return "act"
 
@@ -74,8 +78,13 @@ def _ln_weight_names(prod) -> tuple[str, str]:
     return prod.weights["w"], prod.weights["b"]
 
 
-def apply_smoothing(graph, weights: dict, factors: dict[str, np.ndarray],
-                    shifts: dict[str, np.ndarray] | None = None, allow_act: bool = False) -> tuple[dict, dict[str, str]]:
+def apply_smoothing(
+    graph,
+    weights: dict,
+    factors: dict[str, np.ndarray],
+    shifts: dict[str, np.ndarray] | None = None,
+    allow_act: bool = False,
+) -> tuple[dict, dict[str, str]]:
     """Rewrite float weights so linear `p` reads x / factors[p] (and x - shifts[p] first, "act" only).
 
     Returns (new weights, {prefix: site used}). Linears whose site is "act" are skipped unless
@@ -93,7 +102,9 @@ def apply_smoothing(graph, weights: dict, factors: dict[str, np.ndarray],
             src = ops[p].inputs[0]
             readers = [linear_prefix(u) for u in _consumers(graph, src)]
             if any(r != p and r in factors and not np.array_equal(factors[r], s) for r in readers):
-                raise ValueError(f"{p}: linears reading one LayerNorm output need one smoothing vector")
+                raise ValueError(
+                    f"{p}: linears reading one LayerNorm output need one smoothing vector"
+                )
             lw, lb = _ln_weight_names(prods[src])
             if lw not in used.values():
                 w[lw] = (w[lw] / s).astype(np.float32)
@@ -107,7 +118,9 @@ def apply_smoothing(graph, weights: dict, factors: dict[str, np.ndarray],
             H = s.shape[0]
             wq, bq = w[qp + ".w"].copy(), w[qp + ".b"].copy()
             if wq.shape[0] != 3 * H:
-                raise ValueError(f"{qp}: expected {3 * H} rows (Q, K, V) for V folding, got {wq.shape[0]}")
+                raise ValueError(
+                    f"{qp}: expected {3 * H} rows (Q, K, V) for V folding, got {wq.shape[0]}"
+                )
             wq[2 * H :] /= s[:, None]
             bq[2 * H :] /= s
             w[qp + ".w"], w[qp + ".b"] = wq.astype(np.float32), bq.astype(np.float32)
@@ -119,7 +132,9 @@ def apply_smoothing(graph, weights: dict, factors: dict[str, np.ndarray],
             if z is not None:
                 z = np.asarray(z, np.float32)
                 w[p + ".act_shift"] = z
-                w[p + ".b"] = (w[p + ".b"].astype(np.float64) + W.astype(np.float64) @ z).astype(np.float32)
+                w[p + ".b"] = (w[p + ".b"].astype(np.float64) + W.astype(np.float64) @ z).astype(
+                    np.float32
+                )
             w[p + ".w"] = (W * s[None, :]).astype(np.float32)
             w[p + ".act_mul"] = (1.0 / s).astype(np.float32)
             used[p] = "act"

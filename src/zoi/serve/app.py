@@ -24,18 +24,35 @@ def create_app(service: Service) -> Starlette:
         return Response(data, media_type=ctype)
 
     async def root(request: Request):
-        return json_response({"name": "zoi", "model": service.model_name,
-                              "routes": ["/v1/embeddings", "/embed", "/tokenize", "/health", "/info",
-                                         "/v2", f"/v2/models/{service.model_name}/infer", "/metrics"]})
+        return json_response(
+            {
+                "name": "zoi",
+                "model": service.model_name,
+                "routes": [
+                    "/v1/embeddings",
+                    "/embed",
+                    "/tokenize",
+                    "/health",
+                    "/info",
+                    "/v2",
+                    f"/v2/models/{service.model_name}/infer",
+                    "/metrics",
+                ],
+            }
+        )
 
     async def http_error(request: Request, exc: HTTPException):
-        return json_response({"error": exc.detail, "error_type": "Validation"}, exc.status_code,
-                             headers=getattr(exc, "headers", None))
+        return json_response(
+            {"error": exc.detail, "error_type": "Validation"},
+            exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     async def server_error(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return json_response({"error": f"internal error: {type(exc).__name__}: {exc}",
-                              "error_type": "Backend"}, 500)
+        return json_response(
+            {"error": f"internal error: {type(exc).__name__}: {exc}", "error_type": "Backend"}, 500
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -48,7 +65,10 @@ def create_app(service: Service) -> Starlette:
     routes += routes_openai.make_routes(service)
     routes += routes_tei.make_routes(service)
     routes += routes_kserve.make_routes(service)
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
     app.state.service = service
     return app

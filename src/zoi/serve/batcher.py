@@ -36,8 +36,22 @@ class BatcherClosed(RuntimeError):
 class Job:
     """One request's sequences; the worker fills `out` row by row."""
 
-    __slots__ = ("seqs", "normalize", "future", "loop", "out", "next", "left", "t_enqueue",
-                 "t_first_run", "queue_s", "infer_s", "cancelled", "error", "tokens")
+    __slots__ = (
+        "seqs",
+        "normalize",
+        "future",
+        "loop",
+        "out",
+        "next",
+        "left",
+        "t_enqueue",
+        "t_first_run",
+        "queue_s",
+        "infer_s",
+        "cancelled",
+        "error",
+        "tokens",
+    )
 
     def __init__(self, seqs: list[np.ndarray], normalize: bool, loop: asyncio.AbstractEventLoop):
         self.seqs = seqs
@@ -96,7 +110,9 @@ class Batcher:
             return job
         for s in seqs:
             if len(s) == 0 or len(s) > self.max_batch_tokens:
-                raise ValueError(f"sequence of {len(s)} tokens does not fit a batch of {self.max_batch_tokens}")
+                raise ValueError(
+                    f"sequence of {len(s)} tokens does not fit a batch of {self.max_batch_tokens}"
+                )
         with self._cond:
             if self._closing:
                 raise BatcherClosed("the server is shutting down")
@@ -130,7 +146,7 @@ class Batcher:
             job = self._queue.popleft()
             n = len(job.seqs) - job.next
             self._queued_seqs -= n
-            self._queued_tokens -= sum(len(s) for s in job.seqs[job.next:])
+            self._queued_tokens -= sum(len(s) for s in job.seqs[job.next :])
             if self.metrics is not None:
                 self.metrics.dropped.inc()
             job.seqs = []
@@ -177,8 +193,11 @@ class Batcher:
         if self.max_delay > 0 and not self._closing:
             # Let the batch fill for up to max_delay after the oldest job arrived.
             deadline = self._queue[0].t_enqueue + self.max_delay
-            while (self._queued_tokens < self.max_batch_tokens
-                   and self._queued_seqs < self.max_batch_requests and not self._closing):
+            while (
+                self._queued_tokens < self.max_batch_tokens
+                and self._queued_seqs < self.max_batch_requests
+                and not self._closing
+            ):
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
@@ -213,8 +232,11 @@ class Batcher:
             failed = None
         except Exception as e:  # isolate: retry each job's piece alone
             failed = e
-            log.warning("batcher: engine call over %d sequences failed (%s); retrying each request alone",
-                        len(seqs), e)
+            log.warning(
+                "batcher: engine call over %d sequences failed (%s); retrying each request alone",
+                len(seqs),
+                e,
+            )
         dt = time.perf_counter() - t0
         self.batches += 1
         self.sequences += len(seqs)
@@ -225,7 +247,7 @@ class Batcher:
         if failed is None:
             row = 0
             for job, a, b in pieces:
-                self._deliver(job, a, out[row:row + b - a], dt)
+                self._deliver(job, a, out[row : row + b - a], dt)
                 row += b - a
             return
         for job, a, b in pieces:
@@ -244,7 +266,7 @@ class Batcher:
             return
         if job.out is None:
             job.out = np.empty((len(job.seqs), self.hidden), np.float32)
-        job.out[start:start + len(rows)] = rows
+        job.out[start : start + len(rows)] = rows
         job.infer_s += dt
         job.left -= len(rows)
         if job.left == 0:
@@ -264,7 +286,7 @@ class Batcher:
             if job.next < len(job.seqs) and job in self._queue:
                 self._queue.remove(job)
                 self._queued_seqs -= len(job.seqs) - job.next
-                self._queued_tokens -= sum(len(s) for s in job.seqs[job.next:])
+                self._queued_tokens -= sum(len(s) for s in job.seqs[job.next :])
                 self._set_queue_gauges()
         _post(job.loop, _set_exception, job.future, e)
 

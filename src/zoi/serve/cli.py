@@ -24,13 +24,19 @@ log = logging.getLogger("zoi.serve")
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "serve", help="HTTP server with dynamic batching (OpenAI, TEI, KServe v2 routes)",
+        "serve",
+        help="HTTP server with dynamic batching (OpenAI, TEI, KServe v2 routes)",
         description="Serve a model over HTTP: OpenAI /v1/embeddings, TEI /embed /tokenize /health /info, "
-                    "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. Every option "
-                    "can also be set by the environment variable shown.")
-    p.add_argument("model", nargs="?", default=None,
-                   help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2; "
-                        "env ZOI_MODEL)")
+        "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. Every option "
+        "can also be set by the environment variable shown.",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2; "
+        "env ZOI_MODEL)",
+    )
     add_options(p)
     p.set_defaults(func=cmd_serve)
     return p
@@ -45,11 +51,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
         shown = getattr(defaults, opt.dest)
         text = f"{opt.help} [env {opt.env}" + ("]" if shown is None else f"; default {shown}]")
         if opt.type is bool:
-            p.add_argument(opt.flag, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None,
-                           help=text)
+            p.add_argument(
+                opt.flag,
+                dest=opt.dest,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=text,
+            )
         else:
-            p.add_argument(opt.flag, dest=opt.dest, type=opt.type, default=None, choices=opt.choices,
-                           help=text)
+            p.add_argument(
+                opt.flag, dest=opt.dest, type=opt.type, default=None, choices=opt.choices, help=text
+            )
 
 
 def config_from_args(args, env=None) -> ServeConfig:
@@ -65,7 +77,9 @@ def open_engine(model: str | None, config: ServeConfig):
     max_tokens = config.max_batch_tokens  # None: the engine's default for the device
     if model is not None and is_artifact(model):
         return zoi.load(model, device=config.device, max_tokens=max_tokens)
-    return zoi.compile(model, device=config.device, precision=config.precision, max_tokens=max_tokens)
+    return zoi.compile(
+        model, device=config.device, precision=config.precision, max_tokens=max_tokens
+    )
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
@@ -101,7 +115,11 @@ def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.started:
-                print(f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip(), file=sys.stderr, flush=True)
+                print(
+                    f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip(),
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -116,16 +134,27 @@ def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None
 
     stopped_by: list = []
 
-    ucfg = uvicorn.Config(app, log_level=config.log_level, access_log=config.log_level in ("debug", "trace"),
-                          lifespan="on", backlog=2048, timeout_keep_alive=30, server_header=False,
-                          timeout_graceful_shutdown=config.graceful_timeout)
+    ucfg = uvicorn.Config(
+        app,
+        log_level=config.log_level,
+        access_log=config.log_level in ("debug", "trace"),
+        lifespan="on",
+        backlog=2048,
+        timeout_keep_alive=30,
+        server_header=False,
+        timeout_graceful_shutdown=config.graceful_timeout,
+    )
     server = _Server(ucfg)
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
     why = ", ".join(signal.Signals(s).name for s in stopped_by) or "exit"
-    print(f"zoi serve: stopped ({why}); every admitted request was answered", file=sys.stderr, flush=True)
+    print(
+        f"zoi serve: stopped ({why}); every admitted request was answered",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def cmd_serve(args) -> int:
@@ -133,7 +162,9 @@ def cmd_serve(args) -> int:
 
     config = config_from_args(args)
     config.validate()
-    logging.getLogger("zoi").setLevel(config.log_level.upper() if config.log_level != "trace" else "DEBUG")
+    logging.getLogger("zoi").setLevel(
+        config.log_level.upper() if config.log_level != "trace" else "DEBUG"
+    )
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(message)s")
     from zoi.serve.app import create_app
@@ -145,9 +176,15 @@ def cmd_serve(args) -> int:
     engine = open_engine(model, config)
     name = served_name(model, config, engine)
     service = Service(engine, config, name)
-    print(f"zoi serve: {engine!r} as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
-          f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
-          f"queue delay {config.max_queue_delay_us} us", file=sys.stderr, flush=True)
+    print(
+        f"zoi serve: {engine!r} as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
+        f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
+        f"queue delay {config.max_queue_delay_us} us",
+        file=sys.stderr,
+        flush=True,
+    )
     app = create_app(service)
-    serve(app, config, banner=f"(model {name}, device {service.device}, {service.dtype})", sock=sock)
+    serve(
+        app, config, banner=f"(model {name}, device {service.device}, {service.dtype})", sock=sock
+    )
     return 0

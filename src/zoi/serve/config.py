@@ -35,7 +35,9 @@ class ServeConfig:
     max_client_batch_size: int = 512  # inputs per request; beyond that -> 413
     payload_limit: int = 2_000_000  # bytes of request body; beyond that -> 413
     auto_truncate: bool = True  # default of `truncate` when a request does not say
-    max_input_chars: int | None = None  # per input, checked before tokenising; default 32 x positions
+    max_input_chars: int | None = (
+        None  # per input, checked before tokenising; default 32 x positions
+    )
     graceful_timeout: float = 60.0  # seconds to finish in-flight requests after SIGTERM
     log_level: str = "info"
     fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
@@ -54,8 +56,13 @@ class ServeConfig:
         return dataclasses.replace(self, **kw)
 
     def validate(self) -> None:
-        for name in ("max_batch_tokens", "max_batch_requests", "max_concurrent_requests",
-                     "max_client_batch_size", "payload_limit"):
+        for name in (
+            "max_batch_tokens",
+            "max_batch_requests",
+            "max_concurrent_requests",
+            "max_client_batch_size",
+            "payload_limit",
+        ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue_delay_us < 0:
@@ -89,34 +96,113 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("host", "--host", "ZOI_HOST", str, "address to listen on"),
-    Option("port", "--port", "ZOI_PORT", int, "port to listen on (0: any free port, printed when ready)"),
-    Option("device", "--device", "ZOI_DEVICE", str, "where the engine runs",
-           ("cpu", "cuda", "auto", "reference")),
-    Option("precision", "--precision", "ZOI_PRECISION", str, "fp32, int8 or fp16 (when compiling)",
-           ("fp32", "int8", "fp16")),
-    Option("served_model_name", "--served-model-name", "ZOI_SERVED_MODEL_NAME", str,
-           "model name clients use (default: the model folder's name)"),
-    Option("max_batch_tokens", "--max-batch-tokens", "ZOI_MAX_BATCH_TOKENS", int,
-           "most tokens packed into one engine call (default: the engine's max tokens, 4096 on "
-           "the CPU, 32768 on a GPU; also sizes the engine's arena when compiling)"),
-    Option("max_batch_requests", "--max-batch-requests", "ZOI_MAX_BATCH_REQUESTS", int,
-           "most sequences packed into one engine call"),
-    Option("max_queue_delay_us", "--max-queue-delay-us", "ZOI_MAX_QUEUE_DELAY_US", int,
-           "microseconds an idle worker waits for a fuller batch (0: run what is queued)"),
-    Option("max_concurrent_requests", "--max-concurrent-requests", "ZOI_MAX_CONCURRENT_REQUESTS", int,
-           "requests in flight at once; more are answered 429"),
-    Option("max_client_batch_size", "--max-client-batch-size", "ZOI_MAX_CLIENT_BATCH_SIZE", int,
-           "inputs in one request; more are answered 413"),
-    Option("payload_limit", "--payload-limit", "ZOI_PAYLOAD_LIMIT", int,
-           "bytes of request body; more are answered 413"),
-    Option("auto_truncate", "--auto-truncate", "ZOI_AUTO_TRUNCATE", bool,
-           "truncate over-long inputs unless a request says otherwise (true/false)"),
-    Option("max_input_chars", "--max-input-chars", "ZOI_MAX_INPUT_CHARS", int,
-           "characters per input, checked before tokenising (default 32 x max positions)"),
-    Option("graceful_timeout", "--graceful-timeout", "ZOI_GRACEFUL_TIMEOUT", float,
-           "seconds given to in-flight requests after SIGINT/SIGTERM before they are cut"),
-    Option("log_level", "--log-level", "ZOI_LOG_LEVEL", str, "log level",
-           ("critical", "error", "warning", "info", "debug", "trace")),
-    Option("fail_on_token", "--fail-on-token", "ZOI_SERVE_FAIL_ON_TOKEN", int,
-           "testing only: the engine call fails for any sequence holding this token id"),
+    Option(
+        "port",
+        "--port",
+        "ZOI_PORT",
+        int,
+        "port to listen on (0: any free port, printed when ready)",
+    ),
+    Option(
+        "device",
+        "--device",
+        "ZOI_DEVICE",
+        str,
+        "where the engine runs",
+        ("cpu", "cuda", "auto", "reference"),
+    ),
+    Option(
+        "precision",
+        "--precision",
+        "ZOI_PRECISION",
+        str,
+        "fp32, int8 or fp16 (when compiling)",
+        ("fp32", "int8", "fp16"),
+    ),
+    Option(
+        "served_model_name",
+        "--served-model-name",
+        "ZOI_SERVED_MODEL_NAME",
+        str,
+        "model name clients use (default: the model folder's name)",
+    ),
+    Option(
+        "max_batch_tokens",
+        "--max-batch-tokens",
+        "ZOI_MAX_BATCH_TOKENS",
+        int,
+        "most tokens packed into one engine call (default: the engine's max tokens, 4096 on "
+        "the CPU, 32768 on a GPU; also sizes the engine's arena when compiling)",
+    ),
+    Option(
+        "max_batch_requests",
+        "--max-batch-requests",
+        "ZOI_MAX_BATCH_REQUESTS",
+        int,
+        "most sequences packed into one engine call",
+    ),
+    Option(
+        "max_queue_delay_us",
+        "--max-queue-delay-us",
+        "ZOI_MAX_QUEUE_DELAY_US",
+        int,
+        "microseconds an idle worker waits for a fuller batch (0: run what is queued)",
+    ),
+    Option(
+        "max_concurrent_requests",
+        "--max-concurrent-requests",
+        "ZOI_MAX_CONCURRENT_REQUESTS",
+        int,
+        "requests in flight at once; more are answered 429",
+    ),
+    Option(
+        "max_client_batch_size",
+        "--max-client-batch-size",
+        "ZOI_MAX_CLIENT_BATCH_SIZE",
+        int,
+        "inputs in one request; more are answered 413",
+    ),
+    Option(
+        "payload_limit",
+        "--payload-limit",
+        "ZOI_PAYLOAD_LIMIT",
+        int,
+        "bytes of request body; more are answered 413",
+    ),
+    Option(
+        "auto_truncate",
+        "--auto-truncate",
+        "ZOI_AUTO_TRUNCATE",
+        bool,
+        "truncate over-long inputs unless a request says otherwise (true/false)",
+    ),
+    Option(
+        "max_input_chars",
+        "--max-input-chars",
+        "ZOI_MAX_INPUT_CHARS",
+        int,
+        "characters per input, checked before tokenising (default 32 x max positions)",
+    ),
+    Option(
+        "graceful_timeout",
+        "--graceful-timeout",
+        "ZOI_GRACEFUL_TIMEOUT",
+        float,
+        "seconds given to in-flight requests after SIGINT/SIGTERM before they are cut",
+    ),
+    Option(
+        "log_level",
+        "--log-level",
+        "ZOI_LOG_LEVEL",
+        str,
+        "log level",
+        ("critical", "error", "warning", "info", "debug", "trace"),
+    ),
+    Option(
+        "fail_on_token",
+        "--fail-on-token",
+        "ZOI_SERVE_FAIL_ON_TOKEN",
+        int,
+        "testing only: the engine call fails for any sequence holding this token id",
+    ),
 )

@@ -87,8 +87,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
             if declared <= max(4 * limit, 64 << 20):
                 async for _ in request.stream():
                     pass
-            raise ApiError("too_large", f"request body of {declared} bytes is over the payload limit of "
-                                        f"{limit} bytes (--payload-limit / ZOI_PAYLOAD_LIMIT)")
+            raise ApiError(
+                "too_large",
+                f"request body of {declared} bytes is over the payload limit of "
+                f"{limit} bytes (--payload-limit / ZOI_PAYLOAD_LIMIT)",
+            )
     chunks = []
     n = 0
     over = False
@@ -101,8 +104,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
             continue
         chunks.append(chunk)
     if over:
-        raise ApiError("too_large", f"request body is over the payload limit of {limit} bytes "
-                                    "(--payload-limit / ZOI_PAYLOAD_LIMIT)")
+        raise ApiError(
+            "too_large",
+            f"request body is over the payload limit of {limit} bytes "
+            "(--payload-limit / ZOI_PAYLOAD_LIMIT)",
+        )
     body = b"".join(chunks)
     enc = (request.headers.get("content-encoding") or "").lower().strip()
     if enc in ("gzip", "deflate"):
@@ -112,10 +118,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
         except zlib.error as e:
             raise ApiError("validation", f"body is not valid {enc} data ({e})") from None
         if len(out) > limit or d.unconsumed_tail:
-            raise ApiError("too_large", f"decompressed body is over the payload limit of {limit} bytes")
+            raise ApiError(
+                "too_large", f"decompressed body is over the payload limit of {limit} bytes"
+            )
         body = out
     elif enc not in ("", "identity"):
-        raise ApiError("validation", f"unsupported Content-Encoding {enc!r} (use gzip, deflate or none)")
+        raise ApiError(
+            "validation", f"unsupported Content-Encoding {enc!r} (use gzip, deflate or none)"
+        )
     return body
 
 

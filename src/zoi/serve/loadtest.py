@@ -76,8 +76,9 @@ class Conn:
                 pass
             self.writer = self.reader = None
 
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      headers: dict | None = None) -> tuple[int, dict, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict | None = None
+    ) -> tuple[int, dict, bytes]:
         for attempt in (0, 1):  # a keep-alive connection the server closed: reconnect once
             if self.writer is None:
                 await self._open()
@@ -90,7 +91,11 @@ class Conn:
         raise AssertionError("unreachable")
 
     async def _request(self, method, path, body, headers):
-        h = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
+        h = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {self.host}:{self.port}",
+            f"Content-Length: {len(body)}",
+        ]
         h += [f"{k}: {v}" for k, v in (headers or {}).items()]
         self.writer.write(("\r\n".join(h) + "\r\n\r\n").encode() + body)
         await self.writer.drain()
@@ -130,17 +135,37 @@ def split_url(url: str) -> tuple[str, int]:
 # ---- request builders per route ------------------------------------------------------------
 def build_request(route: str, texts: list[str], model: str) -> tuple[str, bytes, dict]:
     if route == "embed":
-        return "/embed", json.dumps({"inputs": texts}).encode(), {"Content-Type": "application/json"}
+        return (
+            "/embed",
+            json.dumps({"inputs": texts}).encode(),
+            {"Content-Type": "application/json"},
+        )
     if route == "openai":
         body = {"input": texts, "model": model, "encoding_format": "base64"}
         return "/v1/embeddings", json.dumps(body).encode(), {"Content-Type": "application/json"}
     if route == "kserve":
         raw = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
-        head = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts)],
-                                       "parameters": {"binary_data_size": len(raw)}}],
-                           "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}]}).encode()
-        return (f"/v2/models/{model}/infer", head + raw,
-                {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))})
+        head = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "TEXT",
+                        "datatype": "BYTES",
+                        "shape": [len(texts)],
+                        "parameters": {"binary_data_size": len(raw)},
+                    }
+                ],
+                "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        return (
+            f"/v2/models/{model}/infer",
+            head + raw,
+            {
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": str(len(head)),
+            },
+        )
     raise ValueError(f"unknown route {route!r} (embed, openai, kserve)")
 
 
@@ -192,11 +217,23 @@ def merge(results: list[LoadResult]) -> LoadResult:
     wall = sum(r.wall_s for r in results)
     ok = sum(r.ok for r in results)
     pct = (lambda q: float(np.percentile(lat, q))) if len(lat) else (lambda q: float("nan"))
-    out = LoadResult(r0.concurrency, sum(r.requests for r in results), r0.texts_per_request, ok,
-                     sum(r.errors for r in results), wall, ok / wall, ok * r0.texts_per_request / wall,
-                     pct(50), pct(90), pct(99), float(lat.max()) if len(lat) else float("nan"),
-                     error_samples=[e for r in results for e in r.error_samples][:5], rounds=len(results),
-                     latencies_ms=lat)
+    out = LoadResult(
+        r0.concurrency,
+        sum(r.requests for r in results),
+        r0.texts_per_request,
+        ok,
+        sum(r.errors for r in results),
+        wall,
+        ok / wall,
+        ok * r0.texts_per_request / wall,
+        pct(50),
+        pct(90),
+        pct(99),
+        float(lat.max()) if len(lat) else float("nan"),
+        error_samples=[e for r in results for e in r.error_samples][:5],
+        rounds=len(results),
+        latencies_ms=lat,
+    )
     calls = [r for r in results if r.engine_calls]
     if calls:
         out.engine_calls = sum(r.engine_calls for r in calls)
@@ -204,9 +241,17 @@ def merge(results: list[LoadResult]) -> LoadResult:
     return out
 
 
-async def run_load(url: str, texts: list[str], concurrency: int, requests: int, route: str | tuple = "embed",
-                   model: str = "model", texts_per_request: int = 1, collect: bool = False,
-                   timeout_s: float = 600.0):
+async def run_load(
+    url: str,
+    texts: list[str],
+    concurrency: int,
+    requests: int,
+    route: str | tuple = "embed",
+    model: str = "model",
+    texts_per_request: int = 1,
+    collect: bool = False,
+    timeout_s: float = 600.0,
+):
     """Send `requests` requests from `concurrency` clients; returns (LoadResult, answers or None).
 
     Request i carries texts[(i*k + j) % len(texts)] for j < k (k = texts_per_request) and goes
@@ -225,7 +270,10 @@ async def run_load(url: str, texts: list[str], concurrency: int, requests: int, 
         conn = Conn(host, port)
         try:
             for i in counter:
-                chunk = [texts[(i * texts_per_request + j) % len(texts)] for j in range(texts_per_request)]
+                chunk = [
+                    texts[(i * texts_per_request + j) % len(texts)]
+                    for j in range(texts_per_request)
+                ]
                 rt = routes[i % len(routes)]
                 path, body, headers = build_request(rt, chunk, model)
                 t = time.perf_counter()
@@ -248,10 +296,22 @@ async def run_load(url: str, texts: list[str], concurrency: int, requests: int, 
     after = await scrape_batches(host, port)
     good = lat[~np.isnan(lat)] * 1e3
     pct = (lambda q: float(np.percentile(good, q))) if len(good) else (lambda q: float("nan"))
-    res = LoadResult(concurrency, requests, texts_per_request, len(good), len(errors), wall,
-                     len(good) / wall, len(good) * texts_per_request / wall, pct(50), pct(90), pct(99),
-                     float(good.max()) if len(good) else float("nan"), error_samples=errors[:5],
-                     latencies_ms=good)
+    res = LoadResult(
+        concurrency,
+        requests,
+        texts_per_request,
+        len(good),
+        len(errors),
+        wall,
+        len(good) / wall,
+        len(good) * texts_per_request / wall,
+        pct(50),
+        pct(90),
+        pct(99),
+        float(good.max()) if len(good) else float("nan"),
+        error_samples=errors[:5],
+        latencies_ms=good,
+    )
     if before is not None and after is not None and after[0] > before[0]:
         res.engine_calls = int(after[0] - before[0])
         res.mean_batch = (after[1] - before[1]) / (after[0] - before[0])
@@ -285,15 +345,36 @@ class ServerProcess:
 
     READY = re.compile(r"zoi serve: ready on (http://\S+)")
 
-    def __init__(self, model: str | None = None, env: dict | None = None, args: list[str] | None = None,
-                 startup_timeout: float = 300.0, log_path: str | os.PathLike | None = None):
-        cmd = [sys.executable, "-m", "zoi.serve", *([model] if model else []), "--host", "127.0.0.1",
-               "--port", "0", *(args or [])]
+    def __init__(
+        self,
+        model: str | None = None,
+        env: dict | None = None,
+        args: list[str] | None = None,
+        startup_timeout: float = 300.0,
+        log_path: str | os.PathLike | None = None,
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "zoi.serve",
+            *([model] if model else []),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *(args or []),
+        ]
         full_env = {**os.environ, **(env or {})}
         self.log_path = Path(log_path) if log_path else None
         self._log = open(self.log_path, "w+") if self.log_path else None  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.lines: list[str] = []
         self.url = self._wait_ready(startup_timeout)
 
@@ -349,23 +430,45 @@ class ServerProcess:
 # ---- the command -------------------------------------------------------------------------------
 def register_bench(subparsers) -> argparse.ArgumentParser:
     """Add `serve` to a `zoi bench` sub-command group."""
-    p = subparsers.add_parser("serve", help="throughput and p50/p99 latency of `zoi serve` at several concurrencies")
-    p.add_argument("model", nargs="?", default=None,
-                   help="model folder or artifact to serve (default: bundled MiniLM); ignored with --url")
-    p.add_argument("--url", default=None, help="an already running server (default: start one on 127.0.0.1)")
+    p = subparsers.add_parser(
+        "serve", help="throughput and p50/p99 latency of `zoi serve` at several concurrencies"
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="model folder or artifact to serve (default: bundled MiniLM); ignored with --url",
+    )
+    p.add_argument(
+        "--url", default=None, help="an already running server (default: start one on 127.0.0.1)"
+    )
     p.add_argument("--concurrency", "-c", type=int, nargs="+", default=[1, 4, 16, 32, 64])
-    p.add_argument("--requests", "-n", type=int, default=None,
-                   help="requests per concurrency level (default: max(200, 30 x concurrency))")
+    p.add_argument(
+        "--requests",
+        "-n",
+        type=int,
+        default=None,
+        help="requests per concurrency level (default: max(200, 30 x concurrency))",
+    )
     p.add_argument("--texts-per-request", "-k", type=int, default=1)
     p.add_argument("--route", choices=["embed", "openai", "kserve"], default="embed")
     p.add_argument("--min-words", type=int, default=4)
     p.add_argument("--max-words", type=int, default=60)
     p.add_argument("--warmup", type=int, default=20, help="requests sent before measuring")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds; each runs every concurrency once (interleaved, so drifting machine load "
-                        "spreads over all levels); results pool the rounds")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for the started server (repeatable), e.g. --server-arg=--precision=int8")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds; each runs every concurrency once (interleaved, so drifting machine load "
+        "spreads over all levels); results pool the rounds",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the started server (repeatable), e.g. --server-arg=--precision=int8",
+    )
     p.add_argument("--output", "-o", default=None, help="append results as JSON lines to this file")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.set_defaults(func=cmd_bench_serve)
@@ -388,18 +491,29 @@ def cmd_bench_serve(args) -> int:
         for k in range(rounds):
             for c in args.concurrency:
                 n = max(1, (args.requests or max(200, 30 * c)) // rounds)
-                r, _ = asyncio.run(run_load(url, texts, c, n, args.route, model, args.texts_per_request))
+                r, _ = asyncio.run(
+                    run_load(url, texts, c, n, args.route, model, args.texts_per_request)
+                )
                 per[c].append(r)
                 if not args.json:
-                    print(f"  round {k + 1}/{rounds} c={c:<4} {r.req_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  "
-                          f"p99 {r.p99_ms:7.2f} ms  mean batch {r.mean_batch or 0:5.1f}  errors {r.errors}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  round {k + 1}/{rounds} c={c:<4} {r.req_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                        f"p99 {r.p99_ms:7.2f} ms  mean batch {r.mean_batch or 0:5.1f}  errors {r.errors}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         results = [merge(per[c]) for c in args.concurrency]
     finally:
         if server is not None:
             server.stop()
-    meta = {"url": url, "route": args.route, "model": model, "cores": os.cpu_count(),
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "server_args": args.server_arg}
+    meta = {
+        "url": url,
+        "route": args.route,
+        "model": model,
+        "cores": os.cpu_count(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "server_args": args.server_arg,
+    }
     rows = [{**meta, **r.to_dict()} for r in results]
     if args.output:
         with open(args.output, "a", encoding="utf-8") as f:
@@ -433,9 +547,17 @@ def _print_table(results: list[LoadResult], meta: dict) -> None:
         t.add_column(c, justify="right")
     base = results[0].req_per_s if results else 1.0
     for r in results:
-        t.add_row(str(r.concurrency), str(r.requests), f"{r.req_per_s:.1f}", f"{r.texts_per_s:.1f}",
-                  f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.mean_batch:.1f}" if r.mean_batch else "-",
-                  f"{r.req_per_s / base:.2f}x", str(r.errors))
+        t.add_row(
+            str(r.concurrency),
+            str(r.requests),
+            f"{r.req_per_s:.1f}",
+            f"{r.texts_per_s:.1f}",
+            f"{r.p50_ms:.2f}",
+            f"{r.p99_ms:.2f}",
+            f"{r.mean_batch:.1f}" if r.mean_batch else "-",
+            f"{r.req_per_s / base:.2f}x",
+            str(r.errors),
+        )
     Console().print(t)
 
 

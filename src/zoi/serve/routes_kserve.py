@@ -45,10 +45,12 @@ def deserialize_bytes(buf: bytes, count: int, name: str) -> list[bytes]:
         off += 4
         if off + ln > n:
             raise ApiError("validation", f"input {name}: BYTES element runs past the binary data")
-        out.append(buf[off:off + ln])
+        out.append(buf[off : off + ln])
         off += ln
     if len(out) != count:
-        raise ApiError("validation", f"input {name}: shape says {count} elements, binary data holds {len(out)}")
+        raise ApiError(
+            "validation", f"input {name}: shape says {count} elements, binary data holds {len(out)}"
+        )
     return out
 
 
@@ -62,7 +64,9 @@ def _flatten(data, out: list) -> None:
 
 def _count(shape, name: str) -> int:
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise ApiError("validation", f"input {name}: shape should be an array of non-negative integers")
+        raise ApiError(
+            "validation", f"input {name}: shape should be an array of non-negative integers"
+        )
     n = 1
     for d in shape:
         n *= d
@@ -74,10 +78,14 @@ def parse_infer_request(body: bytes, header_len: str | None) -> tuple[dict, list
         try:
             hl = int(header_len)
         except ValueError:
-            raise ApiError("validation", f"bad Inference-Header-Content-Length {header_len!r}") from None
+            raise ApiError(
+                "validation", f"bad Inference-Header-Content-Length {header_len!r}"
+            ) from None
         if not 0 < hl <= len(body):
-            raise ApiError("validation", f"Inference-Header-Content-Length {hl} does not fit a body of "
-                                         f"{len(body)} bytes")
+            raise ApiError(
+                "validation",
+                f"Inference-Header-Content-Length {hl} does not fit a body of {len(body)} bytes",
+            )
         req, binary = parse_json(body[:hl]), body[hl:]
     else:
         req, binary = parse_json(body), b""
@@ -99,13 +107,19 @@ def parse_infer_request(body: bytes, header_len: str | None) -> tuple[dict, list
         raw = None
         if size is not None:
             if type(size) is not int or size < 0 or off + size > len(binary):
-                raise ApiError("validation", f"input {name}: binary_data_size {size!r} does not fit the "
-                                             f"{len(binary) - off} binary bytes left")
-            raw = binary[off:off + size]
+                raise ApiError(
+                    "validation",
+                    f"input {name}: binary_data_size {size!r} does not fit the "
+                    f"{len(binary) - off} binary bytes left",
+                )
+            raw = binary[off : off + size]
             off += size
         if t.get("datatype") != "BYTES":
-            raise ApiError("validation", f"input {name}: datatype {t.get('datatype')!r} is not supported; "
-                                         f"send the texts as a BYTES input named {INPUT}")
+            raise ApiError(
+                "validation",
+                f"input {name}: datatype {t.get('datatype')!r} is not supported; "
+                f"send the texts as a BYTES input named {INPUT}",
+            )
         if texts is not None:
             raise ApiError("validation", "send exactly one BYTES input (the texts)")
         count = _count(t.get("shape"), name)
@@ -117,7 +131,10 @@ def parse_infer_request(body: bytes, header_len: str | None) -> tuple[dict, list
             items = []
             _flatten(t["data"], items)
             if len(items) != count:
-                raise ApiError("validation", f"input {name}: shape says {count} elements, data holds {len(items)}")
+                raise ApiError(
+                    "validation",
+                    f"input {name}: shape says {count} elements, data holds {len(items)}",
+                )
         texts = []
         for i, x in enumerate(items):
             if isinstance(x, bytes):
@@ -137,13 +154,19 @@ def make_routes(svc: Service) -> list[Route]:
     def check_model(request: Request) -> None:
         name = request.path_params["model"]
         if name != svc.model_name:
-            raise ApiError("not_found", f"unknown model {name!r}; this server serves {svc.model_name!r}")
+            raise ApiError(
+                "not_found", f"unknown model {name!r}; this server serves {svc.model_name!r}"
+            )
         version = request.path_params.get("version")
         if version not in (None, "", "1"):
-            raise ApiError("not_found", f"unknown version {version!r} of model {name!r}; the only version is 1")
+            raise ApiError(
+                "not_found", f"unknown version {version!r} of model {name!r}; the only version is 1"
+            )
 
     async def server_meta(request: Request):
-        return json_response({"name": "zoi", "version": _version(), "extensions": ["binary_tensor_data"]})
+        return json_response(
+            {"name": "zoi", "version": _version(), "extensions": ["binary_tensor_data"]}
+        )
 
     async def live(request: Request):
         return Response(status_code=200)
@@ -156,11 +179,15 @@ def make_routes(svc: Service) -> list[Route]:
             check_model(request)
         except ApiError as e:
             return error_response(e)
-        return json_response({
-            "name": svc.model_name, "versions": ["1"], "platform": "zoi",
-            "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, svc.hidden]}],
-        })
+        return json_response(
+            {
+                "name": svc.model_name,
+                "versions": ["1"],
+                "platform": "zoi",
+                "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, svc.hidden]}],
+            }
+        )
 
     async def model_ready(request: Request):
         try:
@@ -174,11 +201,16 @@ def make_routes(svc: Service) -> list[Route]:
             check_model(request)
         except ApiError as e:
             return error_response(e)
-        return json_response({
-            "name": svc.model_name, "platform": "zoi", "backend": "zoi", "max_batch_size": 0,
-            "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [-1]}],
-            "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [-1, svc.hidden]}],
-        })
+        return json_response(
+            {
+                "name": svc.model_name,
+                "platform": "zoi",
+                "backend": "zoi",
+                "max_batch_size": 0,
+                "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [-1]}],
+                "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [-1, svc.hidden]}],
+            }
+        )
 
     async def infer(request: Request):
         t0 = time.perf_counter()
@@ -205,8 +237,11 @@ def make_routes(svc: Service) -> list[Route]:
                     raise ApiError("validation", "outputs should be an array")
                 for o in outs:
                     if not isinstance(o, dict) or o.get("name") != OUTPUT:
-                        raise ApiError("validation", f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; "
-                                                     f"the only output is {OUTPUT}")
+                        raise ApiError(
+                            "validation",
+                            f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; "
+                            f"the only output is {OUTPUT}",
+                        )
                     op = o.get("parameters") or {}
                     if isinstance(op, dict) and "binary_data" in op:
                         binary = bool(op["binary_data"])

@@ -13,16 +13,36 @@ from zoi.serve.http import ApiError, json_response, parse_json, read_body, timin
 from zoi.serve.service import ClientGone, Service
 
 ROUTE = "openai"
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
-_CODES = {"validation": "invalid_value", "empty": "empty_input", "invalid": "invalid_value",
-          "too_large": "input_too_large", "overloaded": "rate_limit_exceeded", "not_found": "model_not_found",
-          "backend": "engine_failure", "unavailable": "server_shutting_down"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+_CODES = {
+    "validation": "invalid_value",
+    "empty": "empty_input",
+    "invalid": "invalid_value",
+    "too_large": "input_too_large",
+    "overloaded": "rate_limit_exceeded",
+    "not_found": "model_not_found",
+    "backend": "engine_failure",
+    "unavailable": "server_shutting_down",
+}
 
 
 def error_response(e: ApiError):
-    body = {"error": {"message": e.message, "type": _TYPES.get(e.status, "invalid_request_error"),
-                      "param": e.param, "code": _CODES.get(e.kind)}}
+    body = {
+        "error": {
+            "message": e.message,
+            "type": _TYPES.get(e.status, "invalid_request_error"),
+            "param": e.param,
+            "code": _CODES.get(e.kind),
+        }
+    }
     return json_response(body, e.status)
 
 
@@ -31,8 +51,12 @@ def _parse_input(svc: Service, inp):
     if isinstance(inp, str):
         return "text", [inp]
     if not isinstance(inp, list):
-        raise ApiError("validation", "input should be a string, an array of strings, an array of token ids "
-                                     "or an array of arrays of token ids", "input")
+        raise ApiError(
+            "validation",
+            "input should be a string, an array of strings, an array of token ids "
+            "or an array of arrays of token ids",
+            "input",
+        )
     if not inp:
         raise ApiError("empty", "input is an empty array", "input")
     if all(type(x) is int for x in inp):
@@ -41,7 +65,9 @@ def _parse_input(svc: Service, inp):
         return "text", inp
     if all(isinstance(x, list) for x in inp):
         return "ids", inp
-    raise ApiError("validation", "input mixes types; send strings or token id arrays, not both", "input")
+    raise ApiError(
+        "validation", "input mixes types; send strings or token id arrays, not both", "input"
+    )
 
 
 def make_routes(svc: Service) -> list[Route]:
@@ -62,16 +88,26 @@ def make_routes(svc: Service) -> list[Route]:
             if model is not None and not isinstance(model, str):
                 raise ApiError("validation", "model should be a string", "model")
             if model and model != svc.model_name:
-                raise ApiError("not_found", f"the model {model!r} does not exist; this server serves "
-                                            f"{svc.model_name!r}", "model")
+                raise ApiError(
+                    "not_found",
+                    f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
+                    "model",
+                )
             fmt = body.get("encoding_format") or "float"
             if fmt not in ("float", "base64"):
-                raise ApiError("validation", f"encoding_format should be 'float' or 'base64', got {fmt!r}",
-                               "encoding_format")
+                raise ApiError(
+                    "validation",
+                    f"encoding_format should be 'float' or 'base64', got {fmt!r}",
+                    "encoding_format",
+                )
             dims = body.get("dimensions")
             if dims is not None and (type(dims) is not int or dims != svc.hidden):
-                raise ApiError("invalid", f"dimensions={dims!r} is not supported: this model gives {svc.hidden} "
-                                          "dimensions", "dimensions")
+                raise ApiError(
+                    "invalid",
+                    f"dimensions={dims!r} is not supported: this model gives {svc.hidden} "
+                    "dimensions",
+                    "dimensions",
+                )
             kind, items = _parse_input(svc, body["input"])
             truncate = svc.config.auto_truncate
             if kind == "text":
@@ -82,12 +118,18 @@ def make_routes(svc: Service) -> list[Route]:
             res = await svc.embed(request, seqs, True, tok_s, t0)
             emb = res.embeddings
             if fmt == "base64":
-                rows = [base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb]
+                rows = [
+                    base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb
+                ]
             else:
                 rows = list(emb)
             data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
-            out = {"object": "list", "data": data, "model": svc.model_name,
-                   "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}}
+            out = {
+                "object": "list",
+                "data": data,
+                "model": svc.model_name,
+                "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens},
+            }
             svc.metrics.successes.labels(ROUTE).inc()
             svc.metrics.request_duration.observe(time.perf_counter() - t0)
             return json_response(out, headers=timing_headers(res.timings))
@@ -101,14 +143,24 @@ def make_routes(svc: Service) -> list[Route]:
             svc.release()
 
     async def models(request: Request):
-        return json_response({"object": "list", "data": [
-            {"id": svc.model_name, "object": "model", "created": 0, "owned_by": "zoi"}]})
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": svc.model_name, "object": "model", "created": 0, "owned_by": "zoi"}
+                ],
+            }
+        )
 
     async def model(request: Request):
         name = request.path_params["name"]
         if name != svc.model_name:
-            return error_response(ApiError("not_found", f"the model {name!r} does not exist", "model"))
-        return json_response({"id": svc.model_name, "object": "model", "created": 0, "owned_by": "zoi"})
+            return error_response(
+                ApiError("not_found", f"the model {name!r} does not exist", "model")
+            )
+        return json_response(
+            {"id": svc.model_name, "object": "model", "created": 0, "owned_by": "zoi"}
+        )
 
     return [
         Route("/v1/embeddings", embeddings, methods=["POST"]),

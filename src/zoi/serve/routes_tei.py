@@ -12,13 +12,22 @@ from zoi.serve.http import ApiError, json_response, parse_json, read_body, timin
 from zoi.serve.service import ClientGone, Service
 
 ROUTE = "tei"
-_ERROR_TYPES = {"validation": "Validation", "empty": "Empty", "invalid": "Validation", "too_large": "Validation",
-                "overloaded": "Overloaded", "not_found": "Validation", "backend": "Backend",
-                "unavailable": "Unhealthy"}
+_ERROR_TYPES = {
+    "validation": "Validation",
+    "empty": "Empty",
+    "invalid": "Validation",
+    "too_large": "Validation",
+    "overloaded": "Overloaded",
+    "not_found": "Validation",
+    "backend": "Backend",
+    "unavailable": "Unhealthy",
+}
 
 
 def error_response(e: ApiError):
-    return json_response({"error": e.message, "error_type": _ERROR_TYPES.get(e.kind, "Validation")}, e.status)
+    return json_response(
+        {"error": e.message, "error_type": _ERROR_TYPES.get(e.kind, "Validation")}, e.status
+    )
 
 
 def _inputs(body) -> list:
@@ -58,8 +67,11 @@ def make_routes(svc: Service) -> list[Route]:
             truncate = _flag(body, "truncate", svc.config.auto_truncate)
             direction = body.get("truncation_direction", "Right")
             if direction not in ("Right", "right"):
-                raise ApiError("validation", "only truncation_direction 'Right' is supported",
-                               "truncation_direction")
+                raise ApiError(
+                    "validation",
+                    "only truncation_direction 'Right' is supported",
+                    "truncation_direction",
+                )
             if items and all(type(x) is int for x in items):
                 items = [items]  # one sequence of token ids
             if items and all(isinstance(x, list) for x in items):
@@ -94,10 +106,19 @@ def make_routes(svc: Service) -> list[Route]:
             out = []
             for text, enc in zip(texts, encs, strict=True):
                 toks = []
-                for tid, tstr, (a, b), special in zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True):
+                for tid, tstr, (a, b), special in zip(
+                    enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+                ):
                     sp = bool(special)
-                    toks.append({"id": tid, "text": tstr if sp else text[a:b], "special": sp,
-                                 "start": None if sp else a, "stop": None if sp else b})
+                    toks.append(
+                        {
+                            "id": tid,
+                            "text": tstr if sp else text[a:b],
+                            "special": sp,
+                            "start": None if sp else a,
+                            "stop": None if sp else b,
+                        }
+                    )
                 out.append(toks)
             return json_response(out)
         except ApiError as e:
@@ -112,27 +133,29 @@ def make_routes(svc: Service) -> list[Route]:
 
     async def info(request: Request):
         e = svc.engine
-        return json_response({
-            "model_id": svc.model_name,
-            "model_sha": None,
-            "model_dtype": svc.dtype,
-            "model_type": {"embedding": {"pooling": svc.spec.pooling}},
-            "device": svc.device,
-            "hidden_size": svc.hidden,
-            "normalize_default": True,
-            "max_concurrent_requests": svc.config.max_concurrent_requests,
-            "max_input_length": svc.max_positions,
-            "max_input_chars": svc.max_input_chars,
-            "max_batch_tokens": svc.max_batch_tokens,
-            "max_batch_requests": svc.max_batch_requests,
-            "max_client_batch_size": svc.config.max_client_batch_size,
-            "max_queue_delay_us": svc.config.max_queue_delay_us,
-            "payload_limit": svc.config.payload_limit,
-            "auto_truncate": svc.config.auto_truncate,
-            "tokenization_workers": 1,
-            "engine_max_tokens": int(e.max_tokens),
-            "version": _version(),
-        })
+        return json_response(
+            {
+                "model_id": svc.model_name,
+                "model_sha": None,
+                "model_dtype": svc.dtype,
+                "model_type": {"embedding": {"pooling": svc.spec.pooling}},
+                "device": svc.device,
+                "hidden_size": svc.hidden,
+                "normalize_default": True,
+                "max_concurrent_requests": svc.config.max_concurrent_requests,
+                "max_input_length": svc.max_positions,
+                "max_input_chars": svc.max_input_chars,
+                "max_batch_tokens": svc.max_batch_tokens,
+                "max_batch_requests": svc.max_batch_requests,
+                "max_client_batch_size": svc.config.max_client_batch_size,
+                "max_queue_delay_us": svc.config.max_queue_delay_us,
+                "payload_limit": svc.config.payload_limit,
+                "auto_truncate": svc.config.auto_truncate,
+                "tokenization_workers": 1,
+                "engine_max_tokens": int(e.max_tokens),
+                "version": _version(),
+            }
+        )
 
     return [
         Route("/embed", embed, methods=["POST"]),

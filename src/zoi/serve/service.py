@@ -64,8 +64,12 @@ class Service:
         want = int(config.max_batch_tokens or engine.max_tokens)
         self.max_batch_tokens = max(min(want, int(engine.max_tokens)), self.max_positions)
         if want < self.max_positions:
-            log.warning("max_batch_tokens=%d is below the model's %d positions; using %d",
-                        want, self.max_positions, self.max_positions)
+            log.warning(
+                "max_batch_tokens=%d is below the model's %d positions; using %d",
+                want,
+                self.max_positions,
+                self.max_positions,
+            )
         self.max_batch_requests = min(config.max_batch_requests, int(engine.max_batch))
         self.metrics = Metrics()
         self.in_flight = 0
@@ -91,15 +95,22 @@ class Service:
             ids, pos, cu = pack(seqs, offset)
             return engine.run_packed(ids, pos, cu, False)
 
-        self.batcher = Batcher(run, self.hidden, self.max_batch_tokens, self.max_batch_requests,
-                               config.max_queue_delay_us, self.metrics)
+        self.batcher = Batcher(
+            run,
+            self.hidden,
+            self.max_batch_tokens,
+            self.max_batch_requests,
+            config.max_queue_delay_us,
+            self.metrics,
+        )
         self.ready = True
 
     # ---- facts for /info, /v2 ---------------------------------------------------------------
     @property
     def dtype(self) -> str:
-        return {"fp32": "float32", "int8": "int8", "fp16": "float16"}.get(self.engine.precision,
-                                                                       str(self.engine.precision))
+        return {"fp32": "float32", "int8": "int8", "fp16": "float16"}.get(
+            self.engine.precision, str(self.engine.precision)
+        )
 
     @property
     def device(self) -> str:
@@ -117,8 +128,11 @@ class Service:
         if not self.ready:
             raise ApiError("unavailable", "the server is shutting down")
         if self.in_flight >= self.config.max_concurrent_requests:
-            raise ApiError("overloaded", f"model is overloaded: {self.in_flight} requests in flight "
-                                         f"(--max-concurrent-requests {self.config.max_concurrent_requests})")
+            raise ApiError(
+                "overloaded",
+                f"model is overloaded: {self.in_flight} requests in flight "
+                f"(--max-concurrent-requests {self.config.max_concurrent_requests})",
+            )
         self.in_flight += 1
         self.metrics.in_flight.set(self.in_flight)
 
@@ -130,19 +144,29 @@ class Service:
         if n == 0:
             raise ApiError("empty", "input is empty; send at least one input", param)
         if n > self.config.max_client_batch_size:
-            raise ApiError("too_large", f"{n} inputs in one request is over the limit of "
-                                        f"{self.config.max_client_batch_size} (--max-client-batch-size)", param)
+            raise ApiError(
+                "too_large",
+                f"{n} inputs in one request is over the limit of "
+                f"{self.config.max_client_batch_size} (--max-client-batch-size)",
+                param,
+            )
 
     def check_texts(self, texts: list, param: str = "input") -> list[str]:
         self.check_count(len(texts), param)
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise ApiError("validation", f"{param}[{i}] is {_jtype(t)}, expected a string", param)
+                raise ApiError(
+                    "validation", f"{param}[{i}] is {_jtype(t)}, expected a string", param
+                )
             if not t:
                 raise ApiError("empty", f"{param}[{i}] is an empty string", param)
             if len(t) > self.max_input_chars:
-                raise ApiError("too_large", f"{param}[{i}] has {len(t)} characters, over the cap of "
-                                            f"{self.max_input_chars} (--max-input-chars)", param)
+                raise ApiError(
+                    "too_large",
+                    f"{param}[{i}] has {len(t)} characters, over the cap of "
+                    f"{self.max_input_chars} (--max-input-chars)",
+                    param,
+                )
         return texts
 
     def check_ids(self, seqs: list, truncate: bool, param: str = "input") -> list[np.ndarray]:
@@ -150,16 +174,26 @@ class Service:
         out = []
         for i, s in enumerate(seqs):
             if not isinstance(s, list) or not all(type(x) is int for x in s):
-                raise ApiError("validation", f"{param}[{i}] should be a list of token ids (integers)", param)
+                raise ApiError(
+                    "validation", f"{param}[{i}] should be a list of token ids (integers)", param
+                )
             if not s:
                 raise ApiError("empty", f"{param}[{i}] is an empty list of token ids", param)
             a = np.asarray(s, dtype=np.int64)
             if a.min() < 0 or a.max() >= self.vocab_size:
-                raise ApiError("validation", f"{param}[{i}] holds token ids outside [0, {self.vocab_size})", param)
+                raise ApiError(
+                    "validation",
+                    f"{param}[{i}] holds token ids outside [0, {self.vocab_size})",
+                    param,
+                )
             if len(a) > self.max_positions:
                 if not truncate:
-                    raise ApiError("too_large", f"{param}[{i}] has {len(a)} tokens, over the model's limit of "
-                                                f"{self.max_positions}; shorten it or allow truncation", param)
+                    raise ApiError(
+                        "too_large",
+                        f"{param}[{i}] has {len(a)} tokens, over the model's limit of "
+                        f"{self.max_positions}; shorten it or allow truncation",
+                        param,
+                    )
                 a = a[: self.max_positions]
             out.append(a.astype(np.int32))
         return out
@@ -171,7 +205,9 @@ class Service:
                 seqs = self._loop_tok.encode_ids(texts, truncate)
             else:
                 loop = asyncio.get_running_loop()
-                seqs = await loop.run_in_executor(self._tok_pool, self.engine.tokenizer.encode_ids, texts, truncate)
+                seqs = await loop.run_in_executor(
+                    self._tok_pool, self.engine.tokenizer.encode_ids, texts, truncate
+                )
         except InputError as e:
             raise ApiError("too_large", str(e).replace("truncate=True", "truncate: true")) from None
         dt = time.perf_counter() - t0
@@ -192,8 +228,14 @@ class Service:
     async def run_in_tokenizer_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._tok_pool, fn, *args)
 
-    async def embed(self, request: Request | None, seqs: list[np.ndarray], normalize: bool,
-                    tokenize_s: float = 0.0, t_start: float | None = None) -> Result:
+    async def embed(
+        self,
+        request: Request | None,
+        seqs: list[np.ndarray],
+        normalize: bool,
+        tokenize_s: float = 0.0,
+        t_start: float | None = None,
+    ) -> Result:
         """Batch `seqs` with everyone else's; the rows come back in order."""
         t_start = time.perf_counter() if t_start is None else t_start
         ntok = int(sum(len(s) for s in seqs))
@@ -235,5 +277,12 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 def _jtype(v) -> str:
-    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
-            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "a boolean",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)

@@ -46,7 +46,11 @@ def _release_file_pages(arrays: list[np.ndarray]) -> int:
             if isinstance(base, np.memmap):
                 mm_arr = base
             base = base.base
-        if mm_arr is None or getattr(mm_arr, "mode", None) != "r" or not isinstance(base, mmap.mmap):
+        if (
+            mm_arr is None
+            or getattr(mm_arr, "mode", None) != "r"
+            or not isinstance(base, mmap.mmap)
+        ):
             continue
         try:
             root = np.frombuffer(base, dtype=np.uint8)
@@ -70,7 +74,13 @@ class CpuBackend:
         self.model = model
         plan, graph, W = model.plan, model.graph, model.weights
         self._keep: list[np.ndarray] = []  # tables the engine references without copying
-        eng = _cpu.Engine(int(plan.arena_bytes), int(plan.max_tokens), int(plan.max_batch), isa or "", int(nthreads or 0))
+        eng = _cpu.Engine(
+            int(plan.arena_bytes),
+            int(plan.max_tokens),
+            int(plan.max_batch),
+            isa or "",
+            int(nthreads or 0),
+        )
         off = plan.offsets
         self.hidden = None
         self.linear_kinds: dict[str, str] = {}
@@ -88,8 +98,17 @@ class CpuBackend:
                     word_scale = self._hold(_f32(W["embed.word_scale"]))
                 pos = self._hold(_f32(W[ow["pos"]]))
                 type0 = _f32(W[ow["type"]][0]) if "type" in ow else None
-                eng.add_embed(off[op.output], word, word_q, word_scale, pos, type0, _f32(W[ow["ln_w"]]),
-                              _f32(W[ow["ln_b"]]), float(op.attrs["eps"]))
+                eng.add_embed(
+                    off[op.output],
+                    word,
+                    word_q,
+                    word_scale,
+                    pos,
+                    type0,
+                    _f32(W[ow["ln_w"]]),
+                    _f32(W[ow["ln_b"]]),
+                    float(op.attrs["eps"]),
+                )
             elif op.kind == "linear":
                 p = _prefix(op)
                 act = op.attrs.get("act", "none")
@@ -103,11 +122,23 @@ class CpuBackend:
                 scheme = q.scheme if q is not None else "dynamic"
                 if f"{p}.w_q" in W and scheme != "fp32":
                     if scheme not in ("dynamic", "static", "dynamic_asym"):
-                        raise ValueError(f"the cpu backend does not know INT8 scheme {scheme!r} ({p})")
+                        raise ValueError(
+                            f"the cpu backend does not know INT8 scheme {scheme!r} ({p})"
+                        )
                     static = float(q.amax) if scheme == "static" else -1.0
-                    eng.add_linear_i8(off[op.inputs[0]], off[op.output],
-                                      np.ascontiguousarray(W[f"{p}.w_q"], dtype=np.int8), _f32(W[f"{p}.w_scale"]),
-                                      b, act, res, static, scheme == "dynamic_asym", shift, mul)
+                    eng.add_linear_i8(
+                        off[op.inputs[0]],
+                        off[op.output],
+                        np.ascontiguousarray(W[f"{p}.w_q"], dtype=np.int8),
+                        _f32(W[f"{p}.w_scale"]),
+                        b,
+                        act,
+                        res,
+                        static,
+                        scheme == "dynamic_asym",
+                        shift,
+                        mul,
+                    )
                     self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
                     self.linear_kinds[p] = "int8" if scheme == "dynamic" else f"int8-{scheme}"
                 else:
@@ -116,7 +147,9 @@ class CpuBackend:
                         self.released_bytes += _release_file_pages([W[f"{p}.w"]])
                     else:  # int8 weights kept in fp32 compute: dequantise once
                         w = W[f"{p}.w_q"].astype(np.float32) * _f32(W[f"{p}.w_scale"])[:, None]
-                    if shift is not None or mul is not None:  # fold x' = (x - shift) * mul into w, b
+                    if (
+                        shift is not None or mul is not None
+                    ):  # fold x' = (x - shift) * mul into w, b
                         m = mul if mul is not None else np.ones(w.shape[1], np.float32)
                         w64 = w.astype(np.float64) * m.astype(np.float64)[None, :]
                         b64 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
@@ -127,12 +160,23 @@ class CpuBackend:
                     self.linear_kinds[p] = "fp32"
             elif op.kind == "attention":
                 a = op.attrs
-                eng.add_attention(off[op.inputs[0]], off[op.output], int(a["heads"]), int(a["head_dim"]),
-                                  float(a["scale"]))
+                eng.add_attention(
+                    off[op.inputs[0]],
+                    off[op.output],
+                    int(a["heads"]),
+                    int(a["head_dim"]),
+                    float(a["scale"]),
+                )
             elif op.kind in ("add_layernorm", "layernorm"):
                 res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
-                eng.add_layernorm(off[op.inputs[0]], res, off[op.output], _f32(W[op.weights["w"]]),
-                                  _f32(W[op.weights["b"]]), float(op.attrs["eps"]))
+                eng.add_layernorm(
+                    off[op.inputs[0]],
+                    res,
+                    off[op.output],
+                    _f32(W[op.weights["w"]]),
+                    _f32(W[op.weights["b"]]),
+                    float(op.attrs["eps"]),
+                )
             elif op.kind == "pool":
                 self.hidden = graph.buffers[op.output].cols
                 eng.add_pool(off[op.inputs[0]], off[op.output], self.hidden, op.attrs["mode"])
@@ -142,7 +186,6 @@ class CpuBackend:
             raise ValueError("the cpu backend expects the graph to end with its pool op")
         eng.finalize()
         self.engine = eng
-
 
     def _hold(self, a: np.ndarray) -> np.ndarray:
         self._keep.append(a)
@@ -167,5 +210,10 @@ class CpuBackend:
 
     def memory(self) -> dict:
         e = self.engine
-        return {"weights_bytes": int(e.weights_bytes), "arena_bytes": int(e.arena_bytes),
-                "scratch_bytes": int(e.scratch_bytes), "isa": e.isa, "threads": int(e.nthreads)}
+        return {
+            "weights_bytes": int(e.weights_bytes),
+            "arena_bytes": int(e.arena_bytes),
+            "scratch_bytes": int(e.scratch_bytes),
+            "isa": e.isa,
+            "threads": int(e.nthreads),
+        }

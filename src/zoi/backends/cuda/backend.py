@@ -74,27 +74,41 @@ class _Launch:
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, model, buckets: list[int] | None = None, interpret: bool | None = None,
-                 fuse_min_tokens: int | None = None, pdl: bool | None = None):
+    def __init__(
+        self,
+        model,
+        buckets: list[int] | None = None,
+        interpret: bool | None = None,
+        fuse_min_tokens: int | None = None,
+        pdl: bool | None = None,
+    ):
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
         if self.precision not in ("int8", "fp16", "fp32"):
             raise InputError(f"unknown precision {self.precision!r}")
         if self.precision == "fp32":
-            log.warning("zoi: device='cuda' computes precision='fp32' models in fp16 (fp16 weights and "
-                        "activations, fp32 accumulation); use precision='fp16' or 'int8' to say so")
+            log.warning(
+                "zoi: device='cuda' computes precision='fp32' models in fp16 (fp16 weights and "
+                "activations, fp32 accumulation); use precision='fp16' or 'int8' to say so"
+            )
         self.max_tokens = int(model.plan.max_tokens)
         self.max_batch = int(min(model.plan.max_batch, self.max_tokens))
         self._lock = threading.Lock()
         self._init_device(interpret)
         self.fuse_min_tokens = FUSE_MIN_TOKENS if fuse_min_tokens is None else int(fuse_min_tokens)
-        self.pdl = (not self.eager and self.capability >= (9, 0)) if pdl is None else bool(pdl and not self.eager)
+        self.pdl = (
+            (not self.eager and self.capability >= (9, 0))
+            if pdl is None
+            else bool(pdl and not self.eager)
+        )
         self.plans = {f: self._plan_launches(f) for f in (False, True)}
         self.launches = self.plans[True]["launches"]
         self._pack_weights()
         self._alloc_arena()
-        self.buckets = sorted({min(int(b), self.max_tokens) for b in (buckets or default_buckets(self.max_tokens))})
+        self.buckets = sorted(
+            {min(int(b), self.max_tokens) for b in (buckets or default_buckets(self.max_tokens))}
+        )
         self._graphs: dict[int, tuple] = {}
         self._layouts: dict[int, tuple[int, int, int, int]] = {}
         self._steps: dict[int, list] = {}
@@ -104,7 +118,9 @@ class CudaBackend:
             except Exception as e:  # noqa: BLE001 - PDL in graph capture needs a recent driver
                 if not (self.pdl and tb <= PDL_MAX_TOKENS):
                     raise
-                log.warning("zoi: programmatic dependent launch failed in capture (%s); without it", e)
+                log.warning(
+                    "zoi: programmatic dependent launch failed in capture (%s); without it", e
+                )
                 self.pdl = False
                 self._build_bucket(tb)
 
@@ -114,13 +130,21 @@ class CudaBackend:
             import torch
             import triton  # noqa: F401
         except ImportError as e:
-            raise BackendUnavailableError(f"device='cuda' needs torch and triton at compile time: {e}") from e
+            raise BackendUnavailableError(
+                f"device='cuda' needs torch and triton at compile time: {e}"
+            ) from e
         self.torch = torch
         env_interp = os.environ.get("TRITON_INTERPRET") == "1"
-        self.eager = bool(interpret) if interpret is not None else (env_interp and not torch.cuda.is_available())
+        self.eager = (
+            bool(interpret)
+            if interpret is not None
+            else (env_interp and not torch.cuda.is_available())
+        )
         if self.eager:
             if not env_interp:
-                raise BackendUnavailableError("interpret=True needs TRITON_INTERPRET=1 set before triton is imported")
+                raise BackendUnavailableError(
+                    "interpret=True needs TRITON_INTERPRET=1 set before triton is imported"
+                )
             self.dev = "cpu"
             self.sm = 8
             self.device_name = "triton interpreter (CPU)"
@@ -131,14 +155,18 @@ class CudaBackend:
 
         drv.require()
         if not torch.cuda.is_available():
-            raise BackendUnavailableError("device='cuda': torch sees no CUDA device (driver missing or no GPU)")
+            raise BackendUnavailableError(
+                "device='cuda': torch sees no CUDA device (driver missing or no GPU)"
+            )
         self.drv = drv
         torch.cuda.init()
         torch.empty(1, device="cuda")  # the runtime's primary context exists from here
         self.cu_dev, self.ctx = drv.primary_context(torch.cuda.current_device())
         cap = drv.capability(self.cu_dev)
         if cap < (8, 0):
-            raise BackendUnavailableError(f"device='cuda' needs compute capability >= 8.0, found {cap}")
+            raise BackendUnavailableError(
+                f"device='cuda' needs compute capability >= 8.0, found {cap}"
+            )
         self.capability = cap
         self.sm = drv.sm_count(self.cu_dev)
         self.device_name = drv.device_name(self.cu_dev)
@@ -174,23 +202,54 @@ class CudaBackend:
                 prefix = op.weights["w"].rsplit(".", 1)[0]
                 quant, samax = self._linear_mode(prefix)
                 wq = self.model.weights.get(f"{prefix}.w_q")
-                N, K = (wq.shape if wq is not None else self.model.weights[f"{prefix}.w"].shape)
-                L = _Launch("linear", op, op.output, [op.inputs[0]], quant=quant, static_amax=samax,
-                            n=int(N), k=int(K), res=op.inputs[1] if len(op.inputs) > 1 else None)
+                N, K = wq.shape if wq is not None else self.model.weights[f"{prefix}.w"].shape
+                L = _Launch(
+                    "linear",
+                    op,
+                    op.output,
+                    [op.inputs[0]],
+                    quant=quant,
+                    static_amax=samax,
+                    n=int(N),
+                    k=int(K),
+                    res=op.inputs[1] if len(op.inputs) > 1 else None,
+                )
                 L.extra["prefix"] = prefix
                 nxt = ops[i + 1] if i + 1 < len(ops) else None
-                if (fuse and nxt is not None and nxt.kind == "add_layernorm" and nxt.inputs[0] == op.output
-                        and readers.get(op.output) == [i + 1] and L.res is None
-                        and nxt.inputs[1] != op.output and int(N) <= MAX_FUSED_N):
+                if (
+                    fuse
+                    and nxt is not None
+                    and nxt.kind == "add_layernorm"
+                    and nxt.inputs[0] == op.output
+                    and readers.get(op.output) == [i + 1]
+                    and L.res is None
+                    and nxt.inputs[1] != op.output
+                    and int(N) <= MAX_FUSED_N
+                ):
                     L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
                     i += 1
                 out.append(L)
             elif op.kind == "attention":
-                out.append(_Launch("attention", op, op.output, [op.inputs[0]],
-                                   n=op.attrs["heads"] * op.attrs["head_dim"]))
+                out.append(
+                    _Launch(
+                        "attention",
+                        op,
+                        op.output,
+                        [op.inputs[0]],
+                        n=op.attrs["heads"] * op.attrs["head_dim"],
+                    )
+                )
             elif op.kind == "add_layernorm":
-                out.append(_Launch("add_layernorm", op, op.output, [op.inputs[0]], res=op.inputs[1],
-                                   n=self.spec.hidden))
+                out.append(
+                    _Launch(
+                        "add_layernorm",
+                        op,
+                        op.output,
+                        [op.inputs[0]],
+                        res=op.inputs[1],
+                        n=self.spec.hidden,
+                    )
+                )
             elif op.kind == "pool":
                 out.append(_Launch("pool", op, op.output, [op.inputs[0]], n=self.spec.hidden))
             elif op.kind == "normalize":
@@ -199,13 +258,17 @@ class CudaBackend:
                 raise BackendUnavailableError(f"device='cuda' has no kernel for op {op.kind!r}")
             i += 1
         if not out or out[0].kind != "embed" or out[-1].kind != "pool":
-            raise BackendUnavailableError("device='cuda' expects a graph that starts with embed and ends with pool")
+            raise BackendUnavailableError(
+                "device='cuda' expects a graph that starts with embed and ends with pool"
+            )
         # which activations need a per-row amax, and how their producer writes it
         need = {L.ins[0] for L in out if L.kind == "linear" and L.quant == 1}
         atomic, direct = [], []
         for L in out:
             if L.out in need:
-                if L.kind in ("embed", "add_layernorm") or (L.kind == "linear" and L.ln is not None):
+                if L.kind in ("embed", "add_layernorm") or (
+                    L.kind == "linear" and L.ln is not None
+                ):
                     L.amax_out = 2
                     direct.append(L.out)
                 else:
@@ -279,8 +342,11 @@ class CudaBackend:
         self.weights_bytes = total
         self.w = {}
         for key, (o, a) in offs.items():
-            tdt = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-                   np.dtype(np.int8): torch.int8}[a.dtype]
+            tdt = {
+                np.dtype(np.float16): torch.float16,
+                np.dtype(np.float32): torch.float32,
+                np.dtype(np.int8): torch.int8,
+            }[a.dtype]
             self.w[key] = self.wbuf[o : o + a.nbytes].view(tdt).view(a.shape)
 
     # ------------------------------------------------------------------ arena
@@ -324,12 +390,19 @@ class CudaBackend:
         for plan in self.plans.values():
             plan["offs"], plan["cols"], nb = self._place(plan["launches"], T)
             act_bytes = max(act_bytes, nb)
-            names = plan["atomic"] + plan["direct"]  # atomic first: the embed kernel zeroes rows [0, n_atomic)
+            names = (
+                plan["atomic"] + plan["direct"]
+            )  # atomic first: the embed kernel zeroes rows [0, n_atomic)
             plan["amax_row"] = {n: i for i, n in enumerate(names)}
             n_amax = max(n_amax, len(names))
         self.hdr_ints = _align((4 + Bmax + 1) * 4) // 4  # header [flag, B, T, 0] + cu_seqlens
-        regions = [("act", act_bytes), ("amax", n_amax * T * 4), ("tcum", Bmax * 4),
-                   ("in", (self.hdr_ints + 2 * T) * 4), ("out", Bmax * self.spec.hidden * 4)]
+        regions = [
+            ("act", act_bytes),
+            ("amax", n_amax * T * 4),
+            ("tcum", Bmax * 4),
+            ("in", (self.hdr_ints + 2 * T) * 4),
+            ("out", Bmax * self.spec.hidden * 4),
+        ]
         roff, total = {}, 0
         for name, nb in regions:
             roff[name] = total
@@ -341,8 +414,12 @@ class CudaBackend:
         ab = self.arena[roff["amax"] : roff["amax"] + n_amax * T * 4].view(torch.float32)
         self.amax_region = ab.view(n_amax, T)
         self.tcum = self.arena[roff["tcum"] : roff["tcum"] + Bmax * 4].view(torch.int32)
-        self.d_in = self.arena[roff["in"] : roff["in"] + (self.hdr_ints + 2 * T) * 4].view(torch.int32)
-        self.d_out = self.arena[roff["out"] : roff["out"] + Bmax * self.spec.hidden * 4].view(torch.float32)
+        self.d_in = self.arena[roff["in"] : roff["in"] + (self.hdr_ints + 2 * T) * 4].view(
+            torch.int32
+        )
+        self.d_out = self.arena[roff["out"] : roff["out"] + Bmax * self.spec.hidden * 4].view(
+            torch.float32
+        )
         self.d_out = self.d_out.view(Bmax, self.spec.hidden)
         if self.eager:
             self.h_in = np.zeros(self.hdr_ints + 2 * T, np.int32)
@@ -351,7 +428,9 @@ class CudaBackend:
             self.p_in = self.drv.Pinned((self.hdr_ints + 2 * T) * 4)
             self.p_out = self.drv.Pinned(Bmax * self.spec.hidden * 4)
             self.h_in = self.p_in.view(np.int32, 0, self.hdr_ints + 2 * T)
-            self.h_out = self.p_out.view(np.float32, 0, Bmax * self.spec.hidden).reshape(Bmax, self.spec.hidden)
+            self.h_out = self.p_out.view(np.float32, 0, Bmax * self.spec.hidden).reshape(
+                Bmax, self.spec.hidden
+            )
             self.h_in[:] = 0
             from zoi.backends.cuda.driver import cu
 
@@ -397,41 +476,105 @@ class CudaBackend:
             if L.kind == "embed":
                 x = act(L.out)
                 nz = len(plan["atomic"])
-                steps.append(lambda x=x, L=L, nz=nz: k_embed.launch_embed(
-                    ids, pos, w.get("embed.word_q", w.get("embed.word")), w.get("embed.word_scale"),
-                    w["embed.pos"], w.get("embed.type0"), w["embed.ln.w"], w["embed.ln.b"], x,
-                    amx(L.out) if L.amax_out else None, self.amax_region, tb, sp.hidden, nz, T,
-                    L.op.attrs["eps"], tiles=(hdr, cu, self.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq)),
-                    pdl=pdl, xq=actq(L)))
+                steps.append(
+                    lambda x=x, L=L, nz=nz: k_embed.launch_embed(
+                        ids,
+                        pos,
+                        w.get("embed.word_q", w.get("embed.word")),
+                        w.get("embed.word_scale"),
+                        w["embed.pos"],
+                        w.get("embed.type0"),
+                        w["embed.ln.w"],
+                        w["embed.ln.b"],
+                        x,
+                        amx(L.out) if L.amax_out else None,
+                        self.amax_region,
+                        tb,
+                        sp.hidden,
+                        nz,
+                        T,
+                        L.op.attrs["eps"],
+                        tiles=(hdr, cu, self.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq)),
+                        pdl=pdl,
+                        xq=actq(L),
+                    )
+                )
             elif L.kind == "linear":
                 p = L.extra["prefix"]
                 a, y = act(L.ins[0] + ("#q" if L.quant == 3 else "")), act(L.out)
                 r = act(L.res) if L.res else None
                 ln = L.ln is not None
                 cfg = k_lin.pick_config(tb, L.n, L.k, L.quant != 0, ln)
-                steps.append(lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg: k_lin.launch_linear(
-                    a, amx(L.ins[0]), w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
-                    w[f"{p}.w_scale"] if L.quant else None, w[f"{p}.b"], r,
-                    w[f"{L.out}.ln.w"] if ln else None, w[f"{L.out}.ln.b"] if ln else None, y,
-                    amx(L.out) if L.amax_out else None, tb, L.n, L.k, quant=L.quant,
-                    act=L.op.attrs.get("act", "none"), static_amax=L.static_amax,
-                    eps=L.ln.attrs["eps"] if ln else 1e-12, ln=ln, amax_out_mode=L.amax_out, cfg=cfg,
-                    pdl=pdl, yq=actq(L)))
+                steps.append(
+                    lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg: k_lin.launch_linear(
+                        a,
+                        amx(L.ins[0]),
+                        w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
+                        w[f"{p}.w_scale"] if L.quant else None,
+                        w[f"{p}.b"],
+                        r,
+                        w[f"{L.out}.ln.w"] if ln else None,
+                        w[f"{L.out}.ln.b"] if ln else None,
+                        y,
+                        amx(L.out) if L.amax_out else None,
+                        tb,
+                        L.n,
+                        L.k,
+                        quant=L.quant,
+                        act=L.op.attrs.get("act", "none"),
+                        static_amax=L.static_amax,
+                        eps=L.ln.attrs["eps"] if ln else 1e-12,
+                        ln=ln,
+                        amax_out_mode=L.amax_out,
+                        cfg=cfg,
+                        pdl=pdl,
+                        yq=actq(L),
+                    )
+                )
             elif L.kind == "attention":
                 qkv, o = act(L.ins[0]), act(L.out)
                 at = L.op.attrs
-                steps.append(lambda qkv=qkv, o=o, L=L, at=at: k_attn.launch_attention(
-                    qkv, hdr, cu, self.tcum, o, amx(L.out) if L.amax_out else None, tb, nseq,
-                    at["heads"], at["head_dim"], at["scale"], cfg=acfg, pdl=pdl))
+                steps.append(
+                    lambda qkv=qkv, o=o, L=L, at=at: k_attn.launch_attention(
+                        qkv,
+                        hdr,
+                        cu,
+                        self.tcum,
+                        o,
+                        amx(L.out) if L.amax_out else None,
+                        tb,
+                        nseq,
+                        at["heads"],
+                        at["head_dim"],
+                        at["scale"],
+                        cfg=acfg,
+                        pdl=pdl,
+                    )
+                )
             elif L.kind == "add_layernorm":
                 x, r, y = act(L.ins[0]), act(L.res), act(L.out)
-                steps.append(lambda x=x, r=r, y=y, L=L: k_ln.launch_add_layernorm(
-                    x, r, w[f"{L.out}.ln.w"], w[f"{L.out}.ln.b"], y, amx(L.out) if L.amax_out else None,
-                    tb, sp.hidden, L.op.attrs["eps"], pdl=pdl, yq=actq(L)))
+                steps.append(
+                    lambda x=x, r=r, y=y, L=L: k_ln.launch_add_layernorm(
+                        x,
+                        r,
+                        w[f"{L.out}.ln.w"],
+                        w[f"{L.out}.ln.b"],
+                        y,
+                        amx(L.out) if L.amax_out else None,
+                        tb,
+                        sp.hidden,
+                        L.op.attrs["eps"],
+                        pdl=pdl,
+                        yq=actq(L),
+                    )
+                )
             elif L.kind == "pool":
                 x = act(L.ins[0])
-                steps.append(lambda x=x, L=L: k_pool.launch_pool(
-                    x, cu, hdr, self.d_out, nseq, sp.hidden, L.op.attrs["mode"], pdl=pdl))
+                steps.append(
+                    lambda x=x, L=L: k_pool.launch_pool(
+                        x, cu, hdr, self.d_out, nseq, sp.hidden, L.op.attrs["mode"], pdl=pdl
+                    )
+                )
         return steps
 
     def _layout(self, tb: int) -> tuple[int, int, int]:
@@ -490,8 +633,10 @@ class CudaBackend:
         ids = np.asarray(ids, np.int32)
         T, B = int(ids.shape[0]), int(len(cu_seqlens) - 1)
         if T > self.max_tokens or B > self.max_batch or T < 1 or B < 1:
-            raise InputError(f"batch of {T} tokens / {B} sequences exceeds this engine "
-                             f"(max_tokens {self.max_tokens}, max_batch {self.max_batch})")
+            raise InputError(
+                f"batch of {T} tokens / {B} sequences exceeds this engine "
+                f"(max_tokens {self.max_tokens}, max_batch {self.max_batch})"
+            )
         tb = next(b for b in self.buckets if b >= T)
         H = self.spec.hidden
         with self._lock:
@@ -510,10 +655,16 @@ class CudaBackend:
             return self.h_out[:B].copy()
 
     def memory(self) -> dict:
-        out = {"weights_bytes": int(self.weights_bytes), "arena_bytes": int(self.arena_bytes),
-               "activation_bytes": int(self.act_bytes), "buckets": list(self.buckets),
-               "kernels_per_forward": {tb: len(self.plan_for(tb)["launches"]) for tb in self.buckets},
-               "fuse_min_tokens": self.fuse_min_tokens, "pdl": self.pdl, "device": self.device_name}
+        out = {
+            "weights_bytes": int(self.weights_bytes),
+            "arena_bytes": int(self.arena_bytes),
+            "activation_bytes": int(self.act_bytes),
+            "buckets": list(self.buckets),
+            "kernels_per_forward": {tb: len(self.plan_for(tb)["launches"]) for tb in self.buckets},
+            "fuse_min_tokens": self.fuse_min_tokens,
+            "pdl": self.pdl,
+            "device": self.device_name,
+        }
         if not self.eager:
             out["pinned_bytes"] = int(self.p_in.nbytes + self.p_out.nbytes)
             out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}

@@ -25,17 +25,29 @@ from pathlib import Path
 import numpy as np
 
 SHAPES = {
-    "minilm": dict(cfg=dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
-                   shapes=[(1, 16), (1, 128), (8, 128), (32, 128), (256, 128)]),
-    "bert-base": dict(cfg=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                               intermediate_size=3072), shapes=[(1, 128), (32, 128), (256, 128)]),
+    "minilm": dict(
+        cfg=dict(
+            hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536
+        ),
+        shapes=[(1, 16), (1, 128), (8, 128), (32, 128), (256, 128)],
+    ),
+    "bert-base": dict(
+        cfg=dict(
+            hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+        ),
+        shapes=[(1, 128), (32, 128), (256, 128)],
+    ),
 }
 
 
 def _pct(ts):
     a = np.asarray(ts) * 1e6
-    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
-            "mean_us": float(a.mean()), "n": int(len(a))}
+    return {
+        "p50_us": float(np.percentile(a, 50)),
+        "p99_us": float(np.percentile(a, 99)),
+        "mean_us": float(a.mean()),
+        "n": int(len(a)),
+    }
 
 
 def timed(fn, min_calls=200, warm=10):
@@ -58,8 +70,14 @@ def build_hf(name: str, folder: str, seed: int = 0):
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
-                     hidden_act="gelu", layer_norm_eps=1e-12, **SHAPES[name]["cfg"])
+    cfg = BertConfig(
+        vocab_size=30522,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+        **SHAPES[name]["cfg"],
+    )
     model = BertModel(cfg, add_pooling_layer=False).eval()
     # BERT's init (std 0.02) gives near-constant LN inputs; widen it a little so that the
     # activations have the spread of a trained model's (outliers included)
@@ -217,7 +235,9 @@ def gemm_bench():
     T = 256 * 128
     for nm, N, K in (("qkv", 1152, 384), ("o", 384, 384), ("ffn1", 1536, 384), ("ffn2", 384, 1536)):
         cases.append((f"minilm 256x128 {nm}", T, N, K, 3, None))  # int8 A (as qkv / ffn1 run now)
-        cases.append((f"minilm 256x128 {nm}", T, N, K, 1, None))  # fp16 A quantised on load (o / ffn2)
+        cases.append(
+            (f"minilm 256x128 {nm}", T, N, K, 1, None)
+        )  # fp16 A quantised on load (o / ffn2)
     for label, M, N, K, quant, cfg in cases:
         a8 = torch.randint(-127, 128, (M, K), dtype=torch.int8, device="cuda")
         a16 = torch.randn((M, K), dtype=torch.float16, device="cuda")
@@ -227,22 +247,55 @@ def gemm_bench():
         b = torch.zeros(N, device="cuda")
         y = torch.empty((M, N), dtype=torch.float16, device="cuda")
         a = a8 if quant == 3 else a16
-        fn = functools.partial(k_lin.launch_linear, a, amax, w, ws, b, None, None, None, y, None, M, N, K,
-                               quant=quant, cfg=cfg)
+        fn = functools.partial(
+            k_lin.launch_linear,
+            a,
+            amax,
+            w,
+            ws,
+            b,
+            None,
+            None,
+            None,
+            y,
+            None,
+            M,
+            N,
+            K,
+            quant=quant,
+            cfg=cfg,
+        )
         ms = tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
-        row = {"shape": label, "M": M, "N": N, "K": K, "a": "int8" if quant == 3 else "fp16->int8 on load",
-               "cfg": cfg or k_lin.pick_config(M, N, K, True, False), "us": ms * 1e3,
-               "TOPs": 2 * M * N * K / ms / 1e9}
+        row = {
+            "shape": label,
+            "M": M,
+            "N": N,
+            "K": K,
+            "a": "int8" if quant == 3 else "fp16->int8 on load",
+            "cfg": cfg or k_lin.pick_config(M, N, K, True, False),
+            "us": ms * 1e3,
+            "TOPs": 2 * M * N * K / ms / 1e9,
+        }
         if quant == 3:
-            ms2 = tt.do_bench(functools.partial(torch._int_mm, a8, w.t()), warmup=25, rep=100,
-                              return_mode="median")
+            ms2 = tt.do_bench(
+                functools.partial(torch._int_mm, a8, w.t()),
+                warmup=25,
+                rep=100,
+                return_mode="median",
+            )
             row["torch_int_mm_TOPs"] = 2 * M * N * K / ms2 / 1e9
         res.append(row)
         c = row["cfg"]
-        print(f"gemm {label:24s} {row['a']:18s} {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']}"
-              f"s{c['num_stages']} {row['us']:9.1f} us {row['TOPs']:7.1f} TOP/s"
-              + (f"  (torch._int_mm {row['torch_int_mm_TOPs']:.0f})" if "torch_int_mm_TOPs" in row else ""),
-              flush=True)
+        print(
+            f"gemm {label:24s} {row['a']:18s} {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']}"
+            f"s{c['num_stages']} {row['us']:9.1f} us {row['TOPs']:7.1f} TOP/s"
+            + (
+                f"  (torch._int_mm {row['torch_int_mm_TOPs']:.0f})"
+                if "torch_int_mm_TOPs" in row
+                else ""
+            ),
+            flush=True,
+        )
         del a8, a16, w, y
     try:  # is it IGMMA? look for wgmma in the PTX of the compiled big-tile kernel
         kern = k_lin.linear_kernel
@@ -277,12 +330,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/gpu_bench.json")
     ap.add_argument("--quick", action="store_true", help="minilm 1x128 and 32x128 only")
-    ap.add_argument("--compile-shapes", default="",
-                    help="shapes that also get the torch.compile reduce-overhead peer, e.g. minilm:1x128")
+    ap.add_argument(
+        "--compile-shapes",
+        default="",
+        help="shapes that also get the torch.compile reduce-overhead peer, e.g. minilm:1x128",
+    )
     ap.add_argument("--models", default="minilm,bert-base")
     ap.add_argument("--no-gemm", action="store_true")
     ap.add_argument("--no-variants", action="store_true")
-    ap.add_argument("--sanitize", action="store_true", help="one small forward (for compute-sanitizer)")
+    ap.add_argument(
+        "--sanitize", action="store_true", help="one small forward (for compute-sanitizer)"
+    )
     args = ap.parse_args(argv)
     if args.sanitize:
         return sanitize()
@@ -293,10 +351,19 @@ def main(argv=None):
     from zoi.backends.cuda.backend import CudaBackend
 
     rng = np.random.default_rng(0)
-    result = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(),
-                          "python": sys.version.split()[0], "torch": torch.__version__,
-                          "triton": triton.__version__, "note": "lent H200, scripts/gpu_check.sh"},
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": [], "kernels": {}}
+    result = {
+        "machine": {
+            "gpu": torch.cuda.get_device_name(),
+            "host": platform.node(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "note": "lent H200, scripts/gpu_check.sh",
+        },
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rows": [],
+        "kernels": {},
+    }
     try:
         import cuda.bindings
 
@@ -315,7 +382,10 @@ def main(argv=None):
             engines = {}
             variants = [("int8", "int8", {}), ("fp16", "fp16", {})]
             if name == "minilm" and not args.no_variants:
-                variants += [("int8 no-pdl", "int8", dict(pdl=False)), ("int8 ln-fused", "int8", dict(fuse_min_tokens=0))]
+                variants += [
+                    ("int8 no-pdl", "int8", dict(pdl=False)),
+                    ("int8 ln-fused", "int8", dict(fuse_min_tokens=0)),
+                ]
             for prec, mprec, kw in variants:
                 t0 = time.perf_counter()
                 m = zoi_model(d, mprec, max_tokens=max(b * s for b, s in shapes), max_batch=256)
@@ -325,23 +395,39 @@ def main(argv=None):
                 engines[prec] = CudaBackend(m, buckets=buckets, **kw)
                 mem = engines[prec].memory()
                 mem["build_s"] = time.perf_counter() - t0
-                result["rows"].append({"model": name, "provider": f"zoi {prec}", "memory": mem,
-                                       "torch_reserved_delta": torch.cuda.memory_reserved() - r0})
-                print(f"{name} zoi {prec}: built in {mem['build_s']:.1f}s, weights {mem['weights_bytes']/1e6:.1f} MB, "
-                      f"arena {mem['arena_bytes']/1e6:.1f} MB, device used {mem['device_bytes_used']/1e6:.1f} MB, "
-                      f"torch reserved +{mem['torch_reserved_bytes']/1e6:.1f} MB, "
-                      f"kernels/forward {mem['kernels_per_forward']}", flush=True)
+                result["rows"].append(
+                    {
+                        "model": name,
+                        "provider": f"zoi {prec}",
+                        "memory": mem,
+                        "torch_reserved_delta": torch.cuda.memory_reserved() - r0,
+                    }
+                )
+                print(
+                    f"{name} zoi {prec}: built in {mem['build_s']:.1f}s, weights {mem['weights_bytes'] / 1e6:.1f} MB, "
+                    f"arena {mem['arena_bytes'] / 1e6:.1f} MB, device used {mem['device_bytes_used'] / 1e6:.1f} MB, "
+                    f"torch reserved +{mem['torch_reserved_bytes'] / 1e6:.1f} MB, "
+                    f"kernels/forward {mem['kernels_per_forward']}",
+                    flush=True,
+                )
             for B, S in shapes:
                 ids, pos, cu = inputs(rng, B, S)
                 flat = ids.reshape(-1)
                 ref32 = TorchPeer(hf, torch.float32, B, S)
                 want = ref32(ids)
-                row_ref = {"model": name, "shape": f"{B}x{S}", "provider": "torch eager fp32",
-                           **timed(functools.partial(ref32, ids))}
+                row_ref = {
+                    "model": name,
+                    "shape": f"{B}x{S}",
+                    "provider": "torch eager fp32",
+                    **timed(functools.partial(ref32, ids)),
+                }
                 result["rows"].append(row_ref)
                 del ref32
                 torch.cuda.empty_cache()
-                peers = [("torch eager fp16", dict()), ("torch fp16 + cuda graph", dict(graph=True))]
+                peers = [
+                    ("torch eager fp16", dict()),
+                    ("torch fp16 + cuda graph", dict(graph=True)),
+                ]
                 if f"{name}:{B}x{S}" in args.compile_shapes.split(","):
                     peers.append(("torch.compile reduce-overhead fp16", dict(compiled=True)))
                 for pname, kw in peers:
@@ -352,9 +438,14 @@ def main(argv=None):
                     torch.cuda.reset_peak_memory_stats()
                     p = TorchPeer(copy.deepcopy(hf).cpu(), torch.float16, B, S, **kw)
                     got = p(ids)
-                    row = {"model": name, "shape": f"{B}x{S}", "provider": pname, **timed(functools.partial(p, ids)),
-                           "cos_vs_fp32": cos_stats(got, want),
-                           "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated() - a0}
+                    row = {
+                        "model": name,
+                        "shape": f"{B}x{S}",
+                        "provider": pname,
+                        **timed(functools.partial(p, ids)),
+                        "cos_vs_fp32": cos_stats(got, want),
+                        "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated() - a0,
+                    }
                     result["rows"].append(row)
                     del p
                     torch.cuda.empty_cache()
@@ -363,29 +454,52 @@ def main(argv=None):
                         continue
                     got = be.run(flat, pos, cu, True)
                     tb = next(b for b in be.buckets if b >= B * S)
-                    row = {"model": name, "shape": f"{B}x{S}", "provider": f"zoi {prec}",
-                           **timed(functools.partial(be.run, flat, pos, cu, True)),
-                           "graph_only_us": graph_only_us(be, tb), "cos_vs_fp32": cos_stats(got, want),
-                           "bucket": tb}
+                    row = {
+                        "model": name,
+                        "shape": f"{B}x{S}",
+                        "provider": f"zoi {prec}",
+                        **timed(functools.partial(be.run, flat, pos, cu, True)),
+                        "graph_only_us": graph_only_us(be, tb),
+                        "cos_vs_fp32": cos_stats(got, want),
+                        "bucket": tb,
+                    }
                     result["rows"].append(row)
                     if prec == "int8" and (B, S) in ((1, 16), (1, 128), (32, 128), (256, 128)):
                         kt = kernel_times(be, tb)
                         result["kernels"][f"{name} {B}x{S} {prec}"] = kt
                         agg = {}
                         for k in kt:
-                            key = k["launch"].split(" N=")[0].replace(" int8", "").replace(" fp16", "")
+                            key = (
+                                k["launch"]
+                                .split(" N=")[0]
+                                .replace(" int8", "")
+                                .replace(" fp16", "")
+                            )
                             agg[key] = agg.get(key, 0.0) + k["us"]
-                        print(f"  kernels {name} {B}x{S} {prec} (sum {sum(k['us'] for k in kt):.1f} us): "
-                              + ", ".join(f"{k} {v:.1f}" for k, v in agg.items()), flush=True)
+                        print(
+                            f"  kernels {name} {B}x{S} {prec} (sum {sum(k['us'] for k in kt):.1f} us): "
+                            + ", ".join(f"{k} {v:.1f}" for k, v in agg.items()),
+                            flush=True,
+                        )
                 _write(args.out, result)
                 n_rows = 1 + len(peers) + sum(1 for p_ in engines if " " not in p_ or B * S <= 4096)
                 for r in result["rows"][-n_rows:]:
                     if "p50_us" in r:
-                        print(f"{name:9s} {B:3d}x{S:<4d} {r['provider']:36s} p50 {r['p50_us']:9.1f} us  "
-                              f"p99 {r['p99_us']:9.1f} us"
-                              + (f"  graph {r['graph_only_us']:8.1f} us" if "graph_only_us" in r else "")
-                              + (f"  cos mean {r['cos_vs_fp32']['mean']:.5f} min {r['cos_vs_fp32']['min']:.5f}"
-                                 if "cos_vs_fp32" in r else ""), flush=True)
+                        print(
+                            f"{name:9s} {B:3d}x{S:<4d} {r['provider']:36s} p50 {r['p50_us']:9.1f} us  "
+                            f"p99 {r['p99_us']:9.1f} us"
+                            + (
+                                f"  graph {r['graph_only_us']:8.1f} us"
+                                if "graph_only_us" in r
+                                else ""
+                            )
+                            + (
+                                f"  cos mean {r['cos_vs_fp32']['mean']:.5f} min {r['cos_vs_fp32']['min']:.5f}"
+                                if "cos_vs_fp32" in r
+                                else ""
+                            ),
+                            flush=True,
+                        )
             del engines
             torch.cuda.empty_cache()
         _write(args.out, result)

@@ -33,8 +33,10 @@ def check(res):
     if err != _OK:
         _, name = cu.cuGetErrorName(err)
         _, msg = cu.cuGetErrorString(err)
-        raise CudaError(f"CUDA driver error {int(err)} {name.decode() if isinstance(name, bytes) else name}: "
-                        f"{msg.decode() if isinstance(msg, bytes) else msg}")
+        raise CudaError(
+            f"CUDA driver error {int(err)} {name.decode() if isinstance(name, bytes) else name}: "
+            f"{msg.decode() if isinstance(msg, bytes) else msg}"
+        )
     if len(res) == 1:
         return None
     return res[1] if len(res) == 2 else res[1:]
@@ -42,7 +44,9 @@ def check(res):
 
 def require():
     if cu is None:
-        raise BackendUnavailableError(f"device='cuda' needs cuda-bindings (pip install 'zoi[gpu]'): {_IMPORT_ERROR}")
+        raise BackendUnavailableError(
+            f"device='cuda' needs cuda-bindings (pip install 'zoi[gpu]'): {_IMPORT_ERROR}"
+        )
 
 
 def primary_context(ordinal: int = 0):
@@ -60,13 +64,26 @@ def device_name(dev) -> str:
 
 
 def sm_count(dev) -> int:
-    return int(check(cu.cuDeviceGetAttribute(
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+    return int(
+        check(
+            cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev
+            )
+        )
+    )
 
 
 def capability(dev) -> tuple[int, int]:
-    ma = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    mi = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    ma = check(
+        cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
+        )
+    )
+    mi = check(
+        cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
+        )
+    )
     return int(ma), int(mi)
 
 
@@ -97,7 +114,9 @@ def new_stream():
 
 
 def begin_capture(stream) -> None:
-    check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+    check(
+        cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    )
 
 
 def end_capture(stream):

@@ -93,8 +93,11 @@ def attention_kernel(
         rm = q0 + tl.arange(0, BLOCK_M)
         m_ok = rm < seq_end
         rm_c = tl.where(m_ok, rm, 0)
-        q = tl.load(qkv_ptr + rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :],
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        q = tl.load(
+            qkv_ptr + rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :],
+            mask=m_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
         m_i = tl.zeros((BLOCK_M,), tl.float32) - float("inf")
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -125,8 +128,13 @@ def attention_kernel(
 
 def pick_config(T_bucket: int, head_dim: int) -> dict:
     bm = 16 if T_bucket <= 64 else (64 if T_bucket <= 8192 else 128)
-    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                num_warps=4, num_stages=2)
+    return dict(
+        BLOCK_M=bm,
+        BLOCK_N=64,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        num_warps=4,
+        num_stages=2,
+    )
 
 
 def block_b(n_seq: int) -> int:
@@ -137,19 +145,35 @@ def block_b(n_seq: int) -> int:
 def grid_tiles(T_bucket: int, n_seq: int, heads: int, cfg: dict, n_sm: int = 132) -> int:
     """Programs along the tile axis: enough for the worst split, capped (grid-stride loop)."""
     worst = triton.cdiv(T_bucket, cfg["BLOCK_M"]) + min(n_seq, T_bucket)
-    return max(1, min(worst, max(triton.cdiv(8 * n_sm, heads), triton.cdiv(T_bucket, cfg["BLOCK_M"]))))
+    return max(
+        1, min(worst, max(triton.cdiv(8 * n_sm, heads), triton.cdiv(T_bucket, cfg["BLOCK_M"])))
+    )
 
 
 def launch_tiles(hdr, cu, tcum, n_seq, cfg):
     attention_tiles_kernel[(1,)](hdr, cu, tcum, BLOCK_M=cfg["BLOCK_M"], BLOCK_B=block_b(n_seq))
 
 
-def launch_attention(qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None,
-                     pdl=False):
+def launch_attention(
+    qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None, pdl=False
+):
     cfg = cfg or pick_config(T_bucket, head_dim)
     H = heads * head_dim
     attention_kernel[(grid_tiles(T_bucket, n_seq, heads, cfg), heads)](
-        qkv, hdr, cu, tcum, o, amax if amax is not None else o, H, qkv.stride(0), o.stride(0),
-        float(scale) * 1.4426950408889634, D=head_dim, BLOCK_B=block_b(n_seq),
-        AMAX_OUT=amax is not None, PDL=pdl, launch_pdl=pdl, **cfg,
+        qkv,
+        hdr,
+        cu,
+        tcum,
+        o,
+        amax if amax is not None else o,
+        H,
+        qkv.stride(0),
+        o.stride(0),
+        float(scale) * 1.4426950408889634,
+        D=head_dim,
+        BLOCK_B=block_b(n_seq),
+        AMAX_OUT=amax is not None,
+        PDL=pdl,
+        launch_pdl=pdl,
+        **cfg,
     )

@@ -84,8 +84,11 @@ def embed_kernel(
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
         tl.store(amax_ptr + rows, am, mask=r_ok)
         if Q_OUT:
-            tl.store(xq_ptr + rows[:, None].to(tl.int64) * ldxq + cols[None, :],
-                     quantize_rows(y.to(tl.float32), am), mask=m2)
+            tl.store(
+                xq_ptr + rows[:, None].to(tl.int64) * ldxq + cols[None, :],
+                quantize_rows(y.to(tl.float32), am),
+                mask=m2,
+            )
     for z in range(0, n_zero):
         tl.store(zero_ptr + z * zero_stride + rows, tl.zeros((BLOCK_R,), tl.float32), mask=r_ok)
 
@@ -95,16 +98,62 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(16, 4096 // bh)), BLOCK_H=bh, num_warps=4 if bh <= 1024 else 8)
 
 
-def launch_embed(ids, pos, word, word_scale, posemb, type0, lnw, lnb, x, amax, zero, T, H, n_zero,
-                 zero_stride, eps, tiles=None, cfg=None, pdl=False, xq=None):
+def launch_embed(
+    ids,
+    pos,
+    word,
+    word_scale,
+    posemb,
+    type0,
+    lnw,
+    lnb,
+    x,
+    amax,
+    zero,
+    T,
+    H,
+    n_zero,
+    zero_stride,
+    eps,
+    tiles=None,
+    cfg=None,
+    pdl=False,
+    xq=None,
+):
     """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table."""
     cfg = cfg or pick_config(H)
     hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
     embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
-        ids, pos, word, word_scale if word_scale is not None else lnw, posemb,
-        type0 if type0 is not None else lnw, lnw, lnb, x,
-        amax if amax is not None else lnw, xq if xq is not None else x, zero if zero is not None else lnw,
-        hdr, cu, tcum, T, H, x.stride(0), xq.stride(0) if xq is not None else 0, n_zero, zero_stride, float(eps),
-        WORD_Q=word_scale is not None, HAS_TYPE=type0 is not None, AMAX_OUT=amax is not None,
-        Q_OUT=xq is not None, TILES=tiles is not None, TILE_M=tile_m, BLOCK_B=block_b, PDL=pdl, launch_pdl=pdl, **cfg,
+        ids,
+        pos,
+        word,
+        word_scale if word_scale is not None else lnw,
+        posemb,
+        type0 if type0 is not None else lnw,
+        lnw,
+        lnb,
+        x,
+        amax if amax is not None else lnw,
+        xq if xq is not None else x,
+        zero if zero is not None else lnw,
+        hdr,
+        cu,
+        tcum,
+        T,
+        H,
+        x.stride(0),
+        xq.stride(0) if xq is not None else 0,
+        n_zero,
+        zero_stride,
+        float(eps),
+        WORD_Q=word_scale is not None,
+        HAS_TYPE=type0 is not None,
+        AMAX_OUT=amax is not None,
+        Q_OUT=xq is not None,
+        TILES=tiles is not None,
+        TILE_M=tile_m,
+        BLOCK_B=block_b,
+        PDL=pdl,
+        launch_pdl=pdl,
+        **cfg,
     )

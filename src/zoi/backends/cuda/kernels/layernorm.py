@@ -59,7 +59,9 @@ def add_layernorm_kernel(
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
         tl.store(amax_ptr + rows, am, mask=r_ok)
         if Q_OUT:
-            tl.store(yq_ptr + r64 * ldyq + cols[None, :], quantize_rows(y.to(tl.float32), am), mask=m2)
+            tl.store(
+                yq_ptr + r64 * ldyq + cols[None, :], quantize_rows(y.to(tl.float32), am), mask=m2
+            )
 
 
 def pick_config(H: int) -> dict:
@@ -70,7 +72,23 @@ def pick_config(H: int) -> dict:
 def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False, yq=None):
     cfg = cfg or pick_config(H)
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
-        x, r, w, b, y, amax if amax is not None else w, yq if yq is not None else y, T, H, x.stride(0),
-        r.stride(0), y.stride(0), yq.stride(0) if yq is not None else 0, float(eps),
-        AMAX_OUT=amax is not None, Q_OUT=yq is not None, PDL=pdl, launch_pdl=pdl, **cfg,
+        x,
+        r,
+        w,
+        b,
+        y,
+        amax if amax is not None else w,
+        yq if yq is not None else y,
+        T,
+        H,
+        x.stride(0),
+        r.stride(0),
+        y.stride(0),
+        yq.stride(0) if yq is not None else 0,
+        float(eps),
+        AMAX_OUT=amax is not None,
+        Q_OUT=yq is not None,
+        PDL=pdl,
+        launch_pdl=pdl,
+        **cfg,
     )

@@ -38,7 +38,9 @@ def quantize_rows(x, amax):
     """Per-token INT8 of x [R, C] (fp32) with amax [R]: the numerics of zoi.quant.primitives."""
     # IEEE division (div_rn): Triton's default fp32 '/' is approximate, and one ulp of inv
     # moved a product across a .5 tie (seen on the H200: 64 vs 63)
-    inv = tl.where(amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0)
+    inv = tl.where(
+        amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
+    )
     s = tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)
     s = (s + 12582912.0) - 12582912.0  # rint, half to even (the clamp keeps |s| small)
     return s.to(tl.int8)
@@ -137,7 +139,9 @@ def linear_kernel(
             amax = tl.zeros((BLOCK_M,), dtype=tl.float32) + static_amax
         else:
             amax = tl.load(a_amax_ptr + rm_c)
-        inv = tl.where(amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0)
+        inv = tl.where(
+            amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
+        )
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         for k in range(0, K, BLOCK_K):
             k_ok = (k + rk) < K
@@ -206,10 +210,18 @@ def pick_config(M: int, N: int, K: int, quant: bool, ln: bool) -> dict:
             bk = 64
         warps = 4 if bn * bm <= 8192 else 8
         stages = 3 if bn <= 512 else 2
-        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+        return dict(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages
+        )
     if M <= 256:
-        return dict(BLOCK_M=16, BLOCK_N=32 if N <= 512 else 64, BLOCK_K=bk, GROUP_M=8, num_warps=4,
-                    num_stages=4)
+        return dict(
+            BLOCK_M=16,
+            BLOCK_N=32 if N <= 512 else 64,
+            BLOCK_K=bk,
+            GROUP_M=8,
+            num_warps=4,
+            num_stages=4,
+        )
     if M <= 4096:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
     if N >= 1024:
@@ -221,20 +233,64 @@ def grid_size(M: int, N: int, cfg: dict) -> int:
     return triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
 
 
-def launch_linear(a, a_amax, w, ws, b, r, lnw, lnb, y, amax_out, M, N, K, *, quant, act="none",
-                  static_amax=0.0, eps=1e-12, ln=False, amax_out_mode=0, cfg=None, pdl=False, yq=None):
+def launch_linear(
+    a,
+    a_amax,
+    w,
+    ws,
+    b,
+    r,
+    lnw,
+    lnb,
+    y,
+    amax_out,
+    M,
+    N,
+    K,
+    *,
+    quant,
+    act="none",
+    static_amax=0.0,
+    eps=1e-12,
+    ln=False,
+    amax_out_mode=0,
+    cfg=None,
+    pdl=False,
+    yq=None,
+):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts)."""
     cfg = cfg or pick_config(M, N, K, quant != 0, ln)
     if ln:
         assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
     dummy = b
     linear_kernel[(grid_size(M, N, cfg),)](
-        a, a_amax if a_amax is not None else dummy, w, ws if ws is not None else dummy, b,
-        r if r is not None else dummy, lnw if lnw is not None else dummy,
-        lnb if lnb is not None else dummy, y, amax_out if amax_out is not None else dummy,
-        yq if yq is not None else y, M, N, K, a.stride(0), r.stride(0) if r is not None else 0, y.stride(0),
+        a,
+        a_amax if a_amax is not None else dummy,
+        w,
+        ws if ws is not None else dummy,
+        b,
+        r if r is not None else dummy,
+        lnw if lnw is not None else dummy,
+        lnb if lnb is not None else dummy,
+        y,
+        amax_out if amax_out is not None else dummy,
+        yq if yq is not None else y,
+        M,
+        N,
+        K,
+        a.stride(0),
+        r.stride(0) if r is not None else 0,
+        y.stride(0),
         yq.stride(0) if yq is not None else 0,
-        float(static_amax), float(eps),
-        QUANT=quant, ACT=ACTS[act] if isinstance(act, str) else act, HAS_RES=r is not None,
-        LN=ln, AMAX_OUT=amax_out_mode, Q_OUT=yq is not None, PDL=pdl, launch_pdl=pdl, **cfg,
+        float(static_amax),
+        float(eps),
+        QUANT=quant,
+        ACT=ACTS[act] if isinstance(act, str) else act,
+        HAS_RES=r is not None,
+        LN=ln,
+        AMAX_OUT=amax_out_mode,
+        Q_OUT=yq is not None,
+        PDL=pdl,
+        launch_pdl=pdl,
+        **cfg,
     )

@@ -36,12 +36,26 @@ def pool_kernel(
 
 
 @triton.jit
-def _pool_one(x_ptr, cu_ptr, p_ptr, b, flag, cols, c_ok, H, ldx, MODE: tl.constexpr,
-              BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+def _pool_one(
+    x_ptr,
+    cu_ptr,
+    p_ptr,
+    b,
+    flag,
+    cols,
+    c_ok,
+    H,
+    ldx,
+    MODE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     s = tl.load(cu_ptr + b)
     e = tl.load(cu_ptr + b + 1)
     if MODE == 1:
-        x = tl.load(x_ptr + s.to(tl.int64) * ldx + cols, mask=c_ok & (e > s), other=0).to(tl.float32)
+        x = tl.load(x_ptr + s.to(tl.int64) * ldx + cols, mask=c_ok & (e > s), other=0).to(
+            tl.float32
+        )
         p = x
     else:
         rr = tl.arange(0, BLOCK_R)
@@ -80,4 +94,6 @@ def pick_config(H: int) -> dict:
 
 def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None, pdl=False):
     cfg = cfg or pick_config(H)
-    pool_kernel[(max(1, min(n_seq, 1024)),)](x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], PDL=pdl, launch_pdl=pdl, **cfg)
+    pool_kernel[(max(1, min(n_seq, 1024)),)](
+        x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], PDL=pdl, launch_pdl=pdl, **cfg
+    )
