@@ -258,14 +258,18 @@ class Engine:
         if np.any(np.diff(cu) > self.max_tokens):
             raise InputError(f"a sequence is longer than max_tokens={self.max_tokens}")
         out = np.empty((B, self.spec.hidden), np.float32)
+        run_into = getattr(self.backend, "run_into", None)  # writes straight into `out`
         s = 0
-        while s < B:  # greedy chunks under both limits
-            e = s + 1
-            while e < B and cu[e + 1] - cu[s] <= self.max_tokens and e - s < self.max_batch:
-                e += 1
+        while s < B:  # greedy chunks under both limits (each sequence fits: checked above)
+            e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
+            e = min(max(e, s + 1), s + self.max_batch, B)
             a, z = int(cu[s]), int(cu[e])
+            sub = cu[s : e + 1] - a if a else cu[s : e + 1]
             with self._lock:
-                out[s:e] = self.backend.run(ids[a:z], positions[a:z], cu[s : e + 1] - a, normalize)
+                if run_into is not None:
+                    run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
+                else:
+                    out[s:e] = self.backend.run(ids[a:z], positions[a:z], sub, normalize)
             s = e
         return out
 
