@@ -168,20 +168,10 @@ def cmd_compile(args) -> int:
 def _read_texts(args) -> list[str]:
     if args.texts:
         return list(args.texts)
-    fh = open(args.file, encoding="utf-8") if args.file and args.file != "-" else sys.stdin
-    with fh if fh is not sys.stdin else _nullctx(fh):
-        return [ln.rstrip("\n") for ln in fh if ln.strip()]
-
-
-class _nullctx:
-    def __init__(self, v):
-        self.v = v
-
-    def __enter__(self):
-        return self.v
-
-    def __exit__(self, *a):
-        return False
+    if args.file and args.file != "-":
+        with open(args.file, encoding="utf-8") as fh:
+            return [ln.rstrip("\n") for ln in fh if ln.strip()]
+    return [ln.rstrip("\n") for ln in sys.stdin if ln.strip()]
 
 
 def cmd_encode(args) -> int:

@@ -89,7 +89,14 @@ def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nda
 
 def embed(ids, positions, word, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32) -> np.ndarray:
     """x[T,H] = LN(word[ids] + pos[positions] + type[0])."""
-    x = word[ids].astype(dtype) + pos[positions].astype(dtype)
+    return embed_rows(word[ids], positions, pos, ln_w, ln_b, eps, type_, dtype)
+
+
+def embed_rows(
+    word_rows, positions, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32
+) -> np.ndarray:
+    """embed() with the word rows already gathered (float or dequantised INT8 table)."""
+    x = word_rows.astype(dtype) + pos[positions].astype(dtype)
     if type_ is not None:
         x = x + type_[0].astype(dtype)
     return layernorm(x, ln_w.astype(dtype), ln_b.astype(dtype), eps)
@@ -245,13 +252,15 @@ def execute(
         ins = [env[n] for n in op.inputs]
         a, wn = op.attrs, op.weights
         if op.kind == "embed":
-            x = gather_rows(W, wn["word"], ins[0]).astype(dtype) + W[wn["pos"]][ins[1]].astype(
-                dtype
-            )
-            if "type" in wn:
-                x = x + W[wn["type"]][0].astype(dtype)
-            env[op.output] = layernorm(
-                x, W[wn["ln_w"]].astype(dtype), W[wn["ln_b"]].astype(dtype), a["eps"]
+            env[op.output] = embed_rows(
+                gather_rows(W, wn["word"], ins[0]),
+                ins[1],
+                W[wn["pos"]],
+                W[wn["ln_w"]],
+                W[wn["ln_b"]],
+                a["eps"],
+                W[wn["type"]] if "type" in wn else None,
+                dtype,
             )
         elif op.kind == "linear":
             p = linear_prefix(op)
