@@ -94,7 +94,7 @@ def test_failure_isolated_to_its_job():
 
     async def main():
         good1 = b.submit(seqs_of([3]), False)
-        bad = b.submit([np.array([5, 999, 7], np.int32)], False)
+        bad = b.submit([np.array([5, 999, 7, 8, 9], np.int32)], False)
         good2 = b.submit(seqs_of([4, 2]), False)
         rec.gate.set()
         res = await asyncio.gather(good1.future, bad.future, good2.future, return_exceptions=True)
@@ -105,8 +105,13 @@ def test_failure_isolated_to_its_job():
     assert isinstance(rbad, RuntimeError)
     assert np.array_equal(r1, np.stack([row(s) for s in seqs_of([3])]))
     assert np.array_equal(r2, np.stack([row(s) for s in seqs_of([4, 2])]))
-    assert rec.calls[0] == [3, 3, 4, 2]  # one batch, then each job alone
-    assert sorted(rec.calls[1:]) == sorted([[3], [3], [4, 2]])
+    # The worker may take its first batch before every job is queued, so the batches vary;
+    # what must hold: the failing job ends up alone, and every job that shared a failed
+    # call with it was retried alone (its answer above is right).
+    assert [5] in rec.calls
+    for i, call in enumerate(rec.calls):
+        if 5 in call and len(call) > 1:  # a failed shared call: its jobs are retried after it
+            assert [5] in rec.calls[i + 1 :]
 
 
 def test_cancelled_job_is_dropped_and_close_drains():
