@@ -41,7 +41,7 @@ def test_forward_matches_reference(precision):
             for la in be.plans[True]["launches"]
             if la.kind == "linear"
         }
-        assert quants == {"qkv": 3, "o": 1, "ffn1": 3, "ffn2": 1}
+        assert quants == {"qkv": 4, "o": 1, "ffn1": 4, "ffn2": 1}
     assert be.memory()["kernels_per_forward"] == {
         16: 1 + 7 * L + 1,
         64: 1 + 5 * L + 1,

@@ -57,13 +57,13 @@ def default_buckets(max_tokens: int) -> list[int]:
 
 @dataclass
 class _Launch:
-    kind: str  # embed | linear | attention | add_layernorm | pool
+    kind: str  # embed | linear | attention | add_layernorm | quantize | pool
     op: object
     out: str
     ins: list[str]
     ln: object = None  # fused add_layernorm op (linear)
     res: str | None = None  # residual buffer
-    quant: int = 0  # linear: 0 fp16, 1 int8 dynamic, 2 int8 static
+    quant: int = 0  # linear: 0 fp16, 1 int8 dynamic (in-loop), 2 static (in-loop), 4 int8 A
     static_amax: float = 0.0
     amax_out: int = 0  # 0 none, 1 atomic, 2 direct
     n: int = 0  # output cols
@@ -177,13 +177,19 @@ class CudaBackend:
         self.tstream = torch.cuda.ExternalStream(int(self.stream))
 
     # ------------------------------------------------------------------ plan
-    def _linear_mode(self, prefix: str) -> tuple[int, float]:
+    def _linear_mode(self, prefix: str) -> tuple[int, float, str]:
+        """(quant, static amax, scheme) of one linear: quant 0 float (FP16, or weight-only INT8
+        dequantised at pack time), 1 per-token dynamic, 2 static; the plan may turn 1 / 2
+        into 4 (A pre-quantised), which is what dynamic_asym and act_shift / act_mul need."""
         W, q = self.model.weights, self.model.quant.get(prefix)
         if self.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
-            if q is not None and q.scheme == "static":
-                return 2, float(q.amax)
-            return 1, 0.0
-        return 0, 0.0
+            scheme = "dynamic" if q is None else q.scheme
+            if scheme == "static":
+                return 2, float(q.amax), scheme
+            if scheme not in ("dynamic", "dynamic_asym"):
+                raise BackendUnavailableError(f"{prefix}: unknown INT8 scheme {scheme!r}")
+            return 1, 0.0, scheme
+        return 0, 0.0, "fp32"
 
     def _plan_launches(self, fuse: bool) -> dict:
         g = self.model.graph
@@ -200,7 +206,7 @@ class CudaBackend:
                 out.append(_Launch("embed", op, op.output, list(op.inputs), n=self.spec.hidden))
             elif op.kind == "linear":
                 prefix = op.weights["w"].rsplit(".", 1)[0]
-                quant, samax = self._linear_mode(prefix)
+                quant, samax, scheme = self._linear_mode(prefix)
                 wq = self.model.weights.get(f"{prefix}.w_q")
                 N, K = wq.shape if wq is not None else self.model.weights[f"{prefix}.w"].shape
                 L = _Launch(
@@ -215,6 +221,10 @@ class CudaBackend:
                     res=op.inputs[1] if len(op.inputs) > 1 else None,
                 )
                 L.extra["prefix"] = prefix
+                L.extra["scheme"] = scheme
+                L.extra["transform"] = any(
+                    f"{prefix}.{t}" in self.model.weights for t in ("act_shift", "act_mul")
+                )
                 nxt = ops[i + 1] if i + 1 < len(ops) else None
                 if (
                     fuse
@@ -261,27 +271,65 @@ class CudaBackend:
             raise BackendUnavailableError(
                 "device='cuda' expects a graph that starts with embed and ends with pool"
             )
-        # which activations need a per-row amax, and how their producer writes it
+        # INT8 linears that read a pre-quantised int8 copy of their input (QUANT 4): all those
+        # whose producer sees whole rows (embed, add_layernorm, linear + LN: the producer writes
+        # the copy in its epilogue), and those that need what the in-loop conversion cannot do
+        # (dynamic_asym, act_shift / act_mul: a quantize launch of their own before them).
+        # The copy is named per activation and quantisation ("X@tag#q"); one with the
+        # consumer's own act_shift / act_mul is that consumer's alone.
+        producer = {L.out: L for L in out}
+
+        def whole(P):
+            return P.kind in ("embed", "add_layernorm") or (P.kind == "linear" and P.ln is not None)
+
+        qinfo: dict[str, dict] = {}
+        final: list[_Launch] = []
+        for L in out:
+            if L.kind != "linear" or not L.quant:
+                final.append(L)
+                continue
+            X, P, sch, p = L.ins[0], producer[L.ins[0]], L.extra["scheme"], L.extra["prefix"]
+            tr = L.extra["transform"]
+            if not tr and sch != "dynamic_asym" and not whole(P):
+                final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
+                continue
+            tag = p if tr else (f"static{L.static_amax!r}" if sch == "static" else sch)
+            qname = f"{X}@{tag}#q"
+            if qname not in qinfo:
+                qinfo[qname] = dict(
+                    mode=sch, static_amax=L.static_amax, prefix=p if tr else None, k=L.k
+                )
+                if whole(P) and "q" not in P.extra:
+                    P.extra["q"] = qname
+                else:
+                    final.append(_Launch("quantize", L.op, qname, [X], n=L.k, k=L.k))
+                    final[-1].extra["q"] = qname
+            L.quant = 4
+            L.extra["qname"] = qname
+            final.append(L)
+        out = final
+        # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
         need = {L.ins[0] for L in out if L.kind == "linear" and L.quant == 1}
         atomic, direct = [], []
         for L in out:
             if L.out in need:
-                if L.kind in ("embed", "add_layernorm") or (
-                    L.kind == "linear" and L.ln is not None
-                ):
+                if whole(L):
                     L.amax_out = 2
                     direct.append(L.out)
                 else:
                     L.amax_out = 1
                     atomic.append(L.out)
-        # producers that see whole rows also write the int8 copy: their INT8 consumers then run
-        # as pure int8 GEMMs (QUANT 3), with no conversion in the main loop
-        producer = {L.out: L for L in out}
-        for L in out:
-            if L.kind == "linear" and L.quant == 1 and producer[L.ins[0]].amax_out == 2:
-                L.quant = 3
-                producer[L.ins[0]].extra["q_out"] = True
-        return {"launches": out, "atomic": atomic, "direct": direct}
+        # per-row a_scale (and zero point) of every int8 copy
+        scales = [n for n in qinfo] + [
+            n + "#zp" for n, i in qinfo.items() if i["mode"] == "dynamic_asym"
+        ]
+        return {
+            "launches": out,
+            "atomic": atomic,
+            "direct": direct,
+            "qinfo": qinfo,
+            "scales": scales,
+        }
 
     # ------------------------------------------------------------------ weights
     def _pack_weights(self):
@@ -315,16 +363,34 @@ class CudaBackend:
                 add("embed.ln.b", f32(W[w["ln_b"]]))
             elif L.kind == "linear":
                 p = L.extra["prefix"]
+                shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
                 if L.quant:
                     add(f"{p}.w_q", np.asarray(W[f"{p}.w_q"], np.int8))
                     add(f"{p}.w_scale", f32(W[f"{p}.w_scale"]))
-                elif f"{p}.w" in W:
-                    add(f"{p}.w", f16(W[f"{p}.w"]))
+                    if L.extra["scheme"] == "dynamic_asym":  # sum_k w_q[n, k], exact in int32
+                        add(f"{p}.colsum", W[f"{p}.w_q"].astype(np.int64).sum(1).astype(np.int32))
+                    for t, v in (("act_shift", shift), ("act_mul", mul)):
+                        if v is not None:  # applied by whoever writes the int8 copy
+                            add(f"{p}.{t}", f32(v))
+                    add(f"{p}.b", f32(W[f"{p}.b"]))
                 elif f"{p}.w" not in items:
                     from zoi.quant.primitives import dequantize_weight
 
-                    add(f"{p}.w", f16(dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"])))
-                add(f"{p}.b", f32(W[f"{p}.b"]))
+                    # float linear (FP16, or weight-only INT8 dequantised here); an
+                    # act_shift / act_mul folds exactly in real arithmetic:
+                    # ((x - s) * m) W^T + b = x (W m)^T + (b - (W m) s)
+                    w = (
+                        np.asarray(W[f"{p}.w"], np.float64)
+                        if f"{p}.w" in W
+                        else dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"]).astype(np.float64)
+                    )
+                    b = np.asarray(W[f"{p}.b"], np.float64)
+                    if mul is not None:
+                        w = w * np.asarray(mul, np.float64)[None, :]
+                    if shift is not None:
+                        b = b - w @ np.asarray(shift, np.float64)
+                    add(f"{p}.w", f16(w))
+                    add(f"{p}.b", f32(b))
                 if L.ln is not None:  # fused LN: params under the add_layernorm's output name
                     add(f"{L.out}.ln.w", f32(W[L.ln.weights["w"]]))
                     add(f"{L.out}.ln.b", f32(W[L.ln.weights["b"]]))
@@ -346,6 +412,7 @@ class CudaBackend:
                 np.dtype(np.float16): torch.float16,
                 np.dtype(np.float32): torch.float32,
                 np.dtype(np.int8): torch.int8,
+                np.dtype(np.int32): torch.int32,
             }[a.dtype]
             self.w[key] = self.wbuf[o : o + a.nbytes].view(tdt).view(a.shape)
 
@@ -357,17 +424,17 @@ class CudaBackend:
         live: dict[str, list[int]] = {}
         for i, L in enumerate(launches):
             reads = L.ins + ([L.res] if L.res else [])
-            if L.kind == "linear" and L.quant == 3:
-                reads = [L.ins[0] + "#q"] + reads[1:]
+            if L.kind == "linear" and L.quant == 4:
+                reads = [L.extra["qname"]] + reads[1:]
             for n in reads:
                 if n in live:
                     live[n][1] = i
             if L.kind != "pool":
                 cols[L.out] = L.n
                 live[L.out] = [i, i]
-                if L.extra.get("q_out"):
-                    cols[L.out + "#q"] = L.n
-                    live[L.out + "#q"] = [i, i]
+                if L.kind != "quantize" and L.extra.get("q"):  # the int8 copy it also writes
+                    cols[L.extra["q"]] = L.n
+                    live[L.extra["q"]] = [i, i]
         # fp16 activations, int8 ("#q") per-token quantised copies
         sizes = {n: _align(T * c * (1 if n.endswith("#q") else 2)) for n, c in cols.items()}
         placed, offs = [], {}
@@ -384,15 +451,15 @@ class CudaBackend:
 
     def _alloc_arena(self):
         """One arena: activations (both plans share the region, one runs at a time), per-row
-        amax, the attention tile table, the call's input staging and the pooled output."""
+        amax / a_scale / zero point, the attention tile table, the call's input staging and the pooled output."""
         torch, T, Bmax = self.torch, self.max_tokens, self.max_batch
         act_bytes, n_amax = 0, 1
         for plan in self.plans.values():
             plan["offs"], plan["cols"], nb = self._place(plan["launches"], T)
             act_bytes = max(act_bytes, nb)
-            names = (
-                plan["atomic"] + plan["direct"]
-            )  # atomic first: the embed kernel zeroes rows [0, n_atomic)
+            # atomic first: the embed kernel zeroes rows [0, n_atomic); then the a_scale / zp
+            # rows of the int8 copies (zp rows hold int32)
+            names = plan["atomic"] + plan["direct"] + plan["scales"]
             plan["amax_row"] = {n: i for i, n in enumerate(names)}
             n_amax = max(n_amax, len(names))
         self.hdr_ints = _align((4 + Bmax + 1) * 4) // 4  # header [flag, B, T, 0] + cu_seqlens
@@ -456,6 +523,7 @@ class CudaBackend:
         from zoi.backends.cuda.kernels import layernorm as k_ln
         from zoi.backends.cuda.kernels import linear as k_lin
         from zoi.backends.cuda.kernels import pool as k_pool
+        from zoi.backends.cuda.kernels import quantize as k_q
 
         T = self.max_tokens
         plan = self.plan_for(tb)
@@ -471,13 +539,36 @@ class CudaBackend:
         rows = plan["amax_row"]
         amx = lambda n: self.amax_region[rows[n]] if n in rows else None  # noqa: E731
         act = lambda n: self._act(plan, n, tb)  # noqa: E731
-        actq = lambda L: self._act(plan, L.out + "#q", tb) if L.extra.get("q_out") else None  # noqa: E731
+        qinfo = plan["qinfo"]
+
+        def qrow(qname):  # (a_scale fp32 [T], zero point int32 [T] or None) of an int8 copy
+            zp = rows.get(qname + "#zp")
+            return self.amax_region[rows[qname]], (
+                self.amax_region[zp].view(self.torch.int32) if zp is not None else None
+            )
+
+        def qout(L):  # keyword arguments of a producer that also writes an int8 copy
+            qn = L.extra.get("q")
+            if not qn:
+                return {}
+            i, (sc, zp), p = qinfo[qn], qrow(qn), qinfo[qn]["prefix"]
+            return dict(
+                q_mode=i["mode"],
+                q_static_amax=i["static_amax"],
+                q_shift=w.get(f"{p}.act_shift") if p else None,
+                q_mul=w.get(f"{p}.act_mul") if p else None,
+                **{
+                    f"{'x' if L.kind == 'embed' else 'y'}q{k}": v
+                    for k, v in (("", act(qn)), ("_scale", sc), ("_zp", zp))
+                },
+            )
+
         for L in plan["launches"]:
             if L.kind == "embed":
                 x = act(L.out)
                 nz = len(plan["atomic"])
                 steps.append(
-                    lambda x=x, L=L, nz=nz: k_embed.launch_embed(
+                    lambda x=x, L=L, nz=nz, qo=qout(L): k_embed.launch_embed(
                         ids,
                         pos,
                         w.get("embed.word_q", w.get("embed.word")),
@@ -496,39 +587,62 @@ class CudaBackend:
                         L.op.attrs["eps"],
                         tiles=(hdr, cu, self.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq)),
                         pdl=pdl,
-                        xq=actq(L),
+                        **qo,
                     )
                 )
             elif L.kind == "linear":
                 p = L.extra["prefix"]
-                a, y = act(L.ins[0] + ("#q" if L.quant == 3 else "")), act(L.out)
+                a, y = act(L.extra["qname"] if L.quant == 4 else L.ins[0]), act(L.out)
                 r = act(L.res) if L.res else None
                 ln = L.ln is not None
                 cfg = k_lin.pick_config(tb, L.n, L.k, L.quant != 0, ln)
+                a_sc, a_zp = qrow(L.extra["qname"]) if L.quant == 4 else (amx(L.ins[0]), None)
                 steps.append(
-                    lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg: k_lin.launch_linear(
-                        a,
-                        amx(L.ins[0]),
-                        w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
-                        w[f"{p}.w_scale"] if L.quant else None,
-                        w[f"{p}.b"],
-                        r,
-                        w[f"{L.out}.ln.w"] if ln else None,
-                        w[f"{L.out}.ln.b"] if ln else None,
-                        y,
-                        amx(L.out) if L.amax_out else None,
+                    lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L): (
+                        k_lin.launch_linear(
+                            a,
+                            a_sc,
+                            w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
+                            w[f"{p}.w_scale"] if L.quant else None,
+                            w[f"{p}.b"],
+                            r,
+                            w[f"{L.out}.ln.w"] if ln else None,
+                            w[f"{L.out}.ln.b"] if ln else None,
+                            y,
+                            amx(L.out) if L.amax_out else None,
+                            tb,
+                            L.n,
+                            L.k,
+                            quant=L.quant,
+                            act=L.op.attrs.get("act", "none"),
+                            static_amax=L.static_amax,
+                            eps=L.ln.attrs["eps"] if ln else 1e-12,
+                            ln=ln,
+                            amax_out_mode=L.amax_out,
+                            cfg=cfg,
+                            pdl=pdl,
+                            a_zp=a_zp,
+                            colsum=w.get(f"{p}.colsum") if a_zp is not None else None,
+                            **qo,
+                        )
+                    )
+                )
+            elif L.kind == "quantize":
+                i = qinfo[L.out]
+                x, q, (sc, zp), p = act(L.ins[0]), act(L.out), qrow(L.out), i["prefix"]
+                steps.append(
+                    lambda x=x, q=q, sc=sc, zp=zp, p=p, i=i: k_q.launch_quantize(
+                        x,
+                        w.get(f"{p}.act_shift") if p else None,
+                        w.get(f"{p}.act_mul") if p else None,
+                        q,
+                        sc,
+                        zp,
                         tb,
-                        L.n,
-                        L.k,
-                        quant=L.quant,
-                        act=L.op.attrs.get("act", "none"),
-                        static_amax=L.static_amax,
-                        eps=L.ln.attrs["eps"] if ln else 1e-12,
-                        ln=ln,
-                        amax_out_mode=L.amax_out,
-                        cfg=cfg,
+                        i["k"],
+                        mode=i["mode"],
+                        static_amax=i["static_amax"],
                         pdl=pdl,
-                        yq=actq(L),
                     )
                 )
             elif L.kind == "attention":
@@ -554,7 +668,7 @@ class CudaBackend:
             elif L.kind == "add_layernorm":
                 x, r, y = act(L.ins[0]), act(L.res), act(L.out)
                 steps.append(
-                    lambda x=x, r=r, y=y, L=L: k_ln.launch_add_layernorm(
+                    lambda x=x, r=r, y=y, L=L, qo=qout(L): k_ln.launch_add_layernorm(
                         x,
                         r,
                         w[f"{L.out}.ln.w"],
@@ -565,7 +679,7 @@ class CudaBackend:
                         sp.hidden,
                         L.op.attrs["eps"],
                         pdl=pdl,
-                        yq=actq(L),
+                        **qo,
                     )
                 )
             elif L.kind == "pool":

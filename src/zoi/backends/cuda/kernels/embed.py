@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
-from zoi.backends.cuda.kernels.linear import quantize_rows
+from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
 @triton.jit
@@ -27,7 +27,11 @@ def embed_kernel(
     lnb_ptr,  # [H] fp32
     x_ptr,  # [T, H] output, row stride ldx
     amax_ptr,  # [T] fp32 per-row amax of x (AMAX_OUT)
-    xq_ptr,  # [T, H] int8 per-token quantised x, row stride ldxq (Q_OUT, with AMAX_OUT)
+    xq_ptr,  # [T, H] int8 per-token quantised x, row stride ldxq (Q_OUT)
+    xqs_ptr,  # [T] fp32 a_scale of xq (Q_OUT)
+    xqz_ptr,  # [T] int32 zero point of xq (Q_OUT 3)
+    qshift_ptr,  # [H] fp32 act_shift of the consumer (Q_SHIFT)
+    qmul_ptr,  # [H] fp32 act_mul of the consumer (Q_MUL)
     zero_ptr,  # [n_zero, zero_stride] fp32, rows < T zeroed
     hdr_ptr,  # [>=3] int32 call header [flag, B, T] (TILES)
     cu_ptr,  # [B + 1] int32 cu_seqlens (TILES)
@@ -39,10 +43,13 @@ def embed_kernel(
     n_zero,
     zero_stride,
     eps,
+    q_static_amax,
     WORD_Q: tl.constexpr,
     HAS_TYPE: tl.constexpr,
     AMAX_OUT: tl.constexpr,
-    Q_OUT: tl.constexpr,
+    Q_OUT: tl.constexpr,  # 0, or the quantize.QMODES mode of the int8 copy
+    Q_SHIFT: tl.constexpr,
+    Q_MUL: tl.constexpr,
     TILES: tl.constexpr,
     TILE_M: tl.constexpr,  # attention BLOCK_M
     BLOCK_B: tl.constexpr,
@@ -83,12 +90,14 @@ def embed_kernel(
     if AMAX_OUT:
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
         tl.store(amax_ptr + rows, am, mask=r_ok)
-        if Q_OUT:
-            tl.store(
-                xq_ptr + rows[:, None].to(tl.int64) * ldxq + cols[None, :],
-                quantize_rows(y.to(tl.float32), am),
-                mask=m2,
-            )
+    if Q_OUT != 0:
+        q, qs, qz = quant_rows(
+            y.to(tl.float32), cols, c_ok, qshift_ptr, qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL
+        )
+        tl.store(xq_ptr + rows[:, None].to(tl.int64) * ldxq + cols[None, :], q, mask=m2)
+        tl.store(xqs_ptr + rows, qs, mask=r_ok)
+        if Q_OUT == 3:
+            tl.store(xqz_ptr + rows, qz, mask=r_ok)
     for z in range(0, n_zero):
         tl.store(zero_ptr + z * zero_stride + rows, tl.zeros((BLOCK_R,), tl.float32), mask=r_ok)
 
@@ -119,9 +128,19 @@ def launch_embed(
     cfg=None,
     pdl=False,
     xq=None,
+    xq_scale=None,
+    xq_zp=None,
+    q_mode="dynamic",
+    q_shift=None,
+    q_mul=None,
+    q_static_amax=0.0,
 ):
-    """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table."""
+    """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table.
+    xq: also write the int8 copy of x for the first linear (quantize.quant_rows, q_mode)."""
     cfg = cfg or pick_config(H)
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if xq is not None else 0
+    assert qmode == 0 or xq_scale is not None
+    assert qmode != 3 or xq_zp is not None
     hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
     embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         ids,
@@ -135,6 +154,10 @@ def launch_embed(
         x,
         amax if amax is not None else lnw,
         xq if xq is not None else x,
+        xq_scale if xq_scale is not None else lnw,
+        xq_zp if xq_zp is not None else lnw,
+        q_shift if q_shift is not None else lnw,
+        q_mul if q_mul is not None else lnw,
         zero if zero is not None else lnw,
         hdr,
         cu,
@@ -146,10 +169,13 @@ def launch_embed(
         n_zero,
         zero_stride,
         float(eps),
+        float(q_static_amax),
         WORD_Q=word_scale is not None,
         HAS_TYPE=type0 is not None,
         AMAX_OUT=amax is not None,
-        Q_OUT=xq is not None,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         TILES=tiles is not None,
         TILE_M=tile_m,
         BLOCK_B=block_b,

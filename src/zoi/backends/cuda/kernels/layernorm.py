@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.linear import quantize_rows
+from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
 @triton.jit
@@ -21,7 +21,11 @@ def add_layernorm_kernel(
     b_ptr,  # [H] fp32
     y_ptr,  # [T, H] output, row stride ldy
     amax_ptr,  # [T] fp32 (AMAX_OUT)
-    yq_ptr,  # [T, H] int8 per-token quantised y, row stride ldyq (Q_OUT, with AMAX_OUT)
+    yq_ptr,  # [T, H] int8 per-token quantised y, row stride ldyq (Q_OUT)
+    yqs_ptr,  # [T] fp32 a_scale of yq (Q_OUT)
+    yqz_ptr,  # [T] int32 zero point of yq (Q_OUT 3)
+    qshift_ptr,  # [H] fp32 act_shift of the consumer (Q_SHIFT)
+    qmul_ptr,  # [H] fp32 act_mul of the consumer (Q_MUL)
     T,
     H,
     ldx,
@@ -29,8 +33,11 @@ def add_layernorm_kernel(
     ldy,
     ldyq,
     eps,
+    q_static_amax,
     AMAX_OUT: tl.constexpr,
-    Q_OUT: tl.constexpr,
+    Q_OUT: tl.constexpr,  # 0, or the quantize.QMODES mode of the int8 copy
+    Q_SHIFT: tl.constexpr,
+    Q_MUL: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
@@ -58,10 +65,14 @@ def add_layernorm_kernel(
     if AMAX_OUT:
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
         tl.store(amax_ptr + rows, am, mask=r_ok)
-        if Q_OUT:
-            tl.store(
-                yq_ptr + r64 * ldyq + cols[None, :], quantize_rows(y.to(tl.float32), am), mask=m2
-            )
+    if Q_OUT != 0:
+        q, qs, qz = quant_rows(
+            y.to(tl.float32), cols, c_ok, qshift_ptr, qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL
+        )
+        tl.store(yq_ptr + r64 * ldyq + cols[None, :], q, mask=m2)
+        tl.store(yqs_ptr + rows, qs, mask=r_ok)
+        if Q_OUT == 3:
+            tl.store(yqz_ptr + rows, qz, mask=r_ok)
 
 
 def pick_config(H: int) -> dict:
@@ -69,8 +80,31 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(16, 4096 // bh)), BLOCK_H=bh, num_warps=4 if bh <= 1024 else 8)
 
 
-def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False, yq=None):
+def launch_add_layernorm(
+    x,
+    r,
+    w,
+    b,
+    y,
+    amax,
+    T,
+    H,
+    eps,
+    cfg=None,
+    pdl=False,
+    yq=None,
+    yq_scale=None,
+    yq_zp=None,
+    q_mode="dynamic",
+    q_shift=None,
+    q_mul=None,
+    q_static_amax=0.0,
+):
+    """yq: also write the int8 copy of y for the next linear (quantize.quant_rows, q_mode)."""
     cfg = cfg or pick_config(H)
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
+    assert qmode == 0 or yq_scale is not None
+    assert qmode != 3 or yq_zp is not None
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         x,
         r,
@@ -79,6 +113,10 @@ def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False, yq
         y,
         amax if amax is not None else w,
         yq if yq is not None else y,
+        yq_scale if yq_scale is not None else w,
+        yq_zp if yq_zp is not None else w,
+        q_shift if q_shift is not None else w,
+        q_mul if q_mul is not None else w,
         T,
         H,
         x.stride(0),
@@ -86,8 +124,11 @@ def launch_add_layernorm(x, r, w, b, y, amax, T, H, eps, cfg=None, pdl=False, yq
         y.stride(0),
         yq.stride(0) if yq is not None else 0,
         float(eps),
+        float(q_static_amax),
         AMAX_OUT=amax is not None,
-        Q_OUT=yq is not None,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         PDL=pdl,
         launch_pdl=pdl,
         **cfg,

@@ -19,9 +19,16 @@ One Triton kernel, specialised by constexpr flags:
   computes ``LayerNorm(y) * ln_w + ln_b`` in fp32 (two-pass on the tile in registers).
 * ``AMAX_OUT`` 0 none; 1 atomic max of |y| per row into ``amax_out_ptr`` (the buffer
   must be zero beforehand; amax >= 0 so a float atomic max is exact); 2 plain store
-  (LN mode only, the program sees the whole row). The next INT8 linear reads it.
-* ``Q_OUT`` (with AMAX_OUT 2): also write y quantised per token as int8, so that the next
-  INT8 linear runs as QUANT 3 (a pure int8 GEMM, no conversion in its main loop).
+  (LN mode only, the program sees the whole row). The next INT8 linear reads it (QUANT 1).
+* ``QUANT`` 4: A already int8 (written by its producer or by ``quantize.quantize_kernel``)
+  with the per-row ``a_scale`` itself in ``a_amax_ptr``; with ``ASYM`` the copy is the
+  asymmetric one stored as ``q_u8 - 128`` and the exact integer sum is
+  ``dot(q_s, w) + (128 - zp[t]) * colsum[n]`` (``colsum[n] = sum_k w_q[n, k]``, int32,
+  packed with the weights) == ``primitives.int8_matmul_asym_exact``.
+* ``Q_OUT`` (LN mode only): also write y quantised per token for the next INT8 linear
+  (``quantize.quant_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
+  act_shift / act_mul applied first), with a_scale (and zp) per row, so that it runs as
+  QUANT 4 (a pure int8 GEMM, no conversion in its main loop).
 """
 
 from __future__ import annotations
@@ -30,20 +37,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
+
 ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
-
-
-@triton.jit
-def quantize_rows(x, amax):
-    """Per-token INT8 of x [R, C] (fp32) with amax [R]: the numerics of zoi.quant.primitives."""
-    # IEEE division (div_rn): Triton's default fp32 '/' is approximate, and one ulp of inv
-    # moved a product across a .5 tie (seen on the H200: 64 vs 63)
-    inv = tl.where(
-        amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
-    )
-    s = tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)
-    s = (s + 12582912.0) - 12582912.0  # rint, half to even (the clamp keeps |s| small)
-    return s.to(tl.int8)
 
 
 @triton.jit
@@ -64,7 +60,9 @@ def _activation(y, ACT: tl.constexpr):
 @triton.jit
 def linear_kernel(
     a_ptr,  # A [M, K] fp16 activations (QUANT 3: int8), row stride lda
-    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1, 3)
+    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1, 3) or a_scale (QUANT 4)
+    a_zp_ptr,  # [M] int32 per-row zero point of A (QUANT 4, ASYM)
+    colsum_ptr,  # [N] int32 sum_k w_q[n, k] (QUANT 4, ASYM)
     w_ptr,  # W [N, K] int8 (QUANT 1..3) or fp16 (QUANT 0), row-major (HF orientation)
     ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1..3)
     b_ptr,  # [N] fp32 bias
@@ -73,7 +71,11 @@ def linear_kernel(
     lnb_ptr,  # [N] fp32 LayerNorm bias (LN)
     y_ptr,  # [M, N] output (dtype of the buffer), row stride ldy
     amax_out_ptr,  # [M] fp32 per-row amax of y (AMAX_OUT)
-    yq_ptr,  # [M, N] int8 per-token quantised y, row stride ldyq (Q_OUT; needs AMAX_OUT == 2)
+    yq_ptr,  # [M, N] int8 per-token quantised y, row stride ldyq (Q_OUT, LN mode)
+    yqs_ptr,  # [M] fp32 a_scale of yq (Q_OUT)
+    yqz_ptr,  # [M] int32 zero point of yq (Q_OUT 3)
+    qshift_ptr,  # [N] fp32 act_shift of the consumer (Q_SHIFT)
+    qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
     M,
     N,
     K,
@@ -83,12 +85,16 @@ def linear_kernel(
     ldyq,
     static_amax,  # float, QUANT 2
     eps,  # float, LN
+    q_static_amax,  # float, Q_OUT 2
     QUANT: tl.constexpr,
+    ASYM: tl.constexpr,
     ACT: tl.constexpr,
     HAS_RES: tl.constexpr,
     LN: tl.constexpr,
     AMAX_OUT: tl.constexpr,
     Q_OUT: tl.constexpr,
+    Q_SHIFT: tl.constexpr,
+    Q_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -145,7 +151,7 @@ def linear_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         for k in range(0, K, BLOCK_K):
             k_ok = (k + rk) < K
-            if QUANT == 3:
+            if QUANT >= 3:
                 q = tl.load(a_ptrs, mask=k_ok[None, :], other=0)
             else:
                 a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
@@ -156,8 +162,15 @@ def linear_kernel(
             acc = tl.dot(q, w, acc, out_dtype=tl.int32)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+        if QUANT == 4:
+            if ASYM:  # sum_k q_u8 w = dot(q_u8 - 128, w) + 128 colsum; minus zp colsum
+                zp = tl.load(a_zp_ptr + rm_c)
+                cs = tl.load(colsum_ptr + rn_c)
+                acc += (128 - zp)[:, None] * cs[None, :]
+            a_scale = amax
+        else:
+            a_scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
         ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
-        a_scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
 
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
@@ -185,9 +198,22 @@ def linear_kernel(
             tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
         else:
             tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
-            if Q_OUT:
-                yq = quantize_rows(out.to(tl.float32), row_amax)
-                tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+    if Q_OUT != 0:  # LN mode: the program owns whole rows
+        yq, qs, qz = quant_rows(
+            out.to(tl.float32),
+            rn,
+            n_mask,
+            qshift_ptr,
+            qmul_ptr,
+            q_static_amax,
+            Q_OUT,
+            Q_SHIFT,
+            Q_MUL,
+        )
+        tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+        tl.store(yqs_ptr + rm, qs, mask=m_mask)
+        if Q_OUT == 3:
+            tl.store(yqz_ptr + rm, qz, mask=m_mask)
 
 
 ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
@@ -256,16 +282,35 @@ def launch_linear(
     amax_out_mode=0,
     cfg=None,
     pdl=False,
+    a_zp=None,
+    colsum=None,
     yq=None,
+    yq_scale=None,
+    yq_zp=None,
+    q_mode="dynamic",
+    q_shift=None,
+    q_mul=None,
+    q_static_amax=0.0,
 ):
-    """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts)."""
+    """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts).
+
+    quant 4 with a_zp / colsum: A is the asymmetric copy (q_u8 - 128). yq (LN mode): also
+    write the per-token int8 copy of y for the next linear, in q_mode ("dynamic", "static",
+    "dynamic_asym"), a_scale into yq_scale, zp into yq_zp, after q_shift / q_mul."""
     cfg = cfg or pick_config(M, N, K, quant != 0, ln)
     if ln:
         assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
+    assert yq is None or (ln and yq_scale is not None), "Q_OUT needs LN mode and yq_scale"
+    asym = quant == 4 and a_zp is not None
+    assert not asym or colsum is not None
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
+    assert qmode != 3 or yq_zp is not None
     dummy = b
     linear_kernel[(grid_size(M, N, cfg),)](
         a,
         a_amax if a_amax is not None else dummy,
+        a_zp if a_zp is not None else dummy,
+        colsum if colsum is not None else dummy,
         w,
         ws if ws is not None else dummy,
         b,
@@ -275,6 +320,10 @@ def launch_linear(
         y,
         amax_out if amax_out is not None else dummy,
         yq if yq is not None else y,
+        yq_scale if yq_scale is not None else dummy,
+        yq_zp if yq_zp is not None else dummy,
+        q_shift if q_shift is not None else dummy,
+        q_mul if q_mul is not None else dummy,
         M,
         N,
         K,
@@ -284,12 +333,16 @@ def launch_linear(
         yq.stride(0) if yq is not None else 0,
         float(static_amax),
         float(eps),
+        float(q_static_amax),
         QUANT=quant,
+        ASYM=asym,
         ACT=ACTS[act] if isinstance(act, str) else act,
         HAS_RES=r is not None,
         LN=ln,
         AMAX_OUT=amax_out_mode,
-        Q_OUT=yq is not None,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         PDL=pdl,
         launch_pdl=pdl,
         **cfg,

@@ -1,0 +1,149 @@
+"""Per-token INT8 quantisation of whole activation rows: the numerics of zoi.quant.primitives.
+
+``quant_rows`` (a ``triton.jit`` helper) is what every producer that sees whole rows calls
+in its epilogue (embed, add_layernorm, linear + LayerNorm) to write the int8 copy its INT8
+consumer reads; ``quantize_kernel`` is the same as a launch of its own, for consumers whose
+producer sees only tiles of a row (attention -> o, ffn1 -> ffn2) when the in-loop path of
+the linear kernel cannot serve them (asymmetric scheme, or an act_mul / act_shift).
+
+Modes (``QMODE``): 1 symmetric per token (``quantize_act``), 2 static (per tensor,
+``quantize_act(x, amax)``), 3 asymmetric per token (``quantize_act_asym``).
+Before the statistics, the consumer's SmoothQuant transform ``x' = (x - act_shift) * act_mul``
+(float32, two roundings: a subtract then a multiply cannot contract into an FMA).
+
+Output per row: the int8 copy, ``a_scale`` (float32: amax/127 or range/255, IEEE division)
+and, asymmetric, the zero point (int32). The asymmetric copy is stored as signed int8,
+``q_s = q_u8 - 128``, so the GEMM stays an int8 x int8 ``tl.dot``; the linear kernel adds
+``(128 - zp[t]) * colsum[n]`` to the integer sum, which gives exactly
+``primitives.int8_matmul_asym_exact``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+QMODES = {"dynamic": 1, "static": 2, "dynamic_asym": 3}
+
+
+@triton.jit
+def _rint(s):
+    # round half to even for |s| < 2**22 (callers clamp first, which also keeps the add from
+    # contracting with a preceding multiply into an FMA)
+    return (s + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def quant_rows(
+    x,  # [R, C] fp32 rows (columns outside c_ok are ignored)
+    cols,  # [C] column indices
+    c_ok,  # [C] valid columns
+    shift_ptr,  # [C] fp32 (HAS_SHIFT)
+    mul_ptr,  # [C] fp32 (HAS_MUL)
+    static_amax,  # float (QMODE 2)
+    QMODE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    HAS_MUL: tl.constexpr,
+):
+    """-> (q int8 [R, C], a_scale fp32 [R], zp int32 [R]; 0 unless QMODE 3)."""
+    if HAS_SHIFT:
+        x = x - tl.load(shift_ptr + cols, mask=c_ok, other=0.0)[None, :]
+    if HAS_MUL:
+        x = x * tl.load(mul_ptr + cols, mask=c_ok, other=0.0)[None, :]
+    x = tl.where(c_ok[None, :], x, 0.0)  # 0 never changes the row statistics below
+    if QMODE == 3:
+        lo = tl.minimum(tl.min(x, axis=1), 0.0)
+        hi = tl.maximum(tl.max(x, axis=1), 0.0)
+        r = hi - lo
+        inv = tl.where(r > 0.0, tl.math.div_rn(255.0 + tl.zeros_like(r), tl.maximum(r, 1e-30)), 0.0)
+        z = tl.minimum(_rint(tl.minimum(tl.maximum(-lo * inv, 0.0), 256.0)), 255.0)
+        s = _rint(tl.minimum(tl.maximum(x * inv[:, None], -512.0), 512.0))
+        s = tl.minimum(tl.maximum(s + z[:, None], 0.0), 255.0)
+        q = (s - 128.0).to(tl.int8)
+        scale = tl.math.div_rn(r, 255.0 + tl.zeros_like(r))
+        zp = z.to(tl.int32)
+    else:
+        if QMODE == 2:
+            amax = tl.zeros((x.shape[0],), dtype=tl.float32) + static_amax
+        else:
+            amax = tl.max(tl.abs(x), axis=1)
+        inv = tl.where(
+            amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
+        )
+        q = _rint(tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)).to(tl.int8)
+        scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
+        zp = tl.zeros((x.shape[0],), dtype=tl.int32)
+    return q, scale, zp
+
+
+@triton.jit
+def quantize_kernel(
+    x_ptr,  # [T, K] fp16 activations, row stride ldx
+    shift_ptr,  # [K] fp32 (HAS_SHIFT)
+    mul_ptr,  # [K] fp32 (HAS_MUL)
+    q_ptr,  # [T, K] int8 out, row stride ldq
+    scale_ptr,  # [T] fp32 out: a_scale
+    zp_ptr,  # [T] int32 out: zero point (QMODE 3)
+    T,
+    K,
+    ldx,
+    ldq,
+    static_amax,
+    QMODE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    HAS_MUL: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_K)
+    r_ok = rows < T
+    c_ok = cols < K
+    m2 = r_ok[:, None] & c_ok[None, :]
+    r64 = rows[:, None].to(tl.int64)
+    x = tl.load(x_ptr + r64 * ldx + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    q, scale, zp = quant_rows(
+        x, cols, c_ok, shift_ptr, mul_ptr, static_amax, QMODE, HAS_SHIFT, HAS_MUL
+    )
+    tl.store(q_ptr + r64 * ldq + cols[None, :], q, mask=m2)
+    tl.store(scale_ptr + rows, scale, mask=r_ok)
+    if QMODE == 3:
+        tl.store(zp_ptr + rows, zp, mask=r_ok)
+
+
+def pick_config(K: int) -> dict:
+    bk = triton.next_power_of_2(K)
+    return dict(BLOCK_R=max(1, min(16, 4096 // bk)), BLOCK_K=bk, num_warps=4 if bk <= 1024 else 8)
+
+
+def launch_quantize(
+    x, shift, mul, q, scale, zp, T, K, *, mode, static_amax=0.0, cfg=None, pdl=False
+):
+    """x fp16 [T, K] -> q int8 [T, K], scale fp32 [T], zp int32 [T] (mode 'dynamic_asym')."""
+    cfg = cfg or pick_config(K)
+    qmode = QMODES[mode] if isinstance(mode, str) else int(mode)
+    quantize_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
+        x,
+        shift if shift is not None else scale,
+        mul if mul is not None else scale,
+        q,
+        scale,
+        zp if zp is not None else scale,
+        T,
+        K,
+        x.stride(0),
+        q.stride(0),
+        float(static_amax),
+        QMODE=qmode,
+        HAS_SHIFT=shift is not None,
+        HAS_MUL=mul is not None,
+        PDL=pdl,
+        launch_pdl=pdl,
+        **cfg,
+    )
