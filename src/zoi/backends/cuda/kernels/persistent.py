@@ -1,0 +1,607 @@
+"""persistent: the whole BERT forward (embed .. pool) in ONE Triton launch, for small buckets.
+
+Grid = at most one program per SM (all co-resident: 1 CTA/SM worth of resources). The
+forward is a list of *stages*; inside one launch, stages ``[stage_lo, stage_hi)`` run one
+after another, separated by a software grid barrier (``grid_barrier``). Every stage is a
+grid-stride loop ``for item in range(pid, n_items, nprog)`` over its work items, whose count
+comes from the call header in device memory (T real tokens, B sequences): one compiled
+kernel serves every split of the bucket.
+
+Stages (per layer l, 5 each; then pool), with LayerNorm *fused into the consumer's A load*
+(the producer stores the pre-LN sum in fp32; each GEMM program recomputes the row
+statistics of its 16 rows, which is cheap, and the programs of N tile 0 also write the
+normalised rows, which later stages need as the residual):
+
+====  =========================================================================  ==========
+ s    work                                                                       items
+====  =========================================================================  ==========
+ 5l   qkv = A @ Wqkv^T + b, A = LN2_{l-1}(S) (l == 0: LN_emb(word[ids] + pos +   m x 3H/BN
+      type0), gathered on load); N-tile-0 programs write X = A (fp16)
+ 5l+1 ctx = varlen attention(qkv) (head x 16-query block; sequences never        heads x m
+      attend across each other: per-row [start, end) from cu_seqlens)
+ 5l+2 S = ctx @ Wo^T + bo + X (fp32, pre-LN1)                                      m x H/BN
+ 5l+3 h = act(LN1(S) @ W1^T + b1); N-tile-0 programs write X = LN1(S)            m x I/BN
+ 5l+4 S = h @ W2^T + b2 + X (fp32, pre-LN2)                                        m x H/BN
+ 5L   pooled = pool(LN2_{L-1}(S)) per sequence, optional L2 normalise -> out      B
+====  =========================================================================  ==========
+
+So 5L + 1 stages and 5L barriers (31 / 30 for MiniLM) instead of 44 kernel nodes. Buffers
+(fp16 X, CTX, BIG = qkv | h, fp32 S) are reused across layers: every buffer is written in
+one stage and read only in later ones, so no stage reads what another program of the
+same stage writes (no hazard without a barrier).
+
+Grid barrier (self-resetting, no memset per launch): ``bar[0]`` = arrival count, ``bar[1]``
+= generation. ``debug_barrier`` (all threads' stores issued), read gen (acquire, gpu scope),
+``atomic_add(count, 1, acq_rel)``; the last arriver resets count to 0 and bumps gen
+(release); the others spin on an acquire read of gen until it moves; ``debug_barrier``.
+Triton lowers an atomic on a *scalar* to one thread per program (the redundant-thread
+predicate) with the result broadcast through shared memory, so each program arrives once.
+Activations produced inside the launch are loaded with ``cache_modifier=".cg"`` (L2, never
+a stale L1 line); weights and the host-written header / ids use plain loads.
+
+In the interpreter (programs run one after another) a spinning barrier would deadlock: the
+host then launches one stage per launch (``stage_hi = stage_lo + 1``), and the barrier is
+never reached (it sits between stages of the same launch only).
+
+Performance model (H200, MiniLM 1x128, fp16): weights (~21 MB for the 6 layers) are
+L2-resident across calls; stage work items at 16-row tiles: qkv 8x18 = 144, attention 96,
+o 8x12 = 96, ffn1 8x24 = 192, ffn2 96 (K = 1536: 24 dependent k-steps, the longest stage);
+each item reads <= 96 KB of weights from L2. Target < 2 us per stage + ~1 us per barrier:
+31 stages -> ~60-90 us for the forward vs 173 us for the 44-node graph. Known gaps: ffn2
+wants split-K (or 32-row tiles with BN 16) at T <= 128; pool walks a sequence's rows in one
+program (8 dependent 16-row chunks at 128 tokens).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from zoi.backends.cuda.kernels.linear import _activation
+
+# per-layer row of the offset table (int64): fp16 element offsets for matrices, fp32 element
+# offsets for vectors, both into the one weight buffer
+QKV_W, QKV_B, O_W, O_B, LN1_W, LN1_B, F1_W, F1_B, F2_W, F2_B, LN2_W, LN2_B = range(12)
+# the row after the last layer: the embedding
+E_WORD, E_POS, E_TYPE, E_LNW, E_LNB = range(5)
+TAB_COLS = 16
+STAGES_PER_LAYER = 5
+
+
+@triton.jit
+def grid_barrier(bar_ptr, nprog):
+    """All programs of the launch meet here; stores before it are visible (L2) after it."""
+    tl.debug_barrier()
+    gen = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
+    arrived = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == nprog - 1:
+        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(bar_ptr + 1, 1, sem="release", scope="gpu")
+    else:
+        cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
+        while cur == gen:
+            cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _a_raw(
+    A_MODE: tl.constexpr,
+    src_ptr,  # A_MODE 1: S [T, K] fp32
+    ids_ptr,
+    pos_ptr,
+    word_ptr,
+    pemb_ptr,
+    type_ptr,
+    rm_c,
+    m_ok,
+    rk,
+    k_ok,
+    K: tl.constexpr,
+    HAS_TYPE: tl.constexpr,
+):
+    """fp32 [BM, BK] rows before LayerNorm: the pre-LN sum S, or the embedding sum."""
+    m2 = m_ok[:, None] & k_ok[None, :]
+    if A_MODE == 1:
+        x = tl.load(
+            src_ptr + rm_c[:, None] * K + rk[None, :], mask=m2, other=0.0, cache_modifier=".cg"
+        )
+    else:
+        ids = tl.load(ids_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
+        pos = tl.load(pos_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
+        x = tl.load(word_ptr + ids[:, None] * K + rk[None, :], mask=m2, other=0.0).to(tl.float32)
+        x += tl.load(pemb_ptr + pos[:, None] * K + rk[None, :], mask=m2, other=0.0).to(tl.float32)
+        if HAS_TYPE:
+            x += tl.load(type_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    return tl.where(m2, x, 0.0)
+
+
+@triton.jit
+def _gemm_stage(
+    a_ptr,  # A_MODE 0: A [T, K] fp16; 1: S [T, K] fp32 (LN on load)
+    ids_ptr,
+    pos_ptr,
+    word_ptr,
+    pemb_ptr,
+    type_ptr,
+    lnw_ptr,  # [K] fp32 (A_MODE 1, 2)
+    lnb_ptr,
+    xa_ptr,  # [T, K] fp16: the normalised A, written by N-tile-0 programs (A_MODE 1, 2)
+    w_ptr,  # [N, K] fp16
+    b_ptr,  # [N] fp32
+    r_ptr,  # [T, N] fp16 residual (HAS_RES)
+    y_ptr,  # [T, N] fp16 or fp32 output
+    T,
+    pid,
+    nprog,
+    eps,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,  # next_pow2(K) (LN statistics over whole rows)
+    A_MODE: tl.constexpr,  # 0 plain fp16, 1 LN(S), 2 LN(embedding gather)
+    HAS_TYPE: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    n_m = tl.cdiv(T, BM)
+    n_n: tl.constexpr = (N + BN - 1) // BN
+    for t in range(pid, n_m * n_n, nprog):
+        pm = t % n_m
+        pn = t // n_m
+        rm = pm * BM + tl.arange(0, BM)
+        m_ok = rm < T
+        rm_c = tl.where(m_ok, rm, 0)
+        rn = pn * BN + tl.arange(0, BN)
+        n_ok = rn < N
+        rn_c = tl.where(n_ok, rn, 0)
+        if A_MODE != 0:
+            rkf = tl.arange(0, KP)
+            kf_ok = rkf < K
+            xs = _a_raw(
+                A_MODE,
+                a_ptr,
+                ids_ptr,
+                pos_ptr,
+                word_ptr,
+                pemb_ptr,
+                type_ptr,
+                rm_c,
+                m_ok,
+                rkf,
+                kf_ok,
+                K,
+                HAS_TYPE,
+            )
+            mean = tl.sum(xs, axis=1) / K
+            d = tl.where(kf_ok[None, :], xs - mean[:, None], 0.0)
+            var = tl.sum(d * d, axis=1) / K
+            rstd = 1.0 / tl.sqrt(var + eps)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < K
+            if A_MODE == 0:
+                a = tl.load(
+                    a_ptr + rm_c[:, None] * K + rk[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+            else:
+                xr = _a_raw(
+                    A_MODE,
+                    a_ptr,
+                    ids_ptr,
+                    pos_ptr,
+                    word_ptr,
+                    pemb_ptr,
+                    type_ptr,
+                    rm_c,
+                    m_ok,
+                    rk,
+                    k_ok,
+                    K,
+                    HAS_TYPE,
+                )
+                lw = tl.load(lnw_ptr + rk, mask=k_ok, other=0.0)
+                lb = tl.load(lnb_ptr + rk, mask=k_ok, other=0.0)
+                xn = (xr - mean[:, None]) * rstd[:, None] * lw[None, :] + lb[None, :]
+                m2 = m_ok[:, None] & k_ok[None, :]
+                a = tl.where(m2, xn, 0.0).to(tl.float16)
+                tl.store(xa_ptr + rm_c[:, None] * K + rk[None, :], a, mask=m2 & (pn == 0))
+            w = tl.load(w_ptr + rn_c[None, :] * K + rk[:, None], mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a.to(tl.float16), w, acc)
+        bias = tl.load(b_ptr + rn, mask=n_ok, other=0.0)
+        y = _activation(acc + bias[None, :], ACT)
+        mask2 = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            r = tl.load(
+                r_ptr + rm_c[:, None] * N + rn[None, :], mask=mask2, other=0.0, cache_modifier=".cg"
+            )
+            y = y + r.to(tl.float32)
+        tl.store(y_ptr + rm_c[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def _attention_stage(
+    qkv_ptr,  # [T, 3H] fp16
+    cu_ptr,  # [B + 1] int32
+    o_ptr,  # [T, H] fp16
+    T,
+    B,
+    pid,
+    nprog,
+    qk_scale,  # scale * log2(e)
+    H: tl.constexpr,
+    NHEAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    """Work item = (16-query block of the packed tokens, head). A block may span several
+    sequences: each row attends over its own [start, end) from cu_seqlens; the key loop runs
+    over the union of the rows' ranges."""
+    n_q = tl.cdiv(T, BM)
+    sb = tl.arange(0, BLOCK_B)
+    cu_next = tl.load(cu_ptr + 1 + sb, mask=sb < B, other=2147483647)
+    rd = tl.arange(0, BLOCK_D)
+    d_ok = rd < D
+    rn0 = tl.arange(0, BN)
+    for t in range(pid, n_q * NHEAD, nprog):
+        qb = t // NHEAD
+        h = t % NHEAD
+        rm = qb * BM + tl.arange(0, BM)
+        m_ok = rm < T
+        rm_c = tl.where(m_ok, rm, 0)
+        seq = tl.sum((cu_next[None, :] <= rm_c[:, None]).to(tl.int32), axis=1)
+        start = tl.load(cu_ptr + seq)
+        end = tl.load(cu_ptr + seq + 1)
+        start = tl.where(m_ok, start, T)
+        end = tl.where(m_ok, end, 0)
+        k_lo = tl.min(start, axis=0)
+        k_hi = tl.max(end, axis=0)
+        q = tl.load(
+            qkv_ptr + rm_c[:, None] * (3 * H) + h * D + rd[None, :],
+            mask=m_ok[:, None] & d_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m_i = tl.zeros((BM,), tl.float32) - float("inf")
+        l_i = tl.zeros((BM,), tl.float32)
+        acc = tl.zeros((BM, BLOCK_D), tl.float32)
+        for n0 in range(k_lo, k_hi, BN):
+            kn = n0 + rn0
+            n_ok = kn < k_hi
+            kn_c = tl.where(n_ok, kn, 0)
+            kv_off = kn_c[:, None] * (3 * H) + h * D + rd[None, :]
+            kv_m = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0, cache_modifier=".cg")
+            v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0, cache_modifier=".cg")
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            ok = (kn[None, :] >= start[:, None]) & (kn[None, :] < end[:, None])
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+            m_i = m_new
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = (acc / l_safe[:, None]).to(tl.float16)
+        tl.store(
+            o_ptr + rm_c[:, None] * H + h * D + rd[None, :],
+            out,
+            mask=m_ok[:, None] & d_ok[None, :],
+        )
+
+
+@triton.jit
+def _pool_stage(
+    s_ptr,  # [T, H] fp32 pre-LN sum of the last layer
+    lnw_ptr,
+    lnb_ptr,
+    cu_ptr,
+    out_ptr,  # [B, H] fp32
+    flag,
+    B,
+    pid,
+    nprog,
+    eps,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
+    BR: tl.constexpr,
+):
+    cols = tl.arange(0, HP)
+    c_ok = cols < H
+    lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
+    lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
+    rr = tl.arange(0, BR)
+    for b in range(pid, B, nprog):
+        s = tl.load(cu_ptr + b)
+        e = tl.load(cu_ptr + b + 1)
+        if MODE == 1:
+            e = tl.minimum(e, s + 1)
+        if MODE == 2:
+            acc = tl.zeros((BR, HP), tl.float32) - float("inf")
+        else:
+            acc = tl.zeros((BR, HP), tl.float32)
+        for r0 in range(s, e, BR):
+            rows = r0 + rr
+            r_ok = rows < e
+            m2 = r_ok[:, None] & c_ok[None, :]
+            x = tl.load(
+                s_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg"
+            )
+            mean = tl.sum(x, axis=1) / H
+            d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
+            var = tl.sum(d * d, axis=1) / H
+            rstd = 1.0 / tl.sqrt(var + eps)
+            # the layer output is fp16 in the unfused engine: round the same way
+            y = (d * rstd[:, None] * lw[None, :] + lb[None, :]).to(tl.float16).to(tl.float32)
+            if MODE == 2:
+                acc = tl.maximum(acc, tl.where(m2, y, float("-inf")))
+            else:
+                acc += tl.where(m2, y, 0.0)
+        if MODE == 2:
+            p = tl.max(acc, 0)
+            p = tl.where(e > s, p, 0.0)
+        else:
+            p = tl.sum(acc, 0) / tl.maximum(e - s, 1).to(tl.float32)
+        p = tl.where(c_ok, p, 0.0)
+        nrm = tl.sqrt(tl.sum(p * p, 0))
+        div = tl.where(flag != 0, tl.maximum(nrm, 1e-12), 1.0)
+        tl.store(out_ptr + b * H + cols, p / div, mask=c_ok)
+
+
+@triton.jit
+def persistent_kernel(
+    hdr_ptr,  # int32 call header [normalize flag, B, T, 0], cu_seqlens at [4, 4 + B]
+    ids_ptr,  # [tb] int32
+    pos_ptr,  # [tb] int32
+    w16_ptr,  # the weight buffer as fp16
+    w32_ptr,  # the weight buffer as fp32
+    tab_ptr,  # int64 [L + 1, TAB_COLS] offsets (layers, then the embedding row)
+    x_ptr,  # [tb, H] fp16 layer input / LN1 output
+    big_ptr,  # [tb, max(3H, I)] fp16 qkv | ffn hidden
+    ctx_ptr,  # [tb, H] fp16 attention context
+    s_ptr,  # [tb, H] fp32 pre-LN sums
+    out_ptr,  # [max_batch, H] fp32 pooled
+    bar_ptr,  # int32 [2] grid barrier (count, generation); count 0 between launches
+    n_layers,
+    stage_lo,
+    stage_hi,
+    eps,
+    qk_scale,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    I: tl.constexpr,
+    NHEAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    HAS_TYPE: tl.constexpr,
+    ACT: tl.constexpr,
+    POOL: tl.constexpr,
+    BM: tl.constexpr,
+    BN_WIDE: tl.constexpr,  # qkv / ffn1
+    BN_NARROW: tl.constexpr,  # o / ffn2
+    BK: tl.constexpr,
+    ATT_BM: tl.constexpr,
+    ATT_BN: tl.constexpr,
+    POOL_BR: tl.constexpr,
+    SPL: tl.constexpr,  # stages per layer (5)
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    flag = tl.load(hdr_ptr)
+    B = tl.load(hdr_ptr + 1)
+    T = tl.load(hdr_ptr + 2)
+    cu_ptr = hdr_ptr + 4
+    for st in range(stage_lo, stage_hi):
+        layer = st // SPL
+        sub = st - layer * SPL
+        row = tab_ptr + layer * 16
+        erow = tab_ptr + n_layers * 16  # the embedding row
+        if st == n_layers * SPL:
+            lrow = tab_ptr + (layer - 1) * 16
+            _pool_stage(
+                s_ptr,
+                w32_ptr + tl.load(lrow + LN2_W),
+                w32_ptr + tl.load(lrow + LN2_B),
+                cu_ptr,
+                out_ptr,
+                flag,
+                B,
+                pid,
+                nprog,
+                eps,
+                H,
+                HP,
+                POOL,
+                POOL_BR,
+            )
+        elif sub == 0:
+            wq = w16_ptr + tl.load(row + QKV_W)
+            bq = w32_ptr + tl.load(row + QKV_B)
+            if layer == 0:
+                _gemm_stage(
+                    s_ptr,
+                    ids_ptr,
+                    pos_ptr,
+                    w16_ptr + tl.load(erow + E_WORD),
+                    w16_ptr + tl.load(erow + E_POS),
+                    w16_ptr + tl.load(erow + E_TYPE),
+                    w32_ptr + tl.load(erow + E_LNW),
+                    w32_ptr + tl.load(erow + E_LNB),
+                    x_ptr,
+                    wq,
+                    bq,
+                    x_ptr,
+                    big_ptr,
+                    T,
+                    pid,
+                    nprog,
+                    eps,
+                    3 * H,
+                    H,
+                    HP,
+                    2,
+                    HAS_TYPE,
+                    0,
+                    False,
+                    BM,
+                    BN_WIDE,
+                    BK,
+                )
+            else:
+                prow = tab_ptr + (layer - 1) * 16
+                _gemm_stage(
+                    s_ptr,
+                    ids_ptr,
+                    pos_ptr,
+                    w16_ptr,
+                    w16_ptr,
+                    w16_ptr,
+                    w32_ptr + tl.load(prow + LN2_W),
+                    w32_ptr + tl.load(prow + LN2_B),
+                    x_ptr,
+                    wq,
+                    bq,
+                    x_ptr,
+                    big_ptr,
+                    T,
+                    pid,
+                    nprog,
+                    eps,
+                    3 * H,
+                    H,
+                    HP,
+                    1,
+                    False,
+                    0,
+                    False,
+                    BM,
+                    BN_WIDE,
+                    BK,
+                )
+        elif sub == 1:
+            _attention_stage(
+                big_ptr,
+                cu_ptr,
+                ctx_ptr,
+                T,
+                B,
+                pid,
+                nprog,
+                qk_scale,
+                H,
+                NHEAD,
+                D,
+                BLOCK_D,
+                BLOCK_B,
+                ATT_BM,
+                ATT_BN,
+            )
+        elif sub == 2:
+            _gemm_stage(
+                ctx_ptr,
+                ids_ptr,
+                pos_ptr,
+                w16_ptr,
+                w16_ptr,
+                w16_ptr,
+                w32_ptr,
+                w32_ptr,
+                x_ptr,
+                w16_ptr + tl.load(row + O_W),
+                w32_ptr + tl.load(row + O_B),
+                x_ptr,
+                s_ptr,
+                T,
+                pid,
+                nprog,
+                eps,
+                H,
+                H,
+                HP,
+                0,
+                False,
+                0,
+                True,
+                BM,
+                BN_NARROW,
+                BK,
+            )
+        elif sub == 3:
+            _gemm_stage(
+                s_ptr,
+                ids_ptr,
+                pos_ptr,
+                w16_ptr,
+                w16_ptr,
+                w16_ptr,
+                w32_ptr + tl.load(row + LN1_W),
+                w32_ptr + tl.load(row + LN1_B),
+                x_ptr,
+                w16_ptr + tl.load(row + F1_W),
+                w32_ptr + tl.load(row + F1_B),
+                x_ptr,
+                big_ptr,
+                T,
+                pid,
+                nprog,
+                eps,
+                I,
+                H,
+                HP,
+                1,
+                False,
+                ACT,
+                False,
+                BM,
+                BN_WIDE,
+                BK,
+            )
+        else:
+            _gemm_stage(
+                big_ptr,
+                ids_ptr,
+                pos_ptr,
+                w16_ptr,
+                w16_ptr,
+                w16_ptr,
+                w32_ptr,
+                w32_ptr,
+                x_ptr,
+                w16_ptr + tl.load(row + F2_W),
+                w32_ptr + tl.load(row + F2_B),
+                x_ptr,
+                s_ptr,
+                T,
+                pid,
+                nprog,
+                eps,
+                H,
+                I,
+                HP,
+                0,
+                False,
+                0,
+                True,
+                BM,
+                BN_NARROW,
+                BK,
+            )
+        if st + 1 < stage_hi:
+            grid_barrier(bar_ptr, nprog)
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(int(n))

@@ -1,0 +1,176 @@
+"""The persistent megakernel (one launch per forward) against the float64 reference engine.
+
+CI: stage-per-launch mode through the Triton interpreter (the grid barrier is never reached).
+GPU (marked ``gpu``): the real one-launch kernel with its grid barrier, run eagerly and in a
+captured graph, twice back to back (the barrier resets itself)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+
+from zoi.backends.reference import ReferenceBackend  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+LENS = ([1], [5, 1, 9], [40, 3, 17])
+
+
+def _check(be, model, lens_list, seed, tol=5e-3, cos=0.9999):
+    ref = ReferenceBackend(model, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    for lens in lens_list:
+        ids, pos, cu = batch(rng, lens, vocab=int(model.spec.vocab_size))
+        for norm in (False, True):
+            be.d_out.fill_(float("nan"))  # poison: every row must be written
+            got = be.run(ids, pos, cu, norm)
+            want = ref.run(ids, pos, cu, norm)
+            assert got.shape == want.shape and got.dtype == np.float32
+            assert np.isfinite(got).all(), (lens, norm)
+            assert rel(got, want) < tol, (lens, norm, rel(got, want))
+            assert min_cosine(got, want) > cos, (lens, norm)
+
+
+def _swap(be, max_tb=256, **kw):
+    from zoi.backends.cuda.persistent import build_persistent_steps
+
+    for tb in be.buckets:
+        if tb <= max_tb:
+            be._steps[tb] = build_persistent_steps(be, tb, **kw)
+
+
+@pytest.mark.skipif(not INTERP, reason="interpreter run (the GPU runs the gpu-marked tests)")
+class TestInterpreter:
+    def _be(self, model, **kw):
+        from zoi.backends.cuda.backend import CudaBackend
+
+        return CudaBackend(model, interpret=True, **kw)
+
+    @pytest.mark.parametrize(
+        "kw",
+        [
+            dict(),  # gelu, mean pooling, with token types
+            dict(act="gelu_tanh", pooling="cls", type_vocab=0, seed=3),
+            dict(act="relu", pooling="max", layers=1, hidden=64, heads=2, inter=96, seed=5),
+        ],
+    )
+    def test_matches_reference(self, kw):
+        model = tiny_model("fp16", **kw)
+        be = self._be(model, buckets=[16, 64])
+        _swap(be)
+        _check(be, model, LENS, seed=1)
+
+    def test_stage_count_and_one_launch_plan(self):
+        from zoi.backends.cuda.persistent import PersistentPlan, build_persistent_steps
+
+        model = tiny_model("fp16")
+        be = self._be(model, buckets=[64])
+        L = model.spec.layers
+        assert len(build_persistent_steps(be, 64)) == 5 * L + 1  # eager: one launch per stage
+        p = PersistentPlan(be, 64, split=False)
+        assert len(p.steps()) == 1 and p.n_stages == 5 * L + 1
+        assert 1 <= p.grid <= be.sm
+
+    def test_batched_equals_one_at_a_time(self):
+        model = tiny_model("fp16", pooling="cls")
+        be = self._be(model, buckets=[64])
+        _swap(be)
+        rng = np.random.default_rng(2)
+        ids, pos, cu = batch(rng, [7, 2, 13])
+        full = be.run(ids, pos, cu, True)
+        for b in range(3):
+            a, e = cu[b], cu[b + 1]
+            one = be.run(ids[a:e], pos[a:e], np.array([0, e - a], np.int32), True)
+            np.testing.assert_allclose(one[0], full[b], rtol=0, atol=1e-6)
+
+    def test_int8_refused(self):
+        from zoi.backends.cuda.persistent import PersistentUnsupported, build_persistent_steps
+
+        be = self._be(tiny_model("int8"), buckets=[16])
+        with pytest.raises(PersistentUnsupported):
+            build_persistent_steps(be, 16)
+
+
+GPU = torch.cuda.is_available() and not INTERP
+MINILM = dict(hidden=384, heads=12, layers=2, inter=1536)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+class TestGPU:
+    def _be(self, model, **kw):
+        from zoi.backends.cuda.backend import CudaBackend
+
+        return CudaBackend(model, **kw)
+
+    @pytest.mark.parametrize("split", [True, False])
+    @pytest.mark.parametrize("shape", ["tiny", "minilm"])
+    def test_eager_matches_reference(self, shape, split):
+        """Steps run eagerly on the GPU (no graph): be.run replays the per-op graph, so call
+        the steps ourselves and read d_out."""
+        from zoi.backends.cuda.persistent import build_persistent_steps
+
+        kw = MINILM if shape == "minilm" else {}
+        model = tiny_model("fp16", max_tokens=512, max_batch=64, **kw)
+        be = self._be(model, buckets=[16, 128, 256, 512])
+        ref = ReferenceBackend(model, dtype=np.float64)
+        rng = np.random.default_rng(7)
+        for tb, lens in ((16, [1]), (16, [5, 1, 9]), (128, [40, 3, 17]), (128, [128])):
+            steps = build_persistent_steps(be, tb, split=split)
+            for lens_ in (lens, [16] if tb == 16 else [100, 28]):
+                ids, pos, cu = batch(rng, lens_)
+                for norm in (False, True):
+                    n, B = be._stage(ids, pos, cu, norm, tb)
+                    be.d_in[:n].copy_(torch.from_numpy(be.h_in[:n].copy()).cuda())
+                    be.d_out.fill_(float("nan"))
+                    with torch.cuda.stream(be.tstream):
+                        for _ in range(2):  # twice back to back: the barrier resets itself
+                            for s in steps:
+                                s()
+                    torch.cuda.synchronize()
+                    got = be.d_out[:B].cpu().numpy()
+                    want = ref.run(ids, pos, cu, norm)
+                    assert np.isfinite(got).all()
+                    assert rel(got, want) < 5e-3, (tb, lens_, norm, rel(got, want))
+                    assert min_cosine(got, want) > 0.9999
+
+    def test_in_backend_graph(self):
+        """Swap the steps before capture (what the proposed wiring does): graphs replay the
+        one-launch kernel through run()."""
+        from zoi.backends.cuda import backend as bmod
+        from zoi.backends.cuda.persistent import build_persistent_steps
+
+        orig = bmod.CudaBackend._steps_for
+
+        def steps_for(self, tb):
+            return build_persistent_steps(self, tb) if tb <= 256 else orig(self, tb)
+
+        model = tiny_model("fp16", max_tokens=512, max_batch=64, **MINILM)
+        try:
+            bmod.CudaBackend._steps_for = steps_for
+            be = self._be(model)
+        finally:
+            bmod.CudaBackend._steps_for = orig
+        assert all(be._graphs[tb][2] == 1 for tb in be.buckets if tb <= 256)
+        _check(be, model, LENS + ([128], [16] * 16, [200, 56]), seed=9)
+        # repeat the same call many times: barrier state stays consistent
+        ids, pos, cu = batch(np.random.default_rng(1), [64, 64])
+        first = be.run(ids, pos, cu, True)
+        for _ in range(50):
+            np.testing.assert_array_equal(be.run(ids, pos, cu, True), first)
+
+    def test_timing_runs(self):
+        from zoi.backends.cuda.persistent import time_persistent, time_steps
+
+        model = tiny_model("fp16", max_tokens=256, max_batch=32, **MINILM)
+        be = self._be(model, buckets=[128])
+        t_p = time_persistent(be, 128, iters=50)
+        t_o = time_steps(be, be._steps_for(128), 128, iters=50)
+        print(f"persistent {t_p:.1f} us, per-op {t_o:.1f} us (minilm 2 layers, tb 128)")
+        assert t_p > 0 and t_o > 0
