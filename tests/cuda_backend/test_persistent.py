@@ -121,9 +121,10 @@ class TestGPU:
         be = self._be(model, buckets=[16, 128, 256, 512])
         ref = ReferenceBackend(model, dtype=np.float64)
         rng = np.random.default_rng(7)
-        for tb, lens in ((16, [1]), (16, [5, 1, 9]), (128, [40, 3, 17]), (128, [128])):
+        cases = ((16, [1]), (16, [5, 1, 9]), (128, [40, 3, 17]), (256, [40] * 6 + [3, 13]))
+        for tb, lens in cases:  # (the tiny model has 40 positions)
             steps = build_persistent_steps(be, tb, split=split)
-            for lens_ in (lens, [16] if tb == 16 else [100, 28]):
+            for lens_ in (lens, [16] if tb == 16 else [40, 40, 40, 8]):
                 ids, pos, cu = batch(rng, lens_)
                 for norm in (False, True):
                     n, B = be._stage(ids, pos, cu, norm, tb)
@@ -158,7 +159,7 @@ class TestGPU:
         finally:
             bmod.CudaBackend._steps_for = orig
         assert all(be._graphs[tb][2] == 1 for tb in be.buckets if tb <= 256)
-        _check(be, model, LENS + ([128], [16] * 16, [200, 56]), seed=9)
+        _check(be, model, LENS + ([40, 40, 40, 8], [16] * 16, [40] * 6 + [1, 15]), seed=9)
         # repeat the same call many times: barrier state stays consistent
         ids, pos, cu = batch(np.random.default_rng(1), [64, 64])
         first = be.run(ids, pos, cu, True)

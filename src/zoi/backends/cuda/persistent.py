@@ -20,11 +20,15 @@ anything else raises ``PersistentUnsupported`` (the caller keeps the per-op kern
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import os
 
 import numpy as np
 
 from zoi.errors import BackendUnavailableError
+
+log = logging.getLogger("zoi")
 
 MAX_TOKENS = 256  # buckets above this keep the per-op kernels
 
@@ -185,6 +189,8 @@ class PersistentPlan:
             num_warps=4,
             num_stages=2,
         )
+        env_cfg = os.environ.get("ZOI_PERSISTENT_CFG")  # e.g. '{"BK": 128, "num_stages": 3}'
+        c.update(json.loads(env_cfg) if env_cfg else {})
         c.update(cfg or {})
         self.meta = dict(
             H=H,
@@ -215,11 +221,33 @@ class PersistentPlan:
             split = backend.eager or os.environ.get("ZOI_PERSISTENT_SPLIT") == "1"
         self.split = bool(split)
         self.tb = tb
+        if not backend.eager:
+            self._check_compiled()
 
-    def launch(self, lo: int, hi: int):
+    def _check_compiled(self):
+        """Compile now and read the PTX: activations written by other programs of the same
+        launch must never be read through L1. Loads carry .cg, but the software pipeliner
+        turns a load into cp.async, whose .ca form (copies < 16 bytes) allocates in L1: then
+        recompile without pipelining (num_stages 1), and refuse if it is still there."""
         from zoi.backends.cuda.kernels.persistent import persistent_kernel
 
-        persistent_kernel[(self.grid,)](
+        for _ in range(2):
+            k = persistent_kernel.warmup(
+                *self._args(0, self.n_stages), grid=(self.grid,), **self.meta
+            )
+            ptx = k.asm["ptx"]
+            bad = [m for m in ("cp.async.ca", "ld.global.ca") if m in ptx]
+            if not bad:
+                self.n_regs = getattr(k, "n_regs", None)
+                return
+            if self.meta["num_stages"] == 1:
+                break
+            log.warning("zoi: persistent kernel PTX has %s; recompiling with num_stages=1", bad)
+            self.meta["num_stages"] = 1
+        raise PersistentUnsupported(f"persistent kernel: L1-caching loads in the PTX ({bad})")
+
+    def _args(self, lo: int, hi: int) -> tuple:
+        return (
             self.hdr,
             self.ids,
             self.pos,
@@ -237,8 +265,12 @@ class PersistentPlan:
             hi,
             self.eps,
             self.qk_scale,
-            **self.meta,
         )
+
+    def launch(self, lo: int, hi: int):
+        from zoi.backends.cuda.kernels.persistent import persistent_kernel
+
+        persistent_kernel[(self.grid,)](*self._args(lo, hi), **self.meta)
 
     def steps(self) -> list:
         if self.split:

@@ -66,6 +66,10 @@ QKV_W, QKV_B, O_W, O_B, LN1_W, LN1_B, F1_W, F1_B, F2_W, F2_B, LN2_W, LN2_B = ran
 E_WORD, E_POS, E_TYPE, E_LNW, E_LNB = range(5)
 TAB_COLS = 16
 STAGES_PER_LAYER = 5
+# the same, as constexpr globals for the kernel (a jit function reads only constexpr globals)
+K_QKV_W, K_QKV_B, K_O_W, K_O_B, K_LN1_W, K_LN1_B = (tl.constexpr(i) for i in range(6))
+K_F1_W, K_F1_B, K_F2_W, K_F2_B, K_LN2_W, K_LN2_B = (tl.constexpr(i) for i in range(6, 12))
+K_E_WORD, K_E_POS, K_E_TYPE, K_E_LNW, K_E_LNB = (tl.constexpr(i) for i in range(5))
 
 
 @triton.jit
@@ -82,6 +86,12 @@ def grid_barrier(bar_ptr, nprog):
         while cur == gen:
             cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
+
+
+@triton.jit
+def _off(p):
+    """A weight offset from the table: every packed tensor starts 256-byte aligned."""
+    return tl.multiple_of(tl.load(p), 64)
 
 
 @triton.jit
@@ -413,8 +423,8 @@ def persistent_kernel(
             lrow = tab_ptr + (layer - 1) * 16
             _pool_stage(
                 s_ptr,
-                w32_ptr + tl.load(lrow + LN2_W),
-                w32_ptr + tl.load(lrow + LN2_B),
+                w32_ptr + _off(lrow + K_LN2_W),
+                w32_ptr + _off(lrow + K_LN2_B),
                 cu_ptr,
                 out_ptr,
                 flag,
@@ -428,18 +438,18 @@ def persistent_kernel(
                 POOL_BR,
             )
         elif sub == 0:
-            wq = w16_ptr + tl.load(row + QKV_W)
-            bq = w32_ptr + tl.load(row + QKV_B)
+            wq = w16_ptr + _off(row + K_QKV_W)
+            bq = w32_ptr + _off(row + K_QKV_B)
             if layer == 0:
                 _gemm_stage(
                     s_ptr,
                     ids_ptr,
                     pos_ptr,
-                    w16_ptr + tl.load(erow + E_WORD),
-                    w16_ptr + tl.load(erow + E_POS),
-                    w16_ptr + tl.load(erow + E_TYPE),
-                    w32_ptr + tl.load(erow + E_LNW),
-                    w32_ptr + tl.load(erow + E_LNB),
+                    w16_ptr + _off(erow + K_E_WORD),
+                    w16_ptr + _off(erow + K_E_POS),
+                    w16_ptr + _off(erow + K_E_TYPE),
+                    w32_ptr + _off(erow + K_E_LNW),
+                    w32_ptr + _off(erow + K_E_LNB),
                     x_ptr,
                     wq,
                     bq,
@@ -469,8 +479,8 @@ def persistent_kernel(
                     w16_ptr,
                     w16_ptr,
                     w16_ptr,
-                    w32_ptr + tl.load(prow + LN2_W),
-                    w32_ptr + tl.load(prow + LN2_B),
+                    w32_ptr + _off(prow + K_LN2_W),
+                    w32_ptr + _off(prow + K_LN2_B),
                     x_ptr,
                     wq,
                     bq,
@@ -520,8 +530,8 @@ def persistent_kernel(
                 w32_ptr,
                 w32_ptr,
                 x_ptr,
-                w16_ptr + tl.load(row + O_W),
-                w32_ptr + tl.load(row + O_B),
+                w16_ptr + _off(row + K_O_W),
+                w32_ptr + _off(row + K_O_B),
                 x_ptr,
                 s_ptr,
                 T,
@@ -547,11 +557,11 @@ def persistent_kernel(
                 w16_ptr,
                 w16_ptr,
                 w16_ptr,
-                w32_ptr + tl.load(row + LN1_W),
-                w32_ptr + tl.load(row + LN1_B),
+                w32_ptr + _off(row + K_LN1_W),
+                w32_ptr + _off(row + K_LN1_B),
                 x_ptr,
-                w16_ptr + tl.load(row + F1_W),
-                w32_ptr + tl.load(row + F1_B),
+                w16_ptr + _off(row + K_F1_W),
+                w32_ptr + _off(row + K_F1_B),
                 x_ptr,
                 big_ptr,
                 T,
@@ -580,8 +590,8 @@ def persistent_kernel(
                 w32_ptr,
                 w32_ptr,
                 x_ptr,
-                w16_ptr + tl.load(row + F2_W),
-                w32_ptr + tl.load(row + F2_B),
+                w16_ptr + _off(row + K_F2_W),
+                w32_ptr + _off(row + K_F2_B),
                 x_ptr,
                 s_ptr,
                 T,
