@@ -107,6 +107,12 @@ class ZoiProvider(Provider):
             for k, v in m.items()
             if isinstance(v, (int, np.integer, str, float))
         }
+        if "torch_reserved_bytes" in m:
+            # GPU: the device buffers zoi owns (weights + arena), taken through torch's allocator
+            # at compile time: the same measure as the torch peers' max_memory_reserved. The
+            # cuMemGetInfo delta (device_bytes_used) is kept too, but in the harness other
+            # workers share the GPU, so it is not this engine's alone.
+            m["gpu_reserved_bytes"] = int(m["torch_reserved_bytes"])
         m["max_tokens"] = int(self.engine.max_tokens)
         m["max_batch"] = int(self.engine.max_batch)
         return m
