@@ -229,22 +229,23 @@ class PersistentPlan:
         launch must never be read through L1. Loads carry .cg, but the software pipeliner
         turns a load into cp.async, whose .ca form (copies < 16 bytes) allocates in L1: then
         recompile without pipelining (num_stages 1), and refuse if it is still there."""
-        from zoi.backends.cuda.kernels.persistent import persistent_kernel
+        from zoi.backends.cuda.kernels.persistent import l1_loads_of_activations, persistent_kernel
 
         for _ in range(2):
             k = persistent_kernel.warmup(
                 *self._args(0, self.n_stages), grid=(self.grid,), **self.meta
             )
-            ptx = k.asm["ptx"]
-            bad = [m for m in ("cp.async.ca", "ld.global.ca") if m in ptx]
+            self.ptx = k.asm["ptx"]
+            bad = l1_loads_of_activations(self.ptx)
             if not bad:
-                self.n_regs = getattr(k, "n_regs", None)
                 return
             if self.meta["num_stages"] == 1:
                 break
-            log.warning("zoi: persistent kernel PTX has %s; recompiling with num_stages=1", bad)
+            log.warning(
+                "zoi: persistent kernel reads activations via L1 (%s): num_stages=1", bad[:3]
+            )
             self.meta["num_stages"] = 1
-        raise PersistentUnsupported(f"persistent kernel: L1-caching loads in the PTX ({bad})")
+        raise PersistentUnsupported(f"persistent kernel: L1-caching loads in the PTX ({bad[:3]})")
 
     def _args(self, lo: int, hi: int) -> tuple:
         return (

@@ -98,8 +98,8 @@ def _off(p):
 def _a_raw(
     A_MODE: tl.constexpr,
     src_ptr,  # A_MODE 1: S [T, K] fp32
-    ids_ptr,
-    pos_ptr,
+    ids,  # [BM] int64 token ids (A_MODE 2)
+    pos,  # [BM] int64 positions (A_MODE 2)
     word_ptr,
     pemb_ptr,
     type_ptr,
@@ -117,8 +117,6 @@ def _a_raw(
             src_ptr + rm_c[:, None] * K + rk[None, :], mask=m2, other=0.0, cache_modifier=".cg"
         )
     else:
-        ids = tl.load(ids_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
-        pos = tl.load(pos_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
         x = tl.load(word_ptr + ids[:, None] * K + rk[None, :], mask=m2, other=0.0).to(tl.float32)
         x += tl.load(pemb_ptr + pos[:, None] * K + rk[None, :], mask=m2, other=0.0).to(tl.float32)
         if HAS_TYPE:
@@ -167,14 +165,19 @@ def _gemm_stage(
         rn = pn * BN + tl.arange(0, BN)
         n_ok = rn < N
         rn_c = tl.where(n_ok, rn, 0)
+        ids = rm_c.to(tl.int64)  # (unused unless A_MODE 2)
+        pos = ids
+        if A_MODE == 2:  # host-written: loaded once per tile, outside the pipelined k loop
+            ids = tl.load(ids_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
+            pos = tl.load(pos_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
         if A_MODE != 0:
             rkf = tl.arange(0, KP)
             kf_ok = rkf < K
             xs = _a_raw(
                 A_MODE,
                 a_ptr,
-                ids_ptr,
-                pos_ptr,
+                ids,
+                pos,
                 word_ptr,
                 pemb_ptr,
                 type_ptr,
@@ -204,8 +207,8 @@ def _gemm_stage(
                 xr = _a_raw(
                     A_MODE,
                     a_ptr,
-                    ids_ptr,
-                    pos_ptr,
+                    ids,
+                    pos,
                     word_ptr,
                     pemb_ptr,
                     type_ptr,
@@ -611,6 +614,46 @@ def persistent_kernel(
             )
         if st + 1 < stage_hi:
             grid_barrier(bar_ptr, nprog)
+
+
+def activation_load_lines() -> set[int]:
+    """Source lines (this file) of the ``tl.load`` calls that read activations produced in
+    the same launch: those carrying ``cache_modifier=".cg"``."""
+    import inspect
+
+    src = inspect.getsource(inspect.getmodule(activation_load_lines)).splitlines()
+    src = src[: next(i for i, t in enumerate(src) if t.startswith("def activation_load_lines"))]
+    out = set()
+    for i, line in enumerate(src):
+        if 'cache_modifier=".cg"' in line:
+            j = i
+            while j >= 0 and "tl.load(" not in src[j]:
+                j -= 1
+            if j >= 0:
+                out.update(range(j + 1, i + 2))  # every line of the call
+    return out
+
+
+def l1_loads_of_activations(ptx: str) -> list[str]:
+    """PTX instructions that may read an activation through L1 (``ld.global`` without .cg,
+    or ``cp.async.ca``, the pipeliner's form of copies < 16 bytes), by the ``.loc`` source
+    line they come from. Empty: every in-launch activation read goes to L2."""
+    import re
+
+    files = {
+        m.group(1) for m in re.finditer(r'\.file\s+(\d+)\s+"[^"]*kernels/persistent\.py"', ptx)
+    }
+    lines, loc, bad = activation_load_lines(), None, []
+    for ins in ptx.splitlines():
+        m = re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", ins)
+        if m:
+            loc = (m.group(1), int(m.group(2)))
+            continue
+        if loc is None or loc[0] not in files or loc[1] not in lines:
+            continue
+        if ("ld.global" in ins and ".cg" not in ins) or "cp.async.ca" in ins:
+            bad.append(f"line {loc[1]}: {ins.strip()}")
+    return bad
 
 
 def next_pow2(n: int) -> int:
