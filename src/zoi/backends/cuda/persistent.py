@@ -146,11 +146,11 @@ class PersistentPlan:
         tab[L, kp.E_TYPE] = off("embed.type0", 2) if self.has_type else 0
         tab[L, kp.E_LNW] = off("embed.ln.w", 4)
         tab[L, kp.E_LNB] = off("embed.ln.b", 4)
-        # own state: [table (int64) | barrier (2 int32, padded)]; count must start at 0
+        # own state: [table (int64) | barrier arrival counter (int64)]
         state = torch.zeros(tab.size * 8 + 64, dtype=torch.uint8, device=backend.dev)
         self.tab = state[: tab.size * 8].view(torch.int64)
         self.tab.copy_(torch.from_numpy(tab.reshape(-1)).to(backend.dev))
-        self.bar = state[tab.size * 8 : tab.size * 8 + 8].view(torch.int32)
+        self.bar = state[tab.size * 8 : tab.size * 8 + 8].view(torch.int64)  # arrivals
         self.state = state
 
         # scratch: X [tb,H] fp16, BIG [tb,max(3H,I)] fp16, CTX [tb,H] fp16, S [tb,H] fp32
@@ -178,17 +178,7 @@ class PersistentPlan:
         self.w32 = backend.wbuf.view(torch.float32)
         self.out = backend.d_out
         nseq = min(backend.max_batch, tb)
-        c = dict(
-            BM=16,
-            BN_WIDE=64,
-            BN_NARROW=32,
-            BK=64,
-            ATT_BM=16,
-            ATT_BN=64,
-            POOL_BR=16,
-            num_warps=4,
-            num_stages=2,
-        )
+        c = pick_config(tb, H, I, int(backend.sm))
         env_cfg = os.environ.get("ZOI_PERSISTENT_CFG")  # e.g. '{"BK": 128, "num_stages": 3}'
         c.update(json.loads(env_cfg) if env_cfg else {})
         c.update(cfg or {})
@@ -279,6 +269,78 @@ class PersistentPlan:
         return [lambda: self.launch(0, self.n_stages)]
 
 
+def pick_config(tb: int, H: int, I: int, sm: int) -> dict:
+    """Tiles per bucket (unmeasured guesses, to be swept on the GPU: ``python -m
+    zoi.backends.cuda.persistent --sweep``). Each stage is latency bound (weights in L2, a
+    few k-steps per item), so: 16-row tiles, and the narrowest N tile that still needs only
+    one round of work items over the grid (a second round doubles the stage's latency)."""
+    bm, cdiv = 16, lambda a, b: -(-a // b)
+    m = cdiv(tb, bm)
+
+    def bn(n, opts):
+        return next((b for b in opts if m * cdiv(n, b) <= sm), opts[-1])
+
+    return dict(
+        BM=bm,
+        BN_WIDE=bn(max(3 * H, I), (64, 128, 256)),
+        BN_NARROW=bn(H, (32, 64, 128)),
+        BK=64,
+        ATT_BM=16,
+        ATT_BN=64,
+        POOL_BR=16,
+        num_warps=4,
+        num_stages=2,
+    )
+
+
+ARG_TYPES = {
+    "hdr_ptr": "*i32",
+    "ids_ptr": "*i32",
+    "pos_ptr": "*i32",
+    "w16_ptr": "*fp16",
+    "w32_ptr": "*fp32",
+    "tab_ptr": "*i64",
+    "x_ptr": "*fp16",
+    "big_ptr": "*fp16",
+    "ctx_ptr": "*fp16",
+    "s_ptr": "*fp32",
+    "out_ptr": "*fp32",
+    "bar_ptr": "*i64",
+    "n_layers": "i32",
+    "stage_lo": "i32",
+    "stage_hi": "i32",
+    "eps": "fp32",
+    "qk_scale": "fp32",
+}
+
+
+def compile_ahead(meta: dict, arch: int = 90) -> dict:
+    """Compile the kernel for a CUDA target without a GPU (needs TRITON_INTERPRET unset;
+    ptxas runs): the CPU check of what the interpreter cannot see (codegen errors, the PTX
+    of the barrier and of the activation loads). Pointers assumed 16-byte aligned, as the
+    launcher specialises them."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from zoi.backends.cuda.kernels import persistent as kp
+
+    names = kp.persistent_kernel.arg_names
+    opts = {k: meta[k] for k in ("num_warps", "num_stages")}
+    const = {(names.index(k),): v for k, v in meta.items() if k not in opts}
+    sig = {n: ARG_TYPES.get(n, "constexpr") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")}
+    src = ASTSource(fn=kp.persistent_kernel, signature=sig, constexprs=const, attrs=attrs)
+    k = compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+    ptx = k.asm["ptx"]
+    sync = [ln.strip() for ln in ptx.splitlines() if "atom." in ln or ".acquire." in ln]
+    return {
+        "l1_activation_loads": kp.l1_loads_of_activations(ptx),
+        "sync_ops": sync,
+        "shared": int(k.metadata.shared),
+        "cubin_bytes": len(k.asm["cubin"]),
+    }
+
+
 def build_persistent_steps(backend, tb: int, cfg: dict | None = None, split: bool | None = None):
     """Zero-arg callables running bucket tb's whole forward (see the module docstring)."""
     return PersistentPlan(backend, tb, cfg, split).steps()
@@ -335,7 +397,9 @@ def time_persistent(backend, tb: int, iters: int = 200, **kw) -> float:
     return time_steps(backend, build_persistent_steps(backend, tb, **kw), tb, iters)
 
 
-def compare(model_kw: dict | None = None, tb: int = 128, iters: int = 500) -> dict:
+def compare(
+    model_kw: dict | None = None, tb: int = 128, iters: int = 500, cfgs: list | None = None
+) -> dict:
     """GPU: µs/forward of the persistent kernel vs the per-op graph on a minilm-shaped random
     fp16 model, plus the max abs difference of their outputs (one sequence of tb tokens)."""
     from tests.cuda_backend.cuda_helpers import tiny_model  # noqa: PLC0415
@@ -346,32 +410,48 @@ def compare(model_kw: dict | None = None, tb: int = 128, iters: int = 500) -> di
     kw.update(model_kw or {})
     be = CudaBackend(tiny_model("fp16", **kw), buckets=[tb])
     torch = be.torch
+
+    def once(steps):
+        _stage_one(be, tb)
+        be.d_out.fill_(float("nan"))
+        with torch.cuda.stream(be.tstream):
+            for st in steps:
+                st()
+        torch.cuda.synchronize()
+        return be.d_out[:1].clone()
+
     per_op = be._steps_for(tb)
-    pers = build_persistent_steps(be, tb)
-    _stage_one(be, tb)
-    with torch.cuda.stream(be.tstream):
-        for st in per_op:
-            st()
-    torch.cuda.synchronize()
-    want = be.d_out[:1].clone()
-    be.d_out.fill_(float("nan"))
-    with torch.cuda.stream(be.tstream):
-        for st in pers:
-            st()
-    torch.cuda.synchronize()
-    got = be.d_out[:1].clone()
-    return {
-        "tb": tb,
-        "per_op_us": time_steps(be, per_op, tb, iters),
-        "persistent_us": time_steps(be, pers, tb, iters),
-        "max_abs_diff": float((got - want).abs().max()),
-        "grid": PersistentPlan(be, tb).grid,
-    }
+    want = once(per_op)
+    out = {"tb": tb, "layers": kw["layers"], "per_op_us": time_steps(be, per_op, tb, iters)}
+    for cfg in cfgs or [None]:
+        plan = PersistentPlan(be, tb, cfg)
+        pers = plan.steps()
+        got = once(pers)
+        key = json.dumps(cfg) if cfg else "default"
+        out[key] = {
+            "us": round(time_steps(be, pers, tb, iters), 2),
+            "max_abs_diff": float((got - want).abs().max()),
+            "grid": plan.grid,
+            "cfg": {k: plan.meta[k] for k in ("BN_WIDE", "BN_NARROW", "BK", "num_stages")},
+        }
+    return out
 
 
-if __name__ == "__main__":  # python -m zoi.backends.cuda.persistent [tb ...]
-    import json
+SWEEP = [
+    None,
+    {"BK": 128},
+    {"num_stages": 3},
+    {"BN_WIDE": 64, "BN_NARROW": 32},
+    {"BN_WIDE": 128, "BN_NARROW": 64},
+    {"num_warps": 8},
+    {"BK": 128, "num_stages": 3},
+]
+
+
+if __name__ == "__main__":  # python -m zoi.backends.cuda.persistent [--sweep] [tb ...]
     import sys
 
-    for tb in [int(a) for a in sys.argv[1:]] or [16, 128]:
-        print(json.dumps(compare(tb=tb)), flush=True)
+    args = sys.argv[1:]
+    sweep = "--sweep" in args
+    for tb in [int(a) for a in args if a != "--sweep"] or [16, 128]:
+        print(json.dumps(compare(tb=tb, cfgs=SWEEP if sweep else None)), flush=True)

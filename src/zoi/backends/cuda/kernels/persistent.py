@@ -30,10 +30,10 @@ So 5L + 1 stages and 5L barriers (31 / 30 for MiniLM) instead of 44 kernel nodes
 one stage and read only in later ones, so no stage reads what another program of the
 same stage writes (no hazard without a barrier).
 
-Grid barrier (self-resetting, no memset per launch): ``bar[0]`` = arrival count, ``bar[1]``
-= generation. ``debug_barrier`` (all threads' stores issued), read gen (acquire, gpu scope),
-``atomic_add(count, 1, acq_rel)``; the last arriver resets count to 0 and bumps gen
-(release); the others spin on an acquire read of gen until it moves; ``debug_barrier``.
+Grid barrier (no memset per launch): one int64 arrival counter that only grows; each
+program adds 1 (acq_rel, gpu scope) after ``debug_barrier`` (all its threads' stores done)
+and, unless it completed the round, polls it (acquire) until it reaches the round's end
+``(a // nprog + 1) * nprog``; then ``debug_barrier``. One atomic per program per barrier.
 Triton lowers an atomic on a *scalar* to one thread per program (the redundant-thread
 predicate) with the result broadcast through shared memory, so each program arrives once.
 Activations produced inside the launch are loaded with ``cache_modifier=".cg"`` (L2, never
@@ -74,17 +74,20 @@ K_E_WORD, K_E_POS, K_E_TYPE, K_E_LNW, K_E_LNB = (tl.constexpr(i) for i in range(
 
 @triton.jit
 def grid_barrier(bar_ptr, nprog):
-    """All programs of the launch meet here; stores before it are visible (L2) after it."""
-    tl.debug_barrier()
-    gen = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
-    arrived = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == nprog - 1:
-        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(bar_ptr + 1, 1, sem="release", scope="gpu")
-    else:
-        cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
-        while cur == gen:
-            cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
+    """All programs of the launch meet here; stores before it are visible (L2) after it.
+
+    ``bar_ptr``: one int64 arrival counter that only ever grows (2^63 arrivals: never wraps),
+    so it needs no reset and no memset per launch. Every barrier of every launch adds
+    exactly ``nprog`` (the grid of a bucket is fixed), so an arrival that saw ``a`` completes
+    the round ending at ``(a // nprog + 1) * nprog``. Critical path: one atomic per program
+    plus the pollers' next acquire load; the last arriver does not wait."""
+    tl.debug_barrier()  # every thread's stores of this stage are performed (CTA scope)
+    a = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")  # release them at gpu scope
+    target = (a // nprog + 1) * nprog
+    if a + 1 < target:
+        cur = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        while cur < target:
+            cur = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
@@ -386,7 +389,7 @@ def persistent_kernel(
     ctx_ptr,  # [tb, H] fp16 attention context
     s_ptr,  # [tb, H] fp32 pre-LN sums
     out_ptr,  # [max_batch, H] fp32 pooled
-    bar_ptr,  # int32 [2] grid barrier (count, generation); count 0 between launches
+    bar_ptr,  # int64 [1] grid barrier arrival counter (grid_barrier)
     n_layers,
     stage_lo,
     stage_hi,
