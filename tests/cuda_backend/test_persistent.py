@@ -146,7 +146,7 @@ class TestGPU:
     def test_eager_matches_reference(self, shape, split):
         """Steps run eagerly on the GPU (no graph): be.run replays the per-op graph, so call
         the steps ourselves and read d_out."""
-        from zoi.backends.cuda.persistent import build_persistent_steps
+        from zoi.backends.cuda.persistent import PersistentPlan
 
         kw = MINILM if shape == "minilm" else {}
         model = tiny_model("fp16", max_tokens=512, max_batch=64, **kw)
@@ -155,7 +155,8 @@ class TestGPU:
         rng = np.random.default_rng(7)
         cases = ((16, [1]), (16, [5, 1, 9]), (128, [40, 3, 17]), (256, [40] * 6 + [3, 13]))
         for tb, lens in cases:  # (the tiny model has 40 positions)
-            steps = build_persistent_steps(be, tb, split=split)
+            plan = PersistentPlan(be, tb, split=split)
+            steps = plan.steps()
             for lens_ in (lens, [16] if tb == 16 else [40, 40, 40, 8]):
                 ids, pos, cu = batch(rng, lens_)
                 for norm in (False, True):
@@ -167,6 +168,7 @@ class TestGPU:
                             for s in steps:
                                 s()
                     torch.cuda.synchronize()
+                    assert not plan.barrier_timed_out()
                     got = be.d_out[:B].cpu().numpy()
                     want = ref.run(ids, pos, cu, norm)
                     assert np.isfinite(got).all()

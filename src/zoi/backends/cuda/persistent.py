@@ -146,11 +146,11 @@ class PersistentPlan:
         tab[L, kp.E_TYPE] = off("embed.type0", 2) if self.has_type else 0
         tab[L, kp.E_LNW] = off("embed.ln.w", 4)
         tab[L, kp.E_LNB] = off("embed.ln.b", 4)
-        # own state: [table (int64) | barrier arrival counter (int64)]
+        # own state: [table (int64) | barrier: arrival counter, timed-out flag (int64)]
         state = torch.zeros(tab.size * 8 + 64, dtype=torch.uint8, device=backend.dev)
         self.tab = state[: tab.size * 8].view(torch.int64)
         self.tab.copy_(torch.from_numpy(tab.reshape(-1)).to(backend.dev))
-        self.bar = state[tab.size * 8 : tab.size * 8 + 8].view(torch.int64)  # arrivals
+        self.bar = state[tab.size * 8 : tab.size * 8 + 16].view(torch.int64)  # [arrivals, err]
         self.state = state
 
         # scratch: X [tb,H] fp16, BIG [tb,max(3H,I)] fp16, CTX [tb,H] fp16, S [tb,H] fp32
@@ -257,6 +257,10 @@ class PersistentPlan:
             self.eps,
             self.qk_scale,
         )
+
+    def barrier_timed_out(self) -> bool:
+        """True when a grid barrier gave up waiting (then that forward's output is void)."""
+        return bool(int(self.bar[1].item()) != 0)
 
     def launch(self, lo: int, hi: int):
         from zoi.backends.cuda.kernels.persistent import persistent_kernel
@@ -427,6 +431,7 @@ def compare(
         plan = PersistentPlan(be, tb, cfg)
         pers = plan.steps()
         got = once(pers)
+        assert not plan.barrier_timed_out(), "grid barrier timed out"
         key = json.dumps(cfg) if cfg else "default"
         out[key] = {
             "us": round(time_steps(be, pers, tb, iters), 2),

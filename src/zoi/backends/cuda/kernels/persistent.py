@@ -65,6 +65,7 @@ QKV_W, QKV_B, O_W, O_B, LN1_W, LN1_B, F1_W, F1_B, F2_W, F2_B, LN2_W, LN2_B = ran
 # the row after the last layer: the embedding
 E_WORD, E_POS, E_TYPE, E_LNW, E_LNB = range(5)
 TAB_COLS = 16
+POLL_LIMIT = tl.constexpr(1 << 22)  # acquire polls (~0.5 us each) before a barrier gives up
 STAGES_PER_LAYER = 5
 # the same, as constexpr globals for the kernel (a jit function reads only constexpr globals)
 K_QKV_W, K_QKV_B, K_O_W, K_O_B, K_LN1_W, K_LN1_B = (tl.constexpr(i) for i in range(6))
@@ -86,8 +87,12 @@ def grid_barrier(bar_ptr, nprog):
     target = (a // nprog + 1) * nprog
     if a + 1 < target:
         cur = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        while cur < target:
+        n = 0
+        while (cur < target) & (n < POLL_LIMIT):  # a bounded spin: never a hung GPU
             cur = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+            n += 1
+        if cur < target:  # gave up (programs not co-resident?): flag it, results are void
+            tl.atomic_xchg(bar_ptr + 1, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
 
 
@@ -389,7 +394,7 @@ def persistent_kernel(
     ctx_ptr,  # [tb, H] fp16 attention context
     s_ptr,  # [tb, H] fp32 pre-LN sums
     out_ptr,  # [max_batch, H] fp32 pooled
-    bar_ptr,  # int64 [1] grid barrier arrival counter (grid_barrier)
+    bar_ptr,  # int64 [2] grid barrier: arrival counter, timed-out flag
     n_layers,
     stage_lo,
     stage_hi,
