@@ -29,6 +29,8 @@ def _check(be, model, lens_list, seed, tol=5e-3, cos=0.9999):
         ids, pos, cu = batch(rng, lens, vocab=int(model.spec.vocab_size))
         for norm in (False, True):
             be.d_out.fill_(float("nan"))  # poison: every row must be written
+            if be.dev == "cuda":
+                torch.cuda.synchronize()  # run() uses its own non-blocking stream
             got = be.run(ids, pos, cu, norm)
             want = ref.run(ids, pos, cu, norm)
             assert got.shape == want.shape and got.dtype == np.float32
@@ -163,6 +165,7 @@ class TestGPU:
                     n, B = be._stage(ids, pos, cu, norm, tb)
                     be.d_in[:n].copy_(torch.from_numpy(be.h_in[:n].copy()).cuda())
                     be.d_out.fill_(float("nan"))
+                    torch.cuda.synchronize()  # be.tstream does not sync with the default stream
                     with torch.cuda.stream(be.tstream):
                         for _ in range(2):  # twice back to back: the barrier resets itself
                             for s in steps:

@@ -359,6 +359,8 @@ def _stage_one(backend, tb: int, seed: int = 0):
     pos = (np.arange(tb) % P).astype(np.int32)
     n, _ = backend._stage(ids, pos, np.array([0, tb], np.int32), True, tb)
     backend.d_in[:n].copy_(backend.torch.from_numpy(backend.h_in[:n].copy()))
+    if not backend.eager:  # the backend's stream does not sync with the legacy default one
+        backend.torch.cuda.synchronize()
 
 
 def time_steps(backend, steps, tb: int, iters: int = 200) -> float:
@@ -418,6 +420,7 @@ def compare(
     def once(steps):
         _stage_one(be, tb)
         be.d_out.fill_(float("nan"))
+        torch.cuda.synchronize()
         with torch.cuda.stream(be.tstream):
             for st in steps:
                 st()
