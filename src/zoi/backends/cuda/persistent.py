@@ -118,8 +118,12 @@ class PersistentPlan:
 
         def off(key, size):
             b = w[key].data_ptr() - base
-            assert b % size == 0
+            if b % 256:  # the kernel tells the compiler so (tl.multiple_of): vector loads
+                raise PersistentUnsupported(f"persistent kernel: {key} not 256-byte aligned")
             return b // size
+
+        if base % 256:
+            raise PersistentUnsupported("persistent kernel: weight buffer not 256-byte aligned")
 
         tab = np.zeros((L + 1, kp.TAB_COLS), np.int64)
         for i, ly in enumerate(layers):

@@ -43,13 +43,17 @@ In the interpreter (programs run one after another) a spinning barrier would dea
 host then launches one stage per launch (``stage_hi = stage_lo + 1``), and the barrier is
 never reached (it sits between stages of the same launch only).
 
-Performance model (H200, MiniLM 1x128, fp16): weights (~21 MB for the 6 layers) are
-L2-resident across calls; stage work items at 16-row tiles: qkv 8x18 = 144, attention 96,
-o 8x12 = 96, ffn1 8x24 = 192, ffn2 96 (K = 1536: 24 dependent k-steps, the longest stage);
-each item reads <= 96 KB of weights from L2. Target < 2 us per stage + ~1 us per barrier:
-31 stages -> ~60-90 us for the forward vs 173 us for the 44-node graph. Known gaps: ffn2
-wants split-K (or 32-row tiles with BN 16) at T <= 128; pool walks a sequence's rows in one
-program (8 dependent 16-row chunks at 128 tokens).
+Performance model (H200, MiniLM 1x128, fp16; not measured yet): weights (~21 MB for the
+6 layers) are L2-resident across calls, so every stage is latency bound. Tiles
+(``persistent.pick_config``): 16-row tiles and the narrowest N tile that needs one round of
+items over the grid: at 128 tokens qkv 8x9 = 72 items (16x128), attention 96, o 8x12 = 96
+(16x32), ffn1 8x12 = 96, ffn2 96 (K = 1536: 24 k-steps of 64, the longest stage). Each item
+reads <= 100 KB of weights from L2. Aim: < 2 us per stage + ~1 us per barrier (one atomic
+round trip + one poll): 31 stages -> ~60-90 us device time vs 173 us for the 44-node graph.
+Known gaps: ffn2 would like split-K (only with a deterministic reduction: fp32 atomics
+would make repeated calls differ in the last bits); pool walks a sequence's rows in one
+program (8 dependent 16-row chunks at 128 tokens); attention + o could share a stage if a
+program owned whole rows (8 busy programs at 128 tokens: not obviously better).
 """
 
 from __future__ import annotations
