@@ -122,7 +122,7 @@ class PersistentPlan:
                 raise PersistentUnsupported(f"persistent kernel: {key} not 256-byte aligned")
             return b // size
 
-        if base % 256:
+        if base % 256 and not backend.eager:
             raise PersistentUnsupported("persistent kernel: weight buffer not 256-byte aligned")
 
         tab = np.zeros((L + 1, kp.TAB_COLS), np.int64)
