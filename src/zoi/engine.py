@@ -132,7 +132,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
 BACKEND_QUANT_FEATURES: dict[str, set[str] | None] = {
     "cpu": None,
     "reference": None,
-    "cuda": {"dynamic", "static"},
+    "cuda": None,
 }
 
 

@@ -36,16 +36,58 @@ def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray]:
     return w
 
 
-def quantize_linears(weights: dict[str, np.ndarray], static: dict[str, float] | None = None):
-    """Per-channel INT8 weights for every linear (dynamic scheme unless `static` names an amax)."""
+def quantize_linears(
+    weights: dict[str, np.ndarray],
+    static: dict[str, float] | None = None,
+    schemes: dict[str, str] | None = None,
+    transforms: dict[str, str] | None = None,
+    default: str = "dynamic",
+    seed: int = 0,
+):
+    """Per-channel INT8 weights for every linear: `default` scheme unless `static` names an
+    amax or `schemes` names dynamic | dynamic_asym | weight_only | fp32 (float weights);
+    `transforms` {prefix: "mul" | "shift+mul"} adds random p.act_mul / p.act_shift."""
     out, quant = dict(weights), {}
+    rng = np.random.default_rng(seed + 1000)
     for k in list(weights):
         if k.endswith(".w") and k.split(".")[1] in ("qkv", "o", "ffn1", "ffn2"):
             p = k[:-2]
-            out[f"{p}.w_q"], out[f"{p}.w_scale"] = qp.quantize_weight(out.pop(k))
+            K = weights[k].shape[1]
+            s = (schemes or {}).get(p, default)
+            if s != "fp32":
+                out[f"{p}.w_q"], out[f"{p}.w_scale"] = qp.quantize_weight(out.pop(k))
             amax = (static or {}).get(p)
-            quant[p] = LinearQuant("static", amax) if amax is not None else LinearQuant("dynamic")
+            if amax is not None:
+                quant[p] = LinearQuant("static", amax)
+            elif s in ("weight_only", "fp32"):
+                quant[p] = LinearQuant("fp32")
+            else:
+                quant[p] = LinearQuant(s)
+            t = (transforms or {}).get(p)
+            if t:
+                out[f"{p}.act_mul"] = (0.5 + rng.random(K)).astype(np.float32)
+                if "shift" in t:
+                    out[f"{p}.act_shift"] = (0.1 * rng.standard_normal(K)).astype(np.float32)
     return out, quant
+
+
+def default_quant_model(max_tokens=64, max_batch=None, shape=None, **config) -> CompiledModel:
+    """A tiny BERT (trained-like LayerNorm outliers) quantised by zoi.quant with its DEFAULT
+    config (dynamic_asym activations, SmoothQuant act_mul, GPTQ) plus `config` overrides."""
+    from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
+
+    from zoi.quant import QuantConfig, quantize_model
+
+    spec = tiny_spec(**(shape or {}))
+    w = tiny_weights(spec, seed=3)
+    w1, q1 = quantize_model(
+        spec,
+        w,
+        WordTokenizer(spec.vocab_size),
+        calibration=texts(48, seed=1),
+        config=QuantConfig(**config),
+    )
+    return CompiledModel.build(spec, w1, "int8", max_tokens, max_batch, q1)
 
 
 def tiny_model(
@@ -62,6 +104,9 @@ def tiny_model(
     type_vocab=2,
     static=None,
     seed=0,
+    schemes=None,
+    transforms=None,
+    default="dynamic",
 ) -> CompiledModel:
     spec = ModelSpec(
         arch="bert",
@@ -80,7 +125,7 @@ def tiny_model(
     w = random_weights(spec, seed)
     quant = {}
     if precision == "int8":
-        w, quant = quantize_linears(w, static)
+        w, quant = quantize_linears(w, static, schemes, transforms, default, seed)
     return CompiledModel.build(spec, w, precision, max_tokens, max_batch, quant)
 
 

@@ -11,9 +11,16 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+from tests.cuda_backend.cuda_helpers import (  # noqa: E402
+    batch,
+    default_quant_model,
+    min_cosine,
+    rel,
+    tiny_model,
+)
 
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
+from zoi.engine import BACKEND_QUANT_FEATURES, required_quant_features  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter run (the GPU runs test_gpu.py)"
@@ -84,3 +91,126 @@ def test_static_scheme_and_unfused_layernorm(monkeypatch):
     ids, pos, cu = batch(np.random.default_rng(3), [30, 11])
     got, want = be.run(ids, pos, cu, False), ref.run(ids, pos, cu, False)
     assert rel(got, want) < 3e-2 and min_cosine(got, want) > 0.999
+
+
+def _check(be, model, cases, tol=3e-2, cos=0.999):
+    ref = ReferenceBackend(model, dtype=np.float64)
+    rng = np.random.default_rng(11)
+    worst = 0.0
+    for lens in cases:
+        ids, pos, cu = batch(rng, lens, model.spec.vocab_size)
+        for norm in (False, True):
+            got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
+            assert got.shape == want.shape and np.isfinite(got).all()
+            e = rel(got, want)
+            worst = max(worst, e)
+            assert e < tol and min_cosine(got, want) > cos, (lens, norm, e)
+    return worst
+
+
+def _kinds(be, fused):
+    return [
+        (la.kind, la.extra.get("prefix", ""), la.quant)
+        for la in be.plans[fused]["launches"]
+        if la.kind in ("linear", "quantize")
+    ]
+
+
+@pytest.mark.parametrize(
+    "config,needs",
+    [
+        ({}, {"dynamic_asym", "act_mul"}),  # the quantiser's default
+        ({"smooth_shift": True}, {"dynamic_asym", "act_mul", "act_shift"}),
+        ({"activations": "static", "smooth_shift": True}, {"static", "act_mul", "act_shift"}),
+        ({"activations": "dynamic"}, {"dynamic", "act_mul"}),
+    ],
+)
+def test_default_quant_config_artifact_matches_reference(config, needs):
+    """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
+    as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul."""
+    assert BACKEND_QUANT_FEATURES["cuda"] is None  # cuda runs every feature: no narrowing
+    model = default_quant_model(max_tokens=64, **config)
+    assert required_quant_features(model.weights, model.quant) == needs
+    be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)  # 16 unfused, 64 fused
+    L = model.spec.layers
+    # qkv / ffn1 read the int8 copy their whole-row producer (embed, LN, linear + LN) wrote;
+    # o / ffn2 (after attention / ffn1, tile producers) read one from a quantize launch when
+    # they are asymmetric or have an act_mul / act_shift, else quantise in the GEMM's loop
+    want, n_q = [], 0
+    for p, q in model.quant.items():
+        role, tr = p.split(".")[1], f"{p}.act_mul" in model.weights
+        if role in ("qkv", "ffn1") or q.scheme == "dynamic_asym" or tr:
+            n_q += role in ("o", "ffn2")
+            want.append((p, 4))
+        else:
+            want.append((p, 1 if q.scheme == "dynamic" else 2))
+    for fused in (False, True):
+        k = _kinds(be, fused)
+        assert sorted((p, q) for kind, p, q in k if kind == "linear") == sorted(want), k
+        assert [kind for kind, *_ in k].count("quantize") == n_q, k
+    if config == {}:
+        assert n_q == 2 * L  # o is asymmetric, ffn2 has an act_mul
+    assert be.memory()["kernels_per_forward"] == {
+        16: 1 + 7 * L + n_q + 1,
+        64: 1 + 5 * L + n_q + 1,
+    }
+    worst = _check(be, model, ([1], [5, 1, 9], [32, 3, 17], [20, 20, 20]))
+    print(f"{config}: worst rel {worst:.2e}")
+
+
+def test_mixed_schemes_transforms_and_float_linears():
+    """Every scheme and transform in one model: asym / sym / static, act_mul with and without
+    act_shift on whole-row and tile producers, a float linear and a weight-only INT8 linear
+    with an act_mul (folded into the fp16 weights at pack time)."""
+    model = tiny_model(
+        "int8",
+        default="dynamic_asym",
+        schemes={
+            "l0.o": "dynamic",
+            "l1.qkv": "dynamic",
+            "l1.ffn1": "fp32",
+            "l1.ffn2": "weight_only",
+        },
+        static={"l0.ffn2": 4.0},
+        transforms={
+            "l0.qkv": "shift+mul",
+            "l0.o": "mul",
+            "l0.ffn2": "mul",
+            "l1.ffn1": "shift+mul",
+            "l1.ffn2": "mul",
+        },
+    )
+    assert required_quant_features(model.weights, model.quant) == set(
+        ("dynamic", "static", "dynamic_asym", "act_mul", "act_shift", "weight_only")
+    )
+    be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)
+    want = [
+        ("linear", "l0.qkv", 4),  # asym copy written by embed, after shift + mul
+        ("quantize", "", 0),  # attention -> l0.o (sym + mul)
+        ("linear", "l0.o", 4),
+        ("linear", "l0.ffn1", 4),  # asym copy written by o + LN
+        ("quantize", "", 0),  # ffn1 -> l0.ffn2 (static + mul)
+        ("linear", "l0.ffn2", 4),
+        ("linear", "l1.qkv", 4),  # sym copy written by ffn2 + LN
+        ("quantize", "", 0),  # attention -> l1.o (asym, no transform)
+        ("linear", "l1.o", 4),
+        ("linear", "l1.ffn1", 0),  # float, act_shift / act_mul folded
+        ("linear", "l1.ffn2", 0),  # weight-only INT8: dequantised to fp16, act_mul folded
+    ]
+    assert _kinds(be, True) == want and _kinds(be, False) == want
+    assert be.w["l1.ffn2.w"].dtype == be.torch.float16 and "l1.ffn2.w_q" not in be.w
+    assert be.w["l1.o.colsum"].dtype == be.torch.int32 and "l0.o.colsum" not in be.w
+    _check(be, model, ([1], [5, 1, 9], [40, 3, 17], [2] * 20))
+
+
+def test_weight_only_artifact():
+    """The quantiser's weight-only fallback (scheme fp32 with w_q): fp16 weights
+    dequantised at pack time, float compute; matches the reference to fp16 accuracy."""
+    model = default_quant_model(
+        max_tokens=64, sensitivity_db=60.0, fallback_weights="int8", max_weight_ratio=None
+    )
+    assert required_quant_features(model.weights, model.quant) == {"weight_only"}
+    be = _backend(model, buckets=[64])
+    assert {q for *_, q in _kinds(be, True)} == {0}
+    assert all(f"{p}.w" not in model.weights for p in model.quant)
+    _check(be, model, ([1], [30, 7, 19]), tol=5e-3, cos=0.9999)

@@ -25,6 +25,7 @@ from zoi.backends.cuda.kernels import embed as k_embed  # noqa: E402
 from zoi.backends.cuda.kernels import layernorm as k_ln  # noqa: E402
 from zoi.backends.cuda.kernels import linear as k_lin  # noqa: E402
 from zoi.backends.cuda.kernels import pool as k_pool  # noqa: E402
+from zoi.backends.cuda.kernels import quantize as k_q  # noqa: E402
 from zoi.quant import primitives as qp  # noqa: E402
 
 DEV = (
@@ -58,6 +59,92 @@ def f16(a):
 
 def _rand(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+QMODES = ["dynamic", "static", "dynamic_asym"]
+TRANSFORMS = ["none", "mul", "shift+mul"]
+
+
+def _transform(rng, K, tr):
+    """Random act_shift / act_mul of a consumer (as zoi.quant writes them), numpy."""
+    shift = (0.3 * rng.standard_normal(K)).astype(np.float32) if "shift" in tr else None
+    mul = (0.5 + rng.random(K)).astype(np.float32) if "mul" in tr else None
+    return shift, mul
+
+
+def _qbufs(T, K):
+    """Poisoned int8 copy / a_scale / zero point outputs."""
+    return (
+        torch.full((T, K), 99, dtype=torch.int8, device=DEV),
+        poison((T,), torch.float32),
+        torch.full((T,), -7, dtype=torch.int32, device=DEV),
+    )
+
+
+def _qargs(mode, shift, mul, static_amax, q, qs, qz, pre):
+    return {
+        f"{pre}q": q,
+        f"{pre}q_scale": qs,
+        f"{pre}q_zp": qz,
+        "q_mode": mode,
+        "q_shift": None if shift is None else t(shift),
+        "q_mul": None if mul is None else t(mul),
+        "q_static_amax": static_amax,
+    }
+
+
+def _assert_quant(x, mode, shift, mul, static_amax, q, qs, qz):
+    """The int8 copy (asymmetric: q_u8 - 128), a_scale and zp bit-exact against
+    zoi.quant.primitives on x (float32, the values the kernel stored), after the transform."""
+    xt = qp.act_transform(np.asarray(x, np.float32), shift, mul)
+    q, qs, qz = q.cpu().numpy(), qs.cpu().numpy(), qz.cpu().numpy()
+    assert np.isfinite(qs).all()
+    if mode == "dynamic_asym":
+        wq, ws, wz = qp.quantize_act_asym(xt)
+        np.testing.assert_array_equal(q.astype(np.int32) + 128, wq.astype(np.int32))
+        np.testing.assert_array_equal(qz, wz)
+    else:
+        wq, ws = qp.quantize_act(xt, static_amax if mode == "static" else None)
+        np.testing.assert_array_equal(q, wq)
+    np.testing.assert_array_equal(qs, ws)
+
+
+def _awkward_rows(x):
+    """Rows that stress the row statistics: all zero, all positive, all negative, one value."""
+    T = x.shape[0]
+    if T >= 4:
+        x[1] = 0.0
+        x[2] = np.abs(x[2]) + 0.01
+        x[3] = -np.abs(x[3]) - 0.01
+    if T >= 5:
+        x[4] = 0.0
+        x[4, -1] = -2.5
+    return x
+
+
+@pytest.mark.parametrize("T,K", [(1, 24), (13, 100), (37, 130)])
+@pytest.mark.parametrize("mode", QMODES)
+@pytest.mark.parametrize("tr", TRANSFORMS)
+def test_quantize_kernel(T, K, mode, tr):
+    rng = np.random.default_rng(T * 31 + K + len(tr) + QMODES.index(mode) * 7)
+    x = _awkward_rows(_rand(rng, T, K, scale=2.0)).astype(np.float16)
+    shift, mul = _transform(rng, K, tr)
+    q, qs, qz = _qbufs(T, K)
+    k_q.launch_quantize(
+        t(x),
+        None if shift is None else t(shift),
+        None if mul is None else t(mul),
+        q,
+        qs,
+        qz,
+        T,
+        K,
+        mode=mode,
+        static_amax=3.0,
+    )
+    _assert_quant(x, mode, shift, mul, 3.0, q, qs, qz)
+    if mode != "dynamic_asym":
+        assert (qz.cpu().numpy() == -7).all()  # no zero point written
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 40, 24), (7, 72, 100), (33, 130, 96)])
@@ -162,17 +249,95 @@ def test_linear_int8_exact_accumulation():
     np.testing.assert_array_equal(y.cpu().numpy().astype(np.float64), exact)
 
 
+def _launch_q4(a8, scale, zp, w_q, w_s, b, y, M, N, K, act="none", r=None):
+    k_lin.launch_linear(
+        t(a8),
+        t(scale),
+        t(w_q),
+        t(w_s),
+        t(b),
+        r,
+        None,
+        None,
+        y,
+        None,
+        M,
+        N,
+        K,
+        quant=4,
+        act=act,
+        a_zp=None if zp is None else t(zp),
+        colsum=None if zp is None else t(w_q.astype(np.int64).sum(1).astype(np.int32)),
+    )
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 40, 24), (5, 72, 200), (37, 96, 130)])
+@pytest.mark.parametrize("scheme", ["dynamic", "dynamic_asym"])
+def test_linear_int8_prequantised(M, N, K, scheme):
+    """QUANT 4: A is the int8 copy a producer wrote (asymmetric: q_u8 - 128, zp, colsum)."""
+    rng = np.random.default_rng(M + N + K + len(scheme))
+    x = _awkward_rows(_rand(rng, M, K, scale=2.0))
+    w_q, w_s = qp.quantize_weight(_rand(rng, N, K))
+    b, r = _rand(rng, N, scale=0.1), _rand(rng, M, N)
+    if scheme == "dynamic_asym":
+        q, scale, zp = qp.quantize_act_asym(x)
+        a8 = (q.astype(np.int16) - 128).astype(np.int8)
+        lin = qp.linear_int8_asym_emulated(x, w_q, w_s, b)
+    else:
+        (a8, scale), zp = qp.quantize_act(x), None
+        lin = qp.linear_int8_emulated(x, w_q, w_s, b, None)
+    y = poison((M, N), torch.float16)
+    _launch_q4(a8, scale, zp, w_q, w_s, b, y, M, N, K, "gelu", t(r, torch.float16))
+    want = ref.activation(lin.astype(np.float64), "gelu") + f16(r)
+    assert rel(y.float().cpu().numpy(), want) < 2e-3
+
+
+@pytest.mark.parametrize("M,N,K", [(37, 40, 300), (16, 24, 128), (3, 17, 1)])
+def test_linear_int8_asym_exact_accumulation(M, N, K):
+    """Integer part bit-exact: a_scale = w_scale = 1, no bias, fp32 out -> y == the integer
+    sum of primitives.int8_matmul_asym_exact (q_u8 - zp against the weights)."""
+    rng = np.random.default_rng(M * N + K)
+    q = rng.integers(0, 256, size=(M, K)).astype(np.uint8)
+    q[0] = 255
+    q[-1] = 0
+    zp = rng.integers(0, 256, size=M).astype(np.int32)
+    zp[0], zp[-1] = 0, 255
+    w_q = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    y = poison((M, N), torch.float32)
+    a8 = (q.astype(np.int16) - 128).astype(np.int8)
+    _launch_q4(
+        a8,
+        np.ones(M, np.float32),
+        zp,
+        w_q,
+        np.ones(N, np.float32),
+        np.zeros(N, np.float32),
+        y,
+        M,
+        N,
+        K,
+    )
+    exact = qp.int8_matmul_asym_exact(q, zp, w_q).astype(np.float64)
+    assert np.abs(exact).max() < 2**24
+    np.testing.assert_array_equal(y.cpu().numpy().astype(np.float64), exact)
+
+
 @pytest.mark.parametrize("quant", [0, 1])
 @pytest.mark.parametrize("M,N,K", [(1, 48, 40), (19, 96, 72)])
-def test_linear_residual_layernorm_epilogue(quant, M, N, K):
-    rng = np.random.default_rng(quant * 100 + M)
+@pytest.mark.parametrize(
+    "qmode,tr", [("dynamic", "none"), ("dynamic_asym", "shift+mul"), ("static", "mul")]
+)
+def test_linear_residual_layernorm_epilogue(quant, M, N, K, qmode, tr):
+    rng = np.random.default_rng(quant * 100 + M + len(tr))
     x, r = _rand(rng, M, K), _rand(rng, M, N)
     w, b = _rand(rng, N, K, scale=K**-0.5), _rand(rng, N, scale=0.1)
     lw, lb = (1 + _rand(rng, N, scale=0.1)), _rand(rng, N, scale=0.1)
     x16, r16 = f16(x), f16(r)
     y = poison((M, N), torch.float16)
     amax_out = poison((M,), torch.float32)
-    yq = torch.full((M, N), 99, dtype=torch.int8, device=DEV)
+    shift, mul = _transform(rng, N, tr)
+    yq, ys, yz = _qbufs(M, N)
+    qa = _qargs(qmode, shift, mul, 2.0, yq, ys, yz, "y")
     cfg = k_lin.pick_config(M, N, K, quant != 0, True)
     if quant:
         w_q, w_s = qp.quantize_weight(w)
@@ -196,7 +361,7 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K):
             ln=True,
             amax_out_mode=2,
             cfg=cfg,
-            yq=yq,
+            **qa,
         )
         lin = _int8_want(x16, w_q, w_s, b, "none", r16)
     else:
@@ -219,7 +384,7 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K):
             ln=True,
             amax_out_mode=2,
             cfg=cfg,
-            yq=yq,
+            **qa,
         )
         lin = ref.linear(x16, f16(w), b.astype(np.float64), "none", r16)
     want = ref.layernorm(lin, lw.astype(np.float64), lb.astype(np.float64), 1e-12)
@@ -228,31 +393,52 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K):
     np.testing.assert_array_equal(
         amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32)
     )
-    np.testing.assert_array_equal(yq.cpu().numpy(), qp.quantize_act(got)[0])  # producer-side INT8
+    _assert_quant(got, qmode, shift, mul, 2.0, yq, ys, yz)  # producer-side INT8 copy
 
 
 @pytest.mark.parametrize("T,H", [(1, 24), (13, 100)])
-def test_add_layernorm(T, H):
-    rng = np.random.default_rng(T + H)
+@pytest.mark.parametrize("qmode", QMODES)
+@pytest.mark.parametrize("tr", TRANSFORMS)
+def test_add_layernorm(T, H, qmode, tr):
+    rng = np.random.default_rng(T + H + len(tr))
     x, r = _rand(rng, T, H, scale=3.0), _rand(rng, T, H)
     w, b = 1 + _rand(rng, H, scale=0.1), _rand(rng, H, scale=0.1)
     y = poison((T, H), torch.float16)
     amax = poison((T,), torch.float32)
-    yq = torch.full((T, H), 99, dtype=torch.int8, device=DEV)
+    shift, mul = _transform(rng, H, tr)
+    yq, ys, yz = _qbufs(T, H)
     k_ln.launch_add_layernorm(
-        t(x, torch.float16), t(r, torch.float16), t(w), t(b), y, amax, T, H, 1e-5, yq=yq
+        t(x, torch.float16),
+        t(r, torch.float16),
+        t(w),
+        t(b),
+        y,
+        amax,
+        T,
+        H,
+        1e-5,
+        **_qargs(qmode, shift, mul, 2.5, yq, ys, yz, "y"),
     )
     want = ref.add_layernorm(f16(x), f16(r), w.astype(np.float64), b.astype(np.float64), 1e-5)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 2e-3
     np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
-    np.testing.assert_array_equal(yq.cpu().numpy(), qp.quantize_act(got)[0])
+    _assert_quant(got, qmode, shift, mul, 2.5, yq, ys, yz)
 
 
 @pytest.mark.parametrize("word_q", [False, True])
 @pytest.mark.parametrize("has_type", [False, True])
-def test_embed(word_q, has_type):
-    rng = np.random.default_rng(word_q * 2 + has_type)
+@pytest.mark.parametrize(
+    "qmode,tr",
+    [
+        ("dynamic", "none"),
+        ("dynamic_asym", "shift+mul"),
+        ("dynamic_asym", "none"),
+        ("static", "mul"),
+    ],
+)
+def test_embed(word_q, has_type, qmode, tr):
+    rng = np.random.default_rng(word_q * 2 + has_type + len(tr))
     V, P, H, T = 50, 20, 40, 11
     word, pos, typ = _rand(rng, V, H), _rand(rng, P, H, scale=0.3), _rand(rng, 2, H, scale=0.3)
     lw, lb = 1 + _rand(rng, H, scale=0.1), _rand(rng, H, scale=0.1)
@@ -270,7 +456,8 @@ def test_embed(word_q, has_type):
     zero = poison((3, T + 5), torch.float32)
     cu = np.array([0, 4, 5, T], np.int32)
     tcum = torch.full((4,), -1, dtype=torch.int32, device=DEV)
-    xq = torch.full((T, H), 99, dtype=torch.int8, device=DEV)
+    shift, mul = _transform(rng, H, tr)
+    xq, xs, xz = _qbufs(T, H)
     k_embed.launch_embed(
         t(ids),
         t(positions),
@@ -289,7 +476,7 @@ def test_embed(word_q, has_type):
         T + 5,
         1e-12,
         tiles=(t(np.array([0, 3, T], np.int32)), t(cu), tcum, 4, 16),
-        xq=xq,
+        **_qargs(qmode, shift, mul, 2.0, xq, xs, xz, "x"),
     )
     np.testing.assert_array_equal(tcum.cpu().numpy(), [1, 2, 4, -1])
     want = ref.embed(
@@ -306,7 +493,7 @@ def test_embed(word_q, has_type):
     got = x.float().cpu().numpy()
     assert rel(got, want) < 2e-3
     np.testing.assert_array_equal(amax.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32))
-    np.testing.assert_array_equal(xq.cpu().numpy(), qp.quantize_act(got)[0])
+    _assert_quant(got, qmode, shift, mul, 2.0, xq, xs, xz)
     z = zero.cpu().numpy()
     assert (z[:, :T] == 0).all() and np.isnan(z[:, T:]).all()
 
