@@ -79,6 +79,21 @@ class TestInterpreter:
         assert len(p.steps()) == 1 and p.n_stages == 5 * L + 1
         assert 1 <= p.grid <= be.sm
 
+    def test_one_launch_with_barrier_code(self):
+        """All stages in ONE launch, barrier code executed: possible in the interpreter with
+        one program (it never waits). The arrival counter grows by stages - 1 per launch."""
+        from zoi.backends.cuda.persistent import PersistentPlan
+
+        model = tiny_model("fp16", layers=2)
+        be = self._be(model, buckets=[64])
+        plan = PersistentPlan(be, 64, split=False)
+        plan.grid = 1
+        be._steps[64] = plan.steps()
+        assert len(be._steps[64]) == 1
+        _check(be, model, ([5, 1, 9], [40, 3, 17]), seed=4)
+        assert int(plan.bar[0]) == 4 * (plan.n_stages - 1)  # 2 batches x 2 normalise settings
+        assert not plan.barrier_timed_out()
+
     def test_batched_equals_one_at_a_time(self):
         model = tiny_model("fp16", pooling="cls")
         be = self._be(model, buckets=[64])
