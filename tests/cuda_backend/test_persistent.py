@@ -68,6 +68,23 @@ class TestInterpreter:
         _swap(be)
         _check(be, model, LENS, seed=1)
 
+    @pytest.mark.parametrize(
+        "cfg",
+        [
+            {"BM": 32, "BN_WIDE": 64, "BN_NARROW": 32},
+            {"ATT_BM": 32, "ATT_BN": 32, "POOL_BR": 32},
+            {"BK": 32, "BN_WIDE": 256, "BN_NARROW": 64},
+        ],
+    )
+    def test_tile_configs(self, cfg):
+        """Every knob the GPU sweep turns gives the same forward."""
+        from zoi.backends.cuda.persistent import build_persistent_steps
+
+        model = tiny_model("fp16")
+        be = self._be(model, buckets=[64])
+        be._steps[64] = build_persistent_steps(be, 64, cfg=cfg)
+        _check(be, model, ([5, 1, 9], [40, 3, 17]), seed=6)
+
     def test_stage_count_and_one_launch_plan(self):
         from zoi.backends.cuda.persistent import PersistentPlan, build_persistent_steps
 

@@ -457,6 +457,9 @@ SWEEP = [
     {"BN_WIDE": 128, "BN_NARROW": 64},
     {"num_warps": 8},
     {"BK": 128, "num_stages": 3},
+    {"BM": 32, "BN_WIDE": 64, "BN_NARROW": 32},
+    {"BM": 32, "BN_WIDE": 128, "BN_NARROW": 64, "BK": 128},
+    {"ATT_BM": 32},
 ]
 
 
