@@ -71,6 +71,22 @@ def quantize_linears(
     return out, quant
 
 
+# every INT8 scheme and transform in one 2-layer model (asym / sym / static, act_mul with and
+# without act_shift on whole-row and tile producers, a float and a weight-only linear)
+MIXED = dict(
+    default="dynamic_asym",
+    schemes={"l0.o": "dynamic", "l1.qkv": "dynamic", "l1.ffn1": "fp32", "l1.ffn2": "weight_only"},
+    static={"l0.ffn2": 4.0},
+    transforms={
+        "l0.qkv": "shift+mul",
+        "l0.o": "mul",
+        "l0.ffn2": "mul",
+        "l1.ffn1": "shift+mul",
+        "l1.ffn2": "mul",
+    },
+)
+
+
 def default_quant_model(max_tokens=64, max_batch=None, shape=None, **config) -> CompiledModel:
     """A tiny BERT (trained-like LayerNorm outliers) quantised by zoi.quant with its DEFAULT
     config (dynamic_asym activations, SmoothQuant act_mul, GPTQ) plus `config` overrides."""

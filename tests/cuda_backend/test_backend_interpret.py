@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from tests.cuda_backend.cuda_helpers import (  # noqa: E402
+    MIXED,
     batch,
     default_quant_model,
     min_cosine,
@@ -162,24 +163,7 @@ def test_mixed_schemes_transforms_and_float_linears():
     """Every scheme and transform in one model: asym / sym / static, act_mul with and without
     act_shift on whole-row and tile producers, a float linear and a weight-only INT8 linear
     with an act_mul (folded into the fp16 weights at pack time)."""
-    model = tiny_model(
-        "int8",
-        default="dynamic_asym",
-        schemes={
-            "l0.o": "dynamic",
-            "l1.qkv": "dynamic",
-            "l1.ffn1": "fp32",
-            "l1.ffn2": "weight_only",
-        },
-        static={"l0.ffn2": 4.0},
-        transforms={
-            "l0.qkv": "shift+mul",
-            "l0.o": "mul",
-            "l0.ffn2": "mul",
-            "l1.ffn1": "shift+mul",
-            "l1.ffn2": "mul",
-        },
-    )
+    model = tiny_model("int8", **MIXED)
     assert required_quant_features(model.weights, model.quant) == set(
         ("dynamic", "static", "dynamic_asym", "act_mul", "act_shift", "weight_only")
     )

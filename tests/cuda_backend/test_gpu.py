@@ -14,7 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+from tests.cuda_backend.cuda_helpers import (  # noqa: E402
+    MIXED,
+    batch,
+    default_quant_model,
+    min_cosine,
+    rel,
+    tiny_model,
+)
 
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
 
@@ -99,3 +106,51 @@ def test_memory_report():
     mem = _be(model).memory()
     assert mem["weights_bytes"] > 0 and mem["arena_bytes"] > 0
     assert all(n > 0 for n in mem["graph_nodes"].values())
+
+
+def _check_int8(be, model, cases, tol=3e-2, cos=0.999):
+    ref = ReferenceBackend(model, dtype=np.float64)
+    rng = np.random.default_rng(9)
+    for lens in cases:
+        ids, pos, cu = batch(rng, lens, model.spec.vocab_size)
+        for norm in (False, True):
+            got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
+            assert got.shape == want.shape and np.isfinite(got).all()
+            assert rel(got, want) < tol, (lens, norm, rel(got, want))
+            assert min_cosine(got, want) > cos, (lens, norm)
+
+
+@pytest.mark.parametrize(
+    "config", [{}, {"smooth_shift": True}, {"activations": "static", "smooth_shift": True}]
+)
+@pytest.mark.parametrize("shape", ["tiny", "minilm"])
+def test_default_quant_artifact_matches_reference(config, shape):
+    """zoi.quant's DEFAULT INT8 artifact (dynamic_asym + SmoothQuant act_mul [+ act_shift])
+    compiled: unfused buckets (quantize launches before o / ffn2) and fused ones."""
+    kw = dict(hidden=384, heads=12, inter=1536, layers=2) if shape == "minilm" else None
+    model = default_quant_model(max_tokens=512, max_batch=64, shape=kw, **config)
+    be = _be(model, fuse_min_tokens=128)  # buckets 16..64 unfused, 128..512 fused
+    assert any(la.kind == "quantize" for la in be.plans[True]["launches"])
+    _check_int8(be, model, ([1], [16], [17], [5, 1, 9, 32], [32] * 12 + [3], [2] * 64))
+
+
+@pytest.mark.parametrize("shape", ["tiny", "minilm"])
+def test_mixed_int8_schemes_and_transforms(shape):
+    model = tiny_model(
+        "int8", max_tokens=512, max_batch=64, **MIXED, **(MINILM if shape == "minilm" else {})
+    )
+    be = _be(model, fuse_min_tokens=128)
+    _check_int8(be, model, ([1], [17], [5, 1, 9, 40], [40] * 12 + [3], [2] * 64))
+
+
+def test_weight_only_artifact():
+    model = default_quant_model(
+        max_tokens=256,
+        max_batch=32,
+        sensitivity_db=60.0,
+        fallback_weights="int8",
+        max_weight_ratio=None,
+    )
+    be = _be(model)
+    assert all(la.quant == 0 for la in be.plans[True]["launches"] if la.kind == "linear")
+    _check_int8(be, model, ([1], [30, 7, 19], [32] * 8), tol=5e-3, cos=0.9999)
