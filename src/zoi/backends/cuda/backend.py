@@ -14,9 +14,14 @@ concurrent callers safe.
 Fusion (decided once, from the IR): a ``linear`` whose only reader is the next op, an
 ``add_layernorm``, becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
 row fits one program (N <= 1024). Per BERT layer: qkv, attention, o+LN, ffn1+act, ffn2+LN.
-Activations are fp16 in the arena; INT8 linears quantise their input per token while
-loading it, with the row amax written by the producer (exactly, by the kernels that see
-whole rows; by float atomic max, from a zeroed buffer, by attention and plain linears).
+Activations are fp16 in the arena. INT8 linears (every scheme of zoi.quant: dynamic, static,
+dynamic_asym, with SmoothQuant act_mul / act_shift) mostly read an int8 copy of their input
+with a per-row a_scale (and zero point), written by the producer when it sees whole rows
+(embed, add_layernorm, linear + LN: the consumer's act_shift / act_mul applied first) or by
+a ``quantize`` launch of its own (after attention / ffn1, when asymmetric or transformed);
+symmetric / static linears without a transform after such a producer quantise while loading
+their fp16 input (row amax by float atomic max, from a buffer the embed kernel zeroed).
+Details: docs/GPU.md, Numerics.
 
 ``interpret=True`` (or no GPU with TRITON_INTERPRET=1) runs the same launch list eagerly on
 torch CPU tensors through the Triton interpreter: the CI test of everything but the graph.

@@ -1,6 +1,7 @@
 """embed: x = LayerNorm(word[ids] + pos[positions] + type[0]) * w + b, one program per BLOCK_R rows.
 
-Also writes the per-row amax of x (for the first INT8 linear) and zeroes the rows of the
+Also writes, for the first INT8 linear, the per-row amax of x or its int8 copy (with a_scale /
+zero point, after that linear's act_shift / act_mul: ``quantize.quant_rows``), and zeroes the rows of the
 atomic amax buffers that later kernels of the same forward max into (one region
 ``[n_zero, zero_stride]``), so no separate memset node is needed in the graph.
 """

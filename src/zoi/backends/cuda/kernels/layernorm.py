@@ -1,7 +1,9 @@
 """add_layernorm: y = LayerNorm(x + r) * w + b over rows of H, fp32 statistics.
 
 Used where the LN could not be fused into the preceding linear's epilogue (a linear whose N
-is too wide for one program). Also writes the per-row amax of y for an INT8 consumer.
+is too wide for one program). Also writes, for an INT8 consumer, the per-row amax of y or its
+int8 copy (with a_scale / zero point, after the consumer's act_shift / act_mul:
+``quantize.quant_rows``).
 """
 
 from __future__ import annotations

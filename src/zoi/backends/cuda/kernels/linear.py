@@ -1,4 +1,4 @@
-"""linear: y = act(x @ w.T + b) [+ r] [-> LayerNorm], INT8 (per-token dynamic/static) or FP16.
+"""linear: y = act(x @ w.T + b) [+ r] [-> LayerNorm], INT8 (per-token sym / asym, static) or FP16.
 
 One Triton kernel, specialised by constexpr flags:
 
