@@ -157,7 +157,7 @@ def _gemm_stage(
     eps,
     N: tl.constexpr,
     K: tl.constexpr,
-    KP: tl.constexpr,  # next_pow2(K) (LN statistics over whole rows)
+    KP: tl.constexpr,  # next_pow2(K) (unused: the statistics run in BK chunks)
     A_MODE: tl.constexpr,  # 0 plain fp16, 1 LN(S), 2 LN(embedding gather)
     HAS_TYPE: tl.constexpr,
     ACT: tl.constexpr,
@@ -183,26 +183,30 @@ def _gemm_stage(
             ids = tl.load(ids_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
             pos = tl.load(pos_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
         if A_MODE != 0:
-            rkf = tl.arange(0, KP)
-            kf_ok = rkf < K
-            xs = _a_raw(
-                A_MODE,
-                a_ptr,
-                ids,
-                pos,
-                word_ptr,
-                pemb_ptr,
-                type_ptr,
-                rm_c,
-                m_ok,
-                rkf,
-                kf_ok,
-                K,
-                HAS_TYPE,
-            )
-            mean = tl.sum(xs, axis=1) / K
-            d = tl.where(kf_ok[None, :], xs - mean[:, None], 0.0)
-            var = tl.sum(d * d, axis=1) / K
+            # row statistics in BK chunks (only [BM, BK] live: no spills at BM 32): shifted
+            # sums, shift = the row mean of the first chunk (close to the row mean, so the
+            # E[d^2] - E[d]^2 form does not cancel)
+            rk0 = tl.arange(0, BK)
+            x0 = _a_raw(
+                A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk0,
+                rk0 < K, K, HAS_TYPE,
+            )  # fmt: skip
+            shift = tl.sum(x0, axis=1) / tl.minimum(K, BK)
+            s1 = tl.zeros((BM,), dtype=tl.float32)
+            s2 = tl.zeros((BM,), dtype=tl.float32)
+            for k0 in range(0, K, BK):
+                rk = k0 + tl.arange(0, BK)
+                k_ok = rk < K
+                xc = _a_raw(
+                    A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk,
+                    k_ok, K, HAS_TYPE,
+                )  # fmt: skip
+                dc = tl.where(k_ok[None, :], xc - shift[:, None], 0.0)
+                s1 += tl.sum(dc, axis=1)
+                s2 += tl.sum(dc * dc, axis=1)
+            dmean = s1 / K
+            mean = shift + dmean
+            var = tl.maximum(s2 / K - dmean * dmean, 0.0)
             rstd = 1.0 / tl.sqrt(var + eps)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
