@@ -660,6 +660,8 @@ def l1_loads_of_activations(ptx: str) -> list[str]:
         m.group(1) for m in re.finditer(r'\.file\s+(\d+)\s+"[^"]*kernels/persistent\.py"', ptx)
     }
     lines, loc, bad = activation_load_lines(), None, []
+    if not files:  # no line info (TRITON_DISABLE_LINE_INFO?): every L1-allocating copy is suspect
+        return [ins.strip() for ins in ptx.splitlines() if "cp.async.ca" in ins]
     for ins in ptx.splitlines():
         m = re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", ins)
         if m:
