@@ -194,7 +194,7 @@ def _gemm_stage(
             shift = tl.sum(x0, axis=1) / tl.minimum(K, BK)
             s1 = tl.zeros((BM,), dtype=tl.float32)
             s2 = tl.zeros((BM,), dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.static_range(0, K, BK):  # unrolled: every chunk load issued at once
                 rk = k0 + tl.arange(0, BK)
                 k_ok = rk < K
                 xc = _a_raw(
