@@ -361,7 +361,7 @@ def _pool_stage(
             acc = tl.zeros((BR, HP), tl.float32) - float("inf")
         else:
             acc = tl.zeros((BR, HP), tl.float32)
-        for r0 in range(s, e, BR):
+        for r0 in tl.range(s, e, BR, num_stages=3):  # pipelined: row chunks in flight
             rows = r0 + rr
             r_ok = rows < e
             m2 = r_ok[:, None] & c_ok[None, :]
