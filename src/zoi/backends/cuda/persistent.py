@@ -435,11 +435,17 @@ def compare(
     want = once(per_op)
     out = {"tb": tb, "layers": kw["layers"], "per_op_us": time_steps(be, per_op, tb, iters)}
     for cfg in cfgs or [None]:
-        plan = PersistentPlan(be, tb, cfg)
-        pers = plan.steps()
-        got = once(pers)
-        assert not plan.barrier_timed_out(), "grid barrier timed out"
         key = json.dumps(cfg) if cfg else "default"
+        try:
+            plan = PersistentPlan(be, tb, cfg)
+            pers = plan.steps()
+            got = once(pers)
+        except Exception as e:  # noqa: BLE001 - one bad config must not end the sweep
+            out[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
+        if plan.barrier_timed_out():
+            out[key] = {"error": "grid barrier timed out"}
+            continue
         out[key] = {
             "us": round(time_steps(be, pers, tb, iters), 2),
             "max_abs_diff": float((got - want).abs().max()),
