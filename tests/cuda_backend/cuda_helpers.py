@@ -95,7 +95,15 @@ def default_quant_model(max_tokens=64, max_batch=None, shape=None, **config) -> 
     from zoi.quant import QuantConfig, quantize_model
 
     spec = tiny_spec(**(shape or {}))
-    w = tiny_weights(spec, seed=3)
+    if shape:  # wider: weights scaled by fan-in (tiny_weights' fixed 0.2 makes attention
+        # logits grow with the width, and the model chaotic), LayerNorm gains with outliers
+        w = random_weights(spec, seed=3)
+        rng = np.random.default_rng(4)
+        for k in w:
+            if k.endswith("ln.w") or k.endswith("ln1.w") or k.endswith("ln2.w"):
+                w[k][rng.choice(spec.hidden, 2, replace=False)] *= 12.0
+    else:
+        w = tiny_weights(spec, seed=3)
     w1, q1 = quantize_model(
         spec,
         w,
