@@ -170,3 +170,43 @@ def rel(a, b) -> float:
 def min_cosine(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
+def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
+    """Run the backend's unfused launch list step by step and check every linear against
+    zoi.backends.reference.linear_apply (the INT8 emulation, act_shift / act_mul included) on
+    the very fp16 input the kernel read: {prefix: relative error} (fp16 output rounding only,
+    ~2e-4, when the wiring of schemes and transforms is right). Eager or on the GPU."""
+    import torch
+
+    from zoi.backends.reference import activation, linear_apply
+
+    ids, pos, cu = batch(np.random.default_rng(seed), lens, model.spec.vocab_size)
+    T = len(ids)
+    tb = next(b for b in be.buckets if b >= T)
+    plan = be.plan_for(tb)
+    assert not any(la.ln is not None for la in plan["launches"]), "needs an unfused bucket"
+    n, _ = be._stage(ids, pos, cu, False, tb)
+    be.d_in[:n] = torch.from_numpy(be.h_in[:n].copy()).to(be.d_in.device)
+    out: dict[str, float] = {}
+    ctx = torch.cuda.stream(be.tstream) if not be.eager else None
+    for step, la in zip(be._steps[tb], plan["launches"], strict=True):
+        x = None
+        if la.kind == "linear":  # its fp16 input, before the step (the arena is reused)
+            x = be._act(plan, la.ins[0], tb)[:T].float().cpu().numpy()
+        if ctx is not None:
+            with ctx:
+                step()
+            torch.cuda.synchronize()
+        else:
+            step()
+        if x is None:
+            continue
+        p = la.extra["prefix"]
+        got = be._act(plan, la.out, tb)[:T].float().cpu().numpy()
+        want = linear_apply(x, model.weights, p, model.quant.get(p)).astype(np.float64)
+        want = activation(want, la.op.attrs.get("act", "none"))
+        if la.res:
+            want = want + be._act(plan, la.res, tb)[:T].float().cpu().numpy()
+        out[p] = rel(got, want)
+    return out

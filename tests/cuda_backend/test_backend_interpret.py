@@ -15,6 +15,7 @@ from tests.cuda_backend.cuda_helpers import (  # noqa: E402
     MIXED,
     batch,
     default_quant_model,
+    linear_same_input_errors,
     min_cosine,
     rel,
     tiny_model,
@@ -198,3 +199,17 @@ def test_weight_only_artifact():
     assert {q for *_, q in _kinds(be, True)} == {0}
     assert all(f"{p}.w" not in model.weights for p in model.quant)
     _check(be, model, ([1], [30, 7, 19]), tol=5e-3, cos=0.9999)
+
+
+@pytest.mark.parametrize("which", ["default", "mixed"])
+def test_every_linear_matches_the_emulation_on_its_own_input(which):
+    """Tight: each linear's output against the INT8 emulation (scheme, act_shift, act_mul)
+    run on the exact fp16 input the kernel read; only fp16 output rounding may differ."""
+    if which == "default":
+        model = default_quant_model(max_tokens=64, smooth_shift=True)
+    else:
+        model = tiny_model("int8", **MIXED)
+    be = _backend(model, buckets=[64], fuse_min_tokens=10**9)
+    errs = linear_same_input_errors(be, model, [30, 5, 20])
+    assert len(errs) == 4 * model.spec.layers
+    assert max(errs.values()) < 1e-3, errs

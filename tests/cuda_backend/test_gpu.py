@@ -18,6 +18,7 @@ from tests.cuda_backend.cuda_helpers import (  # noqa: E402
     MIXED,
     batch,
     default_quant_model,
+    linear_same_input_errors,
     min_cosine,
     rel,
     tiny_model,
@@ -159,3 +160,17 @@ def test_weight_only_artifact():
     be = _be(model)
     assert all(la.quant == 0 for la in be.plans[True]["launches"] if la.kind == "linear")
     _check_int8(be, model, ([1], [30, 7, 19], [32] * 8), tol=5e-3, cos=0.9999)
+
+
+@pytest.mark.parametrize("which", ["default", "mixed"])
+def test_every_linear_matches_the_emulation_on_its_own_input(which):
+    if which == "default":
+        kw = dict(hidden=384, heads=12, inter=1536, layers=2)
+        model = default_quant_model(max_tokens=256, max_batch=32, shape=kw, smooth_shift=True)
+    else:
+        model = tiny_model("int8", max_tokens=256, max_batch=32, **MIXED, **MINILM)
+    be = _be(model, buckets=[32, 256], fuse_min_tokens=10**9)
+    for lens in ([3, 20], [32] * 7 + [5]):
+        errs = linear_same_input_errors(be, model, lens)
+        assert len(errs) == 4 * model.spec.layers
+        assert max(errs.values()) < 1e-3, (lens, errs)
