@@ -45,6 +45,9 @@ ALIGN = 256
 MAX_FUSED_N = 512  # LN fused into a linear's epilogue only when a row fits one program
 FUSE_MIN_TOKENS = 2048  # below this, one program per 16 rows would read the whole weight: unfused
 PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 tokens, slower at 128+
+# buckets up to this many tokens run the whole forward as ONE persistent launch (fp16 weights;
+# kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 kernel nodes
+PERSISTENT_MAX_TOKENS = 256
 
 
 def _align(n: int) -> int:
@@ -86,6 +89,7 @@ class CudaBackend:
         interpret: bool | None = None,
         fuse_min_tokens: int | None = None,
         pdl: bool | None = None,
+        persistent_max: int | None = None,
     ):
         self.model = model
         self.spec = model.spec
@@ -108,6 +112,15 @@ class CudaBackend:
             else bool(pdl and not self.eager)
         )
         self.plans = {f: self._plan_launches(f) for f in (False, True)}
+        # the one-launch forward needs co-resident programs and a spinning grid barrier: GPU
+        # only (the interpreter runs programs one after another); tests may force it
+        self.persistent_max = (
+            (0 if self.eager else PERSISTENT_MAX_TOKENS)
+            if persistent_max is None
+            else int(persistent_max)
+        )
+        if os.environ.get("ZOI_PERSISTENT") == "0":
+            self.persistent_max = 0
         self.launches = self.plans[True]["launches"]
         self._pack_weights()
         self._alloc_arena()
@@ -523,6 +536,14 @@ class CudaBackend:
 
     def _steps_for(self, tb: int) -> list:
         """The launch list of one bucket: closures over fixed device views (captured as is)."""
+        if tb <= self.persistent_max:
+            from zoi.backends.cuda.persistent import PersistentUnsupported, build_persistent_steps
+
+            try:
+                return build_persistent_steps(self, tb)
+            except PersistentUnsupported as e:
+                log.info("zoi: bucket %d keeps the per-op kernels (%s)", tb, e)
+                self.persistent_max = 0
         from zoi.backends.cuda.kernels import attention as k_attn
         from zoi.backends.cuda.kernels import embed as k_embed
         from zoi.backends.cuda.kernels import layernorm as k_ln
@@ -779,7 +800,11 @@ class CudaBackend:
             "arena_bytes": int(self.arena_bytes),
             "activation_bytes": int(self.act_bytes),
             "buckets": list(self.buckets),
-            "kernels_per_forward": {tb: len(self.plan_for(tb)["launches"]) for tb in self.buckets},
+            "kernels_per_forward": {
+                tb: 1 if tb <= self.persistent_max else len(self.plan_for(tb)["launches"])
+                for tb in self.buckets
+            },
+            "persistent_max": self.persistent_max,
             "fuse_min_tokens": self.fuse_min_tokens,
             "pdl": self.pdl,
             "device": self.device_name,
