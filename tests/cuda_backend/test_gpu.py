@@ -137,7 +137,13 @@ def test_default_quant_artifact_matches_reference(config, shape):
     model = default_quant_model(max_tokens=512, max_batch=64, shape=kw, **config)
     be = _be(model, fuse_min_tokens=128)  # buckets 16..64 unfused, 128..512 fused
     assert any(la.kind == "quantize" for la in be.plans[True]["launches"])
-    _check_int8(be, model, ([1], [16], [17], [5, 1, 9, 32], [32] * 12 + [3], [2] * 64))
+    # the 24-wide tiny model is sensitive: one requantisation step flipped by the fp16 rounding
+    # of an activation moves a 2-token sequence's embedding visibly. The CPU interpreter shows
+    # the same (min cosine 0.9926 for static + shift at [2] * 64; the H200 gave 0.9957 for both
+    # configs): a property of the model, not of the GPU. The MiniLM-shaped cases keep 0.999.
+    cos = 0.98 if shape == "tiny" else 0.999
+    cases = ([1], [16], [17], [5, 1, 9, 32], [32] * 12 + [3], [2] * 64)
+    _check_int8(be, model, cases, cos=cos)
 
 
 @pytest.mark.parametrize("shape", ["tiny", "minilm"])
