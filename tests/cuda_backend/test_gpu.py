@@ -180,3 +180,39 @@ def test_every_linear_matches_the_emulation_on_its_own_input(which):
         errs = linear_same_input_errors(be, model, lens)
         assert len(errs) == 4 * model.spec.layers
         assert max(errs.values()) < 1e-3, (lens, errs)
+
+
+@pytest.mark.parametrize("mode", ["force", "off", "time"])
+def test_small_bucket_paths(mode, monkeypatch):
+    """Buckets <= 256 tokens: the persistent one-launch forward (forced), the per-op graph
+    (ZOI_PERSISTENT=0), or both timed at compile time and the faster kept (default). Every
+    choice is captured, matches the reference, and repeats bit for bit (the grid barrier
+    resets across launches)."""
+    env = {"force": "1", "off": "0"}
+    if mode in env:
+        monkeypatch.setenv("ZOI_PERSISTENT", env[mode])
+    else:
+        monkeypatch.delenv("ZOI_PERSISTENT", raising=False)
+    model = tiny_model("fp16", max_tokens=512, max_batch=64, **MINILM)
+    be = _be(model, buckets=[16, 128, 512])
+    paths = be.memory()["bucket_paths"]
+    assert paths[512]["path"] == "per-op"
+    for tb in (16, 128):
+        p = paths[tb]
+        if mode == "force":
+            assert p["path"] == "persistent"
+        elif mode == "off":
+            assert p["path"] == "per-op"
+        else:  # both timed, the faster kept
+            assert p["persistent_us"] > 0 and p["per_op_us"] > 0
+            faster = "persistent" if p["persistent_us"] <= p["per_op_us"] else "per-op"
+            assert p["path"] == faster
+    ref = ReferenceBackend(model, dtype=np.float64)
+    rng = np.random.default_rng(11)
+    for lens in ([1], [7, 9], [5, 1, 9, 40], [30] * 4 + [3], [2] * 64):
+        ids, pos, cu = batch(rng, lens)
+        for norm in (False, True):
+            got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
+            assert np.isfinite(got).all()
+            assert rel(got, want) < 5e-3 and min_cosine(got, want) > 0.9999, (mode, lens, norm)
+            np.testing.assert_array_equal(be.run(ids, pos, cu, norm), got)

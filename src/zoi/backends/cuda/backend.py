@@ -119,8 +119,14 @@ class CudaBackend:
             if persistent_max is None
             else int(persistent_max)
         )
+        # small buckets: "time" both forwards at compile time and keep the faster (default),
+        # "force" the persistent one; ZOI_PERSISTENT=0 / 1 override
+        self.persistent_choice = "time"
         if os.environ.get("ZOI_PERSISTENT") == "0":
             self.persistent_max = 0
+        elif os.environ.get("ZOI_PERSISTENT") == "1":
+            self.persistent_choice = "force"
+        self.bucket_paths: dict[int, dict] = {}
         self.launches = self.plans[True]["launches"]
         self._pack_weights()
         self._alloc_arena()
@@ -534,9 +540,12 @@ class CudaBackend:
     def plan_for(self, tb: int) -> dict:
         return self.plans[tb >= self.fuse_min_tokens]
 
-    def _steps_for(self, tb: int) -> list:
-        """The launch list of one bucket: closures over fixed device views (captured as is)."""
-        if tb <= self.persistent_max:
+    def _steps_for(self, tb: int, persistent: bool | None = None) -> list:
+        """The launch list of one bucket: closures over fixed device views (captured as is).
+        persistent: the one-launch forward (default: for buckets <= persistent_max)."""
+        if persistent is None:
+            persistent = tb <= self.persistent_max
+        if persistent:
             from zoi.backends.cuda.persistent import PersistentUnsupported, build_persistent_steps
 
             try:
@@ -734,9 +743,59 @@ class CudaBackend:
         return n, B
 
     def _build_bucket(self, tb: int):
-        steps = self._steps_for(tb)
-        self._steps[tb] = steps
-        # warm-up input: one sequence of tb tokens (compiles every kernel of the bucket)
+        """Compile, warm up and capture the forward of bucket tb. For small buckets both the
+        persistent one-launch forward and the per-op graph are built and timed on this GPU
+        (back-to-back launches, alternating rounds); the faster is kept. Which one won, with
+        both times, is in ``memory()["bucket_paths"]``."""
+        want_p = tb <= self.persistent_max
+        if not want_p or self.eager or self.persistent_choice == "force":
+            steps = self._steps_for(tb)
+            self._steps[tb] = steps
+            self._graphs[tb] = self._capture(tb, steps)
+            path = "persistent" if tb <= self.persistent_max else "per-op"
+            self.bucket_paths[tb] = {"path": path}
+            return
+        built = {}
+        for persistent in (True, False):
+            steps = self._steps_for(tb, persistent=persistent)
+            if persistent and tb > self.persistent_max:  # unsupported model: per-op only
+                built[False] = (steps, self._capture(tb, steps))
+                break
+            built[persistent] = (steps, self._capture(tb, steps))
+        times = {m: [] for m in built}
+        for _ in range(3):
+            for m, (_steps, g) in built.items():
+                times[m].append(self._time_graph(g[1]))
+        us = {m: min(t) for m, t in times.items()}
+        keep = min(us, key=us.get)
+        for m, (_steps, g) in built.items():
+            if m != keep:
+                self._cu.cuGraphExecDestroy(g[1])
+                self._cu.cuGraphDestroy(g[0])
+        self._steps[tb], self._graphs[tb] = built[keep]
+        self.bucket_paths[tb] = {
+            "path": "persistent" if keep else "per-op",
+            **{("persistent_us" if m else "per_op_us"): round(v, 2) for m, v in us.items()},
+        }
+        if not keep and tb <= self.persistent_max:
+            log.info("zoi: bucket %d: per-op graph faster than the persistent forward %s", tb, us)
+
+    def _time_graph(self, gexec, n: int = 20) -> float:
+        """µs per launch of an instantiated graph, n back-to-back launches (device-bound)."""
+        import time
+
+        cuda, chk = self._cu, self.drv.check
+        chk(cuda.cuGraphLaunch(gexec, self.stream))
+        chk(cuda.cuStreamSynchronize(self.stream))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            chk(cuda.cuGraphLaunch(gexec, self.stream))
+        chk(cuda.cuStreamSynchronize(self.stream))
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def _capture(self, tb: int, steps: list):
+        """Warm up (compiles every kernel of the bucket) and capture one bucket's steps."""
+        # warm-up input: one sequence of tb tokens
         V = int(self.spec.vocab_size)
         rng = np.random.default_rng(tb)
         ids = rng.integers(0, V, tb).astype(np.int32)
@@ -745,7 +804,7 @@ class CudaBackend:
         cu = np.array([0, tb], np.int32)
         n, _ = self._stage(ids, pos, cu, False, tb)
         if self.eager:
-            return
+            return None
         torch, drv, cuda = self.torch, self.drv, self._cu
         drv.check(cuda.cuMemcpyHtoDAsync(self._d_in_ptr, self.p_in.ptr, n * 4, self.stream))
         with torch.cuda.stream(self.tstream):
@@ -766,7 +825,7 @@ class CudaBackend:
             graph, gexec, nodes = drv.end_capture(self.stream)
             if gc_was:
                 gc.enable()
-        self._graphs[tb] = (graph, gexec, nodes)
+        return (graph, gexec, nodes)
 
     # ------------------------------------------------------------------ run
     def run(self, ids, positions, cu_seqlens, normalize: bool) -> np.ndarray:
@@ -801,10 +860,13 @@ class CudaBackend:
             "activation_bytes": int(self.act_bytes),
             "buckets": list(self.buckets),
             "kernels_per_forward": {
-                tb: 1 if tb <= self.persistent_max else len(self.plan_for(tb)["launches"])
+                tb: 1
+                if self.bucket_paths.get(tb, {}).get("path") == "persistent"
+                else len(self.plan_for(tb)["launches"])
                 for tb in self.buckets
             },
             "persistent_max": self.persistent_max,
+            "bucket_paths": {tb: dict(v) for tb, v in self.bucket_paths.items()},
             "fuse_min_tokens": self.fuse_min_tokens,
             "pdl": self.pdl,
             "device": self.device_name,
