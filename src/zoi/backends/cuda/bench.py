@@ -89,20 +89,31 @@ def build_hf(name: str, folder: str, seed: int = 0):
     return model
 
 
-def quantize_linears(weights):
+def quantize_linears(weights, scheme="dynamic_asym"):
+    """INT8 linears with the structure of zoi.quant's default artifact (no calibration: random
+    weights): per-token asymmetric activations, and SmoothQuant act_mul on qkv / ffn1 / ffn2
+    (the o projection's folds into V, as in zoi.quant), W' = W / act_mul so that the product
+    is unchanged. The kernels run exactly as for a calibrated artifact. scheme="dynamic": the
+    symmetric scheme without transforms (the GPU's only scheme before the port)."""
     from zoi.graph.compiled import LinearQuant
     from zoi.quant import primitives as qp
 
+    rng = np.random.default_rng(5)
     out, quant = dict(weights), {}
     for k in list(weights):
         if k.endswith(".w") and k.split(".")[1] in ("qkv", "o", "ffn1", "ffn2"):
             p = k[:-2]
-            out[f"{p}.w_q"], out[f"{p}.w_scale"] = qp.quantize_weight(out.pop(k))
-            quant[p] = LinearQuant("dynamic")
+            w = np.asarray(out.pop(k), np.float32)
+            if scheme == "dynamic_asym" and k.split(".")[1] != "o":
+                m = rng.uniform(0.5, 2.0, w.shape[1]).astype(np.float32)
+                out[f"{p}.act_mul"] = m
+                w = w / m[None, :]
+            out[f"{p}.w_q"], out[f"{p}.w_scale"] = qp.quantize_weight(w)
+            quant[p] = LinearQuant(scheme)
     return out, quant
 
 
-def zoi_model(folder, precision, max_tokens, max_batch):
+def zoi_model(folder, precision, max_tokens, max_batch, scheme="dynamic_asym"):
     from zoi.frontend.checkpoint import load_spec, load_weights
     from zoi.graph.compiled import CompiledModel
 
@@ -110,7 +121,7 @@ def zoi_model(folder, precision, max_tokens, max_batch):
     w = load_weights(Path(folder), spec)
     quant = {}
     if precision == "int8":
-        w, quant = quantize_linears(w)
+        w, quant = quantize_linears(w, scheme)
     return CompiledModel.build(spec, w, precision, max_tokens, max_batch, quant)
 
 
@@ -383,12 +394,17 @@ def main(argv=None):
             variants = [("int8", "int8", {}), ("fp16", "fp16", {})]
             if name == "minilm" and not args.no_variants:
                 variants += [
+                    ("int8 sym", "int8", dict(scheme="dynamic")),
                     ("int8 no-pdl", "int8", dict(pdl=False)),
                     ("int8 ln-fused", "int8", dict(fuse_min_tokens=0)),
                 ]
             for prec, mprec, kw in variants:
                 t0 = time.perf_counter()
-                m = zoi_model(d, mprec, max_tokens=max(b * s for b, s in shapes), max_batch=256)
+                kw = dict(kw)
+                scheme = kw.pop("scheme", "dynamic_asym")
+                m = zoi_model(
+                    d, mprec, max_tokens=max(b * s for b, s in shapes), max_batch=256, scheme=scheme
+                )
                 buckets = sorted({b * s for b, s in shapes})
                 torch.cuda.synchronize()
                 r0 = torch.cuda.memory_reserved()
