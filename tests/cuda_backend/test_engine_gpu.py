@@ -76,10 +76,11 @@ def test_real_minilm_on_gpu(tmp_path):
     folder = minilm_path()  # fails (not skips) when neither ZOI_MINILM_DIR nor the package is there
     texts = real_sentences(300)
     fp32 = zoi.compile(folder, device="reference").encode(texts, batch_size=128)
-    # INT8 on the GPU runs symmetric per-token activations only (BACKEND_QUANT_FEATURES: no
-    # dynamic_asym / act_mul yet), which the quantisation issue measured at ~0.997 mean; the
-    # H200 gave mean 0.99725, min 0.97702 (bench/results/gpu_engine_tests_20261130T0241Z.log)
-    for precision, mean_min in (("fp16", (0.99999, 0.9999)), ("int8", (0.997, 0.97))):
+    # INT8: the same default artifact as the CPU (dynamic_asym + SmoothQuant act_mul + GPTQ),
+    # held to the quantisation issue's targets (mean >= 0.999, min >= 0.995). Before the port
+    # the GPU ran symmetric activations only: mean 0.99725, min 0.97702
+    # (bench/results/gpu_engine_tests_20261130T0241Z.log)
+    for precision, mean_min in (("fp16", (0.99999, 0.9999)), ("int8", (0.999, 0.995))):
         eng = zoi.compile(folder, device="cuda", precision=precision)
         got = eng.encode(texts, batch_size=128)
         c = cos(got, fp32)
