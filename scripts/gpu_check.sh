@@ -29,6 +29,11 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "triton", tr
       "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 PY
 log "install"
+# wheels carried to the device machine (nothing installs from a registry there): pytest-xdist
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/zoi_site .whl/*.whl \
+    && export PYTHONPATH=/tmp/zoi_site${PYTHONPATH:+:$PYTHONPATH} && echo "carried wheels: $(ls .whl)"
+fi
 if $PY -m pip install --no-build-isolation --no-deps -e . >"$OUT/gpu_install.log" 2>&1; then
   echo "pip install -e . ok"
 else
@@ -42,7 +47,9 @@ $PY -c "import zoi, zoi.backends.cuda.backend; print('zoi', zoi.__version__, zoi
 rc=0
 if has test || has quick; then
   log "tests (kernels compiled on the GPU + the whole backend)" | tee -a "$OUT/gpu_check_${STAMP}.log"
-  ZOI_TRITON_COMPILED=1 timeout 400 $PY -m pytest tests/cuda_backend -q -rA -p no:cacheprovider 2>&1 \
+  # parallel when pytest-xdist is there: the time is mostly Triton compiling, on the CPU
+  par=(); $PY -c "import xdist" 2>/dev/null && par=(-n "${TEST_PROCS:-8}")
+  ZOI_TRITON_COMPILED=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest tests/cuda_backend -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
     | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
   rc=${PIPESTATUS[0]}
   echo "tests exit code $rc" | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -330,11 +330,16 @@ def sanitize():
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as d:
         build_hf("minilm", d)
-        for prec in ("int8", "fp16"):
+        # every path: per-op INT8 (default artifact structure) and FP16 graphs, and the
+        # persistent one-launch FP16 forward (forced, not timed: the sanitizer slows both)
+        for prec, path in (("int8", "per-op"), ("fp16", "per-op"), ("fp16", "persistent")):
+            os.environ["ZOI_PERSISTENT"] = "1" if path == "persistent" else "0"
             be = CudaBackend(zoi_model(d, prec, max_tokens=128, max_batch=8), buckets=[128])
+            os.environ.pop("ZOI_PERSISTENT")
+            assert be.memory()["bucket_paths"][128]["path"] == path
             ids, pos, cu = inputs(rng, 2, 37)
             out = be.run(ids.reshape(-1), pos, cu, True)
-            print(prec, "forward ok:", out.shape, bool(np.isfinite(out).all()), flush=True)
+            print(prec, path, "forward ok:", out.shape, bool(np.isfinite(out).all()), flush=True)
 
 
 def main(argv=None):
