@@ -157,9 +157,16 @@ class PersistentPlan:
         self.bar = state[tab.size * 8 : tab.size * 8 + 16].view(torch.int64)  # [arrivals, err]
         self.state = state
 
-        # scratch: X [tb,H] fp16, BIG [tb,max(3H,I)] fp16, CTX [tb,H] fp16, S [tb,H] fp32
+        c = default_cfg(tb, sp, int(backend.sm), H=H, I=I)
+        env_cfg = os.environ.get("ZOI_PERSISTENT_CFG")  # e.g. '{"BK": 128, "num_stages": 3}'
+        c.update(json.loads(env_cfg) if env_cfg else {})
+        c.update(cfg or {})
+        # scratch: X [tb,H] fp16, BIG [tb,max(3H,I)] fp16, CTX [tb,H] fp16,
+        # S [P,tb,H] fp32 (P = the largest split-K factor: one partial slice per split)
         BIGC = max(3 * H, I)
-        sizes = [tb * H * 2, tb * BIGC * 2, tb * H * 2, tb * H * 4]
+        nsl = max(int(c["KSPLIT_O"]), int(c["KSPLIT_F2"]))
+        sizes = [tb * H * 2, tb * BIGC * 2, tb * H * 2, nsl * ((tb * H + 63) // 64 * 64) * 4]
+        self.s_stride = (tb * H + 63) // 64 * 64  # elements; a multiple of 64 (aligned)
         al = [(s + 255) // 256 * 256 for s in sizes]
         need = sum(al)
         if need <= backend.act_bytes:
@@ -182,10 +189,6 @@ class PersistentPlan:
         self.w32 = backend.wbuf.view(torch.float32)
         self.out = backend.d_out
         nseq = min(backend.max_batch, tb)
-        c = pick_config(tb, H, I, int(backend.sm))
-        env_cfg = os.environ.get("ZOI_PERSISTENT_CFG")  # e.g. '{"BK": 128, "num_stages": 3}'
-        c.update(json.loads(env_cfg) if env_cfg else {})
-        c.update(cfg or {})
         self.meta = dict(
             H=H,
             HP=kp.next_pow2(H),
@@ -202,14 +205,7 @@ class PersistentPlan:
         )
         # programs: at most one per SM (co-residency for the barrier), no more than the
         # largest stage has work items at a full bucket
-        bm, cdiv = c["BM"], lambda a, b: -(-a // b)
-        items = max(
-            cdiv(tb, bm) * cdiv(3 * H, c["BN_WIDE"]),
-            cdiv(tb, bm) * cdiv(I, c["BN_WIDE"]),
-            cdiv(tb, bm) * cdiv(H, c["BN_NARROW"]),
-            cdiv(tb, c["ATT_BM"]) * NH,
-            nseq,
-        )
+        items = max(stage_items(tb, H, I, NH, nseq, c).values())
         self.grid = max(1, min(int(backend.sm), items))
         if split is None:
             split = backend.eager or os.environ.get("ZOI_PERSISTENT_SPLIT") == "1"
@@ -255,6 +251,7 @@ class PersistentPlan:
             self.s,
             self.out,
             self.bar,
+            self.s_stride,
             self.n_layers,
             lo,
             hi,
@@ -277,28 +274,75 @@ class PersistentPlan:
         return [lambda: self.launch(0, self.n_stages)]
 
 
-def pick_config(tb: int, H: int, I: int, sm: int) -> dict:
-    """Tiles per bucket (unmeasured guesses, to be swept on the GPU: ``python -m
-    zoi.backends.cuda.persistent --sweep``). Each stage is latency bound (weights in L2, a
-    few k-steps per item), so: 16-row tiles, and the narrowest N tile that still needs only
-    one round of work items over the grid (a second round doubles the stage's latency)."""
-    bm, cdiv = 16, lambda a, b: -(-a // b)
-    m = cdiv(tb, bm)
+def stage_items(tb: int, H: int, I: int, NH: int, nseq: int, c: dict) -> dict:
+    """Work items per stage kind at a full bucket (the grid never exceeds the largest)."""
+    m = -(-tb // c["BM"])
+    cd = lambda a, b: -(-a // b)  # noqa: E731
+    return {
+        "qkv": m * cd(3 * H, c["BN_WIDE"]),
+        "attention": cd(tb, c["ATT_BM"]) * NH,
+        "o": m * cd(H, c["BN_NARROW"]) * c["KSPLIT_O"],
+        "ffn1": m * cd(I, c["BN_WIDE"]),
+        "ffn2": m * cd(H, c["BN_NARROW"]) * c["KSPLIT_F2"],
+        "pool": nseq,
+    }
 
-    def bn(n, opts):
-        return next((b for b in opts if m * cdiv(n, b) <= sm), opts[-1])
 
+def default_cfg(tb: int, spec=None, sm: int = 132, *, H: int | None = None, I: int | None = None):
+    """Tiles per bucket (reasoned, not measured; ``python -m zoi.backends.cuda.persistent
+    --sweep 16 128`` checks them on the GPU). Every stage is latency bound (weights live in
+    L2; a dependent L2 round trip is ~0.6 us), so the aim is ONE round of work items over the
+    grid and as few dependent round trips per item as possible:
+
+    * K = H stages (qkv, o, ffn1): BK = next_pow2(H) (<= 512): the whole [BM, H] row block
+      (its LN statistics on registers) and the [H, BN] weight tile are requested at once;
+    * ffn2 (K = I): deterministic split-K (fp32 partial slices of S, summed in a fixed order
+      by the next LN-on-load / the pool) so that each item runs 3-4 pipelined k-steps of 128
+      and the grid has work at small buckets;
+    * BM 16 up to 64 tokens, 32 above (halves the weight re-reads; items stay <= one round);
+      BN the narrowest that keeps the stage within one round (within two for ffn1 at 256).
+    """
+    import triton
+
+    H = int(H if H is not None else spec.hidden)
+    I = int(I if I is not None else spec.intermediate)
+    cd = lambda a, b: -(-a // b)  # noqa: E731
+    bm = 16 if tb <= 64 else 32
+    m = cd(tb, bm)
+    hp = triton.next_power_of_2(H)
+    bk = hp if hp <= 512 else 128
+    wide = 32 if m * cd(I, 32) <= sm else 64
+    narrow = 32 if tb <= 32 else 64
+    bk2 = 128
+    ks = next(
+        (
+            k
+            for k in (4, 3, 2)
+            if I % k == 0 and (I // k) % bk2 == 0 and m * cd(H, narrow) * k <= sm
+        ),
+        1,
+    )
     return dict(
         BM=bm,
-        BN_WIDE=bn(max(3 * H, I), (64, 128, 256)),
-        BN_NARROW=bn(H, (32, 64, 128)),
-        BK=64,
+        BN_WIDE=wide,
+        BN_NARROW=narrow,
+        BK=bk,
+        BK_F2=bk2,
+        KSPLIT_O=1,
+        KSPLIT_F2=ks,
         ATT_BM=16,
-        ATT_BN=64,
-        POOL_BR=16,
-        num_warps=4,
-        num_stages=2,
+        # >= 64 keys: each thread's slice of a [ATT_BN, 32] fp16 tile stays one 16-byte
+        # cp.async.cg (narrower copies become cp.async.ca, which may read a stale L1 line)
+        ATT_BN=min(128, max(64, triton.next_power_of_2(tb))),
+        POOL_BR=16 if ks <= 2 else 8,  # pipelined [BR, HP] fp32 x ks partials x 2 in smem
+        num_warps=8 if bk >= 512 else 4,
+        num_stages=3,
     )
+
+
+def pick_config(tb: int, H: int, I: int, sm: int) -> dict:
+    """(Old name.) ``default_cfg`` for explicit sizes."""
+    return default_cfg(tb, None, sm, H=H, I=I)
 
 
 ARG_TYPES = {
@@ -314,6 +358,7 @@ ARG_TYPES = {
     "s_ptr": "*fp32",
     "out_ptr": "*fp32",
     "bar_ptr": "*i64",
+    "s_stride": "i32",
     "n_layers": "i32",
     "stage_lo": "i32",
     "stage_hi": "i32",
@@ -336,7 +381,11 @@ def compile_ahead(meta: dict, arch: int = 90) -> dict:
     opts = {k: meta[k] for k in ("num_warps", "num_stages")}
     const = {(names.index(k),): v for k, v in meta.items() if k not in opts}
     sig = {n: ARG_TYPES.get(n, "constexpr") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")}
+    attrs = {  # as the launcher specialises them: 16-aligned pointers, s_stride % 16 == 0
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(names)
+        if n.endswith("_ptr") or n == "s_stride"
+    }
     src = ASTSource(fn=kp.persistent_kernel, signature=sig, constexprs=const, attrs=attrs)
     k = compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     ptx = k.asm["ptx"]
@@ -346,6 +395,36 @@ def compile_ahead(meta: dict, arch: int = 90) -> dict:
         "sync_ops": sync,
         "shared": int(k.metadata.shared),
         "cubin_bytes": len(k.asm["cubin"]),
+        "cp_async_cg": ptx.count("cp.async.cg"),
+        "cp_async_ca": ptx.count("cp.async.ca"),
+        **_resource_usage(k.asm["cubin"]),
+    }
+
+
+def _resource_usage(cubin: bytes) -> dict:
+    """Registers and spill bytes of the compiled kernel (cuobjdump; {} when unavailable)."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    tool = tool if os.path.exists(tool) else shutil.which("cuobjdump")
+    if not tool:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        r = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+)", r.stdout)
+    sp = re.search(r"STACK:(\d+)", r.stdout)
+    ls = re.search(r"LOCAL:(\d+)", r.stdout)
+    return {
+        "regs": int(m.group(1)) if m else None,
+        "stack": int(sp.group(1)) if sp else None,
+        "local": int(ls.group(1)) if ls else None,
     }
 
 
@@ -407,72 +486,150 @@ def time_persistent(backend, tb: int, iters: int = 200, **kw) -> float:
     return time_steps(backend, build_persistent_steps(backend, tb, **kw), tb, iters)
 
 
-def compare(
-    model_kw: dict | None = None, tb: int = 128, iters: int = 500, cfgs: list | None = None
-) -> dict:
-    """GPU: µs/forward of the persistent kernel vs the per-op graph on a minilm-shaped random
-    fp16 model, plus the max abs difference of their outputs (one sequence of tb tokens)."""
+def _minilm_backend(tb: int, model_kw: dict | None = None, persistent_max: int = 0):
+    """A random MiniLM-shaped fp16 model on the GPU; the backend itself keeps the per-op
+    kernels (persistent_max 0), so its _steps_for(tb) IS the per-op path."""
     from tests.cuda_backend.cuda_helpers import tiny_model  # noqa: PLC0415
 
     from zoi.backends.cuda.backend import CudaBackend
 
     kw = dict(hidden=384, heads=12, layers=6, inter=1536, max_tokens=512, max_batch=64)
     kw.update(model_kw or {})
-    be = CudaBackend(tiny_model("fp16", **kw), buckets=[tb])
+    be = CudaBackend(tiny_model("fp16", **kw), buckets=[tb], persistent_max=persistent_max)
+    return be, kw
+
+
+def _once(be, tb, steps):
     torch = be.torch
+    _stage_one(be, tb)
+    be.d_out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(be.tstream):
+        for st in steps:
+            st()
+    torch.cuda.synchronize()
+    return be.d_out[:1].clone()
 
-    def once(steps):
-        _stage_one(be, tb)
-        be.d_out.fill_(float("nan"))
-        torch.cuda.synchronize()
-        with torch.cuda.stream(be.tstream):
-            for st in steps:
-                st()
-        torch.cuda.synchronize()
-        return be.d_out[:1].clone()
 
-    per_op = be._steps_for(tb)
-    want = once(per_op)
-    out = {"tb": tb, "layers": kw["layers"], "per_op_us": time_steps(be, per_op, tb, iters)}
+def compare(
+    model_kw: dict | None = None,
+    tb: int = 128,
+    iters: int = 500,
+    cfgs: list | None = None,
+    per_op: bool = True,
+) -> dict:
+    """GPU: µs/forward of the persistent kernel (each cfg) vs the per-op graph on a
+    minilm-shaped random fp16 model, plus the max abs difference of the outputs (one
+    sequence of tb tokens) against the per-op path (per_op=False: against the first cfg)."""
+    be, kw = _minilm_backend(tb, model_kw)
+    out = {"tb": tb, "layers": kw["layers"], "sm": int(be.sm)}
+    want = None
+    if per_op:
+        steps = be._steps_for(tb)  # persistent_max=0: the 44-node per-op launch list
+        want = _once(be, tb, steps)
+        out["per_op_us"] = round(time_steps(be, steps, tb, iters), 2)
+        out["per_op_launches"] = len(steps)
+    best = None
     for cfg in cfgs or [None]:
         key = json.dumps(cfg) if cfg else "default"
         try:
             plan = PersistentPlan(be, tb, cfg)
             pers = plan.steps()
-            got = once(pers)
+            got = _once(be, tb, pers)
         except Exception as e:  # noqa: BLE001 - one bad config must not end the sweep
             out[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
         if plan.barrier_timed_out():
             out[key] = {"error": "grid barrier timed out"}
             continue
+        if want is None:
+            want = got
+        us = round(time_steps(be, pers, tb, iters), 2)
         out[key] = {
-            "us": round(time_steps(be, pers, tb, iters), 2),
+            "us": us,
             "max_abs_diff": float((got - want).abs().max()),
             "grid": plan.grid,
-            "cfg": {k: plan.meta[k] for k in ("BN_WIDE", "BN_NARROW", "BK", "num_stages")},
+            "cfg": {k: plan.meta[k] for k in CFG_KEYS},
         }
+        if best is None or us < out[best]["us"]:
+            best = key
+    out["best"] = best
     return out
 
 
-SWEEP = [
-    None,
-    {"BK": 128},
-    {"num_stages": 3},
-    {"BN_WIDE": 64, "BN_NARROW": 32},
-    {"BN_WIDE": 128, "BN_NARROW": 64},
-    {"num_warps": 8},
-    {"BK": 128, "num_stages": 3},
-    {"BM": 32, "BN_WIDE": 64, "BN_NARROW": 32},
-    {"BM": 32, "BN_WIDE": 128, "BN_NARROW": 64, "BK": 128},
-    {"ATT_BM": 32},
-]
+CFG_KEYS = (
+    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR",
+    "num_warps", "num_stages",
+)  # fmt: skip
 
 
-if __name__ == "__main__":  # python -m zoi.backends.cuda.persistent [--sweep] [tb ...]
+def stage_times(tb: int = 128, iters: int = 100, reps: int = 10, cfg: dict | None = None) -> dict:
+    """GPU: the stage-time breakdown of the default plan at bucket tb. Each stage alone
+    (launch(s, s + 1), no barrier) ``reps`` times in one captured graph, replayed; minus the
+    same for an empty launch (launch(0, 0): the per-launch cost). The one-launch total minus
+    the stage sum is what the barriers (and the lost overlap) cost."""
+    be, kw = _minilm_backend(tb)
+    plan = PersistentPlan(be, tb, cfg, split=False)
+    _once(be, tb, plan.steps())  # valid activations in every buffer
+    total = time_steps(be, plan.steps(), tb, iters)
+    empty = time_steps(be, [lambda: plan.launch(0, 0)] * reps, tb, iters) / reps
+    kinds = ["qkv", "attention", "o", "ffn1", "ffn2"]
+    per, by_kind = [], {k: 0.0 for k in kinds + ["pool"]}
+    for s in range(plan.n_stages):
+        t = time_steps(be, [lambda s=s: plan.launch(s, s + 1)] * reps, tb, iters) / reps - empty
+        kind = "pool" if s == plan.n_stages - 1 else kinds[s % 5]
+        per.append({"stage": s, "kind": kind, "us": round(t, 2)})
+        by_kind[kind] += t
+    ssum = sum(x["us"] for x in per)
+    n_bar = plan.n_stages - 1
+    return {
+        "tb": tb,
+        "layers": kw["layers"],
+        "grid": plan.grid,
+        "cfg": {k: plan.meta[k] for k in CFG_KEYS},
+        "one_launch_us": round(total, 2),
+        "empty_launch_us": round(empty, 2),
+        "stage_sum_us": round(ssum, 2),
+        "per_barrier_us": round((total - ssum - empty) / n_bar, 2),
+        "by_kind_us": {k: round(v, 2) for k, v in by_kind.items()},
+        "stages": per,
+        "items": stage_items(tb, plan.meta["H"], plan.meta["I"], plan.meta["NHEAD"],
+                             min(be.max_batch, tb), plan.meta),
+    }  # fmt: skip
+
+
+def sweep_cfgs(tb: int) -> list:
+    """A handful of alternatives around default_cfg(tb) (each compiles in a few seconds)."""
+    c = default_cfg(tb, None, H=384, I=1536)
+    alts = [
+        None,
+        {"KSPLIT_F2": 1, "POOL_BR": 16},  # no split-K
+        {"KSPLIT_F2": 2, "POOL_BR": 16},
+        {
+            "BN_WIDE": 64 if c["BN_WIDE"] == 32 else 32,
+            "BN_NARROW": 64 if c["BN_NARROW"] == 32 else 32,
+        },
+        {"num_warps": 4},
+        {"BK": 128, "num_warps": 4},  # the chunked LN path (k loop over 128)
+    ]
+    if tb >= 128:
+        alts.append({"BM": 16})
+    return alts
+
+
+if __name__ == "__main__":
+    # python -m zoi.backends.cuda.persistent [tb ...]          per-op vs persistent (default cfg)
+    # python -m zoi.backends.cuda.persistent --sweep [tb ...]  a few cfgs (vs the default's output)
+    # python -m zoi.backends.cuda.persistent --stages [tb ...] per-stage breakdown
     import sys
 
     args = sys.argv[1:]
-    sweep = "--sweep" in args
-    for tb in [int(a) for a in args if a != "--sweep"] or [16, 128]:
-        print(json.dumps(compare(tb=tb, cfgs=SWEEP if sweep else None)), flush=True)
+    tbs = [int(a) for a in args if not a.startswith("--")] or [16, 128]
+    for tb in tbs:
+        if "--stages" in args:
+            r = stage_times(tb)
+        elif "--sweep" in args:
+            r = compare(tb=tb, cfgs=sweep_cfgs(tb), per_op=False, iters=200)
+        else:
+            r = compare(tb=tb)
+        print(json.dumps(r), flush=True)

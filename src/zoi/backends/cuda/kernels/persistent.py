@@ -90,14 +90,24 @@ def grid_barrier(bar_ptr, nprog):
     a = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")  # release them at gpu scope
     target = (a // nprog + 1) * nprog
     if a + 1 < target:
-        cur = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        # poll with plain acquire LOADS (ld.acquire.gpu), not atomics: same-address atomics
+        # from every SM serialise in the L2 atomic unit (and queue the arrivals behind them)
+        cur = _ld_acquire(bar_ptr)
         n = 0
         while (cur < target) & (n < POLL_LIMIT):  # a bounded spin: never a hung GPU
-            cur = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+            cur = _ld_acquire(bar_ptr)
             n += 1
         if cur < target:  # gave up (programs not co-resident?): flag it, results are void
             tl.atomic_xchg(bar_ptr + 1, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
+
+
+@triton.jit
+def _ld_acquire(p):
+    """ld.acquire.gpu of one int64 (every thread; a warp's lanes coalesce into one request)."""
+    return tl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [p], dtype=tl.int64, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -121,13 +131,23 @@ def _a_raw(
     k_ok,
     K: tl.constexpr,
     HAS_TYPE: tl.constexpr,
+    s_stride,  # elements between the split-K partial slices of S
+    NSRC: tl.constexpr,  # partial slices of S to sum (the producer's split-K factor)
 ):
-    """fp32 [BM, BK] rows before LayerNorm: the pre-LN sum S, or the embedding sum."""
+    """fp32 [BM, BK] rows before LayerNorm: the pre-LN sum S (the sum of its NSRC split-K
+    partials, in a fixed order: deterministic), or the embedding sum."""
     m2 = m_ok[:, None] & k_ok[None, :]
     if A_MODE == 1:
         x = tl.load(
             src_ptr + rm_c[:, None] * K + rk[None, :], mask=m2, other=0.0, cache_modifier=".cg"
         )
+        for p in tl.static_range(1, NSRC):  # every partial's load issued before the adds
+            x += tl.load(
+                src_ptr + p * s_stride + rm_c[:, None] * K + rk[None, :],
+                mask=m2,
+                other=0.0,
+                cache_modifier=".cg",
+            )
     else:
         x = tl.load(word_ptr + ids[:, None] * K + rk[None, :], mask=m2, other=0.0).to(tl.float32)
         x += tl.load(pemb_ptr + pos[:, None] * K + rk[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -138,7 +158,7 @@ def _a_raw(
 
 @triton.jit
 def _gemm_stage(
-    a_ptr,  # A_MODE 0: A [T, K] fp16; 1: S [T, K] fp32 (LN on load)
+    a_ptr,  # A_MODE 0: A [T, K] fp16; 1: S [NSRC, T, K] fp32 partials (LN on load)
     ids_ptr,
     pos_ptr,
     word_ptr,
@@ -150,14 +170,14 @@ def _gemm_stage(
     w_ptr,  # [N, K] fp16
     b_ptr,  # [N] fp32
     r_ptr,  # [T, N] fp16 residual (HAS_RES)
-    y_ptr,  # [T, N] fp16 or fp32 output
+    y_ptr,  # [KSPLIT, T, N] fp16 or fp32 output (KSPLIT > 1: fp32 partial sums)
     T,
     pid,
     nprog,
     eps,
+    s_stride,  # elements between partial slices (of the A source and of y)
     N: tl.constexpr,
     K: tl.constexpr,
-    KP: tl.constexpr,  # next_pow2(K) (unused: the statistics run in BK chunks)
     A_MODE: tl.constexpr,  # 0 plain fp16, 1 LN(S), 2 LN(embedding gather)
     HAS_TYPE: tl.constexpr,
     ACT: tl.constexpr,
@@ -165,12 +185,23 @@ def _gemm_stage(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    NSRC: tl.constexpr,  # A_MODE 1: partial slices of S summed on load
+    KSPLIT: tl.constexpr,  # A_MODE 0: split-K factor; split p writes its partial to y[p]
 ):
+    """Work item = (16-row tile, BN column tile, K split). ``BK >= K`` (A_MODE 1, 2): the
+    whole row block is loaded ONCE (every load issued together: one L2 round trip), the
+    statistics and the normalisation run on registers and one dot covers K. Otherwise the k
+    loop runs in BK chunks (pipelined over num_stages). Split-K is deterministic: split p
+    stores its fp32 partial into slice p, split 0 adds bias and residual; the consumer (the
+    next LN-on-load or the pool) sums the slices in a fixed order. No atomics."""
     n_m = tl.cdiv(T, BM)
     n_n: tl.constexpr = (N + BN - 1) // BN
-    for t in range(pid, n_m * n_n, nprog):
+    KS: tl.constexpr = ((K + KSPLIT - 1) // KSPLIT + BK - 1) // BK * BK  # K per split
+    for t in tl.range(pid, n_m * n_n * KSPLIT, nprog, num_stages=1):  # not pipelined
         pm = t % n_m
-        pn = t // n_m
+        rest = t // n_m
+        pn = rest % n_n
+        ks = rest // n_n
         rm = pm * BM + tl.arange(0, BM)
         m_ok = rm < T
         rm_c = tl.where(m_ok, rm, 0)
@@ -182,76 +213,93 @@ def _gemm_stage(
         if A_MODE == 2:  # host-written: loaded once per tile, outside the pipelined k loop
             ids = tl.load(ids_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
             pos = tl.load(pos_ptr + rm_c, mask=m_ok, other=0).to(tl.int64)
-        if A_MODE != 0:
-            # row statistics in BK chunks (only [BM, BK] live: no spills at BM 32): shifted
-            # sums, shift = the row mean of the first chunk (close to the row mean, so the
-            # E[d^2] - E[d]^2 form does not cancel)
-            rk0 = tl.arange(0, BK)
-            x0 = _a_raw(
-                A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk0,
-                rk0 < K, K, HAS_TYPE,
+        if A_MODE != 0 and BK >= K:
+            # single shot: A block, LN params and the W tile all requested at once
+            rk = tl.arange(0, BK)
+            k_ok = rk < K
+            w = tl.load(w_ptr + rn_c[None, :] * K + rk[:, None], mask=k_ok[:, None], other=0.0)
+            lw = tl.load(lnw_ptr + rk, mask=k_ok, other=0.0)
+            lb = tl.load(lnb_ptr + rk, mask=k_ok, other=0.0)
+            x = _a_raw(
+                A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk, k_ok, K,
+                HAS_TYPE, s_stride, NSRC,
             )  # fmt: skip
-            shift = tl.sum(x0, axis=1) / tl.minimum(K, BK)
-            s1 = tl.zeros((BM,), dtype=tl.float32)
-            s2 = tl.zeros((BM,), dtype=tl.float32)
-            for k0 in tl.static_range(0, K, BK):  # unrolled: every chunk load issued at once
+            mean = tl.sum(x, axis=1) / K
+            d = tl.where(k_ok[None, :], x - mean[:, None], 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
+            m2 = m_ok[:, None] & k_ok[None, :]
+            a = tl.where(m2, d * rstd[:, None] * lw[None, :] + lb[None, :], 0.0).to(tl.float16)
+            tl.store(xa_ptr + rm_c[:, None] * K + rk[None, :], a, mask=m2 & (pn == 0))
+            acc = tl.dot(a, w, out_dtype=tl.float32)
+        else:
+            if A_MODE != 0:
+                # row statistics in BK chunks (only [BM, BK] live): shifted sums, shift =
+                # the row mean of the first chunk (close to the row mean, so the
+                # E[d^2] - E[d]^2 form does not cancel)
+                rk0 = tl.arange(0, BK)
+                x0 = _a_raw(
+                    A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk0,
+                    rk0 < K, K, HAS_TYPE, s_stride, NSRC,
+                )  # fmt: skip
+                shift = tl.sum(x0, axis=1) / tl.minimum(K, BK)
+                s1 = tl.zeros((BM,), dtype=tl.float32)
+                s2 = tl.zeros((BM,), dtype=tl.float32)
+                for k0 in tl.static_range(0, K, BK):  # unrolled: every chunk load issued at once
+                    rk = k0 + tl.arange(0, BK)
+                    k_ok = rk < K
+                    xc = _a_raw(
+                        A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk,
+                        k_ok, K, HAS_TYPE, s_stride, NSRC,
+                    )  # fmt: skip
+                    dc = tl.where(k_ok[None, :], xc - shift[:, None], 0.0)
+                    s1 += tl.sum(dc, axis=1)
+                    s2 += tl.sum(dc * dc, axis=1)
+                dmean = s1 / K
+                mean = shift + dmean
+                var = tl.maximum(s2 / K - dmean * dmean, 0.0)
+                rstd = 1.0 / tl.sqrt(var + eps)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            k_lo = ks * KS
+            for k0 in range(k_lo, k_lo + KS, BK):
                 rk = k0 + tl.arange(0, BK)
                 k_ok = rk < K
-                xc = _a_raw(
-                    A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk,
-                    k_ok, K, HAS_TYPE,
-                )  # fmt: skip
-                dc = tl.where(k_ok[None, :], xc - shift[:, None], 0.0)
-                s1 += tl.sum(dc, axis=1)
-                s2 += tl.sum(dc * dc, axis=1)
-            dmean = s1 / K
-            mean = shift + dmean
-            var = tl.maximum(s2 / K - dmean * dmean, 0.0)
-            rstd = 1.0 / tl.sqrt(var + eps)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            rk = k0 + tl.arange(0, BK)
-            k_ok = rk < K
-            if A_MODE == 0:
-                a = tl.load(
-                    a_ptr + rm_c[:, None] * K + rk[None, :],
-                    mask=m_ok[:, None] & k_ok[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-            else:
-                xr = _a_raw(
-                    A_MODE,
-                    a_ptr,
-                    ids,
-                    pos,
-                    word_ptr,
-                    pemb_ptr,
-                    type_ptr,
-                    rm_c,
-                    m_ok,
-                    rk,
-                    k_ok,
-                    K,
-                    HAS_TYPE,
-                )
-                lw = tl.load(lnw_ptr + rk, mask=k_ok, other=0.0)
-                lb = tl.load(lnb_ptr + rk, mask=k_ok, other=0.0)
-                xn = (xr - mean[:, None]) * rstd[:, None] * lw[None, :] + lb[None, :]
-                m2 = m_ok[:, None] & k_ok[None, :]
-                a = tl.where(m2, xn, 0.0).to(tl.float16)
-                tl.store(xa_ptr + rm_c[:, None] * K + rk[None, :], a, mask=m2 & (pn == 0))
-            w = tl.load(w_ptr + rn_c[None, :] * K + rk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a.to(tl.float16), w, acc)
-        bias = tl.load(b_ptr + rn, mask=n_ok, other=0.0)
+                if A_MODE == 0:
+                    a = tl.load(
+                        a_ptr + rm_c[:, None] * K + rk[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                else:
+                    xr = _a_raw(
+                        A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk,
+                        k_ok, K, HAS_TYPE, s_stride, NSRC,
+                    )  # fmt: skip
+                    lw = tl.load(lnw_ptr + rk, mask=k_ok, other=0.0)
+                    lb = tl.load(lnb_ptr + rk, mask=k_ok, other=0.0)
+                    xn = (xr - mean[:, None]) * rstd[:, None] * lw[None, :] + lb[None, :]
+                    m2 = m_ok[:, None] & k_ok[None, :]
+                    a = tl.where(m2, xn, 0.0).to(tl.float16)
+                    tl.store(xa_ptr + rm_c[:, None] * K + rk[None, :], a, mask=m2 & (pn == 0))
+                w = tl.load(w_ptr + rn_c[None, :] * K + rk[:, None], mask=k_ok[:, None], other=0.0)
+                acc = tl.dot(a.to(tl.float16), w, acc)
+        first = ks == 0  # split 0 adds bias and residual (once)
+        bias = tl.load(b_ptr + rn, mask=n_ok & first, other=0.0)
         y = _activation(acc + bias[None, :], ACT)
         mask2 = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             r = tl.load(
-                r_ptr + rm_c[:, None] * N + rn[None, :], mask=mask2, other=0.0, cache_modifier=".cg"
+                r_ptr + rm_c[:, None] * N + rn[None, :],
+                mask=mask2 & first,
+                other=0.0,
+                cache_modifier=".cg",
             )
             y = y + r.to(tl.float32)
-        tl.store(y_ptr + rm_c[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=mask2)
+        tl.store(
+            y_ptr + ks * s_stride + rm_c[:, None] * N + rn[None, :],
+            y.to(y_ptr.dtype.element_ty),
+            mask=mask2,
+        )
 
 
 @triton.jit
@@ -281,7 +329,7 @@ def _attention_stage(
     rd = tl.arange(0, BLOCK_D)
     d_ok = rd < D
     rn0 = tl.arange(0, BN)
-    for t in range(pid, n_q * NHEAD, nprog):
+    for t in tl.range(pid, n_q * NHEAD, nprog, num_stages=1):
         qb = t // NHEAD
         h = t % NHEAD
         rm = qb * BM + tl.arange(0, BM)
@@ -346,13 +394,15 @@ def _pool_stage(
     HP: tl.constexpr,
     MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
     BR: tl.constexpr,
+    s_stride,
+    NSRC: tl.constexpr,
 ):
     cols = tl.arange(0, HP)
     c_ok = cols < H
     lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
     lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
     rr = tl.arange(0, BR)
-    for b in range(pid, B, nprog):
+    for b in tl.range(pid, B, nprog, num_stages=1):
         s = tl.load(cu_ptr + b)
         e = tl.load(cu_ptr + b + 1)
         if MODE == 1:
@@ -361,13 +411,20 @@ def _pool_stage(
             acc = tl.zeros((BR, HP), tl.float32) - float("inf")
         else:
             acc = tl.zeros((BR, HP), tl.float32)
-        for r0 in tl.range(s, e, BR, num_stages=3):  # pipelined: row chunks in flight
+        for r0 in tl.range(s, e, BR, num_stages=2):  # pipelined: row chunks in flight
             rows = r0 + rr
             r_ok = rows < e
             m2 = r_ok[:, None] & c_ok[None, :]
             x = tl.load(
                 s_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg"
             )
+            for p in tl.static_range(1, NSRC):  # the split-K partials, in a fixed order
+                x += tl.load(
+                    s_ptr + p * s_stride + rows[:, None] * H + cols[None, :],
+                    mask=m2,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
             mean = tl.sum(x, axis=1) / H
             d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
             var = tl.sum(d * d, axis=1) / H
@@ -403,6 +460,7 @@ def persistent_kernel(
     s_ptr,  # [tb, H] fp32 pre-LN sums
     out_ptr,  # [max_batch, H] fp32 pooled
     bar_ptr,  # int64 [2] grid barrier: arrival counter, timed-out flag
+    s_stride,  # tb * H: elements between the split-K partial slices of S
     n_layers,
     stage_lo,
     stage_hi,
@@ -421,7 +479,10 @@ def persistent_kernel(
     BM: tl.constexpr,
     BN_WIDE: tl.constexpr,  # qkv / ffn1
     BN_NARROW: tl.constexpr,  # o / ffn2
-    BK: tl.constexpr,
+    BK: tl.constexpr,  # k chunk of the K = H stages (>= H: one shot, no k loop)
+    BK_F2: tl.constexpr,  # k chunk of ffn2 (K = I)
+    KSPLIT_O: tl.constexpr,  # split-K of o (partials summed by ffn1's LN-on-load)
+    KSPLIT_F2: tl.constexpr,  # split-K of ffn2 (summed by the next qkv / the pool)
     ATT_BM: tl.constexpr,
     ATT_BN: tl.constexpr,
     POOL_BR: tl.constexpr,
@@ -433,6 +494,7 @@ def persistent_kernel(
     B = tl.load(hdr_ptr + 1)
     T = tl.load(hdr_ptr + 2)
     cu_ptr = hdr_ptr + 4
+    s_stride = tl.multiple_of(s_stride, 64)  # the host pads it (vector loads of partials)
     for st in range(stage_lo, stage_hi):
         layer = st // SPL
         sub = st - layer * SPL
@@ -455,6 +517,8 @@ def persistent_kernel(
                 HP,
                 POOL,
                 POOL_BR,
+                s_stride,
+                KSPLIT_F2,
             )
         elif sub == 0:
             wq = w16_ptr + _off(row + K_QKV_W)
@@ -478,9 +542,9 @@ def persistent_kernel(
                     pid,
                     nprog,
                     eps,
+                    s_stride,
                     3 * H,
                     H,
-                    HP,
                     2,
                     HAS_TYPE,
                     0,
@@ -488,6 +552,8 @@ def persistent_kernel(
                     BM,
                     BN_WIDE,
                     BK,
+                    1,
+                    1,
                 )
             else:
                 prow = tab_ptr + (layer - 1) * 16
@@ -509,9 +575,9 @@ def persistent_kernel(
                     pid,
                     nprog,
                     eps,
+                    s_stride,
                     3 * H,
                     H,
-                    HP,
                     1,
                     False,
                     0,
@@ -519,6 +585,8 @@ def persistent_kernel(
                     BM,
                     BN_WIDE,
                     BK,
+                    KSPLIT_F2,
+                    1,
                 )
         elif sub == 1:
             _attention_stage(
@@ -557,9 +625,9 @@ def persistent_kernel(
                 pid,
                 nprog,
                 eps,
+                s_stride,
                 H,
                 H,
-                HP,
                 0,
                 False,
                 0,
@@ -567,6 +635,8 @@ def persistent_kernel(
                 BM,
                 BN_NARROW,
                 BK,
+                1,
+                KSPLIT_O,
             )
         elif sub == 3:
             _gemm_stage(
@@ -587,9 +657,9 @@ def persistent_kernel(
                 pid,
                 nprog,
                 eps,
+                s_stride,
                 I,
                 H,
-                HP,
                 1,
                 False,
                 ACT,
@@ -597,6 +667,8 @@ def persistent_kernel(
                 BM,
                 BN_WIDE,
                 BK,
+                KSPLIT_O,
+                1,
             )
         else:
             _gemm_stage(
@@ -617,16 +689,18 @@ def persistent_kernel(
                 pid,
                 nprog,
                 eps,
+                s_stride,
                 H,
                 I,
-                HP,
                 0,
                 False,
                 0,
                 True,
                 BM,
                 BN_NARROW,
-                BK,
+                BK_F2,
+                1,
+                KSPLIT_F2,
             )
         if st + 1 < stage_hi:
             grid_barrier(bar_ptr, nprog)
