@@ -111,7 +111,7 @@ class PersistentPlan:
         self.qk_scale = float(att["scale"]) * 1.4426950408889634
         L = len(layers)
         self.n_layers = L
-        self.n_stages = kp.STAGES_PER_LAYER * L + 1
+        self.n_stages = kp.STAGES_PER_LAYER * L + kp.EXTRA_STAGES
 
         # offset table: fp16 / fp32 element offsets into the one weight buffer
         base = backend.wbuf.data_ptr()
@@ -278,12 +278,14 @@ def stage_items(tb: int, H: int, I: int, NH: int, nseq: int, c: dict) -> dict:
     """Work items per stage kind at a full bucket (the grid never exceeds the largest)."""
     m = -(-tb // c["BM"])
     cd = lambda a, b: -(-a // b)  # noqa: E731
+    m_ln = cd(tb, c["BM_LN"])
     return {
         "qkv": m * cd(3 * H, c["BN_WIDE"]),
         "attention": cd(tb, c["ATT_BM"]) * NH,
         "o": m * cd(H, c["BN_NARROW"]) * c["KSPLIT_O"],
         "ffn1": m * cd(I, c["BN_WIDE"]),
         "ffn2": m * cd(H, c["BN_NARROW"]) * c["KSPLIT_F2"],
+        "final_ln": m_ln,
         "pool": nseq,
     }
 
@@ -334,7 +336,8 @@ def default_cfg(tb: int, spec=None, sm: int = 132, *, H: int | None = None, I: i
         # >= 64 keys: each thread's slice of a [ATT_BN, 32] fp16 tile stays one 16-byte
         # cp.async.cg (narrower copies become cp.async.ca, which may read a stale L1 line)
         ATT_BN=min(128, max(64, triton.next_power_of_2(tb))),
-        POOL_BR=16 if ks <= 2 else 8,  # pipelined [BR, HP] fp32 x ks partials x 2 in smem
+        BM_LN=16,  # the final LN2: one row tile per item, every partial loaded at once
+        POOL_BR=64,  # the pool walks fp16 rows: [64, HP] x 2 stages in shared memory
         num_warps=8 if bk >= 512 else 4,
         num_stages=3,
     )
@@ -558,7 +561,7 @@ def compare(
 
 
 CFG_KEYS = (
-    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR",
+    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR", "BM_LN",
     "num_warps", "num_stages",
 )  # fmt: skip
 
@@ -574,10 +577,10 @@ def stage_times(tb: int = 128, iters: int = 100, reps: int = 10, cfg: dict | Non
     total = time_steps(be, plan.steps(), tb, iters)
     empty = time_steps(be, [lambda: plan.launch(0, 0)] * reps, tb, iters) / reps
     kinds = ["qkv", "attention", "o", "ffn1", "ffn2"]
-    per, by_kind = [], {k: 0.0 for k in kinds + ["pool"]}
+    per, by_kind = [], {k: 0.0 for k in kinds + ["final_ln", "pool"]}
     for s in range(plan.n_stages):
         t = time_steps(be, [lambda s=s: plan.launch(s, s + 1)] * reps, tb, iters) / reps - empty
-        kind = "pool" if s == plan.n_stages - 1 else kinds[s % 5]
+        kind = {plan.n_stages - 1: "pool", plan.n_stages - 2: "final_ln"}.get(s) or kinds[s % 5]
         per.append({"stage": s, "kind": kind, "us": round(t, 2)})
         by_kind[kind] += t
     ssum = sum(x["us"] for x in per)
@@ -603,8 +606,8 @@ def sweep_cfgs(tb: int) -> list:
     c = default_cfg(tb, None, H=384, I=1536)
     alts = [
         None,
-        {"KSPLIT_F2": 1, "POOL_BR": 16},  # no split-K
-        {"KSPLIT_F2": 2, "POOL_BR": 16},
+        {"KSPLIT_F2": 1},  # no split-K
+        {"KSPLIT_F2": 2},
         {
             "BN_WIDE": 64 if c["BN_WIDE"] == 32 else 32,
             "BN_NARROW": 64 if c["BN_NARROW"] == 32 else 32,

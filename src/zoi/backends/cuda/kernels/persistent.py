@@ -71,6 +71,7 @@ E_WORD, E_POS, E_TYPE, E_LNW, E_LNB = range(5)
 TAB_COLS = 16
 POLL_LIMIT = tl.constexpr(1 << 22)  # acquire polls (~0.5 us each) before a barrier gives up
 STAGES_PER_LAYER = 5
+EXTRA_STAGES = 2  # after the layers: the final LN2 (row-parallel), the pool
 # the same, as constexpr globals for the kernel (a jit function reads only constexpr globals)
 K_QKV_W, K_QKV_B, K_O_W, K_O_B, K_LN1_W, K_LN1_B = (tl.constexpr(i) for i in range(6))
 K_F1_W, K_F1_B, K_F2_W, K_F2_B, K_LN2_W, K_LN2_B = (tl.constexpr(i) for i in range(6, 12))
@@ -90,12 +91,12 @@ def grid_barrier(bar_ptr, nprog):
     a = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")  # release them at gpu scope
     target = (a // nprog + 1) * nprog
     if a + 1 < target:
-        # poll with plain acquire LOADS (ld.acquire.gpu), not atomics: same-address atomics
-        # from every SM serialise in the L2 atomic unit (and queue the arrivals behind them)
-        cur = _ld_acquire(bar_ptr)
+        # poll with a plain acquire LOAD (ld.acquire.gpu, thread 0), not atomics: same-address
+        # atomics from every SM serialise in the L2 atomic unit (the arrivals queue behind)
+        cur = _ld_acquire(bar_ptr, target)
         n = 0
         while (cur < target) & (n < POLL_LIMIT):  # a bounded spin: never a hung GPU
-            cur = _ld_acquire(bar_ptr)
+            cur = _ld_acquire(bar_ptr, target)
             n += 1
         if cur < target:  # gave up (programs not co-resident?): flag it, results are void
             tl.atomic_xchg(bar_ptr + 1, 1, sem="relaxed", scope="gpu")
@@ -103,10 +104,25 @@ def grid_barrier(bar_ptr, nprog):
 
 
 @triton.jit
-def _ld_acquire(p):
-    """ld.acquire.gpu of one int64 (every thread; a warp's lanes coalesce into one request)."""
+def _ld_acquire(p, done):
+    """ld.acquire.gpu of the int64 counter by thread 0 only; the other threads read ``done``
+    (they leave the spin at once and wait in the CTA barrier that follows it: thread 0's
+    acquire + bar.sync orders their later loads, the cooperative-groups grid-sync pattern).
+    One poller per SM: 132 pollers, not 132 x 8 warps, queue on the counter's L2 line."""
     return tl.inline_asm_elementwise(
-        "ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [p], dtype=tl.int64, is_pure=False, pack=1
+        """{
+        .reg .pred %p_t0;
+        .reg .b32 %r_tid;
+        mov.u32 %r_tid, %tid.x;
+        setp.eq.u32 %p_t0, %r_tid, 0;
+        mov.b64 $0, $2;
+        @%p_t0 ld.acquire.gpu.global.b64 $0, [$1];
+        }""",
+        "=l,l,l",
+        [p, done],
+        dtype=tl.int64,
+        is_pure=False,
+        pack=1,
     )
 
 
@@ -379,28 +395,61 @@ def _attention_stage(
 
 
 @triton.jit
-def _pool_stage(
-    s_ptr,  # [T, H] fp32 pre-LN sum of the last layer
+def _final_ln_stage(
+    s_ptr,  # [NSRC, T, H] fp32 pre-LN partial sums of the last layer
     lnw_ptr,
     lnb_ptr,
+    y_ptr,  # [T, H] fp16: the last layer's output (LN2)
+    T,
+    pid,
+    nprog,
+    eps,
+    s_stride,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    BM: tl.constexpr,
+    NSRC: tl.constexpr,
+):
+    """The last LN2, row-parallel: item = BM rows, every partial's load issued at once.
+    fp16 output: the layer output is fp16 in the unfused engine (the pool reads the same)."""
+    cols = tl.arange(0, HP)
+    c_ok = cols < H
+    for t in tl.range(pid, tl.cdiv(T, BM), nprog, num_stages=1):
+        rm = t * BM + tl.arange(0, BM)
+        m_ok = rm < T
+        rm_c = tl.where(m_ok, rm, 0)
+        lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
+        lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
+        x = _a_raw(
+            1, s_ptr, rm_c, rm_c, s_ptr, s_ptr, s_ptr, rm_c, m_ok, cols, c_ok, H, False,
+            s_stride, NSRC,
+        )  # fmt: skip
+        mean = tl.sum(x, axis=1) / H
+        d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / H + eps)
+        y = d * rstd[:, None] * lw[None, :] + lb[None, :]
+        m2 = m_ok[:, None] & c_ok[None, :]
+        tl.store(y_ptr + rm_c[:, None] * H + cols[None, :], y.to(tl.float16), mask=m2)
+
+
+@triton.jit
+def _pool_stage(
+    y_ptr,  # [T, H] fp16 last layer output (LN2 applied)
     cu_ptr,
     out_ptr,  # [B, H] fp32
     flag,
     B,
     pid,
     nprog,
-    eps,
     H: tl.constexpr,
     HP: tl.constexpr,
     MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
     BR: tl.constexpr,
-    s_stride,
-    NSRC: tl.constexpr,
 ):
+    """Item = one sequence: walks its rows of the fp16 layer output in BR-row chunks
+    (pipelined; no LN math left: a 256-token sequence is 4 chunks of 64)."""
     cols = tl.arange(0, HP)
     c_ok = cols < H
-    lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
-    lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
     rr = tl.arange(0, BR)
     for b in tl.range(pid, B, nprog, num_stages=1):
         s = tl.load(cu_ptr + b)
@@ -408,38 +457,24 @@ def _pool_stage(
         if MODE == 1:
             e = tl.minimum(e, s + 1)
         if MODE == 2:
-            acc = tl.zeros((BR, HP), tl.float32) - float("inf")
+            acc = tl.zeros((HP,), tl.float32) - float("inf")
         else:
-            acc = tl.zeros((BR, HP), tl.float32)
+            acc = tl.zeros((HP,), tl.float32)
         for r0 in tl.range(s, e, BR, num_stages=2):  # pipelined: row chunks in flight
             rows = r0 + rr
             r_ok = rows < e
             m2 = r_ok[:, None] & c_ok[None, :]
-            x = tl.load(
-                s_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg"
-            )
-            for p in tl.static_range(1, NSRC):  # the split-K partials, in a fixed order
-                x += tl.load(
-                    s_ptr + p * s_stride + rows[:, None] * H + cols[None, :],
-                    mask=m2,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-            mean = tl.sum(x, axis=1) / H
-            d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
-            var = tl.sum(d * d, axis=1) / H
-            rstd = 1.0 / tl.sqrt(var + eps)
-            # the layer output is fp16 in the unfused engine: round the same way
-            y = (d * rstd[:, None] * lw[None, :] + lb[None, :]).to(tl.float16).to(tl.float32)
+            y = tl.load(
+                y_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg"
+            ).to(tl.float32)
             if MODE == 2:
-                acc = tl.maximum(acc, tl.where(m2, y, float("-inf")))
+                acc = tl.maximum(acc, tl.max(tl.where(m2, y, float("-inf")), 0))
             else:
-                acc += tl.where(m2, y, 0.0)
+                acc += tl.sum(tl.where(m2, y, 0.0), 0)
         if MODE == 2:
-            p = tl.max(acc, 0)
-            p = tl.where(e > s, p, 0.0)
+            p = tl.where(e > s, acc, 0.0)
         else:
-            p = tl.sum(acc, 0) / tl.maximum(e - s, 1).to(tl.float32)
+            p = acc / tl.maximum(e - s, 1).to(tl.float32)
         p = tl.where(c_ok, p, 0.0)
         nrm = tl.sqrt(tl.sum(p * p, 0))
         div = tl.where(flag != 0, tl.maximum(nrm, 1e-12), 1.0)
@@ -485,7 +520,8 @@ def persistent_kernel(
     KSPLIT_F2: tl.constexpr,  # split-K of ffn2 (summed by the next qkv / the pool)
     ATT_BM: tl.constexpr,
     ATT_BN: tl.constexpr,
-    POOL_BR: tl.constexpr,
+    POOL_BR: tl.constexpr,  # rows per pool chunk (fp16 [POOL_BR, HP], pipelined x 2)
+    BM_LN: tl.constexpr,  # rows per item of the final LN stage
     SPL: tl.constexpr,  # stages per layer (5)
 ):
     pid = tl.program_id(0)
@@ -500,26 +536,25 @@ def persistent_kernel(
         sub = st - layer * SPL
         row = tab_ptr + layer * 16
         erow = tab_ptr + n_layers * 16  # the embedding row
-        if st == n_layers * SPL:
+        if st == n_layers * SPL:  # the last LN2, row-parallel, into X (free by now)
             lrow = tab_ptr + (layer - 1) * 16
-            _pool_stage(
+            _final_ln_stage(
                 s_ptr,
                 w32_ptr + _off(lrow + K_LN2_W),
                 w32_ptr + _off(lrow + K_LN2_B),
-                cu_ptr,
-                out_ptr,
-                flag,
-                B,
+                x_ptr,
+                T,
                 pid,
                 nprog,
                 eps,
+                s_stride,
                 H,
                 HP,
-                POOL,
-                POOL_BR,
-                s_stride,
+                BM_LN,
                 KSPLIT_F2,
             )
+        elif st == n_layers * SPL + 1:
+            _pool_stage(x_ptr, cu_ptr, out_ptr, flag, B, pid, nprog, H, HP, POOL, POOL_BR)
         elif sub == 0:
             wq = w16_ptr + _off(row + K_QKV_W)
             bq = w32_ptr + _off(row + K_QKV_B)
