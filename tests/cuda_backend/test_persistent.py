@@ -89,6 +89,24 @@ class TestInterpreter:
         be._steps[64] = build_persistent_steps(be, 64, cfg=cfg)
         _check(be, model, ([5, 1, 9], [40, 3, 17]), seed=6)
 
+    @pytest.mark.parametrize("tb", [16, 128, 256])
+    def test_h200_default_cfg_minilm_width(self, tb):
+        """The config default_cfg picks for an H200 (132 SMs) at each bucket, on a
+        MiniLM-width layer: one-shot LN GEMMs (BK 512 > H 384, masked), split-K ffn2
+        partials summed by the final LN, BM 32 above 64 tokens, 64-row fp16 pool chunks."""
+        from zoi.backends.cuda.persistent import build_persistent_steps, default_cfg
+
+        model = tiny_model(
+            "fp16", hidden=384, heads=12, layers=1, inter=1536, max_tokens=256, max_batch=16,
+            pooling="max",
+        )  # fmt: skip
+        be = self._be(model, buckets=[tb])
+        c = default_cfg(tb, None, 132, H=384, I=1536)
+        assert c["BK"] == 512 and (tb > 128 or c["KSPLIT_F2"] > 1)
+        be._steps[tb] = build_persistent_steps(be, tb, cfg=c)
+        lens = {16: ([5, 1, 9], [16]), 128: ([40, 3, 17],), 256: ([40, 40, 40, 3, 17],)}[tb]
+        _check(be, model, lens, seed=3)
+
     def test_stage_count_and_one_launch_plan(self):
         from zoi.backends.cuda.persistent import PersistentPlan, build_persistent_steps
 

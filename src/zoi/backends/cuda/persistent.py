@@ -157,7 +157,7 @@ class PersistentPlan:
         self.bar = state[tab.size * 8 : tab.size * 8 + 16].view(torch.int64)  # [arrivals, err]
         self.state = state
 
-        c = default_cfg(tb, sp, int(backend.sm), H=H, I=I)
+        c = default_cfg(tb, sp, int(backend.sm), H=H, I=I, heads=NH)
         env_cfg = os.environ.get("ZOI_PERSISTENT_CFG")  # e.g. '{"BK": 128, "num_stages": 3}'
         c.update(json.loads(env_cfg) if env_cfg else {})
         c.update(cfg or {})
@@ -290,7 +290,15 @@ def stage_items(tb: int, H: int, I: int, NH: int, nseq: int, c: dict) -> dict:
     }
 
 
-def default_cfg(tb: int, spec=None, sm: int = 132, *, H: int | None = None, I: int | None = None):
+def default_cfg(
+    tb: int,
+    spec=None,
+    sm: int = 132,
+    *,
+    H: int | None = None,
+    I: int | None = None,
+    heads: int | None = None,
+):
     """Tiles per bucket (reasoned, not measured; ``python -m zoi.backends.cuda.persistent
     --sweep 16 128`` checks them on the GPU). Every stage is latency bound (weights live in
     L2; a dependent L2 round trip is ~0.6 us), so the aim is ONE round of work items over the
@@ -308,6 +316,7 @@ def default_cfg(tb: int, spec=None, sm: int = 132, *, H: int | None = None, I: i
 
     H = int(H if H is not None else spec.hidden)
     I = int(I if I is not None else spec.intermediate)
+    nhead = int(heads if heads is not None else getattr(spec, "heads", 0) or H // 32)
     cd = lambda a, b: -(-a // b)  # noqa: E731
     bm = 16 if tb <= 64 else 32
     m = cd(tb, bm)
@@ -332,7 +341,7 @@ def default_cfg(tb: int, spec=None, sm: int = 132, *, H: int | None = None, I: i
         BK_F2=bk2,
         KSPLIT_O=1,
         KSPLIT_F2=ks,
-        ATT_BM=16,
+        ATT_BM=16 if cd(tb, 16) * nhead <= sm else 32,  # one round of (query block, head)
         # >= 64 keys: each thread's slice of a [ATT_BN, 32] fp16 tile stays one 16-byte
         # cp.async.cg (narrower copies become cp.async.ca, which may read a stale L1 line)
         ATT_BN=min(128, max(64, triton.next_power_of_2(tb))),
@@ -617,6 +626,8 @@ def sweep_cfgs(tb: int) -> list:
     ]
     if tb >= 128:
         alts.append({"BM": 16})
+    if tb >= 256:  # ffn1 / qkv in one round: wider N tiles through the chunked-K path
+        alts.append({"BN_WIDE": 128, "BK": 128})
     return alts
 
 

@@ -7,53 +7,62 @@ grid-stride loop ``for item in range(pid, n_items, nprog)`` over its work items,
 comes from the call header in device memory (T real tokens, B sequences): one compiled
 kernel serves every split of the bucket.
 
-Stages (per layer l, 5 each; then pool), with LayerNorm *fused into the consumer's A load*
-(the producer stores the pre-LN sum in fp32; each GEMM program recomputes the row
-statistics of its 16 rows, which is cheap, and the programs of N tile 0 also write the
-normalised rows, which later stages need as the residual):
+Stages (per layer l, 5 each; then the final LN and the pool), with LayerNorm *fused into
+the consumer's A load* (the producer stores the pre-LN sum in fp32, possibly as P split-K
+partial slices; each GEMM program sums the slices and recomputes the row statistics of its
+rows, which is cheap, and the programs of N tile 0 also write the normalised rows, which
+later stages need as the residual):
 
 ====  =========================================================================  ==========
  s    work                                                                       items
 ====  =========================================================================  ==========
- 5l   qkv = A @ Wqkv^T + b, A = LN2_{l-1}(S) (l == 0: LN_emb(word[ids] + pos +   m x 3H/BN
-      type0), gathered on load); N-tile-0 programs write X = A (fp16)
- 5l+1 ctx = varlen attention(qkv) (head x 16-query block; sequences never        heads x m
-      attend across each other: per-row [start, end) from cu_seqlens)
- 5l+2 S = ctx @ Wo^T + bo + X (fp32, pre-LN1)                                      m x H/BN
- 5l+3 h = act(LN1(S) @ W1^T + b1); N-tile-0 programs write X = LN1(S)            m x I/BN
- 5l+4 S = h @ W2^T + b2 + X (fp32, pre-LN2)                                        m x H/BN
- 5L   pooled = pool(LN2_{L-1}(S)) per sequence, optional L2 normalise -> out      B
+ 5l   qkv = A @ Wqkv^T + b, A = LN2_{l-1}(sum_p S[p]) (l == 0: LN_emb(word[ids] + m x 3H/BN
+      pos + type0), gathered on load); N-tile-0 programs write X = A (fp16)
+ 5l+1 ctx = varlen attention(qkv) (head x query block; sequences never attend    heads x m
+      across each other: per-row [start, end) from cu_seqlens)
+ 5l+2 S[p] = ctx @ Wo^T (+ bo + X in split 0) (fp32, pre-LN1; KSPLIT_O splits)   m x H/BN x P
+ 5l+3 h = act(LN1(sum_p S[p]) @ W1^T + b1); N-tile-0 programs write X = LN1       m x I/BN
+ 5l+4 S[p] = h @ W2^T (+ b2 + X in split 0) (fp32, pre-LN2; KSPLIT_F2 splits)     m x H/BN x P
+ 5L   X = LN2_{L-1}(sum_p S[p]) (fp16, row-parallel)                             T / BM_LN
+ 5L+1 pooled = pool(X) per sequence (64-row fp16 chunks), optional L2 norm -> out B
 ====  =========================================================================  ==========
 
-So 5L + 1 stages and 5L barriers (31 / 30 for MiniLM) instead of 44 kernel nodes. Buffers
-(fp16 X, CTX, BIG = qkv | h, fp32 S) are reused across layers: every buffer is written in
-one stage and read only in later ones, so no stage reads what another program of the
-same stage writes (no hazard without a barrier).
+So 5L + 2 stages and 5L + 1 barriers (32 / 31 for MiniLM) instead of 44 kernel nodes.
+Buffers (fp16 X, CTX, BIG = qkv | h, fp32 S[P]) are reused across layers: every buffer is
+written in one stage and read only in later ones, so no stage reads what another program
+of the same stage writes (no hazard without a barrier). Split-K is deterministic: split p
+writes its own slice, the consumer sums the slices in a fixed order (no atomics: repeated
+calls give identical bits).
+
+Latency shape (every stage is latency bound: weights L2-resident, a dependent L2 round
+trip ~0.6 us): the K = H GEMMs with LN on load use BK = next_pow2(H) >= K, so an item
+requests its whole [BM, H] row block (all partials), the LN parameters and its [H, BN]
+weight tile at once and runs ONE dot (one round trip instead of a 6-step k loop); ffn2
+splits K so that an item runs 3-4 pipelined k-steps (cp.async.cg); the grid-stride item
+loops are never software-pipelined (num_stages=1: prefetching the next item would only
+burn shared memory); ``persistent.default_cfg`` picks tiles so each stage needs one round
+of items over the grid.
 
 Grid barrier (no memset per launch): one int64 arrival counter that only grows; each
-program adds 1 (acq_rel, gpu scope) after ``debug_barrier`` (all its threads' stores done)
-and, unless it completed the round, polls it (acquire) until it reaches the round's end
-``(a // nprog + 1) * nprog``; then ``debug_barrier``. One atomic per program per barrier.
-Triton lowers an atomic on a *scalar* to one thread per program (the redundant-thread
-predicate) with the result broadcast through shared memory, so each program arrives once.
-Activations produced inside the launch are loaded with ``cache_modifier=".cg"`` (L2, never
-a stale L1 line); weights and the host-written header / ids use plain loads.
+program adds 1 (acq_rel, gpu scope; one thread) after ``debug_barrier`` (all its threads'
+stores done) and, unless it completed the round, thread 0 polls it with ``ld.acquire.gpu``
+(plain loads: atomics from every SM on one address would serialise in the L2 atomic unit
+and queue the arrivals behind the polls) until it reaches the round's end
+``(a // nprog + 1) * nprog``; then ``debug_barrier`` releases the CTA (the
+cooperative-groups grid-sync pattern). Activations produced inside the launch are loaded
+with ``cache_modifier=".cg"`` (L2, never a stale L1 line; pipelined loads become 16-byte
+``cp.async.cg``, which the plan checks in the PTX); weights and the host-written header /
+ids use plain loads.
 
 In the interpreter (programs run one after another) a spinning barrier would deadlock: the
 host then launches one stage per launch (``stage_hi = stage_lo + 1``), and the barrier is
 never reached (it sits between stages of the same launch only).
 
-Performance model (H200, MiniLM 1x128, fp16; not measured yet): weights (~21 MB for the
-6 layers) are L2-resident across calls, so every stage is latency bound. Tiles
-(``persistent.pick_config``): 16-row tiles and the narrowest N tile that needs one round of
-items over the grid: at 128 tokens qkv 8x9 = 72 items (16x128), attention 96, o 8x12 = 96
-(16x32), ffn1 8x12 = 96, ffn2 96 (K = 1536: 24 k-steps of 64, the longest stage). Each item
-reads <= 100 KB of weights from L2. Aim: < 2 us per stage + ~1 us per barrier (one atomic
-round trip + one poll): 31 stages -> ~60-90 us device time vs 173 us for the 44-node graph.
-Known gaps: ffn2 would like split-K (only with a deterministic reduction: fp32 atomics
-would make repeated calls differ in the last bits); pool walks a sequence's rows in one
-program (8 dependent 16-row chunks at 128 tokens); attention + o could share a stage if a
-program owned whole rows (8 busy programs at 128 tokens: not obviously better).
+History: the first version (BK 64 k loops everywhere, no split-K, atomic polls, one
+program per sequence walking pre-LN fp32 rows in the pool) measured 184 us (tb 16) and
+211 us (tb 128) for MiniLM on an H200 against 123 / 173 us for the per-op graph: every
+item was a chain of 6-24 dependent L2 round trips. ``python -m
+zoi.backends.cuda.persistent --stages 128`` prints the per-stage breakdown.
 """
 
 from __future__ import annotations
