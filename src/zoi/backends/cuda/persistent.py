@@ -325,11 +325,16 @@ def default_cfg(
     wide = 32 if m * cd(I, 32) <= sm else 64
     narrow = 32 if tb <= 32 else 64
     bk2 = 128
+    # split-K trades ffn2's k-steps for partial slices that every qkv item (and the final
+    # LN) re-reads in fp32: at BM 32 the [32, H] x P reads dominate qkv's bytes, so cap P
+    # at 2 there (model, H200 MiniLM tb 128: P 2 ~5.9 us / layer for qkv + ffn2, P 4 ~6.3,
+    # P 1 ~7.5); at BM 16 P 4 (tb 16: ffn2 ~1.2 us instead of ~2.4 with P 2)
+    ks_max = 4 if bm == 16 else 2
     ks = next(
         (
             k
             for k in (4, 3, 2)
-            if I % k == 0 and (I // k) % bk2 == 0 and m * cd(H, narrow) * k <= sm
+            if k <= ks_max and I % k == 0 and (I // k) % bk2 == 0 and m * cd(H, narrow) * k <= sm
         ),
         1,
     )
@@ -611,20 +616,19 @@ def stage_times(tb: int = 128, iters: int = 100, reps: int = 10, cfg: dict | Non
 
 
 def sweep_cfgs(tb: int) -> list:
-    """A handful of alternatives around default_cfg(tb) (each compiles in a few seconds)."""
-    c = default_cfg(tb, None, H=384, I=1536)
+    """A handful of alternatives around default_cfg(tb) (each compiles in ~5 s; num_warps 4
+    with the one-shot BK 512 spills hundreds of bytes at BM 32: not worth a slot)."""
+    c = default_cfg(tb, None, H=384, I=1536, heads=12)
     alts = [
         None,
         {"KSPLIT_F2": 1},  # no split-K
-        {"KSPLIT_F2": 2},
-        {
-            "BN_WIDE": 64 if c["BN_WIDE"] == 32 else 32,
-            "BN_NARROW": 64 if c["BN_NARROW"] == 32 else 32,
-        },
-        {"num_warps": 4},
-        {"BK": 128, "num_warps": 4},  # the chunked LN path (k loop over 128)
+        {"KSPLIT_F2": 4 if c["KSPLIT_F2"] == 2 else 2},
+        {"BK": 128, "num_warps": 4},  # the chunked LN path (k loop over 128, pipelined)
+        {"num_stages": 2},
     ]
-    if tb >= 128:
+    if tb <= 64:
+        alts.append({"BN_WIDE": 64 if c["BN_WIDE"] == 32 else 32})
+    else:
         alts.append({"BM": 16})
     if tb >= 256:  # ffn1 / qkv in one round: wider N tiles through the chunked-K path
         alts.append({"BN_WIDE": 128, "BK": 128})
