@@ -239,23 +239,12 @@ class TestGPU:
                     assert rel(got, want) < 5e-3, (tb, lens_, norm, rel(got, want))
                     assert min_cosine(got, want) > 0.9999
 
-    def test_in_backend_graph(self):
-        """Swap the steps before capture (what the proposed wiring does): graphs replay the
-        one-launch kernel through run()."""
-        from zoi.backends.cuda import backend as bmod
-        from zoi.backends.cuda.persistent import build_persistent_steps
-
-        orig = bmod.CudaBackend._steps_for
-
-        def steps_for(self, tb):
-            return build_persistent_steps(self, tb) if tb <= 256 else orig(self, tb)
-
+    def test_in_backend_graph(self, monkeypatch):
+        """The backend's own wiring, forced (ZOI_PERSISTENT=1: no timing choice): graphs
+        replay the one-launch kernel through run()."""
+        monkeypatch.setenv("ZOI_PERSISTENT", "1")
         model = tiny_model("fp16", max_tokens=512, max_batch=64, **MINILM)
-        try:
-            bmod.CudaBackend._steps_for = steps_for
-            be = self._be(model)
-        finally:
-            bmod.CudaBackend._steps_for = orig
+        be = self._be(model)
         assert all(be._graphs[tb][2] == 1 for tb in be.buckets if tb <= 256)
         _check(be, model, LENS + ([40, 40, 40, 8], [16] * 16, [40] * 6 + [1, 15]), seed=9)
         # repeat the same call many times: barrier state stays consistent
@@ -268,7 +257,7 @@ class TestGPU:
         from zoi.backends.cuda.persistent import time_persistent, time_steps
 
         model = tiny_model("fp16", max_tokens=256, max_batch=32, **MINILM)
-        be = self._be(model, buckets=[128])
+        be = self._be(model, buckets=[128], persistent_max=0)  # its _steps_for: per-op
         t_p = time_persistent(be, 128, iters=50)
         t_o = time_steps(be, be._steps_for(128), 128, iters=50)
         print(f"persistent {t_p:.1f} us, per-op {t_o:.1f} us (minilm 2 layers, tb 128)")
