@@ -203,6 +203,8 @@ class PersistentPlan:
             SPL=kp.STAGES_PER_LAYER,
             **c,
         )
+        for k, v in k_stages(c, H, I).items():  # unless the cfg sets them
+            self.meta.setdefault(k, v)
         # programs: at most one per SM (co-residency for the barrier), no more than the
         # largest stage has work items at a full bucket
         items = max(stage_items(tb, H, I, NH, nseq, c).values())
@@ -234,7 +236,7 @@ class PersistentPlan:
             log.warning(
                 "zoi: persistent kernel reads activations via L1 (%s): num_stages=1", bad[:3]
             )
-            self.meta["num_stages"] = 1
+            self.meta.update(num_stages=1, KST_H=1, KST_F2=1)
         raise PersistentUnsupported(f"persistent kernel: L1-caching loads in the PTX ({bad[:3]})")
 
     def _args(self, lo: int, hi: int) -> tuple:
@@ -357,6 +359,20 @@ def default_cfg(
     )
 
 
+def k_stages(c: dict, H: int, I: int) -> dict:
+    """k-loop software-pipeline depths: every k-step of an item in flight at once
+    (iterations + 1, at most 4); a single step gets 1 (plain loads, no cp.async staging
+    buffers: the one-shot o tile would otherwise hold num_stages copies in shared memory)."""
+    cd = lambda a, b: -(-a // b)  # noqa: E731
+    it_h = cd(H, c["BK"])
+    it_f2 = cd(cd(I, c["KSPLIT_F2"]), c["BK_F2"])
+    one = int(c.get("num_stages", 3)) == 1
+    return {
+        "KST_H": 1 if one or it_h == 1 else min(it_h + 1, 4),
+        "KST_F2": 1 if one or it_f2 == 1 else min(it_f2 + 1, 4),
+    }
+
+
 def pick_config(tb: int, H: int, I: int, sm: int) -> dict:
     """(Old name.) ``default_cfg`` for explicit sizes."""
     return default_cfg(tb, None, sm, H=H, I=I)
@@ -395,6 +411,7 @@ def compile_ahead(meta: dict, arch: int = 90) -> dict:
     from zoi.backends.cuda.kernels import persistent as kp
 
     names = kp.persistent_kernel.arg_names
+    meta = {**k_stages(meta, meta["H"], meta["I"]), **meta}
     opts = {k: meta[k] for k in ("num_warps", "num_stages")}
     const = {(names.index(k),): v for k, v in meta.items() if k not in opts}
     sig = {n: ARG_TYPES.get(n, "constexpr") for n in names}
@@ -575,7 +592,7 @@ def compare(
 
 
 CFG_KEYS = (
-    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR", "BM_LN",
+    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR", "BM_LN", "KST_H", "KST_F2",
     "num_warps", "num_stages",
 )  # fmt: skip
 

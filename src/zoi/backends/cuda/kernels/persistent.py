@@ -212,6 +212,8 @@ def _gemm_stage(
     BK: tl.constexpr,
     NSRC: tl.constexpr,  # A_MODE 1: partial slices of S summed on load
     KSPLIT: tl.constexpr,  # A_MODE 0: split-K factor; split p writes its partial to y[p]
+    KSTAGES: tl.constexpr,  # software-pipeline depth of the k loop (iterations + 1: all
+    # of an item's k-steps in flight at once; 1: a single step, no cp.async staging)
 ):
     """Work item = (16-row tile, BN column tile, K split). ``BK >= K`` (A_MODE 1, 2): the
     whole row block is loaded ONCE (every load issued together: one L2 round trip), the
@@ -285,7 +287,7 @@ def _gemm_stage(
                 rstd = 1.0 / tl.sqrt(var + eps)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             k_lo = ks * KS
-            for k0 in range(k_lo, k_lo + KS, BK):
+            for k0 in tl.range(k_lo, k_lo + KS, BK, num_stages=KSTAGES):
                 rk = k0 + tl.arange(0, BK)
                 k_ok = rk < K
                 if A_MODE == 0:
@@ -526,7 +528,9 @@ def persistent_kernel(
     BK: tl.constexpr,  # k chunk of the K = H stages (>= H: one shot, no k loop)
     BK_F2: tl.constexpr,  # k chunk of ffn2 (K = I)
     KSPLIT_O: tl.constexpr,  # split-K of o (partials summed by ffn1's LN-on-load)
-    KSPLIT_F2: tl.constexpr,  # split-K of ffn2 (summed by the next qkv / the pool)
+    KSPLIT_F2: tl.constexpr,  # split-K of ffn2 (summed by the next qkv / the final LN)
+    KST_H: tl.constexpr,  # k-loop pipeline depth of the K = H stages (1 when BK >= H)
+    KST_F2: tl.constexpr,  # k-loop pipeline depth of ffn2
     ATT_BM: tl.constexpr,
     ATT_BN: tl.constexpr,
     POOL_BR: tl.constexpr,  # rows per pool chunk (fp16 [POOL_BR, HP], pipelined x 2)
@@ -598,6 +602,7 @@ def persistent_kernel(
                     BK,
                     1,
                     1,
+                    KST_H,
                 )
             else:
                 prow = tab_ptr + (layer - 1) * 16
@@ -631,6 +636,7 @@ def persistent_kernel(
                     BK,
                     KSPLIT_F2,
                     1,
+                    KST_H,
                 )
         elif sub == 1:
             _attention_stage(
@@ -681,6 +687,7 @@ def persistent_kernel(
                 BK,
                 1,
                 KSPLIT_O,
+                KST_H,
             )
         elif sub == 3:
             _gemm_stage(
@@ -713,6 +720,7 @@ def persistent_kernel(
                 BK,
                 KSPLIT_O,
                 1,
+                KST_H,
             )
         else:
             _gemm_stage(
@@ -745,6 +753,7 @@ def persistent_kernel(
                 BK_F2,
                 1,
                 KSPLIT_F2,
+                KST_F2,
             )
         if st + 1 < stage_hi:
             grid_barrier(bar_ptr, nprog)
