@@ -15,6 +15,15 @@ tensor of their own (they must survive other buckets' launches, which overwrite 
 Supports fp16 weights (``precision`` fp16 / fp32) on the BERT layer structure the CUDA
 backend plans (embed, L x [qkv, attention, o, add+LN, ffn1+act, ffn2, add+LN], pool);
 anything else raises ``PersistentUnsupported`` (the caller keeps the per-op kernels).
+
+Tiles per bucket: ``default_cfg(tb, spec)`` (override with ``cfg=`` or the env
+``ZOI_PERSISTENT_CFG='{"KSPLIT_F2": 2}'``). GPU tools (random MiniLM-shaped fp16 model):
+
+* ``python -m zoi.backends.cuda.persistent 16 128``: per-op graph (a ``persistent_max=0``
+  backend) vs the persistent forward, µs per forward and max abs difference;
+* ``... --sweep 128``: a few configs around the default (difference vs the default's output);
+* ``... --stages 128``: each stage timed alone (a graph of 10 launches of that stage, minus
+  an empty launch), the one-launch total and the implied cost per barrier.
 """
 
 from __future__ import annotations
