@@ -245,7 +245,7 @@ class PersistentPlan:
             log.warning(
                 "zoi: persistent kernel reads activations via L1 (%s): num_stages=1", bad[:3]
             )
-            self.meta.update(num_stages=1, KST_H=1, KST_F2=1)
+            self.meta.update(num_stages=1, KST_H=1, KST_F2=1, KST_POOL=1)
         raise PersistentUnsupported(f"persistent kernel: L1-caching loads in the PTX ({bad[:3]})")
 
     def _args(self, lo: int, hi: int) -> tuple:
@@ -379,6 +379,7 @@ def k_stages(c: dict, H: int, I: int) -> dict:
     return {
         "KST_H": 1 if one or it_h == 1 else min(it_h + 1, 4),
         "KST_F2": 1 if one or it_f2 == 1 else min(it_f2 + 1, 4),
+        "KST_POOL": 1 if one else 2,
     }
 
 
@@ -601,7 +602,7 @@ def compare(
 
 
 CFG_KEYS = (
-    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR", "BM_LN", "KST_H", "KST_F2",
+    "BM", "BN_WIDE", "BN_NARROW", "BK", "BK_F2", "KSPLIT_O", "KSPLIT_F2", "ATT_BN", "POOL_BR", "BM_LN", "KST_H", "KST_F2", "KST_POOL",
     "num_warps", "num_stages",
 )  # fmt: skip
 

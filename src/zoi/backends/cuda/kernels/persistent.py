@@ -456,6 +456,7 @@ def _pool_stage(
     HP: tl.constexpr,
     MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
     BR: tl.constexpr,
+    PST: tl.constexpr,  # pipeline depth of the row loop
 ):
     """Item = one sequence: walks its rows of the fp16 layer output in BR-row chunks
     (pipelined; no LN math left: a 256-token sequence is 4 chunks of 64)."""
@@ -471,7 +472,7 @@ def _pool_stage(
             acc = tl.zeros((HP,), tl.float32) - float("inf")
         else:
             acc = tl.zeros((HP,), tl.float32)
-        for r0 in tl.range(s, e, BR, num_stages=2):  # pipelined: row chunks in flight
+        for r0 in tl.range(s, e, BR, num_stages=PST):  # pipelined: row chunks in flight
             rows = r0 + rr
             r_ok = rows < e
             m2 = r_ok[:, None] & c_ok[None, :]
@@ -531,6 +532,7 @@ def persistent_kernel(
     KSPLIT_F2: tl.constexpr,  # split-K of ffn2 (summed by the next qkv / the final LN)
     KST_H: tl.constexpr,  # k-loop pipeline depth of the K = H stages (1 when BK >= H)
     KST_F2: tl.constexpr,  # k-loop pipeline depth of ffn2
+    KST_POOL: tl.constexpr,  # row-loop pipeline depth of the pool
     ATT_BM: tl.constexpr,
     ATT_BN: tl.constexpr,
     POOL_BR: tl.constexpr,  # rows per pool chunk (fp16 [POOL_BR, HP], pipelined x 2)
@@ -567,7 +569,7 @@ def persistent_kernel(
                 KSPLIT_F2,
             )
         elif st == n_layers * SPL + 1:
-            _pool_stage(x_ptr, cu_ptr, out_ptr, flag, B, pid, nprog, H, HP, POOL, POOL_BR)
+            _pool_stage(x_ptr, cu_ptr, out_ptr, flag, B, pid, nprog, H, HP, POOL, POOL_BR, KST_POOL)
         elif sub == 0:
             wq = w16_ptr + _off(row + K_QKV_W)
             bq = w32_ptr + _off(row + K_QKV_B)
