@@ -262,3 +262,23 @@ class TestGPU:
         t_o = time_steps(be, be._steps_for(128), 128, iters=50)
         print(f"persistent {t_p:.1f} us, per-op {t_o:.1f} us (minilm 2 layers, tb 128)")
         assert t_p > 0 and t_o > 0
+
+
+@pytest.mark.skipif(not INTERP, reason="interpreter run (the GPU runs the gpu-marked tests)")
+def test_barrier_timeout_fails_the_call_and_recovers():
+    """A grid barrier that gave up (its flag set) voids that call: run() raises a clear error
+    instead of returning the output, clears the flag, and the next call is sound."""
+    from zoi.backends.cuda.backend import CudaBackend
+    from zoi.errors import BackendUnavailableError
+
+    model = tiny_model("fp16", max_tokens=64)
+    be = CudaBackend(model, interpret=True, buckets=[16, 64], persistent_max=256)
+    assert be.memory()["bucket_paths"][16]["path"] == "persistent"
+    rng = np.random.default_rng(3)
+    ids, pos, cu = batch(rng, [5, 7], vocab=int(model.spec.vocab_size))
+    first = be.run(ids, pos, cu, True)
+    be._pplans[16].bar[1] = 1  # what a barrier that gave up writes
+    with pytest.raises(BackendUnavailableError, match="grid barrier"):
+        be.run(ids, pos, cu, True)
+    assert int(be._pplans[16].bar[1]) == 0
+    np.testing.assert_array_equal(be.run(ids, pos, cu, True), first)

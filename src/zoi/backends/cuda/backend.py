@@ -127,6 +127,7 @@ class CudaBackend:
         elif os.environ.get("ZOI_PERSISTENT") == "1":
             self.persistent_choice = "force"
         self.bucket_paths: dict[int, dict] = {}
+        self._pplans: dict[int, object] = {}  # bucket -> PersistentPlan (its barrier flag)
         self.launches = self.plans[True]["launches"]
         self._pack_weights()
         self._alloc_arena()
@@ -523,6 +524,8 @@ class CudaBackend:
                 Bmax, self.spec.hidden
             )
             self.h_in[:] = 0
+            self.p_flag = self.drv.Pinned(8)  # a persistent forward's barrier error flag
+            self.h_flag = self.p_flag.view(np.int64, 0, 1)
             from zoi.backends.cuda.driver import cu
 
             self._cu = cu
@@ -546,10 +549,12 @@ class CudaBackend:
         if persistent is None:
             persistent = tb <= self.persistent_max
         if persistent:
-            from zoi.backends.cuda.persistent import PersistentUnsupported, build_persistent_steps
+            from zoi.backends.cuda.persistent import PersistentPlan, PersistentUnsupported
 
             try:
-                return build_persistent_steps(self, tb)
+                plan = PersistentPlan(self, tb)
+                self._pplans[tb] = plan
+                return plan.steps()
             except PersistentUnsupported as e:
                 log.info("zoi: bucket %d keeps the per-op kernels (%s)", tb, e)
                 self.persistent_max = 0
@@ -772,6 +777,8 @@ class CudaBackend:
             if m != keep:
                 self._cu.cuGraphExecDestroy(g[1])
                 self._cu.cuGraphDestroy(g[0])
+        if not keep:
+            self._pplans.pop(tb, None)
         self._steps[tb], self._graphs[tb] = built[keep]
         self.bucket_paths[tb] = {
             "path": "persistent" if keep else "per-op",
@@ -844,14 +851,38 @@ class CudaBackend:
                 self.d_in[:n] = self.torch.from_numpy(self.h_in[:n].copy())
                 for s in self._steps[tb]:
                     s()
+                if tb in self._pplans and self._pplans[tb].barrier_timed_out():
+                    self._barrier_failed(tb)
                 return self.d_out[:B].numpy().copy()
             cuda, chk = self._cu, self.drv.check
             chk(cuda.cuCtxSetCurrent(self.ctx))
             chk(cuda.cuMemcpyHtoDAsync(self._d_in_ptr, self.p_in.ptr, n * 4, self.stream))
             chk(cuda.cuGraphLaunch(self._graphs[tb][1], self.stream))
             chk(cuda.cuMemcpyDtoHAsync(self.p_out.ptr, self._d_out_ptr, B * H * 4, self.stream))
+            plan = self._pplans.get(tb)
+            if plan is not None:  # the persistent forward's barrier flag (8 bytes, same stream)
+                flag = cuda.CUdeviceptr(plan.bar[1:].data_ptr())
+                chk(cuda.cuMemcpyDtoHAsync(self.p_flag.ptr, flag, 8, self.stream))
             chk(cuda.cuStreamSynchronize(self.stream))
+            if plan is not None and self.h_flag[0] != 0:
+                self._barrier_failed(tb)
             return self.h_out[:B].copy()
+
+    def _barrier_failed(self, tb: int):
+        """A grid barrier of the persistent forward gave up waiting (its programs were not all
+        resident: the GPU is shared with long-running work): the result is void. The flag is
+        cleared (every program still arrived at every barrier, so the counter stays aligned
+        and the next call is sound) and the call fails loudly rather than return garbage."""
+        plan = self._pplans[tb]
+        plan.bar[1:].zero_()
+        if not self.eager:
+            self.torch.cuda.synchronize()
+            self.h_flag[0] = 0
+        raise BackendUnavailableError(
+            f"cuda: the one-launch forward of bucket {tb} timed out in a grid barrier (its "
+            "programs were not all resident: is the GPU shared with long-running work?); this "
+            "call's result was discarded. Retry, or set ZOI_PERSISTENT=0 for per-op graphs"
+        )
 
     def memory(self) -> dict:
         out = {
@@ -886,5 +917,6 @@ class CudaBackend:
                     self._cu.cuGraphDestroy(_graph)
                 self.p_in.free()
                 self.p_out.free()
+                self.p_flag.free()
         except Exception:
             pass
