@@ -524,8 +524,6 @@ class CudaBackend:
                 Bmax, self.spec.hidden
             )
             self.h_in[:] = 0
-            self.p_flag = self.drv.Pinned(8)  # a persistent forward's barrier error flag
-            self.h_flag = self.p_flag.view(np.int64, 0, 1)
             from zoi.backends.cuda.driver import cu
 
             self._cu = cu
@@ -554,6 +552,9 @@ class CudaBackend:
             try:
                 plan = PersistentPlan(self, tb)
                 self._pplans[tb] = plan
+                if not self.eager and not hasattr(self, "p_flag"):
+                    self.p_flag = self.drv.Pinned(8)  # the barrier error flag, copied per call
+                    self.h_flag = self.p_flag.view(np.int64, 0, 1)
                 return plan.steps()
             except PersistentUnsupported as e:
                 log.info("zoi: bucket %d keeps the per-op kernels (%s)", tb, e)
@@ -917,6 +918,7 @@ class CudaBackend:
                     self._cu.cuGraphDestroy(_graph)
                 self.p_in.free()
                 self.p_out.free()
-                self.p_flag.free()
+                if hasattr(self, "p_flag"):
+                    self.p_flag.free()
         except Exception:
             pass
