@@ -126,10 +126,15 @@ def quantize_act_asym(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return q, (r / np.float32(UQMAX)).astype(np.float32), zp
 
 
+def weight_colsum(w_q: np.ndarray) -> np.ndarray:
+    """colsum[n] = sum_k w_q[n, k] (int64, exact): the zero-point term of the asymmetric sum."""
+    return np.asarray(w_q).astype(np.int64).sum(axis=1)
+
+
 def int8_matmul_asym_exact(q: np.ndarray, zp: np.ndarray, w_q: np.ndarray) -> np.ndarray:
     """sum_k q[t,k] w_q[n,k] - zp[t] colsum[n]: uint8 [T, K], int32 [T], int8 [N, K] -> int32 [T, N]."""
     acc = q.astype(np.float64) @ w_q.astype(np.float64).T  # exact: |sum| < 2**53
-    colsum = w_q.astype(np.int64).sum(axis=1)
+    colsum = weight_colsum(w_q)
     return (acc.astype(np.int64) - zp.astype(np.int64)[:, None] * colsum[None, :]).astype(np.int32)
 
 
@@ -163,6 +168,23 @@ def linear_int8_scheme(
             raise ValueError("scheme 'static' needs the calibrated amax")
         return linear_int8_emulated(x, w_q, w_scale, b, amax)
     raise ValueError(f"not an INT8 scheme: {scheme!r}")
+
+
+def fold_act_transform(
+    w: np.ndarray,
+    b: np.ndarray | None,
+    act_shift: np.ndarray | None = None,
+    act_mul: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A float linear's weights with its input transform folded in, exactly in real
+    arithmetic: ((x - s) * m) W^T + b = x (W m)^T + (b - (W m) s). float64 [N, K], [N]."""
+    w64 = np.asarray(w, np.float64)
+    b64 = np.zeros(w64.shape[0]) if b is None else np.asarray(b, np.float64)
+    if act_mul is not None:
+        w64 = w64 * np.asarray(act_mul, np.float64)[None, :]
+    if act_shift is not None:
+        b64 = b64 - w64 @ np.asarray(act_shift, np.float64)
+    return w64, b64
 
 
 def act_transform(

@@ -147,14 +147,10 @@ class CpuBackend:
                         self.released_bytes += _release_file_pages([W[f"{p}.w"]])
                     else:  # int8 weights kept in fp32 compute: dequantise once
                         w = W[f"{p}.w_q"].astype(np.float32) * _f32(W[f"{p}.w_scale"])[:, None]
-                    if (
-                        shift is not None or mul is not None
-                    ):  # fold x' = (x - shift) * mul into w, b
-                        m = mul if mul is not None else np.ones(w.shape[1], np.float32)
-                        w64 = w.astype(np.float64) * m.astype(np.float64)[None, :]
-                        b64 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
-                        if shift is not None:
-                            b64 = b64 - w64 @ shift.astype(np.float64)
+                    if shift is not None or mul is not None:  # fold x' = (x - shift) * mul
+                        from zoi.quant.primitives import fold_act_transform
+
+                        w64, b64 = fold_act_transform(w, b, shift, mul)
                         w, b = w64.astype(np.float32), b64.astype(np.float32)
                     eng.add_linear_f32(off[op.inputs[0]], off[op.output], w, b, act, res)
                     self.linear_kinds[p] = "fp32"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoi.errors import BackendUnavailableError, InputError
+from zoi.quant.primitives import dequantize_weight, fold_act_transform, weight_colsum
 
 log = logging.getLogger("zoi")
 
@@ -393,27 +394,20 @@ class CudaBackend:
                     add(f"{p}.w_q", np.asarray(W[f"{p}.w_q"], np.int8))
                     add(f"{p}.w_scale", f32(W[f"{p}.w_scale"]))
                     if L.extra["scheme"] == "dynamic_asym":  # sum_k w_q[n, k], exact in int32
-                        add(f"{p}.colsum", W[f"{p}.w_q"].astype(np.int64).sum(1).astype(np.int32))
+                        add(f"{p}.colsum", weight_colsum(W[f"{p}.w_q"]).astype(np.int32))
                     for t, v in (("act_shift", shift), ("act_mul", mul)):
                         if v is not None:  # applied by whoever writes the int8 copy
                             add(f"{p}.{t}", f32(v))
                     add(f"{p}.b", f32(W[f"{p}.b"]))
                 elif f"{p}.w" not in items:
-                    from zoi.quant.primitives import dequantize_weight
-
-                    # float linear (FP16, or weight-only INT8 dequantised here); an
-                    # act_shift / act_mul folds exactly in real arithmetic:
-                    # ((x - s) * m) W^T + b = x (W m)^T + (b - (W m) s)
+                    # float linear (FP16, or weight-only INT8 dequantised here), with its
+                    # act_shift / act_mul folded in (exact in real arithmetic)
                     w = (
-                        np.asarray(W[f"{p}.w"], np.float64)
+                        W[f"{p}.w"]
                         if f"{p}.w" in W
-                        else dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"]).astype(np.float64)
+                        else dequantize_weight(W[f"{p}.w_q"], W[f"{p}.w_scale"])
                     )
-                    b = np.asarray(W[f"{p}.b"], np.float64)
-                    if mul is not None:
-                        w = w * np.asarray(mul, np.float64)[None, :]
-                    if shift is not None:
-                        b = b - w @ np.asarray(shift, np.float64)
+                    w, b = fold_act_transform(w, W[f"{p}.b"], shift, mul)
                     add(f"{p}.w", f16(w))
                     add(f"{p}.b", f32(b))
                 if L.ln is not None:  # fused LN: params under the add_layernorm's output name
@@ -801,16 +795,17 @@ class CudaBackend:
         chk(cuda.cuStreamSynchronize(self.stream))
         return (time.perf_counter() - t0) / n * 1e6
 
-    def _capture(self, tb: int, steps: list):
-        """Warm up (compiles every kernel of the bucket) and capture one bucket's steps."""
-        # warm-up input: one sequence of tb tokens
-        V = int(self.spec.vocab_size)
-        rng = np.random.default_rng(tb)
-        ids = rng.integers(0, V, tb).astype(np.int32)
+    def _stage_random(self, tb: int, seed: int, normalize: bool = False) -> int:
+        """Stage one sequence of tb random tokens (host staging); returns the ints to copy."""
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, int(self.spec.vocab_size), tb).astype(np.int32)
         P = int(self.model.weights[self.plans[True]["launches"][0].op.weights["pos"]].shape[0])
         pos = (np.arange(tb) % P).astype(np.int32)
-        cu = np.array([0, tb], np.int32)
-        n, _ = self._stage(ids, pos, cu, False, tb)
+        return self._stage(ids, pos, np.array([0, tb], np.int32), normalize, tb)[0]
+
+    def _capture(self, tb: int, steps: list):
+        """Warm up (compiles every kernel of the bucket) and capture one bucket's steps."""
+        n = self._stage_random(tb, seed=tb)  # warm-up input: one sequence of tb tokens
         if self.eager:
             return None
         torch, drv, cuda = self.torch, self.drv, self._cu

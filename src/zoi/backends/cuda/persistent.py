@@ -479,12 +479,7 @@ def build_persistent_steps(backend, tb: int, cfg: dict | None = None, split: boo
 
 def _stage_one(backend, tb: int, seed: int = 0):
     """Stage one sequence of tb random tokens into d_in (device), as run() would."""
-    rng = np.random.default_rng(seed)
-    V = int(backend.spec.vocab_size)
-    P = int(backend.w["embed.pos"].shape[0])
-    ids = rng.integers(0, V, tb).astype(np.int32)
-    pos = (np.arange(tb) % P).astype(np.int32)
-    n, _ = backend._stage(ids, pos, np.array([0, tb], np.int32), True, tb)
+    n = backend._stage_random(tb, seed, normalize=True)
     backend.d_in[:n].copy_(backend.torch.from_numpy(backend.h_in[:n].copy()))
     if not backend.eager:  # the backend's stream does not sync with the legacy default one
         backend.torch.cuda.synchronize()

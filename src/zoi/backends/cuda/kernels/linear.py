@@ -5,8 +5,7 @@ One Triton kernel, specialised by constexpr flags:
 * ``QUANT`` 0: FP16 weights, ``tl.dot`` on fp16 operands with fp32 accumulation.
   1: INT8 weights, activations quantised per token *while loading* from the fp16
   activation buffer with ``amax`` read from ``a_amax_ptr`` (dynamic scheme, the producer
-  wrote it). 2: INT8 static scheme, ``amax = static_amax``. 3: A already int8 with
-  per-row scale in ``a_amax_ptr`` holding amax (used by the raw GEMM benchmark).
+  wrote it). 2: INT8 static scheme, ``amax = static_amax``. 4: A already int8 (below).
   The INT8 numerics are those of ``zoi.quant.primitives`` (ARCHITECTURE.md):
   ``inv = 127/amax`` (0 when amax == 0), ``q = clip(rint(x*inv), -127, 127)``,
   ``y = float(sum_k q*w_q) * (amax/127 * w_scale[n]) + b[n]``; the sum is int32, exact.
@@ -59,12 +58,12 @@ def _activation(y, ACT: tl.constexpr):
 
 @triton.jit
 def linear_kernel(
-    a_ptr,  # A [M, K] fp16 activations (QUANT 3: int8), row stride lda
-    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1, 3) or a_scale (QUANT 4)
+    a_ptr,  # A [M, K] fp16 activations (QUANT 4: int8), row stride lda
+    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1) or a_scale (QUANT 4)
     a_zp_ptr,  # [M] int32 per-row zero point of A (QUANT 4, ASYM)
     colsum_ptr,  # [N] int32 sum_k w_q[n, k] (QUANT 4, ASYM)
-    w_ptr,  # W [N, K] int8 (QUANT 1..3) or fp16 (QUANT 0), row-major (HF orientation)
-    ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1..3)
+    w_ptr,  # W [N, K] int8 (QUANT 1, 2, 4) or fp16 (QUANT 0), row-major (HF orientation)
+    ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1, 2, 4)
     b_ptr,  # [N] fp32 bias
     r_ptr,  # [M, N] residual (HAS_RES), row stride ldr
     lnw_ptr,  # [N] fp32 LayerNorm weight (LN)
@@ -151,7 +150,7 @@ def linear_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         for k in range(0, K, BLOCK_K):
             k_ok = (k + rk) < K
-            if QUANT >= 3:
+            if QUANT == 4:
                 q = tl.load(a_ptrs, mask=k_ok[None, :], other=0)
             else:
                 a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
