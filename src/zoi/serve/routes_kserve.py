@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from zoi.serve.http import ApiError, dumps, json_response, parse_json, read_body, timing_headers
+from zoi.serve.http import ApiError, dumps, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import ClientGone, Service
 
 ROUTE = "kserve"
@@ -31,7 +31,7 @@ HEADER = "inference-header-content-length"
 
 
 def error_response(e: ApiError):
-    return json_response({"error": e.message}, e.status)
+    return json_response({"error": e.message}, e.status, headers=error_headers(e))
 
 
 def deserialize_bytes(buf: bytes, count: int, name: str) -> list[bytes]:
@@ -172,7 +172,10 @@ def make_routes(svc: Service) -> list[Route]:
         return Response(status_code=200)
 
     async def ready(request: Request):
-        return Response(status_code=200 if svc.ready else 503)
+        ok, why = svc.can_admit()
+        if not ok:
+            return json_response({"error": f"degraded: {why}"}, 503)
+        return Response(status_code=200)
 
     async def model_meta(request: Request):
         try:
@@ -214,14 +217,13 @@ def make_routes(svc: Service) -> list[Route]:
 
     async def infer(request: Request):
         t0 = time.perf_counter()
+        admitted = False
         try:
             check_model(request)
+            # the whole body first: a client that stalls mid-body never holds a slot
+            body = await svc.read_request(request)
             svc.admit(ROUTE)
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        try:
-            body = await read_body(request, svc.config.payload_limit)
+            admitted = True
             req, texts = parse_infer_request(body, request.headers.get(HEADER))
             params = req.get("parameters") or {}
             if not isinstance(params, dict):
@@ -271,7 +273,8 @@ def make_routes(svc: Service) -> list[Route]:
             svc.metrics.failures.labels(ROUTE, "499").inc()
             return json_response({"error": "client went away"}, 499)
         finally:
-            svc.release()
+            if admitted:
+                svc.release()
 
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"
