@@ -54,12 +54,23 @@ def deserialize_bytes(buf: bytes, count: int, name: str) -> list[bytes]:
     return out
 
 
-def _flatten(data, out: list) -> None:
-    if isinstance(data, list):
-        for x in data:
-            _flatten(x, out)
-    else:
-        out.append(data)
+MAX_DATA_DEPTH = 32  # nesting of a tensor's `data` (a rank far beyond any real tensor)
+
+
+def _flatten(data, out: list, name: str = INPUT) -> None:
+    """Row-major elements of nested `data`, without recursion (deep nesting is a 422)."""
+    stack = [(data, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, list):
+            if depth >= MAX_DATA_DEPTH:
+                raise ApiError(
+                    "validation",
+                    f"input {name}: data is nested more than {MAX_DATA_DEPTH} levels deep",
+                )
+            stack.extend((y, depth + 1) for y in reversed(x))
+        else:
+            out.append(x)
 
 
 def _count(shape, name: str) -> int:
@@ -129,7 +140,7 @@ def parse_infer_request(body: bytes, header_len: str | None) -> tuple[dict, list
             if "data" not in t:
                 raise ApiError("validation", f"input {name}: no 'data' and no binary_data_size")
             items = []
-            _flatten(t["data"], items)
+            _flatten(t["data"], items, name)
             if len(items) != count:
                 raise ApiError(
                     "validation",
