@@ -234,9 +234,8 @@ def test_edited_artifact_refused(artifact, edit):
 
 
 def test_swapped_weights_or_tokenizer_refused(small_bert, artifact, tmp_path):
-    other = (
-        zoi.compile(small_bert, device="reference", max_tokens=64, precision="int8")
-        .save(tmp_path / "other")
+    other = zoi.compile(small_bert, device="reference", max_tokens=64, precision="int8").save(
+        tmp_path / "other"
     )
     shutil.copy(other / "weights.safetensors", artifact / "weights.safetensors")
     with pytest.raises(CheckpointError, match="weights"):

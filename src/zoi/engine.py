@@ -115,8 +115,10 @@ def _check_tokenizer_vocab(tokenizer: Tokenizer, spec: ModelSpec, source) -> Non
 
 
 def _check_quant(quant: dict[str, LinearQuant], where) -> None:
+    from zoi.quant.config import ACT_SCHEMES
+
     for p, q in quant.items():
-        if q.scheme not in ("dynamic", "static", "fp32"):
+        if q.scheme not in (*ACT_SCHEMES, "fp32"):
             raise CheckpointError(f"{where}: linear {p!r} has unknown scheme {q.scheme!r}")
         if q.scheme == "static":
             a = q.amax
