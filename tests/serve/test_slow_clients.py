@@ -187,6 +187,8 @@ def test_health_degraded_when_it_cannot_admit(small):
         time.sleep(0.05)
     assert r.status_code == 503 and "degraded" in r.json()["error"], r.text
     assert httpx.get(url + "/v2/health/ready").status_code == 503
+    # /tokenize shares the tokenizer thread: it is admitted like /embed
+    assert httpx.post(url + "/tokenize", json={"inputs": "x"}).status_code == 429
     for th in threads:
         th.join()
     assert [x.status_code for x in results] == [200, 200]

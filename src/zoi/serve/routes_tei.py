@@ -97,8 +97,12 @@ def make_routes(svc: Service) -> list[Route]:
                 svc.release()
 
     async def tokenize(request: Request):
+        admitted = False
         try:
-            body = parse_json(await svc.read_request(request))
+            raw = await svc.read_request(request)
+            svc.admit(ROUTE)  # it works on the shared tokenizer thread: bounded like /embed
+            admitted = True
+            body = parse_json(raw)
             texts = svc.check_texts(_inputs(body), "inputs")
             add_special = _flag(body, "add_special_tokens", True)
 
@@ -129,6 +133,9 @@ def make_routes(svc: Service) -> list[Route]:
             return error_response(e)
         except ClientGone:
             return json_response({"error": "client went away", "error_type": "Validation"}, 499)
+        finally:
+            if admitted:
+                svc.release()
 
     async def health(request: Request):
         ok, why = svc.can_admit()
