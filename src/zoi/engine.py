@@ -19,7 +19,7 @@ from zoi import integrity
 from zoi.backends import make_backend, resolve_device
 from zoi.errors import CheckpointError, InputError, NumericalError, ZoiError
 from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
-from zoi.frontend.paths import check_file
+from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer, pack
@@ -486,7 +486,7 @@ def load(
             max_batch = _check_count("max_batch", max_batch)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{folder / 'zoi.json'}: malformed artifact metadata ({e})") from e
     _check_quant(quant, folder / "zoi.json")
     if max_tokens is not None:
@@ -496,8 +496,10 @@ def load(
     check_file(folder / "weights.safetensors", folder)
     f = SafetensorsFile(folder / "weights.safetensors")
     weights = {n: f.get(n, float32=False) for n in f.names()}
-    check_file(folder / "tokenizer.json", folder)
-    tok_json = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    try:
+        tok_json = read_bytes(folder / "tokenizer.json", 1 << 30, folder).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{folder / 'tokenizer.json'}: not UTF-8 text ({e})") from e
     if not integrity.verify(folder, meta, f.metadata, weights, tok_json):
         log.warning(
             "zoi: %s was saved without integrity digests (an older zoi); edits to it cannot "
