@@ -15,8 +15,8 @@ import pytest
 from helpers import supported_isas
 
 from zoi import _cpu
-from zoi.backends import reference as ref
-from zoi.quant import primitives as qp
+from zoi.numerics import primitives as qp
+from zoi.numerics import reference as ref
 
 ISAS = supported_isas()
 ACTS = ["none", "gelu", "gelu_tanh", "relu", "sigmoid"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from zoi.frontend.spec import ModelSpec
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.quant import primitives as qp
+from zoi.numerics import primitives as qp
 
 
 def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray]:
@@ -179,7 +179,7 @@ def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
     ~2e-4, when the wiring of schemes and transforms is right). Eager or on the GPU."""
     import torch
 
-    from zoi.backends.reference import activation, linear_apply
+    from zoi.numerics.reference import activation, linear_apply
 
     ids, pos, cu = batch(np.random.default_rng(seed), lens, model.spec.vocab_size)
     T = len(ids)

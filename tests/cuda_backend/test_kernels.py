@@ -19,14 +19,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from zoi.backends import reference as ref  # noqa: E402
 from zoi.backends.cuda.kernels import attention as k_attn  # noqa: E402
 from zoi.backends.cuda.kernels import embed as k_embed  # noqa: E402
 from zoi.backends.cuda.kernels import layernorm as k_ln  # noqa: E402
 from zoi.backends.cuda.kernels import linear as k_lin  # noqa: E402
 from zoi.backends.cuda.kernels import pool as k_pool  # noqa: E402
 from zoi.backends.cuda.kernels import quantize as k_q  # noqa: E402
-from zoi.quant import primitives as qp  # noqa: E402
+from zoi.numerics import primitives as qp  # noqa: E402
+from zoi.numerics import reference as ref  # noqa: E402
 
 DEV = (
     "cuda"

@@ -49,7 +49,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from zoi.quant import primitives
+from zoi.numerics import primitives
 from zoi.quant.config import QuantConfig
 
 __all__ = [

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoi.errors import BackendUnavailableError, InputError
-from zoi.quant.primitives import dequantize_weight, fold_act_transform, weight_colsum
+from zoi.numerics.primitives import dequantize_weight, fold_act_transform, weight_colsum
 
 log = logging.getLogger("zoi")
 

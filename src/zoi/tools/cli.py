@@ -32,12 +32,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from zoi.quant.eval import main
+    from zoi.tools.eval import main
 
     return main(args)
 
 
-def main(argv=None) -> int:  # `python -m zoi.quant.cli eval ...` without the lead's CLI
+def main(argv=None) -> int:  # `python -m zoi.tools.cli eval ...` without the lead's CLI
     ap = argparse.ArgumentParser(prog="zoi")
     sub = ap.add_subparsers(dest="cmd", required=True)
     register(sub)
