@@ -1,4 +1,4 @@
-"""Every native kernel, every ISA this CPU supports, against zoi.backends.reference / zoi.quant.primitives.
+"""Every native kernel, every ISA this CPU supports, against zoi.numerics.reference / zoi.numerics.primitives.
 
 Outputs are poisoned (NaN / sentinel) before each call and must come back fully written.
 Shapes are awkward on purpose: 1 token, primes, K not a multiple of the block, N odd.

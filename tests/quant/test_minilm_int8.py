@@ -1,5 +1,5 @@
 """The real all-MiniLM-L6-v2, quantised with the default QuantConfig on zoi's calibration set,
-against its FP32 self on zoi's held-out eval set: issue 4's targets."""
+against its FP32 self on zoi's held-out eval set: the targets of docs/QUANT.md."""
 
 from __future__ import annotations
 

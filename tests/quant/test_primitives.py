@@ -1,4 +1,4 @@
-"""INT8 numerics of zoi.quant.primitives: exact integer accumulation, the documented rounding."""
+"""INT8 numerics of zoi.numerics.primitives: exact integer accumulation, the documented rounding."""
 
 from __future__ import annotations
 

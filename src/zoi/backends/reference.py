@@ -18,7 +18,8 @@ def run_graph(
 
 
 class ReferenceBackend:
-    """The numpy golden engine behind the Backend interface (float32 by default, or float64)."""
+    """The numpy golden engine behind the Backend interface (zoi.backends.base), float32 by
+    default, or float64."""
 
     name = "reference"
 
@@ -32,6 +33,10 @@ class ReferenceBackend:
         if normalize:
             out = l2_normalize(out)
         return np.ascontiguousarray(out, dtype=np.float32)
+
+    def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
+        out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
+        return out
 
     def memory(self) -> dict:
         return {

@@ -1,6 +1,6 @@
 """``zoi bench`` (run the harness) and ``zoi bench plot`` (draw PNGs from result files).
 
-The lead's ``zoi/cli.py`` calls ``register(subparsers)``; ``python -m zoi.bench`` works too.
+``zoi/cli.py`` calls ``register(subparsers)``; ``python -m zoi.bench`` works too.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The native CPU backend (zoi._cpu, C++): `CpuBackend` lives in backend.py."""
 
-from zoi.backends.cpu.backend import CpuBackend, cpu_info
+from zoi.backends.cpu.backend import CpuBackend
 
-__all__ = ["CpuBackend", "cpu_info"]
+__all__ = ["CpuBackend"]

@@ -4,7 +4,7 @@ At construction the op list of the CompiledModel is translated into a native Eng
 weights are packed into the micro-kernel layout of the ISA picked at import (AVX-512 VNNI,
 AVX-512BW, AVX2 or scalar; ``ZOI_CPU_ISA`` forces one), activations live in the planner's
 arena (one allocation, at construction), and a call runs every op in C++ on the shared pinned
-thread pool with the GIL released. INT8 linears reproduce ``zoi.quant.primitives`` (integer
+thread pool with the GIL released. INT8 linears reproduce ``zoi.numerics.primitives`` (integer
 accumulation exactly); fp32 linears (precision "fp32", or ``quant[p].scheme == "fp32"``) run
 the FP32 GEMM.
 """
@@ -18,9 +18,7 @@ import numpy as np
 from zoi import _cpu
 from zoi.graph.compiled import CompiledModel
 
-__all__ = ["CpuBackend", "cpu_info"]
-
-cpu_info = _cpu.cpu_info
+__all__ = ["CpuBackend"]
 
 
 def _prefix(op) -> str:
@@ -66,7 +64,7 @@ def _release_file_pages(arrays: list[np.ndarray]) -> int:
 
 
 class CpuBackend:
-    """Backend interface of docs/ARCHITECTURE.md over the native engine."""
+    """The Backend interface (zoi.backends.base) over the native engine."""
 
     name = "cpu"
 
@@ -163,7 +161,7 @@ class CpuBackend:
                     int(a["head_dim"]),
                     float(a["scale"]),
                 )
-            elif op.kind in ("add_layernorm", "layernorm"):
+            elif op.kind == "add_layernorm":
                 res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
                 eng.add_layernorm(
                     off[op.inputs[0]],
