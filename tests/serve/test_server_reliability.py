@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zoi.serve.loadtest import ServerProcess, run_load
+from zoi.bench.loadtest import ServerProcess, run_load
 
 from .serve_helpers import MODEL_NAME, cosine_rows, mixed_texts
 
@@ -100,7 +100,9 @@ def test_fuzz_routes_never_5xx(client, req):
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     raw=st.binary(max_size=200),
-    header_len=st.one_of(st.none(), st.integers(-5, 300).map(str), st.text(alphabet="0123456789 -+x", max_size=5)),
+    header_len=st.one_of(
+        st.none(), st.integers(-5, 300).map(str), st.text(alphabet="0123456789 -+x", max_size=5)
+    ),
 )
 def test_fuzz_kserve_binary_never_5xx(client, raw, header_len):
     head = json.dumps(
@@ -125,7 +127,7 @@ def test_fuzz_kserve_binary_never_5xx(client, raw, header_len):
 
 def test_kserve_deep_nesting_is_422(client):
     data = "[" * 1000 + '"x"' + "]" * 1000
-    body = '{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": %s}]}' % data
+    body = '{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ' + data + "}]}"
     r = client.post(INFER, content=body.encode())
     assert r.status_code == 422 and "nested" in r.json()["error"], r.text[:300]
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from zoi.serve.loadtest import ServerProcess
+from zoi.bench.loadtest import ServerProcess
 
 from .serve_helpers import host_port, metric
 
