@@ -3,7 +3,9 @@
     python lab/gpu/e2e_ab.py --out $OUT/e2e.json [--models minilm] [--shapes 32x128,256x128]
 
 "v1" builds the CudaBackend with the configurations of lab/gpu/configs_v1.py (the picks before
-the sweep, and the old LN fusion threshold), "new" with the kernels' current pick_config; both
+the sweep, LN fused into o / ffn2 from 2048 tokens, no ROWQ), "new" with the kernels' current
+pick_config, LN unfused, no ROWQ, "rowq" as "new" plus ffn1 writing ffn2's int8 copy (ROWQ,
+from 2048 tokens; its configs from --rowq-from, the sweep's winners, when given); both
 INT8 (the default artifact's structure: asym + act_mul, bench.quantize_linears) and FP16; plus
 PyTorch FP16 + CUDA graph as the peer. Host-observed latency (ids in host memory -> normalised
 embeddings in host memory, p50 over >= 200 calls) in alternating rounds (v1, new, v1, new, ...),
@@ -32,6 +34,35 @@ sys.path.insert(0, str(HERE.parents[1] / "src"))
 import configs_v1  # noqa: E402
 
 V1_FUSE_MIN_TOKENS = 2048
+
+
+@contextlib.contextmanager
+def plan_flags(fuse_ln, rowq):
+    from zoi.backends.cuda import backend as bmod
+
+    saved = (bmod.FUSE_LN, bmod.ROWQ)
+    bmod.FUSE_LN, bmod.ROWQ = fuse_ln, rowq
+    try:
+        yield
+    finally:
+        bmod.FUSE_LN, bmod.ROWQ = saved
+
+
+def load_rowq(path):
+    """The sweep's ROWQ winners -> kernels.linear._ROWQ (what pick_config(rowq=True) reads)."""
+    from zoi.backends.cuda.kernels import linear as k_lin
+
+    d = json.loads(Path(path).read_text())
+    table = {}
+    for r in d["summary"]:
+        k = r["key"]
+        if k[0] == "linear" and k[2] == "rowq":
+            m, layer, N, K, M = k[5]
+            c = r["best_cfg"]
+            t = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"])
+            table.setdefault(("int8", N, K), {})[M] = t
+    k_lin._ROWQ.update(table)
+    return table
 
 
 @contextlib.contextmanager
@@ -71,6 +102,7 @@ def main(argv=None):
     ap.add_argument("--variants", default="v1,new")
     ap.add_argument("--precisions", default="int8,fp16")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--rowq-from", default="", help="sweep JSON whose ROWQ winners to use")
     args = ap.parse_args(argv)
 
     import torch
@@ -79,6 +111,8 @@ def main(argv=None):
     from zoi.backends.cuda.backend import CudaBackend
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    if args.rowq_from and Path(args.rowq_from).exists():
+        print("ROWQ configs from the sweep:", load_rowq(args.rowq_from), flush=True)
     rng = np.random.default_rng(0)
     result = dict(
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -104,12 +138,16 @@ def main(argv=None):
             engines = {}
             for prec in args.precisions.split(","):
                 for var in args.variants.split(","):
+                    if prec == "fp16" and var == "rowq":
+                        continue  # no int8 consumers: the same engine as "new"
                     t0 = time.perf_counter()
                     m = bench.zoi_model(folder, prec, max_tokens=cap, max_batch=256)
                     ctx = v1_configs() if var == "v1" else contextlib.nullcontext()
                     kw = dict(fuse_min_tokens=V1_FUSE_MIN_TOKENS) if var == "v1" else {}
-                    with ctx:
+                    with ctx, plan_flags(fuse_ln=var == "v1", rowq=var == "rowq"):
                         engines[(prec, var)] = CudaBackend(m, buckets=buckets, **kw)
+                    mem = engines[(prec, var)].memory()
+                    print(f"  kernels/forward {mem['kernels_per_forward']}", flush=True)
                     print(
                         f"{name} {prec} {var}: built in {time.perf_counter() - t0:.1f}s", flush=True
                     )

@@ -72,6 +72,8 @@ def linear_shapes(models):
         ]
         if H <= MAX_FUSED_N:
             out += [(m, "o+ln", "ln", H, H), (m, "ffn2+ln", "ln", H, F)]
+        # ffn1 writing ffn2's int8 copy itself (ROWQ: programs own whole rows; INT8 only)
+        out.append((m, "ffn1+q", "rowq", F, H))
     return out
 
 
@@ -93,6 +95,8 @@ def linear_grid(prec, kind, N, M):
         bn = np2(N)
         bms = (16, 32, 64) if M <= 256 else (16, 32, 64, 128)
         grids.append((bms, (bn,), bks, (4, 8, 16), (2, 3)))
+    elif kind == "rowq":
+        grids.append(((16, 32, 64, 128), (64, 128, 256), bks[:2], (4, 8), (2, 3, 4)))
     else:
         small = ((16, 32), (32, 64, 128), bks, (4,), (3, 4))
         large = ((64, 128, 256), (64, 128, 256), bks, (4, 8), (3, 4))
@@ -228,7 +232,7 @@ class Linear:
         self.r = ctx.randn(M, N, dtype=f16) if ln else None
         self.lnw = 1 + ctx.randn(N, scale=0.1) if ln else None
         self.lnb = ctx.randn(N, scale=0.1) if ln else None
-        self.qo = ln and prec == "int8"
+        self.qo = (ln or kind == "rowq") and prec == "int8"
         self.mul = 0.5 + ctx.rand(N) if self.qo else None
         self.y = torch.empty((M, N), dtype=f16, device=ctx.dev)
         if self.qo:
@@ -267,7 +271,7 @@ class Linear:
             self.N,
             self.K,
             quant=4 if self.prec == "int8" else 0,
-            act="gelu" if self.kind == "gelu" else "none",
+            act="gelu" if self.kind in ("gelu", "rowq") else "none",
             eps=1e-12,
             ln=self.kind == "ln",
             cfg=cfg,
@@ -286,7 +290,7 @@ class Linear:
             else:
                 y = self.a.double() @ self.w.double().T
             y = y + self.b.double()[None, :]
-            if self.kind == "gelu":
+            if self.kind in ("gelu", "rowq"):
                 y = 0.5 * y * (1.0 + torch.erf(y * 0.7071067811865476))
             if self.kind == "ln":
                 y = y + self.r.double()
@@ -432,7 +436,7 @@ class Rows:
 
 
 # ---------------------------------------------------------------------------- jobs
-def plan(models, tiny=False):
+def plan(models, tiny=False, only=()):
     """Compile units: one per (what, static flags, config), each with the shapes it must pass."""
     units = {}
 
@@ -443,20 +447,24 @@ def plan(models, tiny=False):
 
     ms = [16, 48] if tiny else M_LIST
     for m, layer, kind, N, K in linear_shapes(models):
-        for prec in ("int8", "fp16"):
+        if only and kind not in only:
+            continue
+        for prec in ("int8",) if kind == "rowq" else ("int8", "fp16"):
             for M in ms:
+                if kind == "rowq" and M < 1024 and not tiny:
+                    continue
                 grid = linear_grid(prec, kind, N, M)
                 if tiny:
                     grid = grid[:2]
                 v1 = configs_v1.linear(M, N, K, prec == "int8", kind == "ln")
                 from zoi.backends.cuda.kernels import linear as k_lin
 
-                cur = k_lin.pick_config(M, N, K, prec == "int8", kind == "ln")
-                for c in grid + [v1, cur]:
+                cur = k_lin.pick_config(M, N, K, prec == "int8", kind == "ln", rowq=kind == "rowq")
+                for c in grid + ([] if kind == "rowq" else [v1]) + [cur]:
                     bn_tag = c["BLOCK_N"] if kind == "ln" else 0
                     prio = (0 if M in (4096, 32768) else 1) + (0 if m == "minilm" else 2)
                     add(("linear", prec, kind, bn_tag, key(c)), prio, (m, layer, N, K, M))
-    for m in models:
+    for m in models if not only else []:
         H, F, heads, D = MODELS[m]
         for T in [128, 256] if tiny else ATT_T:
             grid = att_grid(T)[:2] if tiny else att_grid(T)
@@ -582,6 +590,8 @@ def ops_bytes(ukey, shape):
         by = M * K * ea + N * K * ea + 2 * M * N
         if kind == "ln":
             by += 2 * M * N + (M * N if prec == "int8" else 0)
+        if kind == "rowq":
+            by += M * N  # the int8 copy (the fp16 y is written too, re-read from L2)
         return 2 * M * N * K, by
     if ukey[0] == "attention":
         m, heads, D, T = shape
@@ -600,6 +610,7 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for both phases")
     ap.add_argument("--compile-share", type=float, default=0.6)
     ap.add_argument("--tiny", action="store_true", help="CPU/interpreter self-check of this script")
+    ap.add_argument("--only", default="", help="linear kinds only (plain,gelu,ln,rowq)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     models = args.models.split(",")
@@ -608,7 +619,7 @@ def main(argv=None):
         MODELS.update({"minilm": (48, 96, 2, 24), "bert-base": (80, 160, 2, 40)})
         global MAX_FUSED_N
         MAX_FUSED_N = 64
-    units = plan(models, args.tiny)
+    units = plan(models, args.tiny, tuple(k for k in args.only.split(",") if k))
     order = sorted(units, key=lambda k: (units[k]["prio"], str(k[:3])))
     print(f"{len(units)} compile units, workers {args.workers}", flush=True)
 
@@ -697,7 +708,9 @@ def main(argv=None):
                     kind=kind,
                     v1=cfg == configs_v1.linear(M, N, K, prec == "int8", kind == "ln"),
                 )
-                row["current"] = cfg == k_lin.pick_config(M, N, K, prec == "int8", kind == "ln")
+                row["current"] = cfg == k_lin.pick_config(
+                    M, N, K, prec == "int8", kind == "ln", rowq=kind == "rowq"
+                )
                 row["tops"] = ops / us / 1e6
             elif uk[0] == "attention":
                 m, heads, D, T = shape
