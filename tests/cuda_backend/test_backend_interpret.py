@@ -35,9 +35,17 @@ def _backend(model, **kw):
     return CudaBackend(model, interpret=True, **kw)
 
 
+@pytest.fixture
+def rowq(monkeypatch):
+    """ROWQ (ffn1 writes ffn2's int8 copy) on: off by default (slower on the H200), tested."""
+    from zoi.backends.cuda import backend as bmod
+
+    monkeypatch.setattr(bmod, "ROWQ", True)
+
+
 @pytest.mark.parametrize("ln_fused", [False, True])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_forward_matches_reference(precision, ln_fused, monkeypatch):
+def test_forward_matches_reference(precision, ln_fused, monkeypatch, rowq):
     from zoi.backends.cuda import backend as bmod
 
     monkeypatch.setattr(bmod, "FUSE_LN", ln_fused)  # off by default (slower on the H200)
@@ -75,6 +83,15 @@ def test_forward_matches_reference(precision, ln_fused, monkeypatch):
             tol = 5e-3 if precision == "fp16" else 3e-2
             assert rel(got, want) < tol, (lens, norm)
             assert min_cosine(got, want) > (0.9999 if precision == "fp16" else 0.999)
+
+
+def test_default_plans_have_no_ln_fusion_and_no_rowq():
+    """Defaults measured on the H200: LN unfused, no ROWQ, so both plans are the same list."""
+    model = tiny_model("int8")
+    be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)
+    kinds = [[(la.kind, la.quant) for la in be.plans[f]["launches"]] for f in (False, True)]
+    assert kinds[0] == kinds[1]
+    assert not any(la.ln is not None for la in be.plans[True]["launches"] if la.kind == "linear")
 
 
 def test_batched_equals_one_at_a_time():
@@ -138,7 +155,7 @@ def _kinds(be, fused):
         ({"activations": "dynamic"}, {"dynamic", "act_mul"}),
     ],
 )
-def test_default_quant_config_artifact_matches_reference(config, needs):
+def test_default_quant_config_artifact_matches_reference(config, needs, rowq):
     """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
     as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul."""
     assert BACKEND_QUANT_FEATURES["cuda"] is None  # cuda runs every feature: no narrowing
@@ -175,7 +192,7 @@ def test_default_quant_config_artifact_matches_reference(config, needs):
     print(f"{config}: worst rel {worst:.2e}")
 
 
-def test_mixed_schemes_transforms_and_float_linears():
+def test_mixed_schemes_transforms_and_float_linears(rowq):
     """Every scheme and transform in one model: asym / sym / static, act_mul with and without
     act_shift on whole-row and tile producers, a float linear and a weight-only INT8 linear
     with an act_mul (folded into the fp16 weights at pack time)."""

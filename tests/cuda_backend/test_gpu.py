@@ -50,6 +50,7 @@ def test_forward_matches_reference(precision, shape, ln_fused, monkeypatch):
     from zoi.backends.cuda import backend as bmod
 
     monkeypatch.setattr(bmod, "FUSE_LN", ln_fused)  # LN in the o / ffn2 epilogue: off by default
+    monkeypatch.setattr(bmod, "ROWQ", precision == "int8")  # ROWQ too (off by default)
     kw = MINILM if shape == "minilm" else {}
     model = tiny_model(precision, max_tokens=512, max_batch=64, **kw)
     be = _be(model, fuse_min_tokens=128)  # buckets 16..64 unfused, 128..512 fused (ROWQ)
@@ -174,8 +175,11 @@ def test_weight_only_artifact():
 
 @pytest.mark.parametrize("rowq", [False, True])
 @pytest.mark.parametrize("which", ["default", "mixed"])
-def test_every_linear_matches_the_emulation_on_its_own_input(which, rowq):
+def test_every_linear_matches_the_emulation_on_its_own_input(which, rowq, monkeypatch):
     """rowq: every bucket runs the fused plan, where ffn1 writes ffn2's int8 copy itself."""
+    from zoi.backends.cuda import backend as bmod
+
+    monkeypatch.setattr(bmod, "ROWQ", rowq)
     if which == "default":
         kw = dict(hidden=384, heads=12, inter=1536, layers=2)
         model = default_quant_model(max_tokens=256, max_batch=32, shape=kw, smooth_shift=True)

@@ -48,10 +48,12 @@ MAX_FUSED_N = 512  # LN fused into a linear's epilogue only when a row fits one 
 # 20261201T0959Z) found the fused launch slower than linear + add_layernorm at every bucket
 # (minilm INT8 ffn2 at 32768 tokens: 181.8 us fused vs 46.7 + 30.6; at 4096: 41.3 vs 8.4 + 5.6)
 FUSE_LN = False
-# from this bucket on (the "fused" plan): ffn1 writes the int8 copy ffn2 reads (ROWQ: its
-# programs own whole rows), instead of a quantize launch re-reading ffn1's fp16 output
-FUSE_MIN_TOKENS = 2048
-ROWQ = True
+FUSE_MIN_TOKENS = 2048  # the "fused" plan (LN fused / ROWQ where switched on) from this bucket
+# ROWQ: ffn1 writes the int8 copy ffn2 reads (its programs own whole rows, loop over N), no
+# quantize launch. Off: measured slower on the H200 (gpu_sweep_rowq_20261201T1023Z: minilm
+# ffn1+copy 44.2 us at 4096 tokens vs 18.8 + 9.6 for ffn1 + quantize; 245.7 vs 191.6 at 32768;
+# end to end 256x128 INT8 3243 vs 2927 us): a program walks its 12 N tiles one after another.
+ROWQ = False
 PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 tokens, slower at 128+
 # buckets up to this many tokens run the whole forward as ONE persistent launch (fp16 weights;
 # kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 kernel nodes
