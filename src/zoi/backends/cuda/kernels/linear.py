@@ -24,7 +24,12 @@ One Triton kernel, specialised by constexpr flags:
   asymmetric one stored as ``q_u8 - 128`` and the exact integer sum is
   ``dot(q_s, w) + (128 - zp[t]) * colsum[n]`` (``colsum[n] = sum_k w_q[n, k]``, int32,
   packed with the weights) == ``primitives.int8_matmul_asym_exact``.
-* ``Q_OUT`` (LN mode only): also write y quantised per token for the next INT8 linear
+* ``ROWQ``: no LN, but each program owns BLOCK_M whole rows (loops over the N tiles, storing
+  y), then reads its rows back and writes their int8 copy (``quantize.q_stats`` /
+  ``q_params`` / ``q_apply``: the same numerics as ``quant_rows`` on the stored fp16 y), so
+  that ffn2 needs no quantize launch. Measured slower than ffn1 + quantize on the H200 (the
+  N tiles run one after another in a program): the backend keeps it off (``ROWQ``).
+* ``Q_OUT`` (LN mode, or ROWQ): also write y quantised per token for the next INT8 linear
   (``quantize.quant_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
   act_shift / act_mul applied first), with a_scale (and zp) per row, so that it runs as
   QUANT 4 (a pure int8 GEMM, no conversion in its main loop).
@@ -538,9 +543,23 @@ def pick_config(
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
 
 
-# ROWQ (a linear that writes the int8 copy of its output: ffn1 -> ffn2): not yet swept; rows
-# per program so that the grid has >= ~128 programs, 128-wide N tiles.
-_ROWQ: dict = {}
+# ROWQ (a linear that writes the int8 copy of its output: ffn1 -> ffn2; off in the backend, as
+# it measured slower than ffn1 + a quantize launch): the sweep's winners (gpu_sweep_rowq_
+# 20261201T1023Z), us: minilm 44.2 at 4096, 245.7 at 32768; bert-base 112.6 / 566.0.
+_ROWQ: dict = {
+    ("int8", 1536, 384): {
+        1024: (16, 256, 64, 8, 3),
+        4096: (16, 256, 128, 8, 2),
+        16384: (64, 128, 128, 4, 4),
+        32768: (128, 64, 64, 4, 4),
+    },
+    ("int8", 3072, 768): {
+        1024: (16, 256, 128, 4, 3),
+        4096: (16, 256, 128, 4, 3),
+        16384: (64, 128, 128, 4, 4),
+        32768: (128, 64, 64, 4, 4),
+    },
+}
 
 
 def _rowq_config(M: int, N: int, K: int, quant: bool) -> dict:
