@@ -366,6 +366,8 @@ NB_MODULE(_cpu, m) {
     d["isa"] = zoi::isa_name(kt.isa);
     d["i8_kgroup"] = kt.i8_kgroup;
     d["i8_a_bytes"] = kt.i8_a_bytes;
+    d["i8_a_off_sym"] = kt.i8_a_off_sym;
+    d["i8_a_off_asym"] = kt.i8_a_off_asym;
     d["i8_panel"] = kt.i8_panel;
     d["f32_panel"] = kt.f32_panel;
     return d;
