@@ -70,7 +70,7 @@ inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
 using IV = __m256i;
 // 5 x 2 ymm accumulators + 2 weight vectors + a, |a|, a temporary and the ones: all 16 ymm
 // registers (6 x 2 spills two accumulators to the stack every k-group: 4% slower at M = 4096,
-// equal at M <= 128, interleaved runs on Zen 4)
+// equal at M <= 128, interleaved runs on the EPYC dev VM)
 constexpr int LANES = 8, MR = 5, NB = 2;
 struct ARow { IV a, abs; };  // broadcasts of 4 s8 of one A row and of their |a|
 inline ARow arow(const uint8_t* p, int ldq) {
