@@ -223,7 +223,7 @@ void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
     if (w[i] == -128)
       throw std::invalid_argument("INT8 weight -128 at row " + std::to_string(i / K) + ", column " +
                                   std::to_string(i % K) + ": zoi's weights are symmetric, in [-127, 127] "
-                                  "(zoi.quant.primitives.quantize_weight); re-quantise the model");
+                                  "(zoi.numerics.primitives.quantize_weight); re-quantise the model");
   WE* d = static_cast<WE*>(dst);
   for (int p = 0; p < Np / PW; ++p)
     for (int g = 0; g < Kp / KG; ++g)

@@ -18,7 +18,7 @@ enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, AC
 // ---- INT8 GEMM:
 //   y[m,n] = act(float(sum_k a[m,k] w[n,k] - zp[m] * colsum[n]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
 // Activations arrive quantised by quantize_rows / a fused LayerNorm / embedding, as stored
-// integers a = q + off with a stored per-row zero point zp' = zp + off (zoi.quant.primitives
+// integers a = q + off with a stored per-row zero point zp' = zp + off (zoi.numerics.primitives
 // numerics; symmetric q in [-127, 127] with zp = 0, asymmetric q in [0, 255] with the token's zp):
 //   vnni:          u8,  off = 128 (symmetric) / 0 (asymmetric)
 //   avx512, avx2:  s8,  off = 0 / -128, each row followed by |a| (u8): rows of 2 * Kp bytes

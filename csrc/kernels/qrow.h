@@ -1,5 +1,5 @@
 // Per-row INT8 quantisation into the ISA's GEMM A format (see kernels.h), exactly
-// zoi.quant.primitives (every step in float32, round half to even):
+// zoi.numerics.primitives (every step in float32, round half to even):
 //   x' = (x - shift) * mul                                   (optional, two roundings)
 //   symmetric:  amax = max|x'| (or the static amax), inv = 127 / amax (amax 0 -> q 0, scale 0),
 //               q = clip(rint(x' * inv), -127, 127), scale = amax / 127
