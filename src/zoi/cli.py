@@ -64,7 +64,26 @@ def system_info() -> dict:
     return info
 
 
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        if len(v) > 4:
+            return f"[{len(v)} values]"
+        return "[" + " ".join(_short(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}={_short(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def quant_details(info: dict) -> str:
+    """One linear's quantisation record as `key=value` pairs: numbers rounded, long lists
+    (per-channel scales) summarised by their length, nothing cut mid-word."""
+    return ", ".join(f"{k}={_short(v)}" for k, v in info.items()) if info else "-"
+
+
 def cmd_info(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     con = _console()
@@ -95,17 +114,21 @@ def cmd_info(args) -> int:
             con.print(t)
             if meta.get("quant"):
                 q = Table(title="quantisation per linear")
-                for c in ("linear", "scheme", "details"):
-                    q.add_column(c)
+                q.add_column("linear", no_wrap=True)
+                q.add_column("scheme", no_wrap=True)
+                q.add_column("details", overflow="fold")
                 for name, lq in meta["quant"].items():
-                    q.add_row(name, lq.get("scheme", "?"), json.dumps(lq.get("info", {}))[:80])
+                    q.add_row(
+                        name, lq.get("scheme", "?"), escape(quant_details(lq.get("info", {})))
+                    )
                 con.print(q)
             if args.json:
                 print(json.dumps({**meta, "arena_bytes": plan.arena_bytes}, indent=1))
             return 0
         from zoi.frontend import load_spec
+        from zoi.frontend.hub import resolve_model
 
-        spec = load_spec(p)
+        spec = load_spec(resolve_model(args.path))
         for k, v in spec.to_dict().items():
             t.add_row(k, str(v))
         con.print(t)
@@ -114,8 +137,6 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    from rich.markup import escape
-
     t = Table(title="zoi info", show_header=False)
     t.add_row("CPU", info["cpu"])
     t.add_row("cores", f"{info['cores']} ({info['usable_cores']} usable)")
@@ -174,20 +195,47 @@ def _read_texts(args) -> list[str]:
     return [ln.rstrip("\n") for ln in sys.stdin if ln.strip()]
 
 
+OUTPUT_FORMATS = {".json": "JSON", ".npy": "a numpy array", ".csv": "CSV, one row per text"}
+PROGRESS_AUTO_TEXTS = 100  # `zoi encode` shows a bar by itself above this many texts on a tty
+
+
+def _output_format(path: str | None) -> str | None:
+    """The format `-o PATH` asks for, from its extension; unknown extensions are refused
+    (before any work) rather than silently written as JSON."""
+    if path is None:
+        return None
+    ext = Path(path).suffix.lower()
+    if ext not in OUTPUT_FORMATS:
+        known = ", ".join(f"{k} ({v})" for k, v in OUTPUT_FORMATS.items())
+        raise ValueError(
+            f"-o {path}: unknown output format {ext or '(no extension)'!r}; name the file "
+            f"with one of {known}"
+        )
+    return ext
+
+
 def cmd_encode(args) -> int:
+    fmt = _output_format(args.output)
     texts = _read_texts(args)
     eng = _open_engine(args, progress=False)
     norm = None if args.normalize is None else args.normalize == "yes"
+    show = args.progress
+    if show is None:
+        show = len(texts) > PROGRESS_AUTO_TEXTS and sys.stderr.isatty()
     emb = eng.encode(
         texts,
         batch_size=args.batch_size,
         normalize_embeddings=norm,
-        show_progress_bar=len(texts) > 1000 and sys.stderr.isatty(),
+        show_progress_bar=show,
         truncate=not args.no_truncate,
     )
-    if args.output and args.output.endswith(".npy"):
+    if fmt == ".npy":
         np.save(args.output, emb)
         print(f"wrote {emb.shape} float32 to {args.output}", file=sys.stderr)
+        return 0
+    if fmt == ".csv":
+        np.savetxt(args.output, emb.reshape(len(texts), -1), fmt="%.9g", delimiter=",")
+        print(f"wrote {len(texts)} embeddings as CSV rows to {args.output}", file=sys.stderr)
         return 0
     payload = json.dumps(
         {
@@ -339,7 +387,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="*")
     p.add_argument("--file", "-f", default=None, help="one text per line ('-' for stdin)")
     p.add_argument(
-        "--output", "-o", default=None, help="write .json or .npy (default: JSON to stdout)"
+        "--output",
+        "-o",
+        default=None,
+        help="write .json, .npy or .csv (one row per text); default: JSON to stdout",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"progress bar on stderr (default: on a terminal, above {PROGRESS_AUTO_TEXTS} texts)",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
