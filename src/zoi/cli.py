@@ -189,10 +189,11 @@ def cmd_compile(args) -> int:
 def _read_texts(args) -> list[str]:
     if args.texts:
         return list(args.texts)
+    # one text per line, blank lines included: row i of the output is line i of the input
     if args.file and args.file != "-":
         with open(args.file, encoding="utf-8") as fh:
-            return [ln.rstrip("\n") for ln in fh if ln.strip()]
-    return [ln.rstrip("\n") for ln in sys.stdin if ln.strip()]
+            return [ln.rstrip("\n") for ln in fh]
+    return [ln.rstrip("\n") for ln in sys.stdin]
 
 
 OUTPUT_FORMATS = {".json": "JSON", ".npy": "a numpy array", ".csv": "CSV, one row per text"}
