@@ -3,7 +3,7 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|quick] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|quick|e2e|arena] ...   (several stages may be given)
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -81,6 +81,19 @@ if has bench || has quick; then
   [[ -n "${BENCH_ARGS:-}" ]] && extra+=(${BENCH_ARGS})
   timeout 500 $PY -m zoi.backends.cuda.bench --out "$OUT/gpu_bench_${STAMP}.json" "${extra[@]}" 2>&1 \
     | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if has e2e; then  # texts in host memory -> embeddings in host memory (tokenising included), vs run_packed
+  log "end to end: encode(texts) vs run_packed(ids)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${E2E_TIMEOUT:-240}" $PY -m zoi.bench.e2e --device cuda --precision "${E2E_PRECISIONS:-fp16}" \
+    --shapes "${E2E_SHAPES:-1x128,32x128,256x128,mixed1000}" --reps 10 --rounds 5 ${E2E_ST:+--st} \
+    --out "$OUT/gpu_e2e_${STAMP}.json" 2>&1 | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if has arena; then  # the product call: the default max_tokens is the smallest arena within 5% of the best at 256x128
+  log "arena sweep (minilm 256x128 at several max_tokens)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  for mt in ${ARENA_SIZES:-8192 16384 32768}; do
+    timeout 150 $PY -m zoi.backends.cuda.bench --models minilm --shapes 256x128 --no-gemm --no-variants \
+      --max-tokens "$mt" --out "$OUT/gpu_arena_${mt}_${STAMP}.json" 2>&1 | tail -6 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  done
 fi
 log "done (tests rc=$rc)" | tee -a "$OUT/gpu_check_${STAMP}.log"
 exit $rc
