@@ -38,6 +38,7 @@ struct Batch {
   const size_t* n;
   int B;
   bool truncate;
+  int max_len;
   int nblocks;
   std::vector<std::vector<int32_t>>* blocks;
   int32_t* lens;
@@ -47,7 +48,7 @@ struct Batch {
   void block(int b, std::vector<int32_t>& out) {
     for (int i = b * kBlock, e = std::min(B, (b + 1) * kBlock); i < e; ++i) {
       const size_t mark = out.size();
-      if (!tok->encode(s[i], n[i], truncate, out)) {
+      if (!tok->encode(s[i], n[i], truncate, out, max_len)) {
         out.resize(mark);
         int cur = bad.load();
         while (i < cur && !bad.compare_exchange_weak(cur, i)) {
@@ -80,7 +81,9 @@ struct Batch {
 }
 
 nb::tuple encode_packed(const zoi::tok::WordPiece& tok, nb::handle texts, bool truncate, int position_offset,
-                        int nthreads) {
+                        int nthreads, int max_len) {
+  if (max_len > 0 && max_len < tok.num_special())
+    throw nb::value_error("max_len is smaller than the special tokens the template adds");
   if (PyUnicode_Check(texts.ptr()) || PyBytes_Check(texts.ptr()))
     throw nb::type_error("expected a list of str, got a single str");
   nb::object tup = nb::steal(PySequence_Tuple(texts.ptr()));  // holds every text while the GIL is released
@@ -121,7 +124,7 @@ nb::tuple encode_packed(const zoi::tok::WordPiece& tok, nb::handle texts, bool t
       ids->reserve(total / 3 + 4 * B + 16);
       for (Py_ssize_t i = 0; i < B; ++i) {
         const size_t mark = ids->size();
-        if (!tok.encode(s[i], n[i], truncate, *ids)) {
+        if (!tok.encode(s[i], n[i], truncate, *ids, max_len)) {
           ids->resize(mark);
           if (bad < 0) bad = static_cast<int>(i);
         }
@@ -129,7 +132,7 @@ nb::tuple encode_packed(const zoi::tok::WordPiece& tok, nb::handle texts, bool t
       }
     } else {
       std::vector<std::vector<int32_t>> blocks(nblocks);
-      Batch j{&tok, s.data(), n.data(), static_cast<int>(B), truncate, nblocks, &blocks, L};
+      Batch j{&tok, s.data(), n.data(), static_cast<int>(B), truncate, max_len, nblocks, &blocks, L};
       zoi::ThreadPool::instance().run(&Batch::job, &j, nt);
       size_t T = 0;
       for (auto& b : blocks) T += b.size();
@@ -185,10 +188,11 @@ void bind_tokenizer(nb::module_& m) {
            "strip_accents"_a, "lowercase"_a, "prefix"_a, "max_input_chars_per_word"_a, "unk_id"_a, "head"_a,
            "tail"_a, "max_len"_a)
       .def("encode_packed", &encode_packed, "texts"_a, "truncate"_a = true, "position_offset"_a = 0,
-           "nthreads"_a = 0,
+           "nthreads"_a = 0, "max_len"_a = 0,
            "(ids, positions, cu_seqlens, bad): texts packed in order (int32); bad is the index of the first "
-           "text over max_len when truncate=False (else -1; that text's ids are left out). nthreads 0: the "
-           "pool for big batches, else the calling thread. Thread-safe; the GIL is released.")
+           "text over max_len (0: the tokenizer's) when truncate=False (else -1; that text's ids are left "
+           "out). nthreads 0: the pool for big batches, else the calling thread. Thread-safe; the GIL is "
+           "released.")
       .def_prop_ro("vocab_size", &zoi::tok::WordPiece::vocab_size)
       .def_prop_ro("num_special", &zoi::tok::WordPiece::num_special)
       .def_prop_ro("max_len", [](const zoi::tok::WordPiece& t) { return t.config().max_len; });

@@ -321,11 +321,11 @@ size_t WordPiece::match_added(const char* s, size_t n, size_t at, int32_t* id) c
   return best;
 }
 
-bool WordPiece::encode(const char* s, size_t n, bool truncate, std::vector<int32_t>& out) const {
+bool WordPiece::encode(const char* s, size_t n, bool truncate, std::vector<int32_t>& out, int max_len) const {
   thread_local Scratch sc;
   sc.out = &out;
   sc.count = 0;
-  sc.limit = cfg_.max_len - num_special();
+  sc.limit = std::max(0, (max_len > 0 ? max_len : cfg_.max_len) - num_special());
   sc.truncate = truncate;
   sc.stop = sc.over = false;
   out.insert(out.end(), cfg_.head.begin(), cfg_.head.end());

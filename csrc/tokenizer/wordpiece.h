@@ -36,9 +36,9 @@ class WordPiece {
             const std::vector<std::string>& added, const std::vector<int32_t>& added_ids, Config cfg);
 
   // Tokenise one UTF-8 text (valid UTF-8), appending its ids (head + content + tail) to out.
-  // truncate: content cut to max_len - specials. Else a text over the limit returns false
-  // (out then holds a partial sequence; the caller drops it).
-  bool encode(const char* s, size_t n, bool truncate, std::vector<int32_t>& out) const;
+  // truncate: content cut to max_len - specials (max_len <= 0: the config's). Else a text over
+  // the limit returns false (out then holds a partial sequence; the caller drops it).
+  bool encode(const char* s, size_t n, bool truncate, std::vector<int32_t>& out, int max_len = 0) const;
 
   const Config& config() const { return cfg_; }
   int num_special() const { return static_cast<int>(cfg_.head.size() + cfg_.tail.size()); }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,8 @@ class Tokenizer:
         self.max_chars = CHARS_PER_POSITION * max_positions
         self.native = None
         self.fallback_reason = ""
+        self._lock = threading.Lock()
+        self._hf_limits: dict = {}
         want = os.environ.get("ZOI_TOKENIZER", "auto").strip().lower()
         if want not in ("auto", "native", "hf"):
             raise ValueError(f"ZOI_TOKENIZER must be auto, native or hf, got {want!r}")
@@ -115,31 +118,57 @@ class Tokenizer:
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str")
         return items
 
-    def _over(self, i: int, n: int | None = None) -> InputError:
-        has = f"{n} tokens" if n is not None else "more tokens than that"
+    def _over(self, i: int, n: int | str, limit: int | None = None) -> InputError:
+        if limit is None or limit >= self.max_positions:
+            what = f"the model's limit of {self.max_positions}"
+        else:
+            what = f"the engine's limit of {limit} (its max_tokens)"
         return InputError(
-            f"texts[{i}] has {has}, over the model's limit of {self.max_positions} "
-            "(special tokens included); shorten it or pass truncate=True"
+            f"texts[{i}] has {n} tokens, over {what} (special tokens included); "
+            "shorten it or pass truncate=True"
         )
 
     def encode_packed(
-        self, texts, truncate: bool = True, nthreads: int = 0
+        self, texts, truncate: bool = True, nthreads: int = 0, max_len: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All texts packed in order: (ids[T], positions[T], cu_seqlens[B+1]), int32. One
-        native call (GIL released) with the native tokenizer; texts is a list of str."""
+        native call (GIL released) with the native tokenizer; texts is a list of str.
+        max_len: a tighter limit than the model's (an engine with max_tokens below it)."""
+        limit = self.max_positions if max_len is None else min(int(max_len), self.max_positions)
         if self.native is None:
-            return pack(self.encode_ids(self.check_texts(texts), truncate), self.position_offset)
+            seqs = self._hf_encode(self.check_texts(texts), truncate, limit)
+            return pack(seqs, self.position_offset)
         try:
             ids, pos, cu, bad = self.native.encode_packed(
-                texts, bool(truncate), self.position_offset, nthreads
+                texts, bool(truncate), self.position_offset, nthreads, limit
             )
         except ValueError as e:  # a lone surrogate: name the text
             raise InputError(str(e)) from None
-        if bad >= 0:
-            raise self._over(bad)
+        if bad >= 0:  # the error path counts that text's tokens (up to a cap) for the message
+            cap = max(64 * limit, 1 << 16)
+            n = len(self.native.encode_packed([texts[bad]], True, 0, 1, cap)[0])
+            raise self._over(bad, n if n < cap else f"at least {cap}", limit)
         return ids, pos, cu
 
-    def _hf_encode(self, texts: list[str], truncate: bool) -> list[np.ndarray]:
+    def _hf_for(self, limit: int):
+        """An HF instance truncating at `limit` (settings fixed per instance: thread-safe)."""
+        if limit >= self.max_positions:
+            return self._hf_trunc
+        with self._lock:
+            tok = self._hf_limits.get(limit)
+            if tok is None:
+                from tokenizers import Tokenizer as HFTokenizer
+
+                tok = HFTokenizer.from_str(self.json)
+                tok.no_padding()
+                tok.enable_truncation(limit)
+                self._hf_limits[limit] = tok
+            return tok
+
+    def _hf_encode(
+        self, texts: list[str], truncate: bool, limit: int | None = None
+    ) -> list[np.ndarray]:
+        limit = self.max_positions if limit is None else limit
         if not truncate:
             for i, t in enumerate(texts):
                 if len(t) > self.max_chars:
@@ -148,7 +177,7 @@ class Tokenizer:
                         f"({CHARS_PER_POSITION} x {self.max_positions} positions); shorten it or pass truncate=True"
                     )
         clipped = [t if len(t) <= self.max_chars else t[: self.max_chars] for t in texts]
-        tok = self._hf_trunc if truncate else self._hf_full
+        tok = self._hf_for(limit) if truncate else self._hf_full
         try:
             encs = tok.encode_batch(clipped, add_special_tokens=True)
         except TypeError:
@@ -164,16 +193,19 @@ class Tokenizer:
         out = []
         for i, e in enumerate(encs):
             ids = np.asarray(e.ids, dtype=np.int32)
-            if len(ids) > self.max_positions:
-                raise self._over(i, len(ids))
+            if len(ids) > limit:
+                raise self._over(i, len(ids), limit)
             out.append(ids)
         return out
 
-    def encode_ids(self, texts: list[str], truncate: bool = True) -> list[np.ndarray]:
+    def encode_ids(
+        self, texts: list[str], truncate: bool = True, max_len: int | None = None
+    ) -> list[np.ndarray]:
         """Token ids (int32 arrays, special tokens included) of each text, in order."""
         if self.native is None:
-            return self._hf_encode(texts, truncate)
-        ids, _, cu = self.encode_packed(texts, truncate)
+            limit = self.max_positions if max_len is None else min(max_len, self.max_positions)
+            return self._hf_encode(texts, truncate, limit)
+        ids, _, cu = self.encode_packed(texts, truncate, max_len=max_len)
         return np.split(ids, cu[1:-1]) if len(texts) else []
 
     def count_tokens(self, texts: list[str], truncate: bool = True) -> list[int]:
