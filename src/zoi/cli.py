@@ -364,7 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="texts per engine call at most (default: chunks by token budget, up to max_tokens)",
+    )
     p.add_argument(
         "--normalize", choices=["yes", "no"], default=None, help="default: as the model says"
     )
