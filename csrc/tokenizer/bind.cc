@@ -71,8 +71,8 @@ struct Batch {
     if (c >= 0xD800 && c <= 0xDFFF) {
       char msg[256];
       std::snprintf(msg, sizeof msg,
-                    "texts[%lld] holds a lone surrogate (U+%04X) at character %lld, which is not valid Unicode; "
-                    "decode the source with errors='replace' (or drop the character) before encoding",
+                    "texts[%lld] is not valid Unicode text (a lone surrogate U+%04X at character %lld); "
+                    "decode it with errors='replace' or fix its source",
                     static_cast<long long>(i), static_cast<unsigned>(c), static_cast<long long>(k));
       throw nb::value_error(msg);
     }

@@ -205,7 +205,7 @@ bool WordPiece::segment(const char* s8, size_t n, Scratch& sc) const {
   sc.word_chars = 0;
   sc.run.clear();
   auto end_word = [&]() {
-    if (sc.word.empty()) return;
+    if (sc.word_chars == 0) return;
     word(sc.word.data(), sc.word.size(), sc.word_chars, sc);
     sc.word.clear();
     sc.word_chars = 0;
@@ -221,8 +221,8 @@ bool WordPiece::segment(const char* s8, size_t n, Scratch& sc) const {
       put_utf8(sc.word, cp);
       sc.word_chars = 1;
       end_word();
-    } else {
-      put_utf8(sc.word, cp);
+    } else {  // past max_input_chars_per_word the word is [UNK]: count, keep no more bytes
+      if (sc.word_chars < c.max_input_chars_per_word) put_utf8(sc.word, cp);
       ++sc.word_chars;
     }
   };

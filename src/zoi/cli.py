@@ -188,10 +188,11 @@ def cmd_compile(args) -> int:
 def _read_texts(args) -> list[str]:
     if args.texts:
         return list(args.texts)
+    # one text per line, blank lines included: row i of the output is line i of the input
     if args.file and args.file != "-":
         with open(args.file, encoding="utf-8") as fh:
-            return [ln.rstrip("\n") for ln in fh if ln.strip()]
-    return [ln.rstrip("\n") for ln in sys.stdin if ln.strip()]
+            return [ln.rstrip("\n") for ln in fh]
+    return [ln.rstrip("\n") for ln in sys.stdin]
 
 
 def cmd_encode(args) -> int:
@@ -384,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=50)
     p.set_defaults(func=cmd_demo)
 
-    for mod in ("zoi.quant.cli", "zoi.bench.cli", "zoi.serve.cli"):
+    for mod in ("zoi.tools.cli", "zoi.bench.cli", "zoi.serve.cli"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

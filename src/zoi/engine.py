@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -15,8 +16,11 @@ from typing import Any
 import numpy as np
 
 from zoi.backends import make_backend, resolve_device
-from zoi.errors import CheckpointError, InputError, ZoiError
+from zoi.backends.base import Backend
+from zoi.errors import CheckpointError, InputError, NumericalError, ZoiError
+from zoi.frontend import integrity
 from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
+from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
@@ -27,6 +31,7 @@ PRECISIONS = ("fp32", "int8", "fp16")
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "reference": 4096, "cuda": 32768}
 DEFAULT_MAX_BATCH = 1024  # sequences per backend call (sizes the pooled output buffers)
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+log = logging.getLogger("zoi")
 
 
 def default_model_path() -> Path:
@@ -67,6 +72,69 @@ class _Steps:
             )
 
 
+MAX_TOKENS_LIMIT = 1 << 24  # tokens per backend call; the arena grows with it
+
+
+def _check_count(name: str, v) -> int:
+    """max_tokens / max_batch: a positive integer within what an arena can hold."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or v != int(v):
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not 1 <= int(v) <= MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"{name}={int(v)} is out of range: it must lie in [1, {MAX_TOKENS_LIMIT}] (it sizes "
+            "the engine's memory arena; bigger batches run in chunks anyway)"
+        )
+    return int(v)
+
+
+def _check_arena(model: CompiledModel) -> None:
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    if model.plan.arena_bytes > phys:
+        raise ValueError(
+            f"max_tokens={model.plan.max_tokens} needs an arena of "
+            f"{model.plan.arena_bytes / 2**30:.1f} GiB, more than this machine's "
+            f"{phys / 2**30:.1f} GiB of memory; use a smaller max_tokens"
+        )
+
+
+def _check_tokenizer_vocab(tokenizer: Tokenizer, spec: ModelSpec, source) -> None:
+    """A tokenizer that can emit ids past the embedding table is refused at compile time
+    (it would fail only on the texts that happen to use those ids)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    n = HFTokenizer.from_str(tokenizer.json).get_vocab_size(with_added_tokens=True)
+    if n > spec.vocab_size:
+        raise CheckpointError(
+            f"{source}: the tokenizer has {n} tokens (added tokens included) but the model's "
+            f"embedding table has {spec.vocab_size} rows (config.json vocab_size): ids "
+            f">= {spec.vocab_size} would have no embedding. Use the tokenizer the model was "
+            "trained with, or resize the embeddings (model.resize_token_embeddings) and re-save"
+        )
+
+
+def _check_quant(quant: dict[str, LinearQuant], where) -> None:
+    from zoi.quant.config import ACT_SCHEMES
+
+    for p, q in quant.items():
+        if q.scheme not in (*ACT_SCHEMES, "fp32"):
+            raise CheckpointError(f"{where}: linear {p!r} has unknown scheme {q.scheme!r}")
+        if q.scheme == "static":
+            a = q.amax
+            if (
+                isinstance(a, bool)
+                or not isinstance(a, (int, float))
+                or not np.isfinite(a)
+                or a <= 0
+            ):
+                raise CheckpointError(
+                    f"{where}: linear {p!r} has static scale amax={a!r}; it must be a finite "
+                    "number > 0 (re-compile the model)"
+                )
+
+
 def _check_precision(precision: str, device: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -96,14 +164,15 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     device = resolve_device(device)
     _check_precision(precision, device)
     src = Path(path) if path is not None else default_model_path()
-    max_tokens = int(max_tokens or DEFAULT_MAX_TOKENS[device])
-    max_batch = int(max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
+    max_tokens = _check_count("max_tokens", max_tokens or DEFAULT_MAX_TOKENS[device])
+    max_batch = _check_count("max_batch", max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
     steps = _Steps(progress, 4 if precision == "int8" else 3)
     steps.step(f"loading {src.name}")
     spec, weights, tok_path = load_checkpoint(src)
     if path is None:
         spec = spec.replace(name=DEFAULT_MODEL_NAME)
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
     if max_tokens < spec.max_positions:
         raise ValueError(
@@ -113,11 +182,12 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     if precision == "int8":
         steps.step("quantising (calibration)")
         weights, quant, report = _quantize(
-            spec, weights, tokenizer, calibration, quant_config, progress, device
+            spec, weights, tokenizer, calibration, quant_config, progress
         )
         steps.done()
     steps.step("planning memory")
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
+    _check_arena(model)
     model.meta["source"] = str(src)
     if precision == "int8":
         model.meta["quant_report"] = report
@@ -128,17 +198,10 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     return engine
 
 
-# INT8 features each backend executes (zoi.quant.config.FEATURES); None: all of them.
-BACKEND_QUANT_FEATURES: dict[str, set[str] | None] = {
-    "cpu": None,
-    "reference": None,
-    "cuda": None,
-}
-
-
-def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
+def _quantize(spec, weights, tokenizer, calibration, config, progress):
     """INT8: the quantisation layer (zoi.quant) decides the scheme per linear, within what
-    the target backend executes. Returns (weights, quant, report)."""
+    the target backend executes (every backend runs every INT8 feature of
+    zoi.quant.config.FEATURES, so nothing is narrowed). Returns (weights, quant, report)."""
     from zoi import quant
 
     report: dict = {}
@@ -150,48 +213,19 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
         config=config,
         progress=progress,
         report=report,
-        features=BACKEND_QUANT_FEATURES[device],
     )
     return weights, q, report
-
-
-def required_quant_features(weights: dict, quant: dict[str, LinearQuant]) -> set[str]:
-    """The INT8 features a model's weights and quant dict need from a backend."""
-    need = set()
-    for p, q in quant.items():
-        if q.scheme == "fp32":
-            if f"{p}.w_q" in weights:
-                need.add("weight_only")
-        else:
-            need.add(q.scheme)
-        for extra in ("act_mul", "act_shift"):
-            if f"{p}.{extra}" in weights:
-                need.add(extra)
-    return need
-
-
-def _check_backend_features(model: CompiledModel, device: str) -> None:
-    have = BACKEND_QUANT_FEATURES.get(device)
-    if have is None:
-        return
-    missing = required_quant_features(model.weights, model.quant) - have
-    if missing:
-        raise CheckpointError(
-            f"this INT8 model needs {sorted(missing)}, which device={device!r} does not run "
-            f"(it runs {sorted(have)}); compile it for that device: zoi compile MODEL --device {device} --precision int8"
-        )
 
 
 class Engine:
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
     def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):
-        _check_backend_features(model, device)
         self.model = model
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
         self.device = device
-        self.backend = make_backend(model, device)
+        self.backend: Backend = make_backend(model, device)
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
         self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)
@@ -274,9 +308,9 @@ class Engine:
 
     def _run_chunks(self, ids, positions, cu, normalize, out, max_seqs, on_chunk=None) -> None:
         """Greedy chunks of consecutive sequences under max_tokens and max_seqs (every
-        sequence fits max_tokens: checked by the caller), each a slice of the packed arrays."""
+        sequence fits max_tokens: checked by the caller), each a slice of the packed arrays;
+        NaN / Inf in the result is an error (NumericalError), never an output."""
         B = len(cu) - 1
-        run_into = getattr(self.backend, "run_into", None)  # writes straight into `out`
         s = 0
         while s < B:
             e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
@@ -284,13 +318,19 @@ class Engine:
             a, z = int(cu[s]), int(cu[e])
             sub = cu[s : e + 1] - a if a else cu[s : e + 1]
             with self._lock:
-                if run_into is not None:
-                    run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
-                else:
-                    out[s:e] = self.backend.run(ids[a:z], positions[a:z], sub, normalize)
+                self.backend.run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
             if on_chunk is not None:
                 on_chunk(e - s)
             s = e
+        if not np.isfinite(out).all():  # [B, H]: cheap next to the forward
+            bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+            raise NumericalError(
+                f"the model produced NaN/Inf embeddings for {len(bad)} of {B} sequences "
+                f"(first: {bad[:5].tolist()}) on device={self.device}. The input is not at "
+                "fault: the weights overflow float32 (e.g. huge LayerNorm weights), or the "
+                "config or artifact is corrupt (layer_norm_eps, INT8 scales); re-compile from "
+                "a sane checkpoint"
+            )
 
     # ---- the user API -------------------------------------------------------------------
     def encode(
@@ -366,7 +406,15 @@ class Engine:
                 "meta": m.meta,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            save_safetensors(m.weights, tmp / "weights.safetensors", metadata={"format": "zoi"})
+            meta["integrity"] = integrity.record(
+                meta["spec"], m.precision, meta["quant"], m.weights, self.tokenizer.json
+            )
+            file_meta = {
+                "format": "zoi",
+                "zoi_spec_sha256": meta["integrity"]["spec_sha256"],
+                "zoi_weights_sha256": meta["integrity"]["weights_sha256"],
+            }
+            save_safetensors(m.weights, tmp / "weights.safetensors", metadata=file_meta)
             (tmp / "tokenizer.json").write_text(self.tokenizer.json, encoding="utf-8")
             (tmp / "zoi.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
             old = None
@@ -394,7 +442,7 @@ def _version() -> str:
 
 def read_artifact_meta(path: str | os.PathLike) -> dict:
     folder = Path(path)
-    meta = read_json(folder / "zoi.json")
+    meta = read_json(folder / "zoi.json", folder)
     if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
         raise CheckpointError(
             f"{folder / 'zoi.json'}: not a zoi artifact of format {ARTIFACT_FORMAT}"
@@ -416,13 +464,37 @@ def load(
         spec = ModelSpec.from_dict(meta["spec"])
         precision = meta["precision"]
         quant = {k: LinearQuant.from_dict(v) for k, v in meta.get("quant", {}).items()}
-        saved_tokens, max_batch = int(meta["max_tokens"]), meta.get("max_batch")
-    except (KeyError, TypeError, ValueError) as e:
+        saved_tokens = _check_count("max_tokens", meta["max_tokens"])
+        max_batch = meta.get("max_batch")
+        if max_batch is not None:
+            max_batch = _check_count("max_batch", max_batch)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{folder / 'zoi.json'}: malformed artifact metadata ({e})") from e
+    _check_quant(quant, folder / "zoi.json")
+    if max_tokens is not None:
+        max_tokens = _check_count("max_tokens", max_tokens)
     device = resolve_device(device or "cpu")
     _check_precision(precision, device)
+    check_file(folder / "weights.safetensors", folder)
     f = SafetensorsFile(folder / "weights.safetensors")
     weights = {n: f.get(n, float32=False) for n in f.names()}
+    try:
+        tok_json = read_bytes(folder / "tokenizer.json", 1 << 30, folder).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{folder / 'tokenizer.json'}: not UTF-8 text ({e})") from e
+    if not integrity.verify(folder, meta, f.metadata, weights, tok_json):
+        log.warning(
+            "zoi: %s was saved without integrity digests (an older zoi); edits to it cannot "
+            "be detected: re-save it with this version",
+            folder,
+        )
+    for n, w in weights.items():
+        if w.dtype.kind == "f" and not np.isfinite(w).all():
+            raise CheckpointError(
+                f"{folder / 'weights.safetensors'}: tensor {n} contains NaN or Inf values"
+            )
     want = expected_shapes(spec)
     for n, shp in want.items():
         p = n[:-2] if n.endswith(".w") else None
@@ -447,6 +519,7 @@ def load(
     max_tokens = int(max_tokens or saved_tokens)
     max_batch = min(int(max_batch or max_tokens), max_tokens)
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
+    _check_arena(model)
     model.meta = dict(meta.get("meta", {}))
     model.meta["artifact"] = str(folder)
     return Engine(model, tokenizer, device)

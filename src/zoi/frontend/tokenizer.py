@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -17,6 +18,21 @@ from zoi.frontend.wordpiece import native_config
 # characters of real text, so 32x keeps truncation exact for text while bounding the work a
 # single huge string can cause.
 CHARS_PER_POSITION = 32
+
+
+_WORD = re.compile(r"\S+")
+
+
+def clip_text(t: str, n: int) -> str:
+    """`t` cut after its n-th non-whitespace character: whitespace does not count against the
+    character cap (a text that starts with 9,000 spaces keeps its words). HF path only: the
+    native tokenizer needs no cap (it stops at the token limit)."""
+    kept = 0
+    for m in _WORD.finditer(t):
+        kept += m.end() - m.start()
+        if kept >= n:
+            return t[: m.end() - (kept - n)]
+    return t
 
 
 def _native_module():
@@ -171,23 +187,24 @@ class Tokenizer:
         limit = self.max_positions if limit is None else limit
         if not truncate:
             for i, t in enumerate(texts):
-                if len(t) > self.max_chars:
+                if len(t) > self.max_chars and len(clip_text(t, self.max_chars)) < len(t):
                     raise InputError(
                         f"texts[{i}] has {len(t)} characters, over the cap of {self.max_chars} "
                         f"({CHARS_PER_POSITION} x {self.max_positions} positions); shorten it or pass truncate=True"
                     )
-        clipped = [t if len(t) <= self.max_chars else t[: self.max_chars] for t in texts]
+        clipped = [t if len(t) <= self.max_chars else clip_text(t, self.max_chars) for t in texts]
         tok = self._hf_for(limit) if truncate else self._hf_full
         try:
             encs = tok.encode_batch(clipped, add_special_tokens=True)
         except TypeError:
-            for i, t in enumerate(clipped):
+            for i, t in enumerate(texts):
                 try:
                     t.encode("utf-8")
                 except UnicodeEncodeError as e:
                     raise InputError(
-                        f"texts[{i}] holds a lone surrogate at character {e.start}, which is not "
-                        "valid Unicode; decode the source with errors='replace' before encoding"
+                        f"texts[{i}] is not valid Unicode text (a lone surrogate "
+                        f"{t[e.start]!r} at character {e.start}); decode it with "
+                        "errors='replace' or fix its source"
                     ) from None
             raise
         out = []
