@@ -66,6 +66,7 @@ def measure(engine, texts, reps: int, rounds: int, st=None) -> dict:
                 f()
                 ns[k].append(time.perf_counter_ns() - t0)
     foreign = meter.stop()
+    host = host_overhead(engine, texts, ids, pos, cu, max(200, reps * 20))
     p50 = {k: float(np.median(v)) / 1e3 for k, v in ns.items()}
     out = {
         "texts": len(texts),
@@ -82,7 +83,45 @@ def measure(engine, texts, reps: int, rounds: int, st=None) -> dict:
     }
     if "sentence_transformers" in p50:
         out["st_over_encode"] = p50["sentence_transformers"] / p50["encode"]
+    out["host"] = host
+    out["host_overhead_share_p25"] = host["overhead_p25_us"] / out["p25_us"]["run_packed"]
     return out
+
+
+def host_overhead(engine, texts, ids, pos, cu, n: int) -> dict:
+    """What encode adds on the host, without the forward's noise: the backend's run_into
+    replaced by a stub that only fills its output, then encode(texts) and run_packed(ids)
+    timed alternately, call by call (min, p25 and median of the difference)."""
+    backend = engine.backend
+    real = backend.run_into
+
+    def stub(ids_, pos_, cu_, normalize, out):
+        out.fill(1.0)
+
+    backend.run_into = stub
+    try:
+        a, b = [], []
+        clock = time.perf_counter_ns
+        for _ in range(n):
+            t0 = clock()
+            engine.encode(texts, normalize_embeddings=False)
+            t1 = clock()
+            engine.run_packed(ids, pos, cu)
+            t2 = clock()
+            a.append(t1 - t0)
+            b.append(t2 - t1)
+    finally:
+        del backend.run_into  # the instance attribute: the class's method again
+        assert backend.run_into == real
+    a, b = np.asarray(a) / 1e3, np.asarray(b) / 1e3
+    q = lambda x, p: float(np.percentile(x, p))  # noqa: E731
+    return {
+        "encode_host_us": {"min": float(a.min()), "p25": q(a, 25), "p50": q(a, 50)},
+        "run_packed_host_us": {"min": float(b.min()), "p25": q(b, 25), "p50": q(b, 50)},
+        "overhead_min_us": float(a.min() - b.min()),
+        "overhead_p25_us": q(a, 25) - q(b, 25),
+        "overhead_p50_us": q(a, 50) - q(b, 50),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
                     else ""
                 )
                 + f" | foreign cores {m['foreign_cores']}",
+                flush=True,
+            )
+            h = m["host"]
+            print(
+                f"{'':>16} host only (stub backend): encode {h['encode_host_us']['p25']:.1f} us, "
+                f"run_packed {h['run_packed_host_us']['p25']:.1f} us (p25); encode adds "
+                f"{h['overhead_min_us']:.1f} (min) / {h['overhead_p25_us']:.1f} (p25) / "
+                f"{h['overhead_p50_us']:.1f} (p50) us = {100 * m['host_overhead_share_p25']:.2f}% "
+                "of run_packed's p25",
                 flush=True,
             )
     if a.out:
