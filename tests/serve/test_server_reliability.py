@@ -168,7 +168,8 @@ def test_non_finite_output_is_a_500_with_a_reason(nan_server):
     r = httpx.post(nan_server.url + OPENAI, json={"input": ["a text"]}, timeout=60)
     assert r.status_code == 500 and "NaN/Inf" in r.json()["error"]["message"], r.text
     body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
-    r = httpx.post(nan_server.url + "/v2/models/art/infer", json=body, timeout=60)
+    # the model keeps its folder's name at compile time, "ckpt" (not the artifact's, "art")
+    r = httpx.post(nan_server.url + "/v2/models/ckpt/infer", json=body, timeout=60)
     assert r.status_code == 500 and "NaN/Inf" in r.json()["error"], r.text
 
 

@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 from zoi.serve.config import OPTIONS, ServeConfig
 
@@ -83,11 +82,10 @@ def open_engine(model: str | None, config: ServeConfig):
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
-    if config.served_model_name:
-        return config.served_model_name
-    if model is None:
-        return engine.spec.name  # the bundled model: all-MiniLM-L6-v2
-    return Path(model).resolve().name
+    """The name clients use on every route: --served-model-name, else the model's own name,
+    kept in the artifact (all-MiniLM-L6-v2 for the bundled model however it is reached,
+    NAME for a Hugging Face id ORG/NAME, else the model folder's name at compile time)."""
+    return config.served_model_name or engine.spec.name
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -264,6 +262,18 @@ def cmd_serve(args) -> int:
         f"zoi serve: {engine!r} as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
         f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
         f"queue delay {config.max_queue_delay_us} us",
+        file=sys.stderr,
+        flush=True,
+    )
+    print(
+        f"zoi serve: model name {name!r} ("
+        + (
+            "--served-model-name"
+            if config.served_model_name
+            else "kept in the model; --served-model-name changes it"
+        )
+        + f'): clients send "model": "{name}" to /v1/embeddings and use '
+        f"/v2/models/{name}/infer; routes described at /openapi.json and /docs",
         file=sys.stderr,
         flush=True,
     )

@@ -27,7 +27,7 @@ class ServeConfig:
     port: int = 8080
     device: str = "cpu"
     precision: str = "fp32"
-    served_model_name: str | None = None  # default: the model folder's name
+    served_model_name: str | None = None  # default: the name kept in the model / artifact
     max_batch_tokens: int | None = None  # tokens per engine call; default: the engine's max_tokens
     max_batch_requests: int = 256  # sequences per engine call (clamped to the engine's max batch)
     max_queue_delay_us: int = 0  # how long an idle worker waits for more work before running
@@ -138,7 +138,8 @@ OPTIONS: tuple[Option, ...] = (
         "--served-model-name",
         "ZOI_SERVED_MODEL_NAME",
         str,
-        "model name clients use (default: the model folder's name)",
+        "model name clients use on every route (default: the name kept in the model or "
+        "artifact, e.g. all-MiniLM-L6-v2 for the bundled model)",
     ),
     Option(
         "max_batch_tokens",
