@@ -80,7 +80,7 @@ FORMATS = {
     # between letters: a whitespace splits, punctuation stands alone, others join the word
     "in_word": "a{}b",
     # marks of class 230 / 220 / 1 after and around the codepoint: NFD must reorder as HF's
-    "marks": "e{}\u0301\u0316\u0334 E\u0301\u0316{}\u0334",
+    "marks": "e{0}\u0301\u0316\u0334 E\u0301\u0316{0}\u0334",
 }
 
 
