@@ -116,6 +116,8 @@ void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>
 
 }  // namespace
 
+void bind_tokenizer(nb::module_& m);  // csrc/tokenizer/bind.cc
+
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
   // engines still referenced by daemon threads at interpreter exit are not leaks worth a report
@@ -539,4 +541,6 @@ NB_MODULE(_cpu, m) {
       .def_prop_ro("nthreads", &zoi::Engine::nthreads)
       .def_prop_ro("num_steps", &zoi::Engine::num_steps)
       .def_prop_ro("isa", [](const zoi::Engine& e) { return std::string(zoi::isa_name(e.isa())); });
+
+  bind_tokenizer(m);
 }

@@ -55,6 +55,12 @@ def system_info() -> dict:
         info["isa_best"] = f"native core not built ({e})"
     ok, why = cuda_status()
     info["cuda"] = {"usable": ok, "detail": why}
+    from zoi.frontend.tokenizer import _native_module
+
+    has_native = _native_module() is not None
+    info["tokenizer"] = (
+        "native WordPiece (zoi._cpu) for WordPiece files" if has_native else "no native tokenizer"
+    ) + f", HF tokenizers for the others; ZOI_TOKENIZER={os.environ.get('ZOI_TOKENIZER', 'auto')}"
     try:
         import triton
 
@@ -62,6 +68,17 @@ def system_info() -> dict:
     except ImportError:
         info["triton"] = None
     return info
+
+
+def _tokenizer_kind(folder: Path, max_positions: int) -> str:
+    """Which tokenizer runs this model's tokenizer.json (native WordPiece or HF)."""
+    from zoi.errors import ZoiError
+    from zoi.frontend.tokenizer import Tokenizer
+
+    try:
+        return Tokenizer.from_file(folder / "tokenizer.json", max_positions).kind
+    except ZoiError as e:
+        return f"error: {e}"
 
 
 def _short(v) -> str:
@@ -108,6 +125,7 @@ def cmd_info(args) -> int:
                 "max_batch": plan.max_batch,
                 "arena": f"{plan.arena_bytes / 2**20:.2f} MiB ({plan.arena_bytes} bytes)",
                 "weights file": f"{wbytes / 2**20:.2f} MiB",
+                "tokenizer": _tokenizer_kind(p, spec.max_positions),
             }
             for k, v in rows.items():
                 t.add_row(k, str(v))
@@ -128,9 +146,11 @@ def cmd_info(args) -> int:
         from zoi.frontend import load_spec
         from zoi.frontend.hub import resolve_model
 
-        spec = load_spec(resolve_model(args.path))
+        folder = resolve_model(args.path)
+        spec = load_spec(folder)
         for k, v in spec.to_dict().items():
             t.add_row(k, str(v))
+        t.add_row("tokenizer", _tokenizer_kind(Path(folder), spec.max_positions))
         con.print(t)
         return 0
     info = system_info()
@@ -152,6 +172,7 @@ def cmd_info(args) -> int:
         "CUDA GPU", escape(("yes: " if info["cuda"]["usable"] else "no: ") + info["cuda"]["detail"])
     )
     t.add_row("triton", info["triton"] or "not installed")
+    t.add_row("tokenizer", info["tokenizer"])
     con.print(t)
     return 0
 
@@ -483,7 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="texts per engine call at most (default: chunks by token budget, up to max_tokens)",
+    )
     p.add_argument(
         "--normalize", choices=["yes", "no"], default=None, help="default: as the model says"
     )

@@ -25,7 +25,7 @@ from zoi.frontend.hub import resolve_model
 from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
-from zoi.frontend.tokenizer import Tokenizer, pack
+from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
 
 ARTIFACT_FORMAT = 1
@@ -248,6 +248,17 @@ class Engine:
         self.device = device
         self.backend: Backend = make_backend(model, device)
         self._lock = threading.Lock()
+        # encode's limit per text: the model's positions, or fewer when the arena is smaller
+        self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)
+        # the tokenizer's ids and positions need no per-call range check when they cannot
+        # leave the tables (the native tokenizer knows its largest id; HF's output is checked)
+        native = getattr(tokenizer, "native", None)
+        npos = model.weights["embed.pos"].shape[0]
+        self._trusted_ids = (
+            native is not None
+            and native.vocab_size <= self.spec.vocab_size
+            and self.max_seq_tokens + self.spec.position_offset <= npos
+        )
 
     # ---- properties -------------------------------------------------------------------
     @property
@@ -313,14 +324,24 @@ class Engine:
         if np.any(np.diff(cu) > self.max_tokens):
             raise InputError(f"a sequence is longer than max_tokens={self.max_tokens}")
         out = np.empty((B, self.spec.hidden), np.float32)
+        self._run_chunks(ids, positions, cu, normalize, out, self.max_batch)
+        return out
+
+    def _run_chunks(self, ids, positions, cu, normalize, out, max_seqs, on_chunk=None) -> None:
+        """Greedy chunks of consecutive sequences under max_tokens and max_seqs (every
+        sequence fits max_tokens: checked by the caller), each a slice of the packed arrays;
+        NaN / Inf in the result is an error (NumericalError), never an output."""
+        B = len(cu) - 1
         s = 0
-        while s < B:  # greedy chunks under both limits (each sequence fits: checked above)
+        while s < B:
             e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
-            e = min(max(e, s + 1), s + self.max_batch, B)
+            e = min(max(e, s + 1), s + max_seqs, B)
             a, z = int(cu[s]), int(cu[e])
             sub = cu[s : e + 1] - a if a else cu[s : e + 1]
             with self._lock:
                 self.backend.run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
+            if on_chunk is not None:
+                on_chunk(e - s)
             s = e
         if not np.isfinite(out).all():  # [B, H]: cheap next to the forward
             bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
@@ -331,13 +352,12 @@ class Engine:
                 "config or artifact is corrupt (layer_norm_eps, INT8 scales); re-compile from "
                 "a sane checkpoint"
             )
-        return out
 
     # ---- the user API -------------------------------------------------------------------
     def encode(
         self,
         sentences: str | Sequence[str],
-        batch_size: int = 32,
+        batch_size: int | None = None,
         normalize_embeddings: bool | None = None,
         show_progress_bar: bool | None = None,
         truncate: bool = True,
@@ -347,8 +367,12 @@ class Engine:
     ) -> np.ndarray:
         """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
 
-        Batches are formed by length (no padding) of at most `batch_size` texts and
-        `max_tokens` tokens. `normalize_embeddings=None` follows the model (Normalize module).
+        All texts are tokenised in one native call (GIL released; big batches over the core's
+        pool) straight into packed arrays, then run in the largest chunks the engine takes:
+        up to `max_tokens` tokens and `max_batch` texts; `batch_size` caps the texts per chunk
+        further (sentence-transformers' meaning). A text longer than the model's positions, or
+        than `max_tokens` when that is smaller, is truncated to it (`truncate=False`: an
+        InputError naming the text). `normalize_embeddings=None` follows the model.
         """
         if convert_to_tensor or not convert_to_numpy or device is not None:
             # sentence-transformers' output arguments (zoi's own result is the numpy array)
@@ -359,41 +383,40 @@ class Engine:
                 )
                 return _to_torch(torch, emb, convert_to_tensor, device)
         single = isinstance(sentences, str)
-        texts = [sentences] if single else Tokenizer.check_texts(sentences)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        texts = [sentences] if single else sentences
+        if batch_size is None:
+            max_seqs = self.max_batch
+        elif not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        else:
+            max_seqs = min(batch_size, self.max_batch)
         normalize = (
             self.spec.normalize if normalize_embeddings is None else bool(normalize_embeddings)
         )
-        out = np.empty((len(texts), self.spec.hidden), np.float32)
-        if not texts:
+        ids, pos, cu = self.tokenizer.encode_packed(texts, truncate, max_len=self.max_seq_tokens)
+        B = len(cu) - 1
+        out = np.empty((B, self.spec.hidden), np.float32)
+        if B == 0:
             return out
-        seqs = self.tokenizer.encode_ids(texts, truncate)
-        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-        show = bool(show_progress_bar) if show_progress_bar is not None else False
+        if not self._trusted_ids:
+            npos = self.model.weights["embed.pos"].shape[0]
+            if len(ids) and (ids.max() >= self.spec.vocab_size or ids.min() < 0):
+                raise InputError(
+                    f"the tokenizer produced ids outside the model's vocabulary of "
+                    f"{self.spec.vocab_size}; the tokenizer.json does not belong to this model"
+                )
+            if len(pos) and pos.max() >= npos:
+                raise InputError(f"positions must lie in [0, {npos})")
         bar = None
-        if show:
+        if show_progress_bar:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(texts), desc="encode", unit="text")
-        i = 0
-        while i < len(order):
-            j, tokens = i, 0
-            while (
-                j < len(order)
-                and j - i < batch_size
-                and tokens + len(seqs[order[j]]) <= self.max_tokens
-            ):
-                tokens += len(seqs[order[j]])
-                j += 1
-            idx = order[i:j]
-            ids, pos, cu = pack([seqs[k] for k in idx], self.spec.position_offset)
-            out[idx] = self.run_packed(ids, pos, cu, normalize)
+            bar = tqdm(total=B, desc="encode", unit="text")
+        try:
+            self._run_chunks(ids, pos, cu, normalize, out, max_seqs, bar.update if bar else None)
+        finally:
             if bar is not None:
-                bar.update(j - i)
-            i = j
-        if bar is not None:
-            bar.close()
+                bar.close()
         return out[0] if single else out
 
     def _output_torch(self, convert_to_numpy, convert_to_tensor, device):

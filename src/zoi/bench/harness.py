@@ -220,7 +220,11 @@ class Bench:
         return arts
 
     def limits(self, model: M.ModelRef, seqs_by_wl: dict[str, list]) -> tuple[int, int]:
-        """(max_tokens, max_batch) that hold every workload of this model in one call."""
+        """(max_tokens, max_batch) that hold every token-id workload of this model in one
+        call. The text workloads do not count: zoi's encode chunks by its own token budget
+        and the peers batch themselves (with text workloads only: 4096 tokens, 256 texts)."""
+        if not seqs_by_wl:
+            return max(4096, model.max_len), 256
         need = max(sum(len(s) for s in seqs) for seqs in seqs_by_wl.values())
         batch = max(len(seqs) for seqs in seqs_by_wl.values())
         return max(need, model.max_len), max(batch, 32)
@@ -247,12 +251,22 @@ class Bench:
         cfg = self.cfg
         tok = Tok(model.path)
         files, seqs_by_wl = {}, {}
+        texts_by_wl = {}
         for i, w in enumerate(W.ALL):
-            if w in mwls:
+            if w in mwls and w.text:
+                texts = texts_by_wl[w.name] = W.inputs(w, tok, i)
+                seqs_by_wl[w.name] = tok.encode(texts, model.max_len)  # for the limits only
+                files[w.name] = str(self.tmp / f"{w.name}.json")
+                Path(files[w.name]).write_text(json.dumps(texts), encoding="utf-8")
+            elif w in mwls:
                 seqs = seqs_by_wl[w.name] = W.inputs(w, tok, i)
                 files[w.name] = str(self.tmp / f"{w.name}.npz")
                 save_seqs(files[w.name], seqs)
-        limits = self.limits(model, seqs_by_wl)
+        limits = self.limits(model, {k: v for k, v in seqs_by_wl.items() if k not in texts_by_wl})
+        if not texts_by_wl:
+            for s in [s for s in specs if s.texts_only]:
+                self.skip(s.name, "runs the text workloads only (none selected)")
+            specs = [s for s in specs if not s.texts_only]
         acc_file = None
         if cfg.accuracy_n and model.name == "minilm":
             sents, src = eval_sentences(cfg.accuracy_n)
@@ -271,7 +285,11 @@ class Bench:
                 except WorkerError as e:
                     self.skip(s.name, f"load failed ({model.name}): {e}", "failed")
             for w in mwls:
-                active = {n: wp for n, wp in workers.items() if BY_NAME[n].device in w.devices}
+                active = {
+                    n: wp
+                    for n, wp in workers.items()
+                    if BY_NAME[n].device in w.devices and (w.text or not BY_NAME[n].texts_only)
+                }
                 with self.phase(f"time {w.name}"):
                     self.time_workload(w, active, files[w.name], seqs_by_wl[w.name], meter)
             for n, wp in workers.items():
@@ -282,7 +300,7 @@ class Bench:
                     mem["worker_rss_bytes_after_run"] = rep["status"].get("VmRSS")
                 except WorkerError as e:
                     mem["error"] = str(e)[:500]
-                if acc_file:
+                if acc_file and not BY_NAME[n].texts_only:
                     self.prog.update(self.task, description=f"accuracy: {n}")
                     out = str(self.tmp / f"emb-{n}.npy")
                     try:
@@ -301,9 +319,10 @@ class Bench:
             self.compare_embeddings(list(workers))
         if cfg.rss:
             with self.phase("peak rss"):
-                self.fresh_rss(
-                    model, [s for s in specs if s.name in workers], arts, limits, files, meter
-                )
+                ids_files = {k: f for k, f in files.items() if k not in texts_by_wl}
+                rss_specs = [s for s in specs if s.name in workers and not s.texts_only]
+                if ids_files:
+                    self.fresh_rss(model, rss_specs, arts, limits, ids_files, meter)
 
     def time_workload(self, w, active, file, seqs, meter) -> None:
         cfg = self.cfg
@@ -315,7 +334,9 @@ class Bench:
             self.prog.update(self.task, description=f"{w.name}: warm-up {n}")
             nb = 1 if n.startswith("zoi-") else w.peer_batches
             try:
-                wp.request(op="prepare", key=w.name, file=file, n_batches=nb, n_seqs=n_seqs)
+                wp.request(
+                    op="prepare", key=w.name, file=file, n_batches=nb, n_seqs=n_seqs, text=w.text
+                )
                 rep = wp.request(
                     op="time", key=w.name, n=10**6, seconds=cfg.warmup_s, min_n=cfg.warmup_min_calls
                 )
@@ -444,7 +465,15 @@ class Bench:
             if "p50_ms" not in r:
                 continue
             dev = BY_NAME[r["provider"]].device
-            base = next((s.name for s in SPECS if s.baseline and s.device == dev), None)
+            text = next((w.text for w in W.ALL if w.name == r["workload"]), False)
+            base = next(
+                (
+                    s.name
+                    for s in SPECS
+                    if (s.text_baseline if text else s.baseline) and s.device == dev
+                ),
+                None,
+            )
             b = next(
                 (
                     x
@@ -494,7 +523,9 @@ class Bench:
                 "threads": cfg.threads,
                 "accuracy_n": cfg.accuracy_n,
                 "load_threshold_cores": cfg.load_threshold,
-                "timing": "caller-observed: token ids in host memory -> pooled float32 [B,H] in host memory",
+                "timing": "caller-observed: token ids in host memory -> pooled float32 [B,H] in host memory; "
+                "text workloads: texts in host memory -> float32 [B,H] in host memory, tokenisation included "
+                "(tokenizer-* rows: texts -> ids only)",
             },
             "load": {
                 "loadavg_start": load_start,

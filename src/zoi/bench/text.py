@@ -144,3 +144,45 @@ def padded_batches(
             mask[r, : len(seqs[i])] = 1
         out.append((ids, mask))
     return out, order
+
+
+def exact_length_texts(tok: Tok, batch: int, seq: int, offset: int = 0) -> list[str]:
+    """``batch`` real prose texts that the model's tokenizer turns into exactly ``seq``
+    tokens each ([CLS] and [SEP] included): whole words from the corpus read as a stream,
+    row r starting ``(offset + r) * 97`` paragraphs in (a start that cannot land exactly on
+    ``seq`` moves on by a word)."""
+    words = " ".join(corpus_lines()).split()
+    per_line = max(1, len(words) // max(1, len(corpus_lines())))
+    out = []
+    for r in range(batch):
+        start = ((offset + r) * 97 * per_line) % len(words)
+        for shift in range(200):
+            s = (start + shift) % len(words)
+            cand = words[s : s + 4 * seq] if s + 4 * seq <= len(words) else words[s:] + words
+            lo, hi = 1, len(cand)
+            while lo < hi:  # the fewest words reaching seq tokens
+                m = (lo + hi) // 2
+                if len(tok.encode([" ".join(cand[:m])], 10**9)[0]) < seq:
+                    lo = m + 1
+                else:
+                    hi = m
+            text = " ".join(cand[:lo])
+            if len(tok.encode([text], 10**9)[0]) == seq:
+                out.append(text)
+                break
+        else:  # pragma: no cover - prose always lands within a few words
+            raise RuntimeError(f"no text of exactly {seq} tokens near word {start}")
+    return out
+
+
+def natural_texts(tok: Tok, n: int, max_len: int, seed: int = 1000) -> list[str]:
+    """``n`` real corpus paragraphs at their natural lengths (16 to ``max_len`` tokens),
+    drawn with a fixed seed (with repeats only when the corpus holds fewer)."""
+    lines = corpus_lines()
+    rng = np.random.default_rng(seed)
+    lens = [len(x) for x in tok.encode(lines, 10**9)]
+    ok = [i for i in range(len(lines)) if 16 <= lens[i] <= max_len]
+    picks = rng.permutation(ok).tolist()
+    while len(picks) < n:
+        picks += rng.permutation(ok).tolist()
+    return [lines[i] for i in picks[:n]]

@@ -66,8 +66,18 @@ class Worker:
         return {"load_s": time.perf_counter() - t, "status": proc_status()}
 
     def op_prepare(self, c):
-        self.prepared[c["key"]] = self.p.prepare(load_seqs(c["file"]), c["n_batches"])
-        out = self.p.call(self.prepared[c["key"]])  # first call: shape checks, lazy init
+        if c.get("text"):  # texts in (a JSON list): the provider tokenises inside the call
+            with open(c["file"], encoding="utf-8") as f:
+                texts = json.load(f)
+            prep = self.p.prepare_texts(texts, c["n_batches"])
+            self.prepared[c["key"]] = (self.p.call_texts, prep)
+        else:
+            self.prepared[c["key"]] = (
+                self.p.call,
+                self.p.prepare(load_seqs(c["file"]), c["n_batches"]),
+            )
+        call, prep = self.prepared[c["key"]]
+        out = call(prep)  # first call: shape checks, lazy init
         out = np.asarray(out)
         if out.ndim != 2 or out.shape[0] != c["n_seqs"] or not np.isfinite(out).all():
             raise RuntimeError(f"bad output {out.shape} (want [{c['n_seqs']}, H], finite)")
@@ -75,8 +85,7 @@ class Worker:
 
     def op_time(self, c):
         """``n`` calls, or until ``seconds`` are spent when given (warm-up); ns per call."""
-        prep = self.prepared[c["key"]]
-        call = self.p.call
+        call, prep = self.prepared[c["key"]]
         clock = time.perf_counter_ns
         ns = []
         limit = c.get("seconds")

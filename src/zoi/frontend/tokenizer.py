@@ -1,13 +1,18 @@
-"""Tokenisation with HF `tokenizers`: truncation, a character cap, packing without padding."""
+"""Tokenisation: the native WordPiece tokenizer, or HF `tokenizers` for the other families;
+truncation per call, packing without padding."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from zoi.errors import CheckpointError, InputError
+from zoi.frontend.wordpiece import native_config
 
 # Characters kept per usable position before tokenising. A token is rarely longer than ~10
 # characters of real text, so 32x keeps truncation exact for text while bounding the work a
@@ -20,7 +25,8 @@ _WORD = re.compile(r"\S+")
 
 def clip_text(t: str, n: int) -> str:
     """`t` cut after its n-th non-whitespace character: whitespace does not count against the
-    character cap (a text that starts with 9,000 spaces keeps its words)."""
+    character cap (a text that starts with 9,000 spaces keeps its words). HF path only: the
+    native tokenizer needs no cap (it stops at the token limit)."""
     kept = 0
     for m in _WORD.finditer(t):
         kept += m.end() - m.start()
@@ -29,7 +35,19 @@ def clip_text(t: str, n: int) -> str:
     return t
 
 
+def _native_module():
+    try:
+        from zoi import _cpu
+    except ImportError:  # pragma: no cover - a build without the native core
+        return None
+    return _cpu if hasattr(_cpu, "WordPiece") else None
+
+
 class Tokenizer:
+    """Texts -> token ids. The native WordPiece tokenizer (zoi._cpu.WordPiece, exact to HF)
+    runs the files it covers (zoi.frontend.wordpiece); HF `tokenizers` runs the others, or
+    every file with ZOI_TOKENIZER=hf. Thread-safe: truncation is an argument of each call."""
+
     def __init__(
         self,
         tokenizer_json: str,
@@ -40,11 +58,16 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
-            self._tok = HFTokenizer.from_str(tokenizer_json)
-            self._tok.no_padding()
-            self._tok.no_truncation()
-            self._special = self._tok.num_special_tokens_to_add(False)
-            self._tok.encode("probe", add_special_tokens=True)
+            # two HF instances with fixed settings: changing one's truncation while another
+            # thread encodes with it would race (and PyO3 refuses a borrow it cannot give)
+            self._hf_full = HFTokenizer.from_str(tokenizer_json)
+            self._hf_full.no_padding()
+            self._hf_full.no_truncation()
+            self._special = self._hf_full.num_special_tokens_to_add(False)
+            self._hf_full.encode("probe", add_special_tokens=True)
+            self._hf_trunc = HFTokenizer.from_str(tokenizer_json)
+            self._hf_trunc.no_padding()
+            self._hf_trunc.enable_truncation(max_positions)
         except (KeyboardInterrupt, SystemExit):
             raise
         except (
@@ -57,7 +80,36 @@ class Tokenizer:
         self.max_positions = max_positions
         self.position_offset = position_offset
         self.max_chars = CHARS_PER_POSITION * max_positions
-        self._trunc = False
+        self.native = None
+        self.fallback_reason = ""
+        self._lock = threading.Lock()
+        self._hf_limits: dict = {}
+        want = os.environ.get("ZOI_TOKENIZER", "auto").strip().lower()
+        if want not in ("auto", "native", "hf"):
+            raise ValueError(f"ZOI_TOKENIZER must be auto, native or hf, got {want!r}")
+        cpu = _native_module()
+        if want == "hf":
+            self.fallback_reason = "ZOI_TOKENIZER=hf"
+        elif cpu is None:
+            self.fallback_reason = "the native core has no tokenizer"
+        else:
+            cfg = native_config(json.loads(tokenizer_json), max_positions)
+            if isinstance(cfg, str):
+                self.fallback_reason = cfg
+            else:
+                self.native = cpu.WordPiece(**cfg)
+        if want == "native" and self.native is None:
+            raise CheckpointError(
+                f"{source}: ZOI_TOKENIZER=native, but the native tokenizer cannot run this file "
+                f"({self.fallback_reason}); unset ZOI_TOKENIZER to use HF tokenizers"
+            )
+
+    @property
+    def kind(self) -> str:
+        """Which tokenizer runs: 'native WordPiece' or 'HF tokenizers (<why>)'."""
+        if self.native is not None:
+            return "native WordPiece"
+        return f"HF tokenizers ({self.fallback_reason})"
 
     @classmethod
     def from_file(cls, path: str | Path, max_positions: int, position_offset: int = 0) -> Tokenizer:
@@ -66,14 +118,6 @@ class Tokenizer:
         except (OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{path}: cannot read ({e})") from e
         return cls(text, max_positions, position_offset, source=str(path))
-
-    def _set_truncation(self, on: bool) -> None:
-        if on != self._trunc:
-            if on:
-                self._tok.enable_truncation(self.max_positions)
-            else:
-                self._tok.no_truncation()
-            self._trunc = on
 
     @staticmethod
     def check_texts(texts) -> list[str]:
@@ -90,8 +134,57 @@ class Tokenizer:
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str")
         return items
 
-    def encode_ids(self, texts: list[str], truncate: bool = True) -> list[np.ndarray]:
-        """Token ids (int32 arrays, special tokens included) of each text, in order."""
+    def _over(self, i: int, n: int | str, limit: int | None = None) -> InputError:
+        if limit is None or limit >= self.max_positions:
+            what = f"the model's limit of {self.max_positions}"
+        else:
+            what = f"the engine's limit of {limit} (its max_tokens)"
+        return InputError(
+            f"texts[{i}] has {n} tokens, over {what} (special tokens included); "
+            "shorten it or pass truncate=True"
+        )
+
+    def encode_packed(
+        self, texts, truncate: bool = True, nthreads: int = 0, max_len: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All texts packed in order: (ids[T], positions[T], cu_seqlens[B+1]), int32. One
+        native call (GIL released) with the native tokenizer; texts is a list of str.
+        max_len: a tighter limit than the model's (an engine with max_tokens below it)."""
+        limit = self.max_positions if max_len is None else min(int(max_len), self.max_positions)
+        if self.native is None:
+            seqs = self._hf_encode(self.check_texts(texts), truncate, limit)
+            return pack(seqs, self.position_offset)
+        try:
+            ids, pos, cu, bad = self.native.encode_packed(
+                texts, bool(truncate), self.position_offset, nthreads, limit
+            )
+        except ValueError as e:  # a lone surrogate: name the text
+            raise InputError(str(e)) from None
+        if bad >= 0:  # the error path counts that text's tokens (up to a cap) for the message
+            cap = max(64 * limit, 1 << 16)
+            n = len(self.native.encode_packed([texts[bad]], True, 0, 1, cap)[0])
+            raise self._over(bad, n if n < cap else f"at least {cap}", limit)
+        return ids, pos, cu
+
+    def _hf_for(self, limit: int):
+        """An HF instance truncating at `limit` (settings fixed per instance: thread-safe)."""
+        if limit >= self.max_positions:
+            return self._hf_trunc
+        with self._lock:
+            tok = self._hf_limits.get(limit)
+            if tok is None:
+                from tokenizers import Tokenizer as HFTokenizer
+
+                tok = HFTokenizer.from_str(self.json)
+                tok.no_padding()
+                tok.enable_truncation(limit)
+                self._hf_limits[limit] = tok
+            return tok
+
+    def _hf_encode(
+        self, texts: list[str], truncate: bool, limit: int | None = None
+    ) -> list[np.ndarray]:
+        limit = self.max_positions if limit is None else limit
         if not truncate:
             for i, t in enumerate(texts):
                 if len(t) > self.max_chars and len(clip_text(t, self.max_chars)) < len(t):
@@ -100,9 +193,9 @@ class Tokenizer:
                         f"({CHARS_PER_POSITION} x {self.max_positions} positions); shorten it or pass truncate=True"
                     )
         clipped = [t if len(t) <= self.max_chars else clip_text(t, self.max_chars) for t in texts]
-        self._set_truncation(truncate)
+        tok = self._hf_for(limit) if truncate else self._hf_full
         try:
-            encs = self._tok.encode_batch(clipped, add_special_tokens=True)
+            encs = tok.encode_batch(clipped, add_special_tokens=True)
         except TypeError:
             for i, t in enumerate(texts):
                 try:
@@ -117,15 +210,24 @@ class Tokenizer:
         out = []
         for i, e in enumerate(encs):
             ids = np.asarray(e.ids, dtype=np.int32)
-            if len(ids) > self.max_positions:
-                raise InputError(
-                    f"texts[{i}] has {len(ids)} tokens, over the model's limit of {self.max_positions}; "
-                    "shorten it or pass truncate=True"
-                )
+            if len(ids) > limit:
+                raise self._over(i, len(ids), limit)
             out.append(ids)
         return out
 
+    def encode_ids(
+        self, texts: list[str], truncate: bool = True, max_len: int | None = None
+    ) -> list[np.ndarray]:
+        """Token ids (int32 arrays, special tokens included) of each text, in order."""
+        if self.native is None:
+            limit = self.max_positions if max_len is None else min(max_len, self.max_positions)
+            return self._hf_encode(texts, truncate, limit)
+        ids, _, cu = self.encode_packed(texts, truncate, max_len=max_len)
+        return np.split(ids, cu[1:-1]) if len(texts) else []
+
     def count_tokens(self, texts: list[str], truncate: bool = True) -> list[int]:
+        if self.native is not None:
+            return np.diff(self.encode_packed(texts, truncate)[2]).tolist()
         return [len(x) for x in self.encode_ids(texts, truncate)]
 
 

@@ -58,7 +58,17 @@ class Service:
         self.spec = spec
         self.model_name = model_name or config.served_model_name or spec.name
         self.hidden = int(spec.hidden)
-        self.max_positions = int(spec.max_positions)
+        # the longest sequence the engine runs: the model's positions, or its max_tokens when
+        # smaller (an engine loaded with --max-batch-tokens below the positions)
+        self.max_positions = int(min(spec.max_positions, engine.max_tokens))
+        if self.max_positions < spec.max_positions:
+            log.warning(
+                "the engine takes %d tokens per call, below the model's %d positions: texts are "
+                "truncated to %d tokens",
+                self.max_positions,
+                spec.max_positions,
+                self.max_positions,
+            )
         self.vocab_size = int(spec.vocab_size)
         self.max_input_chars = int(config.max_input_chars or 32 * self.max_positions)
         want = int(config.max_batch_tokens or engine.max_tokens)
@@ -221,11 +231,15 @@ class Service:
         t0 = time.perf_counter()
         try:
             if self._loop_tok is not None and sum(len(t) for t in texts) <= INLINE_TOKENIZE_CHARS:
-                seqs = self._loop_tok.encode_ids(texts, truncate)
+                seqs = self._loop_tok.encode_ids(texts, truncate, self.max_positions)
             else:
                 loop = asyncio.get_running_loop()
                 seqs = await loop.run_in_executor(
-                    self._tok_pool, self.engine.tokenizer.encode_ids, texts, truncate
+                    self._tok_pool,
+                    self.engine.tokenizer.encode_ids,
+                    texts,
+                    truncate,
+                    self.max_positions,
                 )
         except InputError as e:
             raise ApiError("too_large", str(e).replace("truncate=True", "truncate: true")) from None

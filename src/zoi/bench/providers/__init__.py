@@ -24,6 +24,8 @@ class Spec:
     options: dict = field(default_factory=dict)
     baseline: bool = False  # the provider speed-ups are computed against (per device)
     default: bool = True  # run unless --providers names others (False: only when named exactly)
+    texts_only: bool = False  # runs the text workloads only (no token-id path)
+    text_baseline: bool = False  # the baseline of the text workloads (per device)
 
     @property
     def family(self) -> str:
@@ -139,6 +141,53 @@ SPECS: list[Spec] = [
         ("zoi",),
         {"device": "reference", "precision": "fp32"},
         default=False,
+    ),
+    # text workloads only: the end-to-end baseline and the tokenizers alone
+    Spec(
+        "st-fp32",
+        "sentence-transformers FP32",
+        "cpu",
+        "fp32",
+        _P + "text_only",
+        "SentenceTransformerProvider",
+        ("torch", "sentence_transformers"),
+        {"device": "cpu"},
+        texts_only=True,
+        text_baseline=True,
+    ),
+    Spec(
+        "tokenizer-zoi",
+        "tokenizer only: zoi native WordPiece (1 thread)",
+        "cpu",
+        "fp32",
+        _P + "text_only",
+        "TokenizerProvider",
+        ("zoi",),
+        {"impl": "zoi"},
+        texts_only=True,
+    ),
+    Spec(
+        "tokenizer-hf",
+        "tokenizer only: HF tokenizers (1 thread)",
+        "cpu",
+        "fp32",
+        _P + "text_only",
+        "TokenizerProvider",
+        ("tokenizers",),
+        {"impl": "hf"},
+        texts_only=True,
+    ),
+    Spec(
+        "st-cuda-fp16",
+        "sentence-transformers FP16 (CUDA)",
+        "cuda",
+        "fp16",
+        _P + "text_only",
+        "SentenceTransformerProvider",
+        ("torch", "sentence_transformers"),
+        {"device": "cuda", "dtype": "float16"},
+        texts_only=True,
+        text_baseline=True,
     ),
     # GPU (run when torch.cuda is available)
     Spec(

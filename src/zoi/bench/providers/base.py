@@ -51,6 +51,30 @@ class Provider:
         """``weights_bytes`` (and ``arena_bytes``, ``gpu_reserved_bytes`` where known)."""
         return {}
 
+    # -- text workloads: texts in host memory -> float32 [B, H] in host memory -------------
+    def prepare_texts(self, texts: list[str], n_batches: int):
+        return texts, n_batches
+
+    def call_texts(self, prepared) -> np.ndarray:
+        """Tokenise (the library's own way, or the model's HF tokenizer for runtimes that
+        have none) and run; what is timed for the text workloads."""
+        raise NotImplementedError(f"{type(self).__name__} has no text path")
+
+
+def hf_tokenizer(model_dir: str, max_len: int, pad: bool):
+    """The model's fast tokenizer as a user of a runtime without one would set it up."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    tk = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    tk.enable_truncation(max_len)
+    if pad:
+        tk.enable_padding()  # to the longest of each batch
+    else:
+        tk.no_padding()
+    return tk
+
 
 class PaddedProvider(Provider):
     """Peers take padded batches: sequences sorted by length, cut into ``n_batches`` batches,
@@ -69,6 +93,23 @@ class PaddedProvider(Provider):
 
     def call(self, prepared) -> np.ndarray:
         outs = [self.run(f) for f in prepared]
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    def prepare_texts(self, texts, n_batches):
+        if not hasattr(self, "_tk"):
+            self._tk = hf_tokenizer(self.model_dir, self.spec_max_len(), pad=True)
+        return [list(c) for c in np.array_split(np.asarray(texts, dtype=object), n_batches)]
+
+    def spec_max_len(self) -> int:
+        return min(512, self.max_tokens)
+
+    def call_texts(self, prepared) -> np.ndarray:
+        outs = []
+        for chunk in prepared:
+            encs = self._tk.encode_batch(chunk)
+            ids = np.asarray([e.ids for e in encs], dtype=np.int64)
+            mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
+            outs.append(self.run(self.feed(ids, mask)))
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def embed(self, seqs, batch):

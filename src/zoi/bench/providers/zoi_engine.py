@@ -83,6 +83,10 @@ class ZoiProvider(Provider):
         ids, pos, cu = prepared
         return self.engine.run_packed(ids, pos, cu, normalize=False)
 
+    def call_texts(self, prepared):
+        texts, _ = prepared  # one call: zoi chunks by token budget itself
+        return self.engine.encode(texts, normalize_embeddings=False)
+
     def embed(self, seqs, batch):
         out = []
         i = 0

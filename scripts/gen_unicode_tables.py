@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Generate csrc/tokenizer/unicode_tables.h: the per-codepoint tables of the native WordPiece
+tokenizer (BertNormalizer + BertPreTokenizer), made from Python's `unicodedata` and checked
+against HF `tokenizers` on every codepoint.
+
+HF `tokenizers` does not use one Unicode version: categories (control, punctuation, nonspacing
+mark) come from the `unicode_categories` crate (an old Unicode), whitespace and lowercase from
+Rust's std (a recent one), NFD from the `unicode-normalization` crate. The tables must follow
+HF, not the standard, so every property taken from `unicodedata` is compared with HF's answer
+for that codepoint, and where they differ HF's answer is used; the overrides are counted and
+printed (the header records the counts). Needs `tokenizers` installed:
+
+    python scripts/gen_unicode_tables.py            # writes the header
+    python scripts/gen_unicode_tables.py --check    # exits 1 if the header is stale
+
+tests/tokenizer/test_unicode_tables.py checks the built tokenizer against HF on every codepoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import unicodedata
+from pathlib import Path
+
+from tokenizers import normalizers, pre_tokenizers
+
+OUT = Path(__file__).resolve().parents[1] / "csrc" / "tokenizer" / "unicode_tables.h"
+MAXCP = 0x110000
+F_DROP, F_WS, F_PUNCT, F_MN, F_LOWER, F_DECOMP, F_CJK = 1, 2, 4, 8, 16, 32, 64
+# CJK ranges of handle_chinese_chars as HF writes them (0x2B920, not BERT's 0x2B820); checked below
+CJK = [
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B920, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+]
+
+
+def is_surrogate(c: int) -> bool:
+    return 0xD800 <= c <= 0xDFFF
+
+
+def base_props(c: int) -> dict:
+    """What Python's unicodedata says (the standard, its Unicode version)."""
+    ch = chr(c)
+    cat = unicodedata.category(ch)
+    ws = ch.isspace() and c not in (0x1C, 0x1D, 0x1E, 0x1F)  # White_Space, not Python's bidi B/S
+    return {
+        "drop": c == 0 or c == 0xFFFD or (cat[0] == "C" and ch not in "\t\n\r"),
+        "ws": ws,
+        "punct": (c < 128 and not ch.isalnum() and 33 <= c <= 126) or cat[0] == "P",
+        "mn": cat == "Mn",
+        "lower": ch.lower(),
+        "nfd": unicodedata.normalize("NFD", ch),
+        "ccc": unicodedata.combining(ch),
+        "cjk": any(a <= c <= z for a, z in CJK),
+    }
+
+
+class HF:
+    """HF's answer for one codepoint, from its own normalizers and pre-tokenizer."""
+
+    def __init__(self):
+        self.clean = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=False, strip_accents=False, lowercase=False
+        )
+        self.strip = normalizers.BertNormalizer(
+            clean_text=False, handle_chinese_chars=False, strip_accents=True, lowercase=False
+        )
+        self.lower = normalizers.BertNormalizer(
+            clean_text=False, handle_chinese_chars=False, strip_accents=False, lowercase=True
+        )
+        self.cjk = normalizers.BertNormalizer(
+            clean_text=False, handle_chinese_chars=True, strip_accents=False, lowercase=False
+        )
+        self.nfd = normalizers.NFD()
+        self.pre = pre_tokenizers.BertPreTokenizer()
+
+    def props(self, c: int) -> dict:
+        ch = chr(c)
+        cleaned = self.clean.normalize_str(ch)
+        words = [w for w, _ in self.pre.pre_tokenize_str("a" + ch + "a")]
+        nfd = self.nfd.normalize_str(ch)
+        return {
+            "drop": cleaned == "",
+            "ws_clean": cleaned == " " and ch != " ",
+            "ws": words == ["a", "a"],
+            "punct": words == ["a", ch, "a"],
+            # a nonspacing mark: removed by strip_accents (asked only of NFD-stable codepoints)
+            "mn": nfd == ch and self.strip.normalize_str(ch) == "",
+            "lower": self.lower.normalize_str(ch),
+            "nfd": nfd,
+            "cjk": self.cjk.normalize_str(ch) == f" {ch} ",
+        }
+
+
+def probe_ccc(hf: HF, c: int, marks: dict[int, int]) -> int:
+    """HF's canonical combining class of c (NFD-stable): NFD moves a mark of class j before
+    one of class k > j and leaves class 0 alone, so c's class is the representative mark's
+    class k for which neither order of the pair changes, given some other pair does change."""
+    ch = chr(c)
+    same, moved = [], False
+    for k in sorted(marks):
+        m = chr(marks[k])
+        before = hf.nfd.normalize_str(m + ch) == m + ch
+        after = hf.nfd.normalize_str(ch + m) == ch + m
+        moved |= not (before and after)
+        if before and after:
+            same.append(k)
+    if not moved:
+        return 0
+    if len(same) != 1:
+        raise SystemExit(f"U+{c:04X}: cannot place its combining class (matches {same})")
+    return same[0]
+
+
+def build() -> tuple[list[int], list[int], dict, dict, dict]:
+    hf = HF()
+    flags = [0] * MAXCP
+    ccc = [0] * MAXCP
+    lower: dict[int, str] = {}
+    decomp: dict[int, str] = {}
+    over = {k: 0 for k in ("drop", "ws", "punct", "mn", "lower", "nfd", "ccc", "cjk")}
+    # one representative mark per combining class, one HF knows (its NFD may be of an older
+    # Unicode): the representative of class k > 1 must move before U+0334 (class 1)
+    m1 = chr(0x0334)
+    marks: dict[int, int] = {1: 0x0334}
+    for c in range(MAXCP):
+        if is_surrogate(c):
+            continue
+        k = unicodedata.combining(chr(c))
+        if k and k not in marks and unicodedata.normalize("NFD", chr(c)) == chr(c):
+            if hf.nfd.normalize_str(chr(c) + m1) == m1 + chr(c):
+                marks[k] = c
+    for c in range(MAXCP):
+        if is_surrogate(c):
+            continue
+        b, h = base_props(c), hf.props(c)
+        if h["ws_clean"] != (h["ws"] and not h["drop"] and c != 0x20):
+            raise SystemExit(f"U+{c:04X}: HF's clean_text and pre-tokenizer disagree on whitespace")
+        for k in ("drop", "ws", "punct", "lower", "nfd", "cjk"):
+            if b[k] != h[k]:
+                over[k] += 1
+        mn = h["mn"] if h["nfd"] == chr(c) else b["mn"]  # Mn only matters for NFD-stable cps
+        if h["nfd"] == chr(c) and b["mn"] != h["mn"]:
+            over["mn"] += 1
+        f = 0
+        f |= F_DROP if h["drop"] else 0
+        f |= F_WS if h["ws"] else 0
+        f |= F_PUNCT if h["punct"] else 0
+        f |= F_MN if mn else 0
+        f |= F_CJK if h["cjk"] else 0
+        if h["lower"] != chr(c):
+            f |= F_LOWER
+            lower[c] = h["lower"]
+        if h["nfd"] != chr(c) and not (0xAC00 <= c <= 0xD7A3):  # Hangul: algorithmic
+            f |= F_DECOMP
+            decomp[c] = h["nfd"]
+        flags[c] = f
+        k = b["ccc"] if h["nfd"] == chr(c) else 0  # decomposed codepoints: their parts' classes
+        if k:
+            kh = probe_ccc(hf, c, marks)
+            if kh != k:
+                over["ccc"] += 1
+                k = kh
+        ccc[c] = k
+    # a codepoint unicodedata calls class 0 but HF reorders: one probe against class 1 and 230
+    m1, m230 = chr(0x0334), chr(marks[230])
+    for c in range(MAXCP):
+        if is_surrogate(c) or ccc[c] or hf.nfd.normalize_str(chr(c)) != chr(c):
+            continue
+        ch = chr(c)
+        if hf.nfd.normalize_str(ch + m1) != ch + m1 or hf.nfd.normalize_str(m230 + ch) != m230 + ch:
+            ccc[c] = probe_ccc(hf, c, marks)
+            over["ccc"] += 1
+    for c, s in decomp.items():  # full decompositions hold only NFD-stable codepoints
+        assert all(hf.nfd.normalize_str(x) == x for x in s), hex(c)
+    return flags, ccc, lower, decomp, over
+
+
+def two_stage(values: list[int], block: int = 256) -> tuple[list[int], list[int]]:
+    blocks: dict[tuple, int] = {}
+    stage1, stage2 = [], []
+    for i in range(0, len(values), block):
+        key = tuple(values[i : i + block])
+        if key not in blocks:
+            blocks[key] = len(blocks)
+            stage2.extend(key)
+        stage1.append(blocks[key])
+    return stage1, stage2
+
+
+def c_array(ctype: str, name: str, vals: list[int], per_line: int = 24) -> str:
+    lines = [f"inline constexpr {ctype} {name}[{len(vals)}] = {{"]
+    for i in range(0, len(vals), per_line):
+        lines.append("  " + ",".join(str(v) for v in vals[i : i + per_line]) + ",")
+    lines.append("};")
+    return "\n".join(lines)
+
+
+def render(flags, ccc, lower, decomp, over) -> str:
+    props = [f | (k << 8) for f, k in zip(flags, ccc, strict=True)]
+    s1, s2 = two_stage(props)
+    single = sorted((c, ord(s)) for c, s in lower.items() if len(s) == 1)
+    multi = sorted((c, s) for c, s in lower.items() if len(s) != 1)
+    lcp, lto = [c for c, _ in single], [t for _, t in single]
+    mcp, moff, mdata = [], [0], []
+    for c, s in multi:
+        mcp.append(c)
+        mdata.extend(ord(x) for x in s)
+        moff.append(len(mdata))
+    dcp, doff, ddata = [], [0], []
+    for c in sorted(decomp):
+        dcp.append(c)
+        ddata.extend(ord(x) for x in decomp[c])
+        doff.append(len(ddata))
+    import tokenizers
+
+    head = f"""// GENERATED by scripts/gen_unicode_tables.py - do not edit.
+// Python unicodedata {unicodedata.unidata_version}, checked against HF tokenizers {tokenizers.__version__} on every
+// codepoint; HF's answer replaced unicodedata's for: {", ".join(f"{k} {v}" for k, v in over.items())}.
+// props = flags | ccc << 8 (two-stage table over blocks of 256 codepoints).
+#pragma once
+#include <cstdint>
+
+namespace zoi::tok::uni {{
+inline constexpr uint16_t F_DROP = {F_DROP}, F_WS = {F_WS}, F_PUNCT = {F_PUNCT}, F_MN = {F_MN}, F_LOWER = {F_LOWER}, F_DECOMP = {F_DECOMP}, F_CJK = {F_CJK};
+"""
+    body = [
+        c_array("uint16_t", "kStage1", s1),
+        c_array("uint16_t", "kStage2", s2),
+        c_array("uint32_t", "kLowerCp", lcp),
+        c_array("uint32_t", "kLowerTo", lto),
+        c_array("uint32_t", "kLowerMultiCp", mcp),
+        c_array("uint16_t", "kLowerMultiOff", moff),
+        c_array("uint32_t", "kLowerMultiData", mdata),
+        c_array("uint32_t", "kDecompCp", dcp),
+        c_array("uint16_t", "kDecompOff", doff),
+        c_array("uint32_t", "kDecompData", ddata),
+    ]
+    return head + "\n".join(body) + "\n}  // namespace zoi::tok::uni\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if the committed header is stale")
+    args = ap.parse_args()
+    text = render(*build())
+    if args.check:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is stale: run python scripts/gen_unicode_tables.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    print(f"wrote {OUT} ({len(text) // 1024} KB)", file=sys.stderr)
+    print(text.splitlines()[2], file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
