@@ -86,6 +86,7 @@ if has e2e; then  # texts in host memory -> embeddings in host memory (tokenisin
   log "end to end: encode(texts) vs run_packed(ids)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${E2E_TIMEOUT:-240}" $PY -m zoi.bench.e2e --device cuda --precision "${E2E_PRECISIONS:-fp16}" \
     --shapes "${E2E_SHAPES:-1x128,32x128,256x128,mixed1000}" --reps 10 --rounds 5 ${E2E_ST:+--st} \
+    ${ZOI_MINILM_DIR:+--model "$ZOI_MINILM_DIR"} \
     --out "$OUT/gpu_e2e_${STAMP}.json" 2>&1 | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if has arena; then  # the product call: the default max_tokens is the smallest arena within 5% of the best at 256x128
