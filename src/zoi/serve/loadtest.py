@@ -151,7 +151,7 @@ def build_request(route: str, texts: list[str], model: str) -> tuple[str, bytes,
                     {
                         "name": "TEXT",
                         "datatype": "BYTES",
-                        "shape": [len(texts)],
+                        "shape": [len(texts), 1],  # Triton's batch form; zoi takes it too
                         "parameters": {"binary_data_size": len(raw)},
                     }
                 ],
