@@ -136,6 +136,129 @@ def build_app(
     return dep.bind(str(art), fields, name, device)
 
 
+# ---- a deployment as a child process (tests, `zoi bench serve --target ray`) ---------------------
+class RayServeProcess:
+    """`zoi deploy ray ARTIFACT` as a child process on 127.0.0.1 with a free port, in its own
+    session (the local Ray's processes with it); SIGTERM to stop, the session killed if it hangs."""
+
+    READY = "zoi deploy ray: ready on "
+
+    def __init__(
+        self,
+        artifact: str | os.PathLike,
+        replicas: int = 2,
+        args: list[str] | None = None,
+        env: dict | None = None,
+        log_path: str | os.PathLike | None = None,
+        startup_timeout: float = 300.0,
+    ):
+        import subprocess
+
+        cmd = [
+            sys.executable,
+            "-m",
+            "zoi.integrations.ray",
+            str(artifact),
+            "--replicas",
+            str(replicas),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *(args or []),
+        ]
+        self.lines: list[str] = []
+        self._log = open(log_path, "w") if log_path else None  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+        ready = threading.Event()
+        found: list[str] = []
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if self._log:
+                    self._log.write(line)
+                    self._log.flush()
+                if self.READY in line and not found:
+                    found.append(line.split(self.READY, 1)[1].split()[0])
+                    ready.set()
+            ready.set()
+
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
+        if not ready.wait(startup_timeout) or not found:
+            self.kill()
+            raise RuntimeError("zoi deploy ray did not become ready:\n" + self.log()[-4000:])
+        self.url = found[0]
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def session_pids(self) -> list[int]:
+        """Processes of this deployment's session (driver, local Ray, replicas)."""
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if int((d / "stat").read_text().rsplit(")", 1)[1].split()[3]) == self.proc.pid:
+                        out.append(int(d.name))
+                except (OSError, ValueError, IndexError):
+                    continue
+        return out
+
+    def replica_pids(self) -> list[int]:
+        """Process ids of the replicas (Ray names them ray::ServeReplica:zoi:ZoiReplica)."""
+        out = []
+        for pid in self.session_pids():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"ServeReplica:" in cmd and b"ZoiReplica" in cmd:
+                out.append(pid)
+        return sorted(out)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def stop(self, timeout: float = 90.0) -> int:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        try:  # whatever the local Ray left behind in the session
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._pump.join(5)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 # ---- the command -------------------------------------------------------------------------------
 def _free_port(host: str) -> int:
     import socket

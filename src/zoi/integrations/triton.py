@@ -200,7 +200,10 @@ class TritonServerProcess:
         startup_timeout: float = 300.0,
         extra_args: list[str] | None = None,
         env: dict | None = None,
+        supervise: bool = True,
     ):
+        self.repo = Path(repo).resolve()
+        self.reloads: list[str] = []  # models reloaded after a dead instance, in order
         self.venv = Path(venv) if venv else default_venv()
         py = self.venv / "bin" / "python"
         if not py.exists():
@@ -243,6 +246,7 @@ class TritonServerProcess:
             "--exit-on-error=true",
             "--log-verbose=0",
             "--exit-timeout-secs=10",
+            *(["--model-control-mode=explicit", "--load-model=*"] if supervise else []),
             *(extra_args or []),
         ]
         full = {**os.environ, **(env or {})}
@@ -268,6 +272,81 @@ class TritonServerProcess:
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self._wait_ready(startup_timeout)
+        self._stop = threading.Event()
+        self._watch = None
+        if supervise:
+            self._watch = threading.Thread(target=self._supervise, daemon=True)
+            self._watch.start()
+
+    # A Python-backend instance whose stub dies is not restarted by this Triton: it fails its
+    # share of the model's requests ("Stub process ... is not healthy", HTTP 500) for good.
+    # The supervisor reloads such a model (explicit model control, a config override that
+    # only bumps a parameter): Triton loads fresh instances, then retires the old ones.
+    def _supervise(self) -> None:
+        known: dict[int, str] = {}  # live stub pid -> its model
+        retiring: set[int] = set()  # stubs of a generation we replaced: they may go
+        gen = 0
+        while not self._stop.wait(0.5):
+            now = {pid: (st, m) for pid, st, m in self._stubs()}
+            dead: set[str] = set()
+            for pid, model in list(known.items()):
+                st = now.get(pid, ("gone", model))[0]
+                if st in ("Z", "X", "gone"):
+                    del known[pid]
+                    if pid not in retiring and not self._stop.is_set():
+                        dead.add(model)
+            for pid, (st, m) in now.items():
+                if m and st not in ("Z", "X") and pid not in retiring:
+                    known.setdefault(pid, m)
+            for model in sorted(dead):
+                gen += 1
+                old = {p for p, m in known.items() if m == model}
+                try:
+                    self.reload(model, gen)
+                except Exception as e:  # keep watching; the log says why
+                    self.lines.append(f"zoi supervisor: reloading {model} failed: {e}\n")
+                    continue
+                retiring |= old
+                for p in old:
+                    known.pop(p, None)
+
+    def reload(self, model: str, generation: int = 1) -> None:
+        """Reload `model` with fresh instances (its config, a parameter bumped)."""
+        import json
+
+        with urllib.request.urlopen(f"{self.url}/v2/models/{model}/config", timeout=30) as r:
+            cfg = json.loads(r.read())
+        cfg.setdefault("parameters", {})["zoi_generation"] = {"string_value": str(generation)}
+        body = json.dumps({"parameters": {"config": json.dumps(cfg)}}).encode()
+        req = urllib.request.Request(
+            f"{self.url}/v2/repository/models/{model}/load",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            r.read()
+        self.reloads.append(model)
+        self.lines.append(f"zoi supervisor: reloaded {model} (an instance had died)\n")
+
+    def _stubs(self) -> list[tuple[int, str, str | None]]:
+        """(pid, state, model) of each Python-backend stub of this server."""
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(rest[1]) != self.proc.pid or "triton_python" not in (d / "comm").read_text():
+                    continue
+                model = None
+                args = (d / "cmdline").read_bytes().split(b"\0")
+                if len(args) > 1 and args[1].endswith(b"model.py"):
+                    model = Path(args[1].decode()).parent.parent.name
+                out.append((int(d.name), rest[0], model))
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -297,22 +376,15 @@ class TritonServerProcess:
     def log(self) -> str:
         return "".join(self.lines)
 
-    def stub_pids(self) -> list[int]:
-        """Process ids of the Python backend's stubs (one per model instance)."""
-        out = []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                stat = (d / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                if ppid == self.proc.pid and "triton_python" in (d / "comm").read_text():
-                    out.append(int(d.name))
-            except (OSError, ValueError, IndexError):
-                continue
-        return sorted(out)
+    def stub_pids(self, model: str | None = None) -> list[int]:
+        """Process ids of the live Python-backend stubs (one per model instance)."""
+        return sorted(
+            p for p, st, m in self._stubs() if st not in ("Z", "X") and model in (None, m)
+        )
 
     def stop(self, timeout: float = 60.0) -> int:
+        if getattr(self, "_stop", None) is not None:
+            self._stop.set()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
