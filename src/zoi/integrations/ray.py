@@ -290,8 +290,13 @@ def cmd_deploy_ray(args) -> int:
         ray.init(address=args.address, logging_level=logging.WARNING)
     else:
         cores = os.cpu_count() or 1
+        gpu_kw = {}
+        if isinstance(gpus, list):  # a local Ray sees just these GPUs; one replica on each
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            gpu_kw["num_gpus"] = len(gpus)
         ray.init(
             address="local",
+            **gpu_kw,
             num_cpus=max(cores, int(args.replicas * args.cpus_per_replica) + 1),
             include_dashboard=False,
             object_store_memory=args.object_store_mb << 20,

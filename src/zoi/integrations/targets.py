@@ -82,16 +82,18 @@ def start_target(args) -> Started:
             from zoi.integrations.triton import TritonServerProcess, export_repository
 
             kw = {} if delay is None else {"max_queue_delay_us": delay}
-            export_repository(art, Path(tmp) / "repo", name="zoi", instances=args.instances, **kw)
+            name = f"zoi-{args.instances}i"  # the model name tells the variant in the results
+            export_repository(art, Path(tmp) / "repo", name=name, instances=args.instances, **kw)
             cores = len(os.sched_getaffinity(0))
             threads = max(1, cores // args.instances)
             print(f"starting tritonserver ({args.instances} instances) ...", file=sys.stderr)
             srv = TritonServerProcess(Path(tmp) / "repo", env={"ZOI_NUM_THREADS": str(threads)})
-            return Started(srv.url, "zoi", "kserve", [srv], tmp)
+            return Started(srv.url, name, "kserve", [srv], tmp)
         if target == "ray":
             from zoi.integrations.ray import RayServeProcess
 
-            extra = ["--log-level", "warning", *args.server_arg]
+            extra = ["--log-level", "warning", "--served-model-name", f"ray-{args.replicas}r"]
+            extra += args.server_arg
             if delay is not None:
                 extra += ["--max-queue-delay-us", str(delay)]
             print(f"starting Ray Serve ({args.replicas} replicas) ...", file=sys.stderr)
