@@ -129,7 +129,7 @@ def test_replica_killed_during_load_errors_never_hangs(ray_server, engine):
     th.join(320)
     assert not th.is_alive(), "load did not finish: a request hung"
     res, got = out["res"]
-    assert res.ok + res.errors == 600 and res.ok >= 300
+    assert res.ok + res.errors == 600 and res.ok >= 200
     assert all(e.startswith("HTTP 5") or "connection" in e for e in res.error_samples)
     good = [i for i in range(600) if got[i] is not None]
     assert (

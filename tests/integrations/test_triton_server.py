@@ -186,7 +186,9 @@ def test_instance_killed_during_load_errors_never_hangs(triton, engine):
     th.join(320)
     assert not th.is_alive(), "load did not finish: a request hung"
     res, got = out["res"]
-    assert res.ok + res.errors == 800 and res.ok >= 400
+    # the dead instance fails its share at once until the model is reloaded: many fast errors
+    assert res.ok + res.errors == 800 and res.ok >= 100
+    assert all("HTTP 500" in e and "not healthy" in e for e in res.error_samples), res.error_samples
     idx = np.arange(800) % len(texts)
     good = [i for i in range(800) if got[i] is not None]
     assert cosine_rows(np.concatenate([got[i] for i in good]), ref[idx[good]]).min() >= 0.99999
@@ -202,4 +204,3 @@ def test_instance_killed_during_load_errors_never_hangs(triton, engine):
     )
     assert res2.errors == 0, res2.error_samples
     assert cosine_rows(np.concatenate(got2), ref[np.arange(200) % 100]).min() >= 0.99999
-    assert res.errors == 0 or any("not healthy" in e for e in res.error_samples)

@@ -103,3 +103,35 @@ def start_target(args) -> Started:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     raise ValueError(f"unknown target {target!r} ({', '.join(TARGETS)})")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of process `root` and all its live descendants (Linux /proc).
+
+    On a shared machine, throughput depends on the CPU share the server gets; CPU seconds per
+    request does not, so the paths are compared on both.
+    """
+    procs: dict[int, tuple[int, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            procs[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+        except (OSError, ValueError, IndexError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0.0, [root]
+    while stack:
+        p = stack.pop()
+        if p in procs:
+            total += procs[p][1]
+        stack.extend(children.get(p, []))
+    return total
+
+
+def server_pid(started: Started) -> int:
+    return started.handles[0].proc.pid
