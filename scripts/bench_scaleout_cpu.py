@@ -17,8 +17,8 @@ import os
 import sys
 import time
 
+from zoi.bench.loadtest import make_texts, run_load
 from zoi.integrations.targets import server_pid, start_target, tree_cpu_seconds
-from zoi.serve.loadtest import make_texts, run_load
 
 VARIANTS = {
     "zoi": dict(target="zoi"),

@@ -14,7 +14,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from zoi.serve.loadtest import run_load
+from zoi.bench.loadtest import run_load
 
 from .conftest import cosine_rows, mixed_texts
 

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from zoi.bench.loadtest import run_load
 from zoi.integrations.triton import TritonServerProcess, export_repository
-from zoi.serve.loadtest import run_load
 
 from .conftest import cosine_rows, mixed_texts
 

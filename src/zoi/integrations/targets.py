@@ -70,7 +70,7 @@ def start_target(args) -> Started:
     target = getattr(args, "target", "zoi")
     delay = getattr(args, "queue_delay_us", None)
     if target == "zoi":
-        from zoi.serve.loadtest import ServerProcess
+        from zoi.bench.loadtest import ServerProcess
 
         env = {"ZOI_MAX_QUEUE_DELAY_US": str(delay)} if delay is not None else None
         srv = ServerProcess(args.model, env=env, args=list(args.server_arg))

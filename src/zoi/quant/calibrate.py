@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zoi.quant.forward import linear_prefix, run_graph
+from zoi.graph.build import linear_prefix
+from zoi.quant.forward import run_graph
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, positions, cu_seqlens
 
@@ -157,7 +158,7 @@ def observe(
     progress: bool = False,
 ) -> dict[str, object]:
     """Feed every linear's (pre-transformed) input to a fresh observer; returns them by prefix."""
-    from zoi.quant.forward import pre_transform
+    from zoi.numerics.reference import pre_transform
 
     obs: dict[str, object] = {}
 

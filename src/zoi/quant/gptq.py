@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zoi.quant.primitives import QMAX
+from zoi.numerics.primitives import QMAX
 
 
 def weight_scale(w: np.ndarray) -> np.ndarray:

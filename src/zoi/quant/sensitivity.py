@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zoi.quant.forward import linear_apply, run_graph
+from zoi.numerics.reference import linear_apply
+from zoi.quant.forward import run_graph
 
 
 def layer_sqnr(

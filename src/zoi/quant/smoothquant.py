@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zoi.quant.forward import linear_prefix
+from zoi.graph.build import linear_prefix
 
 S_MIN, S_MAX = 1e-4, 1e4
 

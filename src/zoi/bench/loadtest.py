@@ -6,7 +6,7 @@ one request at a time, a bounded number of requests in all. Texts are synthetic,
 lengths, from a fixed seed, so runs are comparable. Without --url the command starts
 `zoi serve` itself on 127.0.0.1 with a free port and stops it (SIGTERM) at the end.
 
-Wire it as `zoi bench serve` with `zoi.serve.loadtest.register_bench(bench_subparsers)`.
+Wire it as `zoi bench serve` with `zoi.bench.loadtest.register_bench(bench_subparsers)`.
 """
 
 from __future__ import annotations
@@ -471,9 +471,6 @@ def register_bench(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--output", "-o", default=None, help="append results as JSON lines to this file")
     p.add_argument("--json", action="store_true", help="print results as JSON")
-    from zoi.integrations.targets import add_target_args
-
-    add_target_args(p)  # --target zoi|triton|ray, --replicas, --instances, --queue-delay-us
     p.set_defaults(func=cmd_bench_serve)
     return p
 
@@ -482,15 +479,13 @@ def cmd_bench_serve(args) -> int:
     texts = make_texts(2000, seed=0, min_words=args.min_words, max_words=args.max_words)
     server = None
     url = args.url
-    model = None
     if url is None:
-        from zoi.integrations.targets import start_target
-
-        print(f"starting {getattr(args, 'target', 'zoi')} ...", file=sys.stderr, flush=True)
-        server = start_target(args)  # zoi serve, tritonserver or Ray Serve
-        url, model, args.route = server.url, server.model, server.route or args.route
+        print("starting zoi serve ...", file=sys.stderr, flush=True)
+        server = ServerProcess(args.model, args=list(args.server_arg))
+        url = server.url
     try:
-        model = model or asyncio.run(_model_name(url))
+        # a server without /info (Triton, started by zoi.integrations) names its model itself
+        model = getattr(args, "served_model", None) or asyncio.run(_model_name(url))
         asyncio.run(run_load(url, texts, 4, args.warmup, args.route, model, args.texts_per_request))
         rounds = max(1, args.rounds)
         per: dict[int, list[LoadResult]] = {c: [] for c in args.concurrency}
@@ -515,7 +510,7 @@ def cmd_bench_serve(args) -> int:
     meta = {
         "url": url,
         "route": args.route,
-        "target": getattr(args, "target", "zoi") if args.url is None else args.url,
+        "target": getattr(args, "target", None) or "zoi serve",
         "model": model,
         "cores": os.cpu_count(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -549,7 +544,9 @@ def _print_table(results: list[LoadResult], meta: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{meta['target']}, route {meta['route']}, {meta['model']} ({meta['cores']} cores)")
+    t = Table(
+        title=f"{meta['target']}, route {meta['route']}, {meta['model']} ({meta['cores']} cores)"
+    )
     for c in ("conc", "reqs", "req/s", "texts/s", "p50 ms", "p99 ms", "batch", "speed-up", "err"):
         t.add_column(c, justify="right")
     base = results[0].req_per_s if results else 1.0
