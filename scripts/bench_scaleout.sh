@@ -2,7 +2,8 @@
 # zoi serve vs Triton vs Ray Serve on the same load (kserve route, mixed lengths), interleaved:
 # each cycle runs every variant once, so a shared machine's drifting load spreads over all.
 # Variants: zoi (one engine, all cores), zoi-1t (one engine, 1 thread), triton (1 instance,
-# all cores), triton-2i (2 instances x 1 thread), ray (2 replicas x 1 thread).
+# all cores), triton-2i (2 instances x 1 thread), ray (2 replicas x 1 thread), ray-haproxy
+# (the same behind Ray's HAProxy ingress).
 # Usage: scripts/bench_scaleout.sh [CYCLES] [OUT.jsonl] [VARIANTS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ for c in $(seq 1 "$CYCLES"); do
       triton) zoi bench serve "$ART" --target triton --instances 1 "${COMMON[@]}" ;;
       triton-2i) zoi bench serve "$ART" --target triton --instances 2 "${COMMON[@]}" ;;
       ray) zoi bench serve "$ART" --target ray --replicas 2 "${COMMON[@]}" ;;
+      ray-haproxy) zoi bench serve "$ART" --target ray --replicas 2 --server-arg=--proxy=haproxy "${COMMON[@]}" ;;
       *) echo "unknown variant $v" >&2; exit 2 ;;
     esac > /dev/null
   done

@@ -26,6 +26,7 @@ VARIANTS = {
     "triton-1i": dict(target="triton", instances=1),
     "triton-2i": dict(target="triton", instances=2),
     "ray-2r": dict(target="ray", replicas=2),
+    "ray-2r-haproxy": dict(target="ray", replicas=2, server_arg=["--proxy", "haproxy"]),
 }
 
 
@@ -46,7 +47,7 @@ def main() -> int:
             spec = VARIANTS[v]
             ns = argparse.Namespace(
                 model=a.artifact,
-                server_arg=[],
+                server_arg=list(spec.get("server_arg", [])),
                 queue_delay_us=a.queue_delay_us,
                 target=spec["target"],
                 instances=spec.get("instances", 1),

