@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,20 @@ def test_export_repository_layout(artifact, tmp_path):
     w = model / "1" / "artifact" / "weights.safetensors"
     assert w.stat().st_size == (artifact / "weights.safetensors").stat().st_size
     assert "class TritonPythonModel" in (model / "1" / "model.py").read_text()
+    m2 = export_repository(
+        artifact,
+        tmp_path / "repo",
+        name="m2",
+        python_path=[str(tmp_path / "lib"), "rel"],
+        normalize=False,
+        truncate=False,
+        max_tokens=512,
+    )
+    cfg2 = (m2 / "config.pbtxt").read_text()
+    want = os.pathsep.join([str((tmp_path / "lib").resolve()), str(Path("rel").resolve())])
+    assert f'key: "zoi_python_path" value: {{ string_value: "{want}" }}' in cfg2
+    for k, v in (("zoi_normalize", "false"), ("zoi_truncate", "false"), ("zoi_max_tokens", "512")):
+        assert f'key: "{k}" value: {{ string_value: "{v}" }}' in cfg2
     with pytest.raises(FileNotFoundError, match="not a zoi artifact"):
         export_repository(tmp_path, tmp_path / "r2")
     with pytest.raises(ValueError, match="model name"):
