@@ -22,7 +22,7 @@ pytest.importorskip("ray.serve")
 
 from zoi.integrations.ray import RayServeProcess  # noqa: E402
 
-MODEL = "minilm"  # the artifact folder's name
+MODEL = "all-MiniLM-L6-v2"  # the model's own name, kept in the artifact (as zoi serve)
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,7 @@ def build_app(
     opts = deployment_options(replicas, gpus, **options)
     device = "cuda" if gpus is not None else cfg.device
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    name = model_name or cfg.served_model_name or art.name
+    name = model_name or cfg.served_model_name  # None: the model's own name, as zoi serve
     cls = serve.ingress()(ZoiReplica)
     dep = serve.deployment(name="ZoiReplica", **opts)(cls)
     return dep.bind(str(art), fields, name, device)
