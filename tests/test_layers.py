@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("quant, backends", ("zoi.quant", "zoi.backends")),  # siblings: neither imports the other
     ("engine", ("zoi.engine",)),
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
-    ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools", "zoi.integrations")),
+    ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),
+    ("scale-out", ("zoi.integrations",)),  # Triton / Ray: builds on zoi.serve and zoi.bench
     ("cli", ("zoi.cli", "zoi.__main__")),
 )
 

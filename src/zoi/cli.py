@@ -1,4 +1,4 @@
-"""The `zoi` command line: info, compile, encode, demo, eval, bench, serve."""
+"""The `zoi` command line: info, compile, encode, demo, eval, bench, serve, export, deploy."""
 
 from __future__ import annotations
 
@@ -543,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
-    for mod in ("zoi.tools.cli", "zoi.bench.cli", "zoi.serve.cli"):
+    for mod in ("zoi.tools.cli", "zoi.bench.cli", "zoi.serve.cli", "zoi.integrations.cli"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

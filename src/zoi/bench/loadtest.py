@@ -151,7 +151,7 @@ def build_request(route: str, texts: list[str], model: str) -> tuple[str, bytes,
                     {
                         "name": "TEXT",
                         "datatype": "BYTES",
-                        "shape": [len(texts)],
+                        "shape": [len(texts), 1],  # Triton's batch form; zoi takes it too
                         "parameters": {"binary_data_size": len(raw)},
                     }
                 ],
@@ -484,7 +484,8 @@ def cmd_bench_serve(args) -> int:
         server = ServerProcess(args.model, args=list(args.server_arg))
         url = server.url
     try:
-        model = asyncio.run(_model_name(url))
+        # a server without /info (Triton, started by zoi.integrations) names its model itself
+        model = getattr(args, "served_model", None) or asyncio.run(_model_name(url))
         asyncio.run(run_load(url, texts, 4, args.warmup, args.route, model, args.texts_per_request))
         rounds = max(1, args.rounds)
         per: dict[int, list[LoadResult]] = {c: [] for c in args.concurrency}
@@ -509,6 +510,7 @@ def cmd_bench_serve(args) -> int:
     meta = {
         "url": url,
         "route": args.route,
+        "target": getattr(args, "target", None) or "zoi serve",
         "model": model,
         "cores": os.cpu_count(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -542,7 +544,9 @@ def _print_table(results: list[LoadResult], meta: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"zoi serve, route {meta['route']}, {meta['model']} ({meta['cores']} cores)")
+    t = Table(
+        title=f"{meta['target']}, route {meta['route']}, {meta['model']} ({meta['cores']} cores)"
+    )
     for c in ("conc", "reqs", "req/s", "texts/s", "p50 ms", "p99 ms", "batch", "speed-up", "err"):
         t.add_column(c, justify="right")
     base = results[0].req_per_s if results else 1.0
