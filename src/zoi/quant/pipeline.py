@@ -21,7 +21,9 @@ import numpy as np
 from zoi.quant import primitives as P
 from zoi.quant.calibrate import calibrate, observe, token_batches, tokenize
 from zoi.quant.config import QuantConfig
-from zoi.quant.forward import linear_prefix, run_graph
+from zoi.quant.detforward import run_graph
+from zoi.quant.detmath import fixed_mean, fixed_sum
+from zoi.quant.forward import linear_prefix
 from zoi.quant.gptq import gptq_quantize
 from zoi.quant.observers import make_observer
 from zoi.quant.sensitivity import choose_fallback, fallback_cost, layer_sqnr
@@ -39,10 +41,10 @@ class _Q:
 
 def embedding_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray]:
     """score = mean(1 - cos) + mean of the worst 2% of (1 - cos); out/ref L2-normalised."""
-    err = 1.0 - np.sum(out.astype(np.float64) * ref, axis=1)
+    err = 1.0 - fixed_sum(out.astype(np.float64) * ref, 1)
     k = max(1, int(round(0.02 * len(err))))
     worst = np.sort(err)[-k:]
-    return float(err.mean() + worst.mean()), err
+    return float(fixed_mean(err) + fixed_mean(worst)), err
 
 
 def _input_producer(graph, p: str):
@@ -69,6 +71,34 @@ def _transform_gram(st, shift: np.ndarray | None, scale_div: np.ndarray | None) 
         m = 1.0 / scale_div.astype(np.float64)
         g = g * m[:, None] * m[None, :]
     return g
+
+
+def _blas_single_thread():
+    """One BLAS thread for GPTQ's many small (exact, order-independent) products: with two
+    threads on a loaded machine OpenBLAS spends most of the time waiting. No-op without
+    threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw) -> None:
+    """Step 3: per-channel INT8 weights of every linear into qw (GPTQ where a Gram exists)."""
+    for p in prefixes:
+        if cfg.gptq and st[p].gram is not None:
+            g = _transform_gram(
+                st[p],
+                shifts.get(p) if used.get(p) == "act" else None,
+                factors.get(p) if p in used else None,
+            )
+            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(ws[p + ".w"], g, cfg.gptq_damp)
+        else:
+            qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
+        del qw[p + ".w"]
 
 
 def run_pipeline(
@@ -104,9 +134,7 @@ def run_pipeline(
 
     def evaluate(w_float: dict) -> float:
         wq = _quantize_plain(w_float, prefixes)
-        outs = [
-            run_graph(graph, wq, *b, quant=qd, normalize=True, matmul_exact=False) for b in sbatches
-        ]
+        outs = [run_graph(graph, wq, *b, quant=qd, normalize=True) for b in sbatches]
         return embedding_error(np.concatenate(outs), sref)[0]
 
     # 2. SmoothQuant
@@ -204,17 +232,8 @@ def run_pipeline(
     # 3. weights
     t_w = time.perf_counter()
     qw = dict(ws)
-    for p in prefixes:
-        if cfg.gptq and st[p].gram is not None:
-            g = _transform_gram(
-                st[p],
-                shifts.get(p) if used.get(p) == "act" else None,
-                factors.get(p) if p in used else None,
-            )
-            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(ws[p + ".w"], g, cfg.gptq_damp)
-        else:
-            qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
-        del qw[p + ".w"]
+    with _blas_single_thread():  # small exact products: threads only contend (same bits)
+        _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw)
     t_w = time.perf_counter() - t_w
 
     # 4. static scheme: per-tensor amax from the observer, on the (smoothed) FP32 inputs
@@ -300,7 +319,10 @@ def run_pipeline(
         if site in ("v_fold", "ln_fold"):
             quant[p].info["in_scale"] = [float(v) for v in factors[p]]
 
+    from zoi.quant.provenance import record
+
     summary = {
+        "inputs": record(spec, weights, tokenizer, texts, cfg),
         "config": cfg.to_dict(),
         "calibration": {
             "texts": len(texts),
