@@ -39,6 +39,29 @@ class _Q:
         self.scheme, self.amax = scheme, amax
 
 
+def _domain_groups(labels) -> dict[str, list[int]]:
+    """Indices of each domain label, domains in order of first appearance."""
+    g: dict[str, list[int]] = {}
+    for i, d in enumerate(labels):
+        g.setdefault(d, []).append(i)
+    return g
+
+
+def _spread_per_domain(groups: dict[str, list[int]], total: int) -> list[int]:
+    """About total / len(groups) indices spread evenly over each domain's texts (sorted)."""
+    per = max(1, total // max(1, len(groups)))
+    out: list[int] = []
+    for ix in groups.values():
+        step = max(1, len(ix) // per)
+        out.extend(ix[::step][:per])
+    return sorted(out)
+
+
+def worst_domain_error(out: np.ndarray, ref: np.ndarray, labels) -> float:
+    """The search's score: the largest embedding_error over the domains of the texts."""
+    return max(embedding_error(out[ix], ref[ix])[0] for ix in _domain_groups(labels).values())
+
+
 def embedding_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray]:
     """score = mean(1 - cos) + mean of the worst 2% of (1 - cos); out/ref L2-normalised."""
     err = 1.0 - fixed_sum(out.astype(np.float64) * ref, 1)
@@ -109,11 +132,14 @@ def run_pipeline(
     texts: list[str],
     cfg: QuantConfig,
     progress: bool = False,
+    domains=None,
 ):
     from zoi.graph.compiled import LinearQuant
 
     t_start = time.perf_counter()
     texts = list(texts)[: cfg.max_calib_texts]
+    if domains is not None:
+        domains = list(domains)[: cfg.max_calib_texts]
     seqs = tokenize(tokenizer, texts)
     off = int(getattr(spec, "position_offset", 0))
     batches = token_batches(seqs, off, cfg.chunk_tokens)
@@ -126,16 +152,21 @@ def run_pipeline(
 
     # search subset, spread over the set
     n = len(seqs)
-    step = max(1, n // max(1, cfg.search_texts))
-    idx = list(range(0, n, step))[: cfg.search_texts]
+    labels = list(domains) if domains is not None else ["all"] * n
+    if len(labels) != n:
+        raise ValueError(f"{len(labels)} domain labels for {n} calibration texts")
+    groups = _domain_groups(labels)
+    # search subset: spread over each domain's texts, the domains sharing search_texts
+    idx = _spread_per_domain(groups, cfg.search_texts)
     sbatches = token_batches([seqs[i] for i in idx], off, cfg.chunk_tokens)
     sref = cal.reference[idx].astype(np.float64)
+    slabels = [labels[i] for i in idx]
     qd = {p: _Q("dynamic" if cfg.activations == "static" else cfg.activations) for p in prefixes}
 
     def evaluate(w_float: dict) -> float:
         wq = _quantize_plain(w_float, prefixes)
         outs = [run_graph(graph, wq, *b, quant=qd, normalize=True) for b in sbatches]
-        return embedding_error(np.concatenate(outs), sref)[0]
+        return worst_domain_error(np.concatenate(outs), sref, slabels)
 
     # 2. SmoothQuant
     sites = {p: smoothing_site(graph, p) for p in prefixes}
@@ -251,9 +282,16 @@ def run_pipeline(
 
     # 5. sensitivity and mixed precision
     t_s = time.perf_counter()
-    sq_idx = list(range(0, n, max(1, n // max(1, cfg.sqnr_texts))))[: cfg.sqnr_texts]
-    sq_batches = token_batches([seqs[i] for i in sq_idx], off, cfg.chunk_tokens)
-    sqnr = layer_sqnr(graph, ws, qw, quant, sq_batches, progress=progress)
+    # per-layer SQNR of each domain; a layer counts with its worst domain
+    sq_idx = _spread_per_domain(groups, cfg.sqnr_texts)
+    sqnr_by: dict[str, dict[str, float]] = {}
+    for d in groups:
+        sel = [i for i in sq_idx if labels[i] == d]
+        if sel:
+            bd = token_batches([seqs[i] for i in sel], off, cfg.chunk_tokens)
+            sqnr_by[d] = layer_sqnr(graph, ws, qw, quant, bd, progress=progress)
+    sqnr = {p: min(v[p] for v in sqnr_by.values()) for p in prefixes}
+    sqnr_worst = {p: min(sqnr_by, key=lambda d: sqnr_by[d][p]) for p in prefixes}
     t_s = time.perf_counter() - t_s
 
     out = dict(qw)
@@ -338,6 +376,8 @@ def run_pipeline(
         "weights_seconds": round(t_w, 2),
         "sqnr_seconds": round(t_s, 2),
         "sqnr_db": {p: round(float(sqnr[p]), 3) for p in prefixes},
+        "sqnr_worst_domain": sqnr_worst,
+        "calibration_domains": {d: len(ix) for d, ix in groups.items()},
         "fallback_fp32": fp32_full,
         "fallback_weight_only": weight_only,
         "weights_bytes": int(sum(a.nbytes for a in out.values())),
