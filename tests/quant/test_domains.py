@@ -73,3 +73,28 @@ def test_fidelity_cli_prints_the_table(tmp_path, capsys):
     p.write_text(json.dumps(rep))
     assert F.main([str(p)]) == 0
     assert "| queries | 12 | 1.00000 |" in capsys.readouterr().out
+
+
+def test_zoi_eval_per_domain_json_and_markdown(tmp_path, capsys):
+    from tests.conftest import build_hf_model, save_checkpoint
+
+    from zoi.cli import main
+
+    folder = save_checkpoint(build_hf_model("bert", seed=2), tmp_path / "tiny")
+    out = tmp_path / "report.json"
+    cfg = json.dumps({"gptq": False, "max_calib_texts": 48, "search_texts": 10, "sqnr_texts": 10})
+    args = ["eval", str(folder), "--domains", "queries,code", "--device", "emulated"]
+    args += ["--quant-config", cfg, "--json", str(out), "--markdown", "-q"]
+    assert main(args) == 0
+    md = capsys.readouterr().out
+    rep = json.loads(out.read_text())
+    assert list(rep["domains"]) == ["queries", "code"]
+    for name, d in rep["domains"].items():
+        assert d["texts"] == len(data.domain_texts(name))
+        assert 0.9 < d["cos_mean"] <= 1.0 + 1e-9 and d["cos_min"] <= d["cos_mean"]
+        assert 0.0 <= d["top10"] <= 1.0 and len(d["worst"]) == 5
+        assert d["worst"][0]["cos"] == pytest.approx(d["cos_min"], abs=1e-6)
+        assert d["worst"][0]["text"] in data.domain_texts(name)
+    assert rep["worst_domain"]["cos_min"]["domain"] in ("queries", "code")
+    assert len(rep["inputs"]["weights_sha256"]) == 64
+    assert md.startswith("| domain (") and "| queries |" in md and "| code |" in md

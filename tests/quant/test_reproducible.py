@@ -171,3 +171,75 @@ def test_compile_bytes_identical_across_threads_and_blas_kernels(small_bert, tmp
     # the two environments do give other float bits for plain BLAS on this machine
     # (recorded, not required: a BLAS without these knobs still has to give equal artifacts)
     print("plain BLAS results differ between the environments:", ta["teeth"] != tb["teeth"])
+
+
+# ---- another numpy major version ------------------------------------------------------
+
+_OTHER_NUMPY = "1.26.4" if np.__version__.startswith("2.") else "2.2.6"
+_VENV_DEPS = [
+    f"numpy=={_OTHER_NUMPY}",
+    "tokenizers>=0.19,<1",
+    "safetensors>=0.4,<1",
+    "tqdm",
+    "rich",
+]
+# run zoi from this checkout's src/, not from the editable install's finder
+_SRC_ONLY = (
+    "import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in "
+    "type(f).__module__ and 'skbc' not in type(f).__module__]; sys.path.insert(0, {src!r})\n"
+)
+
+
+def _other_numpy_python() -> str:
+    """A cached venv (~/.cache/zoi) with the other numpy major version and zoi's runtime deps."""
+    from pathlib import Path
+
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}-numpy{_OTHER_NUMPY}"
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zoi" / f"venv-{tag}"
+    py = root / "bin" / "python"
+    stamp = root / ".zoi-ready"
+    if not stamp.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+        r = subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", *_VENV_DEPS],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert r.returncode == 0, f"pip could not install {_VENV_DEPS}: {r.stderr[-2000:]}"
+        stamp.write_text("ok")
+    return str(py)
+
+
+def test_compile_bytes_identical_across_numpy_major_versions(small_bert, tmp_path):
+    """numpy 2.x (this venv) against 1.26 (a cached venv; or the reverse), with other
+    OpenBLAS builds too (each numpy wheel bundles its own)."""
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    other = _other_numpy_python()
+    code = _SRC_ONLY.format(src=src) + _COMPILE
+    outs = []
+    for py, name in ((sys.executable, "here"), (other, "other")):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["SOURCE_DATE_EPOCH"] = "1700000000"
+        r = subprocess.run(
+            [
+                py,
+                "-c",
+                code + "\nprint(np.__version__)",
+                str(small_bert),
+                str(tmp_path / name),
+                "default",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(r.stdout.strip().splitlines()[-1])
+    assert outs[0] == np.__version__ and outs[1] == _OTHER_NUMPY, outs
+    fa, fb = _files(tmp_path / "here"), _files(tmp_path / "other")
+    for name in fa:
+        assert fa[name] == fb[name], f"{name} differs between numpy {outs[0]} and {outs[1]}"
