@@ -44,7 +44,9 @@ def main(argv: list[str]) -> int:
     new = pat.sub(lambda _: block, text, count=1)
     if "--check" in argv:
         if new != text:
-            print("README.md's quality table is stale: run scripts/readme_quality.py", file=sys.stderr)
+            print(
+                "README.md's quality table is stale: run scripts/readme_quality.py", file=sys.stderr
+            )
             return 1
         return 0
     readme.write_text(new, encoding="utf-8")
