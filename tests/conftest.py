@@ -11,6 +11,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+try:  # no wall-clock deadlines in property tests: CI machines are small and shared
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("zoi", deadline=None)
+    _hyp_settings.load_profile("zoi")
+except ImportError:
+    pass
+
 
 def minilm_path() -> Path:
     """The real all-MiniLM-L6-v2: ZOI_MINILM_DIR (e.g. the FP16 copy on the GPU machine) or the package."""

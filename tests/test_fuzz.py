@@ -18,7 +18,7 @@ from conftest import minilm_path
 from zoi.errors import ZoiError
 
 FUZZ = settings(
-    max_examples=60, deadline=5000, suppress_health_check=list(HealthCheck), derandomize=False
+    max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False
 )
 
 

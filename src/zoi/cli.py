@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=50)
     p.set_defaults(func=cmd_demo)
 
-    for mod in ("zoi.quant.cli", "zoi.bench.cli", "zoi.serve.cli"):
+    for mod in ("zoi.tools.cli", "zoi.bench.cli", "zoi.serve.cli"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

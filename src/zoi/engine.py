@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zoi.backends import make_backend, resolve_device
+from zoi.backends.base import Backend
 from zoi.errors import CheckpointError, InputError, ZoiError
 from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
@@ -113,7 +114,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     if precision == "int8":
         steps.step("quantising (calibration)")
         weights, quant, report = _quantize(
-            spec, weights, tokenizer, calibration, quant_config, progress, device
+            spec, weights, tokenizer, calibration, quant_config, progress
         )
         steps.done()
     steps.step("planning memory")
@@ -129,17 +130,10 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     return engine
 
 
-# INT8 features each backend executes (zoi.quant.config.FEATURES); None: all of them.
-BACKEND_QUANT_FEATURES: dict[str, set[str] | None] = {
-    "cpu": None,
-    "reference": None,
-    "cuda": None,
-}
-
-
-def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
+def _quantize(spec, weights, tokenizer, calibration, config, progress):
     """INT8: the quantisation layer (zoi.quant) decides the scheme per linear, within what
-    the target backend executes. Returns (weights, quant, report)."""
+    the target backend executes (every backend runs every INT8 feature of
+    zoi.quant.config.FEATURES, so nothing is narrowed). Returns (weights, quant, report)."""
     from zoi import quant
 
     report: dict = {}
@@ -151,48 +145,19 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress, device):
         config=config,
         progress=progress,
         report=report,
-        features=BACKEND_QUANT_FEATURES[device],
     )
     return weights, q, report
-
-
-def required_quant_features(weights: dict, quant: dict[str, LinearQuant]) -> set[str]:
-    """The INT8 features a model's weights and quant dict need from a backend."""
-    need = set()
-    for p, q in quant.items():
-        if q.scheme == "fp32":
-            if f"{p}.w_q" in weights:
-                need.add("weight_only")
-        else:
-            need.add(q.scheme)
-        for extra in ("act_mul", "act_shift"):
-            if f"{p}.{extra}" in weights:
-                need.add(extra)
-    return need
-
-
-def _check_backend_features(model: CompiledModel, device: str) -> None:
-    have = BACKEND_QUANT_FEATURES.get(device)
-    if have is None:
-        return
-    missing = required_quant_features(model.weights, model.quant) - have
-    if missing:
-        raise CheckpointError(
-            f"this INT8 model needs {sorted(missing)}, which device={device!r} does not run "
-            f"(it runs {sorted(have)}); compile it for that device: zoi compile MODEL --device {device} --precision int8"
-        )
 
 
 class Engine:
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
     def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):
-        _check_backend_features(model, device)
         self.model = model
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
         self.device = device
-        self.backend = make_backend(model, device)
+        self.backend: Backend = make_backend(model, device)
         self._lock = threading.Lock()
 
     # ---- properties -------------------------------------------------------------------
@@ -259,7 +224,6 @@ class Engine:
         if np.any(np.diff(cu) > self.max_tokens):
             raise InputError(f"a sequence is longer than max_tokens={self.max_tokens}")
         out = np.empty((B, self.spec.hidden), np.float32)
-        run_into = getattr(self.backend, "run_into", None)  # writes straight into `out`
         s = 0
         while s < B:  # greedy chunks under both limits (each sequence fits: checked above)
             e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
@@ -267,10 +231,7 @@ class Engine:
             a, z = int(cu[s]), int(cu[e])
             sub = cu[s : e + 1] - a if a else cu[s : e + 1]
             with self._lock:
-                if run_into is not None:
-                    run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
-                else:
-                    out[s:e] = self.backend.run(ids[a:z], positions[a:z], sub, normalize)
+                self.backend.run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
             s = e
         return out
 

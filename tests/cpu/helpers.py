@@ -6,7 +6,7 @@ import numpy as np
 
 from zoi.frontend.spec import ModelSpec
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.quant import primitives as qp
+from zoi.numerics import primitives as qp
 
 ISAS = ("vnni", "avx512", "avx2", "scalar")
 

@@ -276,7 +276,7 @@ def test_caller_affinity_is_restored():
 
 
 def test_release_file_pages_keeps_data(tmp_path):
-    from zoi.backends.cpu import _release_file_pages
+    from zoi.backends.cpu.backend import _release_file_pages
 
     data = np.arange(300_000, dtype=np.int8)
     f = tmp_path / "w.bin"

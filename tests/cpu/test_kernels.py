@@ -1,4 +1,4 @@
-"""Every native kernel, every ISA this CPU supports, against zoi.backends.reference / zoi.quant.primitives.
+"""Every native kernel, every ISA this CPU supports, against zoi.numerics.reference / zoi.numerics.primitives.
 
 Outputs are poisoned (NaN / sentinel) before each call and must come back fully written.
 Shapes are awkward on purpose: 1 token, primes, K not a multiple of the block, N odd.
@@ -15,8 +15,8 @@ import pytest
 from helpers import supported_isas
 
 from zoi import _cpu
-from zoi.backends import reference as ref
-from zoi.quant import primitives as qp
+from zoi.numerics import primitives as qp
+from zoi.numerics import reference as ref
 
 ISAS = supported_isas()
 ACTS = ["none", "gelu", "gelu_tanh", "relu", "sigmoid"]

@@ -4,36 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from zoi.frontend.spec import ModelSpec
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.quant import primitives as qp
-
-
-def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    H, I, V, P = (
-        spec.hidden,
-        spec.intermediate,
-        spec.vocab_size,
-        spec.max_positions + spec.position_offset,
-    )
-    n = lambda *s, sc=0.05: (rng.standard_normal(s) * sc).astype(np.float32)  # noqa: E731
-    w = {
-        "embed.word": n(V, H, sc=0.5),
-        "embed.pos": n(P, H, sc=0.2),
-        "embed.ln.w": 1 + n(H, sc=0.1),
-        "embed.ln.b": n(H, sc=0.1),
-    }
-    if spec.type_vocab_size:
-        w["embed.type"] = n(spec.type_vocab_size, H, sc=0.2)
-    for i in range(spec.layers):
-        w[f"l{i}.qkv.w"], w[f"l{i}.qkv.b"] = n(3 * H, H, sc=H**-0.5), n(3 * H, sc=0.02)
-        w[f"l{i}.o.w"], w[f"l{i}.o.b"] = n(H, H, sc=H**-0.5), n(H, sc=0.02)
-        w[f"l{i}.ffn1.w"], w[f"l{i}.ffn1.b"] = n(I, H, sc=H**-0.5), n(I, sc=0.02)
-        w[f"l{i}.ffn2.w"], w[f"l{i}.ffn2.b"] = n(H, I, sc=I**-0.5), n(H, sc=0.02)
-        for ln in ("ln1", "ln2"):
-            w[f"l{i}.{ln}.w"], w[f"l{i}.{ln}.b"] = 1 + n(H, sc=0.1), n(H, sc=0.1)
-    return w
+from zoi.graph.synthetic import random_weights, synthetic_spec
+from zoi.numerics import primitives as qp
 
 
 def quantize_linears(
@@ -132,25 +105,35 @@ def tiny_model(
     transforms=None,
     default="dynamic",
 ) -> CompiledModel:
-    spec = ModelSpec(
-        arch="bert",
-        vocab_size=97,
+    spec = synthetic_spec(
         hidden=hidden,
-        layers=layers,
         heads=heads,
-        intermediate=inter,
-        max_positions=40,
-        type_vocab_size=type_vocab,
+        layers=layers,
+        inter=inter,
         act=act,
         pooling=pooling,
-        eps=1e-12,
-        name="tiny",
+        type_vocab=type_vocab,
     )
     w = random_weights(spec, seed)
     quant = {}
     if precision == "int8":
         w, quant = quantize_linears(w, static, schemes, transforms, default, seed)
     return CompiledModel.build(spec, w, precision, max_tokens, max_batch, quant)
+
+
+def required_quant_features(weights: dict, quant: dict[str, LinearQuant]) -> set[str]:
+    """The INT8 features (zoi.quant.config.FEATURES) a model's weights and quant dict use."""
+    need = set()
+    for p, q in quant.items():
+        if q.scheme == "fp32":
+            if f"{p}.w_q" in weights:
+                need.add("weight_only")
+        else:
+            need.add(q.scheme)
+        for extra in ("act_mul", "act_shift"):
+            if f"{p}.{extra}" in weights:
+                need.add(extra)
+    return need
 
 
 def batch(rng, lens, vocab=97):
@@ -174,12 +157,12 @@ def min_cosine(a, b) -> float:
 
 def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
     """Run the backend's unfused launch list step by step and check every linear against
-    zoi.backends.reference.linear_apply (the INT8 emulation, act_shift / act_mul included) on
+    zoi.numerics.reference.linear_apply (the INT8 emulation, act_shift / act_mul included) on
     the very fp16 input the kernel read: {prefix: relative error} (fp16 output rounding only,
     ~2e-4, when the wiring of schemes and transforms is right). Eager or on the GPU."""
     import torch
 
-    from zoi.backends.reference import activation, linear_apply
+    from zoi.numerics.reference import activation, linear_apply
 
     ids, pos, cu = batch(np.random.default_rng(seed), lens, model.spec.vocab_size)
     T = len(ids)

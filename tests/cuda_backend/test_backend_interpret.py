@@ -18,11 +18,11 @@ from tests.cuda_backend.cuda_helpers import (  # noqa: E402
     linear_same_input_errors,
     min_cosine,
     rel,
+    required_quant_features,
     tiny_model,
 )
 
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
-from zoi.engine import BACKEND_QUANT_FEATURES, required_quant_features  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter run (the GPU runs test_gpu.py)"
@@ -130,7 +130,6 @@ def _kinds(be, fused):
 def test_default_quant_config_artifact_matches_reference(config, needs):
     """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
     as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul."""
-    assert BACKEND_QUANT_FEATURES["cuda"] is None  # cuda runs every feature: no narrowing
     model = default_quant_model(max_tokens=64, **config)
     assert required_quant_features(model.weights, model.quant) == needs
     be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)  # 16 unfused, 64 fused

@@ -1,11 +1,11 @@
-"""Each Triton kernel of backends/cuda/kernels against zoi.backends.reference (float64).
+"""Each Triton kernel of backends/cuda/kernels against zoi.numerics.reference (float64).
 
 Runs under TRITON_INTERPRET=1 on the CPU (CI) with small, awkward shapes (1 token, primes,
 hidden sizes that are not powers of two); on a GPU (ZOI_TRITON_COMPILED=1) the same tests
 run compiled. Outputs are poisoned with NaN first: an unwritten element fails.
 Tolerances: relative Frobenius error against float64; fp16 storage of activations puts a
 naive fp16 implementation near 5e-4..1e-3, so 3e-3 is the bar (about 2x + margin);
-INT8 linears are compared against the integer-exact emulation (zoi.quant.primitives) run on
+INT8 linears are compared against the integer-exact emulation (zoi.numerics.primitives) run on
 the same fp16-rounded activations, where only float epilogue rounding differs.
 """
 
@@ -19,14 +19,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from zoi.backends import reference as ref  # noqa: E402
 from zoi.backends.cuda.kernels import attention as k_attn  # noqa: E402
 from zoi.backends.cuda.kernels import embed as k_embed  # noqa: E402
 from zoi.backends.cuda.kernels import layernorm as k_ln  # noqa: E402
 from zoi.backends.cuda.kernels import linear as k_lin  # noqa: E402
 from zoi.backends.cuda.kernels import pool as k_pool  # noqa: E402
 from zoi.backends.cuda.kernels import quantize as k_q  # noqa: E402
-from zoi.quant import primitives as qp  # noqa: E402
+from zoi.numerics import primitives as qp  # noqa: E402
+from zoi.numerics import reference as ref  # noqa: E402
 
 DEV = (
     "cuda"
@@ -95,7 +95,7 @@ def _qargs(mode, shift, mul, static_amax, q, qs, qz, pre):
 
 def _assert_quant(x, mode, shift, mul, static_amax, q, qs, qz):
     """The int8 copy (asymmetric: q_u8 - 128), a_scale and zp bit-exact against
-    zoi.quant.primitives on x (float32, the values the kernel stored), after the transform."""
+    zoi.numerics.primitives on x (float32, the values the kernel stored), after the transform."""
     xt = qp.act_transform(np.asarray(x, np.float32), shift, mul)
     q, qs, qz = q.cpu().numpy(), qs.cpu().numpy(), qz.cpu().numpy()
     assert np.isfinite(qs).all()

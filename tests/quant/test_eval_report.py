@@ -7,7 +7,7 @@ import json
 import numpy as np
 from tests.conftest import build_hf_model, real_sentences, save_checkpoint
 
-from zoi.quant.eval import agreement, cosine_rows, embedding_report, neighbours
+from zoi.tools.eval import agreement, cosine_rows, embedding_report, neighbours
 
 
 def test_figures_on_synthetic_embeddings():
@@ -29,7 +29,7 @@ def test_figures_on_synthetic_embeddings():
 
 
 def test_zoi_eval_command_on_a_tiny_checkpoint(tmp_path):
-    from zoi.quant.cli import main
+    from zoi.tools.cli import main
 
     folder = save_checkpoint(build_hf_model("bert", seed=1), tmp_path / "tiny")
     texts = tmp_path / "texts.txt"
@@ -72,7 +72,7 @@ def test_zoi_eval_command_on_a_tiny_checkpoint(tmp_path):
 
 def test_zoi_eval_on_a_saved_artifact(tmp_path):
     import zoi
-    from zoi.quant.cli import main
+    from zoi.tools.cli import main
 
     folder = save_checkpoint(build_hf_model("bert", seed=2), tmp_path / "tiny")
     cfg = {

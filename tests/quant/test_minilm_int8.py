@@ -1,5 +1,5 @@
 """The real all-MiniLM-L6-v2, quantised with the default QuantConfig on zoi's calibration set,
-against its FP32 self on zoi's held-out eval set: issue 4's targets."""
+against its FP32 self on zoi's held-out eval set: the targets of docs/QUANT.md."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from zoi.data import calibration_texts, eval_texts
 from zoi.quant import quantize_model
 from zoi.quant.calibrate import token_batches, tokenize
-from zoi.quant.eval import embedding_report, layer_sqnr_eval
 from zoi.quant.forward import run_graph
+from zoi.tools.eval import embedding_report, layer_sqnr_eval
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zoi.quant import primitives as P
+from zoi.numerics import primitives as P
 from zoi.quant.observers import MinMaxObserver, MSEObserver, PercentileObserver, make_observer
 
 

@@ -1,11 +1,11 @@
-"""INT8 numerics of zoi.quant.primitives: exact integer accumulation, the documented rounding."""
+"""INT8 numerics of zoi.numerics.primitives: exact integer accumulation, the documented rounding."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from zoi.quant import primitives as P
+from zoi.numerics import primitives as P
 
 
 @pytest.mark.parametrize(

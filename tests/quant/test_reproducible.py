@@ -103,7 +103,7 @@ def test_gptq_integers_independent_of_gram_summation_order():
     q2, s2 = gptq_quantize(w, g2)
     assert q1.tobytes() == q2.tobytes() and s1.tobytes() == s2.tobytes()
     # and GPTQ still lowers the output error against plain rounding
-    from zoi.quant.primitives import quantize_weight
+    from zoi.numerics.primitives import quantize_weight
 
     def err(q, s):
         d = (q.astype(np.float64) * s[:, None] - w).T

@@ -9,8 +9,8 @@ import pytest
 from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
 
 from zoi.graph import build_graph
+from zoi.numerics import primitives as P
 from zoi.quant import QuantConfig, quant_from_json, quant_to_json, quantize_model
-from zoi.quant import primitives as P
 from zoi.quant.calibrate import token_batches
 from zoi.quant.forward import run_graph
 from zoi.quant.gptq import gptq_quantize

@@ -8,9 +8,10 @@ from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
 
 from zoi.graph import build_graph
 from zoi.graph.ir import Buffer, Graph, Op
-from zoi.quant import primitives as P
+from zoi.numerics import primitives as P
+from zoi.numerics.reference import linear_apply
 from zoi.quant.calibrate import calibrate, token_batches
-from zoi.quant.forward import linear_apply, run_graph
+from zoi.quant.forward import run_graph
 from zoi.quant.smoothquant import apply_smoothing, smooth_factors, smoothing_site
 
 

@@ -8,7 +8,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from zoi.serve.loadtest import ServerProcess  # noqa: E402
+from zoi.bench.loadtest import ServerProcess  # noqa: E402
 
 from .serve_helpers import FAIL_TOKEN, serve_device  # noqa: E402
 

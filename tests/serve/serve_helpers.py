@@ -37,7 +37,7 @@ def real_sentences() -> list[str]:
         lines = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
         if len(lines) >= 50:
             return lines
-    from zoi.serve.loadtest import make_texts
+    from zoi.bench.loadtest import make_texts
 
     return make_texts(300, seed=1)
 

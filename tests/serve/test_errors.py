@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from zoi.serve.loadtest import ServerProcess
+from zoi.bench.loadtest import ServerProcess
 
 from .serve_helpers import FAIL_TOKEN, MODEL_NAME, SlowUpload, cosine_rows, metric
 

@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from zoi.serve.loadtest import run_load
+from zoi.bench.loadtest import run_load
 
 from .serve_helpers import MODEL_NAME, cosine_rows, metric, real_sentences
 
@@ -116,7 +116,7 @@ def test_bench_serve_command(server, tmp_path, capsys):
     import argparse
     import json
 
-    from zoi.serve.loadtest import register_bench
+    from zoi.bench.loadtest import register_bench
 
     ap = argparse.ArgumentParser()
     register_bench(ap.add_subparsers())

@@ -79,7 +79,7 @@ def test_zoi_cli_has_serve():
 
 
 def test_bench_serve_parser():
-    from zoi.serve.loadtest import cmd_bench_serve, make_texts, register_bench
+    from zoi.bench.loadtest import cmd_bench_serve, make_texts, register_bench
 
     ap = argparse.ArgumentParser()
     register_bench(ap.add_subparsers())
@@ -97,7 +97,7 @@ def test_serve_a_saved_artifact_under_another_name(engine, device, tmp_path):
     import httpx
     import numpy as np
 
-    from zoi.serve.loadtest import ServerProcess
+    from zoi.bench.loadtest import ServerProcess
 
     from .serve_helpers import cosine_rows
 

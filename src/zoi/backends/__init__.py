@@ -1,10 +1,14 @@
-"""Backends run a CompiledModel: reference (numpy), cpu (zoi._cpu native core), cuda (Triton + graphs)."""
+"""Backends run a CompiledModel: reference (numpy), cpu (zoi._cpu native core), cuda (Triton + graphs).
+
+Each satisfies the `Backend` protocol (zoi.backends.base); `make_backend` builds one.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
 
+from zoi.backends.base import Backend
 from zoi.errors import BackendUnavailableError
 from zoi.graph.compiled import CompiledModel
 
@@ -36,6 +40,17 @@ def cuda_status() -> tuple[bool, str]:
     return True, f"{n} CUDA device(s)"
 
 
+def cpu_info() -> dict | None:
+    """What zoi's native CPU core sees on this CPU: its feature flags (bools) and
+    "best_isa", the kernels it picks unless ZOI_CPU_ISA forces others; None when the core
+    is not built."""
+    try:
+        from zoi import _cpu
+    except ImportError:
+        return None
+    return dict(_cpu.cpu_info())
+
+
 def resolve_device(device: str) -> str:
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -53,7 +68,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def make_backend(model: CompiledModel, device: str):
+def make_backend(model: CompiledModel, device: str) -> Backend:
     if device == "reference":
         from zoi.backends.reference import ReferenceBackend
 

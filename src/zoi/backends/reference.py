@@ -1,287 +1,13 @@
-"""The golden engine: a readable numpy implementation of every IR op (float32 or float64).
-
-Every other backend is tested against these functions, and the quantiser (zoi.quant) runs
-the model through `execute` (with taps on every linear). INT8 linears run through
-`zoi.quant.primitives` (integer-exact emulation) so INT8 numerics are testable anywhere.
-"""
+"""The reference backend: the golden numpy engine (zoi.numerics.reference) behind the
+Backend interface, float32 by default or float64. Slow; every other backend is tested
+against it, and device="reference" runs it."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from zoi.graph.build import linear_prefix
 from zoi.graph.compiled import CompiledModel
-from zoi.quant import primitives as qp
-
-_SQRT1_2 = 1.0 / math.sqrt(2.0)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    try:
-        from scipy.special import erf  # optional, exact
-
-        return erf(x)
-    except ImportError:  # vectorised math.erf: exact to double precision
-        return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
-
-
-def _fma32(a: np.ndarray, b, c) -> np.ndarray:
-    """float32 fused multiply-add (one rounding; the product is exact in float64)."""
-    return (a.astype(np.float64) * np.float64(np.float32(b)) + np.float64(np.float32(c))).astype(
-        np.float32
-    )
-
-
-def _fma32v(a: np.ndarray, b: np.ndarray, c) -> np.ndarray:
-    return (a.astype(np.float64) * b.astype(np.float64) + np.float64(np.float32(c))).astype(
-        np.float32
-    )
-
-
-def erf_f32(a: np.ndarray) -> np.ndarray:
-    """erf in float32 as zoi's kernels compute it (csrc/kernels/simd.h `verf`): the odd/even
-    rational minimax fit on [-4, 4] of Eigen's generic_fast_erf_float, a few ulp from erf,
-    evaluated with fused multiply-adds. The float32 contract of GELU, so INT8 kernels can
-    reproduce the emulation's requantisation exactly; float64 runs use the exact erf."""
-    x = np.clip(a.astype(np.float32), np.float32(-4), np.float32(4))
-    x2 = (x * x).astype(np.float32)
-    p = _fma32(x2, -2.72614225801306e-10, 2.77068142495902e-08)
-    for c in (
-        -2.10102402082508e-06,
-        -5.69250639462346e-05,
-        -7.34990630326855e-04,
-        -2.95459980854025e-03,
-        -1.60960333262415e-02,
-    ):
-        p = _fma32v(x2, p, c)
-    p = (x * p).astype(np.float32)
-    q = _fma32(x2, -1.45660718464996e-05, -2.13374055278905e-04)
-    for c in (-1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02):
-        q = _fma32v(x2, q, c)
-    return (p / q).astype(np.float32)
-
-
-def activation(x: np.ndarray, act: str) -> np.ndarray:
-    if act == "none":
-        return x
-    if act == "gelu":  # erf form, as BERT: (0.5 x)(1 + erf(x / sqrt 2))
-        if x.dtype == np.float32:
-            e = erf_f32((x * np.float32(_SQRT1_2)).astype(np.float32))
-            return ((np.float32(0.5) * x) * (np.float32(1) + e)).astype(np.float32)
-        return (0.5 * x * (1.0 + _erf(x * _SQRT1_2))).astype(x.dtype)
-    if act == "gelu_tanh":
-        c = math.sqrt(2.0 / math.pi)
-        return (0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))).astype(x.dtype)
-    if act == "relu":
-        return np.maximum(x, 0)
-    if act == "sigmoid":
-        return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
-    raise ValueError(f"unknown activation {act!r}")
-
-
-def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(axis=-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
-    return ((x - mu) / np.sqrt(var + eps) * w + b).astype(x.dtype)
-
-
-def embed(ids, positions, word, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32) -> np.ndarray:
-    """x[T,H] = LN(word[ids] + pos[positions] + type[0])."""
-    return embed_rows(word[ids], positions, pos, ln_w, ln_b, eps, type_, dtype)
-
-
-def embed_rows(
-    word_rows, positions, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32
-) -> np.ndarray:
-    """embed() with the word rows already gathered (float or dequantised INT8 table)."""
-    x = word_rows.astype(dtype) + pos[positions].astype(dtype)
-    if type_ is not None:
-        x = x + type_[0].astype(dtype)
-    return layernorm(x, ln_w.astype(dtype), ln_b.astype(dtype), eps)
-
-
-def linear(x, w, b, act="none", residual=None) -> np.ndarray:
-    """y = act(x @ w.T + b) (+ residual). x [T,K], w [N,K]."""
-    y = x @ w.T.astype(x.dtype)
-    if b is not None:
-        y = y + b.astype(x.dtype)
-    y = activation(y, act)
-    if residual is not None:
-        y = y + residual
-    return y.astype(x.dtype)
-
-
-def attention(
-    qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int, head_dim: int, scale: float
-) -> np.ndarray:
-    """Varlen self-attention over packed sequences. qkv [T, 3H] -> ctx [T, H]."""
-    H = heads * head_dim
-    out = np.empty((qkv.shape[0], H), dtype=qkv.dtype)
-    for s in range(len(cu_seqlens) - 1):
-        a, e = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        q = qkv[a:e, :H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
-        k = qkv[a:e, H : 2 * H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
-        v = qkv[a:e, 2 * H :].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
-        sc = (q @ k.transpose(0, 2, 1)) * qkv.dtype.type(scale)
-        sc = sc - sc.max(axis=-1, keepdims=True)
-        p = np.exp(sc)
-        p = p / p.sum(axis=-1, keepdims=True)
-        out[a:e] = (p @ v).transpose(1, 0, 2).reshape(e - a, H)
-    return out
-
-
-def add_layernorm(x, residual, w, b, eps) -> np.ndarray:
-    return layernorm(x + residual, w.astype(x.dtype), b.astype(x.dtype), eps)
-
-
-def pool(x: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> np.ndarray:
-    B = len(cu_seqlens) - 1
-    out = np.empty((B, x.shape[1]), dtype=x.dtype)
-    for s in range(B):
-        a, e = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if mode == "mean":
-            out[s] = x[a:e].mean(axis=0)
-        elif mode == "cls":
-            out[s] = x[a]
-        elif mode == "max":
-            out[s] = x[a:e].max(axis=0)
-        else:
-            raise ValueError(f"unknown pooling {mode!r}")
-    return out
-
-
-def normalize(p: np.ndarray) -> np.ndarray:
-    n = np.sqrt((p.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
-    return (p / np.maximum(n, 1e-12)).astype(p.dtype)
-
-
-l2_normalize = normalize
-
-
-def gather_rows(weights: dict[str, np.ndarray], name: str, idx: np.ndarray) -> np.ndarray:
-    """Rows of an embedding table, stored as float (`name`) or per-row INT8 (`name_q` + `name_scale`)."""
-    if name in weights:
-        return weights[name][idx]
-    q, scale = weights[name + "_q"], weights[name + "_scale"]
-    return q[idx].astype(np.float32) * scale[idx][:, None]
-
-
-def pre_transform(x: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
-    """The per-channel transform a linear may apply before quantising x (SmoothQuant where it
-    cannot fold, docs/QUANT.md): x' = (x - p.act_shift) * p.act_mul; identity when absent."""
-    z = weights.get(prefix + ".act_shift")
-    m = weights.get(prefix + ".act_mul")
-    if z is None and m is None:
-        return x
-    return qp.act_transform(x, z, m).astype(x.dtype)
-
-
-def linear_apply(
-    x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exact: bool = True
-) -> np.ndarray:
-    """x @ w.T + b of one linear (before activation / residual): float, or emulated INT8 by
-    `lq.scheme` ("dynamic" | "static" | "dynamic_asym"; "fp32" or None: float). Float
-    inputs keep their dtype (float64 for golden runs); INT8 runs in float32 as the kernels."""
-    b = weights.get(prefix + ".b")
-    scheme = getattr(lq, "scheme", "fp32") if lq is not None else "fp32"
-    x = pre_transform(x, weights, prefix)
-    if scheme == "fp32":
-        w = weights.get(prefix + ".w")
-        if w is None:  # weight-only INT8: dequantise, compute in float
-            w = qp.dequantize_weight(weights[prefix + ".w_q"], weights[prefix + ".w_scale"])
-        y = x @ w.T.astype(x.dtype)
-        return (y + b.astype(x.dtype) if b is not None else y).astype(x.dtype)
-    x = x.astype(np.float32)
-    if prefix + ".w_q" in weights:
-        w_q, w_s = weights[prefix + ".w_q"], weights[prefix + ".w_scale"]
-    else:
-        w_q, w_s = qp.quantize_weight(weights[prefix + ".w"])
-    if scheme == "dynamic_asym":
-        q, a_scale, zp = qp.quantize_act_asym(x)
-        if matmul_exact:
-            acc = qp.int8_matmul_asym_exact(q, zp, w_q).astype(np.float32)
-        else:  # float32 sums of integer products: exact unless a partial sum passes 2**24
-            wf = w_q.astype(np.float32)
-            acc = (
-                q.astype(np.float32) @ wf.T
-                - zp.astype(np.float32)[:, None] * wf.sum(axis=1)[None, :]
-            )
-    elif scheme in ("dynamic", "static"):
-        q, a_scale = qp.quantize_act(x, lq.amax if scheme == "static" else None)
-        acc = (
-            qp.int8_matmul_fast(q, w_q)
-            if matmul_exact
-            else q.astype(np.float32) @ w_q.astype(np.float32).T
-        ).astype(np.float32)
-    else:
-        raise ValueError(f"{prefix}: unknown quantisation scheme {scheme!r}")
-    y = acc * (a_scale[:, None] * w_s[None, :])
-    if b is not None:
-        y = y + np.asarray(b, np.float32)[None, :]
-    return y.astype(np.float32)
-
-
-def execute(
-    graph,
-    weights: dict,
-    ids,
-    positions,
-    cu_seqlens,
-    quant: dict | None = None,
-    dtype=np.float32,
-    tap=None,
-    override=None,
-    matmul_exact: bool = True,
-) -> dict[str, np.ndarray]:
-    """Run the op list; returns every buffer by name.
-
-    quant: {linear prefix: LinearQuant}; a linear without an entry runs in float.
-    tap(prefix, x, y) sees each linear's input and output (before activation and residual);
-    override(prefix, x) may return a replacement output for a linear (None: normal path).
-    """
-    W = weights
-    quant = quant or {}
-    env: dict[str, np.ndarray] = {
-        "ids": np.asarray(ids),
-        "positions": np.asarray(positions),
-        "cu_seqlens": np.asarray(cu_seqlens),
-    }
-    for op in graph.ops:
-        ins = [env[n] for n in op.inputs]
-        a, wn = op.attrs, op.weights
-        if op.kind == "embed":
-            env[op.output] = embed_rows(
-                gather_rows(W, wn["word"], ins[0]),
-                ins[1],
-                W[wn["pos"]],
-                W[wn["ln_w"]],
-                W[wn["ln_b"]],
-                a["eps"],
-                W[wn["type"]] if "type" in wn else None,
-                dtype,
-            )
-        elif op.kind == "linear":
-            p = linear_prefix(op)
-            y = override(p, ins[0]) if override is not None else None
-            if y is None:
-                y = linear_apply(ins[0], W, p, quant.get(p), matmul_exact)
-            if tap is not None:
-                tap(p, ins[0], y)
-            y = activation(y.astype(dtype), a["act"])
-            if len(ins) > 1:
-                y = y + ins[1]
-            env[op.output] = y.astype(dtype)
-        elif op.kind == "attention":
-            env[op.output] = attention(ins[0], ins[1], a["heads"], a["head_dim"], a["scale"])
-        elif op.kind == "add_layernorm":
-            env[op.output] = add_layernorm(ins[0], ins[1], W[wn["w"]], W[wn["b"]], a["eps"])
-        elif op.kind == "pool":
-            env[op.output] = pool(ins[0], ins[1], a["mode"])
-        else:
-            raise ValueError(f"unknown op kind {op.kind!r}")
-    return env
+from zoi.numerics.reference import execute, l2_normalize
 
 
 def run_graph(
@@ -292,7 +18,8 @@ def run_graph(
 
 
 class ReferenceBackend:
-    """The numpy golden engine behind the Backend interface (float32 by default, or float64)."""
+    """The numpy golden engine behind the Backend interface (zoi.backends.base), float32 by
+    default, or float64."""
 
     name = "reference"
 
@@ -306,6 +33,10 @@ class ReferenceBackend:
         if normalize:
             out = l2_normalize(out)
         return np.ascontiguousarray(out, dtype=np.float32)
+
+    def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
+        out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
+        return out
 
     def memory(self) -> dict:
         return {

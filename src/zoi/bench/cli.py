@@ -1,6 +1,6 @@
 """``zoi bench`` (run the harness) and ``zoi bench plot`` (draw PNGs from result files).
 
-The lead's ``zoi/cli.py`` calls ``register(subparsers)``; ``python -m zoi.bench`` works too.
+``zoi/cli.py`` calls ``register(subparsers)``; ``python -m zoi.bench`` works too.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     ps = sub.add_parser("show", help="print the tables of a result file (default: the latest)")
     ps.add_argument("file", nargs="?", type=Path, default=None)
     try:  # `zoi bench serve`: load test of the HTTP server (sets its own func)
-        from zoi.serve.loadtest import register_bench
+        from zoi.bench.loadtest import register_bench
     except ImportError:  # the serve extra is not installed
         pass
     else:

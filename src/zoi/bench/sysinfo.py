@@ -50,7 +50,7 @@ def cpu_info() -> dict:
         pass
     isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
     try:  # the kernels zoi's CPU core picks here (ZOI_CPU_ISA forces one)
-        from zoi.backends.cpu import cpu_info as zoi_cpu_info
+        from zoi.backends import cpu_info as zoi_cpu_info
 
         zoi_isa = os.environ.get("ZOI_CPU_ISA") or zoi_cpu_info().get("best_isa")
     except Exception:

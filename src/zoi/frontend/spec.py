@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu")
-SUPPORTED_POOLING = ("mean", "cls", "max")
+SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu")  # the FFN activation (`act`)
+SUPPORTED_POOLING = ("mean", "cls", "max")  # `pooling`
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,17 @@ class ModelSpec:
     pooling: str = "mean"
     normalize: bool = False
     name: str = "model"
+
+    def __post_init__(self):
+        if self.act not in SUPPORTED_ACTS:
+            raise ValueError(
+                f"ModelSpec.act {self.act!r} is not supported; zoi runs {', '.join(SUPPORTED_ACTS)}"
+            )
+        if self.pooling not in SUPPORTED_POOLING:
+            raise ValueError(
+                f"ModelSpec.pooling {self.pooling!r} is not supported; zoi runs "
+                f"{', '.join(SUPPORTED_POOLING)}"
+            )
 
     @property
     def head_dim(self) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool")
-ACTS = ("none", "gelu", "gelu_tanh", "relu", "sigmoid")
+OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool")  # every op of the IR
+ACTS = ("none", "gelu", "gelu_tanh", "relu", "sigmoid")  # a linear's "act" attribute
 
 
 @dataclass
@@ -27,6 +27,15 @@ class Op:
     output: str
     weights: dict[str, str] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"unknown op kind {self.kind!r}: the IR has {', '.join(OP_KINDS)}")
+        if self.kind == "linear" and self.attrs.get("act", "none") not in ACTS:
+            raise ValueError(
+                f"unknown activation {self.attrs['act']!r} of linear {self.output!r}: "
+                f"the IR has {', '.join(ACTS)}"
+            )
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""zoi.quant: INT8 quantisation that every backend consumes, and the report (`zoi eval`).
+"""zoi.quant: INT8 quantisation that every backend consumes (its report: `zoi eval`, zoi.tools).
 
 The one entry point the engine calls (zoi.engine.compile with precision="int8")::
 
@@ -33,8 +33,8 @@ q[p].info records: sqnr_db (per-layer SQNR on the calibration set), smooth ({sit
 or None), gptq (bool), weights / fallback when it stayed FP32, in_scale (the folded
 factors, for reports). `quant_to_json` / `quant_from_json` (de)serialise the dict.
 
-QuantConfig (zoi.quant.config) defaults, chosen on the calibration set to meet issue 4's
-targets on MiniLM (docs/QUANT.md): per-token asymmetric UINT8 activations ("dynamic_asym"),
+QuantConfig (zoi.quant.config) defaults, chosen on the calibration set to meet the
+accuracy targets on MiniLM (docs/QUANT.md): per-token asymmetric UINT8 activations ("dynamic_asym"),
 SmoothQuant "auto" (alpha searched, per role, "off" allowed) with `act_mul` where a fold is
 impossible, GPTQ weight rounding, per-layer SQNR with FP32 fallback under 30 dB within
 0.27x the FP32 weight bytes, per-row INT8 embedding table. Artifacts inside the original
@@ -49,7 +49,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from zoi.quant import primitives
+from zoi.numerics import primitives
 from zoi.quant.config import QuantConfig
 
 __all__ = [

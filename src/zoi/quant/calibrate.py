@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zoi.graph.build import linear_prefix
 from zoi.quant.detforward import run_graph
 from zoi.quant.detmath import det_matmul, fixed_sum
-from zoi.quant.forward import linear_prefix
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, positions, cu_seqlens
 
@@ -161,7 +161,7 @@ def observe(
     progress: bool = False,
 ) -> dict[str, object]:
     """Feed every linear's (pre-transformed) input to a fresh observer; returns them by prefix."""
-    from zoi.backends.reference import pre_transform
+    from zoi.numerics.reference import pre_transform
 
     obs: dict[str, object] = {}
 

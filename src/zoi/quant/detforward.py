@@ -1,10 +1,10 @@
 """The quantiser's forward pass, bit-identical on every machine (zoi.quant.detmath).
 
-The same ops as the golden engine (`zoi.backends.reference.execute`), with every reduction
+The same ops as the golden engine (`zoi.numerics.reference.execute`), with every reduction
 made order-independent: float linears and attention products through `det_matmul`,
 LayerNorm means / variances, softmax denominators, mean pooling and the L2 norm through
 `fixed_sum`, the softmax exponential through `det_exp`. INT8 linears run the integer-exact
-emulation of zoi.quant.primitives unchanged (its integer sums are exact in any order).
+emulation of zoi.numerics.primitives unchanged (its integer sums are exact in any order).
 Buffers are float32 between ops, as in the FP32 engine; the arithmetic inside an op is
 float64. The results differ from the golden engine's by about float32 rounding; what
 matters here is that they do not differ between two compiles.
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from zoi.backends.reference import erf_f32, gather_rows, linear_apply, pre_transform
 from zoi.graph.build import linear_prefix
-from zoi.quant import primitives as qp
+from zoi.numerics import primitives as qp
+from zoi.numerics.reference import erf_f32, gather_rows, linear_apply, pre_transform
 from zoi.quant.detmath import det_exp, det_matmul, fixed_mean, fixed_sum
 
 _SQRT1_2 = np.float32(1.0 / np.sqrt(2.0))

@@ -1,9 +1,9 @@
-"""The quantiser's view of the numpy executor (`zoi.backends.reference.execute`).
+"""The quantiser's view of the numpy executor (`zoi.numerics.reference.execute`).
 
 `run_graph` returns the pooled output of a (graph, weights, quant) triple and lets the
 caller tap the input and output of every linear (observer statistics, SmoothQuant alpha
 search, per-layer SQNR) without building an engine. There is one numpy implementation of
-each op, in `zoi.backends.reference`.
+each op, in `zoi.numerics.reference`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zoi.backends.reference import (  # noqa: F401  (re-exported for the quantiser)
-    activation,
-    attention,
-    execute,
-    gather_rows,
-    l2_normalize,
-    layernorm,
-    linear_apply,
-    pool,
-    pre_transform,
-)
-from zoi.graph.build import linear_prefix  # noqa: F401
+from zoi.numerics.reference import execute, l2_normalize
 
 Tap = Callable[[str, np.ndarray, np.ndarray], None]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoi.numerics.primitives import QMAX
 from zoi.quant.detmath import det_cholesky_upper_inv, det_matmul, fixed_mean
-from zoi.quant.primitives import QMAX
 
 
 def weight_scale(w: np.ndarray) -> np.ndarray:

@@ -18,12 +18,12 @@ import time
 
 import numpy as np
 
-from zoi.quant import primitives as P
+from zoi.graph.build import linear_prefix
+from zoi.numerics import primitives as P
 from zoi.quant.calibrate import calibrate, observe, token_batches, tokenize
 from zoi.quant.config import QuantConfig
 from zoi.quant.detforward import run_graph
 from zoi.quant.detmath import fixed_mean, fixed_sum
-from zoi.quant.forward import linear_prefix
 from zoi.quant.gptq import gptq_quantize
 from zoi.quant.observers import make_observer
 from zoi.quant.sensitivity import choose_fallback, fallback_cost, layer_sqnr

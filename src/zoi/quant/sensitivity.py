@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zoi.backends.reference import linear_apply
+from zoi.numerics.reference import linear_apply
 from zoi.quant.detforward import run_graph
 from zoi.quant.detmath import fixed_sum
 

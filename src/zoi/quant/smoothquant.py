@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoi.graph.build import linear_prefix
 from zoi.quant.detmath import det_matmul, det_pow
-from zoi.quant.forward import linear_prefix
 
 S_MIN, S_MAX = 1e-4, 1e4
 

@@ -13,7 +13,8 @@ concurrent callers safe.
 
 Fusion (decided once, from the IR): a ``linear`` whose only reader is the next op, an
 ``add_layernorm``, becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
-row fits one program (N <= 1024). Per BERT layer: qkv, attention, o+LN, ffn1+act, ffn2+LN.
+row fits one program (N <= MAX_FUSED_N, 512) and the bucket holds at least fuse_min_tokens
+(FUSE_MIN_TOKENS, 2048) tokens. Per BERT layer: qkv, attention, o+LN, ffn1+act, ffn2+LN.
 Activations are fp16 in the arena. INT8 linears (every scheme of zoi.quant: dynamic, static,
 dynamic_asym, with SmoothQuant act_mul / act_shift) mostly read an int8 copy of their input
 with a per-row a_scale (and zero point), written by the producer when it sees whole rows
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoi.errors import BackendUnavailableError, InputError
-from zoi.quant.primitives import dequantize_weight, fold_act_transform, weight_colsum
+from zoi.numerics.primitives import dequantize_weight, fold_act_transform, weight_colsum
 
 log = logging.getLogger("zoi")
 
@@ -288,8 +289,6 @@ class CudaBackend:
                 )
             elif op.kind == "pool":
                 out.append(_Launch("pool", op, op.output, [op.inputs[0]], n=self.spec.hidden))
-            elif op.kind == "normalize":
-                pass  # the backend applies it on request (flag in the call header)
             else:
                 raise BackendUnavailableError(f"device='cuda' has no kernel for op {op.kind!r}")
             i += 1
@@ -863,6 +862,10 @@ class CudaBackend:
             if plan is not None and self.h_flag[0] != 0:
                 self._barrier_failed(tb)
             return self.h_out[:B].copy()
+
+    def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
+        out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
+        return out
 
     def _barrier_failed(self, tb: int):
         """A grid barrier of the persistent forward gave up waiting (its programs were not all

@@ -96,7 +96,7 @@ def quantize_linears(weights, scheme="dynamic_asym"):
     is unchanged. The kernels run exactly as for a calibrated artifact. scheme="dynamic": the
     symmetric scheme without transforms (the GPU's only scheme before the port)."""
     from zoi.graph.compiled import LinearQuant
-    from zoi.quant import primitives as qp
+    from zoi.numerics import primitives as qp
 
     rng = np.random.default_rng(5)
     out, quant = dict(weights), {}

@@ -39,8 +39,6 @@ from zoi.errors import BackendUnavailableError
 
 log = logging.getLogger("zoi")
 
-MAX_TOKENS = 256  # buckets above this keep the per-op kernels
-
 
 class PersistentUnsupported(BackendUnavailableError):
     pass
@@ -383,11 +381,6 @@ def k_stages(c: dict, H: int, I: int) -> dict:
     }
 
 
-def pick_config(tb: int, H: int, I: int, sm: int) -> dict:
-    """(Old name.) ``default_cfg`` for explicit sizes."""
-    return default_cfg(tb, None, sm, H=H, I=I)
-
-
 ARG_TYPES = {
     "hdr_ptr": "*i32",
     "ids_ptr": "*i32",
@@ -528,13 +521,12 @@ def time_persistent(backend, tb: int, iters: int = 200, **kw) -> float:
 def _minilm_backend(tb: int, model_kw: dict | None = None, persistent_max: int = 0):
     """A random MiniLM-shaped fp16 model on the GPU; the backend itself keeps the per-op
     kernels (persistent_max 0), so its _steps_for(tb) IS the per-op path."""
-    from tests.cuda_backend.cuda_helpers import tiny_model  # noqa: PLC0415
-
     from zoi.backends.cuda.backend import CudaBackend
+    from zoi.graph.synthetic import random_model
 
     kw = dict(hidden=384, heads=12, layers=6, inter=1536, max_tokens=512, max_batch=64)
     kw.update(model_kw or {})
-    be = CudaBackend(tiny_model("fp16", **kw), buckets=[tb], persistent_max=persistent_max)
+    be = CudaBackend(random_model("fp16", **kw), buckets=[tb], persistent_max=persistent_max)
     return be, kw
 
 

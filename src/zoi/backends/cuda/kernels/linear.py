@@ -6,7 +6,7 @@ One Triton kernel, specialised by constexpr flags:
   1: INT8 weights, activations quantised per token *while loading* from the fp16
   activation buffer with ``amax`` read from ``a_amax_ptr`` (dynamic scheme, the producer
   wrote it). 2: INT8 static scheme, ``amax = static_amax``. 4: A already int8 (below).
-  The INT8 numerics are those of ``zoi.quant.primitives`` (ARCHITECTURE.md):
+  The INT8 numerics are those of ``zoi.numerics.primitives`` (ARCHITECTURE.md):
   ``inv = 127/amax`` (0 when amax == 0), ``q = clip(rint(x*inv), -127, 127)``,
   ``y = float(sum_k q*w_q) * (amax/127 * w_scale[n]) + b[n]``; the sum is int32, exact.
   rint is done as clamp-then-(x + 1.5*2^23) - 1.5*2^23 (round-half-even for |x| < 2^22,
@@ -37,8 +37,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
-
-ROUND_MAGIC = 12582912.0  # 1.5 * 2**23
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Per-token INT8 quantisation of whole activation rows: the numerics of zoi.quant.primitives.
+"""Per-token INT8 quantisation of whole activation rows: the numerics of zoi.numerics.primitives.
 
 ``quant_rows`` (a ``triton.jit`` helper) is what every producer that sees whole rows calls
 in its epilogue (embed, add_layernorm, linear + LayerNorm) to write the int8 copy its INT8

@@ -1,4 +1,4 @@
-"""The `zoi eval` subcommand (the lead's zoi/cli.py calls `register(subparsers)`)."""
+"""The `zoi eval` subcommand: zoi/cli.py calls `register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from zoi.quant.eval import main
+    from zoi.tools.eval import main
 
     return main(args)
 
 
-def main(argv=None) -> int:  # `python -m zoi.quant.cli eval ...` without the lead's CLI
+def main(argv=None) -> int:  # `python -m zoi.tools.cli eval ...` without zoi/cli.py
     ap = argparse.ArgumentParser(prog="zoi")
     sub = ap.add_subparsers(dest="cmd", required=True)
     register(sub)

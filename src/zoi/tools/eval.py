@@ -24,8 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from zoi.graph.build import linear_prefix
+from zoi.numerics.reference import linear_apply
 from zoi.quant.calibrate import token_batches, tokenize
-from zoi.quant.forward import linear_apply, linear_prefix, run_graph
+from zoi.quant.forward import run_graph
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

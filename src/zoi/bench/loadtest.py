@@ -6,7 +6,7 @@ one request at a time, a bounded number of requests in all. Texts are synthetic,
 lengths, from a fixed seed, so runs are comparable. Without --url the command starts
 `zoi serve` itself on 127.0.0.1 with a free port and stops it (SIGTERM) at the end.
 
-Wire it as `zoi bench serve` with `zoi.serve.loadtest.register_bench(bench_subparsers)`.
+Wire it as `zoi bench serve` with `zoi.bench.loadtest.register_bench(bench_subparsers)`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,33 @@
+"""The Backend interface: what the engine asks of a backend, and nothing more.
+
+A backend is built from a CompiledModel (zoi.graph.compiled) and runs packed sequences
+(docs/ARCHITECTURE.md, "Packed batches"): ids / positions int32 [T], cu_seqlens int32 [B+1]
+with at most the plan's max_tokens tokens and max_batch sequences per call (the engine
+splits larger inputs). Every backend here (reference, cpu, cuda) satisfies it; the engine
+calls only these members, it probes nothing backend-specific.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str  # the device name: "reference" | "cpu" | "cuda"
+
+    def run(self, ids, positions, cu_seqlens, normalize: bool) -> np.ndarray:
+        """Pooled embeddings of the B sequences: a new float32 [B, H] array (L2-normalised
+        when `normalize`)."""
+        ...
+
+    def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
+        """Like run, written into the caller's float32 C-contiguous [B, H] array `out`
+        (ids, positions, cu_seqlens int32 C-contiguous); returns `out`."""
+        ...
+
+    def memory(self) -> dict:
+        """Bytes the backend holds ("weights_bytes", "arena_bytes", ...), JSON-able."""
+        ...

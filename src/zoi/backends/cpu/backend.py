@@ -1,0 +1,213 @@
+"""The native CPU backend: the whole plan runs inside zoi._cpu (C++), one call per batch.
+
+At construction the op list of the CompiledModel is translated into a native Engine: linear
+weights are packed into the micro-kernel layout of the ISA picked at import (AVX-512 VNNI,
+AVX-512BW, AVX2 or scalar; ``ZOI_CPU_ISA`` forces one), activations live in the planner's
+arena (one allocation, at construction), and a call runs every op in C++ on the shared pinned
+thread pool with the GIL released. INT8 linears reproduce ``zoi.numerics.primitives`` (integer
+accumulation exactly); fp32 linears (precision "fp32", or ``quant[p].scheme == "fp32"``) run
+the FP32 GEMM.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from zoi import _cpu
+from zoi.graph.compiled import CompiledModel
+
+__all__ = ["CpuBackend"]
+
+
+def _prefix(op) -> str:
+    return op.weights["w"].rsplit(".", 1)[0]
+
+
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _release_file_pages(arrays: list[np.ndarray]) -> int:
+    """Drop the resident pages of arrays that are read-only views of a memory-mapped file
+    (an artifact's weights, once packed, are not read again): madvise(MADV_DONTNEED) on a
+    read-only shared file mapping only unmaps pages, which fault back from the file if
+    anything reads them. Best effort; returns the bytes advised."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    page = mmap.PAGESIZE
+    done = 0
+    for a in arrays:
+        base, mm_arr = a, None
+        while isinstance(base, np.ndarray):
+            if isinstance(base, np.memmap):
+                mm_arr = base
+            base = base.base
+        if (
+            mm_arr is None
+            or getattr(mm_arr, "mode", None) != "r"
+            or not isinstance(base, mmap.mmap)
+        ):
+            continue
+        try:
+            root = np.frombuffer(base, dtype=np.uint8)
+            start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+            lo = -(-start // page) * page
+            hi = (start + a.nbytes) // page * page
+            if hi > lo:
+                base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+                done += hi - lo
+        except (ValueError, OSError, BufferError):
+            continue
+    return done
+
+
+class CpuBackend:
+    """The Backend interface (zoi.backends.base) over the native engine."""
+
+    name = "cpu"
+
+    def __init__(self, model: CompiledModel, isa: str | None = None, nthreads: int | None = None):
+        self.model = model
+        plan, graph, W = model.plan, model.graph, model.weights
+        self._keep: list[np.ndarray] = []  # tables the engine references without copying
+        eng = _cpu.Engine(
+            int(plan.arena_bytes),
+            int(plan.max_tokens),
+            int(plan.max_batch),
+            isa or "",
+            int(nthreads or 0),
+        )
+        off = plan.offsets
+        self.hidden = None
+        self.linear_kinds: dict[str, str] = {}
+        # weights copied into the engine's packed layout: let an artifact's pages of the
+        # originals go as soon as each is packed (keeps the peak RSS down)
+        self.released_bytes = 0
+        for op in graph.ops:
+            if op.kind == "embed":
+                ow = op.weights
+                if "embed.word" in W:
+                    word, word_q, word_scale = self._hold(_f32(W[ow["word"]])), None, None
+                else:
+                    word = None
+                    word_q = self._hold(np.ascontiguousarray(W["embed.word_q"], dtype=np.int8))
+                    word_scale = self._hold(_f32(W["embed.word_scale"]))
+                pos = self._hold(_f32(W[ow["pos"]]))
+                type0 = _f32(W[ow["type"]][0]) if "type" in ow else None
+                eng.add_embed(
+                    off[op.output],
+                    word,
+                    word_q,
+                    word_scale,
+                    pos,
+                    type0,
+                    _f32(W[ow["ln_w"]]),
+                    _f32(W[ow["ln_b"]]),
+                    float(op.attrs["eps"]),
+                )
+            elif op.kind == "linear":
+                p = _prefix(op)
+                act = op.attrs.get("act", "none")
+                res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
+                q = model.quant.get(p)
+                b = W.get(f"{p}.b")
+                b = _f32(b) if b is not None else None
+                shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
+                shift = _f32(shift) if shift is not None else None
+                mul = _f32(mul) if mul is not None else None
+                scheme = q.scheme if q is not None else "dynamic"
+                if f"{p}.w_q" in W and scheme != "fp32":
+                    if scheme not in ("dynamic", "static", "dynamic_asym"):
+                        raise ValueError(
+                            f"the cpu backend does not know INT8 scheme {scheme!r} ({p})"
+                        )
+                    static = float(q.amax) if scheme == "static" else -1.0
+                    eng.add_linear_i8(
+                        off[op.inputs[0]],
+                        off[op.output],
+                        np.ascontiguousarray(W[f"{p}.w_q"], dtype=np.int8),
+                        _f32(W[f"{p}.w_scale"]),
+                        b,
+                        act,
+                        res,
+                        static,
+                        scheme == "dynamic_asym",
+                        shift,
+                        mul,
+                    )
+                    self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
+                    self.linear_kinds[p] = "int8" if scheme == "dynamic" else f"int8-{scheme}"
+                else:
+                    if f"{p}.w" in W:
+                        w = _f32(W[f"{p}.w"])
+                        self.released_bytes += _release_file_pages([W[f"{p}.w"]])
+                    else:  # int8 weights kept in fp32 compute: dequantise once
+                        w = W[f"{p}.w_q"].astype(np.float32) * _f32(W[f"{p}.w_scale"])[:, None]
+                    if shift is not None or mul is not None:  # fold x' = (x - shift) * mul
+                        from zoi.numerics.primitives import fold_act_transform
+
+                        w64, b64 = fold_act_transform(w, b, shift, mul)
+                        w, b = w64.astype(np.float32), b64.astype(np.float32)
+                    eng.add_linear_f32(off[op.inputs[0]], off[op.output], w, b, act, res)
+                    self.linear_kinds[p] = "fp32"
+            elif op.kind == "attention":
+                a = op.attrs
+                eng.add_attention(
+                    off[op.inputs[0]],
+                    off[op.output],
+                    int(a["heads"]),
+                    int(a["head_dim"]),
+                    float(a["scale"]),
+                )
+            elif op.kind == "add_layernorm":
+                res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
+                eng.add_layernorm(
+                    off[op.inputs[0]],
+                    res,
+                    off[op.output],
+                    _f32(W[op.weights["w"]]),
+                    _f32(W[op.weights["b"]]),
+                    float(op.attrs["eps"]),
+                )
+            elif op.kind == "pool":
+                self.hidden = graph.buffers[op.output].cols
+                eng.add_pool(off[op.inputs[0]], off[op.output], self.hidden, op.attrs["mode"])
+            else:
+                raise ValueError(f"the cpu backend does not know op kind {op.kind!r}")
+        if graph.ops[-1].kind != "pool" or graph.ops[-1].output != graph.output:
+            raise ValueError("the cpu backend expects the graph to end with its pool op")
+        eng.finalize()
+        self.engine = eng
+
+    def _hold(self, a: np.ndarray) -> np.ndarray:
+        self._keep.append(a)
+        return a
+
+    @property
+    def isa(self) -> str:
+        return self.engine.isa
+
+    def run(self, ids, positions, cu_seqlens, normalize: bool) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        positions = np.ascontiguousarray(positions, dtype=np.int32)
+        cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
+        out = np.empty((len(cu) - 1, self.hidden), np.float32)
+        self.engine.run(ids, positions, cu, bool(normalize), out)
+        return out
+
+    def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
+        """Like run, into a caller-owned float32 [>= B, H] array (no allocation at all)."""
+        self.engine.run(ids, positions, cu_seqlens, bool(normalize), out)
+        return out
+
+    def memory(self) -> dict:
+        e = self.engine
+        return {
+            "weights_bytes": int(e.weights_bytes),
+            "arena_bytes": int(e.arena_bytes),
+            "scratch_bytes": int(e.scratch_bytes),
+            "isa": e.isa,
+            "threads": int(e.nthreads),
+        }

@@ -1,0 +1,1 @@
+"""User tools beside the CLI (`zoi eval`): they build on the engine and the quantiser."""
