@@ -98,3 +98,20 @@ def test_zoi_eval_per_domain_json_and_markdown(tmp_path, capsys):
     assert rep["worst_domain"]["cos_min"]["domain"] in ("queries", "code")
     assert len(rep["inputs"]["weights_sha256"]) == 64
     assert md.startswith("| domain (") and "| queries |" in md and "| code |" in md
+
+
+def test_readme_quality_table_is_generated_from_the_committed_report():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rep = root / "bench" / "results" / "eval_minilm_int8_domains.json"
+    r = subprocess.run(
+        [sys.executable, str(root / "scripts" / "readme_quality.py"), str(rep), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    doms = json.loads(rep.read_text())["domains"]
+    assert set(data.ENGLISH_DOMAINS) <= set(doms)
