@@ -69,7 +69,7 @@ void for_threads(int nt, F&& f) {
   for (int t = 0; t < nt; ++t) f(t, nt);
 }
 
-// A-format buffer (u8 / s16) for M rows of Kp, with scales and zero points
+// A-format buffer (kernels.h) for M rows of Kp, with scales and zero points
 struct QBuf {
   std::vector<uint8_t> bytes;
   std::vector<float> scale;
@@ -86,19 +86,8 @@ struct QBuf {
     qo.scale = scale.data();
     qo.zp = zp.data();
   }
-  int stored(const zoi::KernelTable& kt, int m, int k) const {
-    if (kt.i8_a_bytes == 1) return bytes[static_cast<size_t>(m) * qo.ldq + k];
-    int16_t v;
-    std::memcpy(&v, bytes.data() + (static_cast<size_t>(m) * qo.ldq + k) * 2, 2);
-    return v;
-  }
-  void set(const zoi::KernelTable& kt, int m, int k, int v) {
-    if (kt.i8_a_bytes == 1) bytes[static_cast<size_t>(m) * qo.ldq + k] = static_cast<uint8_t>(v);
-    else {
-      int16_t s = static_cast<int16_t>(v);
-      std::memcpy(bytes.data() + (static_cast<size_t>(m) * qo.ldq + k) * 2, &s, 2);
-    }
-  }
+  int stored(const zoi::KernelTable& kt, int m, int k) const { return kt.i8_a_get(bytes.data(), qo.ldq, m, k); }
+  void set(const zoi::KernelTable& kt, int m, int k, int v) { kt.i8_a_set(bytes.data(), qo.ldq, m, k, v); }
 };
 
 struct PackedI8 {
@@ -184,10 +173,10 @@ NB_MODULE(_cpu, m) {
     params.mul = mul ? mul->data() : nullptr;
     QBuf qb(kt, M, K, params);
     for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
-    const int off = (!asym && kt.i8_a_bytes == 1) ? 128 : 0;
+    const int off = asym ? kt.i8_a_off_asym : kt.i8_a_off_sym;
     for (int i = 0; i < M; ++i) {
       scale.data()[i] = qb.scale[i];
-      zp.data()[i] = asym ? qb.zp[i] : qb.zp[i] - off;
+      zp.data()[i] = qb.zp[i] - off;
       for (int k = 0; k < K; ++k) q.data()[static_cast<size_t>(i) * K + k] = static_cast<int16_t>(qb.stored(kt, i, k) - off);
     }
   }, "x"_a, "q"_a, "scale"_a, "zp"_a, "static_amax"_a = -1.f, "asym"_a = false, "shift"_a.none() = nb::none(),
@@ -205,9 +194,9 @@ NB_MODULE(_cpu, m) {
     if (zp) need(*zp, 1, {M}, "zp");
     zoi::QuantOut params;
     QBuf qb(kt, M, K, params);
-    const int off = (!zp && kt.i8_a_bytes == 1) ? 128 : 0;
+    const int off = zp ? kt.i8_a_off_asym : kt.i8_a_off_sym;
     for (int i = 0; i < M; ++i) {
-      const int z = zp ? zp->data()[i] : off;
+      const int z = (zp ? zp->data()[i] : 0) + off;
       for (int k = 0; k < K; ++k) qb.set(kt, i, k, q.data()[static_cast<size_t>(i) * K + k] + off);
       for (int k = K; k < qb.qo.ldq; ++k) qb.set(kt, i, k, z);
       qb.scale[i] = 1.f;
@@ -377,6 +366,8 @@ NB_MODULE(_cpu, m) {
     d["isa"] = zoi::isa_name(kt.isa);
     d["i8_kgroup"] = kt.i8_kgroup;
     d["i8_a_bytes"] = kt.i8_a_bytes;
+    d["i8_a_off_sym"] = kt.i8_a_off_sym;
+    d["i8_a_off_asym"] = kt.i8_a_off_asym;
     d["i8_panel"] = kt.i8_panel;
     d["f32_panel"] = kt.f32_panel;
     return d;

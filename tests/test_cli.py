@@ -65,7 +65,9 @@ def test_compile_info_encode(small_bert, tmp_path, capsys, monkeypatch):
         )
         == 0
     )
-    np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ref, atol=1e-6)
+    # a blank line is a text too: row i is line i
+    ref3 = zoi.load(art, device="reference").encode(["hello", "", "world"])
+    np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ref3, atol=1e-6)
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\nworld\n"))
     assert main(["encode", "--model", str(art), "--device", "reference", "-f", "-"]) == 0
     np.testing.assert_allclose(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import zoi
 from conftest import minilm_path
-from zoi.errors import ZoiError
+from zoi.errors import NumericalError, ZoiError
 
 FUZZ = settings(
     max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False
@@ -34,8 +34,11 @@ def _try_load(folder) -> None:
         eng = zoi.compile(folder, device="reference", max_tokens=512)
     except ZoiError:
         return
-    out = eng.encode(["a probe sentence"])  # when loading succeeds the engine must work
-    assert out.shape == (1, eng.spec.hidden)
+    try:  # when loading succeeds the engine must work, or refuse non-finite output
+        out = eng.encode(["a probe sentence"])
+    except NumericalError:
+        return
+    assert out.shape == (1, eng.spec.hidden) and np.isfinite(out).all()
 
 
 @FUZZ
@@ -130,3 +133,50 @@ def test_fuzz_left_the_checkpoint_intact(folder):
     eng = zoi.compile(folder, device="reference")
     ref = zoi.compile(minilm_path(), device="reference")
     np.testing.assert_array_equal(eng.encode(["same"]), ref.encode(["same"]))
+
+
+# ---- the artifact loader: edited zoi.json values, corrupt weights headers --------------------
+@pytest.fixture(scope="module")
+def artifact(small_bert, tmp_path_factory):
+    art = zoi.compile(small_bert, device="reference", max_tokens=64, precision="int8").save(
+        tmp_path_factory.mktemp("fuzz_art") / "art"
+    )
+    return art, (art / "zoi.json").read_text(), (art / "weights.safetensors").read_bytes()
+
+
+_json_any = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=8),
+    lambda k: st.lists(k, max_size=3) | st.dictionaries(st.text(max_size=6), k, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_artifact_loader(artifact, data):
+    art, meta_text, weights = artifact
+    meta = json.loads(meta_text)
+    (art / "weights.safetensors").write_bytes(weights)
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.sampled_from(["top", "spec", "quant", "weights_header"]))
+        if where == "top":
+            meta[data.draw(st.sampled_from(sorted(meta)))] = data.draw(_json_any)
+        elif where == "spec" and isinstance(meta.get("spec"), dict):
+            meta["spec"][data.draw(st.sampled_from(sorted(meta["spec"])))] = data.draw(_json_any)
+        elif where == "quant" and isinstance(meta.get("quant"), dict) and meta["quant"]:
+            q = meta["quant"][data.draw(st.sampled_from(sorted(meta["quant"])))]
+            if isinstance(q, dict):
+                q[data.draw(st.sampled_from(["scheme", "amax", "info"]))] = data.draw(_json_any)
+        else:
+            buf = bytearray(weights)
+            hlen = int.from_bytes(buf[:8], "little")
+            i = data.draw(st.integers(0, 8 + hlen - 1))
+            buf[i] = data.draw(st.integers(0, 255))
+            (art / "weights.safetensors").write_bytes(bytes(buf))
+    (art / "zoi.json").write_text(json.dumps(meta))
+    try:
+        eng = zoi.load(art, device="reference")
+    except (ZoiError, ValueError):
+        return
+    out = eng.encode(["a probe sentence"])  # an unedited part loads and runs
+    assert np.isfinite(out).all()

@@ -18,9 +18,17 @@ namespace {
 using T = V::T;
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
 constexpr int NQMAX = 4;  // query rows per pass (32 zmm registers)
+constexpr int kVRegs = 32;
+#elif defined(ZOI_ISA_AVX2)
+constexpr int NQMAX = 4;  // 16 ymm: the scores of 4 rows go 2 vectors at a time (4 x 2 + 2 + 1)
+constexpr int kVRegs = 16;
 #else
 constexpr int NQMAX = 2;
+constexpr int kVRegs = 1 << 20;
 #endif
+// key vectors per scores block: as many as the accumulators NQ x NV + NV keys + 1 fit registers
+template <int NQ>
+constexpr int scores_nv() { return NQ * 4 + 4 + 1 <= kVRegs ? 4 : 2; }
 
 // s_i[j : j + NV*N) = scale * q_i . k_j for NQ query rows at once (K^T loads shared)
 template <int NQ, int NV>
@@ -101,8 +109,9 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, const float* v
     o[r] = a.out + static_cast<size_t>(t0 + i + r) * a.ldo + h * d;
   }
   const T vscale = V::set(a.scale);
+  constexpr int SNV = scores_nv<NQ>();
   int j = 0;
-  for (; j + 4 * V::N <= lp; j += 4 * V::N) scores_block<NQ, 4>(q, kt, lp, d, j, s, vscale);
+  for (; j + SNV * V::N <= lp; j += SNV * V::N) scores_block<NQ, SNV>(q, kt, lp, d, j, s, vscale);
   for (; j < lp; j += V::N) scores_block<NQ, 1>(q, kt, lp, d, j, s, vscale);
   for (int r = 0; r < NQ; ++r) softmax_row(s[r], L);
   int c = 0;

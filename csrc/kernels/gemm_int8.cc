@@ -1,66 +1,104 @@
-// INT8 GEMM with fused epilogue, compiled once per ISA.
-//   vnni:   u8 activations x s8 weights -> s32 with vpdpbusd (64 MACs / instruction)
-//   avx512: s16 x s16 -> s32 with vpmaddwd (AVX-512BW; exact: no u8*s8 pair saturation)
-//   avx2:   same with ymm
+// INT8 GEMM with fused epilogue, compiled once per ISA. Weights are s8 in [-127, 127] on every
+// ISA (1 byte each), packed per panel of PW = NB * LANES columns as [K/4][panel col][4] so the
+// micro-kernel streams them contiguously; A rows are 8-bit (qrow.h gives the format):
+//   vnni:   u8 a x s8 w -> s32 with vpdpbusd (64 MACs / instruction)
+//   avx512, avx2: the sign trick on vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd with ones (s16
+//           pairs -> s32): a is s8 (q, or q - 128 for asymmetric rows, with the colsum correction
+//           of the zero point), the u8 operand is |a| <= 128 (stored next to a by the quantiser),
+//           the s8 operand w * sign(a) in [-127, 127] (vpsignb; AVX-512: vpblendmb of w and -w), so every
+//           s16 pair |a0| s0 + |a1| s1 is at most 2 * 128 * 127 = 32512 < 32767: never saturates,
+//           exact. (Needs w != -128: pack() refuses it; |w| x sign(a, w) instead would break at
+//           a = -128, whose negation wraps.) The s32 sums are exact for K < 2^31 / (128 * 127).
+//           4 vector ops per 32 MACs, as many as the 16-bit vpmaddwd kernel, at half the bytes.
 //   scalar: plain C++ over the same packed layout
-// Register blocking MR rows x NB vectors; weights prepacked per panel of NB*LANES columns so
-// the micro-kernel streams them contiguously; M is cut into chunks of <= MC rows so that a
-// chunk of A and one weight panel (K <= 3072: 192 KiB) stay in L2 while the panel is reused.
+// Register blocking MR rows x NB vectors; M is cut into chunks of <= MC rows so that a chunk of A
+// and one weight panel (K * PW bytes: K = 3072 and PW = 48, 144 KiB) stay in L2 while the panel
+// is reused.
 #include "kernels.h"
+#include "qrow.h"
 #include "simd.h"
+
+#include <stdexcept>
+#include <string>
 
 namespace zoi {
 namespace ZOI_NS {
 namespace {
 
+using WE = int8_t;
+constexpr int KG = 4;  // k per 32-bit group (4 bytes of A broadcast at once)
+
 #if defined(ZOI_ISA_VNNI)
 using IV = __m512i;
-using AE = uint8_t;
-using WE = int8_t;
-constexpr int LANES = 16, KG = 4, MR = 8, NB = 3;
+constexpr int LANES = 16, MR = 8, NB = 3;
+struct ARow { IV a; };  // broadcast of 4 u8 of one A row
+inline ARow arow(const uint8_t* p, int) { int32_t v; std::memcpy(&v, p, 4); return {_mm512_set1_epi32(v)}; }
 inline IV izero() { return _mm512_setzero_si512(); }
-inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
-inline IV dot(IV acc, IV a, IV w) { return _mm512_dpbusd_epi32(acc, a, w); }
+inline IV dot(IV acc, const ARow& a, IV w) { return _mm512_dpbusd_epi32(acc, a.a, w); }
 inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zp), _mm512_loadu_si512(p))); }
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
 #elif defined(ZOI_ISA_AVX512)
 using IV = __m512i;
-using AE = int16_t;
-using WE = int16_t;
-constexpr int LANES = 16, KG = 2, MR = 8, NB = 3;
+constexpr int LANES = 16, MR = 8, NB = 3;
+struct ARow { IV abs; __mmask64 neg; };  // |a| (u8) and the lanes where a < 0
+inline ARow arow(const uint8_t* p, int ldq) {
+  int32_t v, u;
+  std::memcpy(&v, p, 4);
+  std::memcpy(&u, p + ldq, 4);
+  return {_mm512_set1_epi32(u), _mm512_movepi8_mask(_mm512_set1_epi32(v))};
+}
 inline IV izero() { return _mm512_setzero_si512(); }
-inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
-inline IV loadw(const WE* p) { return _mm512_load_si512(p); }
-inline IV dot(IV acc, IV a, IV w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, w)); }
+struct WV { IV w, nw; };  // a weight vector and its negation (once per k-group, for all rows)
+inline WV loadw(const WE* p) {
+  const IV w = _mm512_load_si512(p);
+  IV nw = _mm512_sub_epi8(_mm512_setzero_si512(), w);
+  __asm__("" : "+v"(nw));  // opaque: else GCC turns the blend below back into a copy + masked sub
+  return {w, nw};
+}
+inline IV dot(IV acc, const ARow& a, const WV& w) {
+  const IV sw = _mm512_mask_blend_epi8(a.neg, w.w, w.nw);  // w * sign(a) (a = 0: |a| = 0)
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a.abs, sw), _mm512_set1_epi16(1)));
+}
 inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _mm512_mullo_epi32(_mm512_set1_epi32(zp), _mm512_loadu_si512(p))); }
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
 #elif defined(ZOI_ISA_AVX2)
 using IV = __m256i;
-using AE = int16_t;
-using WE = int16_t;
-constexpr int LANES = 8, KG = 2, MR = 6, NB = 2;
+// 5 x 2 ymm accumulators + 2 weight vectors + a, |a|, a temporary and the ones: all 16 ymm
+// registers (6 x 2 spills two accumulators to the stack every k-group: 4% slower at M = 4096,
+// equal at M <= 128, interleaved runs on the EPYC dev VM)
+constexpr int LANES = 8, MR = 5, NB = 2;
+struct ARow { IV a, abs; };  // broadcasts of 4 s8 of one A row and of their |a|
+inline ARow arow(const uint8_t* p, int ldq) {
+  int32_t v, u;
+  std::memcpy(&v, p, 4);
+  std::memcpy(&u, p + ldq, 4);
+  return {_mm256_set1_epi32(v), _mm256_set1_epi32(u)};
+}
 inline IV izero() { return _mm256_setzero_si256(); }
-inline IV bcast(const AE* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 inline IV loadw(const WE* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
-inline IV dot(IV acc, IV a, IV w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, w)); }
+inline IV dot(IV acc, const ARow& a, IV w) {
+  const IV sw = _mm256_sign_epi8(w, a.a);  // w * sign(a), in [-127, 127]
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a.abs, sw), _mm256_set1_epi16(1)));
+}
 inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_mullo_epi32(_mm256_set1_epi32(zp), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))); }
 inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
 inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 #else
 using IV = int32_t;
-using AE = int16_t;
-using WE = int16_t;
-constexpr int LANES = 1, KG = 2, MR = 4, NB = 4;
+constexpr int LANES = 1, MR = 4, NB = 4;
+struct ARow { const int8_t* p; };
+inline ARow arow(const uint8_t* p, int) { return {reinterpret_cast<const int8_t*>(p)}; }
 inline IV izero() { return 0; }
-inline const AE* bcast(const AE* p) { return p; }
 inline const WE* loadw(const WE* p) { return p; }
-inline IV dot(IV acc, const AE* a, const WE* w) { return acc + int32_t(a[0]) * w[0] + int32_t(a[1]) * w[1]; }
+inline IV dot(IV acc, const ARow& a, const WE* w) {
+  return acc + int32_t(a.p[0]) * w[0] + int32_t(a.p[1]) * w[1] + int32_t(a.p[2]) * w[2] + int32_t(a.p[3]) * w[3];
+}
 inline IV isub_zp(IV a, int zp, const int32_t* p) { return a - zp * *p; }
 inline V::T tof(IV a) { return static_cast<float>(a); }
 inline void istore(int32_t* p, IV a) { *p = a; }
@@ -68,7 +106,7 @@ inline IV iload(const int32_t* p) { return *p; }
 #endif
 
 constexpr int PW = LANES * NB;  // columns per panel
-constexpr int MC = 192;         // rows per M chunk (multiple of MR): one chunk up to M = 192, so
+constexpr int MC = 192 / MR * MR;  // rows per M chunk (multiple of MR): one chunk up to M ~ 192, so
                                 // small batches split over N (each weight byte read once)
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
@@ -78,7 +116,7 @@ static_assert(MC % MR == 0, "MC must be a multiple of MR");
 // it from L3; later row blocks find it in L1/L2)
 constexpr int PF_DIST = 2048;
 template <int R, bool PF>
-inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) {
+inline void micro(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
   IV acc[R][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -97,7 +135,7 @@ inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) 
     for (int j = 0; j < NB; ++j) b[j] = loadw(wg + j * LANES * KG);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      auto av = bcast(a + static_cast<size_t>(r) * lda + g * KG);
+      const ARow av = arow(a + static_cast<size_t>(r) * lda * kABytes + g * KG, lda);
 #pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, b[j]);
     }
@@ -111,7 +149,7 @@ inline void micro(const AE* a, int lda, const WE* w, int kgroups, int32_t* out) 
 template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
   alignas(64) int32_t acc[R * PW];
-  const AE* a = static_cast<const AE*>(p.a) + static_cast<size_t>(m) * p.lda;
+  const uint8_t* a = static_cast<const uint8_t*>(p.a) + static_cast<size_t>(m) * p.lda * kABytes;
   if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, acc);
   else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, acc);
   const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
@@ -181,6 +219,11 @@ size_t pack_bytes(int N, int K) {
 
 void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
   const int Kp = round_up(K, KG), Np = round_up(N, PW);
+  for (size_t i = 0; i < static_cast<size_t>(N) * K; ++i)  // the sign trick's bound (and the contract)
+    if (w[i] == -128)
+      throw std::invalid_argument("INT8 weight -128 at row " + std::to_string(i / K) + ", column " +
+                                  std::to_string(i % K) + ": zoi's weights are symmetric, in [-127, 127] "
+                                  "(zoi.numerics.primitives.quantize_weight); re-quantise the model");
   WE* d = static_cast<WE*>(dst);
   for (int p = 0; p < Np / PW; ++p)
     for (int g = 0; g < Kp / KG; ++g)
@@ -222,7 +265,11 @@ size_t pack_i8_bytes(int N, int K) { return pack_bytes(N, K); }
 void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* colsum) { pack(w, N, K, dst, colsum); }
 void gemm_i8(const GemmI8Args& a, int tid, int nt) { gemm(a, tid, nt); }
 int i8_kgroup() { return KG; }
-int i8_a_bytes() { return sizeof(AE); }
+int i8_a_bytes() { return kABytes; }
+int i8_a_off_sym() { return kAOffSym; }
+int i8_a_off_asym() { return kAOffAsym; }
+int i8_a_get(const void* q, int ldq, int m, int k) { return a_get(q, ldq, m, k); }
+void i8_a_set(void* q, int ldq, int m, int k, int v) { a_set(q, ldq, m, k, v); }
 int i8_panel() { return PW; }
 
 }  // namespace ZOI_NS

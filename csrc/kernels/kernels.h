@@ -18,16 +18,17 @@ enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, AC
 // ---- INT8 GEMM:
 //   y[m,n] = act(float(sum_k a[m,k] w[n,k] - zp[m] * colsum[n]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
 // Activations arrive quantised by quantize_rows / a fused LayerNorm / embedding, as stored
-// integers a with a per-row zero point zp (zoi.quant.primitives numerics):
-//   symmetric (dynamic / static): q in [-127, 127]; vnni stores a = q + 128 (u8), zp = 128;
-//                                 the s16 ISAs store a = q, zp = 0
-//   asymmetric (dynamic_asym):    q in [0, 255] with the token's zero point; a = q, zp = zp[t]
-// A format: vnni u8 rows of Kp = round_up(K, 4) bytes; avx512/avx2/scalar s16 rows of
-// Kp = round_up(K, 2) (padding: a value whose weight is 0). Weights are packed by pack_i8
-// into panels of `i8_panel` columns: [panel][K/KG][panel col][KG]; colsum[n] = sum_k w[n,k].
+// integers a = q + off with a stored per-row zero point zp' = zp + off (zoi.numerics.primitives
+// numerics; symmetric q in [-127, 127] with zp = 0, asymmetric q in [0, 255] with the token's zp):
+//   vnni:          u8,  off = 128 (symmetric) / 0 (asymmetric)
+//   avx512, avx2:  s8,  off = 0 / -128, each row followed by |a| (u8): rows of 2 * Kp bytes
+//   scalar:        s8,  off = 0 / -128
+// (csrc/kernels/qrow.h; i8_a_get / i8_a_set read and write it). Kp = round_up(K, 4); padding: any
+// value (its weight is 0). Weights: s8 in [-127, 127] on every ISA, packed by pack_i8 into panels
+// of `i8_panel` columns: [panel][Kp/4][panel col][4]; colsum[n] = sum_k w[n,k].
 struct GemmI8Args {
-  const void* a = nullptr;        // [M, lda] quantised activations (format above)
-  int lda = 0;                    // elements per row of a
+  const void* a = nullptr;        // [M, lda * i8_a_bytes] quantised activations (format above)
+  int lda = 0;                    // elements per row of a (= Kp)
   const float* a_scale = nullptr; // [M] per-token activation scale
   const void* w = nullptr;        // packed weights
   const int32_t* colsum = nullptr;  // [Npad]
@@ -61,8 +62,8 @@ struct GemmF32Args {
 // that produces the rows): x' = (x - shift) * mul per channel (each optional, two roundings),
 // then symmetric (per-token amax or the static amax) or asymmetric per-token UINT8.
 struct QuantOut {
-  void* q = nullptr;            // [M, ldq] in the ISA's A format; nullptr = off
-  int ldq = 0;                  // = Kp of the consumer
+  void* q = nullptr;            // [M, ldq * i8_a_bytes] in the ISA's A format; nullptr = off
+  int ldq = 0;                  // = Kp of the consumer (elements per row)
   float* scale = nullptr;       // [M] a_scale
   int32_t* zp = nullptr;        // [M] zero point of the stored integers (see the GEMM above)
   float static_amax = -1.f;     // < 0: dynamic per-token amax; >= 0: calibrated per-tensor amax
@@ -117,7 +118,9 @@ struct PoolArgs {
 struct KernelTable {
   Isa isa;
   int i8_kgroup;      // K granularity of the packed INT8 weights / A rows
-  int i8_a_bytes;     // bytes per A element (1: u8, 2: s16)
+  int i8_a_bytes;     // bytes of A buffer per element (1: a only; 2: a and |a|)
+  int i8_a_off_sym;   // off of the A format: stored a = q + off, zp' = zp + off
+  int i8_a_off_asym;
   int i8_panel;       // columns per packed INT8 panel
   int f32_panel;      // columns per packed FP32 panel
   size_t (*pack_i8_bytes)(int N, int K);
@@ -134,6 +137,9 @@ struct KernelTable {
   void (*normalize)(float* p, int ld, int B, int H, int tid, int nt);
   void (*activation)(float* x, size_t n, int act);  // tests
   double (*peak_i8)(long iters);  // roofline loop; returns integer ops done
+  // stored A value at (m, k) of a buffer with rows of ldq elements (tests); set also writes |v|
+  int (*i8_a_get)(const void* q, int ldq, int m, int k);
+  void (*i8_a_set)(void* q, int ldq, int m, int k, int v);
 };
 
 const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU

@@ -1,6 +1,9 @@
-// Register-only throughput loop of the ISA's INT8 dot instruction (the GEMM's roofline):
-// vnni: vpdpbusd zmm (64 MACs), avx512: vpmaddwd+vpaddd zmm (32 MACs), avx2: ymm (16 MACs).
-// 24 independent accumulators hide the latency. Returns the integer ops (2 per MAC) done.
+// Register-only throughput loop of the ISA's INT8 dot sequence (the GEMM's roofline), the very
+// instructions of the gemm_int8.cc micro-kernel:
+//   vnni:   vpdpbusd zmm (64 MACs), 24 independent accumulators
+//   avx512: sign trick, zmm: vpblendmb (w * sign(a) from w, -w), vpmaddubsw, vpmaddwd (ones), vpaddd (64 MACs)
+//   avx2:   sign trick, ymm: vpsignb, vpmaddubsw, vpmaddwd (ones), vpaddd (32 MACs)
+// Independent accumulators hide the latency. Returns the integer ops (2 per MAC) done.
 #include "kernels.h"
 #include "simd.h"
 
@@ -9,30 +12,12 @@ namespace ZOI_NS {
 
 double peak_i8(long iters) {
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
-  // inline asm: 24 independent accumulators (zmm/ymm 8..31 or ymm 4..15), sources in 0 and 1
   if (iters < 1) return 0;
+  long n = iters;
 #if defined(ZOI_ISA_VNNI)
+  // zmm 8..31 accumulate, sources in 0 and 1
 #define ZOI_OP(r) "vpdpbusd %%zmm1, %%zmm0, %%zmm" #r "\n\t"
   constexpr double per_iter = 24 * 64;
-#elif defined(ZOI_ISA_AVX512)
-#define ZOI_OP(r) "vpmaddwd %%zmm1, %%zmm0, %%zmm2\n\tvpaddd %%zmm2, %%zmm" #r ", %%zmm" #r "\n\t"
-  constexpr double per_iter = 24 * 32;
-#endif
-#if defined(ZOI_ISA_AVX2)
-#undef ZOI_OP
-#define ZOI_OP(r) "vpmaddwd %%ymm1, %%ymm0, %%ymm2\n\tvpaddd %%ymm2, %%ymm" #r ", %%ymm" #r "\n\t"
-  constexpr double per_iter = 12 * 16;
-  long n = iters;
-  __asm__ volatile(
-      "vpxor %%ymm0, %%ymm0, %%ymm0\n\tvpxor %%ymm1, %%ymm1, %%ymm1\n\t"
-      "1:\n\t" ZOI_OP(3) ZOI_OP(4) ZOI_OP(5) ZOI_OP(6) ZOI_OP(7) ZOI_OP(8) ZOI_OP(9) ZOI_OP(10) ZOI_OP(11)
-      ZOI_OP(12) ZOI_OP(13) ZOI_OP(14) "dec %0\n\tjnz 1b\n\t"
-      : "+r"(n)
-      :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
-        "xmm13", "xmm14", "cc");
-#else
-  long n = iters;
   __asm__ volatile(
       "vpxord %%zmm0, %%zmm0, %%zmm0\n\tvpxord %%zmm1, %%zmm1, %%zmm1\n\t"
       "1:\n\t" ZOI_OP(8) ZOI_OP(9) ZOI_OP(10) ZOI_OP(11) ZOI_OP(12) ZOI_OP(13) ZOI_OP(14) ZOI_OP(15) ZOI_OP(16)
@@ -40,9 +25,44 @@ double peak_i8(long iters) {
       ZOI_OP(27) ZOI_OP(28) ZOI_OP(29) ZOI_OP(30) ZOI_OP(31) "dec %0\n\tjnz 1b\n\t"
       : "+r"(n)
       :
-      : "xmm0", "xmm1", "xmm2", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16",
+      : "xmm0", "xmm1", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16",
         "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28",
         "xmm29", "xmm30", "xmm31", "cc");
+#elif defined(ZOI_ISA_AVX512)
+  // zmm0 a (k1: a < 0), zmm1 |a|, zmm2 w, zmm3 ones, zmm4 -w; temporaries zmm5..7 (t = k1 ? -w : w);
+  // accumulators zmm8..31
+#define ZOI_OP(t, r)                                                                             \
+  "vpblendmb %%zmm4, %%zmm2, %%zmm" #t "%{%%k1%}\n\t"                                            \
+  "vpmaddubsw %%zmm" #t ", %%zmm1, %%zmm" #t "\n\tvpmaddwd %%zmm3, %%zmm" #t ", %%zmm" #t "\n\t" \
+  "vpaddd %%zmm" #t ", %%zmm" #r ", %%zmm" #r "\n\t"
+  constexpr double per_iter = 24 * 64;
+  __asm__ volatile(
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n\tvpxord %%zmm1, %%zmm1, %%zmm1\n\tvpxord %%zmm2, %%zmm2, %%zmm2\n\t"
+      "vpxord %%zmm3, %%zmm3, %%zmm3\n\tvpxord %%zmm4, %%zmm4, %%zmm4\n\tvpmovb2m %%zmm0, %%k1\n\t"
+      "1:\n\t" ZOI_OP(5, 8) ZOI_OP(6, 9) ZOI_OP(7, 10) ZOI_OP(5, 11) ZOI_OP(6, 12) ZOI_OP(7, 13) ZOI_OP(5, 14)
+      ZOI_OP(6, 15) ZOI_OP(7, 16) ZOI_OP(5, 17) ZOI_OP(6, 18) ZOI_OP(7, 19) ZOI_OP(5, 20) ZOI_OP(6, 21) ZOI_OP(7, 22)
+      ZOI_OP(5, 23) ZOI_OP(6, 24) ZOI_OP(7, 25) ZOI_OP(5, 26) ZOI_OP(6, 27) ZOI_OP(7, 28) ZOI_OP(5, 29) ZOI_OP(6, 30)
+      ZOI_OP(7, 31) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24",
+        "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "k1", "cc");
+#else
+  // ymm0 a, ymm1 |a|, ymm2 w, ymm3 ones; temporaries ymm4..7; accumulators ymm8..15
+#define ZOI_OP(t, r)                                                                             \
+  "vpsignb %%ymm0, %%ymm2, %%ymm" #t "\n\tvpmaddubsw %%ymm" #t ", %%ymm1, %%ymm" #t "\n\t"       \
+  "vpmaddwd %%ymm3, %%ymm" #t ", %%ymm" #t "\n\tvpaddd %%ymm" #t ", %%ymm" #r ", %%ymm" #r "\n\t"
+  constexpr double per_iter = 8 * 32;
+  __asm__ volatile(
+      "vpxor %%ymm0, %%ymm0, %%ymm0\n\tvpxor %%ymm1, %%ymm1, %%ymm1\n\tvpxor %%ymm2, %%ymm2, %%ymm2\n\t"
+      "vpxor %%ymm3, %%ymm3, %%ymm3\n\t"
+      "1:\n\t" ZOI_OP(4, 8) ZOI_OP(5, 9) ZOI_OP(6, 10) ZOI_OP(7, 11) ZOI_OP(4, 12) ZOI_OP(5, 13) ZOI_OP(6, 14)
+      ZOI_OP(7, 15) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "xmm14", "xmm15", "cc");
 #endif
 #undef ZOI_OP
   __asm__ volatile("vzeroupper" ::: "memory");

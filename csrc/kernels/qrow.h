@@ -1,5 +1,5 @@
 // Per-row INT8 quantisation into the ISA's GEMM A format (see kernels.h), exactly
-// zoi.quant.primitives (every step in float32, round half to even):
+// zoi.numerics.primitives (every step in float32, round half to even):
 //   x' = (x - shift) * mul                                   (optional, two roundings)
 //   symmetric:  amax = max|x'| (or the static amax), inv = 127 / amax (amax 0 -> q 0, scale 0),
 //               q = clip(rint(x' * inv), -127, 127), scale = amax / 127
@@ -13,11 +13,35 @@
 namespace zoi {
 namespace ZOI_NS {
 
+// The A operand of the INT8 GEMM (kernels.h), per ISA build: stored a = q + off with
+//   vnni:          u8, off = 128 (symmetric) / 0 (asymmetric)      -> vpdpbusd's unsigned operand
+//   avx512, avx2:  s8, off = 0 (symmetric) / -128 (asymmetric), and a copy |a| (u8 <= 128) at
+//                  +ldq bytes of each row (the sign trick of gemm_int8.cc: |a| x sign(w, a))
+//   scalar:        s8, off = 0 / -128
+// and the stored zero point zp' = zp + off (symmetric: zp = 0), so that
+// sum_k a[k] w[k] - zp' colsum = sum_k (q[k] - zp) w[k] in every format.
 #if defined(ZOI_ISA_VNNI)
-constexpr bool kA8 = true;  // u8 A rows
+constexpr bool kASigned = false, kAAbs = false;
+constexpr int kAOffSym = 128, kAOffAsym = 0;
+#elif defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
+constexpr bool kASigned = true, kAAbs = true;
+constexpr int kAOffSym = 0, kAOffAsym = -128;
 #else
-constexpr bool kA8 = false;  // s16 A rows
+constexpr bool kASigned = true, kAAbs = false;
+constexpr int kAOffSym = 0, kAOffAsym = -128;
 #endif
+constexpr int kABytes = kAAbs ? 2 : 1;  // bytes of A buffer per element (rows of kABytes * ldq)
+
+// stored value at (m, k) of an A buffer with rows of ldq elements; a_set also writes |v|
+inline int a_get(const void* q, int ldq, int m, int k) {
+  const uint8_t b = static_cast<const uint8_t*>(q)[static_cast<size_t>(m) * ldq * kABytes + k];
+  return kASigned ? static_cast<int>(static_cast<int8_t>(b)) : static_cast<int>(b);
+}
+inline void a_set(void* q, int ldq, int m, int k, int v) {
+  uint8_t* row = static_cast<uint8_t*>(q) + static_cast<size_t>(m) * ldq * kABytes;
+  row[k] = static_cast<uint8_t>(v);
+  if (kAAbs) row[ldq + k] = static_cast<uint8_t>(v < 0 ? -v : v);
+}
 
 template <class W>
 inline typename W::T qx_load(const float* x, const QuantOut& qo, int k, int n) {
@@ -27,17 +51,34 @@ inline typename W::T qx_load(const float* x, const QuantOut& qo, int k, int n) {
   return v;
 }
 
-// stores lanes [k, k+n) of integer-valued floats t (already in the stored range)
-inline void q_store(void* qrow, int k, V::T t, int n) {
-#if defined(ZOI_ISA_VNNI)
-  _mm512_mask_cvtepi32_storeu_epi8(static_cast<uint8_t*>(qrow) + k, V16::mask(n), _mm512_cvttps_epi32(t));
-#elif defined(ZOI_ISA_AVX512)
-  _mm512_mask_cvtepi32_storeu_epi16(static_cast<int16_t*>(qrow) + k, V16::mask(n), _mm512_cvttps_epi32(t));
+// stores lanes [k, k+n) of integer-valued floats t (already in the stored range), and |t| at
+// +ldq when the format keeps it
+inline void q_store(void* qrow, int ldq, int k, V::T t, int n) {
+  uint8_t* q = static_cast<uint8_t*>(qrow) + k;
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
+  const __m512i i = _mm512_cvttps_epi32(t);
+  _mm512_mask_cvtepi32_storeu_epi8(q, V16::mask(n), i);  // truncating: -128 -> 0x80
+  if (kAAbs) _mm512_mask_cvtepi32_storeu_epi8(q + ldq, V16::mask(n), _mm512_abs_epi32(i));
+#elif defined(ZOI_ISA_AVX2)
+  const __m256i i = _mm256_cvttps_epi32(t);
+  const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  const __m128i b8 = _mm_packs_epi16(w16, w16);  // lanes 0..7 in order (no saturation: in range)
+  const __m128i a8 = _mm_abs_epi8(b8);           // |-128| = 0x80 = 128 as u8
+  if (n >= 8) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), b8);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + ldq), a8);
+  } else {
+    alignas(16) uint8_t tb[16], ta[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tb), b8);
+    _mm_store_si128(reinterpret_cast<__m128i*>(ta), a8);
+    for (int e = 0; e < n; ++e) {
+      q[e] = tb[e];
+      q[ldq + e] = ta[e];
+    }
+  }
 #else
-  alignas(32) float tmp[V::N];
-  V::store(tmp, t);
-  int16_t* q = static_cast<int16_t*>(qrow) + k;
-  for (int e = 0; e < n && e < V::N; ++e) q[e] = static_cast<int16_t>(tmp[e]);
+  (void)ldq;
+  if (n > 0) *q = static_cast<uint8_t>(static_cast<int8_t>(t));
 #endif
 }
 
@@ -59,8 +100,8 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
     scale = r / 255.f;
     lo_clip = 0.f;
     hi_clip = 255.f;
-    off = 0.f;
-    *zp_out = static_cast<int32_t>(zpf);
+    off = static_cast<float>(kAOffAsym);
+    *zp_out = static_cast<int32_t>(zpf) + kAOffAsym;
   } else {
     float amax = qo.static_amax;
     if (amax < 0.f) {
@@ -73,28 +114,24 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
     zpf = 0.f;
     lo_clip = -127.f;
     hi_clip = 127.f;
-    off = kA8 ? 128.f : 0.f;  // vnni stores q + 128 (u8)
-    *zp_out = kA8 ? 128 : 0;
+    off = static_cast<float>(kAOffSym);
+    *zp_out = kAOffSym;
   }
   const T vinv = V::set(inv), vzp = V::set(zpf), vlo = V::set(lo_clip), vhi = V::set(hi_clip), voff = V::set(off);
   for (int k = 0; k < K; k += V::N) {
     const int n = K - k;
     T t = V::add(V::round(V::mul(qx_load<V>(x, qo, k, n), vinv)), vzp);
     t = V::add(V::min(V::max(t, vlo), vhi), voff);
-    q_store(qrow, k, t, n);
+    q_store(qrow, qo.ldq, k, t, n);
   }
   // padding: the stored value of a zero (its weight is 0 anyway)
   const int pad = static_cast<int>(off + zpf);
-  if (kA8)
-    for (int k = K; k < qo.ldq; ++k) static_cast<uint8_t*>(qrow)[k] = static_cast<uint8_t>(pad);
-  else
-    for (int k = K; k < qo.ldq; ++k) static_cast<int16_t*>(qrow)[k] = static_cast<int16_t>(pad);
+  for (int k = K; k < qo.ldq; ++k) a_set(qrow, qo.ldq, 0, k, pad);
   return scale;
 }
 
 inline void* qrow_ptr(const QuantOut& qo, int row) {
-  if (kA8) return static_cast<uint8_t*>(qo.q) + static_cast<size_t>(row) * qo.ldq;
-  return static_cast<int16_t*>(qo.q) + static_cast<size_t>(row) * qo.ldq;
+  return static_cast<uint8_t*>(qo.q) + static_cast<size_t>(row) * qo.ldq * kABytes;
 }
 
 inline void quantize_into(const float* x, int K, const QuantOut& qo, int row) {

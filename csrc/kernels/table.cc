@@ -9,6 +9,10 @@ void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* colsum);
 void gemm_i8(const GemmI8Args& a, int tid, int nt);
 int i8_kgroup();
 int i8_a_bytes();
+int i8_a_off_sym();
+int i8_a_off_asym();
+int i8_a_get(const void* q, int ldq, int m, int k);
+void i8_a_set(void* q, int ldq, int m, int k, int v);
 int i8_panel();
 size_t pack_f32_bytes(int N, int K);
 void pack_f32(const float* w, int N, int K, float* dst);
@@ -35,9 +39,9 @@ double peak_i8(long iters);
 
 const KernelTable& table() {
   static const KernelTable t = {
-      ZOI_ISA_ENUM, i8_kgroup(), i8_a_bytes(), i8_panel(), f32_panel(),
+      ZOI_ISA_ENUM, i8_kgroup(), i8_a_bytes(), i8_a_off_sym(), i8_a_off_asym(), i8_panel(), f32_panel(),
       pack_i8_bytes, pack_i8, pack_f32_bytes, pack_f32, gemm_i8, gemm_f32, quantize_rows,
-      layernorm, embed, attention, pool, normalize, activation, peak_i8,
+      layernorm, embed, attention, pool, normalize, activation, peak_i8, i8_a_get, i8_a_set,
   };
   return t;
 }

@@ -6,15 +6,29 @@
 #include <cstring>
 #include <stdexcept>
 
+#include <sys/mman.h>
+
 #include "pool.h"
 
 namespace zoi {
 
-void AlignedFree::operator()(void* p) const { std::free(p); }
+void AlignedFree::operator()(void* p) const {
+  if (mapped) munmap(p, mapped);
+  else std::free(p);
+}
 
 AlignedBuf aligned_bytes(size_t n) {
   size_t sz = (n + 63) / 64 * 64;
   if (sz == 0) sz = 64;
+  constexpr size_t kMapMin = 256 << 10;
+  if (sz >= kMapMin) {  // page-aligned, zero pages on first touch (no memset: nothing resident yet)
+    void* p = mmap(nullptr, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_NOHUGEPAGE
+    madvise(p, sz, MADV_NOHUGEPAGE);  // THP "always" would make each first touch 2 MiB resident
+#endif
+    return AlignedBuf(p, AlignedFree{sz});
+  }
   void* p = std::aligned_alloc(64, sz);
   if (!p) throw std::bad_alloc();
   std::memset(p, 0, sz);

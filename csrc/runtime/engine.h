@@ -16,10 +16,14 @@
 namespace zoi {
 
 struct AlignedFree {
+  size_t mapped = 0;  // > 0: an anonymous mapping of that many bytes
   void operator()(void* p) const;
 };
 using AlignedBuf = std::unique_ptr<void, AlignedFree>;
-AlignedBuf aligned_bytes(size_t n);  // 64-byte aligned, zero-filled
+// 64-byte aligned, zero-filled. From 256 KiB on, an anonymous mapping whose pages the kernel
+// supplies (zeroed) on first touch: a buffer sized for max_tokens (the arena, the quantised
+// activations) costs resident memory only for the rows a call actually uses.
+AlignedBuf aligned_bytes(size_t n);
 
 class Engine {
  public:

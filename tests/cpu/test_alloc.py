@@ -103,3 +103,52 @@ def test_zero_allocations_in_steady_state(counter_so):
         assert r["before"] > 1000, r  # the counter does count (imports, model build)
     r100, r10k = res["rss_kb"]
     assert r10k - r100 <= 2048, res["rss_kb"]  # no leak: within 2 MB
+
+
+RSS_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from helpers import batch, make_model, minilm_spec
+from zoi.backends.cpu import CpuBackend
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) * 1024
+m = make_model(minilm_spec(layers=2), "int8", max_tokens=4096, max_batch=32)
+ids, pos, cu = batch([128], m.spec.vocab_size)
+import gc; gc.collect()
+with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS (Linux >= 4.0)
+    f.write("5")
+h0 = hwm()
+be = CpuBackend(m)
+be.run(ids, pos, cu, True)
+h1 = hwm()
+mem = be.memory()
+lin = sum(v.size for k, v in m.weights.items() if k.endswith(".w_q"))  # packed: ~1 byte each
+print(json.dumps(dict(grow=h1 - h0, lin=lin, arena=mem["arena_bytes"],
+                      scratch=mem["scratch_bytes"], isa=be.isa)))
+"""
+
+
+@pytest.mark.parametrize("isa", ["vnni", "avx512", "avx2", "scalar"])
+def test_engine_rss_is_weights_plus_touched_rows(isa):
+    """A fresh process per ISA: the peak RSS an INT8 engine adds (built for 4096 tokens, one 1x128
+    call) is its packed 8-bit weights (the tables it references are the model's own) plus the
+    rows the call touches (~2 MB), not the arena / scratch sized for max_tokens (45-51 MB here:
+    zero pages until used), not 16-bit panels, not a copy of the weights."""
+    from helpers import supported_isas
+
+    if isa not in supported_isas():
+        pytest.skip(f"{isa} not supported by this CPU")
+    env = dict(os.environ, ZOI_CPU_ISA=isa)
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_SCRIPT, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["isa"] == isa
+    assert r["arena"] + r["scratch"] > 30e6, r  # sized for 4096 tokens: the check is meaningful
+    assert r["grow"] <= 1.1 * r["lin"] + 4e6, r

@@ -106,29 +106,47 @@ def test_int8_schemes_and_act_transform_match_quant_forward(isa, default_scheme)
     ],
 )
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_model_variants(variant, precision):
+@pytest.mark.parametrize("isa", ISAS)
+def test_model_variants(variant, precision, isa):
     m = make_model(small_spec(**variant), precision, max_tokens=96, max_batch=6, seed=3)
-    be = CpuBackend(m)
+    be = CpuBackend(m, isa=isa)
     check(be, m, [3, 31, 1, 9], 1e-3 if precision == "int8" else 3e-6)
 
 
-def test_minilm_shape_int8_and_memory():
+@pytest.fixture(scope="module")
+def minilm2():
     spec = minilm_spec(layers=2)
     m = make_model(spec, "int8", max_tokens=160, max_batch=16)
-    be = CpuBackend(m)
+    return m, make_model(spec, "fp32", max_tokens=16).weight_bytes()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_minilm_shape_int8_and_memory(isa, minilm2):
+    """Every ISA the machine runs (not only the active one): the emulation's results, and 8-bit
+    weights in memory (INT8 weights held <= 0.27x the FP32 model's)."""
+    m, fp32_bytes = minilm2
+    be = CpuBackend(m, isa=isa)
+    assert be.isa == isa
     check(be, m, [128], 1e-3)
     check(be, m, [16], 1e-3, seed=1)
     check(be, m, [7, 40, 3, 1, 9], 1e-3, seed=2)
     mem = be.memory()
-    fp32_bytes = make_model(spec, "fp32", max_tokens=16).weight_bytes()
+    assert mem["isa"] == isa
     assert mem["weights_bytes"] <= 0.27 * fp32_bytes, (mem, fp32_bytes)
+    # the linears' packed panels are 1 byte per weight (16-bit panels would be 2 lin)
+    W = m.weights
+    lin = sum(W[k].size for k in W if k.endswith(".w_q"))
+    lin_prefixes = {k[: -len(".w_q")] for k in W if k.endswith(".w_q")}
+    other = sum(W[k].nbytes for k in W if k.rsplit(".", 1)[0] not in lin_prefixes)
+    assert lin <= mem["weights_bytes"] - other <= 1.1 * lin, (mem, other, lin)
     assert mem["arena_bytes"] == m.plan.arena_bytes
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_batch_equals_single_bitwise(precision):
+@pytest.mark.parametrize("isa", ISAS)
+def test_batch_equals_single_bitwise(precision, isa):
     m = make_model(small_spec(), precision, max_tokens=128, max_batch=8)
-    be = CpuBackend(m)
+    be = CpuBackend(m, isa=isa)
     ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 5)
     full = be.run(ids, pos, cu, True)
     for b in range(len(LENGTHS)):
@@ -138,12 +156,13 @@ def test_batch_equals_single_bitwise(precision):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_threads_give_identical_results(precision):
+@pytest.mark.parametrize("isa", ISAS)
+def test_threads_give_identical_results(precision, isa):
     m = make_model(small_spec(), precision, max_tokens=128, max_batch=8)
     ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 7)
     outs = []
     for nt in (1, 2, 3):  # more than the pool: clamped
-        be = CpuBackend(m, nthreads=nt)
+        be = CpuBackend(m, isa=isa, nthreads=nt)
         assert be.engine.nthreads == min(nt, _cpu.pool_size())
         outs.append(be.run(ids, pos, cu, False))
     for o in outs[1:]:

@@ -56,7 +56,7 @@ def test_isa_dispatch():
     assert "scalar" in ISAS
     for isa in ISAS:
         lay = _cpu.kernel_layout(isa)
-        assert lay["isa"] == isa and lay["i8_kgroup"] in (2, 4)
+        assert lay["isa"] == isa and lay["i8_kgroup"] == 4
     with pytest.raises(ValueError):
         _cpu.kernel_layout("sse9")
 
@@ -78,6 +78,100 @@ def test_gemm_s32_bit_exact(isa, M, N, K, rng):
     out = np.full((M, N), -(2**31), np.int32)
     _cpu.k_gemm_s32(qa.astype(np.int16), zp, w, out, isa, 2)
     np.testing.assert_array_equal(out, qp.int8_matmul_asym_exact(qa, zp, w))
+
+
+def _adversarial_weights(N, K, rng):
+    """Rows of all 127, all -127, alternating +-127, alternating 127/-127 pairs, then random."""
+    w = rng.integers(-127, 128, (N, K)).astype(np.int8)
+    k = np.arange(K)
+    rows = [
+        np.full(K, 127),
+        np.full(K, -127),
+        np.where(k % 2 == 0, 127, -127),
+        np.where((k // 2) % 2 == 0, 127, -127),
+        np.where(k % 4 == 3, -127, 127),
+    ]
+    for i, r in enumerate(rows[: max(0, N - 1)]):
+        w[i] = r
+    return w
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(
+    "M,N,K", [(9, 23, 1), (9, 23, 3), (9, 23, 5), (7, 50, 383), (11, 37, 3073)]
+)
+def test_gemm_s32_adversarial_integers(isa, M, N, K, rng):
+    """The extremes of every A format against the exact integer matmuls: symmetric rows of all
+    127 / -127 (and alternating), asymmetric rows of all 0 (stored -128 by the sign-trick ISAs),
+    255, 128 and alternating 0/255 with zero points 0, 255 and 128 (the largest |s16 pair| of
+    vpmaddubsw is |-128 x -127| x 2 = 32512), K odd and long (3073: sums near 5e7)."""
+    w = _adversarial_weights(N, K, rng)
+    k = np.arange(K)
+    q = rng.integers(-127, 128, (M, K)).astype(np.int8)
+    for i, r in enumerate(
+        [np.full(K, 127), np.full(K, -127), np.where(k % 2 == 0, 127, -127), np.zeros(K)]
+    ):
+        q[i] = r
+    out = np.full((M, N), -(2**31), np.int32)
+    _cpu.k_gemm_s32(q.astype(np.int16), None, w, out, isa, 2)
+    np.testing.assert_array_equal(out, qp.int8_matmul_exact(q, w))
+    qa = rng.integers(0, 256, (M, K)).astype(np.uint8)
+    zp = rng.integers(0, 256, M).astype(np.int32)
+    cases = [(0, 0), (0, 255), (255, 0), (255, 255), (128, 128), (0, 128)]
+    for i, (v, z) in enumerate(cases[: M - 1]):
+        qa[i], zp[i] = v, z
+    qa[M - 1] = np.where(k % 2 == 0, 0, 255)
+    zp[M - 1] = 255
+    out = np.full((M, N), -(2**31), np.int32)
+    _cpu.k_gemm_s32(qa.astype(np.int16), zp, w, out, isa, 3)
+    want = qp.int8_matmul_asym_exact(qa, zp, w)
+    np.testing.assert_array_equal(out, want)
+    assert np.abs(want.astype(np.int64)).max() >= 127 * 127 * K  # the extremes were exercised
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_linear_int8_asym_extreme_rows(isa, rng):
+    """Through the quantiser: rows whose asymmetric q is all 255 (all positive, equal: zp 0), all 0
+    (all negative: zp 255), 0/255 alternating, and symmetric rows at +-amax; weights all +-127."""
+    M, N, K = 8, 29, 3073
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    x[0] = 3.0
+    x[1] = -2.0
+    x[2] = np.where(np.arange(K) % 2 == 0, -1.5, 4.0)
+    x[3] = 0.0
+    x[4] = np.where(np.arange(K) % 3 == 0, -7.0, 7.0)
+    w_q = _adversarial_weights(N, K, rng)
+    w_s = (0.01 + rng.random(N)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    q, _, zp = qp.quantize_act_asym(x)
+    assert q[0].min() == 255 and q[1].max() == 0 and zp[0] == 0 and zp[1] == 255
+    y = nanlike((M, N))
+    _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 2, asym=True)
+    np.testing.assert_array_equal(y, qp.linear_int8_asym_emulated(x, w_q, w_s, b))
+    y = nanlike((M, N))
+    _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 2)
+    np.testing.assert_array_equal(y, qp.linear_int8_emulated(x, w_q, w_s, b))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_int8_weight_minus_128_is_refused(isa):
+    """-128 is outside zoi's symmetric weights (and would break the sign trick): a clear error."""
+    w = np.zeros((5, 7), np.int8)
+    w[3, 2] = -128
+    out = np.zeros((2, 5), np.int32)
+    with pytest.raises(ValueError, match=r"row 3, column 2.*\[-127, 127\]"):
+        _cpu.k_gemm_s32(np.ones((2, 7), np.int16), None, w, out, isa, 1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_int8_a_format(isa):
+    """A rows are 8-bit on every ISA (plus the |a| copy of the sign-trick ISAs): u8 q + 128 /
+    q on vnni, s8 q / q - 128 elsewhere (weight bytes: test_backend's memory test per ISA)."""
+    lay = _cpu.kernel_layout(isa)
+    assert lay["i8_kgroup"] == 4
+    assert lay["i8_a_bytes"] == (2 if isa in ("avx2", "avx512") else 1)
+    offs = (lay["i8_a_off_sym"], lay["i8_a_off_asym"])
+    assert offs == ((128, 0) if isa == "vnni" else (0, -128))
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -35,25 +35,44 @@ def _backend(model, **kw):
     return CudaBackend(model, interpret=True, **kw)
 
 
+@pytest.fixture
+def rowq(monkeypatch):
+    """ROWQ (ffn1 writes ffn2's int8 copy) on: off by default (slower on the H200), tested."""
+    from zoi.backends.cuda import backend as bmod
+
+    monkeypatch.setattr(bmod, "ROWQ", True)
+
+
+@pytest.mark.parametrize("ln_fused", [False, True])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_forward_matches_reference(precision):
+def test_forward_matches_reference(precision, ln_fused, monkeypatch, rowq):
+    from zoi.backends.cuda import backend as bmod
+
+    monkeypatch.setattr(bmod, "FUSE_LN", ln_fused)  # off by default (slower on the H200)
     model = tiny_model(precision)
     be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)  # bucket 16 unfused, 64 fused
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(1)
     L = model.spec.layers
-    if (
-        precision == "int8"
-    ):  # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM)
-        quants = {
-            la.extra["prefix"].split(".")[1]: la.quant
+    if precision == "int8":
+        # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM); in the fused
+        # plan ffn2 reads the one ffn1 wrote (ROWQ), o quantises attention's output on load
+        for fused, want in ((False, 1), (True, 4)):
+            quants = {
+                la.extra["prefix"].split(".")[1]: la.quant
+                for la in be.plans[fused]["launches"]
+                if la.kind == "linear"
+            }
+            assert quants == {"qkv": 4, "o": 1, "ffn1": 4, "ffn2": want}
+        rowq = [
+            la.extra["prefix"]
             for la in be.plans[True]["launches"]
-            if la.kind == "linear"
-        }
-        assert quants == {"qkv": 4, "o": 1, "ffn1": 4, "ffn2": 1}
+            if la.kind == "linear" and la.extra.get("q") and la.ln is None
+        ]
+        assert all(p.endswith("ffn1") for p in rowq) and len(rowq) == L
     assert be.memory()["kernels_per_forward"] == {
         16: 1 + 7 * L + 1,
-        64: 1 + 5 * L + 1,
+        64: 1 + (5 if ln_fused else 7) * L + 1,
     }  # LN fused into o / ffn2
     for lens in ([1], [5, 1, 9], [40, 3, 17]):
         ids, pos, cu = batch(rng, lens)
@@ -64,6 +83,15 @@ def test_forward_matches_reference(precision):
             tol = 5e-3 if precision == "fp16" else 3e-2
             assert rel(got, want) < tol, (lens, norm)
             assert min_cosine(got, want) > (0.9999 if precision == "fp16" else 0.999)
+
+
+def test_default_plans_have_no_ln_fusion_and_no_rowq():
+    """Defaults measured on the H200: LN unfused, no ROWQ, so both plans are the same list."""
+    model = tiny_model("int8")
+    be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)
+    kinds = [[(la.kind, la.quant) for la in be.plans[f]["launches"]] for f in (False, True)]
+    assert kinds[0] == kinds[1]
+    assert not any(la.ln is not None for la in be.plans[True]["launches"] if la.kind == "linear")
 
 
 def test_batched_equals_one_at_a_time():
@@ -127,7 +155,7 @@ def _kinds(be, fused):
         ({"activations": "dynamic"}, {"dynamic", "act_mul"}),
     ],
 )
-def test_default_quant_config_artifact_matches_reference(config, needs):
+def test_default_quant_config_artifact_matches_reference(config, needs, rowq):
     """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
     as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul."""
     model = default_quant_model(max_tokens=64, **config)
@@ -137,29 +165,33 @@ def test_default_quant_config_artifact_matches_reference(config, needs):
     # qkv / ffn1 read the int8 copy their whole-row producer (embed, LN, linear + LN) wrote;
     # o / ffn2 (after attention / ffn1, tile producers) read one from a quantize launch when
     # they are asymmetric or have an act_mul / act_shift, else quantise in the GEMM's loop
-    want, n_q = [], 0
+    # In the fused plan (bucket 64) ffn1 writes ffn2's copy itself (ROWQ): ffn2 is QUANT 4
+    # whatever its scheme, and only o keeps a quantize launch
+    want, n_q, n_q_o = {False: [], True: []}, 0, 0
     for p, q in model.quant.items():
         role, tr = p.split(".")[1], f"{p}.act_mul" in model.weights
         if role in ("qkv", "ffn1") or q.scheme == "dynamic_asym" or tr:
             n_q += role in ("o", "ffn2")
-            want.append((p, 4))
+            n_q_o += role == "o"
+            want[False].append((p, 4))
         else:
-            want.append((p, 1 if q.scheme == "dynamic" else 2))
+            want[False].append((p, 1 if q.scheme == "dynamic" else 2))
+        want[True].append((p, 4 if role == "ffn2" else want[False][-1][1]))
     for fused in (False, True):
         k = _kinds(be, fused)
-        assert sorted((p, q) for kind, p, q in k if kind == "linear") == sorted(want), k
-        assert [kind for kind, *_ in k].count("quantize") == n_q, k
+        assert sorted((p, q) for kind, p, q in k if kind == "linear") == sorted(want[fused]), k
+        assert [kind for kind, *_ in k].count("quantize") == (n_q_o if fused else n_q), k
     if config == {}:
         assert n_q == 2 * L  # o is asymmetric, ffn2 has an act_mul
     assert be.memory()["kernels_per_forward"] == {
         16: 1 + 7 * L + n_q + 1,
-        64: 1 + 5 * L + n_q + 1,
+        64: 1 + 7 * L + n_q_o + 1,
     }
     worst = _check(be, model, ([1], [5, 1, 9], [32, 3, 17], [20, 20, 20]))
     print(f"{config}: worst rel {worst:.2e}")
 
 
-def test_mixed_schemes_transforms_and_float_linears():
+def test_mixed_schemes_transforms_and_float_linears(rowq):
     """Every scheme and transform in one model: asym / sym / static, act_mul with and without
     act_shift on whole-row and tile producers, a float linear and a weight-only INT8 linear
     with an act_mul (folded into the fp16 weights at pack time)."""
@@ -181,7 +213,9 @@ def test_mixed_schemes_transforms_and_float_linears():
         ("linear", "l1.ffn1", 0),  # float, act_shift / act_mul folded
         ("linear", "l1.ffn2", 0),  # weight-only INT8: dequantised to fp16, act_mul folded
     ]
-    assert _kinds(be, True) == want and _kinds(be, False) == want
+    assert _kinds(be, False) == want
+    # fused plan: l0.ffn1 writes l0.ffn2's static copy itself (ROWQ), no quantize launch
+    assert _kinds(be, True) == want[:4] + want[5:]
     assert be.w["l1.ffn2.w"].dtype == be.torch.float16 and "l1.ffn2.w_q" not in be.w
     assert be.w["l1.o.colsum"].dtype == be.torch.int32 and "l0.o.colsum" not in be.w
     _check(be, model, ([1], [5, 1, 9], [40, 3, 17], [2] * 20))

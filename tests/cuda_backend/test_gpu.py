@@ -43,12 +43,17 @@ def _be(model, **kw):
     return CudaBackend(model, **kw)
 
 
+@pytest.mark.parametrize("ln_fused", [False, True])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("shape", ["tiny", "minilm"])
-def test_forward_matches_reference(precision, shape):
+def test_forward_matches_reference(precision, shape, ln_fused, monkeypatch):
+    from zoi.backends.cuda import backend as bmod
+
+    monkeypatch.setattr(bmod, "FUSE_LN", ln_fused)  # LN in the o / ffn2 epilogue: off by default
+    monkeypatch.setattr(bmod, "ROWQ", precision == "int8")  # ROWQ too (off by default)
     kw = MINILM if shape == "minilm" else {}
     model = tiny_model(precision, max_tokens=512, max_batch=64, **kw)
-    be = _be(model, fuse_min_tokens=128)  # buckets 16..64 unfused, 128..512 fused
+    be = _be(model, fuse_min_tokens=128)  # buckets 16..64 unfused, 128..512 fused (ROWQ)
     assert be.buckets[0] == 16 and be.buckets[-1] == 512
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(7)
@@ -168,14 +173,21 @@ def test_weight_only_artifact():
     _check_int8(be, model, ([1], [30, 7, 19], [32] * 8), tol=5e-3, cos=0.9999)
 
 
+@pytest.mark.parametrize("rowq", [False, True])
 @pytest.mark.parametrize("which", ["default", "mixed"])
-def test_every_linear_matches_the_emulation_on_its_own_input(which):
+def test_every_linear_matches_the_emulation_on_its_own_input(which, rowq, monkeypatch):
+    """rowq: every bucket runs the fused plan, where ffn1 writes ffn2's int8 copy itself."""
+    from zoi.backends.cuda import backend as bmod
+
+    monkeypatch.setattr(bmod, "ROWQ", rowq)
     if which == "default":
         kw = dict(hidden=384, heads=12, inter=1536, layers=2)
         model = default_quant_model(max_tokens=256, max_batch=32, shape=kw, smooth_shift=True)
     else:
         model = tiny_model("int8", max_tokens=256, max_batch=32, **MIXED, **MINILM)
-    be = _be(model, buckets=[32, 256], fuse_min_tokens=10**9)
+    be = _be(model, buckets=[32, 256], fuse_min_tokens=0 if rowq else 10**9)
+    if rowq:
+        assert any(la.extra.get("q") for la in be.plans[True]["launches"] if la.kind == "linear")
     for lens in ([3, 20], [32] * 7 + [5]):
         errs = linear_same_input_errors(be, model, lens)
         assert len(errs) == 4 * model.spec.layers

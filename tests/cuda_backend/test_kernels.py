@@ -292,6 +292,65 @@ def test_linear_int8_prequantised(M, N, K, scheme):
     assert rel(y.float().cpu().numpy(), want) < 2e-3
 
 
+@pytest.mark.parametrize("a_kind", ["int8_asym", "fp16"])
+@pytest.mark.parametrize(
+    "M,N,K,bm,bn", [(1, 40, 24, 16, 16), (37, 200, 72, 16, 64), (19, 96, 130, 32, 32)]
+)
+@pytest.mark.parametrize(
+    "qmode,tr",
+    [
+        ("dynamic_asym", "mul"),
+        ("dynamic_asym", "shift+mul"),
+        ("dynamic", "none"),
+        ("static", "mul"),
+    ],
+)
+def test_linear_rowq_writes_int8_copy(a_kind, M, N, K, bm, bn, qmode, tr):
+    """ROWQ: a linear without LN writes the int8 copy of its (fp16-stored) output for the next
+    INT8 linear (ffn1 -> ffn2): each program owns BLOCK_M whole rows, loops over the N tiles
+    (N not a multiple of BLOCK_N here), then quantises the rows it stored. The copy must equal
+    zoi.quant.primitives on the stored fp16 y bit for bit, exactly as the quantize launch does."""
+    rng = np.random.default_rng(M * 7 + N + K + len(qmode) + len(tr) + len(a_kind))
+    x = _awkward_rows(_rand(rng, M, K, scale=2.0))
+    b = _rand(rng, N, scale=0.1)
+    shift, mul = _transform(rng, N, tr)
+    y = poison((M, N), torch.float16)
+    yq, ys, yz = _qbufs(M, N)
+    qa = _qargs(qmode, shift, mul, 3.0, yq, ys, yz, "y")
+    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2)
+    if a_kind == "fp16":
+        w = _rand(rng, N, K, scale=K**-0.5)
+        k_lin.launch_linear(
+            t(x, torch.float16), None, t(w, torch.float16), None, t(b), None, None, None,
+            y, None, M, N, K, quant=0, act="gelu", cfg=cfg, **qa,
+        )  # fmt: skip
+        want = ref.linear(f16(x), f16(w), b.astype(np.float64), "gelu")
+        tol = 3e-3
+    else:
+        w_q, w_s = qp.quantize_weight(_rand(rng, N, K))
+        q, scale, zp = qp.quantize_act_asym(x)
+        a8 = (q.astype(np.int16) - 128).astype(np.int8)
+        k_lin.launch_linear(
+            t(a8), t(scale), t(w_q), t(w_s), t(b), None, None, None, y, None, M, N, K,
+            quant=4, act="gelu", cfg=cfg, a_zp=t(zp),
+            colsum=t(w_q.astype(np.int64).sum(1).astype(np.int32)), **qa,
+        )  # fmt: skip
+        want = ref.activation(
+            qp.linear_int8_asym_emulated(x, w_q, w_s, b).astype(np.float64), "gelu"
+        )
+        tol = 2e-3
+    got = y.float().cpu().numpy()
+    assert rel(got, want) < tol
+    _assert_quant(got, qmode, shift, mul, 3.0, yq, ys, yz)
+
+
+def test_linear_rowq_default_config_covers_the_grid():
+    """pick_config(rowq=True) gives one program per BLOCK_M rows (grid_size), any bucket."""
+    for M in (16, 100, 4096, 32768):
+        cfg = k_lin.pick_config(M, 1536, 384, True, False, rowq=True)
+        assert k_lin.grid_size(M, 1536, cfg, rowq=True) == -(-M // cfg["BLOCK_M"])
+
+
 @pytest.mark.parametrize("M,N,K", [(37, 40, 300), (16, 24, 128), (3, 17, 1)])
 def test_linear_int8_asym_exact_accumulation(M, N, K):
     """Integer part bit-exact: a_scale = w_scale = 1, no bias, fp32 out -> y == the integer

@@ -283,6 +283,8 @@ def tight(device, tmp_path_factory):
             "--max-client-batch-size",
             "4",
             "--no-auto-truncate",
+            "--max-queue-delay-us",
+            "1500000",
         ],
         env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning", "ZOI_MAX_INPUT_CHARS": "1000"},
         log_path=tmp_path_factory.mktemp("tight") / "server.log",
@@ -301,12 +303,33 @@ def test_limits_from_flags_and_env(tight):
 
 
 def test_overloaded_429(tight):
+    # two uploads stalled mid-body hold no request slot: the body is read before admission
     slow = [SlowUpload(tight.url, "/embed", {"inputs": [f"held open {i}"]}) for i in range(2)]
-    time.sleep(0.3)  # both admitted, each waiting for the rest of its body
+    time.sleep(0.3)
+    assert post(tight, "/embed", {"inputs": ["a slot is free"]}).status_code == 200
+    # two complete requests held in the queue (1.5 s queue delay) take both slots
+    held: dict = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i: held.__setitem__(i, post(tight, "/embed", {"inputs": [f"q {i}"]}))
+        )
+        for i in range(2)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline:  # both admitted
+        m = httpx.get(tight.url + "/metrics").text
+        if metric(m, "zoi_requests_in_flight") >= 2:
+            break
+        time.sleep(0.02)
     r = post(tight, OPENAI, {"model": MODEL_NAME, "input": "one too many"})
     assert_openai_error(r, 429)
     r = post(tight, "/embed", {"inputs": ["one too many"]})
     assert r.status_code == 429 and r.json()["error_type"] == "Overloaded"
+    for t in threads:
+        t.join()
+    assert [held[i].status_code for i in range(2)] == [200, 200]
     for s in slow:
         status, body = s.finish()
         assert status == 200 and len(json.loads(body)[0]) == 384
@@ -398,5 +421,35 @@ def test_sigterm_answers_everything_queued(device, tmp_path):
         ]
         assert all(len(results[i].json()[0]) == 384 for i in range(40))
         assert queued >= 1  # requests were still waiting for the engine when the signal came
+    finally:
+        srv.stop()
+
+
+def test_shutdown_log_tells_the_truth(device, tmp_path):
+    """A request cut off by the graceful timeout is reported as such, not as answered."""
+    srv = ServerProcess(
+        env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning"},
+        log_path=tmp_path / "log",
+        args=["--max-queue-delay-us", "8000000", "--graceful-timeout", "1"],
+    )
+    try:
+        out: dict = {}
+        t = threading.Thread(
+            target=lambda: out.setdefault("r", post(srv, "/embed", {"inputs": ["slow"]}))
+        )
+        t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if metric(httpx.get(srv.url + "/metrics").text, "zoi_request_inputs_total") >= 1:
+                break
+            time.sleep(0.02)
+        srv.proc.send_signal(15)
+        t.join(60)
+        srv.proc.wait(60)
+        log = srv.log()
+        assert out["r"].status_code == 500
+        line = [ln for ln in log.splitlines() if "zoi serve: stopped" in ln][-1]
+        assert "1 cut off unanswered" in line and "graceful timeout 1 s" in line, line
+        assert "every admitted request was answered" not in log
     finally:
         srv.stop()

@@ -93,7 +93,7 @@ def test_bench_serve_parser():
     assert min(lens) >= 4 and max(lens) <= 60 and len(set(lens)) > 10
 
 
-def test_serve_a_saved_artifact_under_another_name(engine, device, tmp_path):
+def test_serve_a_saved_artifact_keeps_the_models_name(engine, device, tmp_path):
     import httpx
     import numpy as np
 
@@ -106,11 +106,15 @@ def test_serve_a_saved_artifact_under_another_name(engine, device, tmp_path):
         str(art), env={"ZOI_DEVICE": device}, args=["--max-batch-tokens", "1024"]
     ) as srv:
         info = httpx.get(srv.url + "/info").json()
-        assert info["model_id"] == "minilm-art" and info["max_batch_tokens"] == 1024
+        # the name kept in the artifact, not its folder's (issue 16)
+        assert info["model_id"] == "all-MiniLM-L6-v2" and info["max_batch_tokens"] == 1024
         r = httpx.post(
-            srv.url + "/v1/embeddings", json={"model": "minilm-art", "input": ["from an artifact"]}
+            srv.url + "/v1/embeddings",
+            json={"model": "all-MiniLM-L6-v2", "input": ["from an artifact"]},
         )
         assert r.status_code == 200
+        bad = {"model": "minilm-art", "input": ["x"]}
+        assert httpx.post(srv.url + "/v1/embeddings", json=bad).status_code == 404
         assert (
             cosine_rows(
                 np.array(r.json()["data"][0]["embedding"]), engine.encode("from an artifact")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from rich.markup import escape
 
 from zoi.bench import models as M
 from zoi.bench import sysinfo
@@ -154,7 +155,7 @@ class Bench:
     def skip(self, name: str, why: str, status: str = "skipped") -> None:
         first = why.strip().splitlines()[0] if why.strip() else why
         self.status[name] = {"status": status, "reason": why.strip()[-2000:]}
-        self.con.print(f"[yellow]{status}[/] {name}: {first[:300]}")
+        self.con.print(f"[yellow]{status}[/] {name}: {escape(first[:300])}")
 
     # -- main -------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -288,7 +289,9 @@ class Bench:
                         with self.phase("accuracy"):
                             wp.request(op="embed", file=acc_file, out=out, batch=32)
                     except WorkerError as e:
-                        self.con.print(f"[red]accuracy failed[/] {n}: {str(e).splitlines()[0]}")
+                        self.con.print(
+                            f"[red]accuracy failed[/] {n}: {escape(str(e).splitlines()[0])}"
+                        )
                 self.memory.append(mem)
                 self.step()
         finally:
@@ -319,7 +322,9 @@ class Bench:
                 ok[n] = float(np.median(rep["ns"][-3:])) / 1e6
             except WorkerError as e:
                 self.rows.append({"provider": n, "workload": w.name, "error": str(e)[:2000]})
-                self.con.print(f"[red]failed[/] {n} on {w.name}: {str(e).splitlines()[0][:300]}")
+                self.con.print(
+                    f"[red]failed[/] {n} on {w.name}: {escape(str(e).splitlines()[0][:300])}"
+                )
                 self.step()
         if not ok:
             return
@@ -424,7 +429,9 @@ class Bench:
                         m["peak_rss_bytes"] = st.get("VmHWM")
                         m["peak_rss_workload"] = key
             except WorkerError as e:
-                self.con.print(f"[red]RSS run failed[/] {s.name}: {str(e).splitlines()[0][:300]}")
+                self.con.print(
+                    f"[red]RSS run failed[/] {s.name}: {escape(str(e).splitlines()[0][:300])}"
+                )
             finally:
                 if wp:
                     wp.close()

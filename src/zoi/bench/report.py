@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 
 def _mb(x) -> str:
     return f"{x / 1e6:.0f}" if isinstance(x, (int, float)) else "-"
@@ -82,7 +84,7 @@ def print_report(res: dict, console=None) -> None:
     skipped = [p for p in res["providers"] if p.get("status") != "ok"]
     for p in skipped:
         reason = (p.get("reason") or "").splitlines()[0][:200] if p.get("reason") else ""
-        con.print(f"[yellow]{p['status']}[/] {p['name']}: {reason}")
+        con.print(f"[yellow]{p['status']}[/] {p['name']}: {escape(reason)}")
     load = res.get("load", {})
     fl = [x["foreign_cores"] for x in load.get("per_workload", [])]
     if fl:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
+from zoi.frontend.paths import check_file, inside, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile
 from zoi.frontend.spec import ModelSpec
 
@@ -29,16 +30,18 @@ SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel (mo
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
-def read_json(path: Path) -> Any:
+MAX_JSON_BYTES = 256 << 20  # config, index, modules, zoi.json: far below this when sane
+
+
+def read_json(path: Path, folder: Path | None = None) -> Any:
+    """A JSON file: a regular file (never a FIFO), inside `folder` when given, size-capped."""
+    raw = read_bytes(path, MAX_JSON_BYTES, folder)
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError as e:
-        raise CheckpointError(f"{path}: file not found") from e
+        return json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e})") from e
+    except RecursionError as e:
+        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from e
 
 
 def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = ...) -> Any:
@@ -60,6 +63,24 @@ def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = 
     return default
 
 
+def _refuse_task_heads(folder: Path, cfg: dict) -> None:
+    """A checkpoint with a task head (BertForSequenceClassification, ...ForTokenClassification)
+    is refused: zoi compiles an embedding model and would drop the head without a word. A
+    sentence-transformers folder (modules.json) is accepted: sentence-transformers itself runs
+    only the encoder of such a checkpoint, as zoi does."""
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or (folder / "modules.json").exists():
+        return
+    heads = [a for a in archs if isinstance(a, str) and "For" in a]
+    if heads:
+        raise UnsupportedModelError(
+            f"{folder / 'config.json'}: architectures {heads} carry a task head, which zoi does "
+            "not run: it compiles the encoder into an embedding model, and the head's output "
+            "(logits) would be lost silently. Use the base model's checkpoint (e.g. BertModel), "
+            "or a sentence-transformers folder (modules.json) if embeddings are what you want"
+        )
+
+
 def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     cpath = folder / "config.json"
     if not isinstance(cfg, dict):
@@ -71,6 +92,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
         )
     arch = SUPPORTED_TYPES[mtype]
+    _refuse_task_heads(folder, cfg)
     if arch == "distilbert":
         hidden = _field(cfg, cpath, "dim")
         layers = _field(cfg, cpath, "n_layers")
@@ -122,7 +144,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         raise CheckpointError(
             f"{cpath}: max_position_embeddings {maxpos} leaves no room for a sequence"
         )
-    return ModelSpec(
+    spec = ModelSpec(
         arch=arch,
         vocab_size=vocab,
         hidden=hidden,
@@ -136,6 +158,56 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         act=_ACTS[act_name],
         name=folder.resolve().name,
     )
+    try:
+        spec.validate()
+    except ValueError as e:
+        raise CheckpointError(f"{cpath}: {e}") from None
+    return spec
+
+
+# sentence-transformers pooling modes: legacy boolean keys and the names of `pooling_mode`
+_ST_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def _pooling_mode(pcfg: Any, path: Path) -> str:
+    """The one pooling mode of a sentence-transformers Pooling config, or a clear refusal.
+
+    sentence-transformers concatenates every enabled mode (mean + mean_sqrt_len_tokens gives
+    2H dims); zoi pools exactly one of mean, cls, max, so anything else is refused rather
+    than answered with fewer dimensions."""
+    if not isinstance(pcfg, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    modes: list[str] = []
+    pm = pcfg.get("pooling_mode")  # sentence-transformers >= 6: a name or a list of names
+    if isinstance(pm, str):
+        modes.append(pm)
+    elif isinstance(pm, list) and all(isinstance(x, str) for x in pm):
+        modes.extend(pm)
+    elif pm is not None:
+        raise CheckpointError(f"{path}: pooling_mode should be a name or a list, got {pm!r}")
+    modes += [mode for key, mode in _ST_POOLING_KEYS.items() if pcfg.get(key)]
+    modes = [
+        {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(m, m) for m in modes
+    ]
+    modes = sorted(set(modes), key=modes.index)
+    if len(modes) != 1 or modes[0] not in ("mean", "cls", "max"):
+        extra = (
+            f"; sentence-transformers concatenates them into {len(modes)} x hidden dimensions"
+            if len(modes) > 1
+            else ""
+        )
+        raise UnsupportedModelError(
+            f"{path}: pooling modes {modes or 'none'}{extra}. zoi supports exactly one of "
+            "mean, cls, max; edit the Pooling config to one of them if that is what you want"
+        )
+    return modes[0]
 
 
 def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
@@ -143,7 +215,7 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
     modules_path = folder / "modules.json"
     pooling, normalize, maxlen = "mean", False, spec.max_positions
     if modules_path.exists():
-        modules = read_json(modules_path)
+        modules = read_json(modules_path, folder)
         if not isinstance(modules, list):
             raise CheckpointError(f"{modules_path}: expected a JSON list of modules")
         for m in modules:
@@ -151,26 +223,8 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
                 raise CheckpointError(f"{modules_path}: each module should be a JSON object")
             mtype = str(m.get("type", ""))
             if mtype.endswith("Pooling"):
-                pcfg = read_json(folder / str(m.get("path", "")) / "config.json")
-                if not isinstance(pcfg, dict):
-                    raise CheckpointError(
-                        f"{folder / str(m.get('path', ''))}/config.json: expected a JSON object"
-                    )
-                modes = [
-                    k
-                    for k in ("cls", "mean", "max")
-                    if pcfg.get(
-                        f"pooling_mode_{k}_token" if k != "mean" else "pooling_mode_mean_tokens"
-                    )
-                ]
-                if pcfg.get("pooling_mode_max_tokens"):
-                    modes.append("max")
-                modes = sorted(set(modes), key=modes.index)
-                if len(modes) != 1:
-                    raise UnsupportedModelError(
-                        f"{folder / str(m.get('path', ''))}/config.json: pooling modes {modes or 'none'}; zoi supports exactly one of mean, cls, max"
-                    )
-                pooling = modes[0]
+                ppath = inside(folder, str(m.get("path", "")) or ".", modules_path) / "config.json"
+                pooling = _pooling_mode(read_json(ppath, folder), ppath)
             elif mtype.endswith("Normalize"):
                 normalize = True
             elif mtype.endswith("Dense"):
@@ -179,7 +233,7 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
                 )
         st_cfg = folder / "sentence_bert_config.json"
         if st_cfg.exists():
-            c = read_json(st_cfg)
+            c = read_json(st_cfg, folder)
             if (
                 isinstance(c, dict)
                 and isinstance(c.get("max_seq_length"), int)
@@ -193,20 +247,24 @@ def _weight_files(folder: Path) -> list[Path]:
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.exists():
+        check_file(single, folder)
         return [single]
     if index.exists():
-        idx = read_json(index)
+        idx = read_json(index, folder)
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not wm:
             raise CheckpointError(f"{index}: missing or empty 'weight_map'")
         files = []
         for f in wm.values():
-            p = folder / str(f)
+            if not isinstance(f, str):
+                raise CheckpointError(f"{index}: weight_map values should be file names, got {f!r}")
+            p = inside(folder, f, index)
             if p not in files:
                 files.append(p)
         for p in files:
             if not p.exists():
                 raise CheckpointError(f"{p}: shard named in {index.name} is missing")
+            check_file(p, folder)
         return files
     pickles = (
         [p.name for p in folder.glob("*.bin")]
@@ -362,7 +420,7 @@ def load_spec(path: str | Path) -> ModelSpec:
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face model folder)")
-    spec = _spec_from_config(folder, read_json(folder / "config.json"))
+    spec = _spec_from_config(folder, read_json(folder / "config.json", folder))
     return _sentence_transformers_options(folder, spec)
 
 
@@ -376,5 +434,6 @@ def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, np.ndarray],
             f"{tok}: file not found; zoi needs the fast tokenizer file (save it with "
             "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
         )
+    check_file(tok, folder)
     weights = load_weights(folder, spec)
     return spec, weights, tok

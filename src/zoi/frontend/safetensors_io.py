@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from zoi.errors import CheckpointError
+from zoi.frontend.paths import check_file
 
 _DTYPES = {
     "F64": np.float64,
@@ -32,13 +33,32 @@ _DTYPES = {
 MAX_HEADER = 100 * 1024 * 1024
 
 
+class _Duplicate(Exception):
+    pass
+
+
+def _int(v) -> int:
+    if type(v) is not int:
+        raise TypeError(f"expected an integer, got {v!r}")
+    return v
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _Duplicate(k)
+        seen[k] = v
+    return seen
+
+
 class SafetensorsFile:
     """One .safetensors file: `names()`, `meta(name)`, `get(name) -> np.ndarray`."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        size = check_file(self.path)  # a regular file (a FIFO would block open()), its size
         try:
-            size = self.path.stat().st_size
             with open(self.path, "rb") as f:
                 head = f.read(8)
                 if len(head) < 8:
@@ -54,7 +74,15 @@ class SafetensorsFile:
         except OSError as e:
             raise CheckpointError(f"{self.path}: cannot read ({e.strerror or e})") from e
         try:
-            header = json.loads(raw.decode("utf-8"))
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except _Duplicate as e:
+            raise CheckpointError(
+                f"{self.path}: corrupt safetensors header (tensor {e.args[0]!r} is named twice)"
+            ) from None
+        except RecursionError:
+            raise CheckpointError(
+                f"{self.path}: corrupt safetensors header (nested too deeply)"
+            ) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{self.path}: corrupt safetensors header (not JSON: {e})") from e
         if not isinstance(header, dict):
@@ -66,8 +94,8 @@ class SafetensorsFile:
         for name, info in header.items():
             try:
                 dtype = info["dtype"]
-                shape = tuple(int(s) for s in info["shape"])
-                begin, end = (int(o) for o in info["data_offsets"])
+                shape = tuple(_int(s) for s in info["shape"])
+                begin, end = (_int(o) for o in info["data_offsets"])
             except (KeyError, TypeError, ValueError) as e:
                 raise CheckpointError(
                     f"{self.path}: tensor {name!r} has a malformed header entry"
@@ -85,6 +113,22 @@ class SafetensorsFile:
                     f"{dtype} or the file's {data_len} data bytes (truncated or corrupt file)"
                 )
             self._info[name] = (dtype, shape, begin, end)
+        # As the safetensors format requires (and its library checks): the tensors tile the
+        # data buffer exactly, in some order: no two share bytes, no byte belongs to none.
+        pos = 0
+        for name, (_, _, begin, end) in sorted(self._info.items(), key=lambda kv: kv[1][2:]):
+            if begin != pos:
+                what = "overlaps the tensor before it" if begin < pos else "leaves a gap before it"
+                raise CheckpointError(
+                    f"{self.path}: corrupt safetensors header: tensor {name!r} at [{begin}, {end}) "
+                    f"{what} (which ends at {pos})"
+                )
+            pos = end
+        if pos != data_len:
+            raise CheckpointError(
+                f"{self.path}: corrupt safetensors header: the tensors cover {pos} of the "
+                f"file's {data_len} data bytes"
+            )
         self._mm: np.memmap | None = None
 
     def names(self) -> list[str]:
@@ -126,3 +170,27 @@ def save_safetensors(
     save_file(
         {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata
     )
+    if metadata and len(metadata) > 1:
+        _sort_metadata_in_place(path)
+
+
+def _sort_metadata_in_place(path: str | os.PathLike) -> None:
+    """safetensors writes `__metadata__` from a hash map: its key order changes from process
+    to process, and so would the bytes of two saves of one model (issue 21: reproducible
+    artifacts). Rewrite the header with the metadata keys sorted: same JSON length (only
+    the order changes), tensors untouched."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        text = raw.decode("utf-8")
+        body = text.rstrip(" ")
+        head = json.loads(body)  # keeps the tensors' order
+        md = head.get("__metadata__")
+        if not md:
+            return
+        head["__metadata__"] = {k: md[k] for k in sorted(md)}
+        new = json.dumps(head, separators=(",", ":"), ensure_ascii=False)
+        if len(new.encode("utf-8")) != len(body.encode("utf-8")):  # another writer's spacing
+            return
+        f.seek(8)
+        f.write((new + text[len(body) :]).encode("utf-8"))

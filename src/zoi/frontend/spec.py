@@ -50,7 +50,42 @@ class ModelSpec:
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown ModelSpec fields {sorted(unknown)}")
-        return cls(**d)
+        spec = cls(**d)
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        """Refuse values that make no sense (ValueError naming the field): every backend
+        assumes them, and a bad one gives a crash or NaN far from its cause."""
+
+        def count(name: str, lo: int) -> int:
+            v = getattr(self, name)
+            if type(v) is not int or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+            return v
+
+        if self.arch not in ("bert", "distilbert", "roberta"):
+            raise ValueError(f"arch must be bert, distilbert or roberta, got {self.arch!r}")
+        for name in ("vocab_size", "hidden", "layers", "heads", "intermediate"):
+            count(name, 1)
+        count("max_positions", 2)  # [CLS] and [SEP]
+        count("position_offset", 0)
+        count("type_vocab_size", 0)
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"hidden {self.hidden} must be a multiple of heads {self.heads} (head_dim)"
+            )
+        eps = self.eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"eps (layer_norm_eps) must be a number in (0, 1), got {eps!r}")
+        if self.act not in SUPPORTED_ACTS:
+            raise ValueError(f"act must be one of {SUPPORTED_ACTS}, got {self.act!r}")
+        if self.pooling not in SUPPORTED_POOLING:
+            raise ValueError(f"pooling must be one of {SUPPORTED_POOLING}, got {self.pooling!r}")
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be true or false, got {self.normalize!r}")
+        if not isinstance(self.name, str):
+            raise ValueError(f"name must be a string, got {self.name!r}")
 
     def replace(self, **kw) -> ModelSpec:
         return dataclasses.replace(self, **kw)

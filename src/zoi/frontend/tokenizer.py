@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,20 @@ from zoi.errors import CheckpointError, InputError
 # characters of real text, so 32x keeps truncation exact for text while bounding the work a
 # single huge string can cause.
 CHARS_PER_POSITION = 32
+
+
+_WORD = re.compile(r"\S+")
+
+
+def clip_text(t: str, n: int) -> str:
+    """`t` cut after its n-th non-whitespace character: whitespace does not count against the
+    character cap (a text that starts with 9,000 spaces keeps its words)."""
+    kept = 0
+    for m in _WORD.finditer(t):
+        kept += m.end() - m.start()
+        if kept >= n:
+            return t[: m.end() - (kept - n)]
+    return t
 
 
 class Tokenizer:
@@ -79,14 +94,26 @@ class Tokenizer:
         """Token ids (int32 arrays, special tokens included) of each text, in order."""
         if not truncate:
             for i, t in enumerate(texts):
-                if len(t) > self.max_chars:
+                if len(t) > self.max_chars and len(clip_text(t, self.max_chars)) < len(t):
                     raise InputError(
                         f"texts[{i}] has {len(t)} characters, over the cap of {self.max_chars} "
                         f"({CHARS_PER_POSITION} x {self.max_positions} positions); shorten it or pass truncate=True"
                     )
-        clipped = [t if len(t) <= self.max_chars else t[: self.max_chars] for t in texts]
+        clipped = [t if len(t) <= self.max_chars else clip_text(t, self.max_chars) for t in texts]
         self._set_truncation(truncate)
-        encs = self._tok.encode_batch(clipped, add_special_tokens=True)
+        try:
+            encs = self._tok.encode_batch(clipped, add_special_tokens=True)
+        except TypeError:
+            for i, t in enumerate(texts):
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise InputError(
+                        f"texts[{i}] is not valid Unicode text (a lone surrogate "
+                        f"{t[e.start]!r} at character {e.start}); decode it with "
+                        "errors='replace' or fix its source"
+                    ) from None
+            raise
         out = []
         for i, e in enumerate(encs):
             ids = np.asarray(e.ids, dtype=np.int32)

@@ -8,7 +8,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from zoi.serve import routes_kserve, routes_openai, routes_tei
@@ -37,6 +37,8 @@ def create_app(service: Service) -> Starlette:
                     "/v2",
                     f"/v2/models/{service.model_name}/infer",
                     "/metrics",
+                    "/openapi.json",
+                    "/docs",
                 ],
             }
         )
@@ -61,7 +63,37 @@ def create_app(service: Service) -> Starlette:
         log.info("zoi serve: shutting down, answering what is queued")
         service.close()
 
-    routes = [Route("/", root, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
+    spec: dict = {}
+
+    def openapi_doc() -> dict:
+        if not spec:
+            from zoi import __version__
+            from zoi.serve.openapi import document
+
+            spec.update(
+                document(
+                    service.model_name,
+                    service.engine.spec.hidden,
+                    __version__,
+                    [r.path for r in routes],
+                )
+            )
+        return spec
+
+    async def openapi_json(request: Request):
+        return json_response(openapi_doc())
+
+    async def docs(request: Request):
+        from zoi.serve.openapi import docs_html
+
+        return HTMLResponse(docs_html(openapi_doc()))
+
+    routes = [
+        Route("/", root, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/docs", docs, methods=["GET"]),
+    ]
     routes += routes_openai.make_routes(service)
     routes += routes_tei.make_routes(service)
     routes += routes_kserve.make_routes(service)

@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 from zoi.serve.config import OPTIONS, ServeConfig
 
@@ -83,11 +82,10 @@ def open_engine(model: str | None, config: ServeConfig):
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
-    if config.served_model_name:
-        return config.served_model_name
-    if model is None:
-        return engine.spec.name  # the bundled model: all-MiniLM-L6-v2
-    return Path(model).resolve().name
+    """The name clients use on every route: --served-model-name, else the model's own name,
+    kept in the artifact (all-MiniLM-L6-v2 for the bundled model however it is reached,
+    NAME for a Hugging Face id ORG/NAME, else the model folder's name at compile time)."""
+    return config.served_model_name or engine.spec.name
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -103,10 +101,93 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None = None) -> None:
+def _connection_cap(want: int) -> int:
+    """`want` connections, within the open-file limit (raised to its hard limit first)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            new = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError):
+                pass
+    except ImportError:  # pragma: no cover - not on POSIX
+        return want
+    if soft == resource.RLIM_INFINITY:
+        return want
+    cap = max(16, int(soft) - 128)  # room for the model's files, logs, the engine's threads
+    if want > cap:
+        log.warning("max_connections=%d is over the open-file limit %d; using %d", want, soft, cap)
+    return min(want, cap)
+
+
+class Tally:
+    """ASGI middleware: how many requests were answered, answered 5xx, or cut off unanswered
+    (so the shutdown log says what really happened)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.answered = 0
+        self.server_errors = 0
+        self.cut = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = []
+
+        async def send_(msg):
+            if msg["type"] == "http.response.start":
+                status.append(int(msg["status"]))
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_)
+        finally:
+            if not status:
+                self.cut += 1  # uvicorn answers it a bare 500 (or nothing)
+            else:
+                self.answered += 1
+                self.server_errors += status[0] >= 500
+
+    def summary(self, graceful_timeout: float) -> str:
+        s = f"{self.answered} requests answered"
+        if self.server_errors:
+            s += f" ({self.server_errors} with a 5xx error)"
+        if self.cut:
+            s += (
+                f"; {self.cut} cut off unanswered (graceful timeout {graceful_timeout:g} s "
+                "exceeded, or the application failed)"
+            )
+        else:
+            s += "; none cut off"
+        return s
+
+
+def serve(
+    app,
+    config: ServeConfig,
+    banner: str = "",
+    sock: socket.socket | None = None,
+    service=None,
+) -> None:
     """Run uvicorn on `app` until SIGINT/SIGTERM; log the ready line once it accepts connections."""
     import uvicorn
 
+    from zoi.serve.guard import ConnectionTracker, make_protocol
+
+    tracker = ConnectionTracker(
+        _connection_cap(config.max_connections),
+        config.max_connections_per_client,
+        config.header_timeout,
+    )
+    if service is not None:
+        service.connections = tracker
+    protocol = make_protocol(tracker)
+    tally = app = Tally(app)
     sock = sock or _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -143,6 +224,7 @@ def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None
         timeout_keep_alive=30,
         server_header=False,
         timeout_graceful_shutdown=config.graceful_timeout,
+        **({"http": protocol} if protocol is not None else {}),
     )
     server = _Server(ucfg)
     try:
@@ -151,7 +233,7 @@ def serve(app, config: ServeConfig, banner: str = "", sock: socket.socket | None
         sock.close()
     why = ", ".join(signal.Signals(s).name for s in stopped_by) or "exit"
     print(
-        f"zoi serve: stopped ({why}); every admitted request was answered",
+        f"zoi serve: stopped ({why}); " + tally.summary(config.graceful_timeout),
         file=sys.stderr,
         flush=True,
     )
@@ -183,8 +265,24 @@ def cmd_serve(args) -> int:
         file=sys.stderr,
         flush=True,
     )
+    print(
+        f"zoi serve: model name {name!r} ("
+        + (
+            "--served-model-name"
+            if config.served_model_name
+            else "kept in the model; --served-model-name changes it"
+        )
+        + f'): clients send "model": "{name}" to /v1/embeddings and use '
+        f"/v2/models/{name}/infer; routes described at /openapi.json and /docs",
+        file=sys.stderr,
+        flush=True,
+    )
     app = create_app(service)
     serve(
-        app, config, banner=f"(model {name}, device {service.device}, {service.dtype})", sock=sock
+        app,
+        config,
+        banner=f"(model {name}, device {service.device}, {service.dtype})",
+        sock=sock,
+        service=service,
     )
     return 0

@@ -27,7 +27,7 @@ class ServeConfig:
     port: int = 8080
     device: str = "cpu"
     precision: str = "fp32"
-    served_model_name: str | None = None  # default: the model folder's name
+    served_model_name: str | None = None  # default: the name kept in the model / artifact
     max_batch_tokens: int | None = None  # tokens per engine call; default: the engine's max_tokens
     max_batch_requests: int = 256  # sequences per engine call (clamped to the engine's max batch)
     max_queue_delay_us: int = 0  # how long an idle worker waits for more work before running
@@ -39,6 +39,10 @@ class ServeConfig:
         None  # per input, checked before tokenising; default 32 x positions
     )
     graceful_timeout: float = 60.0  # seconds to finish in-flight requests after SIGTERM
+    header_timeout: float = 10.0  # seconds for a request's headers to arrive; else 408, closed
+    body_timeout: float = 30.0  # seconds for a request's whole body to arrive; else 408
+    max_connections: int = 4096  # open connections in all (capped by the open-file limit)
+    max_connections_per_client: int = 512  # open connections from one IP address (0: no limit)
     log_level: str = "info"
     fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
 
@@ -62,6 +66,7 @@ class ServeConfig:
             "max_concurrent_requests",
             "max_client_batch_size",
             "payload_limit",
+            "max_connections",
         ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -71,6 +76,15 @@ class ServeConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.graceful_timeout <= 0:
             raise ValueError(f"graceful_timeout must be > 0 seconds, got {self.graceful_timeout}")
+        for name in ("header_timeout", "body_timeout"):
+            v = getattr(self, name)
+            if not v > 0:  # also refuses NaN
+                raise ValueError(f"{name} must be > 0 seconds, got {v}")
+        if self.max_connections_per_client < 0:
+            raise ValueError(
+                f"max_connections_per_client must be >= 0 (0: no limit), got "
+                f"{self.max_connections_per_client}"
+            )
         if self.max_input_chars is not None and self.max_input_chars < 1:
             raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
 
@@ -124,7 +138,8 @@ OPTIONS: tuple[Option, ...] = (
         "--served-model-name",
         "ZOI_SERVED_MODEL_NAME",
         str,
-        "model name clients use (default: the model folder's name)",
+        "model name clients use on every route (default: the name kept in the model or "
+        "artifact, e.g. all-MiniLM-L6-v2 for the bundled model)",
     ),
     Option(
         "max_batch_tokens",
@@ -189,6 +204,36 @@ OPTIONS: tuple[Option, ...] = (
         "ZOI_GRACEFUL_TIMEOUT",
         float,
         "seconds given to in-flight requests after SIGINT/SIGTERM before they are cut",
+    ),
+    Option(
+        "header_timeout",
+        "--header-timeout",
+        "ZOI_HEADER_TIMEOUT",
+        float,
+        "seconds a connection has to send a request's headers; slower ones get 408 and are closed",
+    ),
+    Option(
+        "body_timeout",
+        "--body-timeout",
+        "ZOI_BODY_TIMEOUT",
+        float,
+        "seconds a request has to send its whole body; slower ones get 408 (no slot is held "
+        "while a body is read)",
+    ),
+    Option(
+        "max_connections",
+        "--max-connections",
+        "ZOI_MAX_CONNECTIONS",
+        int,
+        "open connections in all (capped by the open-file limit); more are answered 503 and closed",
+    ),
+    Option(
+        "max_connections_per_client",
+        "--max-connections-per-client",
+        "ZOI_MAX_CONNECTIONS_PER_CLIENT",
+        int,
+        "open connections from one IP address (0: no limit; raise it behind a proxy); more are "
+        "answered 503 and closed",
     ),
     Option(
         "log_level",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
 from typing import Any
@@ -42,6 +43,7 @@ STATUS = {
     "validation": 422,  # malformed JSON, wrong types, unknown fields' values
     "empty": 400,  # no input, or an empty string
     "invalid": 400,  # well-formed but unusable (e.g. unsupported `dimensions`)
+    "timeout": 408,  # the body did not arrive within --body-timeout
     "too_large": 413,  # body over the payload limit, too many inputs, input over the length cap
     "overloaded": 429,  # too many requests in flight
     "not_found": 404,  # unknown model
@@ -63,16 +65,31 @@ class ApiError(Exception):
         self.param = param
 
 
+def error_headers(e: ApiError) -> dict | None:
+    """A request whose body timed out is answered and its connection closed (the rest of its
+    body may still be on the way)."""
+    return {"connection": "close"} if e.kind == "timeout" else None
+
+
 def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
     return Response(dumps(obj), status_code=status, headers=headers, media_type="application/json")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most `limit` bytes (after decompression), else ApiError 413."""
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
+    """The request body, at most `limit` bytes (after decompression), else ApiError 413;
+    all of it within `timeout` seconds, else ApiError 408. Routes read the body before they
+    take a request slot, so a client that stalls mid-body never holds one."""
     try:
-        return await _read_body(request, limit)
+        if timeout is None:
+            return await _read_body(request, limit)
+        return await asyncio.wait_for(_read_body(request, limit), timeout)
     except ClientDisconnect:
         raise ClientGone() from None
+    except asyncio.TimeoutError:
+        raise ApiError(
+            "timeout",
+            f"the request body did not arrive within {timeout:g} s (--body-timeout)",
+        ) from None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

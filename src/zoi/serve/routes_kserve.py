@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from zoi.serve.http import ApiError, dumps, json_response, parse_json, read_body, timing_headers
+from zoi.serve.http import ApiError, dumps, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import ClientGone, Service
 
 ROUTE = "kserve"
@@ -31,7 +31,7 @@ HEADER = "inference-header-content-length"
 
 
 def error_response(e: ApiError):
-    return json_response({"error": e.message}, e.status)
+    return json_response({"error": e.message}, e.status, headers=error_headers(e))
 
 
 def deserialize_bytes(buf: bytes, count: int, name: str) -> list[bytes]:
@@ -54,12 +54,23 @@ def deserialize_bytes(buf: bytes, count: int, name: str) -> list[bytes]:
     return out
 
 
-def _flatten(data, out: list) -> None:
-    if isinstance(data, list):
-        for x in data:
-            _flatten(x, out)
-    else:
-        out.append(data)
+MAX_DATA_DEPTH = 32  # nesting of a tensor's `data` (a rank far beyond any real tensor)
+
+
+def _flatten(data, out: list, name: str = INPUT) -> None:
+    """Row-major elements of nested `data`, without recursion (deep nesting is a 422)."""
+    stack = [(data, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, list):
+            if depth >= MAX_DATA_DEPTH:
+                raise ApiError(
+                    "validation",
+                    f"input {name}: data is nested more than {MAX_DATA_DEPTH} levels deep",
+                )
+            stack.extend((y, depth + 1) for y in reversed(x))
+        else:
+            out.append(x)
 
 
 def _count(shape, name: str) -> int:
@@ -129,7 +140,7 @@ def parse_infer_request(body: bytes, header_len: str | None) -> tuple[dict, list
             if "data" not in t:
                 raise ApiError("validation", f"input {name}: no 'data' and no binary_data_size")
             items = []
-            _flatten(t["data"], items)
+            _flatten(t["data"], items, name)
             if len(items) != count:
                 raise ApiError(
                     "validation",
@@ -172,7 +183,10 @@ def make_routes(svc: Service) -> list[Route]:
         return Response(status_code=200)
 
     async def ready(request: Request):
-        return Response(status_code=200 if svc.ready else 503)
+        ok, why = svc.can_admit()
+        if not ok:
+            return json_response({"error": f"degraded: {why}"}, 503)
+        return Response(status_code=200)
 
     async def model_meta(request: Request):
         try:
@@ -214,14 +228,13 @@ def make_routes(svc: Service) -> list[Route]:
 
     async def infer(request: Request):
         t0 = time.perf_counter()
+        admitted = False
         try:
             check_model(request)
+            # the whole body first: a client that stalls mid-body never holds a slot
+            body = await svc.read_request(request)
             svc.admit(ROUTE)
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        try:
-            body = await read_body(request, svc.config.payload_limit)
+            admitted = True
             req, texts = parse_infer_request(body, request.headers.get(HEADER))
             params = req.get("parameters") or {}
             if not isinstance(params, dict):
@@ -271,7 +284,8 @@ def make_routes(svc: Service) -> list[Route]:
             svc.metrics.failures.labels(ROUTE, "499").inc()
             return json_response({"error": "client went away"}, 499)
         finally:
-            svc.release()
+            if admitted:
+                svc.release()
 
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"

@@ -9,13 +9,14 @@ import numpy as np
 from starlette.requests import Request
 from starlette.routing import Route
 
-from zoi.serve.http import ApiError, json_response, parse_json, read_body, timing_headers
+from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import ClientGone, Service
 
 ROUTE = "openai"
 _TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -26,6 +27,7 @@ _CODES = {
     "validation": "invalid_value",
     "empty": "empty_input",
     "invalid": "invalid_value",
+    "timeout": "request_timeout",
     "too_large": "input_too_large",
     "overloaded": "rate_limit_exceeded",
     "not_found": "model_not_found",
@@ -43,7 +45,7 @@ def error_response(e: ApiError):
             "code": _CODES.get(e.kind),
         }
     }
-    return json_response(body, e.status)
+    return json_response(body, e.status, headers=error_headers(e))
 
 
 def _parse_input(svc: Service, inp):
@@ -73,13 +75,13 @@ def _parse_input(svc: Service, inp):
 def make_routes(svc: Service) -> list[Route]:
     async def embeddings(request: Request):
         t0 = time.perf_counter()
+        admitted = False
         try:
+            # the whole body first: a client that stalls mid-body never holds a slot
+            raw = await svc.read_request(request)
             svc.admit(ROUTE)
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        try:
-            body = parse_json(await read_body(request, svc.config.payload_limit))
+            admitted = True
+            body = parse_json(raw)
             if not isinstance(body, dict):
                 raise ApiError("validation", "request body should be a JSON object")
             if "input" not in body:
@@ -140,7 +142,8 @@ def make_routes(svc: Service) -> list[Route]:
             svc.metrics.failures.labels(ROUTE, "499").inc()
             return json_response({"error": {"message": "client went away"}}, 499)
         finally:
-            svc.release()
+            if admitted:
+                svc.release()
 
     async def models(request: Request):
         return json_response(

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from zoi.serve.http import ApiError, json_response, parse_json, read_body, timing_headers
+from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import ClientGone, Service
 
 ROUTE = "tei"
@@ -16,6 +16,7 @@ _ERROR_TYPES = {
     "validation": "Validation",
     "empty": "Empty",
     "invalid": "Validation",
+    "timeout": "Validation",
     "too_large": "Validation",
     "overloaded": "Overloaded",
     "not_found": "Validation",
@@ -26,7 +27,9 @@ _ERROR_TYPES = {
 
 def error_response(e: ApiError):
     return json_response(
-        {"error": e.message, "error_type": _ERROR_TYPES.get(e.kind, "Validation")}, e.status
+        {"error": e.message, "error_type": _ERROR_TYPES.get(e.kind, "Validation")},
+        e.status,
+        headers=error_headers(e),
     )
 
 
@@ -55,13 +58,13 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 def make_routes(svc: Service) -> list[Route]:
     async def embed(request: Request):
         t0 = time.perf_counter()
+        admitted = False
         try:
+            # the whole body first: a client that stalls mid-body never holds a slot
+            raw = await svc.read_request(request)
             svc.admit(ROUTE)
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        try:
-            body = parse_json(await read_body(request, svc.config.payload_limit))
+            admitted = True
+            body = parse_json(raw)
             items = _inputs(body)
             normalize = _flag(body, "normalize", True)
             truncate = _flag(body, "truncate", svc.config.auto_truncate)
@@ -90,11 +93,16 @@ def make_routes(svc: Service) -> list[Route]:
             svc.metrics.failures.labels(ROUTE, "499").inc()
             return json_response({"error": "client went away", "error_type": "Validation"}, 499)
         finally:
-            svc.release()
+            if admitted:
+                svc.release()
 
     async def tokenize(request: Request):
+        admitted = False
         try:
-            body = parse_json(await read_body(request, svc.config.payload_limit))
+            raw = await svc.read_request(request)
+            svc.admit(ROUTE)  # it works on the shared tokenizer thread: bounded like /embed
+            admitted = True
+            body = parse_json(raw)
             texts = svc.check_texts(_inputs(body), "inputs")
             add_special = _flag(body, "add_special_tokens", True)
 
@@ -125,10 +133,15 @@ def make_routes(svc: Service) -> list[Route]:
             return error_response(e)
         except ClientGone:
             return json_response({"error": "client went away", "error_type": "Validation"}, 499)
+        finally:
+            if admitted:
+                svc.release()
 
     async def health(request: Request):
-        if not svc.ready:
-            return json_response({"error": "shutting down", "error_type": "Unhealthy"}, 503)
+        ok, why = svc.can_admit()
+        if not ok:
+            kind = "Unhealthy" if not svc.ready else "Overloaded"
+            return json_response({"error": f"degraded: {why}", "error_type": kind}, 503)
         return Response(status_code=200)
 
     async def info(request: Request):

@@ -21,7 +21,7 @@ from zoi.errors import InputError
 from zoi.frontend.tokenizer import pack
 from zoi.serve.batcher import Batcher, BatcherClosed
 from zoi.serve.config import ServeConfig
-from zoi.serve.http import ApiError, ClientGone
+from zoi.serve.http import ApiError, ClientGone, read_body
 from zoi.serve.metrics import Metrics
 
 log = logging.getLogger("zoi.serve")
@@ -73,6 +73,7 @@ class Service:
         self.max_batch_requests = min(config.max_batch_requests, int(engine.max_batch))
         self.metrics = Metrics()
         self.in_flight = 0
+        self.connections = None  # a zoi.serve.guard.ConnectionTracker once serving
         self.ready = False
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="zoi-tokenizer")
         # Small requests are tokenised right on the event loop (~50 us, against ~200 us for a
@@ -123,6 +124,24 @@ class Service:
         self._tok_pool.shutdown(wait=True)
 
     # ---- the shared inference path ------------------------------------------------------------
+    async def read_request(self, request: Request) -> bytes:
+        """The whole body (payload limit, body timeout), read before a slot is taken."""
+        return await read_body(request, self.config.payload_limit, self.config.body_timeout)
+
+    def can_admit(self) -> tuple[bool, str]:
+        """(True, "") when a new request would be admitted, else (False, why)."""
+        if not self.ready:
+            return False, "shutting down"
+        if self.in_flight >= self.config.max_concurrent_requests:
+            return False, (
+                f"{self.in_flight} requests in flight, the limit "
+                f"(--max-concurrent-requests {self.config.max_concurrent_requests})"
+            )
+        conns = self.connections
+        if conns is not None and conns.full():
+            return False, f"{conns.open} connections open, the limit (--max-connections)"
+        return True, ""
+
     def admit(self, route: str) -> None:
         self.metrics.requests.labels(route).inc()
         if not self.ready:

@@ -11,9 +11,16 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="INT8 quality against FP32: cosine, neighbour agreement, per-layer SQNR",
         description="Compile MODEL (a Hugging Face folder; default: the bundled all-MiniLM-L6-v2) "
         "to INT8, or load an INT8 ARTIFACT, and measure it against the FP32 original on "
-        "held-out texts (default: zoi's eval set).",
+        "held-out texts (default: zoi's eval set). An ARTIFACT is compared with the model "
+        "folder recorded in it, or the one --reference names.",
     )
     p.add_argument("model", nargs="?", default=None, help="model folder or zoi artifact")
+    p.add_argument(
+        "--reference",
+        metavar="MODEL_DIR",
+        help="ARTIFACT only: the Hugging Face folder it was compiled from (default: the path "
+        "recorded in the artifact; needed once the artifact or the model has moved)",
+    )
     p.add_argument("--texts", help="file of texts, one per line (default: zoi/data/eval.txt)")
     p.add_argument("--json", help="write the full report as JSON here")
     p.add_argument(

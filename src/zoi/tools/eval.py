@@ -123,7 +123,42 @@ def layer_sqnr_eval(
     }
 
 
-def _load_engines(model: str | None, device: str, config, calibration, progress: bool):
+def _reference_source(model: str, q, reference) -> str | None:
+    """The FP32 model folder an INT8 artifact is measured against: `reference` when given,
+    else the folder recorded at compile time (None: the bundled default model)."""
+    if reference is not None:
+        return str(reference)
+    meta = q.model.meta
+    if meta.get("source_default"):
+        return None
+    src = meta.get("source")
+    if src and Path(src).is_dir():
+        return src
+    why = (
+        f"the model folder it was compiled from, {src}, is not there (moved or on another machine)"
+        if src
+        else "it does not record the model folder it was compiled from"
+    )
+    raise ValueError(
+        f"{model}: cannot build the FP32 side to compare against: {why}. Pass the original "
+        "Hugging Face model folder: zoi eval ARTIFACT --reference MODEL_DIR"
+    )
+
+
+def _check_same_model(model: str, ref_src, f, q) -> None:
+    a = {k: v for k, v in f.spec.to_dict().items() if k != "name"}
+    b = {k: v for k, v in q.spec.to_dict().items() if k != "name"}
+    diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b.get(k)]
+    if diff:
+        raise ValueError(
+            f"--reference {ref_src or 'the bundled model'} is not the model {model} was compiled "
+            f"from ({'; '.join(diff)}); pass the folder it was compiled from"
+        )
+
+
+def _load_engines(
+    model: str | None, device: str, config, calibration, progress: bool, reference=None
+):
     import zoi
     from zoi.engine import is_artifact
 
@@ -132,17 +167,18 @@ def _load_engines(model: str | None, device: str, config, calibration, progress:
         device = "reference"
     if model is not None and is_artifact(model):
         q = zoi.load(model, device=device)
-        src = q.model.meta.get("source")
-        if not src:
-            raise ValueError(
-                f"{model}: the artifact does not record its source model; cannot build FP32"
-            )
-        f = zoi.compile(src, device="reference", precision="fp32")
         if q.precision != "int8":
             raise ValueError(
                 f"{model}: precision {q.precision!r}; zoi eval measures INT8 artifacts"
             )
+        src = _reference_source(model, q, reference)
+        f = zoi.compile(src, device="reference", precision="fp32")
+        _check_same_model(model, src, f, q)
     else:
+        if reference is not None:
+            raise ValueError(
+                "--reference is for an INT8 artifact; MODEL is compiled to both FP32 and INT8"
+            )
         f = zoi.compile(model, device="reference", precision="fp32")
         q = zoi.compile(
             model,
@@ -164,6 +200,7 @@ def evaluate(
     progress: bool = False,
     sqnr_texts: int = 256,
     domains: Sequence[str] | None = None,
+    reference=None,
 ) -> dict:
     """Compile (or load) INT8 and FP32, encode `texts` (default: zoi's eval set), report.
     Without `texts`, also every domain's held-out set (zoi.quant.fidelity; `domains`
@@ -173,7 +210,7 @@ def evaluate(
 
     per_domain = texts is None
     texts = list(texts) if texts is not None else eval_texts()
-    f, q, t_compile = _load_engines(model, device, config, calibration, progress)
+    f, q, t_compile = _load_engines(model, device, config, calibration, progress, reference)
     m = q.model
     graph = m.graph
     seqs = tokenize(q.tokenizer, texts)
@@ -223,6 +260,7 @@ def evaluate(
     rep = {
         "model": m.spec.name,
         "source": m.meta.get("source", model),
+        "reference": str(reference) if reference is not None else f.model.meta.get("source"),
         "device": "emulated" if device == "emulated" else q.device,
         "texts": len(texts),
         "embedding": embedding_report(e_f, e_q),
@@ -321,6 +359,7 @@ def main(args) -> int:
         calibration=args.calibrate,
         progress=not args.quiet,
         domains=args.domains.split(",") if getattr(args, "domains", None) else None,
+        reference=getattr(args, "reference", None),
     )
     if getattr(args, "markdown", False):
         from zoi.quant.fidelity import markdown_table

@@ -45,7 +45,16 @@ log = logging.getLogger("zoi")
 
 ALIGN = 256
 MAX_FUSED_N = 512  # LN fused into a linear's epilogue only when a row fits one program
-FUSE_MIN_TOKENS = 2048  # below this, one program per 16 rows would read the whole weight: unfused
+# LN fused into o / ffn2: off, since the sweep (lab/gpu/sweep_linear.py, H200, gpu_sweep_
+# 20261201T0959Z) found the fused launch slower than linear + add_layernorm at every bucket
+# (minilm INT8 ffn2 at 32768 tokens: 181.8 us fused vs 46.7 + 30.6; at 4096: 41.3 vs 8.4 + 5.6)
+FUSE_LN = False
+FUSE_MIN_TOKENS = 2048  # the "fused" plan (LN fused / ROWQ where switched on) from this bucket
+# ROWQ: ffn1 writes the int8 copy ffn2 reads (its programs own whole rows, loop over N), no
+# quantize launch. Off: measured slower on the H200 (gpu_sweep_rowq_20261201T1023Z: minilm
+# ffn1+copy 44.2 us at 4096 tokens vs 18.8 + 9.6 for ffn1 + quantize; 245.7 vs 191.6 at 32768;
+# end to end 256x128 INT8 3243 vs 2927 us): a program walks its 12 N tiles one after another.
+ROWQ = False
 PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 tokens, slower at 128+
 # buckets up to this many tokens run the whole forward as ONE persistent launch (fp16 weights;
 # kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 kernel nodes
@@ -262,6 +271,7 @@ class CudaBackend:
                     and L.res is None
                     and nxt.inputs[1] != op.output
                     and int(N) <= MAX_FUSED_N
+                    and FUSE_LN
                 ):
                     L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
                     i += 1
@@ -307,6 +317,10 @@ class CudaBackend:
         def whole(P):
             return P.kind in ("embed", "add_layernorm") or (P.kind == "linear" and P.ln is not None)
 
+        def writes_q(P):  # whole rows, or a linear that can own whole rows (ROWQ)
+            rowq = fuse and ROWQ and P.kind == "linear" and P.res is None and P.quant in (0, 4)
+            return whole(P) or rowq
+
         qinfo: dict[str, dict] = {}
         final: list[_Launch] = []
         for L in out:
@@ -315,7 +329,7 @@ class CudaBackend:
                 continue
             X, P, sch, p = L.ins[0], producer[L.ins[0]], L.extra["scheme"], L.extra["prefix"]
             tr = L.extra["transform"]
-            if not tr and sch != "dynamic_asym" and not whole(P):
+            if not tr and sch != "dynamic_asym" and not writes_q(P):
                 final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
                 continue
             tag = p if tr else (f"static{L.static_amax!r}" if sch == "static" else sch)
@@ -324,7 +338,7 @@ class CudaBackend:
                 qinfo[qname] = dict(
                     mode=sch, static_amax=L.static_amax, prefix=p if tr else None, k=L.k
                 )
-                if whole(P) and "q" not in P.extra:
+                if writes_q(P) and "q" not in P.extra:
                     P.extra["q"] = qname
                 else:
                     final.append(_Launch("quantize", L.op, qname, [X], n=L.k, k=L.k))
@@ -629,7 +643,10 @@ class CudaBackend:
                 a, y = act(L.extra["qname"] if L.quant == 4 else L.ins[0]), act(L.out)
                 r = act(L.res) if L.res else None
                 ln = L.ln is not None
-                cfg = k_lin.pick_config(tb, L.n, L.k, L.quant != 0, ln)
+                rowq = bool(L.extra.get("q")) and not ln
+                cfg = k_lin.pick_config(
+                    tb, L.n, L.k, L.quant != 0, ln, prequant=L.quant == 4, rowq=rowq
+                )
                 a_sc, a_zp = qrow(L.extra["qname"]) if L.quant == 4 else (amx(L.ins[0]), None)
                 steps.append(
                     lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L): (

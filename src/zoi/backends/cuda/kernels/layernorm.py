@@ -8,6 +8,8 @@ int8 copy (with a_scale / zero point, after the consumer's act_shift / act_mul:
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -77,8 +79,25 @@ def add_layernorm_kernel(
             tl.store(yqz_ptr + rows, qz, mask=r_ok)
 
 
-def pick_config(H: int) -> dict:
+# lab/gpu/sweep_linear.py on the H200 (gpu_sweep_20261201T0959Z.json): (BLOCK_R, num_warps) per
+# (BLOCK_H, rows, int8 copy written); the pick before the sweep was within 3% from 4096 rows on
+# (H 384 at 32768 rows: 30.6 us with the int8 copy, 20.5 without; near the bytes floor), and
+# 10-25% slower at 128 rows (3.3 -> 2.7 us).
+_TUNED = {
+    (512, True): {128: (1, 4), 1024: (4, 4), 4096: (8, 8), 32768: (8, 4)},
+    (512, False): {128: (2, 4), 1024: (1, 4), 4096: (8, 4), 32768: (8, 4)},
+    (1024, True): {128: (1, 8), 1024: (2, 8), 4096: (4, 4), 32768: (4, 4)},
+    (1024, False): {128: (1, 8), 1024: (4, 8), 4096: (4, 2), 32768: (4, 4)},
+}
+
+
+def pick_config(H: int, T: int | None = None, q_out: bool = False) -> dict:
     bh = triton.next_power_of_2(H)
+    hit = _TUNED.get((bh, bool(q_out))) if T is not None else None
+    if hit is not None:
+        t = min(hit, key=lambda m: abs(math.log2(max(T, 1)) - math.log2(m)))
+        br, w = hit[t]
+        return dict(BLOCK_R=br, BLOCK_H=bh, num_warps=w)
     return dict(BLOCK_R=max(1, min(16, 4096 // bh)), BLOCK_H=bh, num_warps=4 if bh <= 1024 else 8)
 
 
@@ -103,8 +122,8 @@ def launch_add_layernorm(
     q_static_amax=0.0,
 ):
     """yq: also write the int8 copy of y for the next linear (quantize.quant_rows, q_mode)."""
-    cfg = cfg or pick_config(H)
     qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
+    cfg = cfg or pick_config(H, T, qmode != 0)
     assert qmode == 0 or yq_scale is not None
     assert qmode != 3 or yq_zp is not None
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](

@@ -24,7 +24,12 @@ One Triton kernel, specialised by constexpr flags:
   asymmetric one stored as ``q_u8 - 128`` and the exact integer sum is
   ``dot(q_s, w) + (128 - zp[t]) * colsum[n]`` (``colsum[n] = sum_k w_q[n, k]``, int32,
   packed with the weights) == ``primitives.int8_matmul_asym_exact``.
-* ``Q_OUT`` (LN mode only): also write y quantised per token for the next INT8 linear
+* ``ROWQ``: no LN, but each program owns BLOCK_M whole rows (loops over the N tiles, storing
+  y), then reads its rows back and writes their int8 copy (``quantize.q_stats`` /
+  ``q_params`` / ``q_apply``: the same numerics as ``quant_rows`` on the stored fp16 y), so
+  that ffn2 needs no quantize launch. Measured slower than ffn1 + quantize on the H200 (the
+  N tiles run one after another in a program): the backend keeps it off (``ROWQ``).
+* ``Q_OUT`` (LN mode, or ROWQ): also write y quantised per token for the next INT8 linear
   (``quantize.quant_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
   act_shift / act_mul applied first), with a_scale (and zp) per row, so that it runs as
   QUANT 4 (a pure int8 GEMM, no conversion in its main loop).
@@ -32,11 +37,20 @@ One Triton kernel, specialised by constexpr flags:
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
+from zoi.backends.cuda.kernels.quantize import (
+    QMODES,
+    act_tf,
+    q_apply,
+    q_params,
+    q_stats,
+    quant_rows,
+)
 
 
 @triton.jit
@@ -55,75 +69,30 @@ def _activation(y, ACT: tl.constexpr):
 
 
 @triton.jit
-def linear_kernel(
-    a_ptr,  # A [M, K] fp16 activations (QUANT 4: int8), row stride lda
-    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1) or a_scale (QUANT 4)
-    a_zp_ptr,  # [M] int32 per-row zero point of A (QUANT 4, ASYM)
-    colsum_ptr,  # [N] int32 sum_k w_q[n, k] (QUANT 4, ASYM)
-    w_ptr,  # W [N, K] int8 (QUANT 1, 2, 4) or fp16 (QUANT 0), row-major (HF orientation)
-    ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1, 2, 4)
-    b_ptr,  # [N] fp32 bias
-    r_ptr,  # [M, N] residual (HAS_RES), row stride ldr
-    lnw_ptr,  # [N] fp32 LayerNorm weight (LN)
-    lnb_ptr,  # [N] fp32 LayerNorm bias (LN)
-    y_ptr,  # [M, N] output (dtype of the buffer), row stride ldy
-    amax_out_ptr,  # [M] fp32 per-row amax of y (AMAX_OUT)
-    yq_ptr,  # [M, N] int8 per-token quantised y, row stride ldyq (Q_OUT, LN mode)
-    yqs_ptr,  # [M] fp32 a_scale of yq (Q_OUT)
-    yqz_ptr,  # [M] int32 zero point of yq (Q_OUT 3)
-    qshift_ptr,  # [N] fp32 act_shift of the consumer (Q_SHIFT)
-    qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
-    M,
-    N,
+def _gemm_tile(
+    a_ptr,
+    a_amax_ptr,
+    a_zp_ptr,
+    colsum_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    rm_c,
+    rn,
+    n_mask,
     K,
     lda,
-    ldr,
-    ldy,
-    ldyq,
-    static_amax,  # float, QUANT 2
-    eps,  # float, LN
-    q_static_amax,  # float, Q_OUT 2
+    static_amax,
     QUANT: tl.constexpr,
     ASYM: tl.constexpr,
     ACT: tl.constexpr,
-    HAS_RES: tl.constexpr,
-    LN: tl.constexpr,
-    AMAX_OUT: tl.constexpr,
-    Q_OUT: tl.constexpr,
-    Q_SHIFT: tl.constexpr,
-    Q_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # grouped ordering: consecutive programs share W tiles in L2
-    group = GROUP_M * num_n
-    gid = pid // group
-    first_m = gid * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
-
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    """One output tile (rows rm_c, clamped in bounds; columns rn): act(A W^T dequantised + b), fp32."""
     rk = tl.arange(0, BLOCK_K)
-    m_mask = rm < M
-    n_mask = rn < N
-    # clamp rows for the main-loop loads (in bounds; their results are masked at the store).
-    # The column index along N stays a plain arange: the epilogue's loads and stores are
-    # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
-    # stores: 121 GB/s, measured on the H200, 2026-11-30).
-    rm_c = tl.where(m_mask, rm, 0)
     rn_c = tl.where(n_mask, rn, 0)
-
     a_ptrs = a_ptr + rm_c[:, None].to(tl.int64) * lda + rk[None, :]
     w_ptrs = w_ptr + rn_c[None, :].to(tl.int64) * K + rk[:, None]  # [BLOCK_K, BLOCK_N] view of W^T
 
@@ -169,62 +138,379 @@ def linear_kernel(
             a_scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
         ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
-
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
     y = y + bias[None, :]
-    y = _activation(y, ACT)
-    mask2 = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES:
-        r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
-        y = y + r.to(tl.float32)
-    if LN:
-        y = tl.where(n_mask[None, :], y, 0.0)
-        mean = tl.sum(y, axis=1) / N
-        d = tl.where(n_mask[None, :], y - mean[:, None], 0.0)
-        var = tl.sum(d * d, axis=1) / N
-        rstd = 1.0 / tl.sqrt(var + eps)
-        lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
-        lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
-        y = d * rstd[:, None] * lw[None, :] + lb[None, :]
-    out = y.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
-    if AMAX_OUT != 0:
-        ay = tl.where(mask2, tl.abs(out.to(tl.float32)), 0.0)
-        row_amax = tl.max(ay, axis=1)
-        if AMAX_OUT == 1:
-            tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
-        else:
-            tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
-    if Q_OUT != 0:  # LN mode: the program owns whole rows
-        yq, qs, qz = quant_rows(
-            out.to(tl.float32),
-            rn,
-            n_mask,
-            qshift_ptr,
-            qmul_ptr,
-            q_static_amax,
-            Q_OUT,
-            Q_SHIFT,
-            Q_MUL,
-        )
-        tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+    return _activation(y, ACT)
+
+
+@triton.jit
+def linear_kernel(
+    a_ptr,  # A [M, K] fp16 activations (QUANT 4: int8), row stride lda
+    a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1) or a_scale (QUANT 4)
+    a_zp_ptr,  # [M] int32 per-row zero point of A (QUANT 4, ASYM)
+    colsum_ptr,  # [N] int32 sum_k w_q[n, k] (QUANT 4, ASYM)
+    w_ptr,  # W [N, K] int8 (QUANT 1, 2, 4) or fp16 (QUANT 0), row-major (HF orientation)
+    ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1, 2, 4)
+    b_ptr,  # [N] fp32 bias
+    r_ptr,  # [M, N] residual (HAS_RES), row stride ldr
+    lnw_ptr,  # [N] fp32 LayerNorm weight (LN)
+    lnb_ptr,  # [N] fp32 LayerNorm bias (LN)
+    y_ptr,  # [M, N] output (dtype of the buffer), row stride ldy
+    amax_out_ptr,  # [M] fp32 per-row amax of y (AMAX_OUT)
+    yq_ptr,  # [M, N] int8 per-token quantised y, row stride ldyq (Q_OUT, LN mode)
+    yqs_ptr,  # [M] fp32 a_scale of yq (Q_OUT)
+    yqz_ptr,  # [M] int32 zero point of yq (Q_OUT 3)
+    qshift_ptr,  # [N] fp32 act_shift of the consumer (Q_SHIFT)
+    qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
+    M,
+    N,
+    K,
+    lda,
+    ldr,
+    ldy,
+    ldyq,
+    static_amax,  # float, QUANT 2
+    eps,  # float, LN
+    q_static_amax,  # float, Q_OUT 2
+    QUANT: tl.constexpr,
+    ASYM: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    LN: tl.constexpr,
+    AMAX_OUT: tl.constexpr,
+    Q_OUT: tl.constexpr,
+    Q_SHIFT: tl.constexpr,
+    Q_MUL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
+    ROWQ: tl.constexpr,
+):
+    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    if ROWQ:  # this program owns BLOCK_M whole rows: all N tiles, then their int8 copy
+        rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_mask = rm < M
+        rm_c = tl.where(m_mask, rm, 0)
+        y_rows = y_ptr + rm[:, None].to(tl.int64) * ldy
+        lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for n0 in range(0, N, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_mask = rn < N
+            y = _gemm_tile(
+                a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
+                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            out = y.to(y_ptr.dtype.element_ty)
+            tl.store(y_rows + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
+            x = act_tf(out.to(tl.float32), rn, n_mask, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
+            lo, hi = q_stats(x, lo, hi, Q_OUT)
+        inv, z, qs, qz = q_params(lo, hi, q_static_amax, Q_OUT)
+        tl.debug_barrier()  # the stored tiles are read back by other threads of this program
+        for n0 in range(0, N, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_mask = rn < N
+            mask2 = m_mask[:, None] & n_mask[None, :]
+            out = tl.load(y_rows + rn[None, :], mask=mask2, other=0.0, cache_modifier=".cg")
+            x = act_tf(out.to(tl.float32), rn, n_mask, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
+            yq = q_apply(x, inv, z, Q_OUT)
+            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
         tl.store(yqs_ptr + rm, qs, mask=m_mask)
         if Q_OUT == 3:
             tl.store(yqz_ptr + rm, qz, mask=m_mask)
+    else:
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        # grouped ordering: consecutive programs share W tiles in L2
+        group = GROUP_M * num_n
+        gid = pid // group
+        first_m = gid * GROUP_M
+        gsize = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group) % gsize
+        pid_n = (pid % group) // gsize
+
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = rm < M
+        n_mask = rn < N
+        # clamp rows for the main-loop loads (in bounds; their results are masked at the store).
+        # The column index along N stays a plain arange: the epilogue's loads and stores are
+        # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
+        # stores: 121 GB/s, measured on the H200, 2026-11-30).
+        rm_c = tl.where(m_mask, rm, 0)
+        y = _gemm_tile(
+            a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
+            K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        mask2 = m_mask[:, None] & n_mask[None, :]
+        if HAS_RES:
+            r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
+            y = y + r.to(tl.float32)
+        if LN:
+            y = tl.where(n_mask[None, :], y, 0.0)
+            mean = tl.sum(y, axis=1) / N
+            d = tl.where(n_mask[None, :], y - mean[:, None], 0.0)
+            var = tl.sum(d * d, axis=1) / N
+            rstd = 1.0 / tl.sqrt(var + eps)
+            lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
+            lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
+            y = d * rstd[:, None] * lw[None, :] + lb[None, :]
+        out = y.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
+        if AMAX_OUT != 0:
+            ay = tl.where(mask2, tl.abs(out.to(tl.float32)), 0.0)
+            row_amax = tl.max(ay, axis=1)
+            if AMAX_OUT == 1:
+                tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
+            else:
+                tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
+        if Q_OUT != 0:  # LN mode: the program owns whole rows
+            yq, qs, qz = quant_rows(
+                out.to(tl.float32),
+                rn,
+                n_mask,
+                qshift_ptr,
+                qmul_ptr,
+                q_static_amax,
+                Q_OUT,
+                Q_SHIFT,
+                Q_MUL,
+            )
+            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+            tl.store(yqs_ptr + rm, qs, mask=m_mask)
+            if Q_OUT == 3:
+                tl.store(yqz_ptr + rm, qz, mask=m_mask)
 
 
 ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
 
 
-def pick_config(M: int, N: int, K: int, quant: bool, ln: bool) -> dict:
-    """Tile configuration per shape (chosen once, at compile time, from H200 measurements in
-    docs/GPU.md).
+# Winners of lab/gpu/sweep_linear.py on the H200 (bench/results/gpu_sweep_20261201T0959Z.json:
+# every config compiled, checked against a float64 torch reference on fresh random inputs with
+# poisoned outputs, then timed as the median of CUDA-graph replays), per (precision, LN epilogue,
+# N, K) and token bucket M: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), GROUP_M 8.
+# INT8 = QUANT 4 (int8 A, asym) with the real epilogues (bias; GELU for ffn1; residual + LN +
+# int8 copy for the LN rows). Times in us per launch, the pick before the sweep -> the winner.
+# A bucket between the measured ones takes the nearest one's (log scale).
+_LINEAR = {
+    # minilm qkv: v1 -> best us at M=4096 12.9 -> 10.6, M=32768 77.1 -> 62.2
+    ("int8", False, 1152, 384): {
+        16: (16, 64, 128, 4, 4),
+        128: (16, 64, 128, 4, 3),
+        1024: (64, 64, 128, 4, 3),
+        4096: (128, 64, 128, 4, 3),
+        16384: (128, 64, 64, 4, 3),
+        32768: (128, 128, 64, 4, 4),
+    },
+    # minilm o: v1 -> best us at M=4096 5.7 -> 5.2, M=32768 31.7 -> 22.2
+    ("int8", False, 384, 384): {
+        16: (16, 64, 128, 4, 3),
+        128: (16, 32, 128, 4, 4),
+        1024: (64, 64, 128, 4, 4),
+        4096: (64, 64, 128, 4, 3),
+        16384: (64, 128, 128, 4, 3),
+        32768: (128, 128, 64, 4, 4),
+    },
+    # minilm ffn1: v1 -> best us at M=4096 21.4 -> 18.8, M=32768 177.8 -> 132.0
+    ("int8", False, 1536, 384): {
+        16: (16, 64, 128, 4, 4),
+        128: (16, 64, 128, 4, 3),
+        1024: (64, 64, 128, 4, 3),
+        4096: (64, 128, 128, 4, 3),
+        16384: (64, 128, 128, 4, 3),
+        32768: (64, 128, 128, 4, 3),
+    },
+    # minilm ffn2: v1 -> best us at M=4096 8.4 -> 8.4, M=32768 59.6 -> 46.7
+    ("int8", False, 384, 1536): {
+        16: (32, 32, 256, 4, 3),
+        128: (16, 32, 128, 4, 4),
+        1024: (64, 64, 128, 4, 4),
+        4096: (64, 128, 128, 4, 4),
+        16384: (64, 128, 128, 4, 3),
+        32768: (64, 128, 128, 4, 3),
+    },
+    # minilm o+ln: v1 -> best us at M=4096 16.8 -> 16.8, M=32768 87.8 -> 87.8
+    ("int8", True, 384, 384): {
+        16: (16, 512, 128, 8, 3),
+        128: (16, 512, 128, 8, 3),
+        1024: (16, 512, 128, 8, 3),
+        4096: (32, 512, 128, 8, 3),
+        16384: (64, 512, 128, 8, 3),
+        32768: (64, 512, 128, 8, 3),
+    },
+    # minilm ffn2+ln: v1 -> best us at M=4096 41.3 -> 41.3, M=32768 181.8 -> 181.8
+    ("int8", True, 384, 1536): {
+        16: (16, 512, 128, 8, 3),
+        128: (16, 512, 128, 8, 3),
+        1024: (32, 512, 128, 8, 3),
+        4096: (32, 512, 128, 8, 3),
+        16384: (64, 512, 128, 8, 3),
+        32768: (64, 512, 128, 8, 3),
+    },
+    # bert-base qkv: v1 -> best us at M=4096 27.9 -> 23.4, M=32768 180.0 -> 158.9
+    ("int8", False, 2304, 768): {
+        16: (16, 64, 128, 4, 4),
+        128: (32, 32, 128, 4, 3),
+        1024: (64, 128, 128, 4, 3),
+        4096: (64, 128, 128, 4, 3),
+        16384: (128, 128, 64, 4, 4),
+        32768: (128, 128, 64, 4, 4),
+    },
+    # bert-base o: v1 -> best us at M=4096 10.9 -> 8.9, M=32768 78.0 -> 58.2
+    ("int8", False, 768, 768): {
+        16: (16, 64, 128, 4, 4),
+        128: (32, 32, 256, 4, 3),
+        1024: (64, 64, 128, 4, 4),
+        4096: (64, 128, 128, 4, 3),
+        16384: (128, 128, 64, 4, 4),
+        32768: (128, 128, 64, 4, 4),
+    },
+    # bert-base ffn1: v1 -> best us at M=4096 47.7 -> 41.9, M=32768 409.4 -> 325.9
+    ("int8", False, 3072, 768): {
+        16: (16, 64, 128, 4, 4),
+        128: (32, 32, 128, 4, 3),
+        1024: (64, 128, 128, 4, 3),
+        4096: (64, 128, 128, 4, 3),
+        16384: (64, 128, 128, 4, 3),
+        32768: (64, 128, 128, 4, 3),
+    },
+    # bert-base ffn2: v1 -> best us at M=4096 23.4 -> 19.3, M=32768 188.6 -> 152.5
+    ("int8", False, 768, 3072): {
+        16: (32, 32, 256, 4, 4),
+        128: (32, 32, 256, 4, 4),
+        1024: (64, 64, 128, 4, 4),
+        4096: (64, 128, 128, 4, 3),
+        16384: (128, 128, 64, 4, 4),
+        32768: (128, 128, 64, 4, 4),
+    },
+    # minilm qkv: v1 -> best us at M=4096 14.5 -> 12.9, M=32768 98.7 -> 74.0
+    ("fp16", False, 1152, 384): {
+        16: (16, 64, 128, 4, 4),
+        128: (32, 32, 128, 4, 3),
+        1024: (64, 64, 64, 4, 3),
+        4096: (64, 128, 64, 4, 3),
+        16384: (128, 128, 64, 4, 3),
+        32768: (128, 128, 64, 4, 3),
+    },
+    # minilm o: v1 -> best us at M=4096 6.6 -> 6.1, M=32768 35.4 -> 27.7
+    ("fp16", False, 384, 384): {
+        16: (32, 32, 128, 4, 3),
+        128: (16, 32, 64, 4, 4),
+        1024: (64, 64, 64, 4, 4),
+        4096: (64, 64, 64, 4, 3),
+        16384: (128, 128, 64, 4, 3),
+        32768: (128, 128, 64, 4, 3),
+    },
+    # minilm ffn1: v1 -> best us at M=4096 23.3 -> 20.6, M=32768 161.3 -> 148.5
+    ("fp16", False, 1536, 384): {
+        16: (16, 64, 64, 4, 4),
+        128: (32, 32, 64, 4, 4),
+        1024: (64, 64, 64, 4, 3),
+        4096: (128, 128, 64, 8, 3),
+        16384: (128, 128, 64, 8, 3),
+        32768: (128, 64, 64, 4, 3),
+    },
+    # minilm ffn2: v1 -> best us at M=4096 15.5 -> 13.1, M=32768 82.9 -> 75.4
+    ("fp16", False, 384, 1536): {
+        16: (16, 32, 64, 4, 4),
+        128: (32, 32, 128, 4, 4),
+        1024: (64, 64, 128, 4, 4),
+        4096: (128, 128, 64, 4, 3),
+        16384: (128, 128, 64, 8, 3),
+        32768: (128, 128, 64, 4, 3),
+    },
+    # minilm o+ln: v1 -> best us at M=4096 22.6 -> 22.6, M=32768 87.9 -> 87.9
+    ("fp16", True, 384, 384): {
+        16: (16, 512, 64, 8, 3),
+        128: (16, 512, 64, 8, 3),
+        1024: (32, 512, 64, 8, 3),
+        4096: (32, 512, 64, 8, 3),
+        16384: (64, 512, 64, 8, 3),
+        32768: (64, 512, 64, 8, 3),
+    },
+    # minilm ffn2+ln: v1 -> best us at M=4096 71.4 -> 64.1, M=32768 258.5 -> 258.5
+    ("fp16", True, 384, 1536): {
+        16: (16, 512, 64, 8, 3),
+        128: (16, 512, 64, 8, 3),
+        1024: (64, 512, 32, 16, 3),
+        4096: (64, 512, 32, 8, 3),
+        16384: (64, 512, 64, 8, 3),
+        32768: (64, 512, 64, 8, 3),
+    },
+    # bert-base qkv: v1 -> best us at M=4096 40.1 -> 33.1, M=32768 292.2 -> 238.0
+    ("fp16", False, 2304, 768): {
+        16: (16, 64, 128, 4, 4),
+        128: (32, 64, 64, 4, 3),
+        1024: (128, 64, 64, 4, 3),
+        4096: (128, 128, 64, 4, 3),
+        16384: (128, 128, 64, 4, 3),
+        32768: (128, 128, 64, 4, 3),
+    },
+    # bert-base o: v1 -> best us at M=4096 16.5 -> 12.3, M=32768 99.2 -> 81.4
+    ("fp16", False, 768, 768): {
+        16: (16, 64, 128, 4, 3),
+        128: (16, 64, 128, 4, 3),
+        1024: (128, 64, 64, 4, 3),
+        4096: (128, 64, 64, 4, 3),
+        16384: (128, 128, 64, 4, 3),
+        32768: (128, 128, 64, 4, 3),
+    },
+    # bert-base ffn1: v1 -> best us at M=4096 62.3 -> 52.8, M=32768 422.7 -> 422.0
+    ("fp16", False, 3072, 768): {
+        16: (16, 64, 64, 4, 4),
+        128: (32, 128, 128, 4, 3),
+        1024: (128, 64, 64, 4, 3),
+        4096: (128, 128, 64, 8, 3),
+        16384: (128, 128, 64, 8, 3),
+        32768: (128, 256, 32, 8, 4),
+    },
+    # bert-base ffn2: v1 -> best us at M=4096 52.9 -> 40.6, M=32768 319.0 -> 280.7
+    ("fp16", False, 768, 3072): {
+        16: (16, 64, 128, 4, 4),
+        128: (32, 32, 128, 4, 3),
+        1024: (128, 64, 64, 4, 4),
+        4096: (128, 64, 64, 4, 3),
+        16384: (256, 128, 64, 8, 3),
+        32768: (256, 128, 64, 8, 3),
+    },
+}
 
-    Small M (a few sequences): 16-row tiles (mma.sync) and narrow N tiles, so that more
-    programs share the weight reads. Large M: 128-row tiles, lowered to wgmma (IGMMA/HGMMA)
-    on sm_90a; 128x256x128 with 3 stages measured best for INT8 (1120 TOP/s at 8192^3).
+_TUNED_M = (16, 128, 1024, 4096, 16384, 32768)
+
+
+def _nearest(M: int, ms=_TUNED_M) -> int:
+    return min(ms, key=lambda m: abs(math.log2(max(M, 1)) - math.log2(m)))
+
+
+def _as_cfg(t) -> dict:
+    bm, bn, bk, w, st = t
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
+
+
+def pick_config(
+    M: int, N: int, K: int, quant: bool, ln: bool, prequant: bool = True, rowq: bool = False
+) -> dict:
+    """Tile configuration per shape, chosen once at compile time.
+
+    MiniLM / bert-base shapes: the measured table above (prequant: A is int8, QUANT 4; the
+    in-loop quantising QUANT 1 / 2 and other shapes use the rules below). ``rowq``: the program
+    owns BLOCK_M whole rows (loops over N) and writes their int8 copy (ROWQ mode).
+    Rules elsewhere: small M, 16-row tiles (mma.sync) and narrow N tiles, so that more programs
+    share the weight reads; large M, 128x128 tiles with BLOCK_K 64 and 4 warps (wgmma), which won
+    at every large shape of the sweep (128x256 / 8 warps, the pick before it, lost 10-30%).
     LN epilogue: the program must own whole rows, BLOCK_N = next_pow2(N).
     """
+    if rowq:
+        return _rowq_config(M, N, K, quant)
+    prec = "int8" if quant else "fp16"
+    hit = _LINEAR.get((prec, bool(ln), int(N), int(K))) if (prequant or not quant) else None
+    if hit is not None:
+        return _as_cfg(hit[_nearest(M)])
     bk = 128 if quant else 64
     if ln:
         bn = triton.next_power_of_2(N)
@@ -245,14 +531,48 @@ def pick_config(M: int, N: int, K: int, quant: bool, ln: bool) -> dict:
             num_warps=4,
             num_stages=4,
         )
+    if quant and not prequant:  # fp16 A quantised on load (QUANT 1 / 2): not swept, as before
+        if M <= 4096:
+            return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
+        bn, w, st = (256, 8, 3) if N >= 1024 else (128, 8, 4)
+        return dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
     if M <= 4096:
-        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
-    if N >= 1024:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=3)
-    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=4)
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=3)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
 
 
-def grid_size(M: int, N: int, cfg: dict) -> int:
+# ROWQ (a linear that writes the int8 copy of its output: ffn1 -> ffn2; off in the backend, as
+# it measured slower than ffn1 + a quantize launch): the sweep's winners (gpu_sweep_rowq_
+# 20261201T1023Z), us: minilm 44.2 at 4096, 245.7 at 32768; bert-base 112.6 / 566.0.
+_ROWQ: dict = {
+    ("int8", 1536, 384): {
+        1024: (16, 256, 64, 8, 3),
+        4096: (16, 256, 128, 8, 2),
+        16384: (64, 128, 128, 4, 4),
+        32768: (128, 64, 64, 4, 4),
+    },
+    ("int8", 3072, 768): {
+        1024: (16, 256, 128, 4, 3),
+        4096: (16, 256, 128, 4, 3),
+        16384: (64, 128, 128, 4, 4),
+        32768: (128, 64, 64, 4, 4),
+    },
+}
+
+
+def _rowq_config(M: int, N: int, K: int, quant: bool) -> dict:
+    hit = _ROWQ.get(("int8" if quant else "fp16", int(N), int(K)))
+    if hit is not None:
+        return _as_cfg(hit[_nearest(M, tuple(hit))])
+    bm = 16 if M < 8192 else (32 if M < 16384 else 64)
+    return dict(
+        BLOCK_M=bm, BLOCK_N=128, BLOCK_K=128 if quant else 64, GROUP_M=8, num_warps=4, num_stages=3
+    )
+
+
+def grid_size(M: int, N: int, cfg: dict, rowq: bool = False) -> int:
+    if rowq:
+        return triton.cdiv(M, cfg["BLOCK_M"])
     return triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
 
 
@@ -291,19 +611,23 @@ def launch_linear(
 ):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts).
 
-    quant 4 with a_zp / colsum: A is the asymmetric copy (q_u8 - 128). yq (LN mode): also
-    write the per-token int8 copy of y for the next linear, in q_mode ("dynamic", "static",
-    "dynamic_asym"), a_scale into yq_scale, zp into yq_zp, after q_shift / q_mul."""
-    cfg = cfg or pick_config(M, N, K, quant != 0, ln)
+    quant 4 with a_zp / colsum: A is the asymmetric copy (q_u8 - 128). yq: also write the
+    per-token int8 copy of y for the next linear, in q_mode ("dynamic", "static",
+    "dynamic_asym"), a_scale into yq_scale, zp into yq_zp, after q_shift / q_mul; in LN mode
+    from the epilogue, otherwise in ROWQ mode (each program owns BLOCK_M rows, loops over all
+    N tiles storing y, then reads its rows back and quantises them)."""
+    rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
+    assert not rowq or (r is None and amax_out_mode == 0), "ROWQ has no residual / amax out"
+    cfg = cfg or pick_config(M, N, K, quant != 0, ln, prequant=quant == 4, rowq=rowq)
     if ln:
         assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
-    assert yq is None or (ln and yq_scale is not None), "Q_OUT needs LN mode and yq_scale"
+    assert yq is None or yq_scale is not None, "Q_OUT needs yq_scale"
     asym = quant == 4 and a_zp is not None
     assert not asym or colsum is not None
     qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
     assert qmode != 3 or yq_zp is not None
     dummy = b
-    linear_kernel[(grid_size(M, N, cfg),)](
+    linear_kernel[(grid_size(M, N, cfg, rowq),)](
         a,
         a_amax if a_amax is not None else dummy,
         a_zp if a_zp is not None else dummy,
@@ -341,6 +665,7 @@ def launch_linear(
         Q_SHIFT=q_shift is not None,
         Q_MUL=q_mul is not None,
         PDL=pdl,
+        ROWQ=rowq,
         launch_pdl=pdl,
         **cfg,
     )

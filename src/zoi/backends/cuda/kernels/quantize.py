@@ -20,6 +20,8 @@ and, asymmetric, the zero point (int32). The asymmetric copy is stored as signed
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -35,6 +37,65 @@ def _rint(s):
 
 
 @triton.jit
+def act_tf(x, cols, c_ok, shift_ptr, mul_ptr, HAS_SHIFT: tl.constexpr, HAS_MUL: tl.constexpr):
+    """The consumer's SmoothQuant transform x' = (x - act_shift) * act_mul (two roundings);
+    columns outside c_ok become 0 (0 never changes the row statistics)."""
+    if HAS_SHIFT:
+        x = x - tl.load(shift_ptr + cols, mask=c_ok, other=0.0)[None, :]
+    if HAS_MUL:
+        x = x * tl.load(mul_ptr + cols, mask=c_ok, other=0.0)[None, :]
+    return tl.where(c_ok[None, :], x, 0.0)
+
+
+@triton.jit
+def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
+    """Row statistics -> (inv, z (float), a_scale, zp int32). QMODE 3: lo = min(row, 0),
+    hi = max(row, 0); QMODE 1: hi = max |row| (lo unused); QMODE 2: static_amax."""
+    if QMODE == 3:
+        r = hi - lo
+        inv = tl.where(r > 0.0, tl.math.div_rn(255.0 + tl.zeros_like(r), tl.maximum(r, 1e-30)), 0.0)
+        z = tl.minimum(_rint(tl.minimum(tl.maximum(-lo * inv, 0.0), 256.0)), 255.0)
+        scale = tl.math.div_rn(r, 255.0 + tl.zeros_like(r))
+        zp = z.to(tl.int32)
+    else:
+        if QMODE == 2:
+            amax = tl.zeros_like(hi) + static_amax
+        else:
+            amax = hi
+        inv = tl.where(
+            amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
+        )
+        z = tl.zeros_like(amax)
+        scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
+        zp = z.to(tl.int32)
+    return inv, z, scale, zp
+
+
+@triton.jit
+def q_apply(x, inv, z, QMODE: tl.constexpr):
+    """x' [R, C] -> the int8 copy (asymmetric: stored as q_u8 - 128) with q_params' inv, z."""
+    if QMODE == 3:
+        s = _rint(tl.minimum(tl.maximum(x * inv[:, None], -512.0), 512.0))
+        s = tl.minimum(tl.maximum(s + z[:, None], 0.0), 255.0)
+        q = (s - 128.0).to(tl.int8)
+    else:
+        q = _rint(tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)).to(tl.int8)
+    return q
+
+
+@triton.jit
+def q_stats(x, lo, hi, QMODE: tl.constexpr):
+    """Fold a tile of x' rows into the running statistics (start both at 0): exact, so a row
+    seen in tiles gives the statistics of the whole row."""
+    if QMODE == 3:
+        lo = tl.minimum(lo, tl.min(x, axis=1))
+        hi = tl.maximum(hi, tl.max(x, axis=1))
+    else:
+        hi = tl.maximum(hi, tl.max(tl.abs(x), axis=1))
+    return lo, hi
+
+
+@triton.jit
 def quant_rows(
     x,  # [R, C] fp32 rows (columns outside c_ok are ignored)
     cols,  # [C] column indices
@@ -47,34 +108,11 @@ def quant_rows(
     HAS_MUL: tl.constexpr,
 ):
     """-> (q int8 [R, C], a_scale fp32 [R], zp int32 [R]; 0 unless QMODE 3)."""
-    if HAS_SHIFT:
-        x = x - tl.load(shift_ptr + cols, mask=c_ok, other=0.0)[None, :]
-    if HAS_MUL:
-        x = x * tl.load(mul_ptr + cols, mask=c_ok, other=0.0)[None, :]
-    x = tl.where(c_ok[None, :], x, 0.0)  # 0 never changes the row statistics below
-    if QMODE == 3:
-        lo = tl.minimum(tl.min(x, axis=1), 0.0)
-        hi = tl.maximum(tl.max(x, axis=1), 0.0)
-        r = hi - lo
-        inv = tl.where(r > 0.0, tl.math.div_rn(255.0 + tl.zeros_like(r), tl.maximum(r, 1e-30)), 0.0)
-        z = tl.minimum(_rint(tl.minimum(tl.maximum(-lo * inv, 0.0), 256.0)), 255.0)
-        s = _rint(tl.minimum(tl.maximum(x * inv[:, None], -512.0), 512.0))
-        s = tl.minimum(tl.maximum(s + z[:, None], 0.0), 255.0)
-        q = (s - 128.0).to(tl.int8)
-        scale = tl.math.div_rn(r, 255.0 + tl.zeros_like(r))
-        zp = z.to(tl.int32)
-    else:
-        if QMODE == 2:
-            amax = tl.zeros((x.shape[0],), dtype=tl.float32) + static_amax
-        else:
-            amax = tl.max(tl.abs(x), axis=1)
-        inv = tl.where(
-            amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
-        )
-        q = _rint(tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)).to(tl.int8)
-        scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
-        zp = tl.zeros((x.shape[0],), dtype=tl.int32)
-    return q, scale, zp
+    x = act_tf(x, cols, c_ok, shift_ptr, mul_ptr, HAS_SHIFT, HAS_MUL)
+    zero = tl.zeros((x.shape[0],), dtype=tl.float32)
+    lo, hi = q_stats(x, zero, zero, QMODE)
+    inv, z, scale, zp = q_params(lo, hi, static_amax, QMODE)
+    return q_apply(x, inv, z, QMODE), scale, zp
 
 
 @triton.jit
@@ -117,8 +155,27 @@ def quantize_kernel(
         tl.store(zp_ptr + rows, zp, mask=r_ok)
 
 
-def pick_config(K: int) -> dict:
+# lab/gpu/sweep_linear.py on the H200 (gpu_sweep_20261201T0959Z.json): (BLOCK_R, num_warps) per
+# (BLOCK_K, rows); us, the pick before the sweep -> the winner: K 1536 at 32768 rows 73.8 -> 59.6,
+# 4096: 11.2 -> 9.6; K 3072 at 32768: 154.9 -> 117.3, 4096: 21.6 -> 18.0; K 384 / 768: <= 10%.
+_TUNED = {
+    512: {128: (4, 4), 1024: (4, 4), 4096: (8, 8), 32768: (2, 1)},
+    1024: {128: (2, 4), 1024: (1, 2), 4096: (1, 1), 32768: (2, 1)},
+    2048: {128: (1, 8), 1024: (2, 2), 4096: (1, 1), 32768: (2, 2)},
+    4096: {128: (1, 16), 1024: (2, 4), 4096: (2, 4), 32768: (2, 4)},
+}
+
+
+def _nearest(T, ms):
+    return min(ms, key=lambda m: abs(math.log2(max(T, 1)) - math.log2(m)))
+
+
+def pick_config(K: int, T: int | None = None) -> dict:
     bk = triton.next_power_of_2(K)
+    hit = _TUNED.get(bk) if T is not None else None
+    if hit is not None:
+        br, w = hit[_nearest(T, hit)]
+        return dict(BLOCK_R=br, BLOCK_K=bk, num_warps=w)
     return dict(BLOCK_R=max(1, min(16, 4096 // bk)), BLOCK_K=bk, num_warps=4 if bk <= 1024 else 8)
 
 
@@ -126,7 +183,7 @@ def launch_quantize(
     x, shift, mul, q, scale, zp, T, K, *, mode, static_amax=0.0, cfg=None, pdl=False
 ):
     """x fp16 [T, K] -> q int8 [T, K], scale fp32 [T], zp int32 [T] (mode 'dynamic_asym')."""
-    cfg = cfg or pick_config(K)
+    cfg = cfg or pick_config(K, T)
     qmode = QMODES[mode] if isinstance(mode, str) else int(mode)
     quantize_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         x,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The C++ core's tests (tests/cpu, which drive zoi._cpu through Python) run once against a
+# build with AddressSanitizer + UndefinedBehaviorSanitizer. The sanitized module is built in
+# build/sanitize and put in place of zoi._cpu for this run only (sitecustomize), the installed
+# one is left alone. Any ASan or UBSan report fails the run (leak checking is off: CPython
+# itself "leaks" at exit). Usage: scripts/sanitize.sh [pytest args, default tests/cpu]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+B=build/sanitize
+cmake -S . -B "$B" -G Ninja -DZOI_SANITIZE=ON -DCMAKE_BUILD_TYPE=Release \
+  -DPython_EXECUTABLE="$(command -v python)" >/dev/null
+cmake --build "$B" -j "${JOBS:-2}"
+SO=$(ls "$PWD/$B"/_cpu*.so)
+SITE=$(mktemp -d)
+trap 'rm -rf "$SITE"' EXIT
+cat >"$SITE/sitecustomize.py" <<PY
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("zoi._cpu", "$SO")
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+sys.modules["zoi._cpu"] = mod
+import zoi  # noqa: E402  (its lazy attributes would not see sys.modules)
+zoi._cpu = mod
+PY
+LOG=$(mktemp -d)
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$LOG/asan"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$LOG/ubsan"
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+python -c "import zoi._cpu as c, sys; assert '$B' in c.__file__, c.__file__; print('sanitized core:', c.__file__, c.active_isa())"
+set +e
+# test_alloc preloads its own malloc counter, which cannot sit beside ASan's allocator
+python -m pytest -q -p no:xdist -p no:cacheprovider --deselect \
+  tests/cpu/test_alloc.py::test_zero_allocations_in_steady_state "${@:-tests/cpu}"
+rc=$?
+set -e
+if ls "$LOG"/* >/dev/null 2>&1; then
+  echo "sanitizer reports:"; cat "$LOG"/*; exit 1
+fi
+echo "sanitizers: 0 reports (pytest exit $rc)"
+exit $rc

@@ -1,0 +1,320 @@
+"""/openapi.json and /docs: an OpenAPI 3.1 description of every route of `zoi serve`.
+
+The description is written here by hand (the routes parse JSON themselves, there are no
+models to derive it from) and checked against the app's routes by the tests: a route without
+an entry in OPERATIONS is a test failure. /docs is a self-contained HTML page made from the
+same document (no script or stylesheet from a CDN: the server may have no internet); any
+OpenAPI viewer (Swagger UI, Redoc) can load /openapi.json.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+_STR_OR_LIST = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}, "description": "one sequence of ids"},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+    ]
+}
+_ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
+}
+_OPENAI_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_TENSOR = {
+    "type": "object",
+    "required": ["name", "datatype", "shape"],
+    "properties": {
+        "name": {"type": "string", "examples": ["TEXT"]},
+        "datatype": {"type": "string", "examples": ["BYTES", "INT32", "INT64"]},
+        "shape": {"type": "array", "items": {"type": "integer"}},
+        "data": {"type": "array"},
+        "parameters": {"type": "object"},
+    },
+}
+
+
+def _json(schema: dict, example=None) -> dict:
+    c: dict = {"schema": schema}
+    if example is not None:
+        c["example"] = example
+    return {"content": {"application/json": c}}
+
+
+def _errors(schema=_ERROR) -> dict:
+    return {
+        code: {"description": what, **_json(schema)}
+        for code, what in (
+            ("413", "too many inputs or too large a body"),
+            ("422", "invalid request (the message names the field and the fix)"),
+            ("429", "too many requests in flight"),
+            ("500", "the engine failed for this request"),
+        )
+    }
+
+
+def _get(summary: str, tag: str, schema: dict | None = None) -> dict:
+    return {
+        "get": {
+            "summary": summary,
+            "tags": [tag],
+            "responses": {"200": {"description": "OK", **_json(schema or {"type": "object"})}},
+        }
+    }
+
+
+def operations(model: str, hidden: int) -> dict[str, dict]:
+    """Path -> path item, for every route of create_app (paths as Starlette writes them)."""
+    vec = {"type": "array", "items": {"type": "number"}, "description": f"{hidden} floats"}
+    openai_body = {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "input": _STR_OR_LIST,
+            "model": {"type": "string", "description": f"this server's model: {model}"},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "description": f"at most {hidden}"},
+            "user": {"type": "string"},
+        },
+    }
+    openai_resp = {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer"},
+                        "embedding": {"oneOf": [vec, {"type": "string", "format": "base64"}]},
+                    },
+                },
+            },
+            "usage": {
+                "type": "object",
+                "properties": {
+                    "prompt_tokens": {"type": "integer"},
+                    "total_tokens": {"type": "integer"},
+                },
+            },
+        },
+    }
+    emb_post = {
+        "post": {
+            "summary": "OpenAI embeddings: one vector per input",
+            "tags": ["OpenAI"],
+            "requestBody": {
+                "required": True,
+                **_json(openai_body, {"model": model, "input": ["A man is eating food."]}),
+            },
+            "responses": {
+                "200": {"description": "OK", **_json(openai_resp)},
+                **_errors(_OPENAI_ERROR),
+            },
+        }
+    }
+    tei_body = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": _STR_OR_LIST,
+            "normalize": {"type": "boolean", "default": True},
+            "truncate": {"type": "boolean", "description": "default: the server's --auto-truncate"},
+            "truncation_direction": {"type": "string", "enum": ["Right"]},
+        },
+    }
+    infer_body = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "inputs": {"type": "array", "items": _TENSOR},
+            "outputs": {"type": "array", "items": {"type": "object"}},
+            "parameters": {"type": "object"},
+        },
+    }
+    infer = {
+        "post": {
+            "summary": "KServe v2 inference: TEXT (BYTES) or INPUT_IDS in, EMBEDDING out; "
+            "Triton's binary tensor extension accepted and returned",
+            "tags": ["KServe v2"],
+            "parameters": [
+                {"name": "model", "in": "path", "required": True, "schema": {"const": model}}
+            ],
+            "requestBody": {
+                "required": True,
+                **_json(
+                    infer_body,
+                    {
+                        "inputs": [
+                            {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["hello"]}
+                        ]
+                    },
+                ),
+            },
+            "responses": {
+                "200": {"description": "OK", **_json({"type": "object"})},
+                "404": {"description": "unknown model name", **_json(_ERROR)},
+                **_errors(),
+            },
+        }
+    }
+    versioned = {
+        k: {
+            **v,
+            "parameters": [
+                *v.get("parameters", []),
+                {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}},
+            ],
+        }
+        for k, v in infer.items()
+    }
+    ops = {
+        "/": _get("the server, its model and its routes", "zoi"),
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "tags": ["zoi"],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": _get("this document", "zoi"),
+        "/docs": {
+            "get": {
+                "summary": "this document as a web page",
+                "tags": ["zoi"],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/v1/embeddings": emb_post,
+        "/embeddings": emb_post,
+        "/v1/models": _get("OpenAI model list (this server's one model)", "OpenAI"),
+        "/v1/models/{name}": _get("one OpenAI model", "OpenAI"),
+        "/embed": {
+            "post": {
+                "summary": "TEI embed: an array of vectors, one per input",
+                "tags": ["TEI"],
+                "requestBody": {"required": True, **_json(tei_body, {"inputs": ["hello"]})},
+                "responses": {
+                    "200": {"description": "OK", **_json({"type": "array", "items": vec})},
+                    **_errors(),
+                },
+            }
+        },
+        "/tokenize": {
+            "post": {
+                "summary": "TEI tokenize: the tokens of each input, with offsets",
+                "tags": ["TEI"],
+                "requestBody": {"required": True, **_json(tei_body, {"inputs": ["hello"]})},
+                "responses": {
+                    "200": {"description": "OK", **_json({"type": "array"})},
+                    **_errors(),
+                },
+            }
+        },
+        "/health": _get("TEI health: 200 when ready, 503 when not", "TEI"),
+        "/info": _get("TEI info: model id, limits, version", "TEI"),
+        "/v2": _get("KServe v2 server metadata", "KServe v2"),
+        "/v2/health/live": _get("KServe v2 liveness", "KServe v2"),
+        "/v2/health/ready": _get("KServe v2 readiness", "KServe v2"),
+        "/v2/models/{model}": _get("KServe v2 model metadata (inputs, outputs)", "KServe v2"),
+        "/v2/models/{model}/versions/{version}": _get("KServe v2 model metadata", "KServe v2"),
+        "/v2/models/{model}/ready": _get("KServe v2 model readiness", "KServe v2"),
+        "/v2/models/{model}/versions/{version}/ready": _get(
+            "KServe v2 model readiness", "KServe v2"
+        ),
+        "/v2/models/{model}/config": _get("the model's Triton-style config", "KServe v2"),
+        "/v2/models/{model}/versions/{version}/config": _get("the model's config", "KServe v2"),
+        "/v2/models/{model}/infer": infer,
+        "/v2/models/{model}/versions/{version}/infer": versioned,
+    }
+    return ops
+
+
+def openapi_path(route_path: str) -> str:
+    """Starlette's `{name:path}` convertor syntax as OpenAPI writes a parameter."""
+    import re
+
+    return re.sub(r"\{(\w+):\w+\}", r"{\1}", route_path)
+
+
+def document(model: str, hidden: int, version: str, route_paths: list[str]) -> dict:
+    ops = operations(model, hidden)
+    paths = {}
+    for rp in route_paths:
+        p = openapi_path(rp)
+        paths[p] = ops.get(p) or _get("(undocumented route)", "zoi")
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": f"zoi serve: {model}",
+            "version": version,
+            "description": f"Sentence embeddings of {model} ({hidden} dimensions) through "
+            "OpenAI-, TEI- and KServe-v2-compatible routes. Options, limits and errors: "
+            "docs/SERVE.md.",
+        },
+        "paths": paths,
+    }
+
+
+def docs_html(doc: dict) -> str:
+    """The document as a plain page: each route, its summary, its request example."""
+    e = html.escape
+    rows = []
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if method == "parameters":
+                continue
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+            ex = (
+                f"<pre>{e(json.dumps(body['example'], indent=1))}</pre>"
+                if "example" in body
+                else ""
+            )
+            rows.append(
+                f"<tr><td><code>{e(method.upper())}</code></td><td><code>{e(path)}</code></td>"
+                f"<td>{e(op.get('summary', ''))}{ex}</td></tr>"
+            )
+    info = doc["info"]
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{e(info['title'])}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td{vertical-align:top;padding:4px 12px;"
+        "border-bottom:1px solid #ddd}pre{margin:4px 0;background:#f6f6f6}</style></head><body>"
+        f"<h1>{e(info['title'])}</h1><p>{e(info['description'])}</p>"
+        "<p>Machine-readable: <a href='/openapi.json'>/openapi.json</a> (OpenAPI 3.1; load it "
+        "in Swagger UI or Redoc).</p>"
+        "<table><tr><th>method</th><th>path</th><th>what</th></tr>"
+        + "".join(rows)
+        + "</table></body></html>"
+    )

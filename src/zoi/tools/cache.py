@@ -1,0 +1,145 @@
+"""A cache of compiled artifacts, so `zoi demo` compiles (and calibrates INT8) once.
+
+An entry is an ordinary artifact (Engine.save) under CACHE/artifacts/NAME-PRECISION-KEY/,
+CACHE being $ZOI_CACHE_DIR, else $XDG_CACHE_HOME/zoi, else ~/.cache/zoi. KEY is a sha256 of
+everything the compiled result depends on: every file of the model folder (content), the zoi
+version, the source of the installed zoi package (a changed quantiser in a development
+checkout is a new key too), the artifact format, and the compile options (device,
+precision, max_tokens, max_batch, calibration texts, quant config). The key is also written
+into the artifact and checked when it is read back; an entry that does not load, or whose
+recorded key differs, is compiled again and replaced (atomically, by Engine.save).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+log = logging.getLogger("zoi")
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("ZOI_CACHE_DIR"):
+        return Path(env["ZOI_CACHE_DIR"]).expanduser()
+    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else None
+    return (base or Path.home() / ".cache") / "zoi"
+
+
+def _hash_file(h, path: Path) -> None:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+
+
+def folder_digest(folder: str | os.PathLike, suffixes: tuple[str, ...] | None = None) -> str:
+    """sha256 over the relative names and contents of the files under `folder` (links
+    followed, as the loader follows them)."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if "__pycache__" in p.parts or not p.is_file():
+            continue
+        if suffixes is not None and p.suffix not in suffixes:
+            continue
+        rel = p.relative_to(folder).as_posix().encode()
+        h.update(len(rel).to_bytes(8, "little") + rel)
+        h.update(p.stat().st_size.to_bytes(8, "little"))
+        _hash_file(h, p)
+    return h.hexdigest()
+
+
+def code_digest() -> str:
+    """The installed zoi: its version, artifact format and Python sources."""
+    import zoi
+    from zoi.engine import ARTIFACT_FORMAT
+
+    h = hashlib.sha256(f"zoi {zoi.__version__} format {ARTIFACT_FORMAT}".encode())
+    h.update(folder_digest(Path(zoi.__file__).parent, (".py", ".txt")).encode())
+    return h.hexdigest()
+
+
+def _texts_digest(calibration) -> str | None:
+    if calibration is None:
+        return None
+    if isinstance(calibration, (str, os.PathLike)):
+        h = hashlib.sha256()
+        _hash_file(h, Path(calibration))
+        return "file:" + h.hexdigest()
+    return "texts:" + hashlib.sha256(json.dumps(list(calibration)).encode()).hexdigest()
+
+
+def cache_key(src: Path, options: dict) -> str:
+    parts = {
+        "model": folder_digest(src),
+        "zoi": code_digest(),
+        "options": {k: options[k] for k in sorted(options)},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cached_compile(
+    path: str | os.PathLike | None = None,
+    *,
+    device: str = "cpu",
+    precision: str = "fp32",
+    max_tokens: int | None = None,
+    max_batch: int | None = None,
+    calibration: Sequence[str] | str | os.PathLike | None = None,
+    quant_config=None,
+    progress: bool = False,
+    cache: str | os.PathLike | None = None,
+):
+    """zoi.compile(...) through the artifact cache. Returns (engine, "cached" | "compiled",
+    the entry's folder)."""
+    import zoi
+    from zoi.backends import resolve_device
+    from zoi.engine import default_model_path, model_name, read_artifact_meta
+    from zoi.errors import ZoiError
+    from zoi.frontend.hub import resolve_model
+
+    device = resolve_device(device)
+    src = resolve_model(path) if path is not None else default_model_path()
+    options = {
+        "device": device,
+        "precision": precision,
+        "max_tokens": max_tokens,
+        "max_batch": max_batch,
+        "calibration": _texts_digest(calibration),
+        "quant_config": json.dumps(quant_config, sort_keys=True, default=str)
+        if quant_config is not None
+        else None,
+    }
+    key = cache_key(src, options)
+    root = Path(cache) if cache is not None else cache_dir()
+    entry = root / "artifacts" / f"{model_name(src)}-{precision}-{key[:20]}"
+    if (entry / "zoi.json").is_file():
+        try:
+            if read_artifact_meta(entry).get("meta", {}).get("cache_key") != key:
+                raise ZoiError("its recorded cache key differs")
+            return zoi.load(entry, device=device), "cached", entry
+        except (ZoiError, OSError, ValueError, KeyError) as e:
+            log.warning("zoi: the cached artifact %s is unusable (%s): compiling again", entry, e)
+    eng = zoi.compile(
+        path,
+        device=device,
+        precision=precision,
+        max_tokens=max_tokens,
+        max_batch=max_batch,
+        calibration=calibration,
+        quant_config=quant_config,
+        progress=progress,
+    )
+    eng.model.meta["cache_key"] = key
+    try:
+        if entry.exists() and not (entry / "zoi.json").is_file():
+            shutil.rmtree(entry)  # a broken entry of our own cache (Engine.save would refuse it)
+        eng.save(entry)
+    except OSError as e:
+        log.warning("zoi: cannot write the artifact cache %s (%s); not cached", entry, e)
+    return eng, "compiled", entry
