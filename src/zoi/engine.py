@@ -212,6 +212,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         model.meta["source_default"] = True
     if precision == "int8":
         model.meta["quant_report"] = report
+        model.meta["inputs"] = report.get("inputs")  # digests (zoi.quant.provenance)
     steps.done()
     steps.step(f"building the {device} backend")
     engine = Engine(model, tokenizer, device)
@@ -460,8 +461,8 @@ class Engine:
                 "max_tokens": m.plan.max_tokens,
                 "max_batch": m.plan.max_batch,
                 "quant": {k: v.to_dict() for k, v in m.quant.items()},
-                "meta": m.meta,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "meta": _without_timings(m.meta),
+                "created": _created_stamp(),
             }
             meta["integrity"] = integrity.record(
                 meta["spec"], m.precision, meta["quant"], m.weights, self.tokenizer.json
@@ -490,6 +491,27 @@ class Engine:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return dest
+
+
+def _without_timings(d):
+    """The artifact's meta without wall-clock figures (keys "seconds" / "*_seconds"): they
+    change from run to run, and two compiles of the same inputs must give the same bytes."""
+    if isinstance(d, dict):
+        return {
+            k: _without_timings(v)
+            for k, v in d.items()
+            if not (k == "seconds" or str(k).endswith("_seconds"))
+        }
+    if isinstance(d, list):
+        return [_without_timings(v) for v in d]
+    return d
+
+
+def _created_stamp() -> str:
+    """UTC time of the save, or SOURCE_DATE_EPOCH's when set (reproducible-builds convention)."""
+    sde = os.environ.get("SOURCE_DATE_EPOCH")
+    t = time.gmtime(int(sde)) if sde and sde.strip().isdigit() else time.gmtime()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", t)
 
 
 def _to_torch(torch, emb: np.ndarray, stacked: bool, device):

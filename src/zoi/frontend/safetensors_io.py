@@ -170,3 +170,27 @@ def save_safetensors(
     save_file(
         {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata
     )
+    if metadata and len(metadata) > 1:
+        _sort_metadata_in_place(path)
+
+
+def _sort_metadata_in_place(path: str | os.PathLike) -> None:
+    """safetensors writes `__metadata__` from a hash map: its key order changes from process
+    to process, and so would the bytes of two saves of one model (issue 21: reproducible
+    artifacts). Rewrite the header with the metadata keys sorted: same JSON length (only
+    the order changes), tensors untouched."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        text = raw.decode("utf-8")
+        body = text.rstrip(" ")
+        head = json.loads(body)  # keeps the tensors' order
+        md = head.get("__metadata__")
+        if not md:
+            return
+        head["__metadata__"] = {k: md[k] for k in sorted(md)}
+        new = json.dumps(head, separators=(",", ":"), ensure_ascii=False)
+        if len(new.encode("utf-8")) != len(body.encode("utf-8")):  # another writer's spacing
+            return
+        f.seek(8)
+        f.write((new + text[len(body) :]).encode("utf-8"))

@@ -6,7 +6,7 @@ The one entry point the engine calls (zoi.engine.compile with precision="int8"):
     report: dict = {}
     weights_q, q = quant.quantize_model(
         spec, weights, tokenizer,          # ModelSpec, float32 weights (our names), zoi Tokenizer
-        calibration=None,                  # list[str] or a file path; None -> zoi/data/calibration.txt
+        calibration=None,                  # list[str] or a file path; None -> zoi.data.calibration_texts()
         config=None,                       # QuantConfig | dict | None (defaults below)
         progress=False,                    # tqdm bars on stderr
         graph=None,                        # the Graph; None -> zoi.graph.build_graph(spec)
@@ -111,10 +111,12 @@ def quantize_model(
 
         graph = build_graph(spec)
     if calibration is None:
-        from zoi.data import calibration_texts
+        from zoi.data import calibration_set, is_multilingual
 
-        texts = calibration_texts()
+        pairs = calibration_set(multilingual=is_multilingual(spec))
+        texts, domains = [t for t, _ in pairs], [d for _, d in pairs]
     else:
+        domains = None
         if isinstance(calibration, (str, os.PathLike)):  # a file, one text per line
             from zoi.data import read_lines
 
@@ -125,7 +127,9 @@ def quantize_model(
 
             raise InputError("the calibration set holds no text")
     t0 = time.perf_counter()
-    new_w, quant, summary = run_pipeline(spec, graph, weights, tokenizer, texts, cfg, progress)
+    new_w, quant, summary = run_pipeline(
+        spec, graph, weights, tokenizer, texts, cfg, progress, domains=domains
+    )
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     if report is not None:
         report.update(summary)

@@ -8,7 +8,9 @@ For every linear (weight prefix `p`) the pass collects, from its input x [T, K]:
 - optionally an activation observer (static scheme).
 
 It also keeps the FP32 sentence embeddings of every calibration text, the yardstick of the
-SmoothQuant alpha search. All through `zoi.quant.forward.run_graph` (numpy, float32).
+SmoothQuant alpha search. All through `zoi.quant.detforward.run_graph` (numpy, float32
+buffers, every reduction order-independent: the statistics, and so the artifact, are the
+same bits on every machine, numpy version and thread count; zoi.quant.detmath).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoi.graph.build import linear_prefix
-from zoi.quant.forward import run_graph
+from zoi.quant.detforward import run_graph
+from zoi.quant.detmath import det_matmul, fixed_sum
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, positions, cu_seqlens
 
@@ -82,14 +85,14 @@ class LinearStats:
         np.maximum(self.chan_absmax, np.abs(x).max(axis=0), out=self.chan_absmax)
         np.minimum(self.chan_min, x.min(axis=0), out=self.chan_min)
         np.maximum(self.chan_max, x.max(axis=0), out=self.chan_max)
-        cs = x.astype(np.float64).sum(axis=0)
+        cs = fixed_sum(x, 0)
         self.chan_sum = cs if self.chan_sum is None else self.chan_sum + cs
         ta = np.abs(x).max(axis=1)
         self.tokens += x.shape[0]
-        self.tok_absmax_sum += float(ta.sum())
+        self.tok_absmax_sum += float(fixed_sum(ta))
         self.tok_absmax_max = max(self.tok_absmax_max, float(ta.max()))
-        if gram:  # float32 product per chunk (fast), accumulated in float64
-            g = (x.T @ x).astype(np.float64)
+        if gram:  # order-independent product per chunk, chunks accumulated in order
+            g = det_matmul(np.ascontiguousarray(x.T))  # x^T x (symmetric BLAS product)
             self.gram = g if self.gram is None else self.gram + g
         if self.observer is not None:
             self.observer.update(x)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.numerics.primitives import QMAX
+from zoi.quant.detmath import det_cholesky_upper_inv, det_matmul, fixed_mean
 
 
 def weight_scale(w: np.ndarray) -> np.ndarray:
@@ -22,24 +23,29 @@ def weight_scale(w: np.ndarray) -> np.ndarray:
 def gptq_quantize(
     w: np.ndarray, gram: np.ndarray, damp: float = 0.01, block: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:
-    """w: float [N, K]; gram: x^T x [K, K] of the calibration inputs. -> (int8 [N, K], f32 [N])."""
+    """w: float [N, K]; gram: x^T x [K, K] of the calibration inputs. -> (int8 [N, K], f32 [N]).
+
+    Deterministic (zoi.quant.detmath): the factor U (U^T U = H^-1) comes from a Cholesky and
+    a triangular inverse without LAPACK, the rounding errors of a block of columns reach the
+    columns not yet rounded through elementwise updates (inside the block, in one fixed
+    order) and one exact two-limb product (past it), so the integers depend on w and gram
+    only, not on the BLAS, numpy version or thread count."""
     w = np.asarray(w, np.float32)
     scale = weight_scale(w)
-    W = w.astype(np.float64).copy()
-    N, K = W.shape
+    N, K = w.shape
     H = np.array(gram, np.float64, copy=True)
     dead = np.diag(H) <= 0
     H[dead, dead] = 1.0
-    mean_diag = float(np.mean(np.diag(H)))
+    mean_diag = float(fixed_mean(np.diag(H)))
     H[np.diag_indices(K)] += damp * (mean_diag if mean_diag > 0 else 1.0)
     try:
-        hinv = np.linalg.cholesky(np.linalg.inv(H)).T  # upper triangular
+        hinv = det_cholesky_upper_inv(H)  # upper triangular, hinv^T hinv = H^-1
     except np.linalg.LinAlgError:  # not positive definite even with damping: plain rounding
         q = np.clip(np.rint(w / scale[:, None]), -QMAX, QMAX).astype(np.int8)
         return q, scale
     # work on W^T [K, N]: column k of W is row k, contiguous
-    s = scale.astype(np.float64)[None, :]
-    WT = np.ascontiguousarray(W.T)
+    s = scale.astype(np.float64)
+    WT = np.ascontiguousarray(w.astype(np.float64).T)
     QT = np.empty((K, N), np.float64)
     for i1 in range(0, K, block):
         i2 = min(i1 + block, K)
@@ -48,12 +54,14 @@ def gptq_quantize(
         Hi = hinv[i1:i2, i1:i2]
         for j in range(i2 - i1):
             row = W1[j]
-            q = np.clip(np.rint(row / s[0]), -QMAX, QMAX)
+            q = np.clip(np.rint(row / s), -QMAX, QMAX)
             QT[i1 + j] = q
-            e = (row - q * s[0]) / Hi[j, j]
+            e = (row - q * s) / Hi[j, j]
             E1[j] = e
             if j + 1 < i2 - i1:
                 W1[j + 1 :] -= Hi[j, j + 1 :, None] * e[None, :]
-        if i2 < K:
-            WT[i2:] -= hinv[i1:i2, i2:].T @ E1
+        if i2 < K:  # WT[i2:] -= hinv[i1:i2, i2:]^T @ E1, exactly rounded products
+            WT[i2:] -= det_matmul(
+                np.ascontiguousarray(hinv[i1:i2, i2:].T), np.ascontiguousarray(E1.T), limbs=2
+            )
     return np.ascontiguousarray(QT.T).astype(np.int8), scale

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoi.quant.detmath import fixed_sum
+
 QMAX = 127
 
 
@@ -81,7 +83,8 @@ class HistogramObserver(Observer):
         self.hist += np.bincount(idx, minlength=self.bins)
 
     def edges(self) -> np.ndarray:
-        return np.linspace(0.0, self.range, self.bins + 1)
+        # i * (range / bins), elementwise (np.linspace's formula has changed across versions)
+        return np.arange(self.bins + 1, dtype=np.float64) * (self.range / self.bins)
 
 
 class PercentileObserver(HistogramObserver):
@@ -115,14 +118,14 @@ class MSEObserver(HistogramObserver):
         centers = (self.edges()[:-1] + self.edges()[1:]) * 0.5
         step = c / QMAX
         inside = centers <= c
-        err_in = self.hist[inside].sum() * step * step / 12.0
+        err_in = fixed_sum(self.hist[inside]) * step * step / 12.0  # counts: exact
         over = centers[~inside] - c
-        return float(err_in + (self.hist[~inside] * over * over).sum())
+        return float(err_in + fixed_sum(self.hist[~inside] * over * over))
 
     def amax(self) -> float:
         if self.count == 0 or self.max == 0.0:
             return 0.0
-        cands = np.linspace(self.max / self.candidates, self.max, self.candidates)
+        cands = np.arange(1, self.candidates + 1, dtype=np.float64) * (self.max / self.candidates)
         errs = [self.expected_error(float(c)) for c in cands]
         return float(cands[int(np.argmin(errs))])
 

@@ -22,7 +22,8 @@ from zoi.graph.build import linear_prefix
 from zoi.numerics import primitives as P
 from zoi.quant.calibrate import calibrate, observe, token_batches, tokenize
 from zoi.quant.config import QuantConfig
-from zoi.quant.forward import run_graph
+from zoi.quant.detforward import run_graph
+from zoi.quant.detmath import fixed_mean, fixed_sum
 from zoi.quant.gptq import gptq_quantize
 from zoi.quant.observers import make_observer
 from zoi.quant.sensitivity import choose_fallback, fallback_cost, layer_sqnr
@@ -38,12 +39,37 @@ class _Q:
         self.scheme, self.amax = scheme, amax
 
 
+def _domain_groups(labels) -> dict[str, list[int]]:
+    """Indices of each domain label, domains in order of first appearance."""
+    g: dict[str, list[int]] = {}
+    for i, d in enumerate(labels):
+        g.setdefault(d, []).append(i)
+    return g
+
+
+def _spread_per_domain(groups: dict[str, list[int]], total: int) -> list[int]:
+    """About total / len(groups) indices spread evenly over each domain's texts (sorted).
+    (Spreading by token length instead, to hold the shortest texts, was tried on MiniLM:
+    no better on the worst domain; docs/QUANT.md.)"""
+    per = max(1, total // max(1, len(groups)))
+    out: list[int] = []
+    for ix in groups.values():
+        step = max(1, len(ix) // per)
+        out.extend(ix[::step][:per])
+    return sorted(out)
+
+
+def worst_domain_error(out: np.ndarray, ref: np.ndarray, labels) -> float:
+    """The search's score: the largest embedding_error over the domains of the texts."""
+    return max(embedding_error(out[ix], ref[ix])[0] for ix in _domain_groups(labels).values())
+
+
 def embedding_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray]:
     """score = mean(1 - cos) + mean of the worst 2% of (1 - cos); out/ref L2-normalised."""
-    err = 1.0 - np.sum(out.astype(np.float64) * ref, axis=1)
+    err = 1.0 - fixed_sum(out.astype(np.float64) * ref, 1)
     k = max(1, int(round(0.02 * len(err))))
     worst = np.sort(err)[-k:]
-    return float(err.mean() + worst.mean()), err
+    return float(fixed_mean(err) + fixed_mean(worst)), err
 
 
 def _input_producer(graph, p: str):
@@ -72,6 +98,34 @@ def _transform_gram(st, shift: np.ndarray | None, scale_div: np.ndarray | None) 
     return g
 
 
+def _blas_single_thread():
+    """One BLAS thread for GPTQ's many small (exact, order-independent) products: with two
+    threads on a loaded machine OpenBLAS spends most of the time waiting. No-op without
+    threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw) -> None:
+    """Step 3: per-channel INT8 weights of every linear into qw (GPTQ where a Gram exists)."""
+    for p in prefixes:
+        if cfg.gptq and st[p].gram is not None:
+            g = _transform_gram(
+                st[p],
+                shifts.get(p) if used.get(p) == "act" else None,
+                factors.get(p) if p in used else None,
+            )
+            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(ws[p + ".w"], g, cfg.gptq_damp)
+        else:
+            qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
+        del qw[p + ".w"]
+
+
 def run_pipeline(
     spec,
     graph,
@@ -80,11 +134,14 @@ def run_pipeline(
     texts: list[str],
     cfg: QuantConfig,
     progress: bool = False,
+    domains=None,
 ):
     from zoi.graph.compiled import LinearQuant
 
     t_start = time.perf_counter()
     texts = list(texts)[: cfg.max_calib_texts]
+    if domains is not None:
+        domains = list(domains)[: cfg.max_calib_texts]
     seqs = tokenize(tokenizer, texts)
     off = int(getattr(spec, "position_offset", 0))
     batches = token_batches(seqs, off, cfg.chunk_tokens)
@@ -97,18 +154,21 @@ def run_pipeline(
 
     # search subset, spread over the set
     n = len(seqs)
-    step = max(1, n // max(1, cfg.search_texts))
-    idx = list(range(0, n, step))[: cfg.search_texts]
+    labels = list(domains) if domains is not None else ["all"] * n
+    if len(labels) != n:
+        raise ValueError(f"{len(labels)} domain labels for {n} calibration texts")
+    groups = _domain_groups(labels)
+    # search subset: spread over each domain's texts, the domains sharing search_texts
+    idx = _spread_per_domain(groups, cfg.search_texts)
     sbatches = token_batches([seqs[i] for i in idx], off, cfg.chunk_tokens)
     sref = cal.reference[idx].astype(np.float64)
+    slabels = [labels[i] for i in idx]
     qd = {p: _Q("dynamic" if cfg.activations == "static" else cfg.activations) for p in prefixes}
 
     def evaluate(w_float: dict) -> float:
         wq = _quantize_plain(w_float, prefixes)
-        outs = [
-            run_graph(graph, wq, *b, quant=qd, normalize=True, matmul_exact=False) for b in sbatches
-        ]
-        return embedding_error(np.concatenate(outs), sref)[0]
+        outs = [run_graph(graph, wq, *b, quant=qd, normalize=True) for b in sbatches]
+        return worst_domain_error(np.concatenate(outs), sref, slabels)
 
     # 2. SmoothQuant
     sites = {p: smoothing_site(graph, p) for p in prefixes}
@@ -205,17 +265,8 @@ def run_pipeline(
     # 3. weights
     t_w = time.perf_counter()
     qw = dict(ws)
-    for p in prefixes:
-        if cfg.gptq and st[p].gram is not None:
-            g = _transform_gram(
-                st[p],
-                shifts.get(p) if used.get(p) == "act" else None,
-                factors.get(p) if p in used else None,
-            )
-            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(ws[p + ".w"], g, cfg.gptq_damp)
-        else:
-            qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
-        del qw[p + ".w"]
+    with _blas_single_thread():  # small exact products: threads only contend (same bits)
+        _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw)
     t_w = time.perf_counter() - t_w
 
     # 4. static scheme: per-tensor amax from the observer, on the (smoothed) FP32 inputs
@@ -233,9 +284,16 @@ def run_pipeline(
 
     # 5. sensitivity and mixed precision
     t_s = time.perf_counter()
-    sq_idx = list(range(0, n, max(1, n // max(1, cfg.sqnr_texts))))[: cfg.sqnr_texts]
-    sq_batches = token_batches([seqs[i] for i in sq_idx], off, cfg.chunk_tokens)
-    sqnr = layer_sqnr(graph, ws, qw, quant, sq_batches, progress=progress)
+    # per-layer SQNR of each domain; a layer counts with its worst domain
+    sq_idx = _spread_per_domain(groups, cfg.sqnr_texts)
+    sqnr_by: dict[str, dict[str, float]] = {}
+    for d in groups:
+        sel = [i for i in sq_idx if labels[i] == d]
+        if sel:
+            bd = token_batches([seqs[i] for i in sel], off, cfg.chunk_tokens)
+            sqnr_by[d] = layer_sqnr(graph, ws, qw, quant, bd, progress=progress)
+    sqnr = {p: min(v[p] for v in sqnr_by.values()) for p in prefixes}
+    sqnr_worst = {p: min(sqnr_by, key=lambda d: sqnr_by[d][p]) for p in prefixes}
     t_s = time.perf_counter() - t_s
 
     out = dict(qw)
@@ -301,7 +359,10 @@ def run_pipeline(
         if site in ("v_fold", "ln_fold"):
             quant[p].info["in_scale"] = [float(v) for v in factors[p]]
 
+    from zoi.quant.provenance import record
+
     summary = {
+        "inputs": record(spec, weights, tokenizer, texts, cfg),
         "config": cfg.to_dict(),
         "calibration": {
             "texts": len(texts),
@@ -317,6 +378,8 @@ def run_pipeline(
         "weights_seconds": round(t_w, 2),
         "sqnr_seconds": round(t_s, 2),
         "sqnr_db": {p: round(float(sqnr[p]), 3) for p in prefixes},
+        "sqnr_worst_domain": sqnr_worst,
+        "calibration_domains": {d: len(ix) for d, ix in groups.items()},
         "fallback_fp32": fp32_full,
         "fallback_weight_only": weight_only,
         "weights_bytes": int(sum(a.nbytes for a in out.values())),

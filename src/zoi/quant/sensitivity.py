@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from zoi.numerics.reference import linear_apply
-from zoi.quant.forward import run_graph
+from zoi.quant.detforward import run_graph
+from zoi.quant.detmath import fixed_sum
 
 
 def layer_sqnr(
@@ -36,8 +37,9 @@ def layer_sqnr(
         else:
             yq = linear_apply(x, q_weights, p, lq)
         y64 = y.astype(np.float64)
-        sig[p] = sig.get(p, 0.0) + float(np.sum(y64 * y64))
-        noise[p] = noise.get(p, 0.0) + float(np.sum((y64 - yq) ** 2))
+        d = y64 - yq
+        sig[p] = sig.get(p, 0.0) + float(fixed_sum(y64 * y64))
+        noise[p] = noise.get(p, 0.0) + float(fixed_sum(d * d))
 
     from tqdm.auto import tqdm
 

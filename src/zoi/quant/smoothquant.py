@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.graph.build import linear_prefix
+from zoi.quant.detmath import det_matmul, det_pow
 
 S_MIN, S_MAX = 1e-4, 1e4
 
@@ -33,7 +34,7 @@ def smooth_factors(act_absmax: np.ndarray, w: np.ndarray, alpha: float) -> np.nd
     wm = np.abs(np.asarray(w, np.float64)).max(axis=0)
     ok = (a > 0) & (wm > 0)
     s = np.ones_like(a)
-    s[ok] = a[ok] ** alpha / wm[ok] ** (1.0 - alpha)
+    s[ok] = det_pow(a[ok], alpha) / det_pow(wm[ok], 1.0 - alpha)  # numpy's pow differs by CPU
     return np.clip(s, S_MIN, S_MAX).astype(np.float32)
 
 
@@ -132,9 +133,8 @@ def apply_smoothing(
             if z is not None:
                 z = np.asarray(z, np.float32)
                 w[p + ".act_shift"] = z
-                w[p + ".b"] = (w[p + ".b"].astype(np.float64) + W.astype(np.float64) @ z).astype(
-                    np.float32
-                )
+                wz = det_matmul(W, z[None, :])[:, 0]  # W z, order-independent
+                w[p + ".b"] = (w[p + ".b"].astype(np.float64) + wz).astype(np.float32)
             w[p + ".w"] = (W * s[None, :]).astype(np.float32)
             w[p + ".act_mul"] = (1.0 / s).astype(np.float32)
             used[p] = "act"

@@ -33,6 +33,14 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--calibrate", help="calibration texts, one per line (MODEL only; default: zoi's set)"
     )
     p.add_argument("--quant-config", help="QuantConfig as JSON (inline or a file), MODEL only")
+    p.add_argument(
+        "--domains",
+        help="comma-separated held-out domains to measure (default: prose, questions, code, "
+        "techdocs, queries; + multilingual for multilingual models)",
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="print the per-domain table as markdown (README)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)
     return p

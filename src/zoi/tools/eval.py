@@ -199,11 +199,16 @@ def evaluate(
     calibration=None,
     progress: bool = False,
     sqnr_texts: int = 256,
+    domains: Sequence[str] | None = None,
     reference=None,
 ) -> dict:
-    """Compile (or load) INT8 and FP32, encode `texts` (default: zoi's eval set), report."""
-    from zoi.data import eval_texts
+    """Compile (or load) INT8 and FP32, encode `texts` (default: zoi's eval set), report.
+    Without `texts`, also every domain's held-out set (zoi.quant.fidelity; `domains`
+    default: zoi.data.default_domains for the model)."""
+    from zoi.data import default_domains, eval_texts, is_multilingual
+    from zoi.quant.fidelity import domain_figures, summarise
 
+    per_domain = texts is None
     texts = list(texts) if texts is not None else eval_texts()
     f, q, t_compile = _load_engines(model, device, config, calibration, progress, reference)
     m = q.model
@@ -245,6 +250,11 @@ def evaluate(
                 "sqnr_eval_db": round(sq.get(p, float("nan")), 3),
             }
         )
+    if per_domain:
+        doms = list(domains or default_domains(is_multilingual(m.spec)))
+        t1 = time.perf_counter()
+        dfig = domain_figures(f, q, doms, known={"prose": (texts, e_f, e_q)})
+        t_enc += time.perf_counter() - t1
     wq = int(sum(a.nbytes for a in m.weights.values()))
     wf = int(sum(a.nbytes for a in f.model.weights.values()))
     rep = {
@@ -264,6 +274,10 @@ def evaluate(
         },
         "seconds": {"compile_or_load": round(t_compile, 2), "encode": round(t_enc, 2)},
     }
+    if per_domain:
+        rep["domains"] = dfig
+        rep["worst_domain"] = summarise(dfig)
+    rep["inputs"] = m.meta.get("inputs")
     return rep
 
 
@@ -301,6 +315,29 @@ def render(rep: dict, console=None) -> None:
             f"{r['sqnr_eval_db']:.1f}",
         )
     console.print(lt)
+    if rep.get("domains"):
+        from zoi.quant.fidelity import TARGETS
+
+        dt = Table(title="per domain (zoi's held-out sets), INT8 vs FP32")
+        for c in ("domain", "texts", "cos mean", "cos min", "top-10", "top-1", "worst text"):
+            dt.add_column(c)
+        for name, d in rep["domains"].items():
+            ok = all(d["meets"].values())
+            w = d["worst"][0] if d["worst"] else {"cos": float("nan"), "text": ""}
+            dt.add_row(
+                f"{name}" + ("" if ok else " [red](below target)[/]"),
+                str(d["texts"]),
+                f"{d['cos_mean']:.5f}",
+                f"{d['cos_min']:.5f}",
+                f"{d['top10']:.4f}",
+                f"{d['top1']:.4f}",
+                f"{w['cos']:.4f} {w['text'][:60]!r}",
+            )
+        console.print(dt)
+        console.print(
+            f"targets: mean >= {TARGETS['cos_mean']}, min >= {TARGETS['cos_min']}, "
+            f"top-10 >= {TARGETS['top10']}; all met: {rep['worst_domain']['all_targets_met']}"
+        )
 
 
 def main(args) -> int:
@@ -321,9 +358,15 @@ def main(args) -> int:
         config=cfg,
         calibration=args.calibrate,
         progress=not args.quiet,
+        domains=args.domains.split(",") if getattr(args, "domains", None) else None,
         reference=getattr(args, "reference", None),
     )
-    render(rep)
+    if getattr(args, "markdown", False):
+        from zoi.quant.fidelity import markdown_table
+
+        print(markdown_table(rep), end="")
+    else:
+        render(rep)
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2, default=float))
     return 0
