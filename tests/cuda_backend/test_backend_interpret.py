@@ -75,7 +75,7 @@ def test_forward_matches_reference(precision, ln_fused, monkeypatch, rowq):
         64: 1 + (5 if ln_fused else 7) * L + 1,
     }  # LN fused into o / ffn2
     for lens in ([1], [5, 1, 9], [40, 3, 17]):
-        ids, pos, cu = batch(rng, lens)
+        ids, pos, cu = batch(lens, seed=rng)
         for norm in (False, True):
             got = be.run(ids, pos, cu, norm)
             want = ref.run(ids, pos, cu, norm)
@@ -99,7 +99,7 @@ def test_batched_equals_one_at_a_time():
     be = _backend(model, buckets=[64])
     rng = np.random.default_rng(2)
     lens = [7, 2, 13]
-    ids, pos, cu = batch(rng, lens)
+    ids, pos, cu = batch(lens, seed=rng)
     full = be.run(ids, pos, cu, True)
     for b in range(3):
         a, e = cu[b], cu[b + 1]
@@ -118,7 +118,7 @@ def test_static_scheme_and_unfused_layernorm(monkeypatch):
         64: 1 + 7 * model.spec.layers + 1,
     }
     ref = ReferenceBackend(model, dtype=np.float64)
-    ids, pos, cu = batch(np.random.default_rng(3), [30, 11])
+    ids, pos, cu = batch([30, 11], seed=np.random.default_rng(3))
     got, want = be.run(ids, pos, cu, False), ref.run(ids, pos, cu, False)
     assert rel(got, want) < 3e-2 and min_cosine(got, want) > 0.999
 
@@ -128,7 +128,7 @@ def _check(be, model, cases, tol=3e-2, cos=0.999):
     rng = np.random.default_rng(11)
     worst = 0.0
     for lens in cases:
-        ids, pos, cu = batch(rng, lens, model.spec.vocab_size)
+        ids, pos, cu = batch(lens, model.spec.vocab_size, rng)
         for norm in (False, True):
             got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
             assert got.shape == want.shape and np.isfinite(got).all()

@@ -58,7 +58,7 @@ def test_forward_matches_reference(precision, shape, ln_fused, monkeypatch):
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(7)
     for lens in ([1], [16], [17], [5, 1, 9, 40], [40] * 12 + [3], [2] * 64):
-        ids, pos, cu = batch(rng, lens)
+        ids, pos, cu = batch(lens, seed=rng)
         for norm in (False, True):
             got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
             assert got.shape == want.shape
@@ -71,9 +71,9 @@ def test_later_calls_not_corrupted_and_batched_equals_single():
     model = tiny_model("int8", max_tokens=256, max_batch=32, **MINILM)
     be = _be(model)
     rng = np.random.default_rng(3)
-    ids, pos, cu = batch(rng, [30, 7, 19])
+    ids, pos, cu = batch([30, 7, 19], seed=rng)
     first = be.run(ids, pos, cu, True)
-    big = batch(rng, [40] * 6)
+    big = batch([40] * 6, seed=rng)
     be.run(*big, False)  # a bigger call in another bucket, then the same small one again
     again = be.run(ids, pos, cu, True)
     np.testing.assert_array_equal(first, again)
@@ -88,7 +88,7 @@ def test_concurrent_callers(pdl):
     model = tiny_model("fp16", max_tokens=256, max_batch=32)
     be = _be(model, pdl=pdl)
     rng = np.random.default_rng(4)
-    cases = [batch(rng, lens) for lens in ([3], [20, 5], [40, 40, 1], [12] * 10)]
+    cases = [batch(lens, seed=rng) for lens in ([3], [20, 5], [40, 40, 1], [12] * 10)]
     want = [be.run(*c, True) for c in cases]
     errors = []
 
@@ -118,7 +118,7 @@ def _check_int8(be, model, cases, tol=3e-2, cos=0.999):
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(9)
     for lens in cases:
-        ids, pos, cu = batch(rng, lens, model.spec.vocab_size)
+        ids, pos, cu = batch(lens, model.spec.vocab_size, rng)
         for norm in (False, True):
             got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
             assert got.shape == want.shape and np.isfinite(got).all()
@@ -222,7 +222,7 @@ def test_small_bucket_paths(mode, monkeypatch):
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(11)
     for lens in ([1], [7, 9], [5, 1, 9, 40], [30] * 4 + [3], [2] * 64):
-        ids, pos, cu = batch(rng, lens)
+        ids, pos, cu = batch(lens, seed=rng)
         for norm in (False, True):
             got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
             assert np.isfinite(got).all()
