@@ -19,6 +19,17 @@ def supported_isas() -> list[str]:
     return [i for i in ISAS if _cpu.isa_supported(i)]
 
 
+def tiny_weights(spec, seed: int = 0, outliers: bool = True) -> dict[str, np.ndarray]:
+    """random_weights, LayerNorm gains with a few large channels (x12), as trained BERTs have."""
+    w = random_weights(spec, seed)
+    if outliers:
+        rng = np.random.default_rng(seed + 1)
+        for k in w:
+            if k.endswith(("ln.w", "ln1.w", "ln2.w")):
+                w[k][rng.choice(spec.hidden, 2, replace=False)] *= 12.0
+    return w
+
+
 def quantize_linears(
     weights: dict[str, np.ndarray],
     static: dict[str, float] | None = None,

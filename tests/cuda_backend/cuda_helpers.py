@@ -27,20 +27,13 @@ MIXED = dict(
 def default_quant_model(max_tokens=64, max_batch=None, shape=None, **config) -> CompiledModel:
     """A tiny BERT (trained-like LayerNorm outliers) quantised by zoi.quant with its DEFAULT
     config (dynamic_asym activations, SmoothQuant act_mul, GPTQ) plus `config` overrides."""
-    from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
+    from tests.fixtures import tiny_weights
+    from tests.quant.helpers import WordTokenizer, texts, tiny_spec
 
     from zoi.quant import QuantConfig, quantize_model
 
     spec = tiny_spec(**(shape or {}))
-    if shape:  # wider: weights scaled by fan-in (tiny_weights' fixed 0.2 makes attention
-        # logits grow with the width, and the model chaotic), LayerNorm gains with outliers
-        w = random_weights(spec, seed=3)
-        rng = np.random.default_rng(4)
-        for k in w:
-            if k.endswith("ln.w") or k.endswith("ln1.w") or k.endswith("ln2.w"):
-                w[k][rng.choice(spec.hidden, 2, replace=False)] *= 12.0
-    else:
-        w = tiny_weights(spec, seed=3)
+    w = tiny_weights(spec, seed=3)  # LayerNorm gains with outliers
     w1, q1 = quantize_model(
         spec,
         w,

@@ -1,5 +1,4 @@
-"""Variable-length multi-head attention: every CPU ISA this machine runs and the Triton kernels (interpreter or GPU)
-against zoi.numerics.reference / zoi.numerics.primitives (tests/ops/helpers.py says how)."""
+"""Variable-length multi-head attention, per backend (tests/ops/helpers.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The embedding gather + LayerNorm (float and INT8 word tables): every CPU ISA this machine runs and the Triton kernels (interpreter or GPU)
-against zoi.numerics.reference / zoi.numerics.primitives (tests/ops/helpers.py says how)."""
+"""The embedding gather + LayerNorm (float and INT8 word tables), per backend (tests/ops/helpers.py)."""
 
 from __future__ import annotations
 
@@ -44,39 +43,11 @@ def test_embed_cpu(isa, int8_table, H, with_type, rng):
     y = nanlike((T, H))
     if int8_table:
         wq, ws = qp.quantize_embedding(word)
-        _cpu.k_embed(
-            ids,
-            positions,
-            None,
-            wq,
-            ws,
-            pos,
-            None if typ is None else typ[0].copy(),
-            lw,
-            lb,
-            1e-12,
-            y,
-            isa,
-            2,
-        )
-        table = qp.dequantize_weight(wq, ws)
+        tables, table = (None, wq, ws), qp.dequantize_weight(wq, ws)
     else:
-        _cpu.k_embed(
-            ids,
-            positions,
-            word,
-            None,
-            None,
-            pos,
-            None if typ is None else typ[0].copy(),
-            lw,
-            lb,
-            1e-12,
-            y,
-            isa,
-            2,
-        )
-        table = word
+        tables, table = (word, None, None), word
+    typ0 = None if typ is None else typ[0].copy()
+    _cpu.k_embed(ids, positions, *tables, pos, typ0, lw, lb, 1e-12, y, isa, 2)
     want = ref.embed(ids, positions, table, pos, lw, lb, 1e-12, typ, dtype=np.float64)
     close(y, want, 1e-5, 3e-6)
 

@@ -1,5 +1,4 @@
-"""LayerNorm and residual add + LayerNorm (with the fused INT8 copy): every CPU ISA this machine runs and the Triton kernels (interpreter or GPU)
-against zoi.numerics.reference / zoi.numerics.primitives (tests/ops/helpers.py says how)."""
+"""LayerNorm and residual add + LayerNorm (with the fused INT8 copy), per backend (tests/ops/helpers.py)."""
 
 from __future__ import annotations
 

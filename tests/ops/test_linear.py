@@ -1,5 +1,4 @@
-"""INT8 and float linears (the s32 GEMM, the quantising prologue, every epilogue): every CPU ISA this machine runs and the Triton kernels (interpreter or GPU)
-against zoi.numerics.reference / zoi.numerics.primitives (tests/ops/helpers.py says how)."""
+"""INT8 and float linears (s32 GEMM, quantising prologue, every epilogue), per backend."""
 
 from __future__ import annotations
 
@@ -490,51 +489,15 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K, qmode, tr):
     if quant:
         w_q, w_s = qp.quantize_weight(w)
         amax_in = np.abs(x16).max(axis=1).astype(np.float32)
-        k_lin.launch_linear(
-            t(x16.astype(np.float16)),
-            t(amax_in),
-            t(w_q),
-            t(w_s),
-            t(b),
-            t(r, torch.float16),
-            t(lw),
-            t(lb),
-            y,
-            amax_out,
-            M,
-            N,
-            K,
-            quant=1,
-            eps=1e-12,
-            ln=True,
-            amax_out_mode=2,
-            cfg=cfg,
-            **qa,
-        )
+        a, wt = (t(x16.astype(np.float16)), t(amax_in)), (t(w_q), t(w_s))
         lin = _int8_want(x16, w_q, w_s, b, "none", r16)
     else:
-        k_lin.launch_linear(
-            t(x, torch.float16),
-            None,
-            t(w, torch.float16),
-            None,
-            t(b),
-            t(r, torch.float16),
-            t(lw),
-            t(lb),
-            y,
-            amax_out,
-            M,
-            N,
-            K,
-            quant=0,
-            eps=1e-12,
-            ln=True,
-            amax_out_mode=2,
-            cfg=cfg,
-            **qa,
-        )
+        a, wt = (t(x, torch.float16), None), (t(w, torch.float16), None)
         lin = ref.linear(x16, f16(w), b.astype(np.float64), "none", r16)
+    k_lin.launch_linear(
+        *a, *wt, t(b), t(r, torch.float16), t(lw), t(lb), y, amax_out, M, N, K,
+        quant=quant, eps=1e-12, ln=True, amax_out_mode=2, cfg=cfg, **qa,
+    )  # fmt: skip
     want = ref.layernorm(lin, lw.astype(np.float64), lb.astype(np.float64), 1e-12)
     got = y.float().cpu().numpy()
     assert rel(got, want) < 3e-3

@@ -1,5 +1,4 @@
-"""Pooling (mean / cls / max) and L2 normalisation: every CPU ISA this machine runs and the Triton kernels (interpreter or GPU)
-against zoi.numerics.reference / zoi.numerics.primitives (tests/ops/helpers.py says how)."""
+"""Pooling (mean / cls / max) and L2 normalisation, per backend (tests/ops/helpers.py)."""
 
 from __future__ import annotations
 

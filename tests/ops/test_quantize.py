@@ -1,5 +1,4 @@
-"""Activation quantisation (symmetric, static, asymmetric, act_shift / act_mul): every CPU ISA this machine runs and the Triton kernels (interpreter or GPU)
-against zoi.numerics.reference / zoi.numerics.primitives (tests/ops/helpers.py says how)."""
+"""Activation quantisation (symmetric, static, asymmetric, act_shift / act_mul), per backend (tests/ops/helpers.py)."""
 
 from __future__ import annotations
 
