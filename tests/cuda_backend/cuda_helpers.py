@@ -3,46 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from tests.fixtures import batch, min_cosine, quantize_linears, rel  # noqa: F401  (re-exported)
 
 from zoi.graph.compiled import CompiledModel, LinearQuant
 from zoi.graph.synthetic import random_weights, synthetic_spec
-from zoi.numerics import primitives as qp
-
-
-def quantize_linears(
-    weights: dict[str, np.ndarray],
-    static: dict[str, float] | None = None,
-    schemes: dict[str, str] | None = None,
-    transforms: dict[str, str] | None = None,
-    default: str = "dynamic",
-    seed: int = 0,
-):
-    """Per-channel INT8 weights for every linear: `default` scheme unless `static` names an
-    amax or `schemes` names dynamic | dynamic_asym | weight_only | fp32 (float weights);
-    `transforms` {prefix: "mul" | "shift+mul"} adds random p.act_mul / p.act_shift."""
-    out, quant = dict(weights), {}
-    rng = np.random.default_rng(seed + 1000)
-    for k in list(weights):
-        if k.endswith(".w") and k.split(".")[1] in ("qkv", "o", "ffn1", "ffn2"):
-            p = k[:-2]
-            K = weights[k].shape[1]
-            s = (schemes or {}).get(p, default)
-            if s != "fp32":
-                out[f"{p}.w_q"], out[f"{p}.w_scale"] = qp.quantize_weight(out.pop(k))
-            amax = (static or {}).get(p)
-            if amax is not None:
-                quant[p] = LinearQuant("static", amax)
-            elif s in ("weight_only", "fp32"):
-                quant[p] = LinearQuant("fp32")
-            else:
-                quant[p] = LinearQuant(s)
-            t = (transforms or {}).get(p)
-            if t:
-                out[f"{p}.act_mul"] = (0.5 + rng.random(K)).astype(np.float32)
-                if "shift" in t:
-                    out[f"{p}.act_shift"] = (0.1 * rng.standard_normal(K)).astype(np.float32)
-    return out, quant
-
 
 # every INT8 scheme and transform in one 2-layer model (asym / sym / static, act_mul with and
 # without act_shift on whole-row and tile producers, a float and a weight-only linear)
@@ -63,20 +27,13 @@ MIXED = dict(
 def default_quant_model(max_tokens=64, max_batch=None, shape=None, **config) -> CompiledModel:
     """A tiny BERT (trained-like LayerNorm outliers) quantised by zoi.quant with its DEFAULT
     config (dynamic_asym activations, SmoothQuant act_mul, GPTQ) plus `config` overrides."""
-    from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
+    from tests.fixtures import tiny_weights
+    from tests.quant.helpers import WordTokenizer, texts, tiny_spec
 
     from zoi.quant import QuantConfig, quantize_model
 
     spec = tiny_spec(**(shape or {}))
-    if shape:  # wider: weights scaled by fan-in (tiny_weights' fixed 0.2 makes attention
-        # logits grow with the width, and the model chaotic), LayerNorm gains with outliers
-        w = random_weights(spec, seed=3)
-        rng = np.random.default_rng(4)
-        for k in w:
-            if k.endswith("ln.w") or k.endswith("ln1.w") or k.endswith("ln2.w"):
-                w[k][rng.choice(spec.hidden, 2, replace=False)] *= 12.0
-    else:
-        w = tiny_weights(spec, seed=3)
+    w = tiny_weights(spec, seed=3)  # LayerNorm gains with outliers
     w1, q1 = quantize_model(
         spec,
         w,
@@ -136,25 +93,6 @@ def required_quant_features(weights: dict, quant: dict[str, LinearQuant]) -> set
     return need
 
 
-def batch(rng, lens, vocab=97):
-    T = int(sum(lens))
-    ids = rng.integers(0, vocab, T).astype(np.int32)
-    pos = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    return ids, pos, cu
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all()
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def min_cosine(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-
 def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
     """Run the backend's unfused launch list step by step and check every linear against
     zoi.numerics.reference.linear_apply (the INT8 emulation, act_shift / act_mul included) on
@@ -164,7 +102,7 @@ def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
 
     from zoi.numerics.reference import activation, linear_apply
 
-    ids, pos, cu = batch(np.random.default_rng(seed), lens, model.spec.vocab_size)
+    ids, pos, cu = batch(lens, model.spec.vocab_size, np.random.default_rng(seed))
     T = len(ids)
     tb = next(b for b in be.buckets if b >= T)
     plan = be.plan_for(tb)

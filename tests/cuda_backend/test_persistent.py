@@ -26,7 +26,7 @@ def _check(be, model, lens_list, seed, tol=5e-3, cos=0.9999):
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(seed)
     for lens in lens_list:
-        ids, pos, cu = batch(rng, lens, vocab=int(model.spec.vocab_size))
+        ids, pos, cu = batch(lens, int(model.spec.vocab_size), rng)
         for norm in (False, True):
             be.d_out.fill_(float("nan"))  # poison: every row must be written
             if be.dev == "cuda":
@@ -138,7 +138,7 @@ class TestInterpreter:
         be = self._be(model, buckets=[64])
         _swap(be)
         rng = np.random.default_rng(2)
-        ids, pos, cu = batch(rng, [7, 2, 13])
+        ids, pos, cu = batch([7, 2, 13], seed=rng)
         full = be.run(ids, pos, cu, True)
         for b in range(3):
             a, e = cu[b], cu[b + 1]
@@ -221,7 +221,7 @@ class TestGPU:
             plan = PersistentPlan(be, tb, split=split)
             steps = plan.steps()
             for lens_ in (lens, [16] if tb == 16 else [40, 40, 40, 8]):
-                ids, pos, cu = batch(rng, lens_)
+                ids, pos, cu = batch(lens_, seed=rng)
                 for norm in (False, True):
                     n, B = be._stage(ids, pos, cu, norm, tb)
                     be.d_in[:n].copy_(torch.from_numpy(be.h_in[:n].copy()).cuda())
@@ -248,7 +248,7 @@ class TestGPU:
         assert all(be._graphs[tb][2] == 1 for tb in be.buckets if tb <= 256)
         _check(be, model, LENS + ([40, 40, 40, 8], [16] * 16, [40] * 6 + [1, 15]), seed=9)
         # repeat the same call many times: barrier state stays consistent
-        ids, pos, cu = batch(np.random.default_rng(1), [64, 64])
+        ids, pos, cu = batch([64, 64], seed=np.random.default_rng(1))
         first = be.run(ids, pos, cu, True)
         for _ in range(50):
             np.testing.assert_array_equal(be.run(ids, pos, cu, True), first)
@@ -275,7 +275,7 @@ def test_barrier_timeout_fails_the_call_and_recovers():
     be = CudaBackend(model, interpret=True, buckets=[16, 64], persistent_max=256)
     assert be.memory()["bucket_paths"][16]["path"] == "persistent"
     rng = np.random.default_rng(3)
-    ids, pos, cu = batch(rng, [5, 7], vocab=int(model.spec.vocab_size))
+    ids, pos, cu = batch([5, 7], int(model.spec.vocab_size), rng)
     first = be.run(ids, pos, cu, True)
     be._pplans[16].bar[1] = 1  # what a barrier that gave up writes
     with pytest.raises(BackendUnavailableError, match="grid barrier"):

@@ -1,8 +1,9 @@
-"""A tiny random BERT (numpy only) and a word-hash tokenizer for fast quantisation tests."""
+"""A tiny BERT spec and a word-hash tokenizer for fast quantisation tests (weights: tests/fixtures.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+from tests.fixtures import tiny_weights  # noqa: F401  (re-exported)
 
 from zoi.frontend.spec import ModelSpec
 
@@ -25,36 +26,6 @@ def tiny_spec(
         normalize=True,
         name="tiny",
     )
-
-
-def tiny_weights(spec: ModelSpec, seed: int = 0, outliers: bool = True) -> dict[str, np.ndarray]:
-    """Random weights; LayerNorm gains with a few large channels, as trained BERTs have."""
-    r = np.random.default_rng(seed)
-    H, I = spec.hidden, spec.intermediate
-
-    def n(*s, sc=0.2):
-        return (r.standard_normal(s) * sc).astype(np.float32)
-
-    def ln():
-        w = (1.0 + n(H, sc=0.1)).astype(np.float32)
-        if outliers:
-            w[r.choice(H, 2, replace=False)] *= 12.0
-        return w, n(H, sc=0.1)
-
-    w = {
-        "embed.word": n(spec.vocab_size, H, sc=0.5),
-        "embed.pos": n(spec.max_positions, H, sc=0.2),
-        "embed.type": n(2, H, sc=0.1),
-    }
-    w["embed.ln.w"], w["embed.ln.b"] = ln()
-    for i in range(spec.layers):
-        w[f"l{i}.qkv.w"], w[f"l{i}.qkv.b"] = n(3 * H, H), n(3 * H, sc=0.05)
-        w[f"l{i}.o.w"], w[f"l{i}.o.b"] = n(H, H), n(H, sc=0.05)
-        w[f"l{i}.ln1.w"], w[f"l{i}.ln1.b"] = ln()
-        w[f"l{i}.ffn1.w"], w[f"l{i}.ffn1.b"] = n(I, H), n(I, sc=0.05)
-        w[f"l{i}.ffn2.w"], w[f"l{i}.ffn2.b"] = n(H, I), n(H, sc=0.05)
-        w[f"l{i}.ln2.w"], w[f"l{i}.ln2.b"] = ln()
-    return w
 
 
 class WordTokenizer:
