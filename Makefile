@@ -11,6 +11,7 @@ demo: setup
 
 test: setup
 	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1200
+	./scripts/sanitize.sh   # the C++ core's tests once more, built with ASan + UBSan (~2-3 min)
 
 test-fast:
 	$(VENV) python -m pytest -q -x -m "not slow"
