@@ -183,7 +183,7 @@ def _rss_kb(pid: int) -> int:
 
 
 def test_soak_mixed_requests_flat_rss_and_exact(server, device):
-    n_texts, n_requests = (200, 3000) if device != "reference" else (40, 400)
+    n_texts, n_requests = (200, 10000) if device != "reference" else (40, 400)
     texts = mixed_texts(n_texts, seed=5)
     routes = ("embed", "openai", "kserve")
     alone, ref = asyncio.run(
