@@ -59,30 +59,72 @@ def _json(schema: dict, example=None) -> dict:
 
 
 def _errors(schema=_ERROR) -> dict:
+    """Every status a POST route answers besides 200 (zoi.serve.http.STATUS)."""
     return {
         code: {"description": what, **_json(schema)}
         for code, what in (
+            ("400", "an empty input, or a well-formed but unusable value (e.g. dimensions)"),
+            ("404", "unknown model name"),
+            ("408", "the body did not arrive within --body-timeout"),
             ("413", "too many inputs or too large a body"),
             ("422", "invalid request (the message names the field and the fix)"),
             ("429", "too many requests in flight"),
             ("500", "the engine failed for this request"),
+            ("503", "the server is shutting down"),
         )
     }
 
 
-def _get(summary: str, tag: str, schema: dict | None = None) -> dict:
-    return {
-        "get": {
-            "summary": summary,
-            "tags": [tag],
-            "responses": {"200": {"description": "OK", **_json(schema or {"type": "object"})}},
-        }
+def _param(name: str, schema: dict) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+def _get(
+    summary: str,
+    tag: str,
+    schema: dict | None = None,
+    params: list[dict] | None = None,
+    not_found: dict | None = None,
+) -> dict:
+    """A GET answering JSON; with `params`, a 404 (body `not_found`) for an unknown name."""
+    op: dict = {
+        "summary": summary,
+        "tags": [tag],
+        "responses": {"200": {"description": "OK", **_json(schema or {"type": "object"})}},
     }
+    if params:
+        op["parameters"] = params
+        op["responses"]["404"] = {
+            "description": "unknown model (or version)",
+            **_json(not_found or _ERROR),
+        }
+    return {"get": op}
+
+
+def _probe(summary: str, tag: str, params: list[dict] | None = None) -> dict:
+    """A health probe: 200 with no body when ready, 503 when not (a JSON reason where the
+    route gives one; KServe's model ready gives none)."""
+    op: dict = {
+        "summary": summary,
+        "tags": [tag],
+        "responses": {
+            "200": {"description": "ready (no body)"},
+            "503": {"description": "not ready, or cannot admit work", **_json(_ERROR)},
+        },
+    }
+    if params:  # KServe model ready: a status, no body, either way
+        op["parameters"] = params
+        op["responses"]["503"] = {"description": "not ready (no body)"}
+        op["responses"]["404"] = {"description": "unknown model (or version)", **_json(_ERROR)}
+    return {"get": op}
 
 
 def operations(model: str, hidden: int) -> dict[str, dict]:
     """Path -> path item, for every route of create_app (paths as Starlette writes them)."""
     vec = {"type": "array", "items": {"type": "number"}, "description": f"{hidden} floats"}
+    m_param = _param("model", {"const": model})
+    v_param = _param("version", {"const": "1", "description": "the only version"})
+    mv = [m_param, v_param]
     openai_body = {
         "type": "object",
         "required": ["input"],
@@ -158,9 +200,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
             "summary": "KServe v2 inference: TEXT (BYTES) or INPUT_IDS in, EMBEDDING out; "
             "Triton's binary tensor extension accepted and returned",
             "tags": ["KServe v2"],
-            "parameters": [
-                {"name": "model", "in": "path", "required": True, "schema": {"const": model}}
-            ],
+            "parameters": [m_param],
             "requestBody": {
                 "required": True,
                 **_json(
@@ -174,7 +214,6 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
             },
             "responses": {
                 "200": {"description": "OK", **_json({"type": "object"})},
-                "404": {"description": "unknown model name", **_json(_ERROR)},
                 **_errors(),
             },
         }
@@ -182,10 +221,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
     versioned = {
         k: {
             **v,
-            "parameters": [
-                *v.get("parameters", []),
-                {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}},
-            ],
+            "parameters": [*v.get("parameters", []), v_param],
         }
         for k, v in infer.items()
     }
@@ -219,7 +255,12 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "/v1/embeddings": emb_post,
         "/embeddings": emb_post,
         "/v1/models": _get("OpenAI model list (this server's one model)", "OpenAI"),
-        "/v1/models/{name}": _get("one OpenAI model", "OpenAI"),
+        "/v1/models/{name}": _get(
+            "one OpenAI model",
+            "OpenAI",
+            params=[_param("name", {"type": "string", "examples": [model]})],
+            not_found=_OPENAI_ERROR,
+        ),
         "/embed": {
             "post": {
                 "summary": "TEI embed: an array of vectors, one per input",
@@ -242,19 +283,33 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
                 },
             }
         },
-        "/health": _get("TEI health: 200 when ready, 503 when not", "TEI"),
+        "/health": _probe("TEI health: 200 when ready, 503 when it cannot admit work", "TEI"),
         "/info": _get("TEI info: model id, limits, version", "TEI"),
         "/v2": _get("KServe v2 server metadata", "KServe v2"),
-        "/v2/health/live": _get("KServe v2 liveness", "KServe v2"),
-        "/v2/health/ready": _get("KServe v2 readiness", "KServe v2"),
-        "/v2/models/{model}": _get("KServe v2 model metadata (inputs, outputs)", "KServe v2"),
-        "/v2/models/{model}/versions/{version}": _get("KServe v2 model metadata", "KServe v2"),
-        "/v2/models/{model}/ready": _get("KServe v2 model readiness", "KServe v2"),
-        "/v2/models/{model}/versions/{version}/ready": _get(
-            "KServe v2 model readiness", "KServe v2"
+        "/v2/health/live": {
+            "get": {
+                "summary": "KServe v2 liveness",
+                "tags": ["KServe v2"],
+                "responses": {"200": {"description": "live (no body)"}},
+            }
+        },
+        "/v2/health/ready": _probe("KServe v2 readiness", "KServe v2"),
+        "/v2/models/{model}": _get(
+            "KServe v2 model metadata (inputs, outputs)", "KServe v2", params=[m_param]
         ),
-        "/v2/models/{model}/config": _get("the model's Triton-style config", "KServe v2"),
-        "/v2/models/{model}/versions/{version}/config": _get("the model's config", "KServe v2"),
+        "/v2/models/{model}/versions/{version}": _get(
+            "KServe v2 model metadata", "KServe v2", params=mv
+        ),
+        "/v2/models/{model}/ready": _probe("KServe v2 model readiness", "KServe v2", [m_param]),
+        "/v2/models/{model}/versions/{version}/ready": _probe(
+            "KServe v2 model readiness", "KServe v2", mv
+        ),
+        "/v2/models/{model}/config": _get(
+            "the model's Triton-style config", "KServe v2", params=[m_param]
+        ),
+        "/v2/models/{model}/versions/{version}/config": _get(
+            "the model's config", "KServe v2", params=mv
+        ),
         "/v2/models/{model}/infer": infer,
         "/v2/models/{model}/versions/{version}/infer": versioned,
     }
