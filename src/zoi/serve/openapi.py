@@ -12,14 +12,25 @@ from __future__ import annotations
 import html
 import json
 
-_STR_OR_LIST = {
-    "oneOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}},
-        {"type": "array", "items": {"type": "integer"}, "description": "one sequence of ids"},
-        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-    ]
-}
+
+def _inputs(vocab: int | None) -> dict:
+    """A text, texts, one sequence of token ids or several: what `input`/`inputs` accept
+    (an empty text or list is a 400, a token id outside the vocabulary a 422)."""
+    tid = {"type": "integer", "minimum": 0}
+    if vocab:
+        tid["maximum"] = vocab - 1
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": tid, "description": "one sequence of ids"}
+    return {
+        "oneOf": [
+            text,
+            {"type": "array", "minItems": 1, "items": text},
+            ids,
+            {"type": "array", "minItems": 1, "items": {**ids, "description": "id sequences"}},
+        ]
+    }
+
+
 _ERROR = {
     "type": "object",
     "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
@@ -43,7 +54,7 @@ _TENSOR = {
     "required": ["name", "datatype", "shape"],
     "properties": {
         "name": {"type": "string", "examples": ["TEXT"]},
-        "datatype": {"type": "string", "examples": ["BYTES", "INT32", "INT64"]},
+        "datatype": {"type": "string", "enum": ["BYTES", "INT32", "INT64"]},
         "shape": {"type": "array", "items": {"type": "integer"}},
         "data": {"type": "array"},
         "parameters": {"type": "object"},
@@ -119,7 +130,7 @@ def _probe(summary: str, tag: str, params: list[dict] | None = None) -> dict:
     return {"get": op}
 
 
-def operations(model: str, hidden: int) -> dict[str, dict]:
+def operations(model: str, hidden: int, vocab: int | None = None) -> dict[str, dict]:
     """Path -> path item, for every route of create_app (paths as Starlette writes them)."""
     vec = {"type": "array", "items": {"type": "number"}, "description": f"{hidden} floats"}
     m_param = _param("model", {"const": model})
@@ -129,8 +140,8 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "type": "object",
         "required": ["input"],
         "properties": {
-            "input": _STR_OR_LIST,
-            "model": {"type": "string", "description": f"this server's model: {model}"},
+            "input": _inputs(vocab),
+            "model": {"type": "string", "enum": [model], "description": "this server's model"},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "dimensions": {"type": "integer", "description": f"at most {hidden}"},
             "user": {"type": "string"},
@@ -179,7 +190,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "type": "object",
         "required": ["inputs"],
         "properties": {
-            "inputs": _STR_OR_LIST,
+            "inputs": _inputs(vocab),
             "normalize": {"type": "boolean", "default": True},
             "truncate": {"type": "boolean", "description": "default: the server's --auto-truncate"},
             "truncation_direction": {"type": "string", "enum": ["Right"]},
@@ -190,7 +201,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string"},
-            "inputs": {"type": "array", "items": _TENSOR},
+            "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
             "outputs": {"type": "array", "items": {"type": "object"}},
             "parameters": {"type": "object"},
         },
@@ -323,8 +334,10 @@ def openapi_path(route_path: str) -> str:
     return re.sub(r"\{(\w+):\w+\}", r"{\1}", route_path)
 
 
-def document(model: str, hidden: int, version: str, route_paths: list[str]) -> dict:
-    ops = operations(model, hidden)
+def document(
+    model: str, hidden: int, version: str, route_paths: list[str], vocab: int | None = None
+) -> dict:
+    ops = operations(model, hidden, vocab)
     paths = {}
     for rp in route_paths:
         p = openapi_path(rp)
