@@ -196,6 +196,26 @@ def operations(model: str, hidden: int, vocab: int | None = None) -> dict[str, d
             "truncation_direction": {"type": "string", "enum": ["Right"]},
         },
     }
+    text = {"type": "string", "minLength": 1}
+    tokenize_body = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {  # texts only (token ids have nothing to tokenise)
+            "inputs": {"oneOf": [text, {"type": "array", "minItems": 1, "items": text}]},
+            "add_special_tokens": {"type": "boolean", "default": True},
+        },
+    }
+    token = {
+        "type": "object",
+        "required": ["id", "text", "special", "start", "stop"],
+        "properties": {
+            "id": {"type": "integer"},
+            "text": {"type": "string"},
+            "special": {"type": "boolean"},
+            "start": {"type": ["integer", "null"], "description": "null for special tokens"},
+            "stop": {"type": ["integer", "null"]},
+        },
+    }
     infer_body = {
         "type": "object",
         "required": ["inputs"],
@@ -287,9 +307,15 @@ def operations(model: str, hidden: int, vocab: int | None = None) -> dict[str, d
             "post": {
                 "summary": "TEI tokenize: the tokens of each input, with offsets",
                 "tags": ["TEI"],
-                "requestBody": {"required": True, **_json(tei_body, {"inputs": ["hello"]})},
+                "requestBody": {
+                    "required": True,
+                    **_json(tokenize_body, {"inputs": ["hello"]}),
+                },
                 "responses": {
-                    "200": {"description": "OK", **_json({"type": "array"})},
+                    "200": {
+                        "description": "OK",
+                        **_json({"type": "array", "items": {"type": "array", "items": token}}),
+                    },
                     **_errors(),
                 },
             }
