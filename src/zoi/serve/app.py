@@ -76,6 +76,7 @@ def create_app(service: Service) -> Starlette:
                     service.engine.spec.hidden,
                     __version__,
                     [r.path for r in routes],
+                    service.vocab_size,
                 )
             )
         return spec

@@ -12,14 +12,25 @@ from __future__ import annotations
 import html
 import json
 
-_STR_OR_LIST = {
-    "oneOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}},
-        {"type": "array", "items": {"type": "integer"}, "description": "one sequence of ids"},
-        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-    ]
-}
+
+def _inputs(vocab: int | None) -> dict:
+    """A text, texts, one sequence of token ids or several: what `input`/`inputs` accept
+    (an empty text or list is a 400, a token id outside the vocabulary a 422)."""
+    tid = {"type": "integer", "minimum": 0}
+    if vocab:
+        tid["maximum"] = vocab - 1
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": tid, "description": "one sequence of ids"}
+    return {
+        "oneOf": [
+            text,
+            {"type": "array", "minItems": 1, "items": text},
+            ids,
+            {"type": "array", "minItems": 1, "items": {**ids, "description": "id sequences"}},
+        ]
+    }
+
+
 _ERROR = {
     "type": "object",
     "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
@@ -43,7 +54,7 @@ _TENSOR = {
     "required": ["name", "datatype", "shape"],
     "properties": {
         "name": {"type": "string", "examples": ["TEXT"]},
-        "datatype": {"type": "string", "examples": ["BYTES", "INT32", "INT64"]},
+        "datatype": {"type": "string", "enum": ["BYTES", "INT32", "INT64"]},
         "shape": {"type": "array", "items": {"type": "integer"}},
         "data": {"type": "array"},
         "parameters": {"type": "object"},
@@ -59,36 +70,78 @@ def _json(schema: dict, example=None) -> dict:
 
 
 def _errors(schema=_ERROR) -> dict:
+    """Every status a POST route answers besides 200 (zoi.serve.http.STATUS)."""
     return {
         code: {"description": what, **_json(schema)}
         for code, what in (
+            ("400", "an empty input, or a well-formed but unusable value (e.g. dimensions)"),
+            ("404", "unknown model name"),
+            ("408", "the body did not arrive within --body-timeout"),
             ("413", "too many inputs or too large a body"),
             ("422", "invalid request (the message names the field and the fix)"),
             ("429", "too many requests in flight"),
             ("500", "the engine failed for this request"),
+            ("503", "the server is shutting down"),
         )
     }
 
 
-def _get(summary: str, tag: str, schema: dict | None = None) -> dict:
-    return {
-        "get": {
-            "summary": summary,
-            "tags": [tag],
-            "responses": {"200": {"description": "OK", **_json(schema or {"type": "object"})}},
-        }
+def _param(name: str, schema: dict) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+def _get(
+    summary: str,
+    tag: str,
+    schema: dict | None = None,
+    params: list[dict] | None = None,
+    not_found: dict | None = None,
+) -> dict:
+    """A GET answering JSON; with `params`, a 404 (body `not_found`) for an unknown name."""
+    op: dict = {
+        "summary": summary,
+        "tags": [tag],
+        "responses": {"200": {"description": "OK", **_json(schema or {"type": "object"})}},
     }
+    if params:
+        op["parameters"] = params
+        op["responses"]["404"] = {
+            "description": "unknown model (or version)",
+            **_json(not_found or _ERROR),
+        }
+    return {"get": op}
 
 
-def operations(model: str, hidden: int) -> dict[str, dict]:
+def _probe(summary: str, tag: str, params: list[dict] | None = None) -> dict:
+    """A health probe: 200 with no body when ready, 503 when not (a JSON reason where the
+    route gives one; KServe's model ready gives none)."""
+    op: dict = {
+        "summary": summary,
+        "tags": [tag],
+        "responses": {
+            "200": {"description": "ready (no body)"},
+            "503": {"description": "not ready, or cannot admit work", **_json(_ERROR)},
+        },
+    }
+    if params:  # KServe model ready: a status, no body, either way
+        op["parameters"] = params
+        op["responses"]["503"] = {"description": "not ready (no body)"}
+        op["responses"]["404"] = {"description": "unknown model (or version)", **_json(_ERROR)}
+    return {"get": op}
+
+
+def operations(model: str, hidden: int, vocab: int | None = None) -> dict[str, dict]:
     """Path -> path item, for every route of create_app (paths as Starlette writes them)."""
     vec = {"type": "array", "items": {"type": "number"}, "description": f"{hidden} floats"}
+    m_param = _param("model", {"const": model})
+    v_param = _param("version", {"const": "1", "description": "the only version"})
+    mv = [m_param, v_param]
     openai_body = {
         "type": "object",
         "required": ["input"],
         "properties": {
-            "input": _STR_OR_LIST,
-            "model": {"type": "string", "description": f"this server's model: {model}"},
+            "input": _inputs(vocab),
+            "model": {"type": "string", "enum": [model], "description": "this server's model"},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "dimensions": {"type": "integer", "description": f"at most {hidden}"},
             "user": {"type": "string"},
@@ -137,10 +190,30 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "type": "object",
         "required": ["inputs"],
         "properties": {
-            "inputs": _STR_OR_LIST,
+            "inputs": _inputs(vocab),
             "normalize": {"type": "boolean", "default": True},
             "truncate": {"type": "boolean", "description": "default: the server's --auto-truncate"},
             "truncation_direction": {"type": "string", "enum": ["Right"]},
+        },
+    }
+    text = {"type": "string", "minLength": 1}
+    tokenize_body = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {  # texts only (token ids have nothing to tokenise)
+            "inputs": {"oneOf": [text, {"type": "array", "minItems": 1, "items": text}]},
+            "add_special_tokens": {"type": "boolean", "default": True},
+        },
+    }
+    token = {
+        "type": "object",
+        "required": ["id", "text", "special", "start", "stop"],
+        "properties": {
+            "id": {"type": "integer"},
+            "text": {"type": "string"},
+            "special": {"type": "boolean"},
+            "start": {"type": ["integer", "null"], "description": "null for special tokens"},
+            "stop": {"type": ["integer", "null"]},
         },
     }
     infer_body = {
@@ -148,7 +221,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string"},
-            "inputs": {"type": "array", "items": _TENSOR},
+            "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
             "outputs": {"type": "array", "items": {"type": "object"}},
             "parameters": {"type": "object"},
         },
@@ -158,9 +231,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
             "summary": "KServe v2 inference: TEXT (BYTES) or INPUT_IDS in, EMBEDDING out; "
             "Triton's binary tensor extension accepted and returned",
             "tags": ["KServe v2"],
-            "parameters": [
-                {"name": "model", "in": "path", "required": True, "schema": {"const": model}}
-            ],
+            "parameters": [m_param],
             "requestBody": {
                 "required": True,
                 **_json(
@@ -174,7 +245,6 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
             },
             "responses": {
                 "200": {"description": "OK", **_json({"type": "object"})},
-                "404": {"description": "unknown model name", **_json(_ERROR)},
                 **_errors(),
             },
         }
@@ -182,10 +252,7 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
     versioned = {
         k: {
             **v,
-            "parameters": [
-                *v.get("parameters", []),
-                {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}},
-            ],
+            "parameters": [*v.get("parameters", []), v_param],
         }
         for k, v in infer.items()
     }
@@ -219,7 +286,12 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
         "/v1/embeddings": emb_post,
         "/embeddings": emb_post,
         "/v1/models": _get("OpenAI model list (this server's one model)", "OpenAI"),
-        "/v1/models/{name}": _get("one OpenAI model", "OpenAI"),
+        "/v1/models/{name}": _get(
+            "one OpenAI model",
+            "OpenAI",
+            params=[_param("name", {"type": "string", "examples": [model]})],
+            not_found=_OPENAI_ERROR,
+        ),
         "/embed": {
             "post": {
                 "summary": "TEI embed: an array of vectors, one per input",
@@ -235,26 +307,46 @@ def operations(model: str, hidden: int) -> dict[str, dict]:
             "post": {
                 "summary": "TEI tokenize: the tokens of each input, with offsets",
                 "tags": ["TEI"],
-                "requestBody": {"required": True, **_json(tei_body, {"inputs": ["hello"]})},
+                "requestBody": {
+                    "required": True,
+                    **_json(tokenize_body, {"inputs": ["hello"]}),
+                },
                 "responses": {
-                    "200": {"description": "OK", **_json({"type": "array"})},
+                    "200": {
+                        "description": "OK",
+                        **_json({"type": "array", "items": {"type": "array", "items": token}}),
+                    },
                     **_errors(),
                 },
             }
         },
-        "/health": _get("TEI health: 200 when ready, 503 when not", "TEI"),
+        "/health": _probe("TEI health: 200 when ready, 503 when it cannot admit work", "TEI"),
         "/info": _get("TEI info: model id, limits, version", "TEI"),
         "/v2": _get("KServe v2 server metadata", "KServe v2"),
-        "/v2/health/live": _get("KServe v2 liveness", "KServe v2"),
-        "/v2/health/ready": _get("KServe v2 readiness", "KServe v2"),
-        "/v2/models/{model}": _get("KServe v2 model metadata (inputs, outputs)", "KServe v2"),
-        "/v2/models/{model}/versions/{version}": _get("KServe v2 model metadata", "KServe v2"),
-        "/v2/models/{model}/ready": _get("KServe v2 model readiness", "KServe v2"),
-        "/v2/models/{model}/versions/{version}/ready": _get(
-            "KServe v2 model readiness", "KServe v2"
+        "/v2/health/live": {
+            "get": {
+                "summary": "KServe v2 liveness",
+                "tags": ["KServe v2"],
+                "responses": {"200": {"description": "live (no body)"}},
+            }
+        },
+        "/v2/health/ready": _probe("KServe v2 readiness", "KServe v2"),
+        "/v2/models/{model}": _get(
+            "KServe v2 model metadata (inputs, outputs)", "KServe v2", params=[m_param]
         ),
-        "/v2/models/{model}/config": _get("the model's Triton-style config", "KServe v2"),
-        "/v2/models/{model}/versions/{version}/config": _get("the model's config", "KServe v2"),
+        "/v2/models/{model}/versions/{version}": _get(
+            "KServe v2 model metadata", "KServe v2", params=mv
+        ),
+        "/v2/models/{model}/ready": _probe("KServe v2 model readiness", "KServe v2", [m_param]),
+        "/v2/models/{model}/versions/{version}/ready": _probe(
+            "KServe v2 model readiness", "KServe v2", mv
+        ),
+        "/v2/models/{model}/config": _get(
+            "the model's Triton-style config", "KServe v2", params=[m_param]
+        ),
+        "/v2/models/{model}/versions/{version}/config": _get(
+            "the model's config", "KServe v2", params=mv
+        ),
         "/v2/models/{model}/infer": infer,
         "/v2/models/{model}/versions/{version}/infer": versioned,
     }
@@ -268,8 +360,10 @@ def openapi_path(route_path: str) -> str:
     return re.sub(r"\{(\w+):\w+\}", r"{\1}", route_path)
 
 
-def document(model: str, hidden: int, version: str, route_paths: list[str]) -> dict:
-    ops = operations(model, hidden)
+def document(
+    model: str, hidden: int, version: str, route_paths: list[str], vocab: int | None = None
+) -> dict:
+    ops = operations(model, hidden, vocab)
     paths = {}
     for rp in route_paths:
         p = openapi_path(rp)
