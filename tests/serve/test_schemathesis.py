@@ -95,6 +95,16 @@ def test_route_conforms_to_its_openapi_description(api_server, method, path):
         seen[r.status_code] += 1
 
     run()
+    if seen[200] == 0:
+        # the mixed run drew few valid cases (KServe infer: shape and data must agree, which
+        # random generation rarely hits): a longer run of valid cases only, same checks
+        @settings(FUZZ, max_examples=150)
+        @given(case=op.as_strategy(generation_mode=GenerationMode.POSITIVE))
+        def run_valid(case):
+            r = case.call_and_validate(base_url=api_server.url, checks=CHECKS, timeout=30)
+            seen[r.status_code] += 1
+
+        run_valid()
     # the valid cases reach the engine: a description that rejected every real request (or a
     # server that refused them) would otherwise pass on 4xx alone
     assert seen[200] >= 1, dict(seen)
