@@ -92,6 +92,14 @@ class _OnlyTheProtocol:
     def memory(self):
         return self._be.memory()
 
+    def submit(self, ids, positions, cu_seqlens, normalize, out):
+        self.calls.append("submit")
+        return self._be.submit(ids, positions, cu_seqlens, normalize, out)
+
+    def wait(self, ticket):
+        self.calls.append("wait")
+        return self._be.wait(ticket)
+
 
 def test_the_engine_uses_only_the_protocol():
     from zoi.engine import Engine

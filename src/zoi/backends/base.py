@@ -31,3 +31,24 @@ class Backend(Protocol):
     def memory(self) -> dict:
         """Bytes the backend holds ("weights_bytes", "arena_bytes", ...), JSON-able."""
         ...
+
+    def submit(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> object:
+        """Start run_into and return a ticket; the inputs may be reused once submit returns
+        (a backend that runs asynchronously stages them first), `out` is valid after wait(ticket).
+        At most two tickets are outstanding (double-buffered staging); the engine overlaps
+        tokenising and packing chunk i+1 with the forward of chunk i (issue 19)."""
+        ...
+
+    def wait(self, ticket: object) -> np.ndarray:
+        """Block until the submitted forward has written its `out`; returns `out`."""
+        ...
+
+
+class SyncSubmit:
+    """submit / wait for a backend whose run_into is synchronous: submit runs it to the end."""
+
+    def submit(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> object:
+        return self.run_into(ids, positions, cu_seqlens, normalize, out)
+
+    def wait(self, ticket: object) -> np.ndarray:
+        return ticket

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
 from zoi.numerics.reference import execute, l2_normalize
 
@@ -17,7 +18,7 @@ def run_graph(
     return execute(model.graph, model.weights, ids, positions, cu_seqlens, model.quant, dtype)
 
 
-class ReferenceBackend:
+class ReferenceBackend(SyncSubmit):
     """The numpy golden engine behind the Backend interface (zoi.backends.base), float32 by
     default, or float64."""
 

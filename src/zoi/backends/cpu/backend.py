@@ -16,6 +16,7 @@ import mmap
 import numpy as np
 
 from zoi import _cpu
+from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
 
 __all__ = ["CpuBackend"]
@@ -63,7 +64,7 @@ def _release_file_pages(arrays: list[np.ndarray]) -> int:
     return done
 
 
-class CpuBackend:
+class CpuBackend(SyncSubmit):
     """The Backend interface (zoi.backends.base) over the native engine."""
 
     name = "cpu"

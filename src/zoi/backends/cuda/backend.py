@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zoi.backends.base import SyncSubmit
 from zoi.errors import BackendUnavailableError, InputError
 from zoi.numerics.primitives import dequantize_weight, fold_act_transform, weight_colsum
 
@@ -90,7 +91,7 @@ class _Launch:
     extra: dict = field(default_factory=dict)
 
 
-class CudaBackend:
+class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
     name = "cuda"
 
     def __init__(
