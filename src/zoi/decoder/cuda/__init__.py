@@ -1,0 +1,16 @@
+"""The decoder on the GPU (issue 14): Triton kernels (kernels_*.py) and CudaDecoderBackend
+(backend.py), an api.DecoderBackend with a static paged KV pool and CUDA-graph decode steps.
+
+Importing this package imports nothing heavy; ``CudaDecoderBackend`` needs torch + triton at
+construction (docs/DECODERS_GPU.md).
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name):
+    if name == "CudaDecoderBackend":
+        from zoi.decoder.cuda.backend import CudaDecoderBackend
+
+        return CudaDecoderBackend
+    raise AttributeError(name)
