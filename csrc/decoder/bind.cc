@@ -2,8 +2,11 @@
 // arguments so that tests poison them first; parts run one after the other on the caller).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 

@@ -23,7 +23,17 @@ PROMPTS = ["kazo mira te", "lu ne so pi da gro ven shi qua ber é ü ñ 日本 k
            "shi qua, ber! 😀 ven"]
 
 
+_GREEDY: dict = {}
+
+
 def hf_greedy(folder, prompt_ids: list[int], n: int) -> list[int]:
+    key = (str(folder), tuple(prompt_ids), n)
+    if key not in _GREEDY:
+        _GREEDY[key] = _hf_greedy(folder, prompt_ids, n)
+    return _GREEDY[key]
+
+
+def _hf_greedy(folder, prompt_ids: list[int], n: int) -> list[int]:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     m = _hf_model(str(folder), transformers, torch)
