@@ -187,3 +187,13 @@ def test_eos_finishes(tmp_path):
     assert s.token_ids == first.token_ids[:k] and s.finish_reason == "stop"
     assert g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
     assert g.backend.pool().running == 0
+
+
+def test_cli_generate_streams_to_stdout(ckpt, capsys):
+    from zoi.cli import main
+
+    want = compile_decoder(ckpt("llama_gqa"), max_seq_len=64).generate(PROMPTS[3], max_new_tokens=12)[0]
+    assert main(["generate", str(ckpt("llama_gqa")), PROMPTS[3], "--max-new-tokens", "12", "--max-seq-len", "64"]) == 0
+    assert capsys.readouterr().out == str(want) + "\n"
+    assert main(["generate", str(ckpt("llama_gqa")), "x" * 10, "--max-seq-len", "4"]) == 2
+    assert "max_seq_len=4" in capsys.readouterr().err

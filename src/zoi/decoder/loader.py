@@ -88,6 +88,9 @@ def _rope(cfg: dict, cpath: Path) -> tuple[float, dict | None]:
         theta = _get(d, cpath, "rope_theta", float)
     if theta is None:
         theta = _get(cfg, cpath, "rope_theta", float, 10000.0)
+    prf = (d or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if prf not in (None, 1, 1.0):
+        raise UnsupportedModelError(f"{cpath}: partial_rotary_factor {prf!r} is not supported (only 1.0)")
     if not d:
         return theta, None
     rtype = d.get("rope_type", d.get("type", "default"))
@@ -96,9 +99,6 @@ def _rope(cfg: dict, cpath: Path) -> tuple[float, dict | None]:
             f"{cpath}: {field}.rope_type {rtype!r} is not supported; zoi computes RoPE of type "
             f"{', '.join(ROPE_TYPES)} (as transformers' ROPE_INIT_FUNCTIONS)"
         )
-    prf = d.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if prf not in (None, 1, 1.0):
-        raise UnsupportedModelError(f"{cpath}: partial_rotary_factor {prf!r} is not supported (only 1.0)")
     if rtype == "default":
         return theta, None
     out: dict = {"rope_type": rtype}
