@@ -134,3 +134,22 @@ def test_sampler_matches_numpy(ckpt, isa):
     assert tc == tr
     toks = [[ev[1] for step in tc for ev in step if ev[0] == i] for i in range(4)]
     assert len(set(toks[1])) > 5 and len(set(toks[0])) > 3  # it samples, not argmax over and over
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ["llama_tied", "qwen3"])
+def test_w8a8_matches_its_emulation(ckpt, name, isa):
+    """precision="w8a8" (the encoders' INT8 GEMM) against numpy's exact integer emulation."""
+    spec, w, _ = load_decoder(ckpt(name))
+    ps = _prompts(spec, [12, 5, 30], seed=2)
+    p = SamplingParams(max_new_tokens=8)
+    c = CpuBackend(spec, w, precision="w8a8", num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
+    r = ReferenceBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, w8a8=True)
+    c32 = CpuBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
+    tc, tr, t32 = _drive([c, r, c32], ps, p, 1)
+    assert tc == tr
+    lc, lr, l32 = c.last_logits(), r.last_logits, c32.last_logits()
+    assert np.isfinite(lc).all()
+    assert np.abs(lc - lr).max() < 2e-3 * np.abs(lr).max()
+    assert np.abs(lc - l32).max() < 0.1 * np.abs(l32).max()
+    assert np.abs(lc - l32).max() > 1e-4 * np.abs(l32).max()  # it did quantise

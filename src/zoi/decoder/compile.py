@@ -21,7 +21,8 @@ def compile_decoder(path: str | os.PathLike, device: str = "cpu", precision: str
     """A Generator for a Hugging Face decoder folder.
 
     device: "cpu" (native core), "reference" (numpy, slow) or "cuda" (zoi.decoder.cuda).
-    precision: "fp32" or "int8" (per-channel INT8 weights, FP32 activations; CPU).
+    precision: "fp32", "int8" (per-channel INT8 weights, FP32 activations) or "w8a8" (INT8 weights
+    and per-token INT8 activations, the INT8 GEMM of csrc/kernels); the last two on the CPU.
     max_seq_len: prompt + generated tokens of one sequence (default min(2048, the model's limit)).
     max_batch: sequences one step carries; kv_blocks x block_size: the static KV pool (default:
     room for max_batch sequences of max_seq_len / 2 tokens each).
@@ -31,8 +32,8 @@ def compile_decoder(path: str | os.PathLike, device: str = "cpu", precision: str
         raise InputError(f"compile() options {', '.join(sorted(bad))} do not apply to decoder checkpoints")
     if device == "auto":
         device = "cpu"
-    if precision not in ("fp32", "int8"):
-        raise InputError(f"precision {precision!r} is not supported for decoders; use 'fp32' or 'int8'")
+    if precision not in ("fp32", "int8", "w8a8"):
+        raise InputError(f"precision {precision!r} is not supported for decoders; use 'fp32', 'int8' or 'w8a8'")
     spec, weights, folder = load_decoder(path)
     tok = DecoderTokenizer(folder)
     limit = spec.max_position_embeddings
