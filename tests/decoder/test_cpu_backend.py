@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dec_helpers import MODELS, PROMPTS, hf_greedy
 from tests.fixtures import supported_isas
 
 from zoi.decoder.api import SamplingParams
@@ -13,6 +12,8 @@ from zoi.decoder.compile import compile_decoder
 from zoi.decoder.cpu import CpuBackend, int8_weights
 from zoi.decoder.loader import load_decoder
 from zoi.decoder.reference import ReferenceBackend
+
+from .dec_helpers import MODELS, PROMPTS, hf_greedy
 
 pytest.importorskip("zoi._cpu")
 ISAS = supported_isas()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dec_helpers import PROMPTS
 
 import zoi
 from zoi.decoder.api import KVPoolFull, SamplingParams
 from zoi.decoder.compile import compile_decoder
 from zoi.decoder.generator import Generator
 from zoi.errors import InputError
+
+from .dec_helpers import PROMPTS
 
 pytest.importorskip("zoi._cpu")
 
