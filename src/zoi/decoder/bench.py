@@ -164,6 +164,8 @@ def run(workloads: list[str], providers: list[str] | None = None, threads: int =
                     raise ValueError(f"unknown provider {pv!r}; known: {', '.join(PROVIDERS)}")
             except ImportError as e:
                 r = {"error": f"not installed: {e}"}
+            except Exception as e:  # one provider failing does not end the run; the row says why
+                r = {"error": f"{type(e).__name__}: {e}"}
             r.update(workload=wl, provider=pv, wall_s=round(time.time() - t0, 1), loadavg_at_start=la)
             res["rows"].append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
