@@ -154,3 +154,17 @@ def test_w8a8_matches_its_emulation(ckpt, name, isa):
     assert np.abs(lc - lr).max() < 2e-3 * np.abs(lr).max()
     assert np.abs(lc - l32).max() < 0.1 * np.abs(l32).max()
     assert np.abs(lc - l32).max() > 1e-4 * np.abs(l32).max()  # it did quantise
+
+
+def test_zoi_cpu_isa_forces_the_decoder_kernels(ckpt):
+    import os
+    import subprocess
+    import sys
+
+    code = ("from zoi.decoder.compile import compile_decoder; import sys; "
+            "print(compile_decoder(sys.argv[1], max_seq_len=32).backend.isa)")
+    for isa in ISAS:
+        env = dict(os.environ, ZOI_CPU_ISA=isa)
+        out = subprocess.run([sys.executable, "-c", code, str(ckpt("qwen2"))], env=env, capture_output=True,
+                             text=True, check=True)
+        assert out.stdout.strip() == isa
