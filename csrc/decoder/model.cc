@@ -85,6 +85,7 @@ DecoderModel::DecoderModel(const DecConfig& c, const std::string& isa) : c_(c) {
   }
   const size_t max_ops = 4 + 16 * static_cast<size_t>(c.layers);
   ops_.reserve(max_ops);
+  max_ops_ = max_ops;
   sync_.reset(new Sync[max_ops]);
 }
 
@@ -333,6 +334,7 @@ void DecoderModel::step(const int32_t* ids, int T, const int32_t* rows, const in
     o.parts = nw_;
     ops_.push_back(o);
   }
+  if (ops_.size() > max_ops_) throw std::logic_error("decoder step: more ops than sized for");  // never
   for (size_t i = 0; i < ops_.size(); ++i) {
     sync_[i].next.store(0, std::memory_order_relaxed);
     sync_[i].done.store(0, std::memory_order_relaxed);

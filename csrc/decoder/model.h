@@ -90,6 +90,7 @@ class DecoderModel {
   float *xa_, *xb_, *hn_, *qkv_, *ctx_, *gu_, *act_, *xg_, *logits_, *part_;
   int32_t *pos_, *row_, *gidx_;
   std::vector<Op> ops_;
+  size_t max_ops_ = 0;
   std::unique_ptr<Sync[]> sync_;
   std::mutex mu_;
   bool finalized_ = false;
