@@ -32,7 +32,7 @@ def rms_ref(x, w, eps):
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 16}])
 def test_rope_kv_write(rng, norm, rope_scaling):
-    H, KVH, D, BS, NB, T = 6, 2, 16, 16, 5, 7
+    H, KVH, D, BS, NB, T = 6, 2, 20, 16, 5, 7  # head_dim 20: half not a power of two
     sp = spec(H, KVH, D, rope_scaling=rope_scaling, rope_theta=500.0)
     cos, sin = cos_sin(sp, 64)
     qkv = rng.standard_normal((T, (H + 2 * KVH) * D)).astype(np.float32)
@@ -83,11 +83,12 @@ def test_decode_attention_paged(rng, dtype, splits):
     kc = rng.standard_normal((NB + 1, KVH, BS, D)).astype(np.float32)
     vc = rng.standard_normal((NB + 1, KVH, BS, D)).astype(np.float32)
     perm = rng.permutation(NB)
-    tab = np.full((B, MAXB), NB, np.int32)
+    tab = np.full((B + 2, MAXB), NB, np.int32)  # rows in a shuffled order (the table rows)
+    rix = rng.permutation(B + 2)[:B].astype(np.int32)
     used = 0
     for b, n in enumerate(ctx):
         nb = -(-n // BS)
-        tab[b, :nb] = perm[used : used + nb]
+        tab[rix[b], :nb] = perm[used : used + nb]
         used += nb
     q = rng.standard_normal((B, (H + 2 * KVH) * D)).astype(np.float32)
     out = poisoned((B, H * D), dtype)
@@ -97,13 +98,13 @@ def test_decode_attention_paged(rng, dtype, splits):
         cnt = torch.zeros(B * KVH, dtype=torch.int32, device=DEV)
     dkc, dvc = dev(kc, dtype), dev(vc, dtype)
     for _ in range(2):  # the counters reset: a replay is right too
-        ka.decode_attention(dev(q, dtype), dkc, dvc, dev(tab), dev(ctx), out, B, H, KVH, D, BS,
+        ka.decode_attention(dev(q, dtype), dkc, dvc, dev(tab), dev(rix), dev(ctx), out, B, H, KVH, D, BS,
                             splits, ws, cnt, ieee=dtype == torch.float32)
     if dtype == torch.float16:
         kc, vc, q = (a.astype(np.float16).astype(np.float32) for a in (kc, vc, q))
     got = host(out).reshape(B, H, D)
     for b, n in enumerate(ctx):
-        blocks = tab[b, : -(-n // BS)]
+        blocks = tab[rix[b], : -(-n // BS)]
         k = kc[blocks].transpose(0, 2, 1, 3).reshape(-1, KVH, D)[:n]
         v = vc[blocks].transpose(0, 2, 1, 3).reshape(-1, KVH, D)[:n]
         want = attn_ref(q[b, : H * D].reshape(H, D).astype(np.float64), k, v)
@@ -114,7 +115,7 @@ def test_decode_attention_paged(rng, dtype, splits):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_prefill_attention_varlen_causal(rng, dtype):
-    H, KVH, D = 6, 3, 16
+    H, KVH, D = 6, 3, 12
     lens = [5, 1, 19, 16]
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     T = int(cu[-1])

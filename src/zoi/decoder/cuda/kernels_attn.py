@@ -30,21 +30,22 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _rope_heads(base, n_heads, pos_cs, cos_ptr, sin_ptr, nw_ptr, eps,
-                D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr):
+def _rope_heads(base, n_heads, pos_cs, cos_ptr, sin_ptr, nw_ptr, eps, D: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                NORM: tl.constexpr):
     """Load n_heads heads of D at base (row-major), qk-norm (NORM) + RoPE; -> two halves fp32."""
     h = tl.arange(0, BLOCK_H)
-    i = tl.arange(0, HALF)
-    msk = (h < n_heads)[:, None]
+    i = tl.arange(0, BLOCK_HALF)
+    msk = (h < n_heads)[:, None] & (i < HALF)[None, :]
     p1 = base + h[:, None] * D + i[None, :]
     x1 = tl.load(p1, mask=msk, other=0.0).to(tl.float32)
     x2 = tl.load(p1 + HALF, mask=msk, other=0.0).to(tl.float32)
     if NORM:
         r = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
-        x1 = x1 * r[:, None] * tl.load(nw_ptr + i)[None, :]
-        x2 = x2 * r[:, None] * tl.load(nw_ptr + HALF + i)[None, :]
-    c = tl.load(cos_ptr + pos_cs + i)[None, :]
-    s = tl.load(sin_ptr + pos_cs + i)[None, :]
+        x1 = x1 * r[:, None] * tl.load(nw_ptr + i, mask=i < HALF, other=0.0)[None, :]
+        x2 = x2 * r[:, None] * tl.load(nw_ptr + HALF + i, mask=i < HALF, other=0.0)[None, :]
+    c = tl.load(cos_ptr + pos_cs + i, mask=i < HALF, other=0.0)[None, :]
+    s = tl.load(sin_ptr + pos_cs + i, mask=i < HALF, other=0.0)[None, :]
     return x1 * c - x2 * s, x2 * c + x1 * s, p1, msk
 
 
@@ -65,6 +66,7 @@ def rope_kv_kernel(
     eps,
     D: tl.constexpr,
     BS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     NORM: tl.constexpr,
@@ -75,18 +77,19 @@ def rope_kv_kernel(
     slot = tl.load(slot_ptr + t)
     row = qkv_ptr + t.to(tl.int64) * ldq
     pcs = pos * HALF
-    q1, q2, qp, qm = _rope_heads(row, H, pcs, cos_ptr, sin_ptr, qn_ptr, eps, D, HALF, BLOCK_H, NORM)
+    q1, q2, qp, qm = _rope_heads(row, H, pcs, cos_ptr, sin_ptr, qn_ptr, eps, D, HALF, BLOCK_HALF,
+                                 BLOCK_H, NORM)
     dt = qkv_ptr.dtype.element_ty
     tl.store(qp, q1.to(dt), mask=qm)
     tl.store(qp + HALF, q2.to(dt), mask=qm)
     k1, k2, kp, km = _rope_heads(row + H * D, KVH, pcs, cos_ptr, sin_ptr, kn_ptr, eps, D, HALF,
-                                 BLOCK_KV, NORM)
+                                 BLOCK_HALF, BLOCK_KV, NORM)
     tl.store(kp, k1.to(dt), mask=km)
     tl.store(kp + HALF, k2.to(dt), mask=km)
     blk = slot // BS
     off = slot % BS
     h = tl.arange(0, BLOCK_KV)
-    i = tl.arange(0, HALF)
+    i = tl.arange(0, BLOCK_HALF)
     cache = ((blk.to(tl.int64) * KVH + h[:, None]) * BS + off) * D + i[None, :]
     ct = kc_ptr.dtype.element_ty
     tl.store(kc_ptr + cache, k1.to(ct), mask=km)
@@ -109,6 +112,7 @@ def decode_attn_kernel(
     kc_ptr,  # [NB + 1, KVH, BS, D]
     vc_ptr,
     tab_ptr,  # [*, max_blocks] int32 block tables, row stride max_blocks
+    rix_ptr,  # [B] int32 the block-table row of each batch entry
     ctx_ptr,  # [B] int32 tokens in the cache (the current one included)
     o_ptr,  # [B, H D], row stride ldo
     ws_ptr,  # fp32 [B, KVH, SPLITS, BLOCK_G, BLOCK_D + 2] (SPLITS > 1)
@@ -130,6 +134,7 @@ def decode_attn_kernel(
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
+    trow = tl.load(rix_ptr + b).to(tl.int64)
     nblk = tl.cdiv(ctx, BS)
     per = tl.cdiv(nblk, SPLITS)
     j0 = sp * per
@@ -146,7 +151,7 @@ def decode_attn_kernel(
     lsum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for j in range(j0, j1):
-        blk = tl.load(tab_ptr + b.to(tl.int64) * max_blocks + j)
+        blk = tl.load(tab_ptr + trow * max_blocks + j)
         t_ok = (j * BS + t) < ctx
         kv = ((blk.to(tl.int64) * KVH + kvh) * BS + t)[:, None] * D + d[None, :]
         kvm = t_ok[:, None] & d_ok[None, :]
@@ -256,12 +261,13 @@ def _p2(n: int, lo: int = 1) -> int:
 
 def rope_kv(qkv, pos, slots, cos, sin, kc, vc, T: int, H: int, KVH: int, D: int, BS: int,
             qn=None, kn=None, eps: float = 1e-6):
-    if D % 2 or (D // 2) & (D // 2 - 1):
-        raise ValueError(f"head_dim {D}: the GPU decoder needs head_dim / 2 a power of two")
+    if D % 2:
+        raise ValueError(f"head_dim {D}: RoPE needs an even head_dim")
     rope_kv_kernel[(T,)](
         qkv, pos, slots, cos, sin, qn if qn is not None else cos, kn if kn is not None else cos,
         kc, vc, qkv.stride(0), H, KVH, float(eps),
-        D=D, BS=BS, BLOCK_H=_p2(H), BLOCK_KV=_p2(KVH), NORM=qn is not None, num_warps=4,
+        D=D, BS=BS, BLOCK_HALF=_p2(D // 2), BLOCK_H=_p2(H), BLOCK_KV=_p2(KVH), NORM=qn is not None,
+        num_warps=4,
     )
 
 
@@ -274,13 +280,13 @@ def decode_ws_floats(B: int, KVH: int, G: int, D: int, splits: int) -> int:
     return B * KVH * splits * _p2(G, 16) * (_p2(D, 16) + 2) if splits > 1 else 0
 
 
-def decode_attention(q, kc, vc, tables, ctx, out, B: int, H: int, KVH: int, D: int, BS: int,
+def decode_attention(q, kc, vc, tables, rix, ctx, out, B: int, H: int, KVH: int, D: int, BS: int,
                      splits: int, ws=None, cnt=None, ieee: bool = False):
     G = H // KVH
     if splits > 1 and (ws is None or cnt is None):
         raise ValueError("split decode attention needs a workspace and counters")
     decode_attn_kernel[(B, KVH, splits)](
-        q, kc, vc, tables, ctx, out, ws if ws is not None else out, cnt if cnt is not None else ctx,
+        q, kc, vc, tables, rix, ctx, out, ws if ws is not None else out, cnt if cnt is not None else ctx,
         q.stride(0), out.stride(0), tables.stride(0), KVH, G, LOG2E / math.sqrt(D),
         D=D, BS=BS, BLOCK_G=_p2(G, 16), BLOCK_D=_p2(D, 16), SPLITS=splits, IEEE=ieee,
         num_warps=4,

@@ -1,0 +1,495 @@
+"""CudaDecoderBackend: an api.DecoderBackend on the GPU (issue 14) built from the Triton kernels of
+this package, on zoi.decoder.paged.PagedBackend's bookkeeping (admission, block tables, finishing).
+
+Construction (torch and triton are tools here, as in the encoder's CUDA backend): the weights are
+packed once (q|k|v and gate|up fused, the RMSNorm gains folded into the following linear's
+columns, INT8 weight-only per output channel / FP16 / FP32), the static paged KV pool
+[layers, num_blocks + 1, KVH, block_size, D] (block ``num_blocks``: the trash block padded decode
+rows write to) and every activation buffer are allocated, and one decode step per batch bucket
+(1, 2, 4, 8, 16, 32 up to max_batch) is warmed up and captured into a CUDA graph with the driver
+API on our own stream (cuStreamBeginCapture / cuGraphInstantiate, zoi.backends.cuda.driver).
+
+Per step (``_run``): the new prompts are prefilled packed, without padding (eager launches on our
+stream, lm_head over the last token of each prompt only, then the sampler); the running sequences
+take one decode step: numpy fills one pinned int32 staging block (ids, positions, cache slots,
+context lengths, block-table rows, sampling params), one cuMemcpyHtoDAsync, cuGraphLaunch of the
+bucket, cuMemcpyDtoHAsync of the tokens, cuStreamSynchronize. Block-table rows that changed since
+the last step are copied to the device table first. Nothing is allocated on the device while
+generating.
+
+Seam (gap, docs/DECODERS_GPU.md): torch allocates the device buffers and gives Triton its stream
+(as in zoi.backends.cuda); the per-step path itself is the CUDA driver API only.
+
+``interpret=True`` (or TRITON_INTERPRET=1 without a GPU) runs the same launch lists eagerly on torch
+CPU tensors through the Triton interpreter: the CI test of everything but the graphs.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+
+from zoi.decoder.api import DecoderSpec
+from zoi.decoder.cuda import kernels_attn as ka
+from zoi.decoder.cuda import kernels_linear as kl
+from zoi.decoder.cuda import kernels_sample as ks
+from zoi.decoder.cuda.rope import cos_sin
+from zoi.decoder.paged import PagedBackend
+from zoi.errors import BackendUnavailableError, InputError
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+PRECISIONS = ("int8", "fp16", "fp32")
+_FIELDS = ("ids", "pos", "slot", "ctx", "rix", "seed", "step", "topk", "temp", "topp")
+PREFILL_BLOCK = 64  # prefill attention tile (query rows and key block)
+
+
+def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric INT8 per output channel: (int8 [N, K], fp32 scale [N])."""
+    s = np.maximum(np.abs(w).max(1), 1e-12).astype(np.float64) / 127.0
+    q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+    return q, s.astype(np.float32)
+
+
+class CudaDecoderBackend(PagedBackend):
+    name = "cuda"
+
+    def __init__(self, spec: DecoderSpec, weights: dict, precision: str = "int8",
+                 num_blocks: int | None = None, block_size: int = 16, max_batch: int = 32,
+                 max_seq_len: int | None = None, max_prefill_tokens: int | None = None,
+                 interpret: bool | None = None, graphs: bool = True):
+        if spec.arch not in ("llama", "qwen2", "qwen3"):
+            raise InputError(f"the GPU decoder runs llama / qwen2 / qwen3, not {spec.arch!r}")
+        if spec.hidden_act != "silu":
+            raise InputError(f"hidden_act {spec.hidden_act!r}: the GPU decoder runs SwiGLU (silu)")
+        if precision not in PRECISIONS:
+            raise InputError(f"precision {precision!r}: use one of {PRECISIONS}")
+        if block_size not in (16, 32, 64):
+            raise InputError(f"block_size {block_size}: the GPU decoder takes 16, 32 or 64")
+        if max_batch > BUCKETS[-1]:
+            raise InputError(f"max_batch {max_batch} is over {BUCKETS[-1]} (the largest decode bucket)")
+        D = spec.head_dim
+        if D % 2 or spec.num_heads % spec.num_kv_heads:
+            raise InputError(f"head_dim {D} (odd) or GQA {spec.num_heads}/"
+                             f"{spec.num_kv_heads} not supported on the GPU decoder")
+        max_seq_len = int(max_seq_len or min(spec.max_position_embeddings, 4096))
+        num_blocks = int(num_blocks or max_batch * -(-max_seq_len // block_size))
+        super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
+        self.precision = precision
+        self.ieee = precision == "fp32"
+        self.max_prefill = int(max_prefill_tokens or max_seq_len)
+        self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
+        self.buckets = sorted(set(self.buckets))
+        self._init_device(interpret)
+        self.use_graphs = bool(graphs) and not self.eager
+        self._upload(weights)
+        self._alloc()
+        self._graphs: dict[int, tuple] = {}
+        self._steps = {b: self._decode_steps(b) for b in self.buckets}
+        for b in self.buckets:
+            self._graphs[b] = self._capture(b)
+
+    # ------------------------------------------------------------------ device
+    def _init_device(self, interpret):
+        try:
+            import torch
+        except ImportError as e:  # pragma: no cover - depends on the machine
+            raise BackendUnavailableError(f"the GPU decoder needs torch and triton at compile time: {e}") from e
+        self.torch = torch
+        env_interp = os.environ.get("TRITON_INTERPRET") == "1"
+        self.eager = bool(interpret) if interpret is not None else (env_interp and not torch.cuda.is_available())
+        if self.eager:
+            if not env_interp:
+                raise BackendUnavailableError("interpret=True needs TRITON_INTERPRET=1 set before triton is imported")
+            self.dev, self.sm, self.device_name = "cpu", 8, "triton interpreter (CPU)"
+            return
+        if env_interp:
+            raise BackendUnavailableError("TRITON_INTERPRET=1 is set: unset it to run on the GPU")
+        from zoi.backends.cuda import driver as drv
+
+        drv.require()
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError("device='cuda': torch sees no CUDA device (driver missing or no GPU)")
+        self.drv, self.cu = drv, drv.cu
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+        self.cu_dev, self.ctx = drv.primary_context(torch.cuda.current_device())
+        if drv.capability(self.cu_dev) < (8, 0):
+            raise BackendUnavailableError("the GPU decoder needs compute capability >= 8.0")
+        self.sm = drv.sm_count(self.cu_dev)
+        self.device_name = drv.device_name(self.cu_dev)
+        self.dev = "cuda"
+        self.stream = drv.new_stream()
+        self.tstream = torch.cuda.ExternalStream(int(self.stream))
+
+    def _t(self, a, dtype=None):
+        t = self.torch.from_numpy(np.array(a, copy=True, order="C"))
+        return (t.to(dtype) if dtype is not None else t).to(self.dev)
+
+    def _empty(self, shape, dtype, fill=0):
+        t = self.torch.empty(shape, dtype=dtype, device=self.dev)
+        t.fill_(fill)
+        return t
+
+    # ------------------------------------------------------------------ weights
+    def _lin(self, w: np.ndarray) -> tuple:
+        torch = self.torch
+        if self.precision == "int8":
+            q, s = quantize_rows(w)
+            return self._t(q), self._t(s)
+        return self._t(w, torch.float32 if self.ieee else torch.float16), None
+
+    def _upload(self, W: dict):
+        sp, torch = self.spec, self.torch
+        self.act = torch.float32 if self.ieee else torch.float16
+
+        def g(name):
+            if name not in W:
+                raise InputError(f"weights: {name} is missing")
+            return np.asarray(W[name], np.float32)
+
+        self.layers = []
+        for i in range(sp.num_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            g1, g2 = g(p + "input_layernorm.weight"), g(p + "post_attention_layernorm.weight")
+            qkv = np.concatenate([g(a + "q_proj.weight"), g(a + "k_proj.weight"), g(a + "v_proj.weight")])
+            gu = np.concatenate([g(m + "gate_proj.weight"), g(m + "up_proj.weight")])
+            L = {
+                "qkv": self._lin(qkv * g1[None, :]),
+                "o": self._lin(g(a + "o_proj.weight")),
+                "gu": self._lin(gu * g2[None, :]),
+                "down": self._lin(g(m + "down_proj.weight")),
+                "qkv_b": None, "o_b": None, "qn": None, "kn": None,
+            }
+            if sp.attention_bias or (a + "q_proj.bias") in W:
+                L["qkv_b"] = self._t(np.concatenate([g(a + "q_proj.bias"), g(a + "k_proj.bias"),
+                                                     g(a + "v_proj.bias")]))
+            if (a + "o_proj.bias") in W:
+                L["o_b"] = self._t(g(a + "o_proj.bias"))
+            if sp.qk_norm:
+                L["qn"], L["kn"] = self._t(g(a + "q_norm.weight")), self._t(g(a + "k_norm.weight"))
+            self.layers.append(L)
+        self.lm = self._lin(g("lm_head.weight") * g("model.norm.weight")[None, :])
+        self.emb = self._t(g("model.embed_tokens.weight"), self.act)
+        c, s = cos_sin(sp, self.max_seq_len)
+        self.cos, self.sin = self._t(c), self._t(s)
+
+    # ------------------------------------------------------------------ buffers
+    def _alloc(self):
+        sp, torch = self.spec, self.torch
+        H, KVH, D, Hd, V = sp.num_heads, sp.num_kv_heads, sp.head_dim, sp.hidden_size, sp.vocab_size
+        I, MB, PT = sp.intermediate_size, self.max_batch, self.max_prefill
+        self.qkv_n = (H + 2 * KVH) * D
+        self.trash_slot = self.num_blocks * self.block_size
+        shape = (sp.num_layers, self.num_blocks + 1, KVH, self.block_size, D)
+        self.kc, self.vc = self._empty(shape, self.act), self._empty(shape, self.act)
+        T = max(MB, PT)
+        self.h = self._empty((T, Hd), torch.float32)
+        self.qkv = self._empty((T, self.qkv_n), self.act)
+        self.att = self._empty((T, H * D), self.act)
+        self.mlp = self._empty((T, I), self.act)
+        self.logits = self._empty((MB, V), torch.float32)
+        self.tok = self._empty((MB,), torch.int32)
+        # block tables: row max_batch is the trash row (padded decode entries)
+        self.tab_host = np.full((MB + 1, self.max_blocks_per_seq), self.num_blocks, np.int32)
+        self.tab_seen = np.zeros((MB, self.max_blocks_per_seq), np.int32)  # block_tables as last uploaded
+        self.tab = self._t(self.tab_host)
+        # split-K / split-attention workspaces, sized for the largest site of any bucket (M <= 32)
+        ws = cnt = aws = acnt = 1
+        self.cfg = {}
+        for b in sorted(set(self.buckets) | set(BUCKETS[: BUCKETS.index(32) + 1])):
+            for site, (n, k, sw) in self._sites().items():
+                c = kl.pick_config(b, n, k, self.sm, self.eager)
+                self.cfg[b, site] = c
+                ws = max(ws, kl.workspace_floats(b, n, c, sw))
+                cnt = max(cnt, kl.counters(b, n, c))
+            splits = ka.decode_splits(b, KVH, self.max_blocks_per_seq, self.sm) if not self.eager else 2
+            self.cfg[b, "splits"] = splits
+            aws = max(aws, ka.decode_ws_floats(b, KVH, H // KVH, D, splits))
+            acnt = max(acnt, b * KVH)
+        self.ws, self.cnt = self._empty((ws,), torch.float32), self._empty((cnt,), torch.int32)
+        self.aws, self.acnt = self._empty((aws,), torch.float32), self._empty((acnt,), torch.int32)
+        # staging: decode fields at fixed offsets (MB each); prefill: ids|pos|slot (PT each),
+        # tiles (3 PT), last rows + sampling fields (MB each)
+        self.n_dec = len(_FIELDS) * MB
+        self.n_pre = 6 * PT + 6 * MB
+        self.d_stage = self._empty((self.n_dec + self.n_pre,), torch.int32)
+        if self.eager:
+            self.h_stage = np.zeros(self.n_dec + self.n_pre, np.int32)
+            self.h_tok = np.zeros(MB, np.int32)
+        else:
+            drv = self.drv
+            self.p_stage = drv.Pinned((self.n_dec + self.n_pre) * 4)
+            self.h_stage = self.p_stage.view(np.int32, 0, self.n_dec + self.n_pre)
+            self.p_tok = drv.Pinned(MB * 4)
+            self.h_tok = self.p_tok.view(np.int32, 0, MB)
+            self.p_tab = drv.Pinned(self.tab_host.nbytes)
+            self.h_tab = self.p_tab.view(np.int32, 0, self.tab_host.size).reshape(self.tab_host.shape)
+            self.h_tab[:] = self.tab_host
+        self.h_stage[:] = 0
+
+    def _sites(self) -> dict:
+        sp = self.spec
+        Hd, I, HD = sp.hidden_size, sp.intermediate_size, sp.num_heads * sp.head_dim
+        return {"qkv": (self.qkv_n, Hd, False), "o": (Hd, HD, False), "gu": (I, Hd, True),
+                "down": (Hd, I, False), "lm": (sp.vocab_size, Hd, False)}
+
+    def _field(self, name: str, B: int, base: int = 0):
+        i = _FIELDS.index(name)
+        v = self.d_stage[base + i * self.max_batch : base + i * self.max_batch + B]
+        return v.view(self.torch.float32) if name in ("temp", "topp") else v
+
+    # ------------------------------------------------------------------ forward
+    def _layer_calls(self, L, l, x_rows, M, cfg, attn):
+        """The launches of one layer over M rows (decode bucket or packed prefill)."""
+        sp = self.spec
+        h, qkv, att, mlp = self.h[:M], self.qkv[:M], self.att[:M], self.mlp[:M]
+        Hd, I, HD = sp.hidden_size, sp.intermediate_size, sp.num_heads * sp.head_dim
+        eps, ieee = sp.rms_norm_eps, self.ieee
+        ws, cnt = self.ws, self.cnt
+        kc, vc = self.kc[l], self.vc[l]
+        pos, slot = x_rows
+        return [
+            lambda: kl.linear(h, L["qkv"][0], qkv, M, self.qkv_n, Hd, cfg("qkv"), scale=L["qkv"][1],
+                              bias=L["qkv_b"], rms_eps=eps, ws=ws, cnt=cnt, ieee=ieee),
+            lambda: ka.rope_kv(qkv, pos, slot, self.cos, self.sin, kc, vc, M, sp.num_heads,
+                               sp.num_kv_heads, sp.head_dim, self.block_size, L["qn"], L["kn"], eps),
+            lambda: attn(qkv, kc, vc, att),
+            lambda: kl.linear(att, L["o"][0], h, M, Hd, HD, cfg("o"), scale=L["o"][1], bias=L["o_b"],
+                              res=h, ws=ws, cnt=cnt, ieee=ieee),
+            lambda: kl.linear(h, L["gu"][0], mlp, M, I, Hd, cfg("gu"), scale=L["gu"][1], rms_eps=eps,
+                              swiglu=True, ws=ws, cnt=cnt, ieee=ieee),
+            lambda: kl.linear(mlp, L["down"][0], h, M, Hd, I, cfg("down"), scale=L["down"][1], res=h,
+                              ws=ws, cnt=cnt, ieee=ieee),
+        ]
+
+    def _decode_steps(self, B: int) -> list:
+        sp = self.spec
+        f = {n: self._field(n, B) for n in _FIELDS}
+        splits = self.cfg[B, "splits"]
+
+        def cfg(site):
+            return self.cfg[B, site]
+
+        def attn(qkv, kc, vc, att):
+            ka.decode_attention(qkv, kc, vc, self.tab, f["rix"], f["ctx"], att, B, sp.num_heads,
+                                sp.num_kv_heads, sp.head_dim, self.block_size, splits, self.aws,
+                                self.acnt, self.ieee)
+
+        steps = [lambda: ks.embed(f["ids"], self.emb, self.h[:B], B)]
+        for l, L in enumerate(self.layers):
+            steps += self._layer_calls(L, l, (f["pos"], f["slot"]), B, cfg, attn)
+        steps.append(lambda: kl.linear(self.h[:B], self.lm[0], self.logits[:B], B, sp.vocab_size,
+                                       sp.hidden_size, cfg("lm"), scale=self.lm[1], rms_eps=sp.rms_norm_eps,
+                                       ws=self.ws, cnt=self.cnt, ieee=self.ieee))
+        steps.append(lambda: ks.sample(self.logits[:B], sp.vocab_size, B, f["temp"], f["topk"], f["topp"],
+                                       f["seed"], f["step"], self.tok[:B]))
+        return steps
+
+    def _capture(self, B: int):
+        if not self.use_graphs:
+            return None
+        torch, drv, cu = self.torch, self.drv, self.cu
+        self._stage_pad(B, 0)
+        self._h2d(self.n_dec)
+        with torch.cuda.stream(self.tstream):
+            for s in self._steps[B]:  # compile + warm up outside the capture
+                s()
+        drv.check(cu.cuStreamSynchronize(self.stream))
+        gc.collect()
+        was = gc.isenabled()
+        gc.disable()
+        drv.begin_capture(self.stream)
+        try:
+            with torch.cuda.stream(self.tstream):
+                for s in self._steps[B]:
+                    s()
+        finally:
+            graph = drv.end_capture(self.stream)
+            if was:
+                gc.enable()
+        return graph
+
+    # ------------------------------------------------------------------ per step
+    def _h2d(self, n_ints: int, offset: int = 0):
+        if self.eager:
+            self.d_stage[offset : offset + n_ints] = self.torch.from_numpy(self.h_stage[offset : offset + n_ints].copy())
+            return
+        dst = self.cu.CUdeviceptr(self.d_stage.data_ptr() + offset * 4)
+        self.drv.check(self.cu.cuMemcpyHtoDAsync(dst, self.p_stage.ptr + offset * 4, n_ints * 4, self.stream))
+
+    def _sync_tables(self):
+        bt = self.block_tables
+        dirty = np.nonzero((bt != self.tab_seen).any(1))[0]
+        if not len(dirty):
+            return
+        self.tab_seen[dirty] = bt[dirty]
+        if self.eager:
+            self.tab[: self.max_batch] = self.torch.from_numpy(bt.copy())
+            return
+        self.h_tab[: self.max_batch] = bt
+        row = self.tab_host.shape[1] * 4
+        for r in dirty:
+            dst = self.cu.CUdeviceptr(self.tab.data_ptr() + int(r) * row)
+            self.drv.check(self.cu.cuMemcpyHtoDAsync(dst, self.p_tab.ptr + int(r) * row, row, self.stream))
+
+    def _stage_pad(self, B: int, n: int, base: int = 0):
+        """Padding entries n..B of the decode fields: token 0 at position 0 in the trash block."""
+        MB, h = self.max_batch, self.h_stage
+        for name, val in (("ids", 0), ("pos", 0), ("slot", self.trash_slot), ("ctx", 1),
+                          ("rix", MB), ("seed", 0), ("step", 0), ("topk", 0), ("temp", 0), ("topp", 0)):
+            i = _FIELDS.index(name)
+            h[base + i * MB + n : base + i * MB + B] = val
+
+    def _stage_sampling(self, base: int, idx, samp, seeds):
+        MB, h = self.max_batch, self.h_stage
+        n = len(idx)
+
+        def put(name, arr):
+            i = _FIELDS.index(name)
+            h[base + i * MB : base + i * MB + n] = arr
+
+        put("seed", (seeds[idx] ^ (seeds[idx] >> np.uint64(32))).astype(np.uint32).view(np.int32))
+        put("step", samp[idx, 3].astype(np.int32))
+        put("topk", samp[idx, 1].astype(np.int32))
+        put("temp", samp[idx, 0].astype(np.float32).view(np.int32))
+        put("topp", samp[idx, 2].astype(np.float32).view(np.int32))
+
+    def _run(self, rows, starts, counts, ids, samp, seeds) -> np.ndarray:
+        out = np.empty(len(rows), np.int32)
+        offs = np.concatenate([[0], np.cumsum(counts)])
+        pre = [i for i in range(len(rows)) if starts[i] == 0]
+        dec = [i for i in range(len(rows)) if starts[i] > 0]
+        if not self.eager:
+            self.drv.check(self.cu.cuCtxSetCurrent(self.ctx))
+        self._sync_tables()
+        group, tokens = [], 0
+        for i in pre:  # packed prefill, in groups of max_prefill tokens
+            if group and tokens + counts[i] > self.max_prefill:
+                self._prefill(group, rows, counts, ids, offs, samp, seeds, out)
+                group, tokens = [], 0
+            group.append(i)
+            tokens += int(counts[i])
+        if group:
+            self._prefill(group, rows, counts, ids, offs, samp, seeds, out)
+        if dec:
+            self._decode(dec, rows, starts, ids, offs, samp, seeds, out)
+        return out
+
+    def add(self, seq_id, prompt_ids, params) -> None:
+        n = int(np.asarray(prompt_ids).size)
+        if n > self.max_prefill:
+            raise InputError(f"prompt of {n} tokens is over this backend's max_prefill_tokens "
+                             f"({self.max_prefill}); compile with a larger max_prefill_tokens")
+        super().add(seq_id, prompt_ids, params)
+
+    def _slots(self, row: int, pos: np.ndarray) -> np.ndarray:
+        bs = self.block_size
+        return self.block_tables[row, pos // bs] * bs + pos % bs
+
+    def _decode(self, dec, rows, starts, ids, offs, samp, seeds, out):
+        n = len(dec)
+        B = next(b for b in self.buckets if b >= n)
+        MB, h = self.max_batch, self.h_stage
+        idx = np.asarray(dec)
+        pos = starts[idx].astype(np.int64)
+        r = rows[idx]
+        slot = np.array([self._slots(int(r[j]), pos[j : j + 1])[0] for j in range(n)], np.int32)
+        for name, arr in (("ids", ids[offs[idx]]), ("pos", pos), ("slot", slot), ("ctx", pos + 1),
+                          ("rix", r)):
+            i = _FIELDS.index(name)
+            h[i * MB : i * MB + n] = arr
+        self._stage_sampling(0, idx, samp, seeds)
+        self._stage_pad(B, n)
+        self._h2d(self.n_dec)
+        if self.eager or not self.use_graphs:
+            self._eager(self._steps[B])
+        else:
+            self.drv.check(self.cu.cuGraphLaunch(self._graphs[B][1], self.stream))
+        out[idx] = self._tokens(n)
+
+    def _eager(self, steps):
+        if self.eager:
+            for s in steps:
+                s()
+            return
+        with self.torch.cuda.stream(self.tstream):
+            for s in steps:
+                s()
+
+    def _tokens(self, n: int) -> np.ndarray:
+        if self.eager:
+            return self.tok[:n].numpy().copy()
+        cu = self.cu
+        src = cu.CUdeviceptr(self.tok.data_ptr())
+        self.drv.check(cu.cuMemcpyDtoHAsync(self.p_tok.ptr, src, n * 4, self.stream))
+        self.drv.check(cu.cuStreamSynchronize(self.stream))
+        return self.h_tok[:n].copy()
+
+    def _prefill(self, group, rows, counts, ids, offs, samp, seeds, out):
+        sp, PT, MB, h = self.spec, self.max_prefill, self.max_batch, self.h_stage
+        idx = np.asarray(group)
+        lens = counts[idx].astype(np.int64)
+        T, n = int(lens.sum()), len(group)
+        cu_ = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        tok = np.concatenate([ids[offs[i] : offs[i] + counts[i]] for i in group])
+        pos = np.concatenate([np.arange(L) for L in lens])
+        slot = np.concatenate([self._slots(int(rows[i]), np.arange(counts[i])) for i in group])
+        pb = 16 if self.eager else PREFILL_BLOCK
+        tiles = ka.prefill_tiles(cu_, pb)
+        nt = tiles.shape[1]
+        b0 = self.n_dec
+        h[b0 : b0 + T] = tok
+        h[b0 + PT : b0 + PT + T] = pos
+        h[b0 + 2 * PT : b0 + 2 * PT + T] = slot
+        for j in range(3):
+            h[b0 + (3 + j) * PT : b0 + (3 + j) * PT + nt] = tiles[j]
+        sb = b0 + 6 * PT  # last rows, then the sampling fields at their decode offsets - 5 MB
+        h[sb : sb + n] = cu_[1:] - 1
+        base = sb + MB - _FIELDS.index("seed") * MB
+        self._stage_sampling(base, idx, samp, seeds)
+        self._h2d(self.n_pre, b0)
+        d = self.d_stage
+        d_ids, d_pos, d_slot = d[b0 : b0 + T], d[b0 + PT : b0 + PT + T], d[b0 + 2 * PT : b0 + 2 * PT + T]
+        d_tiles = d[b0 + 3 * PT : b0 + 6 * PT].view(3, PT)
+        d_rows = d[sb : sb + n]
+        fld = {k: self._field(k, n, base) for k in ("seed", "step", "topk", "temp", "topp")}
+        M = T
+
+        def cfg(site):
+            n_, k_, _ = self._sites()[site]
+            return self.cfg[M, site] if (M, site) in self.cfg else kl.pick_config(M, n_, k_, self.sm, self.eager)
+
+        def attn(qkv, kc, vc, att):
+            ka.prefill_attention(qkv, d_tiles, nt, att, sp.num_heads, sp.num_kv_heads, sp.head_dim,
+                                 pb, pb, self.ieee)
+
+        steps = [lambda: ks.embed(d_ids, self.emb, self.h[:T], T)]
+        for l, L in enumerate(self.layers):
+            steps += self._layer_calls(L, l, (d_pos, d_slot), T, cfg, attn)
+        lm_cfg = kl.pick_config(n, sp.vocab_size, sp.hidden_size, self.sm, self.eager)
+        steps.append(lambda: kl.linear(self.h[:T], self.lm[0], self.logits[:n], n, sp.vocab_size,
+                                       sp.hidden_size, lm_cfg, scale=self.lm[1], rows=d_rows,
+                                       rms_eps=sp.rms_norm_eps, ws=self.ws, cnt=self.cnt, ieee=self.ieee))
+        steps.append(lambda: ks.sample(self.logits[:n], sp.vocab_size, n, fld["temp"], fld["topk"],
+                                       fld["topp"], fld["seed"], fld["step"], self.tok[:n]))
+        self._eager(steps)
+        out[idx] = self._tokens(n)
+
+    # ------------------------------------------------------------------ info
+    def memory(self) -> dict:
+        t = [self.kc, self.vc, self.h, self.qkv, self.att, self.mlp, self.logits, self.ws, self.aws]
+        w = [x for L in self.layers for v in L.values() if v is not None
+             for x in (v if isinstance(v, tuple) else (v,)) if x is not None]
+        w += [x for x in self.lm if x is not None] + [self.emb]
+        nb = lambda ts: int(sum(x.numel() * x.element_size() for x in ts))  # noqa: E731
+        return {"weights_bytes": nb(w), "kv_pool_bytes": nb([self.kc, self.vc]),
+                "activation_bytes": nb(t[2:]), "buckets": list(self.buckets),
+                "graphs": self.use_graphs, "device": self.device_name}
+
+
+CudaBackend = CudaDecoderBackend  # the name zoi.decoder.compile imports
+
+__all__ = ["CudaDecoderBackend", "CudaBackend", "quantize_rows"]

@@ -1,0 +1,125 @@
+"""CudaDecoderBackend end to end (under the Triton interpreter in CI, compiled + CUDA graphs with
+ZOI_TRITON_COMPILED=1): greedy token-identical to transformers FP32 (fp32 weights), fp16 / int8
+logits against the numpy reference, in-flight joins, pool exhaustion, cancellation, seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tests.decoder.cuda.helpers import INTERP, rel
+
+from zoi.decoder.api import FinishReason, KVPoolFull, SamplingParams
+from zoi.decoder.cuda import CudaDecoderBackend
+from zoi.decoder.loader import load_decoder
+from zoi.decoder.reference import ReferenceBackend
+from zoi.errors import InputError
+
+from ..dec_helpers import hf_greedy
+
+N_NEW = 4 if INTERP else 64  # the interpreter is slow; the GPU run does the 64 of issue 14
+
+
+def prompts(V, lens, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, V, n).astype(np.int32) for n in lens]
+
+
+def drive(be, ps, params, max_steps=200):
+    for i, p in enumerate(ps):
+        be.add(i, p, params)
+    out = {i: [] for i in range(len(ps))}
+    fin = {}
+    for _ in range(max_steps):
+        ev = be.step()
+        if not ev:
+            break
+        assert len({e.seq_id for e in ev}) == len(ev)  # one event per sequence per step
+        for e in ev:
+            out[e.seq_id].append(e.token_id)
+            if e.finish is not None:
+                fin[e.seq_id] = e.finish
+    return out, fin
+
+
+def make(ckpt, name, precision="fp32", **kw):
+    spec, w, _ = load_decoder(ckpt(name))
+    args = dict(num_blocks=24, block_size=16, max_batch=4, max_seq_len=96)
+    args.update(kw)
+    return spec, w, CudaDecoderBackend(spec, w, precision=precision, **args)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"] if INTERP else ["qwen2", "llama_gqa", "qwen3", "llama_tied"])
+def test_greedy_token_identical_to_transformers(ckpt, name):
+    spec, _, be = make(ckpt, name)
+    ps = prompts(spec.vocab_size, [7, 1, 19], seed=len(name))
+    out, fin = drive(be, ps, SamplingParams(max_new_tokens=N_NEW, ignore_eos=True))
+    for i, p in enumerate(ps):
+        assert out[i] == hf_greedy(ckpt(name), p.tolist(), N_NEW), i
+        assert fin[i] == FinishReason.LENGTH
+    assert be.pool().free_blocks == be.pool().num_blocks and be.pool().running == 0
+
+
+@pytest.mark.parametrize("precision,tol", [("fp16", 2e-2), ("int8", 6e-2)])
+def test_fp16_int8_logits_vs_reference(ckpt, precision, tol):
+    spec, w, be = make(ckpt, "llama_gqa", precision)
+    ref = ReferenceBackend(spec, w, num_blocks=24, block_size=16, max_batch=4, max_seq_len=96)
+    ps = prompts(spec.vocab_size, [5, 12], seed=4)
+    for b in (be, ref):
+        for i, p in enumerate(ps):
+            b.add(i, p, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    for step in range(2):  # the prefill's logits, then a decode step's on the same tokens
+        got = [e.token_id for e in be.step()]
+        want = [e.token_id for e in ref.step()]
+        lg = be.logits[: len(ps)].float().cpu().numpy()
+        assert rel(lg, ref.last_logits) < tol, step
+        if got != want:  # a near-tie flipped: later logits would differ by construction
+            break
+
+
+def test_in_flight_join_and_cancel(ckpt):
+    spec, _, be = make(ckpt, "qwen2", max_batch=3)
+    a, b, c = prompts(spec.vocab_size, [9, 4, 6], seed=7)
+    greedy = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    be.add(0, a, greedy)
+    first = be.step()
+    be.add(1, b, greedy)  # joins the running batch
+    be.add(2, c, greedy)
+    with pytest.raises(KVPoolFull):  # max_batch sequences run
+        be.add(3, a, greedy)
+    ev = be.step()
+    assert sorted(e.seq_id for e in ev) == [0, 1, 2]
+    be.cancel(1)
+    be.cancel(99)  # unknown: ignored
+    toks = {0: [first[0].token_id, ev[[e.seq_id for e in ev].index(0)].token_id]}
+    while be.pool().running:
+        for e in be.step():
+            assert e.seq_id != 1
+            toks.setdefault(e.seq_id, []).append(e.token_id)
+    assert toks[0] == hf_greedy(ckpt("qwen2"), a.tolist(), 4)
+    assert be.pool().free_blocks == be.pool().num_blocks
+
+
+def test_pool_and_input_errors(ckpt):
+    spec, _, be = make(ckpt, "qwen2", num_blocks=3, max_seq_len=64)
+    p = prompts(spec.vocab_size, [20])[0]
+    be.add(0, p, SamplingParams(max_new_tokens=20))  # ceil(39 / 16) = 3 blocks: all of them
+    with pytest.raises(KVPoolFull, match="blocks"):
+        be.add(1, p[:2], SamplingParams(max_new_tokens=2))
+    with pytest.raises(InputError, match="max_seq_len"):
+        be.add(2, p, SamplingParams(max_new_tokens=60))
+    with pytest.raises(InputError, match="empty"):
+        be.add(3, p[:0], SamplingParams())
+    be.cancel(0)
+    assert be.pool().free_blocks == 3
+
+
+def test_seeded_sampling_reproducible(ckpt):
+    spec, w, be = make(ckpt, "qwen2")
+    ps = prompts(spec.vocab_size, [6, 3], seed=2)
+    # a hot temperature: the random-init model's distributions are peaked
+    sp = SamplingParams(max_new_tokens=3, temperature=50.0, top_k=40, top_p=0.95, seed=1234, ignore_eos=True)
+    one, _ = drive(be, ps, sp)
+    two, _ = drive(be, ps, sp)
+    other, _ = drive(be, ps, SamplingParams(max_new_tokens=3, temperature=50.0, seed=99, ignore_eos=True))
+    assert one == two
+    assert one != other
