@@ -3,7 +3,7 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|quick|e2e|arena] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|quick|e2e|arena|decbench] ...   (several stages may be given)
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -53,6 +53,16 @@ if has test || has quick; then
     | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
   rc=${PIPESTATUS[0]}
   echo "tests exit code $rc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  # the GPU decoder (issue 14): its kernels compiled, the backend with CUDA graphs, tests/decoder/cuda/test_gpu.py
+  ZOI_TRITON_COMPILED=1 timeout "${DEC_TEST_TIMEOUT:-500}" $PY -m pytest tests/decoder/cuda -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
+    | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  drc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$drc
+  echo "decoder tests exit code $drc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): lab/gpu/decode_bench.py, ~5 min
+  log "decoder benchmark" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${DECBENCH_TIMEOUT:-580}" $PY lab/gpu/decode_bench.py ${DECBENCH_ARGS:-} --out "$OUT/gpu_decode_bench_${STAMP}.json" 2>&1 \
+    | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (one forward per precision)" | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -479,6 +479,28 @@ class CudaDecoderBackend(PagedBackend):
         out[idx] = self._tokens(n)
 
     # ------------------------------------------------------------------ info
+    def time_decode_graph(self, B: int, ctx: int = 1, n: int = 50) -> float:
+        """us per replay of bucket B's decode graph, n back-to-back launches (device-bound), on
+        padding rows that attend over ctx tokens of the trash row. Only between steps."""
+        import time
+
+        if not self.use_graphs:
+            raise BackendUnavailableError("time_decode_graph needs CUDA graphs (a GPU, graphs=True)")
+        B = next(b for b in self.buckets if b >= B)
+        self._stage_pad(B, 0)
+        i = _FIELDS.index("ctx")
+        self.h_stage[i * self.max_batch : i * self.max_batch + B] = max(1, min(ctx, self.max_seq_len))
+        cu, chk = self.cu, self.drv.check
+        self._h2d(self.n_dec)
+        gexec = self._graphs[B][1]
+        chk(cu.cuGraphLaunch(gexec, self.stream))
+        chk(cu.cuStreamSynchronize(self.stream))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            chk(cu.cuGraphLaunch(gexec, self.stream))
+        chk(cu.cuStreamSynchronize(self.stream))
+        return (time.perf_counter() - t0) / n * 1e6
+
     def memory(self) -> dict:
         t = [self.kc, self.vc, self.h, self.qkv, self.att, self.mlp, self.logits, self.ws, self.aws]
         w = [x for L in self.layers for v in L.values() if v is not None
