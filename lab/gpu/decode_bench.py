@@ -113,7 +113,7 @@ def hf_peer(name: str, n: int, prompt: int, new: int) -> dict:
               num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
               tie_word_embeddings=s.get("tie", False), rope_theta=s.get("rope_theta", 1e4),
               max_position_embeddings=prompt + new + 64)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float16).cuda().eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.float16).eval()
     model.generation_config.cache_implementation = "static"
     model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     ids = torch.randint(0, s["vocab"], (n, prompt), device="cuda")
