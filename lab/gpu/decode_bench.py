@@ -96,7 +96,7 @@ def streams(name: str, precision: str, n: int, prompt: int, new: int) -> dict:
                "decode_tokens_per_s": round((toks - n) / (t2 - t1), 1),
                "decode_step_ms": round((t2 - t1) / max(1, new - 1) * 1e3, 3)}
     if be.use_graphs:
-        res["graph_us_b%d" % n] = round(be.time_decode_graph(n, prompt + new // 2), 1)
+        res[f"graph_us_b{n}"] = round(be.time_decode_graph(n, prompt + new // 2), 1)
     return res
 
 

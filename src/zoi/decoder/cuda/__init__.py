@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def __getattr__(name):
-    if name == "CudaDecoderBackend":
+    if name in ("CudaDecoderBackend", "CudaBackend"):  # CudaBackend: the name compile_decoder uses
         from zoi.decoder.cuda.backend import CudaDecoderBackend
 
         return CudaDecoderBackend

@@ -78,6 +78,7 @@ class CudaDecoderBackend(PagedBackend):
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         self.precision = precision
         self.ieee = precision == "fp32"
+        self.wbytes = {"int8": 1, "fp16": 2, "fp32": 4}[precision]
         self.max_prefill = int(max_prefill_tokens or max_seq_len)
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.buckets = sorted(set(self.buckets))
@@ -85,6 +86,8 @@ class CudaDecoderBackend(PagedBackend):
         self.use_graphs = bool(graphs) and not self.eager
         self._upload(weights)
         self._alloc()
+        if not self.eager:  # the buffers were filled on torch's stream; ours does not wait for it
+            self.torch.cuda.synchronize()
         self._graphs: dict[int, tuple] = {}
         self._steps = {b: self._decode_steps(b) for b in self.buckets}
         for b in self.buckets:
@@ -201,7 +204,7 @@ class CudaDecoderBackend(PagedBackend):
         self.cfg = {}
         for b in sorted(set(self.buckets) | set(BUCKETS[: BUCKETS.index(32) + 1])):
             for site, (n, k, sw) in self._sites().items():
-                c = kl.pick_config(b, n, k, self.sm, self.eager)
+                c = kl.pick_config(b, n, k, self.sm, self.eager, self.wbytes, sw)
                 self.cfg[b, site] = c
                 ws = max(ws, kl.workspace_floats(b, n, c, sw))
                 cnt = max(cnt, kl.counters(b, n, c))
@@ -459,8 +462,10 @@ class CudaDecoderBackend(PagedBackend):
         M = T
 
         def cfg(site):
-            n_, k_, _ = self._sites()[site]
-            return self.cfg[M, site] if (M, site) in self.cfg else kl.pick_config(M, n_, k_, self.sm, self.eager)
+            n_, k_, sw = self._sites()[site]
+            if (M, site) in self.cfg:
+                return self.cfg[M, site]
+            return kl.pick_config(M, n_, k_, self.sm, self.eager, self.wbytes, sw)
 
         def attn(qkv, kc, vc, att):
             ka.prefill_attention(qkv, d_tiles, nt, att, sp.num_heads, sp.num_kv_heads, sp.head_dim,
@@ -469,7 +474,7 @@ class CudaDecoderBackend(PagedBackend):
         steps = [lambda: ks.embed(d_ids, self.emb, self.h[:T], T)]
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (d_pos, d_slot), T, cfg, attn)
-        lm_cfg = kl.pick_config(n, sp.vocab_size, sp.hidden_size, self.sm, self.eager)
+        lm_cfg = kl.pick_config(n, sp.vocab_size, sp.hidden_size, self.sm, self.eager, self.wbytes)
         steps.append(lambda: kl.linear(self.h[:T], self.lm[0], self.logits[:n], n, sp.vocab_size,
                                        sp.hidden_size, lm_cfg, scale=self.lm[1], rows=d_rows,
                                        rms_eps=sp.rms_norm_eps, ws=self.ws, cnt=self.cnt, ieee=self.ieee))

@@ -307,5 +307,5 @@ def prefill_attention(qkv, tiles, n_tiles: int, out, H: int, KVH: int, D: int, b
     prefill_attn_kernel[(n_tiles, H)](
         qkv, tiles[0], tiles[1], tiles[2], out, qkv.stride(0), out.stride(0), H, KVH, H // KVH,
         LOG2E / math.sqrt(D), D=D, BLOCK_D=_p2(D, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        IEEE=ieee, num_warps=4,
+        IEEE=ieee, num_warps=4, num_stages=2,
     )

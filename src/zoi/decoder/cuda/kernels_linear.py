@@ -166,20 +166,30 @@ class LinearConfig:
     num_stages: int = 3
 
 
-def pick_config(M: int, N: int, K: int, sms: int, interpret: bool = False) -> LinearConfig:
+SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (H100 / H200: 227 KB per block)
+
+
+def pick_config(M: int, N: int, K: int, sms: int, interpret: bool = False, wbytes: int = 1,
+                swiglu: bool = False) -> LinearConfig:
     """Tiles for one call site: decode (M <= 32) gets narrow N tiles and split-K until the grid
-    covers ~2 programs per SM; prefill gets 64x64 tiles."""
+    covers ~2 programs per SM; prefill gets 64x64 tiles. The pipeline depth is what fits the
+    shared-memory budget (x is staged as fp32 at the RMS sites; wbytes: weight element size)."""
     if interpret:  # the interpreter runs programs one by one: few, big programs
         bm = 16 if M <= 16 else 32 if M <= 32 else 64
         return LinearConfig(bm, 32 if N <= 32 else 64, 64 if K >= 64 else 32, 1, 4, 1)
+    nw = 2 if swiglu else 1
     if M <= 32:
-        bm = 16 if M <= 16 else 32
-        bn, bk = 32, 256 if K >= 256 else 64
+        bm, bn = (16 if M <= 16 else 32), 32
+        bk = 256 if K >= 256 else 64
+        while bk > 64 and 2 * (bm * bk * 4 + bk * bn * wbytes * nw) > SMEM_BUDGET:
+            bk //= 2
+        stages = int(max(2, min(4, SMEM_BUDGET // (bm * bk * 4 + bk * bn * wbytes * nw))))
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
         kblocks = triton.cdiv(K, bk)
         split = max(1, min(kblocks, triton.cdiv(2 * sms, tiles), 16))
-        return LinearConfig(bm, bn, bk, split, 4, 4)
-    return LinearConfig(64, 64, 64, 1, 4, 3)
+        return LinearConfig(bm, bn, bk, split, 4, stages)
+    per = 64 * 64 * 4 + 64 * 64 * wbytes * nw
+    return LinearConfig(64, 64, 64, 1, 4, int(max(2, min(3, SMEM_BUDGET // per))))
 
 
 def workspace_floats(M: int, N: int, cfg: LinearConfig, swiglu: bool = False) -> int:
