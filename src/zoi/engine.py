@@ -27,6 +27,7 @@ from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
+from zoi.heads import HeadsMixin, default_max_tokens, quantize_heads
 
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -184,6 +185,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     device = resolve_device(device)
     _check_precision(precision, device)
     src = resolve_model(path) if path is not None else default_model_path()
+    auto_tokens, auto_batch = max_tokens is None, max_batch is None
     max_tokens = _check_count("max_tokens", max_tokens or DEFAULT_MAX_TOKENS[device])
     max_batch = _check_count("max_batch", max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
     steps = _Steps(progress, 4 if precision == "int8" else 3)
@@ -193,6 +195,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
+    if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
+        max_tokens = default_max_tokens(spec, max_tokens)
+        max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
     if max_tokens < spec.max_positions:
         raise ValueError(
             f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})"
@@ -226,6 +231,8 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
     zoi.quant.config.FEATURES, so nothing is narrowed). Returns (weights, quant, report)."""
     from zoi import quant
 
+    if spec.head:  # the encoder as an embedding model, then the head (zoi.heads)
+        return quantize_heads(spec, weights, tokenizer, calibration, config, progress)
     report: dict = {}
     weights, q = quant.quantize_model(
         spec,
@@ -239,7 +246,7 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
     return weights, q, report
 
 
-class Engine:
+class Engine(HeadsMixin):
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
     def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):

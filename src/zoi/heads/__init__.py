@@ -1,0 +1,8 @@
+"""Task heads on the compiled encoder (issue 20): cross-encoders / classifiers, token
+classification (NER), SPLADE sparse vectors, token embeddings. `HeadsMixin` gives the Engine
+predict / rerank / predict_tokens / ner / encode_sparse; everything runs through the same IR,
+plan and kernels as the embeddings (zoi.graph.heads, the backends' run_outputs)."""
+
+from zoi.heads.api import HEAD_NAMES, HeadsMixin, default_max_tokens, quantize_heads
+
+__all__ = ["HEAD_NAMES", "HeadsMixin", "default_max_tokens", "quantize_heads"]
