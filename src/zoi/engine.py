@@ -27,7 +27,7 @@ from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.heads import HeadsMixin, default_max_tokens, quantize_heads
+from zoi.heads import HeadsMixin, default_max_tokens, quantize_heads, st_meta
 
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -171,6 +171,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     calibration: Sequence[str] | str | os.PathLike | None = None,
     quant_config: Any = None,
     progress: bool = False,
+    truncate_dim: int | None = None,
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
@@ -181,6 +182,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
+    truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
     """
     device = resolve_device(device)
     _check_precision(precision, device)
@@ -213,6 +215,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model)
     model.meta["source"] = str(src)
+    model.meta.update(st_meta(src, spec, truncate_dim))  # prompts, truncate_dim (zoi.heads)
     if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
         model.meta["source_default"] = True
     if precision == "int8":
@@ -372,8 +375,18 @@ class Engine(HeadsMixin):
         convert_to_numpy: bool = True,
         convert_to_tensor: bool = False,
         device: str | None = None,
+        output_value: str = "sentence_embedding",
+        truncate_dim: int | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
+
+        sentence-transformers' options (zoi.heads): output_value="token_embeddings" gives the
+        last hidden state of each text's tokens ([n_i, H] each); truncate_dim keeps the first
+        dimensions (Matryoshka; re-normalised when normalising; default: the compile option);
+        prompt / prompt_name prepend a prompt (config_sentence_transformers.json's prompts,
+        default_prompt_name).
 
         All texts are tokenised in one native call (GIL released; big batches over the core's
         pool) straight into packed arrays, then run in the largest chunks the engine takes:
@@ -387,9 +400,16 @@ class Engine(HeadsMixin):
             torch = self._output_torch(convert_to_numpy, convert_to_tensor, device)
             if torch is not None:
                 emb = self.encode(
-                    sentences, batch_size, normalize_embeddings, show_progress_bar, truncate
-                )
+                    sentences, batch_size, normalize_embeddings, show_progress_bar, truncate,
+                    truncate_dim=truncate_dim, prompt_name=prompt_name, prompt=prompt,
+                )  # fmt: skip
                 return _to_torch(torch, emb, convert_to_tensor, device)
+        sentences = self._prompted(sentences, prompt, prompt_name)
+        if output_value != "sentence_embedding":
+            return self._other_output(sentences, output_value, batch_size, truncate)
+        if truncate_dim != 0 and (truncate_dim is not None or self.model.meta.get("truncate_dim")):
+            out = self.encode(sentences, batch_size, False, show_progress_bar, truncate, truncate_dim=0)
+            return self._truncated(out, truncate_dim, normalize_embeddings)
         single = isinstance(sentences, str)
         texts = [sentences] if single else sentences
         if batch_size is None:

@@ -13,6 +13,7 @@ from zoi.backends.base import HeadRunner
 from zoi.errors import HeadError, InputError, NumericalError, ZoiError
 from zoi.frontend.pairs import PairEncoder, check_pairs
 from zoi.frontend.tokenizer import Tokenizer, pack
+from zoi.heads.options import EncodeOptionsMixin
 
 HEAD_NAMES = {
     "": "embedding (no task head)",
@@ -94,7 +95,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-class HeadsMixin:
+class HeadsMixin(EncodeOptionsMixin):
     """Needs the Engine's model, spec, tokenizer, backend, _lock, max_tokens, max_batch,
     max_seq_tokens and device."""
 
