@@ -143,6 +143,15 @@ class PairEncoder:
         encs = tok._hf_full.encode_batch(clipped, add_special_tokens=False)
         return [np.asarray(e.ids[:cap], np.int32) for e in encs]
 
+    def _full_lengths(self, texts: list[str]) -> list[int]:
+        """Token counts without special tokens and without any cap."""
+        tok = self.tok
+        if tok.native is not None:
+            _, _, cu, _ = tok.native.encode_packed(texts, True, 0, 0, 1 << 30)
+            return (np.diff(cu) - self.n_single).tolist()
+        encs = tok._hf_full.encode_batch(texts, add_special_tokens=False)
+        return [len(e.ids) for e in encs]
+
     def encode(
         self, pairs: list[tuple[str, str]], max_len: int, strategy: str = "longest_first"
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -153,13 +162,25 @@ class PairEncoder:
         room = max_len - self.n_pair
         if room < 1:
             raise InputError(f"max length {max_len} leaves no room for a pair's tokens")
-        # capping each segment at room + 1 tokens changes no truncation decision
-        segs = self._segments([t for p in pairs for t in p], room + 1)
+        # capping each segment at room + 1 tokens changes no truncation decision, except
+        # which of two over-long segments is longer (longest_first, odd room: it keeps the
+        # odd token): those pairs' full lengths are counted below
+        texts = [t for p in pairs for t in p]
+        segs = self._segments(texts, room + 1)
+        full = {}
+        if strategy == "longest_first" and room % 2:
+            both = [
+                i for i in range(len(pairs)) if min(len(segs[2 * i]), len(segs[2 * i + 1])) > room
+            ]
+            if both:
+                n = self._full_lengths([texts[2 * i + k] for i in both for k in (0, 1)])
+                full = {i: (n[2 * j], n[2 * j + 1]) for j, i in enumerate(both)}
         _, pair = self.templates
         ids_l, typ_l, lens = [], [], np.empty(len(pairs), np.int32)
         for i in range(len(pairs)):
             a, b = segs[2 * i], segs[2 * i + 1]
-            na, nb = truncate_pair(len(a), len(b), room, strategy)
+            n1, n2 = full.get(i, (len(a), len(b)))
+            na, nb = truncate_pair(n1, n2, room, strategy)
             parts = {"A": a[:na], "B": b[:nb]}
             n = 0
             for k, sp, tid in pair:
