@@ -126,7 +126,7 @@ def st_head(folder: Path, modules: list, cfg: dict, arch: str) -> dict[str, Any]
             "zoi runs pooling_strategy 'max' with activation_function 'relu' (SPLADE v2 and later)"
         )
     for t in types:
-        if not t.endswith(("MLMTransformer", "SpladePooling")):
+        if not t.endswith(("Transformer", "SpladePooling")):
             raise UnsupportedModelError(
                 f"{folder / 'modules.json'}: module {t!r} after SPLADE pooling is not supported"
             )
