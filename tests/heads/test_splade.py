@@ -7,11 +7,11 @@ import warnings
 
 import numpy as np
 import pytest
-
-import zoi
 from tests.conftest import real_sentences
 from tests.fixtures import supported_isas
 from tests.heads.helpers import close, hf_tokenizer, max_len
+
+import zoi
 
 TEXTS = [
     "hello world",
@@ -43,7 +43,7 @@ def test_sparse_matches_transformers(head_ckpts, arch, device):
     dense = eng.encode_sparse(TEXTS, dense=True)
     assert dense.shape == (len(TEXTS), model.config.vocab_size)
     close(dense, ref)
-    for (idx, val), row in zip(eng.encode_sparse(TEXTS), dense):
+    for (idx, val), row in zip(eng.encode_sparse(TEXTS), dense, strict=True):
         assert idx.dtype == np.int32 and val.dtype == np.float32
         assert np.all(np.diff(idx) > 0) and np.all(val > 0)
         np.testing.assert_array_equal(idx, np.flatnonzero(row))
@@ -82,13 +82,13 @@ def test_top_k_chunks_isas_int8(head_ckpts, tmp_path):
         eng.backend = CpuBackend(eng.model, isa=isa)
         close(eng.encode_sparse(TEXTS, dense=True), ref)
     top = eng.encode_sparse(TEXTS, top_k=10)
-    for (idx, val), row in zip(top, full):
+    for (idx, _val), row in zip(top, full, strict=True):
         assert len(idx) == 10
         assert set(idx.tolist()) == set(np.argsort(-row)[:10].tolist())
     q = zoi.compile(folder, device="cpu", precision="int8")
     assert q.backend.linear_kinds["mlm.dec"] == "int8"
     qd = q.encode_sparse(TEXTS, dense=True)
-    for a, b in zip(qd, full):
+    for a, b in zip(qd, full, strict=True):
         ka, kb = set(np.argsort(-a)[:20].tolist()), set(np.argsort(-b)[:20].tolist())
         assert len(ka & kb) >= 16
     q.save(tmp_path / "q")

@@ -7,11 +7,11 @@ import warnings
 
 import numpy as np
 import pytest
-
-import zoi
 from tests.conftest import real_sentences
 from tests.fixtures import supported_isas
 from tests.heads.helpers import close, hf_logits, hf_tokenizer, max_len
+
+import zoi
 
 TEXTS = [
     "John Smith lives in New York and works for Acme Corporation.",
@@ -31,7 +31,7 @@ def test_token_logits_match_transformers(head_ckpts, arch, device):
     got = eng.predict_tokens(TEXTS)
     ref = hf_logits(model, hf_tokenizer(folder, max_len(model)), TEXTS)
     assert len(got) == len(ref)
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         close(g, r)
     assert eng.predict_tokens("a").shape == (3, 7)
 
@@ -55,9 +55,9 @@ def test_entities_match_the_pipeline(head_ckpts, strategy):
     eng = zoi.compile(folder, device="cpu")
     gots = eng.ner(TEXTS[:4] + TEXTS[5:], aggregation_strategy=strategy)
     n = 0
-    for got, ref in zip(gots, refs):
+    for got, ref in zip(gots, refs, strict=True):
         assert len(got) == len(ref)
-        for g, r in zip(got, ref):
+        for g, r in zip(got, ref, strict=True):
             key = "entity_group" if strategy != "none" else "entity"
             assert g[key] == r[key]
             assert (g["word"], g["start"], g["end"]) == (r["word"], r["start"], r["end"])
@@ -65,13 +65,15 @@ def test_entities_match_the_pipeline(head_ckpts, strategy):
             n += 1
     assert n > 5  # the random model tags something
     one = eng.ner(TEXTS[0], aggregation_strategy=strategy)
-    assert one == gots[0] or all(a["start"] == b["start"] for a, b in zip(one, gots[0]))
+    assert one == gots[0] or all(
+        a["start"] == b["start"] for a, b in zip(one, gots[0], strict=True)
+    )
 
 
 def test_offsets_point_into_the_text(head_ckpts):
     folder, _ = head_ckpts("bert", "tok", 7)
     eng = zoi.compile(folder, device="cpu")
-    for text, ents in zip(TEXTS, eng.ner(TEXTS, aggregation_strategy="first")):
+    for text, ents in zip(TEXTS, eng.ner(TEXTS, aggregation_strategy="first"), strict=True):
         for e in ents:
             assert 0 <= e["start"] < e["end"] <= len(text)
 
