@@ -95,6 +95,10 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
+def a_(what: str) -> str:
+    return ("an " if what[:1] in "aeiou" else "a ") + what
+
+
 class HeadsMixin(EncodeOptionsMixin):
     """Needs the Engine's model, spec, tokenizer, backend, _lock, max_tokens, max_batch,
     max_seq_tokens and device."""
@@ -113,7 +117,7 @@ class HeadsMixin(EncodeOptionsMixin):
         if self.spec.head not in heads:
             want = " or ".join(HEAD_NAMES[h] for h in heads)
             raise HeadError(
-                f"{call} needs a {want} model; {self.spec.name} is a {HEAD_NAMES[self.spec.head]} "
+                f"{call} needs {a_(want)} model; {self.spec.name} is {a_(HEAD_NAMES[self.spec.head])} "
                 "model. Compile a checkpoint with that head (e.g. a *ForSequenceClassification "
                 "folder for predict / rerank)"
             )
@@ -177,6 +181,27 @@ class HeadsMixin(EncodeOptionsMixin):
                     )
             yield s, e, a, z, outs
             s = e
+
+    @property
+    def head_cols(self) -> int:
+        """Columns of the head's output: labels (seq_cls, token_cls), vocab (splade)."""
+        return int(self.model.graph.buffers[self.model.graph.output].cols)
+
+    def run_head_packed(self, ids, positions, cu_seqlens, types=None) -> np.ndarray:
+        """The head's output of packed sequences (zoi serve's batcher): [B, cols] for seq_cls
+        logits / splade vectors, [T, cols] for token logits."""
+        self._need("run_head_packed", "seq_cls", "token_cls", "splade")
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        pos = np.ascontiguousarray(positions, dtype=np.int32)
+        cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
+        rows_t = self.model.graph.buffers[self.model.graph.output].rows == "T"
+        out = np.empty((len(ids) if rows_t else len(cu) - 1, self.head_cols), np.float32)
+        for s, e, a, z, o in self._run_head(ids, pos, types, cu):
+            if rows_t:
+                out[a:z] = o[self.model.graph.output]
+            else:
+                out[s:e] = o[self.model.graph.output]
+        return out
 
     # ---- sequence classification / cross-encoders ----------------------------------------
     def predict(
@@ -370,8 +395,8 @@ class HeadsMixin(EncodeOptionsMixin):
         included), as sentence-transformers' encode(output_value="token_embeddings")."""
         if self.spec.head:
             raise HeadError(
-                f"token embeddings come from an embedding model; {self.spec.name} is a "
-                f"{HEAD_NAMES[self.spec.head]} model"
+                f"token embeddings come from an embedding model; {self.spec.name} is "
+                f"{a_(HEAD_NAMES[self.spec.head])} model"
             )
         self._need("encode(output_value='token_embeddings')", "")
         items = Tokenizer.check_texts(texts)
