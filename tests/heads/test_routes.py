@@ -168,3 +168,57 @@ def test_sparse_and_token_routes(head_ckpts, small_bert_path):
             assert r.status_code == 404 and "embedding" in r.json()["error"]
 
     run(go())
+
+
+def test_kserve_heads(ce3, head_ckpts):
+    tok = zoi.compile(head_ckpts("bert", "tok", 7)[0], device="cpu")
+    sp = zoi.compile(head_ckpts("bert", "mlm")[0], device="cpu")
+
+    async def go():
+        async with client(ce3) as c:
+            name = c.svc.model_name
+            meta = (await c.get(f"/v2/models/{name}")).json()
+            assert meta["outputs"] == [{"name": "SCORES", "datatype": "FP32", "shape": [-1, 3]}]
+            body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2, 2],
+                                "data": ["what", "that", "a", "b"]}],
+                    "parameters": {"raw_scores": True}}  # fmt: skip
+            r = await c.post(f"/v2/models/{name}/infer", json=body)
+            assert r.status_code == 200, r.text
+            out = r.json()["outputs"][0]
+            assert out["name"] == "SCORES" and out["shape"] == [2, 3]
+            want = ce3.predict([("what", "that"), ("a", "b")])
+            np.testing.assert_allclose(
+                np.array(out["data"]).reshape(2, 3), want, rtol=1e-5, atol=1e-6
+            )
+            assert (await c.get(f"/v2/models/{name}/config")).json()["output"][0][
+                "name"
+            ] == "SCORES"
+        async with client(tok) as c:
+            name = c.svc.model_name
+            body = {
+                "inputs": [
+                    {"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["John lives", "a"]}
+                ]
+            }
+            r = await c.post(f"/v2/models/{name}/infer", json=body)
+            assert r.status_code == 200, r.text
+            o = {x["name"]: x for x in r.json()["outputs"]}
+            counts = o["TOKEN_COUNT"]["data"]
+            lg = np.array(o["TOKEN_LOGITS"]["data"]).reshape(o["TOKEN_LOGITS"]["shape"])
+            for i, want in enumerate(tok.predict_tokens(["John lives", "a"])):
+                assert counts[i] == len(want)
+                np.testing.assert_allclose(lg[i, : len(want)], want, rtol=1e-5, atol=1e-6)
+                assert not lg[i, len(want) :].any()
+        async with client(sp) as c:
+            name = c.svc.model_name
+            body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["hello"]}],
+                    "outputs": [{"name": "SPARSE"}]}  # fmt: skip
+            r = await c.post(f"/v2/models/{name}/infer", json=body)
+            out = r.json()["outputs"][0]
+            np.testing.assert_allclose(
+                np.array(out["data"]), sp.encode_sparse("hello", dense=True), rtol=1e-5, atol=1e-6
+            )
+            body["outputs"] = [{"name": "EMBEDDING"}]
+            assert (await c.post(f"/v2/models/{name}/infer", json=body)).status_code == 422
+
+    run(go())
