@@ -27,7 +27,7 @@ from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.heads import HeadsMixin, default_max_tokens, quantize_heads, st_meta
+from zoi.heads import HeadsMixin, check_head_device, default_max_tokens, quantize_heads, st_meta
 
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -257,6 +257,7 @@ class Engine(HeadsMixin):
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
         self.device = device
+        check_head_device(model.spec, device)  # zoi.heads: where task heads run
         self.backend: Backend = make_backend(model, device)
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
@@ -408,7 +409,9 @@ class Engine(HeadsMixin):
         if output_value != "sentence_embedding":
             return self._other_output(sentences, output_value, batch_size, truncate)
         if truncate_dim != 0 and (truncate_dim is not None or self.model.meta.get("truncate_dim")):
-            out = self.encode(sentences, batch_size, False, show_progress_bar, truncate, truncate_dim=0)
+            out = self.encode(
+                sentences, batch_size, False, show_progress_bar, truncate, truncate_dim=0, prompt=""
+            )
             return self._truncated(out, truncate_dim, normalize_embeddings)
         single = isinstance(sentences, str)
         texts = [sentences] if single else sentences

@@ -99,5 +99,10 @@ def test_prompts(st_folder, tmp_path):
     (f2 / "config_sentence_transformers.json").write_text(json.dumps(cfg))
     eng2 = zoi.compile(f2, device="cpu")
     close(eng2.encode(TEXTS), eng.encode(TEXTS, prompt_name="query"))
+    # the default prompt once, with truncate_dim too (a re-entrant encode must not add it twice)
+    close(
+        eng2.encode(TEXTS, truncate_dim=20), eng.encode(TEXTS, prompt_name="query", truncate_dim=20)
+    )
+    close(eng2.encode(TEXTS, prompt=""), eng.encode(TEXTS))
     eng2.save(tmp_path / "art")
     close(zoi.load(tmp_path / "art").encode(TEXTS), eng.encode(TEXTS, prompt_name="query"))

@@ -208,3 +208,12 @@ def test_labels_from_config(tmp_path):
     model.config.label2id = {"neg": 0, "neu": 1, "pos": 2}
     save_checkpoint(model, tmp_path / "m")
     assert zoi.compile(tmp_path / "m", device="reference").labels == ("neg", "neu", "pos")
+
+
+def test_gpu_refuses_heads_clearly(head_ckpts):
+    from zoi.errors import BackendUnavailableError
+
+    folder, _ = head_ckpts("bert", "seq", 1)
+    eng = zoi.compile(folder, device="reference")
+    with pytest.raises(BackendUnavailableError, match="sequence classification.*device='cuda'"):
+        zoi.Engine(eng.model, eng.tokenizer, "cuda")

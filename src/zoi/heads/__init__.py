@@ -3,7 +3,20 @@ classification (NER), SPLADE sparse vectors, token embeddings. `HeadsMixin` give
 predict / rerank / predict_tokens / ner / encode_sparse; everything runs through the same IR,
 plan and kernels as the embeddings (zoi.graph.heads, the backends' run_outputs)."""
 
-from zoi.heads.api import HEAD_NAMES, HeadsMixin, default_max_tokens, quantize_heads
+from zoi.heads.api import (
+    HEAD_NAMES,
+    HeadsMixin,
+    check_head_device,
+    default_max_tokens,
+    quantize_heads,
+)
 from zoi.heads.options import st_meta
 
-__all__ = ["HEAD_NAMES", "HeadsMixin", "default_max_tokens", "quantize_heads", "st_meta"]
+__all__ = [
+    "HEAD_NAMES",
+    "HeadsMixin",
+    "check_head_device",
+    "default_max_tokens",
+    "quantize_heads",
+    "st_meta",
+]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from zoi.backends.base import HeadRunner
-from zoi.errors import HeadError, InputError, NumericalError, ZoiError
+from zoi.errors import BackendUnavailableError, HeadError, InputError, NumericalError, ZoiError
 from zoi.frontend.pairs import PairEncoder, check_pairs
 from zoi.frontend.tokenizer import Tokenizer, pack
 from zoi.heads.options import EncodeOptionsMixin
@@ -31,6 +31,18 @@ def default_max_tokens(spec, max_tokens: int) -> int:
     if spec.head != "splade":
         return max_tokens
     return min(max_tokens, max(spec.max_positions, SPLADE_ARENA_BYTES // (4 * spec.vocab_size)))
+
+
+HEAD_DEVICES = ("cpu", "reference")  # the backends with run_outputs (HeadRunner)
+
+
+def check_head_device(spec, device: str) -> None:
+    """A model with a task head needs a backend that runs heads (HeadRunner)."""
+    if spec.head and device not in HEAD_DEVICES:
+        raise BackendUnavailableError(
+            f"{spec.name} has a {HEAD_NAMES[spec.head]} head, which device={device!r} does not "
+            f"run yet; compile or load it with device='cpu' (or 'reference')"
+        )
 
 
 def quantize_heads(spec, weights, tokenizer, calibration, config, progress):
