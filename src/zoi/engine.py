@@ -27,7 +27,7 @@ from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.heads import HeadsMixin, check_head_device, default_max_tokens, quantize_heads, st_meta
+from zoi.heads import HeadsMixin, default_max_tokens, head_backend, quantize_heads, st_meta
 
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -257,8 +257,8 @@ class Engine(HeadsMixin):
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
         self.device = device
-        check_head_device(model.spec, device)  # zoi.heads: where task heads run
-        self.backend: Backend = make_backend(model, device)
+        # a head model on cuda: zoi.heads' hybrid backend (GPU encoder, host head)
+        self.backend: Backend = head_backend(model, device) or make_backend(model, device)
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
         self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)

@@ -213,7 +213,7 @@ def test_labels_from_config(tmp_path):
 def test_gpu_refuses_heads_clearly(head_ckpts):
     from zoi.errors import BackendUnavailableError
 
-    folder, _ = head_ckpts("bert", "seq", 1)
+    folder, _ = head_ckpts("bert", "tok", 3)
     eng = zoi.compile(folder, device="reference")
-    with pytest.raises(BackendUnavailableError, match="sequence classification.*device='cuda'"):
+    with pytest.raises(BackendUnavailableError, match="token classification.*device='cuda'"):
         zoi.Engine(eng.model, eng.tokenizer, "cuda")

@@ -8,6 +8,7 @@ from zoi.heads.api import (
     HeadsMixin,
     check_head_device,
     default_max_tokens,
+    head_backend,
     quantize_heads,
 )
 from zoi.heads.options import st_meta
@@ -17,6 +18,7 @@ __all__ = [
     "HeadsMixin",
     "check_head_device",
     "default_max_tokens",
+    "head_backend",
     "quantize_heads",
     "st_meta",
 ]

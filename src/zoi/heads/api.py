@@ -15,6 +15,11 @@ from zoi.frontend.pairs import PairEncoder, check_pairs
 from zoi.frontend.tokenizer import Tokenizer, pack
 from zoi.heads.options import EncodeOptionsMixin
 
+
+def a_(what: str) -> str:
+    return ("an " if what[:1] in "aeiou" else "a ") + what
+
+
 HEAD_NAMES = {
     "": "embedding (no task head)",
     "seq_cls": "sequence classification (cross-encoder)",
@@ -37,12 +42,29 @@ HEAD_DEVICES = ("cpu", "reference")  # the backends with run_outputs (HeadRunner
 
 
 def check_head_device(spec, device: str) -> None:
-    """A model with a task head needs a backend that runs heads (HeadRunner)."""
-    if spec.head and device not in HEAD_DEVICES:
+    """A model with a task head needs a backend that runs heads (HeadRunner); on cuda the
+    sequence classifiers run (zoi.heads.hybrid), the per-token heads not yet."""
+    if (
+        spec.head
+        and device not in HEAD_DEVICES
+        and not (device == "cuda" and spec.head == "seq_cls")
+    ):
         raise BackendUnavailableError(
-            f"{spec.name} has a {HEAD_NAMES[spec.head]} head, which device={device!r} does not "
+            f"{spec.name} has {a_(HEAD_NAMES[spec.head])} head, which device={device!r} does not "
             f"run yet; compile or load it with device='cpu' (or 'reference')"
         )
+
+
+def head_backend(model, device: str):
+    """The backend of a head model where the device's own backend does not run heads (cuda:
+    zoi.heads.hybrid); None where make_backend's does."""
+    check_head_device(model.spec, device)
+    if model.spec.head and device == "cuda":
+        from zoi.backends import make_backend
+        from zoi.heads.hybrid import HybridHeadRunner
+
+        return HybridHeadRunner(model, make_backend)
+    return None
 
 
 def quantize_heads(spec, weights, tokenizer, calibration, config, progress):
@@ -105,10 +127,6 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     z = x.astype(np.float64)
     e = np.exp(z - z.max(axis=-1, keepdims=True))
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
-
-
-def a_(what: str) -> str:
-    return ("an " if what[:1] in "aeiou" else "a ") + what
 
 
 class HeadsMixin(EncodeOptionsMixin):
