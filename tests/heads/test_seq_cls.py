@@ -195,6 +195,8 @@ def test_wrong_head_calls_name_the_head(head_ckpts, small_bert_path):
         ce.encode_sparse(["x"])
     with pytest.raises(HeadError, match="sequence classification"):
         ce.ner("x")
+    with pytest.raises(HeadError, match="use predict / rerank"):
+        ce.encode(["x"])
     emb = zoi.compile(small_bert_path, device="reference")
     with pytest.raises(HeadError, match="embedding"):
         emb.predict([("a", "b")])

@@ -49,6 +49,16 @@ class EncodeOptionsMixin:
         return dict(self.model.meta.get("prompts", {}))
 
     def _prompted(self, sentences, prompt, prompt_name):
+        if self.spec.head:
+            from zoi.errors import HeadError
+            from zoi.heads.api import HEAD_NAMES, a_
+
+            calls = {"seq_cls": "predict / rerank", "token_cls": "predict_tokens / ner",
+                     "splade": "encode_sparse"}[self.spec.head]  # fmt: skip
+            raise HeadError(
+                f"encode gives the sentence embeddings of an embedding model; {self.spec.name} "
+                f"is {a_(HEAD_NAMES[self.spec.head])} model: use {calls}"
+            )
         if prompt is None:
             prompts = self.model.meta.get("prompts", {})
             if prompt_name is not None:
