@@ -33,7 +33,8 @@ class ModelSpec:
     head: str = ""
     head_act: str = ""
     labels: tuple = ()
-    head_fn: str = ""  # seq_cls: predict's default activation ("": sigmoid for 1 label, else identity)
+    # head_fn: seq_cls predict's default activation ("": sigmoid for 1 label, else identity)
+    head_fn: str = ""
 
     def __post_init__(self):
         if not isinstance(self.labels, tuple):

@@ -267,4 +267,5 @@ def absent(svc: Service, path: str):
         return json_response({"error": e.message, "error_type": "Validation"}, 404)
     return json_response({"error": f"{path}: not found", "error_type": "Validation"}, 404)
 
+
 __all__ = ["ALL", "absent", "make_routes"]

@@ -197,8 +197,13 @@ def make_routes(svc: Service) -> list[Route]:
         if getattr(svc.engine, "head", ""):  # a task head's signature (zoi.serve.kserve_heads)
             ins, outs = kserve_heads.signature(svc)
             return json_response(
-                {"name": svc.model_name, "versions": ["1"], "platform": "zoi", "inputs": ins,
-                 "outputs": outs}  # fmt: skip
+                {
+                    "name": svc.model_name,
+                    "versions": ["1"],
+                    "platform": "zoi",
+                    "inputs": ins,
+                    "outputs": outs,
+                }
             )
         return json_response(
             {
@@ -225,8 +230,14 @@ def make_routes(svc: Service) -> list[Route]:
         if getattr(svc.engine, "head", ""):
             ins, outs = kserve_heads.config_io(svc)
             return json_response(
-                {"name": svc.model_name, "platform": "zoi", "backend": "zoi", "max_batch_size": 0,
-                 "input": ins, "output": outs}  # fmt: skip
+                {
+                    "name": svc.model_name,
+                    "platform": "zoi",
+                    "backend": "zoi",
+                    "max_batch_size": 0,
+                    "input": ins,
+                    "output": outs,
+                }
             )
         return json_response(
             {
