@@ -106,3 +106,19 @@ def test_prompts(st_folder, tmp_path):
     close(eng2.encode(TEXTS, prompt=""), eng.encode(TEXTS))
     eng2.save(tmp_path / "art")
     close(zoi.load(tmp_path / "art").encode(TEXTS), eng.encode(TEXTS, prompt_name="query"))
+
+
+def test_token_embeddings_every_isa(st_folder):
+    from tests.fixtures import supported_isas
+
+    from zoi.backends.cpu import CpuBackend
+
+    eng = zoi.compile(st_folder, device="cpu", max_tokens=80)  # several chunks
+    ref = zoi.Engine(eng.model, eng.tokenizer, "reference").encode(
+        TEXTS, output_value="token_embeddings"
+    )
+    for isa in supported_isas():
+        eng.backend = CpuBackend(eng.model, isa=isa)
+        got = eng.encode(TEXTS, output_value="token_embeddings", batch_size=3)
+        for g, r in zip(got, ref, strict=True):
+            close(g, r)
