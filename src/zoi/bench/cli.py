@@ -91,6 +91,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
         return run_from_args(args)
     from zoi.bench.harness import Config, main
+    from zoi.bench.rerank import WORKLOAD, main_rerank
+
+    if args.workloads and WORKLOAD in args.workloads:  # the cross-encoder workload (issue 20)
+        rc = main_rerank(args)
+        args.workloads = [w for w in args.workloads if w != WORKLOAD]
+        if not args.workloads:
+            return rc
 
     q = args.quick
     cfg = Config(
