@@ -58,8 +58,12 @@ def batch1(name: str, precision: str, prompt: int, new: int) -> dict:
             t0 = time.perf_counter()
             be.step()
             steps.append(time.perf_counter() - t0)
-        out = {"ttft_ms": round(ttft * 1e3, 3), "decode_ms_median": round(float(np.median(steps)) * 1e3, 4),
-               "decode_ms_p90": round(float(np.percentile(steps, 90)) * 1e3, 4), "tokens": len(steps) + 1}
+        out = {
+            "ttft_ms": round(ttft * 1e3, 3),
+            "decode_ms_median": round(float(np.median(steps)) * 1e3, 4),
+            "decode_ms_p90": round(float(np.percentile(steps, 90)) * 1e3, 4),
+            "tokens": len(steps) + 1,
+        }
     if be.use_graphs:
         out["graph_us_ctx1"] = round(be.time_decode_graph(1, 1), 1)
         out["graph_us_ctx" + str(prompt + new)] = round(be.time_decode_graph(1, prompt + new), 1)
@@ -81,8 +85,11 @@ def streams(name: str, precision: str, n: int, prompt: int, new: int) -> dict:
     res = {}
     for rep in range(2):
         for i in range(n):
-            be.add(rep * n + i, rng.integers(0, spec.vocab_size, prompt).astype(np.int32),
-                   SamplingParams(max_new_tokens=new, ignore_eos=True))
+            be.add(
+                rep * n + i,
+                rng.integers(0, spec.vocab_size, prompt).astype(np.int32),
+                SamplingParams(max_new_tokens=new, ignore_eos=True),
+            )
         t0 = time.perf_counter()
         be.step()  # all prefills (packed) + nothing to decode yet
         ttft = time.perf_counter() - t0
@@ -91,10 +98,14 @@ def streams(name: str, precision: str, n: int, prompt: int, new: int) -> dict:
         while be.pool().running:
             toks += len(be.step())
         t2 = time.perf_counter()
-        res = {"streams": n, "tokens": toks, "ttft_ms_all_prefills": round(ttft * 1e3, 2),
-               "tokens_per_s": round(toks / (t2 - t0), 1),
-               "decode_tokens_per_s": round((toks - n) / (t2 - t1), 1),
-               "decode_step_ms": round((t2 - t1) / max(1, new - 1) * 1e3, 3)}
+        res = {
+            "streams": n,
+            "tokens": toks,
+            "ttft_ms_all_prefills": round(ttft * 1e3, 2),
+            "tokens_per_s": round(toks / (t2 - t0), 1),
+            "decode_tokens_per_s": round((toks - n) / (t2 - t1), 1),
+            "decode_step_ms": round((t2 - t1) / max(1, new - 1) * 1e3, 3),
+        }
     if be.use_graphs:
         res[f"graph_us_b{n}"] = round(be.time_decode_graph(n, prompt + new // 2), 1)
     return res
@@ -109,16 +120,32 @@ def hf_peer(name: str, n: int, prompt: int, new: int) -> dict:
 
     s = dict(SHAPES[name])
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[s["arch"]]
-    cfg = cls(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-              num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-              tie_word_embeddings=s.get("tie", False), rope_theta=s.get("rope_theta", 1e4),
-              max_position_embeddings=prompt + new + 64)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.float16).eval()
+    cfg = cls(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["inter"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        tie_word_embeddings=s.get("tie", False),
+        rope_theta=s.get("rope_theta", 1e4),
+        max_position_embeddings=prompt + new + 64,
+    )
+    model = (
+        transformers.AutoModelForCausalLM.from_config(cfg)
+        .to(device="cuda", dtype=torch.float16)
+        .eval()
+    )
     model.generation_config.cache_implementation = "static"
     model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     ids = torch.randint(0, s["vocab"], (n, prompt), device="cuda")
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, attention_mask=torch.ones_like(ids),
-              pad_token_id=0)
+    kw = dict(
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=0,
+    )
     res = {}
     with torch.no_grad():
         for rep in range(3):  # compile, then timed
@@ -127,9 +154,16 @@ def hf_peer(name: str, n: int, prompt: int, new: int) -> dict:
             out = model.generate(ids, **kw)
             _sync()
             dt = time.perf_counter() - t0
-            res = {"streams": n, "tokens": int(n * (out.shape[1] - prompt)), "tokens_per_s": round(n * new / dt, 1),
-                   "wall_s": round(dt, 3), "round": rep}
-    res["peer"] = f"transformers {transformers.__version__} torch {torch.__version__} fp16 static cache + compile"
+            res = {
+                "streams": n,
+                "tokens": int(n * (out.shape[1] - prompt)),
+                "tokens_per_s": round(n * new / dt, 1),
+                "wall_s": round(dt, 3),
+                "round": rep,
+            }
+    res["peer"] = (
+        f"transformers {transformers.__version__} torch {torch.__version__} fp16 static cache + compile"
+    )
     return res
 
 
@@ -140,8 +174,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     prompt, new = (32, 32) if a.quick else (128, 128)
-    doc: dict = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "prompt": prompt, "new": new,
-                 "results": {}, "errors": {}}
+    doc: dict = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "prompt": prompt,
+        "new": new,
+        "results": {},
+        "errors": {},
+    }
     try:
         import torch
 
@@ -156,7 +195,9 @@ def main(argv=None) -> int:
         ("qwen2.5-0.5b fp16 x32", lambda: streams("qwen2.5-0.5b", "fp16", 32, prompt, new)),
     ]
     if not a.no_peer:
-        work.append(("qwen2.5-0.5b transformers x32", lambda: hf_peer("qwen2.5-0.5b", 32, prompt, new)))
+        work.append(
+            ("qwen2.5-0.5b transformers x32", lambda: hf_peer("qwen2.5-0.5b", 32, prompt, new))
+        )
     for key, fn in work:
         t0 = time.perf_counter()
         try:
@@ -179,14 +220,22 @@ def main(argv=None) -> int:
     ours = r.get("qwen2.5-0.5b int8 x32", {}).get("tokens_per_s")
     peer = r.get("qwen2.5-0.5b transformers x32", {}).get("tokens_per_s")
     doc["targets"] = {
-        "llama-3.2-1b int8 b1 decode <= 0.40 ms": None if lat is None else {"ms": lat, "met": lat <= 0.40},
-        "qwen2.5-0.5b x32 >= 3x transformers": None if not (ours and peer)
+        "llama-3.2-1b int8 b1 decode <= 0.40 ms": None
+        if lat is None
+        else {"ms": lat, "met": lat <= 0.40},
+        "qwen2.5-0.5b x32 >= 3x transformers": None
+        if not (ours and peer)
         else {"ratio": round(ours / peer, 2), "met": ours / peer >= 3.0},
     }
     text = json.dumps(doc, indent=1)
     print(text)
-    out = a.out or (os.path.join(os.environ["OUT"], f"decode_bench_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-                    if os.environ.get("OUT") else None)
+    out = a.out or (
+        os.path.join(
+            os.environ["OUT"], f"decode_bench_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+        )
+        if os.environ.get("OUT")
+        else None
+    )
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)

@@ -48,7 +48,9 @@ def make(ckpt, name, precision="fp32", **kw):
     return spec, w, CudaDecoderBackend(spec, w, precision=precision, **args)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"] if INTERP else ["qwen2", "llama_gqa", "qwen3", "llama_tied"])
+@pytest.mark.parametrize(
+    "name", ["qwen2", "qwen3"] if INTERP else ["qwen2", "llama_gqa", "qwen3", "llama_tied"]
+)
 def test_greedy_token_identical_to_transformers(ckpt, name):
     spec, _, be = make(ckpt, name)
     ps = prompts(spec.vocab_size, [7, 1, 19], seed=len(name))
@@ -117,10 +119,14 @@ def test_seeded_sampling_reproducible(ckpt):
     spec, w, be = make(ckpt, "qwen2")
     ps = prompts(spec.vocab_size, [6, 3], seed=2)
     # a hot temperature: the random-init model's distributions are peaked
-    sp = SamplingParams(max_new_tokens=2, temperature=50.0, top_k=40, top_p=0.95, seed=1234, ignore_eos=True)
+    sp = SamplingParams(
+        max_new_tokens=2, temperature=50.0, top_k=40, top_p=0.95, seed=1234, ignore_eos=True
+    )
     one, _ = drive(be, ps, sp)
     two, _ = drive(be, ps, sp)
-    other, _ = drive(be, ps, SamplingParams(max_new_tokens=2, temperature=50.0, seed=99, ignore_eos=True))
+    other, _ = drive(
+        be, ps, SamplingParams(max_new_tokens=2, temperature=50.0, seed=99, ignore_eos=True)
+    )
     assert one == two
     assert one != other
 

@@ -47,8 +47,19 @@ def test_graphs_equal_eager(ckpt, precision):
 
 
 def test_qwen2_shape_greedy_vs_transformers_64(tmp_path):
-    folder = write_decoder(tmp_path / "q", arch="qwen2", vocab=4000, hidden=896, inter=4864, layers=2,
-                           heads=14, kv_heads=2, tie=True, rope_theta=1e6, max_pos=512)
+    folder = write_decoder(
+        tmp_path / "q",
+        arch="qwen2",
+        vocab=4000,
+        hidden=896,
+        inter=4864,
+        layers=2,
+        heads=14,
+        kv_heads=2,
+        tie=True,
+        rope_theta=1e6,
+        max_pos=512,
+    )
     spec, w, _ = load_decoder(folder)
     be = CudaDecoderBackend(spec, w, precision="fp32", max_batch=4, max_seq_len=256)
     rng = np.random.default_rng(1)
@@ -75,6 +86,14 @@ def test_llama_1b_shape_int8_decode():
         times.append(time.perf_counter() - t0)
         toks.append(ev[0].token_id)
     assert len(toks) == 200 and all(0 <= t < spec.vocab_size for t in toks)
-    print(json.dumps({"llama-3.2-1b int8 b1": {"ttft_ms_128": round(ttft * 1e3, 2),
-                      "decode_ms_median": round(float(np.median(times)) * 1e3, 3),
-                      "graph_us": round(be.time_decode_graph(1), 1)}}))
+    print(
+        json.dumps(
+            {
+                "llama-3.2-1b int8 b1": {
+                    "ttft_ms_128": round(ttft * 1e3, 2),
+                    "decode_ms_median": round(float(np.median(times)) * 1e3, 3),
+                    "graph_us": round(be.time_decode_graph(1), 1),
+                }
+            }
+        )
+    )

@@ -28,9 +28,19 @@ def rms_ref(x, w, eps):
 
 
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "llama3", "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 16}])
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        None,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ],
+)
 def test_rope_kv_write(rng, norm, rope_scaling):
     H, KVH, D, BS, NB, T = 6, 2, 20, 16, 5, 7  # head_dim 20: half not a power of two
     sp = spec(H, KVH, D, rope_scaling=rope_scaling, rope_theta=500.0)
@@ -41,9 +51,27 @@ def test_rope_kv_write(rng, norm, rope_scaling):
     qn = rng.standard_normal(D).astype(np.float32) if norm else None
     kn = rng.standard_normal(D).astype(np.float32) if norm else None
     dq = dev(qkv)
-    kc, vc = poisoned((NB + 1, KVH, BS, D), torch.float32), poisoned((NB + 1, KVH, BS, D), torch.float32)
-    ka.rope_kv(dq, dev(pos), dev(slots), dev(cos), dev(sin), kc, vc, T, H, KVH, D, BS,
-               dev(qn) if norm else None, dev(kn) if norm else None, eps=1e-6)
+    kc, vc = (
+        poisoned((NB + 1, KVH, BS, D), torch.float32),
+        poisoned((NB + 1, KVH, BS, D), torch.float32),
+    )
+    ka.rope_kv(
+        dq,
+        dev(pos),
+        dev(slots),
+        dev(cos),
+        dev(sin),
+        kc,
+        vc,
+        T,
+        H,
+        KVH,
+        D,
+        BS,
+        dev(qn) if norm else None,
+        dev(kn) if norm else None,
+        eps=1e-6,
+    )
     q = qkv[:, : H * D].reshape(T, H, D).astype(np.float64)
     k = qkv[:, H * D : (H + KVH) * D].reshape(T, KVH, D).astype(np.float64)
     v = qkv[:, (H + KVH) * D :].reshape(T, KVH, D)
@@ -98,8 +126,24 @@ def test_decode_attention_paged(rng, dtype, splits):
         cnt = torch.zeros(B * KVH, dtype=torch.int32, device=DEV)
     dkc, dvc = dev(kc, dtype), dev(vc, dtype)
     for _ in range(2):  # the counters reset: a replay is right too
-        ka.decode_attention(dev(q, dtype), dkc, dvc, dev(tab), dev(rix), dev(ctx), out, B, H, KVH, D, BS,
-                            splits, ws, cnt, ieee=dtype == torch.float32)
+        ka.decode_attention(
+            dev(q, dtype),
+            dkc,
+            dvc,
+            dev(tab),
+            dev(rix),
+            dev(ctx),
+            out,
+            B,
+            H,
+            KVH,
+            D,
+            BS,
+            splits,
+            ws,
+            cnt,
+            ieee=dtype == torch.float32,
+        )
     if dtype == torch.float16:
         kc, vc, q = (a.astype(np.float16).astype(np.float32) for a in (kc, vc, q))
     got = host(out).reshape(B, H, D)
@@ -122,8 +166,18 @@ def test_prefill_attention_varlen_causal(rng, dtype):
     qkv = rng.standard_normal((T, (H + 2 * KVH) * D)).astype(np.float32)
     tiles = ka.prefill_tiles(cu, 16)
     out = poisoned((T, H * D), dtype)
-    ka.prefill_attention(dev(qkv, dtype), dev(tiles), tiles.shape[1], out, H, KVH, D, 16, 16,
-                         ieee=dtype == torch.float32)
+    ka.prefill_attention(
+        dev(qkv, dtype),
+        dev(tiles),
+        tiles.shape[1],
+        out,
+        H,
+        KVH,
+        D,
+        16,
+        16,
+        ieee=dtype == torch.float32,
+    )
     if dtype == torch.float16:
         qkv = qkv.astype(np.float16).astype(np.float32)
     got = host(out).reshape(T, H, D)

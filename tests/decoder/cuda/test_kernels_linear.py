@@ -15,8 +15,9 @@ def quantize(w):
     return np.clip(np.round(w / s[:, None]), -127, 127).astype(np.int8), s.astype(np.float32)
 
 
-def run_case(rng, M, N, K, wdt, cfg, *, rms=False, bias=False, res=False, swiglu=False,
-             gather=False, reps=1):
+def run_case(
+    rng, M, N, K, wdt, cfg, *, rms=False, bias=False, res=False, swiglu=False, gather=False, reps=1
+):
     rows_total = M + 5 if gather else M
     x = rng.standard_normal((rows_total, K)).astype(np.float32)
     nw = 2 * N if swiglu else N
@@ -63,10 +64,24 @@ def run_case(rng, M, N, K, wdt, cfg, *, rms=False, bias=False, res=False, swiglu
     for _ in range(reps):
         if res:
             out.copy_(dev(r))
-        kl.linear(xd, wd, out, M, N, K, cfg, bias=dev(b) if bias else None,
-                  res=out if res else None, rows=dev(rows) if gather else None,
-                  rms_eps=1e-5 if rms else None, swiglu=swiglu, ws=ws, cnt=cnt,
-                  ieee=wdt == "fp32", **kw)
+        kl.linear(
+            xd,
+            wd,
+            out,
+            M,
+            N,
+            K,
+            cfg,
+            bias=dev(b) if bias else None,
+            res=out if res else None,
+            rows=dev(rows) if gather else None,
+            rms_eps=1e-5 if rms else None,
+            swiglu=swiglu,
+            ws=ws,
+            cnt=cnt,
+            ieee=wdt == "fp32",
+            **kw,
+        )
     if cnt is not None:
         assert int(cnt.abs().sum()) == 0, "split-K counters not reset"
     return rel(host(out), y)

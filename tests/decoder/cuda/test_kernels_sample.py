@@ -35,9 +35,19 @@ def sample_ref(x, temp, k, p, u):
 def launch(logits, temp, k, p, seed, step, noise=None, block_v=64):
     B, V = logits.shape
     out = poisoned((B,), torch.int32)
-    ks.sample(dev(logits), V, B, dev(np.array(temp, np.float32)), dev(np.array(k, np.int32)),
-              dev(np.array(p, np.float32)), dev(np.array(seed, np.int32)),
-              dev(np.array(step, np.int32)), out, None if noise is None else dev(noise), block_v)
+    ks.sample(
+        dev(logits),
+        V,
+        B,
+        dev(np.array(temp, np.float32)),
+        dev(np.array(k, np.int32)),
+        dev(np.array(p, np.float32)),
+        dev(np.array(seed, np.int32)),
+        dev(np.array(step, np.int32)),
+        out,
+        None if noise is None else dev(noise),
+        block_v,
+    )
     return host(out)
 
 

@@ -55,10 +55,19 @@ def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class CudaDecoderBackend(PagedBackend):
     name = "cuda"
 
-    def __init__(self, spec: DecoderSpec, weights: dict, precision: str = "int8",
-                 num_blocks: int | None = None, block_size: int = 16, max_batch: int = 32,
-                 max_seq_len: int | None = None, max_prefill_tokens: int | None = None,
-                 interpret: bool | None = None, graphs: bool = True):
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        weights: dict,
+        precision: str = "int8",
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        max_batch: int = 32,
+        max_seq_len: int | None = None,
+        max_prefill_tokens: int | None = None,
+        interpret: bool | None = None,
+        graphs: bool = True,
+    ):
         if spec.arch not in ("llama", "qwen2", "qwen3"):
             raise InputError(f"the GPU decoder runs llama / qwen2 / qwen3, not {spec.arch!r}")
         if spec.hidden_act != "silu":
@@ -68,11 +77,15 @@ class CudaDecoderBackend(PagedBackend):
         if block_size not in (16, 32, 64):
             raise InputError(f"block_size {block_size}: the GPU decoder takes 16, 32 or 64")
         if max_batch > BUCKETS[-1]:
-            raise InputError(f"max_batch {max_batch} is over {BUCKETS[-1]} (the largest decode bucket)")
+            raise InputError(
+                f"max_batch {max_batch} is over {BUCKETS[-1]} (the largest decode bucket)"
+            )
         D = spec.head_dim
         if D % 2 or spec.num_heads % spec.num_kv_heads:
-            raise InputError(f"head_dim {D} (odd) or GQA {spec.num_heads}/"
-                             f"{spec.num_kv_heads} not supported on the GPU decoder")
+            raise InputError(
+                f"head_dim {D} (odd) or GQA {spec.num_heads}/"
+                f"{spec.num_kv_heads} not supported on the GPU decoder"
+            )
         max_seq_len = int(max_seq_len or min(spec.max_position_embeddings, 4096))
         num_blocks = int(num_blocks or max_batch * -(-max_seq_len // block_size))
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
@@ -98,13 +111,21 @@ class CudaDecoderBackend(PagedBackend):
         try:
             import torch
         except ImportError as e:  # pragma: no cover - depends on the machine
-            raise BackendUnavailableError(f"the GPU decoder needs torch and triton at compile time: {e}") from e
+            raise BackendUnavailableError(
+                f"the GPU decoder needs torch and triton at compile time: {e}"
+            ) from e
         self.torch = torch
         env_interp = os.environ.get("TRITON_INTERPRET") == "1"
-        self.eager = bool(interpret) if interpret is not None else (env_interp and not torch.cuda.is_available())
+        self.eager = (
+            bool(interpret)
+            if interpret is not None
+            else (env_interp and not torch.cuda.is_available())
+        )
         if self.eager:
             if not env_interp:
-                raise BackendUnavailableError("interpret=True needs TRITON_INTERPRET=1 set before triton is imported")
+                raise BackendUnavailableError(
+                    "interpret=True needs TRITON_INTERPRET=1 set before triton is imported"
+                )
             self.dev, self.sm, self.device_name = "cpu", 8, "triton interpreter (CPU)"
             return
         if env_interp:
@@ -113,7 +134,9 @@ class CudaDecoderBackend(PagedBackend):
 
         drv.require()
         if not torch.cuda.is_available():
-            raise BackendUnavailableError("device='cuda': torch sees no CUDA device (driver missing or no GPU)")
+            raise BackendUnavailableError(
+                "device='cuda': torch sees no CUDA device (driver missing or no GPU)"
+            )
         self.drv, self.cu = drv, drv.cu
         torch.cuda.init()
         torch.empty(1, device="cuda")
@@ -157,18 +180,26 @@ class CudaDecoderBackend(PagedBackend):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
             g1, g2 = g(p + "input_layernorm.weight"), g(p + "post_attention_layernorm.weight")
-            qkv = np.concatenate([g(a + "q_proj.weight"), g(a + "k_proj.weight"), g(a + "v_proj.weight")])
+            qkv = np.concatenate(
+                [g(a + "q_proj.weight"), g(a + "k_proj.weight"), g(a + "v_proj.weight")]
+            )
             gu = np.concatenate([g(m + "gate_proj.weight"), g(m + "up_proj.weight")])
             L = {
                 "qkv": self._lin(qkv * g1[None, :]),
                 "o": self._lin(g(a + "o_proj.weight")),
                 "gu": self._lin(gu * g2[None, :]),
                 "down": self._lin(g(m + "down_proj.weight")),
-                "qkv_b": None, "o_b": None, "qn": None, "kn": None,
+                "qkv_b": None,
+                "o_b": None,
+                "qn": None,
+                "kn": None,
             }
             if sp.attention_bias or (a + "q_proj.bias") in W:
-                L["qkv_b"] = self._t(np.concatenate([g(a + "q_proj.bias"), g(a + "k_proj.bias"),
-                                                     g(a + "v_proj.bias")]))
+                L["qkv_b"] = self._t(
+                    np.concatenate(
+                        [g(a + "q_proj.bias"), g(a + "k_proj.bias"), g(a + "v_proj.bias")]
+                    )
+                )
             if (a + "o_proj.bias") in W:
                 L["o_b"] = self._t(g(a + "o_proj.bias"))
             if sp.qk_norm:
@@ -197,7 +228,7 @@ class CudaDecoderBackend(PagedBackend):
         self.tok = self._empty((MB,), torch.int32)
         # block tables: row max_batch is the trash row (padded decode entries)
         self.tab_host = np.full((MB + 1, self.max_blocks_per_seq), self.num_blocks, np.int32)
-        self.tab_seen = np.zeros((MB, self.max_blocks_per_seq), np.int32)  # block_tables as last uploaded
+        self._dirty: set[int] = set()  # block-table rows changed since the last upload
         self.tab = self._t(self.tab_host)
         # split-K / split-attention workspaces, sized for the largest site of any bucket (M <= 32)
         ws = cnt = aws = acnt = 1
@@ -208,7 +239,9 @@ class CudaDecoderBackend(PagedBackend):
                 self.cfg[b, site] = c
                 ws = max(ws, kl.workspace_floats(b, n, c, sw))
                 cnt = max(cnt, kl.counters(b, n, c))
-            splits = ka.decode_splits(b, KVH, self.max_blocks_per_seq, self.sm) if not self.eager else 2
+            splits = (
+                ka.decode_splits(b, KVH, self.max_blocks_per_seq, self.sm) if not self.eager else 2
+            )
             self.cfg[b, "splits"] = splits
             aws = max(aws, ka.decode_ws_floats(b, KVH, H // KVH, D, splits))
             acnt = max(acnt, b * KVH)
@@ -229,15 +262,22 @@ class CudaDecoderBackend(PagedBackend):
             self.p_tok = drv.Pinned(MB * 4)
             self.h_tok = self.p_tok.view(np.int32, 0, MB)
             self.p_tab = drv.Pinned(self.tab_host.nbytes)
-            self.h_tab = self.p_tab.view(np.int32, 0, self.tab_host.size).reshape(self.tab_host.shape)
+            self.h_tab = self.p_tab.view(np.int32, 0, self.tab_host.size).reshape(
+                self.tab_host.shape
+            )
             self.h_tab[:] = self.tab_host
         self.h_stage[:] = 0
 
     def _sites(self) -> dict:
         sp = self.spec
         Hd, I, HD = sp.hidden_size, sp.intermediate_size, sp.num_heads * sp.head_dim
-        return {"qkv": (self.qkv_n, Hd, False), "o": (Hd, HD, False), "gu": (I, Hd, True),
-                "down": (Hd, I, False), "lm": (sp.vocab_size, Hd, False)}
+        return {
+            "qkv": (self.qkv_n, Hd, False),
+            "o": (Hd, HD, False),
+            "gu": (I, Hd, True),
+            "down": (Hd, I, False),
+            "lm": (sp.vocab_size, Hd, False),
+        }
 
     def _field(self, name: str, B: int, base: int = 0):
         i = _FIELDS.index(name)
@@ -255,17 +295,83 @@ class CudaDecoderBackend(PagedBackend):
         kc, vc = self.kc[l], self.vc[l]
         pos, slot = x_rows
         return [
-            lambda: kl.linear(h, L["qkv"][0], qkv, M, self.qkv_n, Hd, cfg("qkv"), scale=L["qkv"][1],
-                              bias=L["qkv_b"], rms_eps=eps, ws=ws, cnt=cnt, ieee=ieee),
-            lambda: ka.rope_kv(qkv, pos, slot, self.cos, self.sin, kc, vc, M, sp.num_heads,
-                               sp.num_kv_heads, sp.head_dim, self.block_size, L["qn"], L["kn"], eps),
+            lambda: kl.linear(
+                h,
+                L["qkv"][0],
+                qkv,
+                M,
+                self.qkv_n,
+                Hd,
+                cfg("qkv"),
+                scale=L["qkv"][1],
+                bias=L["qkv_b"],
+                rms_eps=eps,
+                ws=ws,
+                cnt=cnt,
+                ieee=ieee,
+            ),
+            lambda: ka.rope_kv(
+                qkv,
+                pos,
+                slot,
+                self.cos,
+                self.sin,
+                kc,
+                vc,
+                M,
+                sp.num_heads,
+                sp.num_kv_heads,
+                sp.head_dim,
+                self.block_size,
+                L["qn"],
+                L["kn"],
+                eps,
+            ),
             lambda: attn(qkv, kc, vc, att),
-            lambda: kl.linear(att, L["o"][0], h, M, Hd, HD, cfg("o"), scale=L["o"][1], bias=L["o_b"],
-                              res=h, ws=ws, cnt=cnt, ieee=ieee),
-            lambda: kl.linear(h, L["gu"][0], mlp, M, I, Hd, cfg("gu"), scale=L["gu"][1], rms_eps=eps,
-                              swiglu=True, ws=ws, cnt=cnt, ieee=ieee),
-            lambda: kl.linear(mlp, L["down"][0], h, M, Hd, I, cfg("down"), scale=L["down"][1], res=h,
-                              ws=ws, cnt=cnt, ieee=ieee),
+            lambda: kl.linear(
+                att,
+                L["o"][0],
+                h,
+                M,
+                Hd,
+                HD,
+                cfg("o"),
+                scale=L["o"][1],
+                bias=L["o_b"],
+                res=h,
+                ws=ws,
+                cnt=cnt,
+                ieee=ieee,
+            ),
+            lambda: kl.linear(
+                h,
+                L["gu"][0],
+                mlp,
+                M,
+                I,
+                Hd,
+                cfg("gu"),
+                scale=L["gu"][1],
+                rms_eps=eps,
+                swiglu=True,
+                ws=ws,
+                cnt=cnt,
+                ieee=ieee,
+            ),
+            lambda: kl.linear(
+                mlp,
+                L["down"][0],
+                h,
+                M,
+                Hd,
+                I,
+                cfg("down"),
+                scale=L["down"][1],
+                res=h,
+                ws=ws,
+                cnt=cnt,
+                ieee=ieee,
+            ),
         ]
 
     def _decode_steps(self, B: int) -> list:
@@ -277,18 +383,57 @@ class CudaDecoderBackend(PagedBackend):
             return self.cfg[B, site]
 
         def attn(qkv, kc, vc, att):
-            ka.decode_attention(qkv, kc, vc, self.tab, f["rix"], f["ctx"], att, B, sp.num_heads,
-                                sp.num_kv_heads, sp.head_dim, self.block_size, splits, self.aws,
-                                self.acnt, self.ieee)
+            ka.decode_attention(
+                qkv,
+                kc,
+                vc,
+                self.tab,
+                f["rix"],
+                f["ctx"],
+                att,
+                B,
+                sp.num_heads,
+                sp.num_kv_heads,
+                sp.head_dim,
+                self.block_size,
+                splits,
+                self.aws,
+                self.acnt,
+                self.ieee,
+            )
 
         steps = [lambda: ks.embed(f["ids"], self.emb, self.h[:B], B)]
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (f["pos"], f["slot"]), B, cfg, attn)
-        steps.append(lambda: kl.linear(self.h[:B], self.lm[0], self.logits[:B], B, sp.vocab_size,
-                                       sp.hidden_size, cfg("lm"), scale=self.lm[1], rms_eps=sp.rms_norm_eps,
-                                       ws=self.ws, cnt=self.cnt, ieee=self.ieee))
-        steps.append(lambda: ks.sample(self.logits[:B], sp.vocab_size, B, f["temp"], f["topk"], f["topp"],
-                                       f["seed"], f["step"], self.tok[:B]))
+        steps.append(
+            lambda: kl.linear(
+                self.h[:B],
+                self.lm[0],
+                self.logits[:B],
+                B,
+                sp.vocab_size,
+                sp.hidden_size,
+                cfg("lm"),
+                scale=self.lm[1],
+                rms_eps=sp.rms_norm_eps,
+                ws=self.ws,
+                cnt=self.cnt,
+                ieee=self.ieee,
+            )
+        )
+        steps.append(
+            lambda: ks.sample(
+                self.logits[:B],
+                sp.vocab_size,
+                B,
+                f["temp"],
+                f["topk"],
+                f["topp"],
+                f["seed"],
+                f["step"],
+                self.tok[:B],
+            )
+        )
         return steps
 
     def _capture(self, B: int):
@@ -318,31 +463,52 @@ class CudaDecoderBackend(PagedBackend):
     # ------------------------------------------------------------------ per step
     def _h2d(self, n_ints: int, offset: int = 0):
         if self.eager:
-            self.d_stage[offset : offset + n_ints] = self.torch.from_numpy(self.h_stage[offset : offset + n_ints].copy())
+            self.d_stage[offset : offset + n_ints] = self.torch.from_numpy(
+                self.h_stage[offset : offset + n_ints].copy()
+            )
             return
         dst = self.cu.CUdeviceptr(self.d_stage.data_ptr() + offset * 4)
-        self.drv.check(self.cu.cuMemcpyHtoDAsync(dst, self.p_stage.ptr + offset * 4, n_ints * 4, self.stream))
+        self.drv.check(
+            self.cu.cuMemcpyHtoDAsync(dst, self.p_stage.ptr + offset * 4, n_ints * 4, self.stream)
+        )
 
     def _sync_tables(self):
-        bt = self.block_tables
-        dirty = np.nonzero((bt != self.tab_seen).any(1))[0]
-        if not len(dirty):
+        """Copy the block-table rows add() / _release() changed to the device table."""
+        if not self._dirty:
             return
-        self.tab_seen[dirty] = bt[dirty]
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        bt = self.block_tables
         if self.eager:
             self.tab[: self.max_batch] = self.torch.from_numpy(bt.copy())
             return
-        self.h_tab[: self.max_batch] = bt
+        self.h_tab[dirty] = bt[dirty]
         row = self.tab_host.shape[1] * 4
         for r in dirty:
             dst = self.cu.CUdeviceptr(self.tab.data_ptr() + int(r) * row)
-            self.drv.check(self.cu.cuMemcpyHtoDAsync(dst, self.p_tab.ptr + int(r) * row, row, self.stream))
+            self.drv.check(
+                self.cu.cuMemcpyHtoDAsync(dst, self.p_tab.ptr + int(r) * row, row, self.stream)
+            )
+
+    def _release(self, s) -> None:
+        super()._release(s)
+        self._dirty.add(int(s.row))
 
     def _stage_pad(self, B: int, n: int, base: int = 0):
         """Padding entries n..B of the decode fields: token 0 at position 0 in the trash block."""
         MB, h = self.max_batch, self.h_stage
-        for name, val in (("ids", 0), ("pos", 0), ("slot", self.trash_slot), ("ctx", 1),
-                          ("rix", MB), ("seed", 0), ("step", 0), ("topk", 0), ("temp", 0), ("topp", 0)):
+        for name, val in (
+            ("ids", 0),
+            ("pos", 0),
+            ("slot", self.trash_slot),
+            ("ctx", 1),
+            ("rix", MB),
+            ("seed", 0),
+            ("step", 0),
+            ("topk", 0),
+            ("temp", 0),
+            ("topp", 0),
+        ):
             i = _FIELDS.index(name)
             h[base + i * MB + n : base + i * MB + B] = val
 
@@ -384,9 +550,12 @@ class CudaDecoderBackend(PagedBackend):
     def add(self, seq_id, prompt_ids, params) -> None:
         n = int(np.asarray(prompt_ids).size)
         if n > self.max_prefill:
-            raise InputError(f"prompt of {n} tokens is over this backend's max_prefill_tokens "
-                             f"({self.max_prefill}); compile with a larger max_prefill_tokens")
+            raise InputError(
+                f"prompt of {n} tokens is over this backend's max_prefill_tokens "
+                f"({self.max_prefill}); compile with a larger max_prefill_tokens"
+            )
         super().add(seq_id, prompt_ids, params)
+        self._dirty.add(int(self._seqs[seq_id].row))
 
     def _slots(self, row: int, pos: np.ndarray) -> np.ndarray:
         bs = self.block_size
@@ -400,8 +569,13 @@ class CudaDecoderBackend(PagedBackend):
         pos = starts[idx].astype(np.int64)
         r = rows[idx]
         slot = np.array([self._slots(int(r[j]), pos[j : j + 1])[0] for j in range(n)], np.int32)
-        for name, arr in (("ids", ids[offs[idx]]), ("pos", pos), ("slot", slot), ("ctx", pos + 1),
-                          ("rix", r)):
+        for name, arr in (
+            ("ids", ids[offs[idx]]),
+            ("pos", pos),
+            ("slot", slot),
+            ("ctx", pos + 1),
+            ("rix", r),
+        ):
             i = _FIELDS.index(name)
             h[i * MB : i * MB + n] = arr
         self._stage_sampling(0, idx, samp, seeds)
@@ -455,7 +629,11 @@ class CudaDecoderBackend(PagedBackend):
         self._stage_sampling(base, idx, samp, seeds)
         self._h2d(self.n_pre, b0)
         d = self.d_stage
-        d_ids, d_pos, d_slot = d[b0 : b0 + T], d[b0 + PT : b0 + PT + T], d[b0 + 2 * PT : b0 + 2 * PT + T]
+        d_ids, d_pos, d_slot = (
+            d[b0 : b0 + T],
+            d[b0 + PT : b0 + PT + T],
+            d[b0 + 2 * PT : b0 + 2 * PT + T],
+        )
         d_tiles = d[b0 + 3 * PT : b0 + 6 * PT].view(3, PT)
         d_rows = d[sb : sb + n]
         fld = {k: self._field(k, n, base) for k in ("seed", "step", "topk", "temp", "topp")}
@@ -468,18 +646,44 @@ class CudaDecoderBackend(PagedBackend):
             return kl.pick_config(M, n_, k_, self.sm, self.eager, self.wbytes, sw)
 
         def attn(qkv, kc, vc, att):
-            ka.prefill_attention(qkv, d_tiles, nt, att, sp.num_heads, sp.num_kv_heads, sp.head_dim,
-                                 pb, pb, self.ieee)
+            ka.prefill_attention(
+                qkv, d_tiles, nt, att, sp.num_heads, sp.num_kv_heads, sp.head_dim, pb, pb, self.ieee
+            )
 
         steps = [lambda: ks.embed(d_ids, self.emb, self.h[:T], T)]
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (d_pos, d_slot), T, cfg, attn)
         lm_cfg = kl.pick_config(n, sp.vocab_size, sp.hidden_size, self.sm, self.eager, self.wbytes)
-        steps.append(lambda: kl.linear(self.h[:T], self.lm[0], self.logits[:n], n, sp.vocab_size,
-                                       sp.hidden_size, lm_cfg, scale=self.lm[1], rows=d_rows,
-                                       rms_eps=sp.rms_norm_eps, ws=self.ws, cnt=self.cnt, ieee=self.ieee))
-        steps.append(lambda: ks.sample(self.logits[:n], sp.vocab_size, n, fld["temp"], fld["topk"],
-                                       fld["topp"], fld["seed"], fld["step"], self.tok[:n]))
+        steps.append(
+            lambda: kl.linear(
+                self.h[:T],
+                self.lm[0],
+                self.logits[:n],
+                n,
+                sp.vocab_size,
+                sp.hidden_size,
+                lm_cfg,
+                scale=self.lm[1],
+                rows=d_rows,
+                rms_eps=sp.rms_norm_eps,
+                ws=self.ws,
+                cnt=self.cnt,
+                ieee=self.ieee,
+            )
+        )
+        steps.append(
+            lambda: ks.sample(
+                self.logits[:n],
+                sp.vocab_size,
+                n,
+                fld["temp"],
+                fld["topk"],
+                fld["topp"],
+                fld["seed"],
+                fld["step"],
+                self.tok[:n],
+            )
+        )
         self._eager(steps)
         out[idx] = self._tokens(n)
 
@@ -490,11 +694,15 @@ class CudaDecoderBackend(PagedBackend):
         import time
 
         if not self.use_graphs:
-            raise BackendUnavailableError("time_decode_graph needs CUDA graphs (a GPU, graphs=True)")
+            raise BackendUnavailableError(
+                "time_decode_graph needs CUDA graphs (a GPU, graphs=True)"
+            )
         B = next(b for b in self.buckets if b >= B)
         self._stage_pad(B, 0)
         i = _FIELDS.index("ctx")
-        self.h_stage[i * self.max_batch : i * self.max_batch + B] = max(1, min(ctx, self.max_seq_len))
+        self.h_stage[i * self.max_batch : i * self.max_batch + B] = max(
+            1, min(ctx, self.max_seq_len)
+        )
         cu, chk = self.cu, self.drv.check
         self._h2d(self.n_dec)
         gexec = self._graphs[B][1]
@@ -508,13 +716,24 @@ class CudaDecoderBackend(PagedBackend):
 
     def memory(self) -> dict:
         t = [self.kc, self.vc, self.h, self.qkv, self.att, self.mlp, self.logits, self.ws, self.aws]
-        w = [x for L in self.layers for v in L.values() if v is not None
-             for x in (v if isinstance(v, tuple) else (v,)) if x is not None]
+        w = [
+            x
+            for L in self.layers
+            for v in L.values()
+            if v is not None
+            for x in (v if isinstance(v, tuple) else (v,))
+            if x is not None
+        ]
         w += [x for x in self.lm if x is not None] + [self.emb]
         nb = lambda ts: int(sum(x.numel() * x.element_size() for x in ts))  # noqa: E731
-        return {"weights_bytes": nb(w), "kv_pool_bytes": nb([self.kc, self.vc]),
-                "activation_bytes": nb(t[2:]), "buckets": list(self.buckets),
-                "graphs": self.use_graphs, "device": self.device_name}
+        return {
+            "weights_bytes": nb(w),
+            "kv_pool_bytes": nb([self.kc, self.vc]),
+            "activation_bytes": nb(t[2:]),
+            "buckets": list(self.buckets),
+            "graphs": self.use_graphs,
+            "device": self.device_name,
+        }
 
 
 CudaBackend = CudaDecoderBackend  # the name zoi.decoder.compile imports

@@ -30,9 +30,20 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _rope_heads(base, n_heads, pos_cs, cos_ptr, sin_ptr, nw_ptr, eps, D: tl.constexpr,
-                HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                NORM: tl.constexpr):
+def _rope_heads(
+    base,
+    n_heads,
+    pos_cs,
+    cos_ptr,
+    sin_ptr,
+    nw_ptr,
+    eps,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    NORM: tl.constexpr,
+):
     """Load n_heads heads of D at base (row-major), qk-norm (NORM) + RoPE; -> two halves fp32."""
     h = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
@@ -77,13 +88,15 @@ def rope_kv_kernel(
     slot = tl.load(slot_ptr + t)
     row = qkv_ptr + t.to(tl.int64) * ldq
     pcs = pos * HALF
-    q1, q2, qp, qm = _rope_heads(row, H, pcs, cos_ptr, sin_ptr, qn_ptr, eps, D, HALF, BLOCK_HALF,
-                                 BLOCK_H, NORM)
+    q1, q2, qp, qm = _rope_heads(
+        row, H, pcs, cos_ptr, sin_ptr, qn_ptr, eps, D, HALF, BLOCK_HALF, BLOCK_H, NORM
+    )
     dt = qkv_ptr.dtype.element_ty
     tl.store(qp, q1.to(dt), mask=qm)
     tl.store(qp + HALF, q2.to(dt), mask=qm)
-    k1, k2, kp, km = _rope_heads(row + H * D, KVH, pcs, cos_ptr, sin_ptr, kn_ptr, eps, D, HALF,
-                                 BLOCK_HALF, BLOCK_KV, NORM)
+    k1, k2, kp, km = _rope_heads(
+        row + H * D, KVH, pcs, cos_ptr, sin_ptr, kn_ptr, eps, D, HALF, BLOCK_HALF, BLOCK_KV, NORM
+    )
     tl.store(kp, k1.to(dt), mask=km)
     tl.store(kp + HALF, k2.to(dt), mask=km)
     blk = slot // BS
@@ -144,8 +157,14 @@ def decode_attn_kernel(
     g_ok = g < G
     d_ok = d < D
     qh = kvh * G + g
-    q = tl.load(q_ptr + b.to(tl.int64) * ldq + qh[:, None] * D + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32) * qk_scale
+    q = (
+        tl.load(
+            q_ptr + b.to(tl.int64) * ldq + qh[:, None] * D + d[None, :],
+            mask=g_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        * qk_scale
+    )
     t = tl.arange(0, BS)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_G], tl.float32)
@@ -227,8 +246,14 @@ def prefill_attn_kernel(
     d = tl.arange(0, BLOCK_D)
     q_ok = rq < s1
     d_ok = d < D
-    q = tl.load(qkv_ptr + rq[:, None].to(tl.int64) * ldq + h * D + d[None, :],
-                mask=q_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32) * qk_scale
+    q = (
+        tl.load(
+            qkv_ptr + rq[:, None].to(tl.int64) * ldq + h * D + d[None, :],
+            mask=q_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        * qk_scale
+    )
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -250,8 +275,11 @@ def prefill_attn_kernel(
         lsum = lsum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p, v, IEEE)
         m = m_new
-    tl.store(o_ptr + rq[:, None].to(tl.int64) * ldo + h * D + d[None, :],
-             (acc / lsum[:, None]).to(o_ptr.dtype.element_ty), mask=q_ok[:, None] & d_ok[None, :])
+    tl.store(
+        o_ptr + rq[:, None].to(tl.int64) * ldo + h * D + d[None, :],
+        (acc / lsum[:, None]).to(o_ptr.dtype.element_ty),
+        mask=q_ok[:, None] & d_ok[None, :],
+    )
 
 
 # ---------------------------------------------------------------------------- host wrappers
@@ -259,14 +287,45 @@ def _p2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(n)))
 
 
-def rope_kv(qkv, pos, slots, cos, sin, kc, vc, T: int, H: int, KVH: int, D: int, BS: int,
-            qn=None, kn=None, eps: float = 1e-6):
+def rope_kv(
+    qkv,
+    pos,
+    slots,
+    cos,
+    sin,
+    kc,
+    vc,
+    T: int,
+    H: int,
+    KVH: int,
+    D: int,
+    BS: int,
+    qn=None,
+    kn=None,
+    eps: float = 1e-6,
+):
     if D % 2:
         raise ValueError(f"head_dim {D}: RoPE needs an even head_dim")
     rope_kv_kernel[(T,)](
-        qkv, pos, slots, cos, sin, qn if qn is not None else cos, kn if kn is not None else cos,
-        kc, vc, qkv.stride(0), H, KVH, float(eps),
-        D=D, BS=BS, BLOCK_HALF=_p2(D // 2), BLOCK_H=_p2(H), BLOCK_KV=_p2(KVH), NORM=qn is not None,
+        qkv,
+        pos,
+        slots,
+        cos,
+        sin,
+        qn if qn is not None else cos,
+        kn if kn is not None else cos,
+        kc,
+        vc,
+        qkv.stride(0),
+        H,
+        KVH,
+        float(eps),
+        D=D,
+        BS=BS,
+        BLOCK_HALF=_p2(D // 2),
+        BLOCK_H=_p2(H),
+        BLOCK_KV=_p2(KVH),
+        NORM=qn is not None,
         num_warps=4,
     )
 
@@ -280,15 +339,49 @@ def decode_ws_floats(B: int, KVH: int, G: int, D: int, splits: int) -> int:
     return B * KVH * splits * _p2(G, 16) * (_p2(D, 16) + 2) if splits > 1 else 0
 
 
-def decode_attention(q, kc, vc, tables, rix, ctx, out, B: int, H: int, KVH: int, D: int, BS: int,
-                     splits: int, ws=None, cnt=None, ieee: bool = False):
+def decode_attention(
+    q,
+    kc,
+    vc,
+    tables,
+    rix,
+    ctx,
+    out,
+    B: int,
+    H: int,
+    KVH: int,
+    D: int,
+    BS: int,
+    splits: int,
+    ws=None,
+    cnt=None,
+    ieee: bool = False,
+):
     G = H // KVH
     if splits > 1 and (ws is None or cnt is None):
         raise ValueError("split decode attention needs a workspace and counters")
     decode_attn_kernel[(B, KVH, splits)](
-        q, kc, vc, tables, rix, ctx, out, ws if ws is not None else out, cnt if cnt is not None else ctx,
-        q.stride(0), out.stride(0), tables.stride(0), KVH, G, LOG2E / math.sqrt(D),
-        D=D, BS=BS, BLOCK_G=_p2(G, 16), BLOCK_D=_p2(D, 16), SPLITS=splits, IEEE=ieee,
+        q,
+        kc,
+        vc,
+        tables,
+        rix,
+        ctx,
+        out,
+        ws if ws is not None else out,
+        cnt if cnt is not None else ctx,
+        q.stride(0),
+        out.stride(0),
+        tables.stride(0),
+        KVH,
+        G,
+        LOG2E / math.sqrt(D),
+        D=D,
+        BS=BS,
+        BLOCK_G=_p2(G, 16),
+        BLOCK_D=_p2(D, 16),
+        SPLITS=splits,
+        IEEE=ieee,
         num_warps=4,
     )
 
@@ -301,11 +394,36 @@ def prefill_tiles(cu_seqlens: np.ndarray, block_m: int) -> np.ndarray:
     return np.array(out, np.int32).T.reshape(3, -1)
 
 
-def prefill_attention(qkv, tiles, n_tiles: int, out, H: int, KVH: int, D: int, block_m: int,
-                      block_n: int, ieee: bool = False):
+def prefill_attention(
+    qkv,
+    tiles,
+    n_tiles: int,
+    out,
+    H: int,
+    KVH: int,
+    D: int,
+    block_m: int,
+    block_n: int,
+    ieee: bool = False,
+):
     """tiles: a device int32 [3, >= n_tiles] (prefill_tiles)."""
     prefill_attn_kernel[(n_tiles, H)](
-        qkv, tiles[0], tiles[1], tiles[2], out, qkv.stride(0), out.stride(0), H, KVH, H // KVH,
-        LOG2E / math.sqrt(D), D=D, BLOCK_D=_p2(D, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        IEEE=ieee, num_warps=4, num_stages=2,
+        qkv,
+        tiles[0],
+        tiles[1],
+        tiles[2],
+        out,
+        qkv.stride(0),
+        out.stride(0),
+        H,
+        KVH,
+        H // KVH,
+        LOG2E / math.sqrt(D),
+        D=D,
+        BLOCK_D=_p2(D, 16),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        IEEE=ieee,
+        num_warps=4,
+        num_stages=2,
     )

@@ -29,9 +29,27 @@ import triton.language as tl
 
 
 @triton.jit
-def _epilogue(acc, acc_u, ss, rm, rn, M, N, K, eps, s_ptr, b_ptr, res_ptr, out_ptr, ldo,
-              W_INT8: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
-              SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr):
+def _epilogue(
+    acc,
+    acc_u,
+    ss,
+    rm,
+    rn,
+    M,
+    N,
+    K,
+    eps,
+    s_ptr,
+    b_ptr,
+    res_ptr,
+    out_ptr,
+    ldo,
+    W_INT8: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
     m_ok = rm < M
     n_ok = rn < N
     if W_INT8:
@@ -124,8 +142,27 @@ def linear_kernel(
             else:
                 acc_u = tl.dot(x.to(tl.float16), wu.to(tl.float16), acc_u)
     if SPLIT_K == 1:
-        _epilogue(acc, acc_u, ss, rm, rn, M, N, K, eps, s_ptr, b_ptr, res_ptr, out_ptr, ldo,
-                  W_INT8, HAS_BIAS, RMS, SWIGLU, RESIDUAL)
+        _epilogue(
+            acc,
+            acc_u,
+            ss,
+            rm,
+            rn,
+            M,
+            N,
+            K,
+            eps,
+            s_ptr,
+            b_ptr,
+            res_ptr,
+            out_ptr,
+            ldo,
+            W_INT8,
+            HAS_BIAS,
+            RMS,
+            SWIGLU,
+            RESIDUAL,
+        )
     else:
         NACC: tl.constexpr = 2 if SWIGLU else 1
         TILE: tl.constexpr = BLOCK_M * BLOCK_N * NACC + BLOCK_M
@@ -152,8 +189,27 @@ def linear_kernel(
                     acc_u += tl.load(p + BLOCK_M * BLOCK_N + loc, cache_modifier=".cg")
                 ss += tl.load(p + BLOCK_M * BLOCK_N * NACC + lm, cache_modifier=".cg")
             tl.store(cnt_ptr + tile, 0)
-            _epilogue(acc, acc_u, ss, rm, rn, M, N, K, eps, s_ptr, b_ptr, res_ptr, out_ptr,
-                      ldo, W_INT8, HAS_BIAS, RMS, SWIGLU, RESIDUAL)
+            _epilogue(
+                acc,
+                acc_u,
+                ss,
+                rm,
+                rn,
+                M,
+                N,
+                K,
+                eps,
+                s_ptr,
+                b_ptr,
+                res_ptr,
+                out_ptr,
+                ldo,
+                W_INT8,
+                HAS_BIAS,
+                RMS,
+                SWIGLU,
+                RESIDUAL,
+            )
 
 
 @dataclass(frozen=True)
@@ -169,8 +225,9 @@ class LinearConfig:
 SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (H100 / H200: 227 KB per block)
 
 
-def pick_config(M: int, N: int, K: int, sms: int, interpret: bool = False, wbytes: int = 1,
-                swiglu: bool = False) -> LinearConfig:
+def pick_config(
+    M: int, N: int, K: int, sms: int, interpret: bool = False, wbytes: int = 1, swiglu: bool = False
+) -> LinearConfig:
     """Tiles for one call site: decode (M <= 32) gets narrow N tiles and split-K until the grid
     covers ~2 programs per SM; prefill gets 64x64 tiles. The pipeline depth is what fits the
     shared-memory budget (x is staged as fp32 at the RMS sites; wbytes: weight element size)."""
@@ -203,9 +260,26 @@ def counters(M: int, N: int, cfg: LinearConfig) -> int:
     return triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
 
 
-def linear(x, w, out, M: int, N: int, K: int, cfg: LinearConfig, *, scale=None, bias=None,
-           res=None, rows=None, rms_eps: float | None = None, swiglu: bool = False, ws=None,
-           cnt=None, ieee: bool = False, ldx: int | None = None):
+def linear(
+    x,
+    w,
+    out,
+    M: int,
+    N: int,
+    K: int,
+    cfg: LinearConfig,
+    *,
+    scale=None,
+    bias=None,
+    res=None,
+    rows=None,
+    rms_eps: float | None = None,
+    swiglu: bool = False,
+    ws=None,
+    cnt=None,
+    ieee: bool = False,
+    ldx: int | None = None,
+):
     """Launch one linear. x, w, out, ... are device tensors (torch, CPU ones under the
     interpreter); N is the output width (the gate width with swiglu)."""
     if cfg.split_k > 1 and (ws is None or cnt is None):

@@ -150,11 +150,21 @@ def sample_kernel(
     tl.store(out_ptr + b, tok)
 
 
-def sample(logits, V: int, B: int, temp, topk, topp, seed, step, out, noise=None,
-           block_v: int = 4096):
+def sample(
+    logits, V: int, B: int, temp, topk, topp, seed, step, out, noise=None, block_v: int = 4096
+):
     sample_kernel[(B,)](
-        logits, logits.stride(0), V, temp, topk, topp, seed, step,
-        noise if noise is not None else logits, out,
-        BLOCK_V=min(block_v, triton.next_power_of_2(V)), NOISE_IN=noise is not None,
+        logits,
+        logits.stride(0),
+        V,
+        temp,
+        topk,
+        topp,
+        seed,
+        step,
+        noise if noise is not None else logits,
+        out,
+        BLOCK_V=min(block_v, triton.next_power_of_2(V)),
+        NOISE_IN=noise is not None,
         num_warps=8,
     )

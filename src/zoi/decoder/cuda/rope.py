@@ -16,9 +16,9 @@ from zoi.errors import InputError
 
 
 def _default(theta: float, dim: int) -> np.ndarray:
-    return (1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))).astype(
-        np.float32
-    )
+    return (
+        1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    ).astype(np.float32)
 
 
 def inv_freq(spec, max_seq_len: int | None = None) -> tuple[np.ndarray, float]:
@@ -28,7 +28,9 @@ def inv_freq(spec, max_seq_len: int | None = None) -> tuple[np.ndarray, float]:
     theta = float(rs.get("rope_theta", spec.rope_theta))
     dim = int(spec.head_dim * float(rs.get("partial_rotary_factor", 1.0)))
     if dim != spec.head_dim:
-        raise InputError(f"rope: partial_rotary_factor {rs['partial_rotary_factor']} is not supported")
+        raise InputError(
+            f"rope: partial_rotary_factor {rs['partial_rotary_factor']} is not supported"
+        )
     inv = _default(theta, dim)
     if kind == "default":
         return inv, 1.0
@@ -49,7 +51,9 @@ def inv_freq(spec, max_seq_len: int | None = None) -> tuple[np.ndarray, float]:
         lo_wl, hi_wl = old / lo_f, old / hi_f
         wavelen = (np.float32(2 * math.pi) / inv).astype(np.float32)
         il = np.where(wavelen > lo_wl, inv / factor, inv).astype(np.float32)
-        smooth = ((np.float32(old) / wavelen - np.float32(lo_f)) / np.float32(hi_f - lo_f)).astype(np.float32)
+        smooth = ((np.float32(old) / wavelen - np.float32(lo_f)) / np.float32(hi_f - lo_f)).astype(
+            np.float32
+        )
         smoothed = ((1 - smooth) * il / factor + smooth * il).astype(np.float32)
         medium = ~(wavelen < hi_wl) & ~(wavelen > lo_wl)
         return np.where(medium, smoothed, il).astype(np.float32), 1.0
@@ -78,8 +82,12 @@ def inv_freq(spec, max_seq_len: int | None = None) -> tuple[np.ndarray, float]:
         lo, hi = max(lo, 0), min(hi, dim - 1)
         if lo == hi:
             hi += 0.001
-        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - lo) / (hi - lo), 0, 1).astype(np.float32)
-        pos = (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))).astype(np.float32)
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - lo) / (hi - lo), 0, 1).astype(
+            np.float32
+        )
+        pos = (
+            np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+        ).astype(np.float32)
         extra = 1 - ramp
         out = (1.0 / (np.float32(factor) * pos)) * (1 - extra) + (1.0 / pos) * extra
         return out.astype(np.float32), float(att)

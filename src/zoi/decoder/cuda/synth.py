@@ -14,18 +14,32 @@ def shape_spec(name: str, layers: int | None = None, vocab: int | None = None) -
     s = dict(SHAPES[name])
     heads, hidden = s["heads"], s["hidden"]
     return DecoderSpec(
-        arch=s["arch"], vocab_size=vocab or s["vocab"], hidden_size=hidden,
-        intermediate_size=s["inter"], num_layers=layers or s["layers"], num_heads=heads,
-        num_kv_heads=s["kv_heads"], head_dim=hidden // heads, rms_norm_eps=s.get("eps", 1e-6),
-        rope_theta=s.get("rope_theta", 10000.0), rope_scaling=s.get("rope_scaling"),
-        max_position_embeddings=s.get("max_pos", 2048), tie_word_embeddings=s.get("tie", False),
+        arch=s["arch"],
+        vocab_size=vocab or s["vocab"],
+        hidden_size=hidden,
+        intermediate_size=s["inter"],
+        num_layers=layers or s["layers"],
+        num_heads=heads,
+        num_kv_heads=s["kv_heads"],
+        head_dim=hidden // heads,
+        rms_norm_eps=s.get("eps", 1e-6),
+        rope_theta=s.get("rope_theta", 10000.0),
+        rope_scaling=s.get("rope_scaling"),
+        max_position_embeddings=s.get("max_pos", 2048),
+        tie_word_embeddings=s.get("tie", False),
         attention_bias=s["arch"] == "qwen2",
     )
 
 
 def random_weights(spec: DecoderSpec, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    H, D, KVH, Hd, I = spec.num_heads, spec.head_dim, spec.num_kv_heads, spec.hidden_size, spec.intermediate_size
+    H, D, KVH, Hd, I = (
+        spec.num_heads,
+        spec.head_dim,
+        spec.num_kv_heads,
+        spec.hidden_size,
+        spec.intermediate_size,
+    )
 
     def normal(shape, scale):
         a = rng.standard_normal(shape, dtype=np.float32)
@@ -52,6 +66,9 @@ def random_weights(spec: DecoderSpec, seed: int = 0) -> dict[str, np.ndarray]:
         w[p + "mlp.up_proj.weight"] = normal((I, Hd), Hd**-0.5)
         w[p + "mlp.down_proj.weight"] = normal((Hd, I), I**-0.5)
     w["model.norm.weight"] = gain(Hd)
-    w["lm_head.weight"] = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else normal(
-        (spec.vocab_size, Hd), 2.8 * Hd**-0.5)
+    w["lm_head.weight"] = (
+        w["model.embed_tokens.weight"]
+        if spec.tie_word_embeddings
+        else normal((spec.vocab_size, Hd), 2.8 * Hd**-0.5)
+    )
     return w
