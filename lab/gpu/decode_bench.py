@@ -79,7 +79,14 @@ def streams(name: str, precision: str, n: int, prompt: int, new: int) -> dict:
 
     spec = shape_spec(name)
     w = random_weights(spec, 0)
-    be = CudaDecoderBackend(spec, w, precision=precision, max_batch=n, max_seq_len=prompt + new + 8)
+    be = CudaDecoderBackend(
+        spec,
+        w,
+        precision=precision,
+        max_batch=n,
+        max_seq_len=prompt + new + 8,
+        max_prefill_tokens=n * prompt,
+    )
     del w
     rng = np.random.default_rng(1)
     res = {}

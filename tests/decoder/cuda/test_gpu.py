@@ -97,3 +97,28 @@ def test_llama_1b_shape_int8_decode():
             }
         )
     )
+
+
+@pytest.mark.parametrize("M", [1, 32, 300])
+@pytest.mark.parametrize("wdt", ["int8", "fp16", "fp32"])
+def test_linear_real_configs(M, wdt):
+    """The tile configs the backend picks on this GPU (split-K, 256-wide K, 4 stages) at the
+    Llama-3.2-1B sites, against numpy."""
+    from tests.decoder.cuda.test_kernels_linear import TOL, run_case
+
+    from zoi.decoder.cuda import kernels_linear as kl
+
+    if wdt == "fp32" and M > 1:
+        pytest.skip("fp32 weights: one shape is enough")
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rng = np.random.default_rng(M)
+    wb = {"int8": 1, "fp16": 2, "fp32": 4}[wdt]
+    for N, K, kw in (
+        (3072, 2048, dict(rms=True, bias=True)),
+        (8192, 2048, dict(rms=True, swiglu=True)),
+        (2048, 8192, dict(res=True)),
+    ):
+        cfg = kl.pick_config(M, N, K, sms, wbytes=wb, swiglu=kw.get("swiglu", False))
+        assert run_case(rng, M, N, K, wdt, cfg, reps=2, **kw) < TOL[wdt], (N, K, cfg)

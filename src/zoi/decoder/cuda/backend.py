@@ -92,7 +92,9 @@ class CudaDecoderBackend(PagedBackend):
         self.precision = precision
         self.ieee = precision == "fp32"
         self.wbytes = {"int8": 1, "fp16": 2, "fp32": 4}[precision]
-        self.max_prefill = int(max_prefill_tokens or max_seq_len)
+        self.max_prefill = int(
+            max_prefill_tokens or max(max_seq_len, min(2048, max_batch * max_seq_len))
+        )
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.buckets = sorted(set(self.buckets))
         self._init_device(interpret)
