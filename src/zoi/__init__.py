@@ -13,7 +13,7 @@ def compile(path=None, device: str = "cpu", precision: str = "fp32", max_tokens=
             calibration=None, quant_config=None, progress: bool = False, **decoder_options):
     """zoi.engine.compile (encoders: an Engine); a decoder folder (Llama / Qwen2 / Qwen3) gives a
     zoi.decoder Generator instead (decoder_options: max_seq_len, kv_blocks, block_size, threads,
-    isa; docs/DECODERS.md)."""
+    isa; docs/DECODERS.md); for an encoder they are engine.compile's (truncate_dim)."""
     if path is not None:
         from zoi.decoder.compile import decoder_folder
 
@@ -24,12 +24,12 @@ def compile(path=None, device: str = "cpu", precision: str = "fp32", max_tokens=
             return compile_decoder(folder, device=device, precision=precision, max_batch=max_batch,
                                    max_tokens=max_tokens, calibration=calibration, quant_config=quant_config,
                                    **decoder_options)
-    if decoder_options:
-        raise TypeError(f"compile() got unexpected options {', '.join(sorted(decoder_options))}")
     from zoi import engine
 
+    # encoder options (truncate_dim, ...) go on to engine.compile, which refuses unknown ones
     return engine.compile(path, device=device, precision=precision, max_tokens=max_tokens, max_batch=max_batch,
-                          calibration=calibration, quant_config=quant_config, progress=progress)
+                          calibration=calibration, quant_config=quant_config, progress=progress,
+                          **decoder_options)
 
 
 def __getattr__(name: str):  # lazy: `import zoi` stays cheap
