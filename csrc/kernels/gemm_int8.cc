@@ -110,14 +110,13 @@ constexpr int MC = 192 / MR * MR;  // rows per M chunk (multiple of MR): one chu
                                 // small batches split over N (each weight byte read once)
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
-// out[r][0:PW) = sum over kgroups of A row r x the panel. The accumulators stay in registers
-// (only constant indices after full unrolling); they are spilled once, to the L1-hot tile.
+// acc[r][j] = sum over kgroups of A row r x vector j of the panel. The accumulators stay in registers
+// (only constant indices after full unrolling).
 // PF: software-prefetch the panel PF_DIST bytes ahead (the first row block of a panel streams
 // it from L3; later row blocks find it in L1/L2)
 constexpr int PF_DIST = 2048;
 template <int R, bool PF>
-inline void micro(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
-  IV acc[R][NB];
+ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -140,20 +139,68 @@ inline void micro(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* 
       for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, b[j]);
     }
   }
+}
+
+// the epilogue of a full tile without activation, straight from the accumulator registers
+// (no spill to the tile and reload): float(sum - zp * colsum) * (a_scale * w_scale) + bias (+ res)
+template <int R>
+ZOI_INLINE void epi_regs(const GemmI8Args& p, int m, int n0, IV (&acc)[R][NB]) {
+  V::T ws[NB], bs[NB];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+  for (int j = 0; j < NB; ++j) {
+    ws[j] = V::load(p.w_scale + n0 + j * LANES);
+    bs[j] = V::load(p.bias + n0 + j * LANES);
+  }
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) istore(out + r * PW + j * LANES, acc[r][j]);
+  for (int r = 0; r < R; ++r) {
+    const int row = m + r;
+    const V::T as = V::set(p.a_scale[row]);
+    const int zp = p.a_zp[row];
+    float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
+    const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      V::T f = V::add(V::mul(tof(isub_zp(acc[r][j], zp, p.colsum + n0 + j * LANES)), V::mul(as, ws[j])), bs[j]);
+      if (res) f = V::add(f, V::load(res + j * LANES));
+      V::store(y + j * LANES, f);
+    }
+  }
+}
+
+// float(sum - zp * colsum) * (a_scale * w_scale) + bias of a tile into t[R][PW], in this order
+// (the emulation's rounding)
+template <int R>
+ZOI_INLINE void dequant_regs(const GemmI8Args& p, int m, int n0, IV (&acc)[R][NB], float* t) {
+  V::T ws[NB], bs[NB];
+#pragma GCC unroll 8
+  for (int j = 0; j < NB; ++j) {
+    ws[j] = V::load(p.w_scale + n0 + j * LANES);
+    bs[j] = V::load(p.bias + n0 + j * LANES);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const V::T as = V::set(p.a_scale[m + r]);
+    const int zp = p.a_zp[m + r];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j)
+      V::store(t + r * PW + j * LANES,
+               V::add(V::mul(tof(isub_zp(acc[r][j], zp, p.colsum + n0 + j * LANES)), V::mul(as, ws[j])), bs[j]));
+  }
 }
 
 template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
-  alignas(64) int32_t acc[R * PW];
+  IV racc[R][NB];
   const uint8_t* a = static_cast<const uint8_t*>(p.a) + static_cast<size_t>(m) * p.lda * kABytes;
-  if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, acc);
-  else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, acc);
+  if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, racc);
+  else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, racc);
   const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
   if (p.y_i32) {
+    alignas(64) int32_t acc[R * PW];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) istore(acc + r * PW + j * LANES, racc[r][j]);
     for (int r = 0; r < R; ++r) {
       const int zp = p.a_zp[m + r];
       int32_t* dst = p.y_i32 + static_cast<size_t>(m + r) * p.ldy + n0;
@@ -161,39 +208,16 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool firs
     }
     return;
   }
-  if (p.act == ACT_NONE) {  // one pass: dequantise (+ residual) straight into y
-    for (int r = 0; r < R; ++r) {
-      const int row = m + r;
-      const V::T as = V::set(p.a_scale[row]);
-      const int zp = p.a_zp[row];
-      float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
-      const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
-      for (int c = 0; c < ncols; c += LANES) {
-        V::T f = V::add(V::mul(tof(isub_zp(iload(acc + r * PW + c), zp, p.colsum + n0 + c)),
-                               V::mul(as, V::load(p.w_scale + n0 + c))),
-                        V::load(p.bias + n0 + c));
-        if (res) f = V::add(f, V::load_n(res + c, ncols - c));
-        V::store_n(y + c, f, ncols - c);
-      }
-    }
+  if (p.act == ACT_NONE && ncols == PW) {  // one pass from the registers straight into y
+    epi_regs<R>(p, m, n0, racc);
     return;
   }
-  // 1. dequantise into the (L1-hot) tile: float(sum - zp * colsum) * (a_scale * w_scale) + bias,
-  //    in this order (the emulation's rounding)
-  float* t = reinterpret_cast<float*>(acc);
-  for (int r = 0; r < R; ++r) {
-    const V::T as = V::set(p.a_scale[m + r]);
-    const int zp = p.a_zp[m + r];
-    for (int j = 0; j < NB; ++j) {
-      const int col = n0 + j * LANES;
-      int32_t* ar = acc + r * PW + j * LANES;
-      V::T f = V::add(V::mul(tof(isub_zp(iload(ar), zp, p.colsum + col)), V::mul(as, V::load(p.w_scale + col))),
-                      V::load(p.bias + col));
-      V::store(reinterpret_cast<float*>(ar), f);
-    }
-  }
+  // 1. dequantise from the registers into the (L1-hot) float tile (the padding columns have
+  //    w_scale = bias = 0 and colsum = 0)
+  alignas(64) float t[R * PW];
+  dequant_regs<R>(p, m, n0, racc, t);
   // 2. activation over the whole tile (independent vectors interleaved)
-  vact_inplace(t, R * PW, p.act);
+  if (p.act != ACT_NONE) vact_inplace(t, R * PW, p.act);
   // 3. residual, store
   for (int r = 0; r < R; ++r) {
     const int row = m + r;
