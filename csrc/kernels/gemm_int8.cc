@@ -264,8 +264,28 @@ void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
   }
 }
 
+// rows per chunk when the GEMM also quantises its output rows: the chunk's float rows
+// (MQ x N x 4 bytes: 384 KiB at N = 1536) stay in L2 until they are quantised
+constexpr int MQ = 64 / MR * MR;
+
 void gemm(const GemmI8Args& p, int tid, int nt) {
   if (p.M <= 0 || p.N <= 0) return;
+  if (p.qo.q) {  // split over row chunks; each chunk: every panel, then its rows quantised
+    const int npanels = round_up(p.N, PW) / PW;
+    const size_t panel_elems = static_cast<size_t>(p.Kp) * PW;
+    const int nch = (p.M + MQ - 1) / MQ;
+    long lo, hi;
+    split_range(nch, tid, nt, &lo, &hi);
+    for (long ch = lo; ch < hi; ++ch) {
+      const int m0 = static_cast<int>(ch) * MQ, m1 = m0 + MQ < p.M ? m0 + MQ : p.M;
+      for (int pn = 0; pn < npanels; ++pn) {
+        const WE* wpanel = static_cast<const WE*>(p.w) + pn * panel_elems;
+        for (int m = m0; m < m1; m += MR) tile_rows<MR>(m1 - m < MR ? m1 - m : MR, p, m, pn * PW, wpanel, m == m0);
+      }
+      for (int m = m0; m < m1; ++m) quantize_into(p.y + static_cast<size_t>(m) * p.ldy, p.N, p.qo, m);
+    }
+    return;
+  }
   const int npanels = round_up(p.N, PW) / PW;
   const int nch = (p.M + MC - 1) / MC;
   const int mc = round_up((p.M + nch - 1) / nch, MR);  // equal chunks: balanced split over M
