@@ -2,6 +2,7 @@
 // ISA (1 byte each), packed per panel of PW = NB * LANES columns as [K/4][panel col][4] so the
 // micro-kernel streams them contiguously; A rows are 8-bit (qrow.h gives the format):
 //   vnni:   u8 a x s8 w -> s32 with vpdpbusd (64 MACs / instruction)
+//   avxvnni: the same with the VEX vpdpbusd on ymm (32 MACs / instruction), 6 x 2 ymm blocking
 //   avx512, avx2: the sign trick on vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd with ones (s16
 //           pairs -> s32): a is s8 (q, or q - 128 for asymmetric rows, with the colsum correction
 //           of the zero point), the u8 operand is |a| <= 128 (stored next to a by the quantiser),
@@ -66,6 +67,20 @@ inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
+#elif defined(ZOI_ISA_AVXVNNI)
+using IV = __m256i;
+// VEX vpdpbusd ymm (u8 a x s8 w -> s32, 32 MACs, 1 instruction): 6 x 2 accumulators + 2 weight
+// vectors + the broadcast = 15 of the 16 ymm registers
+constexpr int LANES = 8, MR = 6, NB = 2;
+struct ARow { IV a; };  // broadcast of 4 u8 of one A row
+inline ARow arow(const uint8_t* p, int) { int32_t v; std::memcpy(&v, p, 4); return {_mm256_set1_epi32(v)}; }
+inline IV izero() { return _mm256_setzero_si256(); }
+inline IV loadw(const WE* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IV dot(IV acc, const ARow& a, IV w) { return _mm256_dpbusd_avx_epi32(acc, a.a, w); }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_mullo_epi32(_mm256_set1_epi32(zp), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))); }
+inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
+inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
+inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 #elif defined(ZOI_ISA_AVX2)
 using IV = __m256i;
 // 5 x 2 ymm accumulators + 2 weight vectors + a, |a|, a temporary and the ones: all 16 ymm

@@ -34,7 +34,7 @@ struct QuantOut {
 // Activations arrive quantised by quantize_rows / a fused LayerNorm / embedding, as stored
 // integers a = q + off with a stored per-row zero point zp' = zp + off (zoi.numerics.primitives
 // numerics; symmetric q in [-127, 127] with zp = 0, asymmetric q in [0, 255] with the token's zp):
-//   vnni:          u8,  off = 128 (symmetric) / 0 (asymmetric)
+//   vnni, avxvnni: u8,  off = 128 (symmetric) / 0 (asymmetric)
 //   avx512, avx2:  s8,  off = 0 / -128, each row followed by |a| (u8): rows of 2 * Kp bytes
 //   scalar:        s8,  off = 0 / -128
 // (csrc/kernels/qrow.h; i8_a_get / i8_a_set read and write it). Kp = round_up(K, 4); padding: any
@@ -168,6 +168,7 @@ inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 ZOI_DECLARE_TABLE(vnni)
 ZOI_DECLARE_TABLE(avx512)
 ZOI_DECLARE_TABLE(avx2)
+ZOI_DECLARE_TABLE(avxvnni)
 ZOI_DECLARE_TABLE(scalar)
 #undef ZOI_DECLARE_TABLE
 
