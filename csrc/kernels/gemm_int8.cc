@@ -156,6 +156,16 @@ ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&
   }
 }
 
+template <int R, bool PF>
+__attribute__((noinline)) void micro_st(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
+  IV acc[R][NB];
+  micro<R, PF>(a, lda, w, kgroups, acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) istore(out + r * PW + j * LANES, acc[r][j]);
+}
+
 // the epilogue of a full tile without activation, straight from the accumulator registers
 // (no spill to the tile and reload): float(sum - zp * colsum) * (a_scale * w_scale) + bias (+ res)
 template <int R>
@@ -207,8 +217,20 @@ template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
   IV racc[R][NB];
   const uint8_t* a = static_cast<const uint8_t*>(p.a) + static_cast<size_t>(m) * p.lda * kABytes;
+#if defined(ZOI_ISA_AVX2) && !defined(ZOI_ISA_AVXVNNI)
+  // the sign-trick K loop needs all 16 ymm registers: compiled apart (no epilogue value live
+  // across it), its sums through the L1-hot tile (in registers: 10% slower, spills)
+  alignas(32) int32_t st[R * PW];
+  if (first) micro_st<R, true>(a, p.lda, wpanel, p.Kp / KG, st);
+  else micro_st<R, false>(a, p.lda, wpanel, p.Kp / KG, st);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) racc[r][j] = iload(st + r * PW + j * LANES);
+#else
   if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, racc);
   else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, racc);
+#endif
   const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
   if (p.y_i32) {
     alignas(64) int32_t acc[R * PW];
