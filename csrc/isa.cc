@@ -77,12 +77,14 @@ bool isa_supported(Isa isa) {
     case Isa::Avx2: return f.avx2 && f.fma;
     case Isa::Avx512: return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
     case Isa::Vnni: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.fma;
+    case Isa::AvxVnni: return f.avx2 && f.fma && f.avx_vnni;
   }
   return false;
 }
 
 Isa best_isa() {
-  for (Isa i : {Isa::Vnni, Isa::Avx512, Isa::Avx2})
+  // AVX-VNNI (Alder Lake+, Zen 5 client) after AVX-512: a CPU with both has AVX-512 VNNI too
+  for (Isa i : {Isa::Vnni, Isa::Avx512, Isa::AvxVnni, Isa::Avx2})
     if (isa_supported(i)) return i;
   return Isa::Scalar;
 }
@@ -93,12 +95,13 @@ const char* isa_name(Isa isa) {
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
     case Isa::Vnni: return "vnni";
+    case Isa::AvxVnni: return "avxvnni";
   }
   return "?";
 }
 
 bool parse_isa(const std::string& s, Isa* out) {
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni})
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni, Isa::AvxVnni})
     if (s == isa_name(i)) { *out = i; return true; }
   return false;
 }
@@ -109,7 +112,7 @@ Isa active_isa() {
     Isa want;
     if (!parse_isa(env, &want))
       throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
-                                  " is not one of vnni, avx512, avx2, scalar");
+                                  " is not one of vnni, avx512, avxvnni, avx2, scalar");
     if (!isa_supported(want))
       throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
                                   " is not supported by this CPU (best: " + isa_name(best_isa()) + ")");

@@ -4,7 +4,7 @@
 
 namespace zoi {
 
-enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Vnni = 3 };
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Vnni = 3, AvxVnni = 4 };  // AvxVnni: AVX2 + VEX vpdpbusd ymm
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512vl = false,
@@ -16,7 +16,7 @@ const CpuFeatures& cpu_features();
 Isa best_isa();                 // best ISA this CPU + OS support
 Isa active_isa();               // best_isa(), or ZOI_CPU_ISA when set (and supported)
 bool isa_supported(Isa isa);
-const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512" | "vnni"
+const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512" | "vnni" | "avxvnni"
 bool parse_isa(const std::string& s, Isa* out);
 
 }  // namespace zoi

@@ -32,7 +32,7 @@ using Opt = std::optional<Arr<T>>;
 const zoi::KernelTable& table_for(const std::string& isa) {
   zoi::Isa i;
   if (isa.empty()) return zoi::kernel_table(zoi::active_isa());
-  if (!zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avx2|scalar");
+  if (!zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
   return zoi::kernel_table(i);
 }
 
@@ -145,7 +145,7 @@ NB_MODULE(_cpu, m) {
         "ISA the dispatcher uses (ZOI_CPU_ISA overrides; raises ValueError if unsupported)");
   m.def("isa_supported", [](const std::string& s) {
     zoi::Isa i;
-    if (!zoi::parse_isa(s, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avx2|scalar");
+    if (!zoi::parse_isa(s, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
     return zoi::isa_supported(i);
   });
   m.def("pool_size", []() { return zoi::ThreadPool::instance().size(); },

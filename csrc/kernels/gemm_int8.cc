@@ -2,6 +2,7 @@
 // ISA (1 byte each), packed per panel of PW = NB * LANES columns as [K/4][panel col][4] so the
 // micro-kernel streams them contiguously; A rows are 8-bit (qrow.h gives the format):
 //   vnni:   u8 a x s8 w -> s32 with vpdpbusd (64 MACs / instruction)
+//   avxvnni: the same with the VEX vpdpbusd on ymm (32 MACs / instruction), 6 x 2 ymm blocking
 //   avx512, avx2: the sign trick on vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd with ones (s16
 //           pairs -> s32): a is s8 (q, or q - 128 for asymmetric rows, with the colsum correction
 //           of the zero point), the u8 operand is |a| <= 128 (stored next to a by the quantiser),
@@ -66,6 +67,20 @@ inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
+#elif defined(ZOI_ISA_AVXVNNI)
+using IV = __m256i;
+// VEX vpdpbusd ymm (u8 a x s8 w -> s32, 32 MACs, 1 instruction): 6 x 2 accumulators + 2 weight
+// vectors + the broadcast = 15 of the 16 ymm registers
+constexpr int LANES = 8, MR = 6, NB = 2;
+struct ARow { IV a; };  // broadcast of 4 u8 of one A row
+inline ARow arow(const uint8_t* p, int) { int32_t v; std::memcpy(&v, p, 4); return {_mm256_set1_epi32(v)}; }
+inline IV izero() { return _mm256_setzero_si256(); }
+inline IV loadw(const WE* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IV dot(IV acc, const ARow& a, IV w) { return _mm256_dpbusd_avx_epi32(acc, a.a, w); }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm256_sub_epi32(a, _mm256_mullo_epi32(_mm256_set1_epi32(zp), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))); }
+inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
+inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
+inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 #elif defined(ZOI_ISA_AVX2)
 using IV = __m256i;
 // 5 x 2 ymm accumulators + 2 weight vectors + a, |a|, a temporary and the ones: all 16 ymm
@@ -110,14 +125,13 @@ constexpr int MC = 192 / MR * MR;  // rows per M chunk (multiple of MR): one chu
                                 // small batches split over N (each weight byte read once)
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
-// out[r][0:PW) = sum over kgroups of A row r x the panel. The accumulators stay in registers
-// (only constant indices after full unrolling); they are spilled once, to the L1-hot tile.
+// acc[r][j] = sum over kgroups of A row r x vector j of the panel. The accumulators stay in registers
+// (only constant indices after full unrolling).
 // PF: software-prefetch the panel PF_DIST bytes ahead (the first row block of a panel streams
 // it from L3; later row blocks find it in L1/L2)
 constexpr int PF_DIST = 2048;
 template <int R, bool PF>
-inline void micro(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
-  IV acc[R][NB];
+ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -140,20 +154,90 @@ inline void micro(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* 
       for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, b[j]);
     }
   }
+}
+
+template <int R, bool PF>
+__attribute__((noinline)) void micro_st(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
+  IV acc[R][NB];
+  micro<R, PF>(a, lda, w, kgroups, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) istore(out + r * PW + j * LANES, acc[r][j]);
 }
 
+// the epilogue of a full tile without activation, straight from the accumulator registers
+// (no spill to the tile and reload): float(sum - zp * colsum) * (a_scale * w_scale) + bias (+ res)
+template <int R>
+ZOI_INLINE void epi_regs(const GemmI8Args& p, int m, int n0, IV (&acc)[R][NB]) {
+  V::T ws[NB], bs[NB];
+#pragma GCC unroll 8
+  for (int j = 0; j < NB; ++j) {
+    ws[j] = V::load(p.w_scale + n0 + j * LANES);
+    bs[j] = V::load(p.bias + n0 + j * LANES);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int row = m + r;
+    const V::T as = V::set(p.a_scale[row]);
+    const int zp = p.a_zp[row];
+    float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
+    const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      V::T f = V::add(V::mul(tof(isub_zp(acc[r][j], zp, p.colsum + n0 + j * LANES)), V::mul(as, ws[j])), bs[j]);
+      if (res) f = V::add(f, V::load(res + j * LANES));
+      V::store(y + j * LANES, f);
+    }
+  }
+}
+
+// float(sum - zp * colsum) * (a_scale * w_scale) + bias of a tile into t[R][PW], in this order
+// (the emulation's rounding)
+template <int R>
+ZOI_INLINE void dequant_regs(const GemmI8Args& p, int m, int n0, IV (&acc)[R][NB], float* t) {
+  V::T ws[NB], bs[NB];
+#pragma GCC unroll 8
+  for (int j = 0; j < NB; ++j) {
+    ws[j] = V::load(p.w_scale + n0 + j * LANES);
+    bs[j] = V::load(p.bias + n0 + j * LANES);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const V::T as = V::set(p.a_scale[m + r]);
+    const int zp = p.a_zp[m + r];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j)
+      V::store(t + r * PW + j * LANES,
+               V::add(V::mul(tof(isub_zp(acc[r][j], zp, p.colsum + n0 + j * LANES)), V::mul(as, ws[j])), bs[j]));
+  }
+}
+
 template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
-  alignas(64) int32_t acc[R * PW];
+  IV racc[R][NB];
   const uint8_t* a = static_cast<const uint8_t*>(p.a) + static_cast<size_t>(m) * p.lda * kABytes;
-  if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, acc);
-  else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, acc);
+#if defined(ZOI_ISA_AVX2) && !defined(ZOI_ISA_AVXVNNI)
+  // the sign-trick K loop needs all 16 ymm registers: compiled apart (no epilogue value live
+  // across it), its sums through the L1-hot tile (in registers: 10% slower, spills)
+  alignas(32) int32_t st[R * PW];
+  if (first) micro_st<R, true>(a, p.lda, wpanel, p.Kp / KG, st);
+  else micro_st<R, false>(a, p.lda, wpanel, p.Kp / KG, st);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) racc[r][j] = iload(st + r * PW + j * LANES);
+#else
+  if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, racc);
+  else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, racc);
+#endif
   const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
   if (p.y_i32) {
+    alignas(64) int32_t acc[R * PW];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) istore(acc + r * PW + j * LANES, racc[r][j]);
     for (int r = 0; r < R; ++r) {
       const int zp = p.a_zp[m + r];
       int32_t* dst = p.y_i32 + static_cast<size_t>(m + r) * p.ldy + n0;
@@ -161,39 +245,16 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool firs
     }
     return;
   }
-  if (p.act == ACT_NONE) {  // one pass: dequantise (+ residual) straight into y
-    for (int r = 0; r < R; ++r) {
-      const int row = m + r;
-      const V::T as = V::set(p.a_scale[row]);
-      const int zp = p.a_zp[row];
-      float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
-      const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
-      for (int c = 0; c < ncols; c += LANES) {
-        V::T f = V::add(V::mul(tof(isub_zp(iload(acc + r * PW + c), zp, p.colsum + n0 + c)),
-                               V::mul(as, V::load(p.w_scale + n0 + c))),
-                        V::load(p.bias + n0 + c));
-        if (res) f = V::add(f, V::load_n(res + c, ncols - c));
-        V::store_n(y + c, f, ncols - c);
-      }
-    }
+  if (p.act == ACT_NONE && ncols == PW) {  // one pass from the registers straight into y
+    epi_regs<R>(p, m, n0, racc);
     return;
   }
-  // 1. dequantise into the (L1-hot) tile: float(sum - zp * colsum) * (a_scale * w_scale) + bias,
-  //    in this order (the emulation's rounding)
-  float* t = reinterpret_cast<float*>(acc);
-  for (int r = 0; r < R; ++r) {
-    const V::T as = V::set(p.a_scale[m + r]);
-    const int zp = p.a_zp[m + r];
-    for (int j = 0; j < NB; ++j) {
-      const int col = n0 + j * LANES;
-      int32_t* ar = acc + r * PW + j * LANES;
-      V::T f = V::add(V::mul(tof(isub_zp(iload(ar), zp, p.colsum + col)), V::mul(as, V::load(p.w_scale + col))),
-                      V::load(p.bias + col));
-      V::store(reinterpret_cast<float*>(ar), f);
-    }
-  }
+  // 1. dequantise from the registers into the (L1-hot) float tile (the padding columns have
+  //    w_scale = bias = 0 and colsum = 0)
+  alignas(64) float t[R * PW];
+  dequant_regs<R>(p, m, n0, racc, t);
   // 2. activation over the whole tile (independent vectors interleaved)
-  vact_inplace(t, R * PW, p.act);
+  if (p.act != ACT_NONE) vact_inplace(t, R * PW, p.act);
   // 3. residual, store
   for (int r = 0; r < R; ++r) {
     const int row = m + r;
@@ -240,8 +301,28 @@ void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
   }
 }
 
+// rows per chunk when the GEMM also quantises its output rows: the chunk's float rows
+// (MQ x N x 4 bytes: 384 KiB at N = 1536) stay in L2 until they are quantised
+constexpr int MQ = 64 / MR * MR;
+
 void gemm(const GemmI8Args& p, int tid, int nt) {
   if (p.M <= 0 || p.N <= 0) return;
+  if (p.qo.q) {  // split over row chunks; each chunk: every panel, then its rows quantised
+    const int npanels = round_up(p.N, PW) / PW;
+    const size_t panel_elems = static_cast<size_t>(p.Kp) * PW;
+    const int nch = (p.M + MQ - 1) / MQ;
+    long lo, hi;
+    split_range(nch, tid, nt, &lo, &hi);
+    for (long ch = lo; ch < hi; ++ch) {
+      const int m0 = static_cast<int>(ch) * MQ, m1 = m0 + MQ < p.M ? m0 + MQ : p.M;
+      for (int pn = 0; pn < npanels; ++pn) {
+        const WE* wpanel = static_cast<const WE*>(p.w) + pn * panel_elems;
+        for (int m = m0; m < m1; m += MR) tile_rows<MR>(m1 - m < MR ? m1 - m : MR, p, m, pn * PW, wpanel, m == m0);
+      }
+      for (int m = m0; m < m1; ++m) quantize_into(p.y + static_cast<size_t>(m) * p.ldy, p.N, p.qo, m);
+    }
+    return;
+  }
   const int npanels = round_up(p.N, PW) / PW;
   const int nch = (p.M + MC - 1) / MC;
   const int mc = round_up((p.M + nch - 1) / nch, MR);  // equal chunks: balanced split over M

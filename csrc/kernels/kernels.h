@@ -15,12 +15,26 @@ namespace zoi {
 
 enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4, ACT_TANH = 5 };
 
+// Quantisation of float rows for the next INT8 GEMM (standalone, or fused into the kernel
+// that produces the rows): x' = (x - shift) * mul per channel (each optional, two roundings),
+// then symmetric (per-token amax or the static amax) or asymmetric per-token UINT8.
+struct QuantOut {
+  void* q = nullptr;            // [M, ldq * i8_a_bytes] in the ISA's A format; nullptr = off
+  int ldq = 0;                  // = Kp of the consumer (elements per row)
+  float* scale = nullptr;       // [M] a_scale
+  int32_t* zp = nullptr;        // [M] zero point of the stored integers (see the GEMM above)
+  float static_amax = -1.f;     // < 0: dynamic per-token amax; >= 0: calibrated per-tensor amax
+  int asym = 0;                 // 1: dynamic_asym (per-token UINT8 with zero point)
+  const float* shift = nullptr; // [K] or nullptr
+  const float* mul = nullptr;   // [K] or nullptr
+};
+
 // ---- INT8 GEMM:
 //   y[m,n] = act(float(sum_k a[m,k] w[n,k] - zp[m] * colsum[n]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
 // Activations arrive quantised by quantize_rows / a fused LayerNorm / embedding, as stored
 // integers a = q + off with a stored per-row zero point zp' = zp + off (zoi.numerics.primitives
 // numerics; symmetric q in [-127, 127] with zp = 0, asymmetric q in [0, 255] with the token's zp):
-//   vnni:          u8,  off = 128 (symmetric) / 0 (asymmetric)
+//   vnni, avxvnni: u8,  off = 128 (symmetric) / 0 (asymmetric)
 //   avx512, avx2:  s8,  off = 0 / -128, each row followed by |a| (u8): rows of 2 * Kp bytes
 //   scalar:        s8,  off = 0 / -128
 // (csrc/kernels/qrow.h; i8_a_get / i8_a_set read and write it). Kp = round_up(K, 4); padding: any
@@ -42,7 +56,12 @@ struct GemmI8Args {
   int ldr = 0;
   int act = 0;                    // Act
   int32_t* y_i32 = nullptr;       // tests: when set, raw integer sums [M, ldy] instead of y
+  // optional: also quantise each finished row of y (N = K of the next INT8 GEMM) into qo, while
+  // it is L2-hot; the work is then split over rows (chunks of all N columns). qo.q must not be a.
+  // The engine sets it only for M >= kI8FuseQuantMinM (below, the N split reads each weight once)
+  QuantOut qo;
 };
+constexpr int kI8FuseQuantMinM = 256;
 
 // ---- FP32 GEMM: y = act(a @ w^T + bias) (+ res); w packed by pack_f32: [panel][K][panel col]
 struct GemmF32Args {
@@ -56,20 +75,6 @@ struct GemmF32Args {
   const float* res = nullptr;
   int ldr = 0;
   int act = 0;
-};
-
-// Quantisation of float rows for the next INT8 GEMM (standalone, or fused into the kernel
-// that produces the rows): x' = (x - shift) * mul per channel (each optional, two roundings),
-// then symmetric (per-token amax or the static amax) or asymmetric per-token UINT8.
-struct QuantOut {
-  void* q = nullptr;            // [M, ldq * i8_a_bytes] in the ISA's A format; nullptr = off
-  int ldq = 0;                  // = Kp of the consumer (elements per row)
-  float* scale = nullptr;       // [M] a_scale
-  int32_t* zp = nullptr;        // [M] zero point of the stored integers (see the GEMM above)
-  float static_amax = -1.f;     // < 0: dynamic per-token amax; >= 0: calibrated per-tensor amax
-  int asym = 0;                 // 1: dynamic_asym (per-token UINT8 with zero point)
-  const float* shift = nullptr; // [K] or nullptr
-  const float* mul = nullptr;   // [K] or nullptr
 };
 
 // ---- y = LN(x (+ r)) * w + b, per row of H
@@ -165,6 +170,7 @@ inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 ZOI_DECLARE_TABLE(vnni)
 ZOI_DECLARE_TABLE(avx512)
 ZOI_DECLARE_TABLE(avx2)
+ZOI_DECLARE_TABLE(avxvnni)
 ZOI_DECLARE_TABLE(scalar)
 #undef ZOI_DECLARE_TABLE
 

@@ -1,6 +1,7 @@
 // Register-only throughput loop of the ISA's INT8 dot sequence (the GEMM's roofline), the very
 // instructions of the gemm_int8.cc micro-kernel:
 //   vnni:   vpdpbusd zmm (64 MACs), 24 independent accumulators
+//   avxvnni: {vex} vpdpbusd ymm (32 MACs), 14 independent accumulators
 //   avx512: sign trick, zmm: vpblendmb (w * sign(a) from w, -w), vpmaddubsw, vpmaddwd (ones), vpaddd (64 MACs)
 //   avx2:   sign trick, ymm: vpsignb, vpmaddubsw, vpmaddwd (ones), vpaddd (32 MACs)
 // Independent accumulators hide the latency. Returns the integer ops (2 per MAC) done.
@@ -14,7 +15,19 @@ double peak_i8(long iters) {
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
   if (iters < 1) return 0;
   long n = iters;
-#if defined(ZOI_ISA_VNNI)
+#if defined(ZOI_ISA_AVXVNNI)
+  // ymm 2..15 accumulate ({vex}: the AVX-VNNI encoding, not the EVEX AVX512-VL one)
+#define ZOI_OP(r) "%{vex%} vpdpbusd %%ymm1, %%ymm0, %%ymm" #r "\n\t"
+  constexpr double per_iter = 14 * 32;
+  __asm__ volatile(
+      "vpxor %%ymm0, %%ymm0, %%ymm0\n\tvpxor %%ymm1, %%ymm1, %%ymm1\n\t"
+      "1:\n\t" ZOI_OP(2) ZOI_OP(3) ZOI_OP(4) ZOI_OP(5) ZOI_OP(6) ZOI_OP(7) ZOI_OP(8) ZOI_OP(9) ZOI_OP(10)
+      ZOI_OP(11) ZOI_OP(12) ZOI_OP(13) ZOI_OP(14) ZOI_OP(15) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "xmm14", "xmm15", "cc");
+#elif defined(ZOI_ISA_VNNI)
   // zmm 8..31 accumulate, sources in 0 and 1
 #define ZOI_OP(r) "vpdpbusd %%zmm1, %%zmm0, %%zmm" #r "\n\t"
   constexpr double per_iter = 24 * 64;

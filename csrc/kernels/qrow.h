@@ -14,13 +14,13 @@ namespace zoi {
 namespace ZOI_NS {
 
 // The A operand of the INT8 GEMM (kernels.h), per ISA build: stored a = q + off with
-//   vnni:          u8, off = 128 (symmetric) / 0 (asymmetric)      -> vpdpbusd's unsigned operand
+//   vnni, avxvnni: u8, off = 128 (symmetric) / 0 (asymmetric)      -> vpdpbusd's unsigned operand
 //   avx512, avx2:  s8, off = 0 (symmetric) / -128 (asymmetric), and a copy |a| (u8 <= 128) at
 //                  +ldq bytes of each row (the sign trick of gemm_int8.cc: |a| x sign(w, a))
 //   scalar:        s8, off = 0 / -128
 // and the stored zero point zp' = zp + off (symmetric: zp = 0), so that
 // sum_k a[k] w[k] - zp' colsum = sum_k (q[k] - zp) w[k] in every format.
-#if defined(ZOI_ISA_VNNI)
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVXVNNI)
 constexpr bool kASigned = false, kAAbs = false;
 constexpr int kAOffSym = 128, kAOffAsym = 0;
 #elif defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
@@ -62,18 +62,19 @@ inline void q_store(void* qrow, int ldq, int k, V::T t, int n) {
 #elif defined(ZOI_ISA_AVX2)
   const __m256i i = _mm256_cvttps_epi32(t);
   const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-  const __m128i b8 = _mm_packs_epi16(w16, w16);  // lanes 0..7 in order (no saturation: in range)
+  // lanes 0..7 in order (no saturation: in range; u8 0..255 on avxvnni)
+  const __m128i b8 = kASigned ? _mm_packs_epi16(w16, w16) : _mm_packus_epi16(w16, w16);
   const __m128i a8 = _mm_abs_epi8(b8);           // |-128| = 0x80 = 128 as u8
   if (n >= 8) {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(q), b8);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + ldq), a8);
+    if (kAAbs) _mm_storel_epi64(reinterpret_cast<__m128i*>(q + ldq), a8);
   } else {
     alignas(16) uint8_t tb[16], ta[16];
     _mm_store_si128(reinterpret_cast<__m128i*>(tb), b8);
     _mm_store_si128(reinterpret_cast<__m128i*>(ta), a8);
     for (int e = 0; e < n; ++e) {
       q[e] = tb[e];
-      q[ldq + e] = ta[e];
+      if (kAAbs) q[ldq + e] = ta[e];
     }
   }
 #else

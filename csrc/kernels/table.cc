@@ -31,6 +31,8 @@ double peak_i8(long iters);
 #define ZOI_ISA_ENUM Isa::Vnni
 #elif defined(ZOI_ISA_AVX512)
 #define ZOI_ISA_ENUM Isa::Avx512
+#elif defined(ZOI_ISA_AVXVNNI)
+#define ZOI_ISA_ENUM Isa::AvxVnni
 #elif defined(ZOI_ISA_AVX2)
 #define ZOI_ISA_ENUM Isa::Avx2
 #else

@@ -132,6 +132,16 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
   s.qldx = K;
   s.qK = K;
   s.qo = qo;
+  if (!steps_.empty()) {  // the output of an INT8 GEMM: that GEMM quantises it (second slot) at large T
+    Step& prev = steps_.back();
+    if (prev.kind == GEMM_I8 && prev.gi.y == buf(in_off) && prev.gi.N == K && prev.gi.ldy == K && !prev.gi.qo.ldq &&
+        prev.qslot == 0) {
+      prev.gi.qo = qo;
+      s.fusedq = true;
+      s.qslot = 1;
+      fused_q_ = true;
+    }
+  }
   steps_.push_back(s);
   return qo;
 }
@@ -153,6 +163,7 @@ void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const in
   Step s{};
   s.kind = GEMM_I8;
   s.rows_b = rows_b_;
+  s.qslot = steps_.back().kind == QUANT ? steps_.back().qslot : 0;
   GemmI8Args& g = s.gi;
   const int np = round_up(N, kt_->i8_panel);
   void* w = keep(kt_->pack_i8_bytes(N, K));
@@ -273,9 +284,14 @@ void Engine::finalize() {
   qbuf_ = aligned_bytes(qbuf_bytes_);
   qscale_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
   qzp_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
+  if (fused_q_) {  // lazily-zero pages: resident only where a call writes them
+    qbuf2_ = aligned_bytes(qbuf_bytes_);
+    qscale2_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
+    qzp2_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
+  }
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
-  scratch_bytes_ = qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8 + attn_stride_ * 4 * nthreads_;
+  scratch_bytes_ = (qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8) * (fused_q_ ? 2 : 1) + attn_stride_ * 4 * nthreads_;
   // work parts per step, handed out dynamically: a few per thread, so a thread that other load
   // delays holds up at most one part, and the others take the rest
   sync_.reset(new StepSync[steps_.size()]);
@@ -284,21 +300,25 @@ void Engine::finalize() {
     const Kind k = steps_[i].kind;
     parts_[i] = nthreads_ == 1 ? 1 : (k == GEMM_I8 || k == GEMM_F32 || k == ATTN) ? 4 * nthreads_ : 2 * nthreads_;
   }
-  float* qs = static_cast<float*>(qscale_.get());
-  int32_t* qz = static_cast<int32_t*>(qzp_.get());
+  void* qb[2] = {qbuf_.get(), qbuf2_.get()};
+  float* qs[2] = {static_cast<float*>(qscale_.get()), static_cast<float*>(qscale2_.get())};
+  int32_t* qz[2] = {static_cast<int32_t*>(qzp_.get()), static_cast<int32_t*>(qzp2_.get())};
   for (Step& s : steps_) {
-    auto fix = [&](QuantOut& qo) {
+    auto fix = [&](QuantOut& qo, int slot) {
       if (qo.ldq > 0) {
-        qo.q = qbuf_.get();
-        qo.scale = qs;
-        qo.zp = qz;
+        qo.q = qb[slot];
+        qo.scale = qs[slot];
+        qo.zp = qz[slot];
       }
     };
     switch (s.kind) {
-      case QUANT: fix(s.qo); break;
-      case LN: fix(s.ln.qo); break;
-      case EMBED: fix(s.em.qo); break;
-      case GEMM_I8: s.gi.a = qbuf_.get(); s.gi.a_scale = qs; s.gi.a_zp = qz; break;
+      case QUANT: fix(s.qo, s.qslot); break;
+      case LN: fix(s.ln.qo, 0); break;
+      case EMBED: fix(s.em.qo, 0); break;
+      case GEMM_I8:
+        s.gi.a = qb[s.qslot]; s.gi.a_scale = qs[s.qslot]; s.gi.a_zp = qz[s.qslot];
+        fix(s.gi.qo, 1);
+        break;
       case ATTN: s.at.scratch = static_cast<float*>(attn_.get()); s.at.scratch_stride = attn_stride_; break;
       default: break;
     }
@@ -320,10 +340,13 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       k.embed(a, t, nt);
       break;
     }
-    case QUANT: k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt); break;
+    case QUANT:  // M: tokens, or sequences for a head's B-row steps (the producer has the same M)
+      if (!(s.fusedq && M >= kI8FuseQuantMinM)) k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt);
+      break;
     case GEMM_I8: {
       GemmI8Args a = s.gi;
       a.M = M;
+      if (M < kI8FuseQuantMinM) a.qo.q = nullptr;  // the QUANT step after it does it
       k.gemm_i8(a, t, nt);
       break;
     }

@@ -95,6 +95,8 @@ class Engine {
     const float* qx = nullptr;
     int qldx = 0, qK = 0;
     QuantOut qo;
+    bool fusedq = false;  // QUANT of a GEMM_I8's output: the GEMM does it when T >= kI8FuseQuantMinM
+    int qslot = 0;        // QUANT / GEMM_I8: which quantised-activation buffer it writes / reads
   };
   // per step: parts handed out dynamically (next) and parts finished (done)
   struct alignas(64) StepSync {
@@ -113,8 +115,10 @@ class Engine {
   int max_tokens_, max_batch_, nthreads_;
   size_t arena_bytes_, weights_bytes_ = 0, scratch_bytes_ = 0;
   AlignedBuf arena_, qbuf_, qscale_, qzp_, attn_;
+  AlignedBuf qbuf2_, qscale2_, qzp2_;  // the second slot: a GEMM_I8 quantising its output for the next
   size_t qbuf_bytes_ = 0, attn_stride_ = 0;
   int max_kp_ = 0, max_attn_d_ = 0;
+  bool fused_q_ = false;  // some GEMM_I8 quantises its output (the second slot exists)
   std::vector<AlignedBuf> owned_;
   std::vector<Step> steps_;
   std::vector<int> parts_;
