@@ -20,7 +20,7 @@ from zoi.decoder.scheduler import (
     StopMatcher,
 )
 
-from .fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
+from fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
 
 TOK = ByteTokenizer()
 
