@@ -118,6 +118,8 @@ void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>
 
 void bind_tokenizer(nb::module_& m);  // csrc/tokenizer/bind.cc
 
+void bind_decoder(nb::module_& m);  // csrc/decoder/bind.cc
+
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
   // engines still referenced by daemon threads at interpreter exit are not leaks worth a report
@@ -543,4 +545,5 @@ NB_MODULE(_cpu, m) {
       .def_prop_ro("isa", [](const zoi::Engine& e) { return std::string(zoi::isa_name(e.isa())); });
 
   bind_tokenizer(m);
+  bind_decoder(m);
 }
