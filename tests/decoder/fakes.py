@@ -73,6 +73,16 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
 
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        t = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+            CHAT_TEMPLATE
+        )
+        return t.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token
+        )
+
 
 def offset_of(prompt: np.ndarray, params: SamplingParams, salt: int) -> int:
     h = hashlib.blake2b(np.asarray(prompt, "<i4").tobytes(), digest_size=8)

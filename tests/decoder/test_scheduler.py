@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
 
 from zoi.decoder.api import DecoderBackend, SamplingParams
 from zoi.decoder.scheduler import (
@@ -19,8 +20,6 @@ from zoi.decoder.scheduler import (
     SchedulerClosed,
     StopMatcher,
 )
-
-from fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
 
 TOK = ByteTokenizer()
 

@@ -74,11 +74,33 @@ def open_engine(model: str | None, config: ServeConfig):
     from zoi.engine import is_artifact
 
     max_tokens = config.max_batch_tokens  # None: the engine's default for the device
+    if model is not None and _is_decoder(model):  # issue 14: a Generator, served by routes_generate
+        return zoi.compile(
+            model,
+            device=config.device,
+            precision=config.precision,
+            max_seq_len=config.max_seq_len,
+            max_batch=config.max_running_requests,
+            kv_blocks=config.kv_blocks,
+            block_size=config.kv_block_size,
+        )
     if model is not None and is_artifact(model):
         return zoi.load(model, device=config.device, max_tokens=max_tokens)
     return zoi.compile(
         model, device=config.device, precision=config.precision, max_tokens=max_tokens
     )
+
+
+def _is_decoder(model: str) -> bool:
+    try:
+        from zoi.decoder.loader import is_decoder_folder
+        from zoi.frontend.hub import resolve_model
+    except ImportError:  # pragma: no cover
+        return False
+    try:
+        return is_decoder_folder(resolve_model(model))
+    except Exception:
+        return False
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
@@ -256,6 +278,10 @@ def cmd_serve(args) -> int:
     sock = _bind(config.host, config.port)  # fail fast, before a long compile
     t0 = time.perf_counter()
     engine = open_engine(model, config)
+    from zoi.decoder.serving import is_decoder_engine
+
+    if is_decoder_engine(engine):
+        return _serve_decoder(engine, config, sock, t0)
     name = served_name(model, config, engine)
     service = Service(engine, config, name)
     print(
@@ -282,6 +308,37 @@ def cmd_serve(args) -> int:
         app,
         config,
         banner=f"(model {name}, device {service.device}, {service.dtype})",
+        sock=sock,
+        service=service,
+    )
+    return 0
+
+
+def _serve_decoder(gen, config: ServeConfig, sock, t0: float) -> int:
+    """`zoi serve DECODER_FOLDER`: OpenAI completions and chat completions (issue 14)."""
+    from zoi.decoder.serving import DecoderService
+    from zoi.serve.app import create_app
+
+    service = DecoderService.from_generator(gen, config)
+    name = service.model_name
+    pool = gen.backend.pool()
+    print(
+        f"zoi serve: {gen!r} as {name!r} in {time.perf_counter() - t0:.1f} s; in-flight batching "
+        f"of at most {pool.max_batch} sequences, KV pool {pool.num_blocks} x {pool.block_size} "
+        f"tokens, context {service.max_seq_len}, at most {config.max_waiting_requests} waiting",
+        file=sys.stderr,
+        flush=True,
+    )
+    print(
+        f'zoi serve: model name {name!r}: clients send "model": "{name}" to /v1/completions and '
+        "/v1/chat/completions; routes described at /openapi.json and /docs",
+        file=sys.stderr,
+        flush=True,
+    )
+    serve(
+        create_app(service),
+        config,
+        banner=f"(model {name}, device {service.device}, {service.dtype}, decoder)",
         sock=sock,
         service=service,
     )
