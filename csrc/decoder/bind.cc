@@ -36,12 +36,12 @@ size_t nbytes(const Arr<T>& a) { return a.size() * sizeof(std::remove_const_t<T>
 void bind_decoder(nb::module_& m) {
   nb::class_<zoi::DecoderModel>(m, "DecoderModel")
       .def("__init__", [](zoi::DecoderModel* self, int vocab, int hidden, int inter, int layers, int heads,
-                          int kv_heads, int head_dim, float eps, bool qk_norm, bool int8, int max_tokens,
+                          int kv_heads, int head_dim, float eps, bool qk_norm, int wtype, int max_tokens,
                           int max_batch, int num_blocks, int block_size, int max_blocks, int max_pos, int nthreads,
                           const std::string& isa) {
              zoi::DecConfig c;
              c.vocab = vocab; c.hidden = hidden; c.inter = inter; c.layers = layers; c.heads = heads;
-             c.kv_heads = kv_heads; c.head_dim = head_dim; c.eps = eps; c.qk_norm = qk_norm; c.wtype = int8 ? 1 : 0;
+             c.kv_heads = kv_heads; c.head_dim = head_dim; c.eps = eps; c.qk_norm = qk_norm; c.wtype = wtype;
              c.max_tokens = max_tokens; c.max_batch = max_batch; c.num_blocks = num_blocks; c.block_size = block_size;
              c.max_blocks = max_blocks; c.max_pos = max_pos; c.nthreads = nthreads;
              try {
@@ -50,7 +50,7 @@ void bind_decoder(nb::module_& m) {
                throw nb::value_error(e.what());
              }
            }, "vocab"_a, "hidden"_a, "inter"_a, "layers"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "eps"_a,
-           "qk_norm"_a, "int8"_a, "max_tokens"_a, "max_batch"_a, "num_blocks"_a, "block_size"_a, "max_blocks"_a,
+           "qk_norm"_a, "wtype"_a, "max_tokens"_a, "max_batch"_a, "num_blocks"_a, "block_size"_a, "max_blocks"_a,
            "max_pos"_a, "nthreads"_a = 0, "isa"_a = "")
       .def("set", [](zoi::DecoderModel& d, int layer, const std::string& slot, Arr<const uint8_t> data) {
              try {

@@ -43,13 +43,14 @@ DecoderModel::DecoderModel(const DecConfig& c, const std::string& isa) : c_(c) {
   Isa i = active_isa();
   if (!isa.empty() && !parse_isa(isa, &i)) throw std::invalid_argument("unknown ISA; expected vnni|avx512|avx2|scalar");
   dk_ = &dec_kernels(i);
+  kt_ = &kernel_table(i);
   if (c.vocab < 1 || c.hidden < 1 || c.inter < 1 || c.layers < 1 || c.heads < 1 || c.kv_heads < 1 ||
       c.heads % c.kv_heads || c.head_dim < 2 || c.head_dim % 2 || c.head_dim > kDecMaxD)
     throw std::invalid_argument("bad model shape (heads % kv_heads, even head_dim <= 512)");
   if (c.block_size < 1 || c.block_size > kDecMaxBlock) throw std::invalid_argument("block_size must lie in [1, 256]");
   if (c.max_tokens < 1 || c.max_batch < 1 || c.max_batch > 1024 || c.num_blocks < 1 || c.max_blocks < 1 || c.max_pos < 1)
     throw std::invalid_argument("max_tokens, max_batch (<= 1024), num_blocks, max_blocks, max_pos must be positive");
-  if (c.wtype != 0 && c.wtype != 1) throw std::invalid_argument("wtype must be 0 (fp32) or 1 (int8)");
+  if (c.wtype < 0 || c.wtype > 2) throw std::invalid_argument("wtype must be 0 (fp32), 1 (int8) or 2 (w8a8)");
   const int pool = ThreadPool::instance().size();
   nthreads_ = c.nthreads > 0 && c.nthreads < pool ? c.nthreads : pool;
   bufs_.resize(static_cast<size_t>(c.layers + 1) * kNumSlots);
@@ -74,8 +75,17 @@ DecoderModel::DecoderModel(const DecConfig& c, const std::string& isa) : c_(c) {
   gidx_ = reinterpret_cast<int32_t*>(p);
   sidx_ = aligned_bytes(static_cast<size_t>(c.max_batch) * c.vocab * sizeof(int32_t));
   scum_ = aligned_bytes(static_cast<size_t>(c.max_batch) * c.vocab * sizeof(double));
-  const size_t max_ops = 4 + 11 * static_cast<size_t>(c.layers);
+  if (c.wtype == 2) {
+    lin8_.resize(static_cast<size_t>(c.layers + 1) * 4);
+    const int kmax = std::max(std::max(c.hidden, c.heads * c.head_dim), c.inter);
+    const size_t kp = round_up(kmax, kt_->i8_kgroup);
+    qbuf_ = aligned_bytes(T * kp * kt_->i8_a_bytes + 64);
+    qscale_ = aligned_bytes(T * sizeof(float));
+    qzp_ = aligned_bytes(T * sizeof(int32_t));
+  }
+  const size_t max_ops = 4 + 16 * static_cast<size_t>(c.layers);
   ops_.reserve(max_ops);
+  max_ops_ = max_ops;
   sync_.reset(new Sync[max_ops]);
 }
 
@@ -90,7 +100,8 @@ size_t DecoderModel::slot_bytes(int layer, const std::string& name) const {
   if (id < 0 || (layer < 0) != (id < kFirstLayerSlot) || layer >= c_.layers) return 0;
   const size_t wb = c_.wtype ? 1 : 4, H = c_.hidden, D = c_.head_dim, I = c_.inter;
   const size_t nq = static_cast<size_t>(c_.heads + 2 * c_.kv_heads) * D;
-  auto np = [](size_t n) { return rup(n, kDecPanel); };
+  const bool raw = c_.wtype == 2;  // w8a8: int8 [N, K] and scale [N] as given; packed here
+  auto np = [raw](size_t n) { return raw ? n : rup(n, kDecPanel); };
   auto sc = [&](size_t n) { return c_.wtype ? np(n) * 4 : 0; };
   switch (id) {
     case 0: return static_cast<size_t>(c_.vocab) * H * 4;
@@ -125,6 +136,34 @@ void DecoderModel::set(int layer, const std::string& name, const void* data, siz
   bufs_[k] = aligned_bytes(want);
   std::memcpy(bufs_[k].get(), data, want);
   buf_bytes_[k] = want;
+  const int id = slot_id(name);
+  if (c_.wtype == 2 && (id == 4 || id == 8 || id == 13 || id == 16 || id == 18)) {
+    const size_t nq = static_cast<size_t>(c_.heads + 2 * c_.kv_heads) * c_.head_dim;
+    int N = 0, K = 0;
+    switch (id) {
+      case 4: N = c_.vocab; K = c_.hidden; break;
+      case 8: N = static_cast<int>(nq); K = c_.hidden; break;
+      case 13: N = c_.hidden; K = c_.heads * c_.head_dim; break;
+      case 16: N = 2 * c_.inter; K = c_.hidden; break;
+      default: N = c_.hidden; K = c_.inter; break;
+    }
+    Lin8& L = lin8(layer, id);
+    L.N = N;
+    L.K = K;
+    L.Kp = round_up(K, kt_->i8_kgroup);
+    const int np = round_up(N, kt_->i8_panel);
+    L.w = aligned_bytes(kt_->pack_i8_bytes(N, K));
+    L.colsum = aligned_bytes(np * sizeof(int32_t));
+    kt_->pack_i8(static_cast<const int8_t*>(bufs_[k].get()), N, K, L.w.get(), static_cast<int32_t*>(L.colsum.get()));
+    weights_bytes_ += kt_->pack_i8_bytes(N, K) - want;
+    bufs_[k].reset();  // the packed copy replaces the raw one
+    buf_bytes_[k] = want;
+  }
+}
+
+DecoderModel::Lin8& DecoderModel::lin8(int layer, int w_id) {
+  const int j = w_id == 4 || w_id == 8 ? 0 : w_id == 13 ? 1 : w_id == 16 ? 2 : 3;
+  return lin8_[static_cast<size_t>(layer < 0 ? c_.layers : layer) * 4 + j];
 }
 
 float* DecoderModel::slot(int layer, int id) {
@@ -135,9 +174,28 @@ void DecoderModel::finalize() {
   for (int l = -1; l < c_.layers; ++l)
     for (int id = l < 0 ? 0 : kFirstLayerSlot; id < (l < 0 ? kFirstLayerSlot : kNumSlots); ++id) {
       if (id == 10 || id == 15) continue;  // biases are optional
-      if (slot_bytes(l, kSlots[id]) && !slot(l, id))
+      const bool packed8 = c_.wtype == 2 && (id == 4 || id == 8 || id == 13 || id == 16 || id == 18);
+      const bool have = packed8 ? static_cast<bool>(lin8(l, id).w) : slot(l, id) != nullptr;
+      if (slot_bytes(l, kSlots[id]) && !have)
         throw std::invalid_argument(std::string("weight slot '") + kSlots[id] + "' of layer " + std::to_string(l) + " not set");
     }
+  if (c_.wtype != 2 || finalized_) return;
+  for (int l = -1; l < c_.layers; ++l)
+    for (int id : {4, 8, 13, 16, 18}) {
+      if ((l < 0) != (id == 4)) continue;
+      Lin8& L = lin8(l, id);
+      const int np = round_up(L.N, kt_->i8_panel);
+      L.scale = aligned_bytes(np * sizeof(float));
+      L.bias = aligned_bytes(np * sizeof(float));
+      float* sc = static_cast<float*>(L.scale.get());
+      float* b = static_cast<float*>(L.bias.get());
+      std::memset(sc, 0, np * sizeof(float));
+      std::memset(b, 0, np * sizeof(float));
+      std::memcpy(sc, slot(l, id + 1), L.N * sizeof(float));
+      const int bid = id == 8 ? 10 : id == 13 ? 15 : -1;
+      if (bid >= 0 && slot(l, bid)) std::memcpy(b, slot(l, bid), L.N * sizeof(float));
+    }
+  finalized_ = true;
 }
 
 void DecoderModel::step(const int32_t* ids, int T, const int32_t* rows, const int32_t* starts, const int32_t* counts,
@@ -196,6 +254,24 @@ void DecoderModel::step(const int32_t* ids, int T, const int32_t* rows, const in
   ops_.clear();
   auto lin = [&](const float* x, int ldx, int l, int w_id, int s_id, int b_id, int M, int N, int K, float* y,
                  const float* res) {
+    if (c_.wtype == 2) {  // quantise the rows per token, then the INT8 GEMM of csrc/kernels
+      Lin8& L = lin8(l, w_id);
+      Op qop{QUANT};
+      qop.qx = x; qop.qldx = ldx; qop.qM = M; qop.qK = K;
+      qop.qo.q = qbuf_.get(); qop.qo.ldq = L.Kp;
+      qop.qo.scale = static_cast<float*>(qscale_.get()); qop.qo.zp = static_cast<int32_t*>(qzp_.get());
+      qop.parts = cap(M, 64);
+      ops_.push_back(qop);
+      Op g{GEMM8};
+      g.gi.a = qbuf_.get(); g.gi.lda = L.Kp; g.gi.a_scale = qop.qo.scale; g.gi.w = L.w.get();
+      g.gi.colsum = static_cast<const int32_t*>(L.colsum.get()); g.gi.a_zp = qop.qo.zp;
+      g.gi.w_scale = static_cast<const float*>(L.scale.get()); g.gi.bias = static_cast<const float*>(L.bias.get());
+      g.gi.M = M; g.gi.N = N; g.gi.Kp = L.Kp; g.gi.y = y; g.gi.ldy = N; g.gi.res = res; g.gi.ldr = N;
+      const long np = (N + kt_->i8_panel - 1) / kt_->i8_panel;
+      g.parts = cap(np * ((M + 63) / 64), 256);
+      ops_.push_back(g);
+      return;
+    }
     Op o{LIN};
     o.lin.x = x; o.lin.ldx = ldx;
     o.lin.w = slot(l, w_id); o.lin.wtype = c_.wtype;
@@ -258,6 +334,7 @@ void DecoderModel::step(const int32_t* ids, int T, const int32_t* rows, const in
     o.parts = nw_;
     ops_.push_back(o);
   }
+  if (ops_.size() > max_ops_) throw std::logic_error("decoder step: more ops than sized for");  // never
   for (size_t i = 0; i < ops_.size(); ++i) {
     sync_[i].next.store(0, std::memory_order_relaxed);
     sync_[i].done.store(0, std::memory_order_relaxed);
@@ -303,6 +380,8 @@ void DecoderModel::exec(const Op& op, int part) {
     case MERGE: dk_->attn_merge(op.at, part, op.parts); break;
     case SILU: dk_->silu_mul(gu_, 2 * c_.inter, T_, c_.inter, act_, c_.inter, part, op.parts); break;
     case SAMPLE: sample_row(part); break;
+    case QUANT: kt_->quantize_rows(op.qx, op.qldx, op.qM, op.qK, op.qo, part, op.parts); break;
+    case GEMM8: kt_->gemm_i8(op.gi, part, op.parts); break;
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/kernels.h"
 #include "../runtime/engine.h"
 #include "dkernels.h"
 
@@ -20,7 +21,7 @@ struct DecConfig {
   int vocab = 0, hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float eps = 1e-6f;
   int qk_norm = 0;
-  int wtype = 0;  // 0 fp32, 1 int8 weights
+  int wtype = 0;  // 0 fp32, 1 int8 weights (FP32 activations), 2 w8a8 (csrc/kernels INT8 GEMM)
   int max_tokens = 256, max_batch = 8, num_blocks = 0, block_size = 16, max_blocks = 0, max_pos = 0;
   int nthreads = 0;  // 0: the whole pool
 };
@@ -47,11 +48,20 @@ class DecoderModel {
   size_t kv_bytes() const { return kv_bytes_; }
 
  private:
-  enum Kind { EMBED, NORM, LIN, QKVP, ATTN, MERGE, SILU, SAMPLE };
+  enum Kind { EMBED, NORM, LIN, QKVP, ATTN, MERGE, SILU, SAMPLE, QUANT, GEMM8 };
+  // a w8a8 linear: weights packed by the kernel table (pack_i8), colsum, scale and bias [Npad]
+  struct Lin8 {
+    AlignedBuf w, colsum, scale, bias;
+    int N = 0, K = 0, Kp = 0;
+  };
   struct Op {
     Kind kind;
     int parts = 1;
     DecLinear lin;
+    GemmI8Args gi;
+    QuantOut qo;
+    const float* qx = nullptr;
+    int qldx = 0, qM = 0, qK = 0;
     DecNorm nrm;
     DecQkvPost qp;
     DecAttn at;
@@ -68,6 +78,10 @@ class DecoderModel {
 
   DecConfig c_;
   const DecKernels* dk_;
+  const KernelTable* kt_;
+  std::vector<Lin8> lin8_;  // [layers + 1][4]: qkv, o, gu, d (lm_head in the last row's first)
+  AlignedBuf qbuf_, qscale_, qzp_;
+  Lin8& lin8(int layer, int w_id);
   int nthreads_ = 1;
   size_t weights_bytes_ = 0, kv_bytes_ = 0;
   std::vector<AlignedBuf> bufs_;      // [layers + 1][slots]
@@ -76,8 +90,10 @@ class DecoderModel {
   float *xa_, *xb_, *hn_, *qkv_, *ctx_, *gu_, *act_, *xg_, *logits_, *part_;
   int32_t *pos_, *row_, *gidx_;
   std::vector<Op> ops_;
+  size_t max_ops_ = 0;
   std::unique_ptr<Sync[]> sync_;
   std::mutex mu_;
+  bool finalized_ = false;
   // per step
   const int32_t* ids_ = nullptr;
   int T_ = 0, nw_ = 0;

@@ -170,12 +170,8 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     calibration: Sequence[str] | str | os.PathLike | None = None,
     quant_config: Any = None,
     progress: bool = False,
-    **decoder_options: Any,
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
-
-    A decoder folder (Llama / Qwen2 / Qwen3 config.json) gives a zoi.decoder Generator instead
-    (decoder_options: max_seq_len, kv_blocks, block_size, threads, isa; docs/DECODERS.md).
 
     path: a model folder, or a Hugging Face model id ("sentence-transformers/all-MiniLM-L6-v2")
     found in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME; never downloaded).
@@ -185,17 +181,6 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
     """
-    if path is not None:  # decoders (issue 14): zoi.decoder
-        from zoi.decoder.loader import is_decoder_folder
-
-        if is_decoder_folder(resolve_model(path)):
-            from zoi.decoder.compile import compile_decoder
-
-            return compile_decoder(resolve_model(path), device=device, precision=precision,
-                                   max_batch=max_batch, calibration=calibration, quant_config=quant_config,
-                                   max_tokens=max_tokens, **decoder_options)
-    if decoder_options:
-        raise TypeError(f"compile() got unexpected options {', '.join(sorted(decoder_options))}")
     device = resolve_device(device)
     _check_precision(precision, device)
     src = resolve_model(path) if path is not None else default_model_path()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from dec_helpers import MODELS
 
 from zoi.decoder.synthetic import write_decoder
+
+from .dec_helpers import MODELS
 
 
 @pytest.fixture(scope="session")

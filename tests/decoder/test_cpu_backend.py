@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dec_helpers import MODELS, PROMPTS, hf_greedy
 from tests.fixtures import supported_isas
 
 from zoi.decoder.api import SamplingParams
@@ -13,6 +12,8 @@ from zoi.decoder.compile import compile_decoder
 from zoi.decoder.cpu import CpuBackend, int8_weights
 from zoi.decoder.loader import load_decoder
 from zoi.decoder.reference import ReferenceBackend
+
+from .dec_helpers import MODELS, PROMPTS, hf_greedy
 
 pytest.importorskip("zoi._cpu")
 ISAS = supported_isas()
@@ -134,3 +135,36 @@ def test_sampler_matches_numpy(ckpt, isa):
     assert tc == tr
     toks = [[ev[1] for step in tc for ev in step if ev[0] == i] for i in range(4)]
     assert len(set(toks[1])) > 5 and len(set(toks[0])) > 3  # it samples, not argmax over and over
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ["llama_tied", "qwen3"])
+def test_w8a8_matches_its_emulation(ckpt, name, isa):
+    """precision="w8a8" (the encoders' INT8 GEMM) against numpy's exact integer emulation."""
+    spec, w, _ = load_decoder(ckpt(name))
+    ps = _prompts(spec, [12, 5, 30], seed=2)
+    p = SamplingParams(max_new_tokens=8)
+    c = CpuBackend(spec, w, precision="w8a8", num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
+    r = ReferenceBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, w8a8=True)
+    c32 = CpuBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
+    tc, tr, t32 = _drive([c, r, c32], ps, p, 1)
+    assert tc == tr
+    lc, lr, l32 = c.last_logits(), r.last_logits, c32.last_logits()
+    assert np.isfinite(lc).all()
+    assert np.abs(lc - lr).max() < 2e-3 * np.abs(lr).max()
+    assert np.abs(lc - l32).max() < 0.1 * np.abs(l32).max()
+    assert np.abs(lc - l32).max() > 1e-4 * np.abs(l32).max()  # it did quantise
+
+
+def test_zoi_cpu_isa_forces_the_decoder_kernels(ckpt):
+    import os
+    import subprocess
+    import sys
+
+    code = ("from zoi.decoder.compile import compile_decoder; import sys; "
+            "print(compile_decoder(sys.argv[1], max_seq_len=32).backend.isa)")
+    for isa in ISAS:
+        env = dict(os.environ, ZOI_CPU_ISA=isa)
+        out = subprocess.run([sys.executable, "-c", code, str(ckpt("qwen2"))], env=env, capture_output=True,
+                             text=True, check=True)
+        assert out.stdout.strip() == isa

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dec_helpers import PROMPTS
 
 import zoi
 from zoi.decoder.api import KVPoolFull, SamplingParams
 from zoi.decoder.compile import compile_decoder
 from zoi.decoder.generator import Generator
 from zoi.errors import InputError
+
+from .dec_helpers import PROMPTS
 
 pytest.importorskip("zoi._cpu")
 
@@ -197,3 +198,39 @@ def test_cli_generate_streams_to_stdout(ckpt, capsys):
     assert capsys.readouterr().out == str(want) + "\n"
     assert main(["generate", str(ckpt("llama_gqa")), "x" * 10, "--max-seq-len", "4"]) == 2
     assert "max_seq_len=4" in capsys.readouterr().err
+
+
+def test_incremental_decoder_never_splits_utf8(gen):
+    from zoi.decoder.tokenizer import IncrementalDecoder
+
+    tok = gen.tokenizer
+    # byte-level BPE: one token per byte (the GPT-2 byte -> unicode map)
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_tok = {b: tok.token_id(chr(c)) for b, c in zip(bs, cs, strict=True)}
+    text = "a😀日é"
+    ids = [byte_tok[b] for b in text.encode("utf-8")]
+    assert None not in ids
+    d = IncrementalDecoder(tok)
+    deltas = [d.push(i) for i in ids]
+    assert "".join(deltas) + d.flush() == text
+    assert [x for x in deltas if x] == ["a", "😀", "日", "é"]
+    assert all("\ufffd" not in x for x in deltas)
+
+
+def test_stop_matcher_across_deltas():
+    from zoi.decoder.tokenizer import StopMatcher
+
+    m = StopMatcher(["</s>", "STOP"])
+    outs = [m.push(x) for x in ["ab", "c<", "/", "s>tail", "more"]]
+    assert outs == ["ab", "c", "", "", ""] and m.stopped
+    m = StopMatcher(["</s>"])
+    assert [m.push(x) for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
+    m = StopMatcher(["ST"])
+    assert m.push("aS") == "a" and m.flush() == "S"

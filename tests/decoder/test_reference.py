@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dec_helpers import MODELS, PROMPTS, hf_greedy, hf_logits
 
 from zoi.decoder.compile import compile_decoder
 from zoi.decoder.loader import load_decoder
 from zoi.decoder.reference import PagedKV, ReferenceModel
+
+from .dec_helpers import MODELS, PROMPTS, hf_greedy, hf_logits
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -87,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.workloads and all(w.endswith("-decode") for w in args.workloads):  # decoders (issue 14)
-        from zoi.decoder.bench import run_from_args
+        from zoi.bench.decode import run_from_args
 
         return run_from_args(args)
     from zoi.bench.harness import Config, main

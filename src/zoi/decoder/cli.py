@@ -49,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     p.add_argument("--device", default="cpu", choices=["cpu", "reference", "cuda"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "w8a8"])
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("-v", "--verbose", action="store_true", help="timing on stderr")

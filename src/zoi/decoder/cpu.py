@@ -2,7 +2,8 @@
 zoi.decoder.paged. Weights are packed here (one layout for every ISA: panels of 32 output
 channels, [panel][K][32]), q/k/v and gate/up concatenated into one GEMM each; precision "int8"
 stores per-channel symmetric INT8 weights (zoi.numerics.primitives.quantize_weight) with FP32
-activations. The KV pool and every buffer of a step are allocated at construction; a step is one
+activations; "w8a8" also quantises each linear's input rows per token (symmetric INT8) and runs
+the encoders' INT8 GEMM of csrc/kernels (VNNI / AVX-512 / AVX2 / scalar). The KV pool and every buffer of a step are allocated at construction; a step is one
 native call (prefill chunks and decode tokens packed together) with the GIL released.
 """
 
@@ -58,17 +59,18 @@ class CpuBackend(PagedBackend):
                  max_tokens: int | None = None, threads: int | None = None, isa: str | None = None):
         from zoi import _cpu
 
-        if precision not in ("fp32", "int8"):
-            raise InputError(f"precision {precision!r}: the CPU decoder runs 'fp32' or 'int8'")
+        if precision not in ("fp32", "int8", "w8a8"):
+            raise InputError(f"precision {precision!r}: the CPU decoder runs 'fp32', 'int8' or 'w8a8'")
         super().__init__(spec, num_blocks, block_size, max_batch,
                          max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size))
         self.precision = precision
         self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        int8 = precision == "int8"
+        int8 = precision in ("int8", "w8a8")
+        raw = precision == "w8a8"
         self.model = m = _cpu.DecoderModel(
             vocab=spec.vocab_size, hidden=spec.hidden_size, inter=spec.intermediate_size, layers=spec.num_layers,
             heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, eps=spec.rms_norm_eps,
-            qk_norm=spec.qk_norm, int8=int8, max_tokens=self.max_tokens, max_batch=max_batch,
+            qk_norm=spec.qk_norm, wtype={"fp32": 0, "int8": 1, "w8a8": 2}[precision], max_tokens=self.max_tokens, max_batch=max_batch,
             num_blocks=num_blocks, block_size=block_size, max_blocks=self.max_blocks_per_seq,
             max_pos=self.max_seq_len, nthreads=threads or 0, isa=isa or "")
 
@@ -77,7 +79,11 @@ class CpuBackend(PagedBackend):
 
         def put_linear(layer: int, slot: str, w: np.ndarray) -> None:
             w = np.asarray(w, np.float32)
-            if int8:
+            if raw:  # the core packs them for its INT8 GEMM
+                q, s = quantize_weight(w)
+                put(layer, slot + "_w", q)
+                put(layer, slot + "_s", s)
+            elif int8:
                 q, s = quantize_weight(w)
                 put(layer, slot + "_w", pack_panels(q))
                 sp = np.zeros(-(-len(s) // PANEL) * PANEL, np.float32)

@@ -25,8 +25,8 @@ ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 
 
 def is_decoder_folder(path: str | os.PathLike) -> bool:
-    """True when `path` is a folder whose config.json names a decoder model_type zoi knows of
-    (supported or not: the decoder loader then says why it refuses)."""
+    """True when `path` is a folder whose config.json names a decoder model_type zoi runs
+    (llama, qwen2, qwen3); anything else goes to the encoder loader and its message."""
     cfg = Path(path) / "config.json"
     if not cfg.is_file():
         return False
@@ -34,13 +34,7 @@ def is_decoder_folder(path: str | os.PathLike) -> bool:
         c = read_json(cfg, Path(path))
     except CheckpointError:
         return False
-    if not isinstance(c, dict):
-        return False
-    mt = c.get("model_type")
-    archs = c.get("architectures") or []
-    return mt in DECODER_TYPES or mt in ("gpt2", "mistral", "phi3", "gemma", "gemma2") or any(
-        isinstance(a, str) and a.endswith("ForCausalLM") for a in archs
-    )
+    return isinstance(c, dict) and c.get("model_type") in DECODER_TYPES
 
 
 def _get(cfg: dict, cpath: Path, name: str, kind: type, default: Any = ...) -> Any:

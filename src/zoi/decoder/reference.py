@@ -128,10 +128,30 @@ class PagedKV:
 
 
 class ReferenceModel:
-    def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], dtype=np.float32):
+    """w8a8: every projection and lm_head as the CPU core's "w8a8" computes it: weights INT8 per
+    output channel, each input row INT8 per token (symmetric), exact integer sums scaled in float32
+    (zoi.numerics.primitives)."""
+
+    def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], dtype=np.float32, w8a8: bool = False):
         self.spec, self.dtype = spec, np.dtype(dtype)
         self.w = {k: np.asarray(v, self.dtype) for k, v in weights.items()}
         self.inv_freq = rope_inv_freq(spec)
+        self.q8: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if w8a8:
+            from zoi.numerics.primitives import quantize_weight
+
+            self.q8 = {k: quantize_weight(v) for k, v in weights.items()
+                       if k.endswith("_proj.weight") or k == "lm_head.weight"}
+
+    def _lin(self, name: str, x: np.ndarray) -> np.ndarray:
+        if name in self.q8:
+            from zoi.numerics.primitives import int8_matmul_exact, quantize_act
+
+            wq, ws = self.q8[name]
+            q, s = quantize_act(x.astype(np.float32))
+            acc = int8_matmul_exact(q, wq).astype(np.float32)
+            return (acc * (s[:, None] * ws[None, :])).astype(self.dtype)
+        return x @ self.w[name].T
 
     def forward(self, kv: PagedKV, tables: list[np.ndarray], starts, counts, ids: np.ndarray,
                 all_logits: bool = False) -> np.ndarray:
@@ -150,9 +170,9 @@ class ReferenceModel:
         for li in range(sp.num_layers):
             p = f"model.layers.{li}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], sp.rms_norm_eps)
-            q = h @ w[p + "self_attn.q_proj.weight"].T
-            k = h @ w[p + "self_attn.k_proj.weight"].T
-            v = h @ w[p + "self_attn.v_proj.weight"].T
+            q = self._lin(p + "self_attn.q_proj.weight", h)
+            k = self._lin(p + "self_attn.k_proj.weight", h)
+            v = self._lin(p + "self_attn.v_proj.weight", h)
             if sp.attention_bias:
                 q = q + w[p + "self_attn.q_proj.bias"]
                 k = k + w[p + "self_attn.k_proj.bias"]
@@ -178,28 +198,29 @@ class ReferenceModel:
                     s = np.exp(s - s.max(axis=1, keepdims=True))
                     s = s / s.sum(axis=1, keepdims=True)
                     ctx[r] = np.einsum("hl,lhd->hd", s, Vh)
-            o = ctx.reshape(len(ids), nh * D) @ w[p + "self_attn.o_proj.weight"].T
+            o = self._lin(p + "self_attn.o_proj.weight", ctx.reshape(len(ids), nh * D))
             if p + "self_attn.o_proj.bias" in w:
                 o = o + w[p + "self_attn.o_proj.bias"]
             x = x + o
             h = rms_norm(x, w[p + "post_attention_layernorm.weight"], sp.rms_norm_eps)
-            g = h @ w[p + "mlp.gate_proj.weight"].T
-            u = h @ w[p + "mlp.up_proj.weight"].T
-            x = x + (silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+            g = self._lin(p + "mlp.gate_proj.weight", h)
+            u = self._lin(p + "mlp.up_proj.weight", h)
+            x = x + self._lin(p + "mlp.down_proj.weight", silu(g) * u)
         if not all_logits:
             x = x[np.cumsum(counts) - 1]
         x = rms_norm(x, w["model.norm.weight"], sp.rms_norm_eps)
-        return x @ w["lm_head.weight"].T
+        return self._lin("lm_head.weight", x)
 
 
 class ReferenceBackend(PagedBackend):
     """DecoderBackend in numpy (slow; the oracle and a backend for tests without the native core)."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], num_blocks: int = 64,
-                 block_size: int = 16, max_batch: int = 8, max_seq_len: int | None = None, dtype=np.float32):
+                 block_size: int = 16, max_batch: int = 8, max_seq_len: int | None = None, dtype=np.float32,
+                 w8a8: bool = False):
         super().__init__(spec, num_blocks, block_size, max_batch,
                          max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size))
-        self.model = ReferenceModel(spec, weights, dtype)
+        self.model = ReferenceModel(spec, weights, dtype, w8a8=w8a8)
         self.kv = PagedKV(spec, num_blocks, block_size, dtype)
         self.last_logits: np.ndarray | None = None
 

@@ -5,7 +5,7 @@ same prompt token ids for every provider.
 Figures per provider: time to first token (a prompt of `prompt_len` tokens: prefill + the first
 token), per-token decode latency at batch 1 (median of the steps after the first), and tokens/s
 of `streams` concurrent streams (prompts admitted together, every generated token counted,
-prefill included). Providers: zoi fp32 / int8 (CPU backend), transformers FP32 generate
+prefill included). Providers: zoi fp32 / int8 / w8a8 (CPU backend), transformers FP32 generate
 (greedy, dynamic cache, torch threads = threads), llama.cpp (llama-cpp-python, GGUF Q8_0 written
 by zoi.decoder.gguf_export; one sequence, so no streams figure).
 """
@@ -21,7 +21,7 @@ import numpy as np
 
 WORKLOADS = {"smollm2-135m-decode": "smollm2-135m", "qwen2.5-0.5b-decode": "qwen2.5-0.5b",
              "llama-3.2-1b-decode": "llama-3.2-1b"}
-PROVIDERS = ("zoi-fp32", "zoi-int8", "transformers-fp32", "llamacpp-q8_0")
+PROVIDERS = ("zoi-fp32", "zoi-int8", "zoi-w8a8", "transformers-fp32", "llamacpp-q8_0")
 
 
 def model_folder(shape: str, cache: Path) -> Path:
@@ -164,6 +164,8 @@ def run(workloads: list[str], providers: list[str] | None = None, threads: int =
                     raise ValueError(f"unknown provider {pv!r}; known: {', '.join(PROVIDERS)}")
             except ImportError as e:
                 r = {"error": f"not installed: {e}"}
+            except Exception as e:  # one provider failing does not end the run; the row says why
+                r = {"error": f"{type(e).__name__}: {e}"}
             r.update(workload=wl, provider=pv, wall_s=round(time.time() - t0, 1), loadavg_at_start=la)
             res["rows"].append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
