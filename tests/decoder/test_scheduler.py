@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-from fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
 
 from zoi.decoder.api import DecoderBackend, SamplingParams
 from zoi.decoder.scheduler import (
@@ -20,6 +19,8 @@ from zoi.decoder.scheduler import (
     SchedulerClosed,
     StopMatcher,
 )
+
+from .fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
 
 TOK = ByteTokenizer()
 

@@ -92,15 +92,12 @@ def open_engine(model: str | None, config: ServeConfig):
 
 
 def _is_decoder(model: str) -> bool:
+    """A folder zoi.compile routes to zoi.decoder (the same test it makes)."""
     try:
-        from zoi.decoder.loader import is_decoder_folder
-        from zoi.frontend.hub import resolve_model
+        from zoi.decoder.compile import decoder_folder
     except ImportError:  # pragma: no cover
         return False
-    try:
-        return is_decoder_folder(resolve_model(model))
-    except Exception:
-        return False
+    return decoder_folder(model) is not None
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
