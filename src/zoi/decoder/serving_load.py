@@ -141,6 +141,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     a = ap.parse_args(argv)
     kv_blocks = a.kv_blocks or a.max_running * -(-a.max_seq_len // 16)
+    direct = []
+    if a.folder and not a.no_in_process:
+        opts = {"max_batch": a.max_running, "max_seq_len": a.max_seq_len, "kv_blocks": kv_blocks,
+                "precision": a.precision}
+        for c in a.concurrency:
+            d = in_process(a.folder, c, a.max_tokens, opts)
+            print(json.dumps({"in_process": d}), flush=True)
+            direct.append(d)
     srv = None
     url = a.url
     if url is None:
@@ -166,14 +174,6 @@ def main(argv=None) -> int:
     finally:
         if srv is not None:
             srv.stop()
-    direct = []
-    if a.folder and not a.no_in_process:
-        opts = {"max_batch": a.max_running, "max_seq_len": a.max_seq_len, "kv_blocks": kv_blocks,
-                "precision": a.precision}
-        for c in a.concurrency:
-            d = in_process(a.folder, c, a.max_tokens, opts)
-            print(json.dumps({"in_process": d}), flush=True)
-            direct.append(d)
     if a.out:
         try:
             load = os.getloadavg()
