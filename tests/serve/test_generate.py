@@ -428,3 +428,27 @@ def test_openapi_lists_exactly_the_decoder_routes(srv):
     assert httpx.get(srv.url + "/docs").status_code == 200
     r = post(srv, "/v1/embeddings", {"input": "x"})
     assert r.status_code in (404, 405)
+
+
+def test_a_backend_failure_is_an_error_event_or_a_500(live):
+    s = live(FakeBackend(step_delay=0.005, fail_steps=(6, 30)))
+    chunks, _ = _stream(s, "/v1/completions", {"prompt": "f", "max_tokens": 50,
+                                                "ignore_eos": True})
+    assert "error" in chunks[-1] and "injected failure" in chunks[-1]["error"]["message"]
+    assert chunks[-1]["error"]["type"] == "server_error"
+    assert all("choices" in c for c in chunks[:-1]) and len(chunks) > 1
+    while s.backend.steps < 20:  # fail step 30 under a non-streaming request
+        post(s, "/v1/completions", {"prompt": "g", "max_tokens": 2, "ignore_eos": True})
+    r = post(s, "/v1/completions", {"prompt": "h", "max_tokens": 40, "ignore_eos": True})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "engine_failure"
+    ok = post(s, "/v1/completions", {"prompt": "i", "max_tokens": 3})
+    assert ok.status_code == 200
+    assert len(s.backend.free) == s.backend.num_blocks
+
+
+def test_chat_without_a_template_is_400(live):
+    s = live()
+    s.service.tokenizer.chat_template = None  # the instance's, not the class's
+    r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+    assert post(s, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
