@@ -452,3 +452,24 @@ def test_chat_without_a_template_is_400(live):
     r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
     assert post(s, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_a_full_pool_queues_requests_then_admits_them(live):
+    # 10 blocks of 4 tokens, 5 per request (6 prompt + 14 new): two run, the others wait
+    s = live(FakeBackend(num_blocks=10, block_size=4, step_delay=0.003))
+    body = {"max_tokens": 14, "ignore_eos": True, "temperature": 0}
+
+    async def go():
+        async with httpx.AsyncClient(base_url=s.url, timeout=60) as c:
+            return await asyncio.gather(*(
+                c.post("/v1/completions", json={**body, "prompt": f"p{i:03d}",
+                                                "stream": i % 2 == 1})
+                for i in range(6)
+            ))
+
+    rs = asyncio.run(go())
+    assert [r.status_code for r in rs] == [200] * 6
+    assert max(len(h) for h in s.backend.history) == 2
+    text = httpx.get(s.url + "/metrics").text
+    assert metric(text, "zoi_decoder_kv_blocks_used") == 0
+    assert metric(text, "zoi_decoder_generated_tokens_total") == 6 * 14
