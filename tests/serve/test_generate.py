@@ -432,8 +432,7 @@ def test_openapi_lists_exactly_the_decoder_routes(srv):
 
 def test_a_backend_failure_is_an_error_event_or_a_500(live):
     s = live(FakeBackend(step_delay=0.005, fail_steps=(6, 30)))
-    chunks, _ = _stream(s, "/v1/completions", {"prompt": "f", "max_tokens": 50,
-                                                "ignore_eos": True})
+    chunks, _ = _stream(s, "/v1/completions", {"prompt": "f", "max_tokens": 50, "ignore_eos": True})
     assert "error" in chunks[-1] and "injected failure" in chunks[-1]["error"]["message"]
     assert chunks[-1]["error"]["type"] == "server_error"
     assert all("choices" in c for c in chunks[:-1]) and len(chunks) > 1
@@ -461,11 +460,15 @@ def test_a_full_pool_queues_requests_then_admits_them(live):
 
     async def go():
         async with httpx.AsyncClient(base_url=s.url, timeout=60) as c:
-            return await asyncio.gather(*(
-                c.post("/v1/completions", json={**body, "prompt": f"p{i:03d}",
-                                                "stream": i % 2 == 1})
-                for i in range(6)
-            ))
+            return await asyncio.gather(
+                *(
+                    c.post(
+                        "/v1/completions",
+                        json={**body, "prompt": f"p{i:03d}", "stream": i % 2 == 1},
+                    )
+                    for i in range(6)
+                )
+            )
 
     rs = asyncio.run(go())
     assert [r.status_code for r in rs] == [200] * 6

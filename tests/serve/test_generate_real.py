@@ -84,16 +84,23 @@ def test_zoi_serve_greedy_equals_transformers_alone_and_batched(server, folder):
     alone = {p: _complete(server.url, p) for p in PROMPTS[:2]}
     for p, b in alone.items():
         assert b["choices"][0]["text"] == want[p]
-        assert b["usage"] == {"prompt_tokens": len(tok.encode(p)), "completion_tokens": N,
-                              "total_tokens": len(tok.encode(p)) + N}
+        assert b["usage"] == {
+            "prompt_tokens": len(tok.encode(p)),
+            "completion_tokens": N,
+            "total_tokens": len(tok.encode(p)) + N,
+        }
 
     async def together():
         async with httpx.AsyncClient(base_url=server.url, timeout=300) as c:
-            rs = await asyncio.gather(*(
-                c.post("/v1/completions", json={"prompt": p, "max_tokens": N, "temperature": 0,
-                                                "stream": i % 2 == 0})
-                for i, p in enumerate(PROMPTS * 2)
-            ))
+            rs = await asyncio.gather(
+                *(
+                    c.post(
+                        "/v1/completions",
+                        json={"prompt": p, "max_tokens": N, "temperature": 0, "stream": i % 2 == 0},
+                    )
+                    for i, p in enumerate(PROMPTS * 2)
+                )
+            )
         return rs
 
     from .gen_helpers import parse_sse
@@ -112,8 +119,11 @@ def test_zoi_serve_chat_and_token_id_prompts(server, folder):
     tok = DecoderTokenizer(folder)
     msgs = [{"role": "user", "content": PROMPTS[0]}]
     ids = tok.encode(tok.apply_chat_template(msgs), add_special_tokens=False)
-    r = httpx.post(server.url + "/v1/chat/completions",
-                   json={"messages": msgs, "max_tokens": 16, "temperature": 0}, timeout=300)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": msgs, "max_tokens": 16, "temperature": 0},
+        timeout=300,
+    )
     assert r.status_code == 200, r.text
     b = r.json()
     assert b["choices"][0]["message"]["content"] == tok.decode(hf_greedy(folder, ids, 16))

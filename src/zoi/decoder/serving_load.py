@@ -61,8 +61,12 @@ async def _one(client, prompt: str, max_tokens: int) -> dict:
                     first = now - t0
                 stamps.append(now)
     gaps = np.diff(stamps).tolist() if len(stamps) > 1 else []
-    return {"ttft": first, "tokens": usage["completion_tokens"], "gaps": gaps,
-            "total": time.perf_counter() - t0}
+    return {
+        "ttft": first,
+        "tokens": usage["completion_tokens"],
+        "gaps": gaps,
+        "total": time.perf_counter() - t0,
+    }
 
 
 async def run_level(url: str, concurrency: int, requests: int, max_tokens: int) -> dict:
@@ -122,8 +126,12 @@ def in_process(folder: str, concurrency: int, max_tokens: int, opts: dict) -> di
     outs = gen.generate(ps, max_new_tokens=max_tokens, ignore_eos=True)
     wall = time.perf_counter() - t0
     toks = sum(len(o.token_ids) for o in outs)
-    return {"concurrency": concurrency, "tokens": toks, "wall_s": round(wall, 3),
-            "tokens_per_s": round(toks / wall, 1)}
+    return {
+        "concurrency": concurrency,
+        "tokens": toks,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(toks / wall, 1),
+    }
 
 
 def main(argv=None) -> int:
@@ -143,8 +151,12 @@ def main(argv=None) -> int:
     kv_blocks = a.kv_blocks or a.max_running * -(-a.max_seq_len // 16)
     direct = []
     if a.folder and not a.no_in_process:
-        opts = {"max_batch": a.max_running, "max_seq_len": a.max_seq_len, "kv_blocks": kv_blocks,
-                "precision": a.precision}
+        opts = {
+            "max_batch": a.max_running,
+            "max_seq_len": a.max_seq_len,
+            "kv_blocks": kv_blocks,
+            "precision": a.precision,
+        }
         for c in a.concurrency:
             d = in_process(a.folder, c, a.max_tokens, opts)
             print(json.dumps({"in_process": d}), flush=True)
@@ -188,8 +200,12 @@ def main(argv=None) -> int:
             "kv_blocks": kv_blocks,
             "server": rows,
             "in_process_generate": direct,
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "python": sys.version.split()[0], "loadavg_at_end": load},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": sys.version.split()[0],
+                "loadavg_at_end": load,
+            },
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         with open(a.out, "w") as f:

@@ -428,8 +428,11 @@ def _gen_errors() -> dict:
             ("413", "too large a body or prompt"),
             ("429", "too many requests in flight (--max-concurrent-requests); Retry-After"),
             ("500", "the model failed for this request"),
-            ("503", "the waiting queue is full (--max-waiting-requests) or the server is "
-             "shutting down; Retry-After"),
+            (
+                "503",
+                "the waiting queue is full (--max-waiting-requests) or the server is "
+                "shutting down; Retry-After",
+            ),
         )
     }
 
@@ -438,10 +441,18 @@ def _sampling_props(chat: bool) -> dict:
     num = {"type": "number"}
     props = {
         "model": {"type": "string", "description": "this server's model (optional)"},
-        "max_tokens": {"type": ["integer", "null"], "minimum": 1,
-                       "description": "new tokens at most (default min(256, context left))"},
-        "temperature": {**num, "minimum": 0, "maximum": 2, "default": 1,
-                        "description": "0: greedy"},
+        "max_tokens": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "description": "new tokens at most (default min(256, context left))",
+        },
+        "temperature": {
+            **num,
+            "minimum": 0,
+            "maximum": 2,
+            "default": 1,
+            "description": "0: greedy",
+        },
         "top_p": {**num, "exclusiveMinimum": 0, "maximum": 1, "default": 1},
         "top_k": {"type": "integer", "minimum": -1, "description": "extension; 0 or -1: off"},
         "seed": {"type": "integer", "description": "same seed, prompt and parameters: same text"},
@@ -453,16 +464,22 @@ def _sampling_props(chat: bool) -> dict:
             ],
             "description": "stop strings (not part of the text)",
         },
-        "stream": {"type": "boolean", "default": False,
-                   "description": "server-sent events, OpenAI's chunks, then data: [DONE]"},
+        "stream": {
+            "type": "boolean",
+            "default": False,
+            "description": "server-sent events, OpenAI's chunks, then data: [DONE]",
+        },
         "stream_options": {
             "type": "object",
             "properties": {"include_usage": {"type": "boolean"}},
             "description": "only with stream: true",
         },
         "n": {"const": 1, "description": "one choice per request"},
-        "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0},
-                           "description": "extension: token ids that end the text"},
+        "stop_token_ids": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0},
+            "description": "extension: token ids that end the text",
+        },
         "ignore_eos": {"type": "boolean", "description": "extension"},
         "user": {"type": "string"},
     }
@@ -538,8 +555,11 @@ def decoder_operations(model: str) -> dict[str, dict]:
             "usage": usage,
         },
     }
-    sse = {"text/event-stream": {"schema": {"type": "string",
-                                            "description": "data: {chunk}\\n\\n ... data: [DONE]"}}}
+    sse = {
+        "text/event-stream": {
+            "schema": {"type": "string", "description": "data: {chunk}\\n\\n ... data: [DONE]"}
+        }
+    }
     tid = {"type": "integer", "minimum": 0}
     comp_body = {
         "type": "object",
@@ -549,8 +569,12 @@ def decoder_operations(model: str) -> dict[str, dict]:
                 "oneOf": [
                     {"type": "string", "minLength": 1},
                     {"type": "array", "minItems": 1, "items": tid},
-                    {"type": "array", "minItems": 1, "maxItems": 1,
-                     "items": {"type": "string", "minLength": 1}},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 1,
+                        "items": {"type": "string", "minLength": 1},
+                    },
                 ]
             },
             **_sampling_props(False),
@@ -560,15 +584,21 @@ def decoder_operations(model: str) -> dict[str, dict]:
         "type": "object",
         "required": ["role", "content"],
         "properties": {
-            "role": {"type": "string", "enum": ["system", "user", "assistant", "tool",
-                                                "developer"]},
+            "role": {
+                "type": "string",
+                "enum": ["system", "user", "assistant", "tool", "developer"],
+            },
             "content": {
                 "oneOf": [
                     {"type": "string"},
-                    {"type": "array", "items": {
-                        "type": "object", "required": ["type", "text"],
-                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                    }},
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "text"],
+                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        },
+                    },
                 ]
             },
             "name": {"type": "string"},
@@ -613,8 +643,7 @@ def decoder_operations(model: str) -> dict[str, dict]:
         "/v1/chat/completions": post(
             "OpenAI chat completions: the chat template of the model folder",
             chat_body,
-            {"model": model, "messages": [{"role": "user", "content": "Hello!"}],
-             "max_tokens": 16},
+            {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
             chat_resp,
         ),
         "/v1/models": _get("OpenAI model list (this server's one model)", "OpenAI"),
