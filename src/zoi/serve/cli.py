@@ -26,7 +26,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         "serve",
         help="HTTP server with dynamic batching (OpenAI, TEI, KServe v2 routes)",
         description="Serve a model over HTTP: OpenAI /v1/embeddings, TEI /embed /tokenize /health /info, "
-        "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. Every option "
+        "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. A decoder folder "
+        "(Llama / Qwen2 / Qwen3) is served with OpenAI /v1/completions and /v1/chat/completions "
+        "instead (in-flight batching, docs/DECODER_SERVING.md). Every option "
         "can also be set by the environment variable shown.",
     )
     p.add_argument(
