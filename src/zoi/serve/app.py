@@ -19,6 +19,11 @@ log = logging.getLogger("zoi.serve")
 
 
 def create_app(service: Service) -> Starlette:
+    if getattr(service, "is_decoder", False):  # a decoder: the generate routes (issue 14)
+        from zoi.serve.routes_generate import create_decoder_app
+
+        return create_decoder_app(service)
+
     async def metrics(request: Request):
         data, ctype = service.metrics.render()
         return Response(data, media_type=ctype)

@@ -26,7 +26,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         "serve",
         help="HTTP server with dynamic batching (OpenAI, TEI, KServe v2 routes)",
         description="Serve a model over HTTP: OpenAI /v1/embeddings, TEI /embed /tokenize /health /info, "
-        "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. Every option "
+        "KServe v2 /v2/models/{m}/infer (with Triton's binary tensors), /metrics. A decoder folder "
+        "(Llama / Qwen2 / Qwen3) is served with OpenAI /v1/completions and /v1/chat/completions "
+        "instead (in-flight batching, docs/DECODER_SERVING.md). Every option "
         "can also be set by the environment variable shown.",
     )
     p.add_argument(
@@ -74,11 +76,30 @@ def open_engine(model: str | None, config: ServeConfig):
     from zoi.engine import is_artifact
 
     max_tokens = config.max_batch_tokens  # None: the engine's default for the device
+    if model is not None and _is_decoder(model):  # issue 14: a Generator, served by routes_generate
+        return zoi.compile(
+            model,
+            device=config.device,
+            precision=config.precision,
+            max_seq_len=config.max_seq_len,
+            max_batch=config.max_running_requests,
+            kv_blocks=config.kv_blocks,
+            block_size=config.kv_block_size,
+        )
     if model is not None and is_artifact(model):
         return zoi.load(model, device=config.device, max_tokens=max_tokens)
     return zoi.compile(
         model, device=config.device, precision=config.precision, max_tokens=max_tokens
     )
+
+
+def _is_decoder(model: str) -> bool:
+    """A folder zoi.compile routes to zoi.decoder (the same test it makes)."""
+    try:
+        from zoi.decoder.compile import decoder_folder
+    except ImportError:  # pragma: no cover
+        return False
+    return decoder_folder(model) is not None
 
 
 def served_name(model: str | None, config: ServeConfig, engine) -> str:
@@ -256,6 +277,10 @@ def cmd_serve(args) -> int:
     sock = _bind(config.host, config.port)  # fail fast, before a long compile
     t0 = time.perf_counter()
     engine = open_engine(model, config)
+    from zoi.decoder.serving import is_decoder_engine
+
+    if is_decoder_engine(engine):
+        return _serve_decoder(engine, config, sock, t0)
     name = served_name(model, config, engine)
     service = Service(engine, config, name)
     print(
@@ -282,6 +307,37 @@ def cmd_serve(args) -> int:
         app,
         config,
         banner=f"(model {name}, device {service.device}, {service.dtype})",
+        sock=sock,
+        service=service,
+    )
+    return 0
+
+
+def _serve_decoder(gen, config: ServeConfig, sock, t0: float) -> int:
+    """`zoi serve DECODER_FOLDER`: OpenAI completions and chat completions (issue 14)."""
+    from zoi.decoder.serving import DecoderService
+    from zoi.serve.app import create_app
+
+    service = DecoderService.from_generator(gen, config)
+    name = service.model_name
+    pool = gen.backend.pool()
+    print(
+        f"zoi serve: {gen!r} as {name!r} in {time.perf_counter() - t0:.1f} s; in-flight batching "
+        f"of at most {pool.max_batch} sequences, KV pool {pool.num_blocks} x {pool.block_size} "
+        f"tokens, context {service.max_seq_len}, at most {config.max_waiting_requests} waiting",
+        file=sys.stderr,
+        flush=True,
+    )
+    print(
+        f'zoi serve: model name {name!r}: clients send "model": "{name}" to /v1/completions and '
+        "/v1/chat/completions; routes described at /openapi.json and /docs",
+        file=sys.stderr,
+        flush=True,
+    )
+    serve(
+        create_app(service),
+        config,
+        banner=f"(model {name}, device {service.device}, {service.dtype}, decoder)",
         sock=sock,
         service=service,
     )

@@ -44,6 +44,12 @@ class ServeConfig:
     max_connections: int = 4096  # open connections in all (capped by the open-file limit)
     max_connections_per_client: int = 512  # open connections from one IP address (0: no limit)
     log_level: str = "info"
+    # decoders (issue 14): the waiting queue and the compiled pool
+    max_waiting_requests: int = 256  # requests waiting for KV blocks; beyond that -> 503
+    max_seq_len: int | None = None  # prompt + generated tokens of one sequence
+    max_running_requests: int | None = None  # sequences one decode step carries
+    kv_blocks: int | None = None  # blocks in the paged KV pool
+    kv_block_size: int | None = None  # tokens per KV block
     fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
 
     @classmethod
@@ -67,6 +73,11 @@ class ServeConfig:
             "max_client_batch_size",
             "payload_limit",
             "max_connections",
+            "max_waiting_requests",
+            "max_seq_len",
+            "max_running_requests",
+            "kv_blocks",
+            "kv_block_size",
         ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -242,6 +253,43 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "log level",
         ("critical", "error", "warning", "info", "debug", "trace"),
+    ),
+    Option(
+        "max_waiting_requests",
+        "--max-waiting-requests",
+        "ZOI_MAX_WAITING_REQUESTS",
+        int,
+        "decoders: requests waiting for KV cache blocks or a batch slot; more are answered 503 "
+        "with Retry-After",
+    ),
+    Option(
+        "max_seq_len",
+        "--max-seq-len",
+        "ZOI_MAX_SEQ_LEN",
+        int,
+        "decoders: prompt + generated tokens of one sequence (default min(2048, the model's))",
+    ),
+    Option(
+        "max_running_requests",
+        "--max-running-requests",
+        "ZOI_MAX_RUNNING_REQUESTS",
+        int,
+        "decoders: sequences one decode step carries (the in-flight batch; default 8)",
+    ),
+    Option(
+        "kv_blocks",
+        "--kv-blocks",
+        "ZOI_KV_BLOCKS",
+        int,
+        "decoders: blocks of the static paged KV pool (default: room for the running batch at "
+        "half the context each)",
+    ),
+    Option(
+        "kv_block_size",
+        "--kv-block-size",
+        "ZOI_KV_BLOCK_SIZE",
+        int,
+        "decoders: tokens per KV cache block (default 16)",
     ),
     Option(
         "fail_on_token",

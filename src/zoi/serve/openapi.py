@@ -422,3 +422,265 @@ def docs_html(doc: dict) -> str:
         + "".join(rows)
         + "</table></body></html>"
     )
+
+
+# ---- decoders (issue 14): the routes of a server whose model generates text --------------------
+
+
+def _gen_errors() -> dict:
+    """The statuses of /v1/completions and /v1/chat/completions besides 200 (OpenAI's shape)."""
+    return {
+        code: {"description": what, **_json(_OPENAI_ERROR)}
+        for code, what in (
+            ("400", "invalid request: the message names the field (error.param) and the fix"),
+            ("404", "unknown model name"),
+            ("408", "the body did not arrive within --body-timeout"),
+            ("413", "too large a body or prompt"),
+            ("429", "too many requests in flight (--max-concurrent-requests); Retry-After"),
+            ("500", "the model failed for this request"),
+            (
+                "503",
+                "the waiting queue is full (--max-waiting-requests) or the server is "
+                "shutting down; Retry-After",
+            ),
+        )
+    }
+
+
+def _sampling_props(chat: bool) -> dict:
+    num = {"type": "number"}
+    props = {
+        "model": {"type": "string", "description": "this server's model (optional)"},
+        "max_tokens": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "description": "new tokens at most (default min(256, context left))",
+        },
+        "temperature": {
+            **num,
+            "minimum": 0,
+            "maximum": 2,
+            "default": 1,
+            "description": "0: greedy",
+        },
+        "top_p": {**num, "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+        "top_k": {"type": "integer", "minimum": -1, "description": "extension; 0 or -1: off"},
+        "seed": {"type": "integer", "description": "same seed, prompt and parameters: same text"},
+        "stop": {
+            "oneOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "maxItems": 16, "items": {"type": "string", "minLength": 1}},
+                {"type": "null"},
+            ],
+            "description": "stop strings (not part of the text)",
+        },
+        "stream": {
+            "type": "boolean",
+            "default": False,
+            "description": "server-sent events, OpenAI's chunks, then data: [DONE]",
+        },
+        "stream_options": {
+            "type": "object",
+            "properties": {"include_usage": {"type": "boolean"}},
+            "description": "only with stream: true",
+        },
+        "n": {"const": 1, "description": "one choice per request"},
+        "stop_token_ids": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0},
+            "description": "extension: token ids that end the text",
+        },
+        "ignore_eos": {"type": "boolean", "description": "extension"},
+        "user": {"type": "string"},
+    }
+    if chat:
+        props["max_completion_tokens"] = {"type": ["integer", "null"], "minimum": 1}
+    return props
+
+
+def decoder_operations(model: str) -> dict[str, dict]:
+    """Path -> path item, for every route of routes_generate.create_decoder_app."""
+    usage = {
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            "prompt_tokens": {"type": "integer"},
+            "completion_tokens": {"type": "integer"},
+            "total_tokens": {"type": "integer"},
+        },
+    }
+    finish = {"type": ["string", "null"], "enum": ["stop", "length", None]}
+    head = {
+        "id": {"type": "string"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+    }
+    completion = {
+        "type": "object",
+        "required": ["id", "object", "choices", "usage"],
+        "properties": {
+            **head,
+            "object": {"const": "text_completion"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "text", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "text": {"type": "string"},
+                        "logprobs": {"type": "null"},
+                        "finish_reason": finish,
+                    },
+                },
+            },
+            "usage": usage,
+        },
+    }
+    chat_resp = {
+        "type": "object",
+        "required": ["id", "object", "choices", "usage"],
+        "properties": {
+            **head,
+            "object": {"const": "chat.completion"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "message", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "properties": {
+                                "role": {"const": "assistant"},
+                                "content": {"type": "string"},
+                            },
+                        },
+                        "logprobs": {"type": "null"},
+                        "finish_reason": finish,
+                    },
+                },
+            },
+            "usage": usage,
+        },
+    }
+    sse = {
+        "text/event-stream": {
+            "schema": {"type": "string", "description": "data: {chunk}\\n\\n ... data: [DONE]"}
+        }
+    }
+    tid = {"type": "integer", "minimum": 0}
+    comp_body = {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            "prompt": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "minItems": 1, "items": tid},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 1,
+                        "items": {"type": "string", "minLength": 1},
+                    },
+                ]
+            },
+            **_sampling_props(False),
+        },
+    }
+    message = {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {
+                "type": "string",
+                "enum": ["system", "user", "assistant", "tool", "developer"],
+            },
+            "content": {
+                "oneOf": [
+                    {"type": "string"},
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "text"],
+                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        },
+                    },
+                ]
+            },
+            "name": {"type": "string"},
+        },
+    }
+    chat_body = {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "messages": {"type": "array", "minItems": 1, "items": message},
+            **_sampling_props(True),
+        },
+    }
+
+    def post(summary, body, example, resp):
+        return {
+            "post": {
+                "summary": summary,
+                "tags": ["OpenAI"],
+                "requestBody": {"required": True, **_json(body, example)},
+                "responses": {
+                    "200": {
+                        "description": "OK: JSON, or server-sent events with stream: true",
+                        "content": {"application/json": {"schema": resp}, **sse},
+                    },
+                    **_gen_errors(),
+                },
+            }
+        }
+
+    return {
+        "/": _get("the server, its model and its routes", "zoi"),
+        "/metrics": operations(model, 1)["/metrics"],
+        "/openapi.json": _get("this document", "zoi"),
+        "/docs": operations(model, 1)["/docs"],
+        "/v1/completions": post(
+            "OpenAI completions: text after a prompt (continuous batching)",
+            comp_body,
+            {"model": model, "prompt": "Once upon a time", "max_tokens": 16},
+            completion,
+        ),
+        "/v1/chat/completions": post(
+            "OpenAI chat completions: the chat template of the model folder",
+            chat_body,
+            {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16},
+            chat_resp,
+        ),
+        "/v1/models": _get("OpenAI model list (this server's one model)", "OpenAI"),
+        "/v1/models/{name}": _get(
+            "one OpenAI model",
+            "OpenAI",
+            params=[_param("name", {"type": "string", "examples": [model]})],
+            not_found=_OPENAI_ERROR,
+        ),
+        "/health": _probe("200 when ready, 503 when it cannot admit work", "zoi"),
+    }
+
+
+def decoder_document(model: str, version: str, route_paths: list[str]) -> dict:
+    ops = decoder_operations(model)
+    paths = {}
+    for rp in route_paths:
+        p = openapi_path(rp)
+        paths[p] = ops.get(p) or _get("(undocumented route)", "zoi")
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": f"zoi serve: {model}",
+            "version": version,
+            "description": f"Text generation by {model} through OpenAI-compatible routes "
+            "(in-flight batching over a paged KV cache). Options, limits and errors: "
+            "docs/SERVE.md.",
+        },
+        "paths": paths,
+    }
