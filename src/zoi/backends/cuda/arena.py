@@ -14,7 +14,7 @@ def place(launches, T) -> tuple[dict, dict, int]:
     live: dict[str, list[int]] = {}
     for i, L in enumerate(launches):
         reads = L.ins + ([L.res] if L.res else [])
-        if L.kind == "linear" and L.quant == 4:
+        if L.kind == "linear" and L.prequant:
             reads = [L.extra["qname"]] + reads[1:]
         for n in reads:
             if n in live:
