@@ -3,7 +3,7 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|quick|e2e|arena|decbench] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench] ...   (several stages may be given)
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -68,19 +68,19 @@ if has sanitize; then
   log "compute-sanitizer memcheck (one forward per precision)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   # kernel memory errors (API errors reported separately: cuda.bindings probes driver entry points)
   timeout 240 compute-sanitizer --tool memcheck --leak-check no --report-api-errors no --print-limit 50 \
-    $PY -m zoi.backends.cuda.bench --sanitize > "$OUT/gpu_memcheck.log" 2>&1
+    $PY lab/gpu/bench.py --sanitize > "$OUT/gpu_memcheck.log" 2>&1
   echo "memcheck exit $?" >> "$OUT/gpu_memcheck.log"
   grep -v "Host Frame\|^========= *$" "$OUT/gpu_memcheck.log" | tail -20 | tee -a "$OUT/gpu_check_${STAMP}.log"
   if [[ -n "${API_ERRORS:-}" ]]; then  # the API errors, by kind (run 2: 34 cuGetProcAddress probes)
     timeout 240 compute-sanitizer --tool memcheck --leak-check no --print-limit 200 \
-      $PY -m zoi.backends.cuda.bench --sanitize > "$OUT/gpu_memcheck_api.log" 2>&1
+      $PY lab/gpu/bench.py --sanitize > "$OUT/gpu_memcheck_api.log" 2>&1
     grep -o "Program hit [A-Z_]* (error [0-9]*) due to .* on CUDA API call to [a-zA-Z_0-9]*" \
       "$OUT/gpu_memcheck_api.log" | sort | uniq -c | tee -a "$OUT/gpu_check_${STAMP}.log"
   fi
   if [[ -n "${RACECHECK:-}" ]]; then
     log "compute-sanitizer racecheck" | tee -a "$OUT/gpu_check_${STAMP}.log"
     timeout 300 compute-sanitizer --tool racecheck --print-limit 20 \
-      $PY -m zoi.backends.cuda.bench --sanitize 2>&1 | tail -25 | tee -a "$OUT/gpu_check_${STAMP}.log"
+      $PY lab/gpu/bench.py --sanitize 2>&1 | tail -25 | tee -a "$OUT/gpu_check_${STAMP}.log"
     echo "racecheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_check_${STAMP}.log"
   fi
 fi
@@ -89,7 +89,16 @@ if has bench || has quick; then
   extra=()
   has quick && ! has bench && extra+=(--quick)
   [[ -n "${BENCH_ARGS:-}" ]] && extra+=(${BENCH_ARGS})
-  timeout 500 $PY -m zoi.backends.cuda.bench --out "$OUT/gpu_bench_${STAMP}.json" "${extra[@]}" 2>&1 \
+  # the one harness and JSON format: zoi and the PyTorch peers (FP16 eager, FP16 + CUDA graph,
+  # torch.compile reduce-overhead) as providers of `zoi bench --device cuda`, each in its own
+  # process, same ids (docs/BENCH.md)
+  timeout 500 $PY -m zoi.bench.cli --device cuda --out "$OUT/gpu_harness_${STAMP}.json" --no-rss \
+    ${BENCH_WORKLOADS:+--workloads "$BENCH_WORKLOADS"} "${extra[@]}" 2>&1 \
+    | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if has labbench; then  # lab: per-kernel device times, GEMM TOP/s, in-process peers (its own JSON)
+  log "lab benchmark (lab/gpu/bench.py)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout 500 $PY lab/gpu/bench.py --out "$OUT/gpu_bench_${STAMP}.json" ${LAB_ARGS:-} 2>&1 \
     | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if has e2e; then  # texts in host memory -> embeddings in host memory (tokenising included), vs run_packed
@@ -102,7 +111,7 @@ fi
 if has arena; then  # the product call: the default max_tokens is the smallest arena within 5% of the best at 256x128
   log "arena sweep (minilm 256x128 at several max_tokens)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   for mt in ${ARENA_SIZES:-8192 16384 32768}; do
-    timeout 150 $PY -m zoi.backends.cuda.bench --models minilm --shapes 256x128 --no-gemm --no-variants \
+    timeout 150 $PY lab/gpu/bench.py --models minilm --shapes 256x128 --no-gemm --no-variants \
       --max-tokens "$mt" --out "$OUT/gpu_arena_${mt}_${STAMP}.json" 2>&1 | tail -6 | tee -a "$OUT/gpu_check_${STAMP}.log"
   done
 fi

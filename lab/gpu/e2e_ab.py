@@ -102,7 +102,7 @@ def main(argv=None):
 
     import torch
 
-    from zoi.backends.cuda import bench
+    import bench  # lab/gpu/bench.py (HERE is on sys.path)
     from zoi.backends.cuda.backend import CudaBackend
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]

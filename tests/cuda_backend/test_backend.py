@@ -56,9 +56,12 @@ if COMPILED:
         # by the fp16 rounding of an activation moves a 2-token sequence's embedding visibly.
         # The CPU interpreter shows the same (min cosine 0.9926 for static + shift at [2] * 64;
         # the H200 gave 0.9957 for both configs): a property of the model, not of the GPU.
-        # The MiniLM-shaped cases keep 0.999.
+        # The MiniLM-shaped cases keep 0.999. Since main's quantiser changed (2026-12-01) the
+        # static + shift tiny artifact gives min cosine 0.96825 at [2] * 64 (rel 0.0253 < 3e-2),
+        # bit-identical on the H200 and in the interpreter, and identical with the backend
+        # before the split (be0d18b): the model's sensitivity, not a kernel difference.
         quant_cases=[("default", "tiny"), ("default", "minilm"), ("shift", "minilm"), ("static", "tiny")],
-        tiny_cos=0.98,
+        tiny_cos=0.96,
         rowq=[False, True],
         single=dict(model=dict(max_tokens=256, max_batch=32, **MINILM), backend={},
                     lens=[30, 7, 19], big=[40] * 6, seed=3, atol=2e-6),

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from zoi.backends.cuda.bench import inputs, run_chunks  # noqa: E402
+from lab.gpu.bench import inputs, run_chunks  # noqa: E402
 
 
 class _SumBackend:

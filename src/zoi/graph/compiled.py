@@ -11,20 +11,24 @@ from zoi.frontend.spec import ModelSpec
 from zoi.graph.build import build_graph
 from zoi.graph.ir import Graph
 from zoi.graph.planner import Plan, plan_memory
+from zoi.graph.quantmode import QuantMode
 
 
 @dataclass
 class LinearQuant:
     """How one linear (weight prefix, e.g. 'l0.qkv') is quantised."""
 
-    scheme: str = "dynamic"  # "dynamic" (per-token) | "static" (per-tensor, calibrated) | "fp32"
+    scheme: str = "dynamic"  # a QuantMode (zoi.graph.quantmode; a str enum): dynamic | static | dynamic_asym | fp32
     amax: float | None = None  # static scheme: calibrated activation absmax
     info: dict[str, Any] = field(
         default_factory=dict
     )  # sqnr_db, smooth alpha, ... (reporting only)
 
+    def __post_init__(self):
+        self.scheme = QuantMode.coerce(self.scheme)  # unknown ones: the loader says so
+
     def to_dict(self) -> dict:
-        return {"scheme": self.scheme, "amax": self.amax, "info": self.info}
+        return {"scheme": str(self.scheme), "amax": self.amax, "info": self.info}
 
     @classmethod
     def from_dict(cls, d: dict) -> LinearQuant:

@@ -115,3 +115,25 @@ def plan_memory(graph: Graph, max_tokens: int, max_batch: int | None = None) -> 
         if best is None or end < best_end:
             best, best_end = offsets, end
     return Plan(best or {}, sizes, live, max(best_end, 0), max_tokens, max_batch)
+
+
+def place_buffers(
+    live: dict[str, tuple[int, int]], sizes: dict[str, int]
+) -> tuple[dict[str, int], int]:
+    """The planner for any buffer list (a backend's own, e.g. the CUDA plan's int8 copies
+    and quantize outputs): live ranges in launch indices, sizes in bytes (already aligned
+    as the backend needs); the same orders as plan_memory, the smallest arena kept.
+    Returns (offsets, arena bytes)."""
+    orders = [
+        sorted(live, key=lambda n: (-sizes[n], live[n][0])),
+        sorted(live, key=lambda n: (-(live[n][1] - live[n][0]), -sizes[n])),
+        sorted(live, key=lambda n: live[n][0]),
+    ]
+    best: dict[str, int] = {}
+    best_end = -1
+    for order in orders:
+        offsets = _place(order, live, sizes)
+        end = max((offsets[n] + sizes[n] for n in offsets), default=0)
+        if best_end < 0 or end < best_end:
+            best, best_end = offsets, end
+    return best, max(best_end, 0)

@@ -18,6 +18,7 @@ import numpy as np
 from zoi import _cpu
 from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
+from zoi.graph.quantmode import QuantMode
 
 __all__ = ["CpuBackend"]
 
@@ -126,13 +127,13 @@ class CpuBackend(SyncSubmit):
                 shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
                 shift = _f32(shift) if shift is not None else None
                 mul = _f32(mul) if mul is not None else None
-                scheme = q.scheme if q is not None else "dynamic"
-                if f"{p}.w_q" in W and scheme != "fp32":
-                    if scheme not in ("dynamic", "static", "dynamic_asym"):
-                        raise ValueError(
-                            f"the cpu backend does not know INT8 scheme {scheme!r} ({p})"
-                        )
-                    static = float(q.amax) if scheme == "static" else -1.0
+                scheme = q.scheme if q is not None else QuantMode.DYNAMIC
+                if f"{p}.w_q" in W and scheme != QuantMode.FLOAT:
+                    try:  # the binding edge: QuantMode -> add_linear_i8's (static, asym)
+                        scheme = QuantMode.parse(scheme, p)
+                    except ValueError as e:
+                        raise ValueError(f"the cpu backend: {e}") from None
+                    static = float(q.amax) if scheme is QuantMode.STATIC else -1.0
                     eng.add_linear_i8(
                         off[op.inputs[0]],
                         off[op.output],
@@ -142,12 +143,14 @@ class CpuBackend(SyncSubmit):
                         act,
                         res,
                         static,
-                        scheme == "dynamic_asym",
+                        scheme is QuantMode.DYNAMIC_ASYM,
                         shift,
                         mul,
                     )
                     self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
-                    self.linear_kinds[p] = "int8" if scheme == "dynamic" else f"int8-{scheme}"
+                    self.linear_kinds[p] = (
+                        "int8" if scheme is QuantMode.DYNAMIC else f"int8-{scheme.value}"
+                    )
                 else:
                     if f"{p}.w" in W:
                         w = _f32(W[f"{p}.w"])

@@ -5,16 +5,17 @@ input staging (header + cu_seqlens, ids, positions) and the pooled output."""
 from __future__ import annotations
 
 from zoi.backends.cuda.weights import align
+from zoi.graph.planner import place_buffers
 
 
 def place(launches, T) -> tuple[dict, dict, int]:
-    """Liveness over one launch list, first fit by size, fp16 rows of T tokens (int8 for
-    the "#q" copies): (offsets, columns per name, bytes)."""
+    """Liveness over one launch list (fp16 rows of T tokens, int8 for the "#q" copies), placed
+    by the graph's planner (zoi.graph.planner.place_buffers): (offsets, columns, bytes)."""
     cols: dict[str, int] = {}
     live: dict[str, list[int]] = {}
     for i, L in enumerate(launches):
         reads = L.ins + ([L.res] if L.res else [])
-        if L.kind == "linear" and L.quant == 4:
+        if L.kind == "linear" and L.prequant:
             reads = [L.extra["qname"]] + reads[1:]
         for n in reads:
             if n in live:
@@ -26,17 +27,8 @@ def place(launches, T) -> tuple[dict, dict, int]:
                 cols[L.extra["q"]] = L.n
                 live[L.extra["q"]] = [i, i]
     sizes = {n: align(T * c * (1 if n.endswith("#q") else 2)) for n, c in cols.items()}
-    placed, offs = [], {}
-    for n in sorted(sizes, key=lambda n: (-sizes[n], live[n][0])):
-        s0, e0 = live[n]
-        off = 0
-        for a, b in sorted((o, o + sz) for o, sz, s1, e1 in placed if s1 <= e0 and s0 <= e1):
-            if off + sizes[n] <= a:
-                break
-            off = max(off, b)
-        offs[n] = off
-        placed.append((off, sizes[n], s0, e0))
-    return offs, cols, max((o + sz for o, sz, _, _ in placed), default=0)
+    offs, total = place_buffers({n: tuple(v) for n, v in live.items()}, sizes)
+    return offs, cols, total
 
 
 def header_ints(max_batch: int) -> int:

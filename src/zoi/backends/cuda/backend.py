@@ -14,6 +14,9 @@ buffers (and gives Triton its stream), triton compiles the kernels, the forward 
 bucket is run once (warm-up) and captured with ``cuStreamBeginCapture`` on our own stream
 into a graph, instantiated with ``cuGraphInstantiate``.
 
+``submit`` / ``wait`` (submit.py): the same per call, asynchronous, two tickets in flight
+(double-buffered pinned staging, an event per ticket).
+
 Per call (``run``): numpy writes ids / positions / cu_seqlens and a 4-int header into
 pinned staging; ``cuMemcpyHtoDAsync``; ``cuGraphLaunch``; ``cuMemcpyDtoHAsync`` of the
 pooled [B, H] fp32; ``cuStreamSynchronize``. Nothing else, no allocation; a lock makes
@@ -31,12 +34,12 @@ import threading
 
 import numpy as np
 
-from zoi.backends.base import SyncSubmit
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
 from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions
 from zoi.backends.cuda.plan import Launch, plan_launches
 from zoi.backends.cuda.steps import per_op_steps
+from zoi.backends.cuda.submit import AsyncSlots
 from zoi.backends.cuda.weights import pack_weights
 from zoi.errors import BackendUnavailableError, InputError
 
@@ -54,7 +57,7 @@ def default_buckets(max_tokens: int) -> list[int]:
     return out
 
 
-class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
+class CudaBackend:
     name = "cuda"
 
     def __init__(
@@ -125,6 +128,7 @@ class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
         self.h_in, self.h_out = self.staging.h_in, self.staging.h_out
         if not self.eager:
             self.call = DriverCall(self.drv, self.ctx, self.stream, self.d_in, self.d_out)
+        self.slots = AsyncSlots(self)  # submit / wait: two tickets in flight
         self.buckets = sorted(
             {min(int(b), self.max_tokens) for b in (buckets or default_buckets(self.max_tokens))}
         )
@@ -307,6 +311,16 @@ class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
         out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
         return out
 
+    def submit(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> object:
+        """Start a forward into `out` and return its ticket at once (submit.py): the inputs
+        are staged before it returns; at most two tickets outstanding."""
+        return self.slots.submit(ids, positions, cu_seqlens, normalize, out)
+
+    def wait(self, ticket) -> np.ndarray:
+        """Block until the ticket's forward has written its `out`; returns `out`. A void
+        result (barrier timeout, NaN / Inf) raises here."""
+        return self.slots.wait(ticket)
+
     def _barrier_failed(self, tb: int):
         """A grid barrier of the persistent forward gave up waiting (its programs were not all
         resident: the GPU is shared with long-running work): the result is void. The flag is
@@ -343,7 +357,7 @@ class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
             "device": self.device_name,
         }
         if not self.eager:
-            out["pinned_bytes"] = self.staging.nbytes
+            out["pinned_bytes"] = self.staging.nbytes + self.slots.nbytes
             out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}
             out["device_bytes_used"] = int(self._free0 - self.drv.mem_info()[0])
             out["torch_reserved_bytes"] = int(self.torch.cuda.memory_reserved() - self._reserved0)
@@ -357,5 +371,6 @@ class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
                 for g in self._graphs.values():
                     destroy(self.drv, g)
                 self.staging.free()
+                self.slots.free()
         except Exception:
             pass

@@ -125,3 +125,8 @@ def end_capture(stream):
     _, n = check(cu.cuGraphGetNodes(graph, 0))
     gexec = check(cu.cuGraphInstantiate(graph, 0))
     return graph, gexec, int(n)
+
+
+def new_event():
+    """An event for ordering only (no timing: cheaper to record and to wait on)."""
+    return check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING.value))

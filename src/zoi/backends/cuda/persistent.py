@@ -95,7 +95,7 @@ class PersistentPlan:
             raise PersistentUnsupported("persistent kernel: int8 embedding table (fp16 only)")
         for ly in layers:
             for x in (ly[0], ly[2], ly[4], ly[5]):
-                if x.quant != 0 or f"{x.extra['prefix']}.w" not in w:
+                if x.mode.is_int8 or f"{x.extra['prefix']}.w" not in w:
                     raise PersistentUnsupported("persistent kernel: fp16 weights only")
             if ly[1].op.attrs != att or ly[4].op.attrs.get("act") != layers[0][4].op.attrs.get(
                 "act"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from zoi.backends.cuda.options import CudaOptions
 from zoi.errors import BackendUnavailableError
+from zoi.graph.quantmode import QuantMode
 
 
 @dataclass
@@ -30,27 +31,38 @@ class Launch:
     ins: list[str]
     ln: object = None  # fused add_layernorm op (linear)
     res: str | None = None  # residual buffer
-    quant: int = 0  # linear: 0 fp16, 1 int8 dynamic (in-loop), 2 static (in-loop), 4 int8 A
+    mode: QuantMode = QuantMode.FLOAT  # linear: its INT8 scheme (FLOAT: fp16 weights)
+    prequant: bool = False  # linear: reads a pre-quantised int8 copy of its input
     static_amax: float = 0.0
     amax_out: int = 0  # 0 none, 1 atomic, 2 direct
     n: int = 0  # output cols
     k: int = 0  # input cols (linear)
     extra: dict = field(default_factory=dict)
 
+    @property
+    def quant(self) -> int:
+        """The linear kernel's QUANT constexpr (kernels/linear.py), derived at this edge:
+        0 float, 1 int8 quantised while loading (per-token amax), 2 static (in the loop),
+        4 int8 A read from a pre-quantised copy."""
+        if self.mode is QuantMode.FLOAT:
+            return 0
+        if self.prequant:
+            return 4
+        return 2 if self.mode is QuantMode.STATIC else 1
 
-def linear_mode(model, prefix: str) -> tuple[int, float, str]:
-    """(quant, static amax, scheme) of one linear: quant 0 float (FP16, or weight-only INT8
-    dequantised at pack time), 1 per-token dynamic, 2 static; the plan may turn 1 / 2
-    into 4 (A pre-quantised), which is what dynamic_asym and act_shift / act_mul need."""
+
+def linear_mode(model, prefix: str) -> tuple[QuantMode, float]:
+    """(mode, static amax) of one linear: FLOAT for FP16 and for weight-only INT8 (dequantised
+    at pack time); the plan decides whether an INT8 one reads a pre-quantised copy (what
+    DYNAMIC_ASYM and act_shift / act_mul need) or quantises while loading."""
     W, q = model.weights, model.quant.get(prefix)
     if model.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
-        scheme = "dynamic" if q is None else q.scheme
-        if scheme == "static":
-            return 2, float(q.amax), scheme
-        if scheme not in ("dynamic", "dynamic_asym"):
-            raise BackendUnavailableError(f"{prefix}: unknown INT8 scheme {scheme!r}")
-        return 1, 0.0, scheme
-    return 0, 0.0, "fp32"
+        try:
+            mode = QuantMode.parse(None if q is None else q.scheme, prefix)
+        except ValueError as e:
+            raise BackendUnavailableError(str(e)) from None
+        return mode, float(q.amax) if mode is QuantMode.STATIC else 0.0
+    return QuantMode.FLOAT, 0.0
 
 
 def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
@@ -69,7 +81,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             out.append(Launch("embed", op, op.output, list(op.inputs), n=model.spec.hidden))
         elif op.kind == "linear":
             prefix = op.weights["w"].rsplit(".", 1)[0]
-            quant, samax, scheme = linear_mode(model, prefix)
+            mode, samax = linear_mode(model, prefix)
             wq = model.weights.get(f"{prefix}.w_q")
             N, K = wq.shape if wq is not None else model.weights[f"{prefix}.w"].shape
             L = Launch(
@@ -77,14 +89,13 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
                 op,
                 op.output,
                 [op.inputs[0]],
-                quant=quant,
+                mode=mode,
                 static_amax=samax,
                 n=int(N),
                 k=int(K),
                 res=op.inputs[1] if len(op.inputs) > 1 else None,
             )
             L.extra["prefix"] = prefix
-            L.extra["scheme"] = scheme
             L.extra["transform"] = any(
                 f"{prefix}.{t}" in model.weights for t in ("act_shift", "act_mul")
             )
@@ -145,21 +156,27 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         return P.kind in ("embed", "add_layernorm") or (P.kind == "linear" and P.ln is not None)
 
     def writes_q(P):  # whole rows, or a linear that can own whole rows (ROWQ)
-        rowq = fuse and opts.rowq and P.kind == "linear" and P.res is None and P.quant in (0, 4)
+        rowq = (
+            fuse
+            and opts.rowq
+            and P.kind == "linear"
+            and P.res is None
+            and (P.prequant or not P.mode.is_int8)
+        )
         return whole(P) or rowq
 
     qinfo: dict[str, dict] = {}
     final: list[Launch] = []
     for L in out:
-        if L.kind != "linear" or not L.quant:
+        if L.kind != "linear" or not L.mode.is_int8:
             final.append(L)
             continue
-        X, P, sch, p = L.ins[0], producer[L.ins[0]], L.extra["scheme"], L.extra["prefix"]
+        X, P, sch, p = L.ins[0], producer[L.ins[0]], L.mode, L.extra["prefix"]
         tr = L.extra["transform"]
-        if not tr and sch != "dynamic_asym" and not writes_q(P):
+        if not tr and sch is not QuantMode.DYNAMIC_ASYM and not writes_q(P):
             final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
             continue
-        tag = p if tr else (f"static{L.static_amax!r}" if sch == "static" else sch)
+        tag = p if tr else (f"static{L.static_amax!r}" if sch is QuantMode.STATIC else sch.value)
         qname = f"{X}@{tag}#q"
         if qname not in qinfo:
             qinfo[qname] = dict(
@@ -170,12 +187,16 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             else:
                 final.append(Launch("quantize", L.op, qname, [X], n=L.k, k=L.k))
                 final[-1].extra["q"] = qname
-        L.quant = 4
+        L.prequant = True
         L.extra["qname"] = qname
         final.append(L)
     out = final
     # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
-    need = {L.ins[0] for L in out if L.kind == "linear" and L.quant == 1}
+    need = {
+        L.ins[0]
+        for L in out
+        if L.kind == "linear" and L.mode is QuantMode.DYNAMIC and not L.prequant
+    }
     atomic, direct = [], []
     for L in out:
         if L.out in need:
@@ -187,7 +208,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
                 atomic.append(L.out)
     # per-row a_scale (and zero point) of every int8 copy
     scales = [n for n in qinfo] + [
-        n + "#zp" for n, i in qinfo.items() if i["mode"] == "dynamic_asym"
+        n + "#zp" for n, i in qinfo.items() if i["mode"] is QuantMode.DYNAMIC_ASYM
     ]
     return {
         "launches": out,

@@ -83,21 +83,21 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             )
         elif L.kind == "linear":
             p = L.extra["prefix"]
-            a, y = act(L.extra["qname"] if L.quant == 4 else L.ins[0]), act(L.out)
+            a, y = act(L.extra["qname"] if L.prequant else L.ins[0]), act(L.out)
             r = act(L.res) if L.res else None
             ln = L.ln is not None
             rowq = bool(L.extra.get("q")) and not ln
             cfg = k_lin.pick_config(
-                tb, L.n, L.k, L.quant != 0, ln, prequant=L.quant == 4, rowq=rowq
+                tb, L.n, L.k, L.mode.is_int8, ln, prequant=L.prequant, rowq=rowq
             )
-            a_sc, a_zp = qrow(L.extra["qname"]) if L.quant == 4 else (amx(L.ins[0]), None)
+            a_sc, a_zp = qrow(L.extra["qname"]) if L.prequant else (amx(L.ins[0]), None)
             steps.append(
                 lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L): (
                     k_lin.launch_linear(
                         a,
                         a_sc,
-                        w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
-                        w[f"{p}.w_scale"] if L.quant else None,
+                        w[f"{p}.w_q"] if L.mode.is_int8 else w[f"{p}.w"],
+                        w[f"{p}.w_scale"] if L.mode.is_int8 else None,
                         w[f"{p}.b"],
                         r,
                         w[f"{L.out}.ln.w"] if ln else None,
@@ -107,7 +107,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         tb,
                         L.n,
                         L.k,
-                        quant=L.quant,
+                        quant=L.quant,  # the kernel's code, derived from mode + prequant
                         act=L.op.attrs.get("act", "none"),
                         static_amax=L.static_amax,
                         eps=L.ln.attrs["eps"] if ln else 1e-12,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.errors import InputError
+from zoi.graph.quantmode import QuantMode
 from zoi.numerics.primitives import dequantize_weight, fold_act_transform, weight_colsum
 
 ALIGN = 256
@@ -54,10 +55,10 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
         elif L.kind == "linear":
             p = L.extra["prefix"]
             shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
-            if L.quant:
+            if L.mode.is_int8:
                 add(f"{p}.w_q", np.asarray(W[f"{p}.w_q"], np.int8))
                 add(f"{p}.w_scale", f32(W[f"{p}.w_scale"]))
-                if L.extra["scheme"] == "dynamic_asym":  # sum_k w_q[n, k], exact in int32
+                if L.mode is QuantMode.DYNAMIC_ASYM:  # sum_k w_q[n, k], exact in int32
                     add(f"{p}.colsum", weight_colsum(W[f"{p}.w_q"]).astype(np.int32))
                 for t, v in (("act_shift", shift), ("act_mul", mul)):
                     if v is not None:  # applied by whoever writes the int8 copy

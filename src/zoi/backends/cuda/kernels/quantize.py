@@ -27,8 +27,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import rint
+from zoi.graph.quantmode import QuantMode
 
-QMODES = {"dynamic": 1, "static": 2, "dynamic_asym": 3}
+# the kernels' QMODE of each INT8 QuantMode (zoi.graph.quantmode: the one name of a scheme)
+QMODES = {m.value: m.kernel_code for m in QuantMode if m.is_int8}
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 in one process, on the same inputs (random token ids from the vocabulary), on a random-init
 BERT checkpoint built with transformers (no download on the device machine).
 
-    python -m zoi.backends.cuda.bench --out bench/results/gpu_bench.json [--quick]
+    python lab/gpu/bench.py --out bench/results/gpu_bench.json [--quick]
 
 Latency is host-observed: token ids in host memory -> pooled, L2-normalised embeddings in
 host memory, per call; p50 / p99 over >= 200 calls after warm-up (>= 20 above 100 ms).
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 SHAPES = {
     "minilm": dict(
