@@ -33,7 +33,7 @@ Out own(std::vector<int32_t>* v) {
 }
 
 constexpr size_t kParallelBytes = 16384;  // smaller batches run on the calling thread
-constexpr int kBlock = 8;                 // texts claimed at a time by a pool thread
+constexpr int kBlock = 8;                 // texts claimed at a time by a pool thread (at most)
 
 // The UTF-8 of every text of a Python sequence of str, read under the GIL; `tup` holds the
 // texts (and so their cached UTF-8) alive while the GIL is released.
@@ -95,6 +95,7 @@ struct Batch {
   int B;
   bool truncate;
   int max_len;
+  int per;  // texts per claim
   int nblocks;
   std::vector<std::vector<int32_t>>* blocks;
   int32_t* lens;
@@ -102,7 +103,7 @@ struct Batch {
   std::atomic<int> bad{INT_MAX};
 
   void block(int b, std::vector<int32_t>& out) {
-    for (int i = b * kBlock, e = std::min(B, (b + 1) * kBlock); i < e; ++i) {
+    for (int i = b * per, e = std::min(B, (b + 1) * per); i < e; ++i) {
       const size_t mark = out.size();
       if (!tok->encode(s[i], n[i], truncate, out, max_len)) {
         out.resize(mark);
@@ -127,8 +128,10 @@ int tokenize_run(const TextEncoder& tok, const char* const* s, const size_t* n, 
                  int max_len, int nthreads, std::vector<int32_t>& ids, int32_t* lens) {
   int nt = nthreads;
   if (nt <= 0) nt = bytes >= kParallelBytes ? zoi::ThreadPool::instance().size() : 1;
-  const int nblocks = (B + kBlock - 1) / kBlock;
-  if (nt > nblocks) nt = nblocks;
+  // claims of up to kBlock texts, at least 4 per thread so a slow thread is caught up
+  if (nt > B) nt = B;
+  const int block = std::max(1, std::min(kBlock, B / std::max(1, 4 * nt)));
+  const int nblocks = (B + block - 1) / block;
   int bad = -1;
   if (nt <= 1) {
     ids.reserve(ids.size() + bytes / 3 + 4 * B + 16);
@@ -143,7 +146,7 @@ int tokenize_run(const TextEncoder& tok, const char* const* s, const size_t* n, 
     return bad;
   }
   std::vector<std::vector<int32_t>> blocks(nblocks);
-  Batch j{&tok, s, n, B, truncate, max_len, nblocks, &blocks, lens};
+  Batch j{&tok, s, n, B, truncate, max_len, block, nblocks, &blocks, lens};
   zoi::ThreadPool::instance().run(&Batch::job, &j, nt);
   size_t T = ids.size();
   for (auto& b : blocks) T += b.size();

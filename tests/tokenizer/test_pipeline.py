@@ -248,3 +248,20 @@ def test_run_chunks_source_error_drains():
         run_chunks(f, Src(), False, out, Staging(4, 1))
     assert not f.pending and f.k == 2
     assert (out[:2] == 1.0).all()
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 257, 3000])
+def test_ids_independent_of_thread_count(eng, n):
+    """The same packed arrays from 1 thread, the pool (its own choice) and 2..16 threads,
+    small claims (1 text) and full ones (8) alike."""
+    tok = eng.tokenizer.native
+    texts = ((corpus_lines() + TORTURE_ALL) * 2)[:n]
+    ref = tok.encode_packed(texts, True, 0, 1, 64)
+    for nt in (0, 2, 3, 5, 8, 16):
+        got = tok.encode_packed(texts, True, 0, nt, 64)
+        for a, b in zip(ref[:3], got[:3], strict=True):
+            assert np.array_equal(a, b), f"{nt} threads"
+        assert got[3] == ref[3] == -1
+    # over the limit, untruncated: the first such text is named whatever the threads
+    bad = tok.encode_packed(texts, False, 0, 1, 16)[3]
+    assert all(tok.encode_packed(texts, False, 0, nt, 16)[3] == bad for nt in (0, 2, 5, 16))
