@@ -32,7 +32,11 @@ Out own(std::vector<int32_t>* v) {
   return Out(v->data(), {v->size()}, owner);
 }
 
-constexpr size_t kParallelBytes = 16384;  // smaller batches run on the calling thread
+// smaller batches run on the calling thread: 16 KB (~30 texts of 128 tokens) on a pool of 2
+// threads, where waking the other thread pays only for big batches; 4 KB (~8 such texts,
+// ~35 us on one thread) on bigger pools, which split a batch into small claims
+constexpr size_t kParallelBytes = 16384;
+constexpr size_t kParallelBytesWide = 4096;
 constexpr int kBlock = 8;                 // texts claimed at a time by a pool thread (at most)
 
 // The UTF-8 of every text of a Python sequence of str, read under the GIL; `tup` holds the
@@ -127,7 +131,10 @@ struct Batch {
 int tokenize_run(const TextEncoder& tok, const char* const* s, const size_t* n, int B, size_t bytes, bool truncate,
                  int max_len, int nthreads, std::vector<int32_t>& ids, int32_t* lens) {
   int nt = nthreads;
-  if (nt <= 0) nt = bytes >= kParallelBytes ? zoi::ThreadPool::instance().size() : 1;
+  if (nt <= 0) {
+    const int pool = zoi::ThreadPool::instance().size();
+    nt = bytes >= (pool > 2 ? kParallelBytesWide : kParallelBytes) ? pool : 1;
+  }
   // claims of up to kBlock texts, at least 4 per thread so a slow thread is caught up
   if (nt > B) nt = B;
   const int block = std::max(1, std::min(kBlock, B / std::max(1, 4 * nt)));
