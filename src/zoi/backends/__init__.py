@@ -83,6 +83,8 @@ def make_backend(model: CompiledModel, device: str) -> Backend:
         return CpuBackend(model)
     if device == "cuda":
         from zoi.backends.cuda import CudaBackend
+        from zoi.backends.cuda.options import CudaOptions
 
-        return CudaBackend(model)
+        # the engine's edge: ZOI_PERSISTENT=0|1 etc. override the measured defaults here only
+        return CudaBackend(model, options=CudaOptions.from_env())
     raise ValueError(f"unknown device {device!r}")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
+from zoi.frontend.heads import head_from_config, head_shapes, load_head_weights, st_head
 from zoi.frontend.paths import check_file, inside, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile
 from zoi.frontend.spec import ModelSpec
@@ -63,24 +64,6 @@ def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = 
     return default
 
 
-def _refuse_task_heads(folder: Path, cfg: dict) -> None:
-    """A checkpoint with a task head (BertForSequenceClassification, ...ForTokenClassification)
-    is refused: zoi compiles an embedding model and would drop the head without a word. A
-    sentence-transformers folder (modules.json) is accepted: sentence-transformers itself runs
-    only the encoder of such a checkpoint, as zoi does."""
-    archs = cfg.get("architectures")
-    if not isinstance(archs, list) or (folder / "modules.json").exists():
-        return
-    heads = [a for a in archs if isinstance(a, str) and "For" in a]
-    if heads:
-        raise UnsupportedModelError(
-            f"{folder / 'config.json'}: architectures {heads} carry a task head, which zoi does "
-            "not run: it compiles the encoder into an embedding model, and the head's output "
-            "(logits) would be lost silently. Use the base model's checkpoint (e.g. BertModel), "
-            "or a sentence-transformers folder (modules.json) if embeddings are what you want"
-        )
-
-
 def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     cpath = folder / "config.json"
     if not isinstance(cfg, dict):
@@ -92,7 +75,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
         )
     arch = SUPPORTED_TYPES[mtype]
-    _refuse_task_heads(folder, cfg)
+    head = head_from_config(folder, cfg, arch)  # refuses the heads zoi does not run
     if arch == "distilbert":
         hidden = _field(cfg, cpath, "dim")
         layers = _field(cfg, cpath, "n_layers")
@@ -157,6 +140,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         eps=float(eps),
         act=_ACTS[act_name],
         name=folder.resolve().name,
+        **head,
     )
     try:
         spec.validate()
@@ -218,6 +202,10 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
         modules = read_json(modules_path, folder)
         if not isinstance(modules, list):
             raise CheckpointError(f"{modules_path}: expected a JSON list of modules")
+        sparse = st_head(folder, modules, read_json(folder / "config.json", folder), spec.arch)
+        if sparse is not None:  # a SparseEncoder folder (MLMTransformer + SpladePooling)
+            spec = spec.replace(**sparse)
+            modules = []
         for m in modules:
             if not isinstance(m, dict):
                 raise CheckpointError(f"{modules_path}: each module should be a JSON object")
@@ -327,6 +315,7 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     }
     if spec.type_vocab_size:
         s["embed.type"] = (spec.type_vocab_size, H)
+    s.update(head_shapes(spec))
     for i in range(L):
         s.update(
             {
@@ -413,6 +402,7 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
                 f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values"
             )
         out[canon] = arr
+    out.update(load_head_weights(folder, spec, lambda n: where[n].get(n), set(names), prefix))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from zoi.frontend.spec import ModelSpec
+from zoi.graph.heads import append_head, uses_types
 from zoi.graph.ir import Buffer, Graph, Op
 
 
@@ -49,7 +50,8 @@ def build_graph(spec: ModelSpec) -> Graph:
     ew = {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"}
     if spec.type_vocab_size:
         ew["type"] = "embed.type"
-    ops.append(Op("embed", ["ids", "positions"], buf("x0", H), ew, {"eps": spec.eps}))
+    ins = ["ids", "positions"] + (["types"] if uses_types(spec) else [])  # types: pairs (heads)
+    ops.append(Op("embed", ins, buf("x0", H), ew, {"eps": spec.eps}))
     x = "x0"
     for i in range(spec.layers):
         qkv = lin(x, f"l{i}.qkv", f"l{i}.qkv_out", 3 * H)
@@ -71,6 +73,9 @@ def build_graph(spec: ModelSpec) -> Graph:
         h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", I, act=spec.act)
         f = lin(h, f"l{i}.ffn2", f"l{i}.ffn_out", H)
         x = add_ln(f, x1, f"l{i}.ln2", f"l{i}.x2")
+    if spec.head:  # a task head (zoi.graph.heads) instead of the embedding pool
+        out = append_head(spec, ops, bufs, x)
+        return Graph(ops, bufs, ("ids", "positions", "cu_seqlens", *ins[2:]), out)
     ops.append(
         Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling})
     )
