@@ -102,7 +102,14 @@ if has labbench; then  # lab: per-kernel device times, GEMM TOP/s, in-process pe
     | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if has e2e; then  # texts in host memory -> embeddings in host memory (tokenising included), vs run_packed
-  log "end to end: encode(texts) vs run_packed(ids)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  log "end to end: zoi bench text workloads (zoi vs sentence-transformers FP16)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  # the same harness as the CPU rows: every provider in its own process, texts in / embeddings out
+  ZOI_MINILM_PATH=${ZOI_MINILM_PATH:-${ZOI_MINILM_DIR:-}} timeout "${E2E_BENCH_TIMEOUT:-420}" \
+    $PY -m zoi.cli bench --device cuda --no-rss --load-wait 10 \
+    --workloads "${E2E_WORKLOADS:-minilm-text-1x128,minilm-text-32x128,minilm-text-256x128,minilm-text-mixed}" \
+    --providers "${E2E_PROVIDERS:-zoi-cuda-fp16,zoi-cuda-int8,st-cuda-fp16}" --calls 50 --rounds 5 \
+    --out "$OUT/gpu_e2e_bench_${STAMP}.json" 2>&1 | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  log "end to end: encode(texts) vs run_packed(ids), one process A/B" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${E2E_TIMEOUT:-240}" $PY -m zoi.bench.e2e --device cuda --precision "${E2E_PRECISIONS:-fp16}" \
     --shapes "${E2E_SHAPES:-1x128,32x128,256x128,mixed1000}" --reps 10 --rounds 5 ${E2E_ST:+--st} \
     ${ZOI_MINILM_DIR:+--model "$ZOI_MINILM_DIR"} \

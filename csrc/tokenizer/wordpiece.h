@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tokenizer/encoder.h"
+
 namespace zoi::tok {
 
 struct Config {
@@ -29,7 +31,7 @@ struct Config {
 
 struct Scratch;  // per-thread work buffers (thread_local inside encode)
 
-class WordPiece {
+class WordPiece final : public TextEncoder {
  public:
   // vocab[i] has id ids[i]; added[i] (raw-text tokens) has id added_ids[i]
   WordPiece(const std::vector<std::string>& vocab, const std::vector<int32_t>& ids,
@@ -38,10 +40,10 @@ class WordPiece {
   // Tokenise one UTF-8 text (valid UTF-8), appending its ids (head + content + tail) to out.
   // truncate: content cut to max_len - specials (max_len <= 0: the config's). Else a text over
   // the limit returns false (out then holds a partial sequence; the caller drops it).
-  bool encode(const char* s, size_t n, bool truncate, std::vector<int32_t>& out, int max_len = 0) const;
+  bool encode(const char* s, size_t n, bool truncate, std::vector<int32_t>& out, int max_len = 0) const override;
 
   const Config& config() const { return cfg_; }
-  int num_special() const { return static_cast<int>(cfg_.head.size() + cfg_.tail.size()); }
+  int num_special() const override { return static_cast<int>(cfg_.head.size() + cfg_.tail.size()); }
   size_t vocab_size() const { return nvocab_; }
 
  private:

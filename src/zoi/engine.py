@@ -28,6 +28,7 @@ from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
 from zoi.heads import HeadsMixin, default_max_tokens, head_backend, quantize_heads, st_meta
+from zoi.pipeline import ArraySource, Staging, StreamSource, run_chunks
 
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -343,18 +344,32 @@ class Engine(HeadsMixin):
         """Greedy chunks of consecutive sequences under max_tokens and max_seqs (every
         sequence fits max_tokens: checked by the caller), each a slice of the packed arrays;
         NaN / Inf in the result is an error (NumericalError), never an output."""
-        B = len(cu) - 1
-        s = 0
-        while s < B:
-            e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
-            e = min(max(e, s + 1), s + max_seqs, B)
-            a, z = int(cu[s]), int(cu[e])
-            sub = cu[s : e + 1] - a if a else cu[s : e + 1]
-            with self._lock:
-                self.backend.run_into(ids[a:z], positions[a:z], sub, normalize, out[s:e])
-            if on_chunk is not None:
-                on_chunk(e - s)
-            s = e
+        self._run_source(
+            ArraySource(ids, positions, cu, self.max_tokens, max_seqs), normalize, out, on_chunk
+        )
+
+    def _staging_for(self) -> Staging:
+        """The engine's two staging sets (used under self._lock), made on first use."""
+        st = getattr(self, "_staging", None)
+        if st is None:
+            st = self._staging = Staging(self.max_tokens, self.max_batch)
+        return st
+
+    def _run_source(self, source, normalize, out, on_chunk=None, check=None) -> None:
+        """Every chunk of `source` through the backend, pipelined (zoi.pipeline), then the
+        NaN / Inf check of the result."""
+        B = len(out)
+        with self._lock:
+            done = run_chunks(
+                self.backend,
+                source,
+                normalize,
+                out,
+                self._staging_for(),
+                check,
+                on_chunk,
+            )
+        assert done == B, f"{done} of {B} sequences ran"
         if not np.isfinite(out).all():  # [B, H]: cheap next to the forward
             bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
             raise NumericalError(
@@ -415,6 +430,8 @@ class Engine(HeadsMixin):
             return self._truncated(out, truncate_dim, normalize_embeddings)
         single = isinstance(sentences, str)
         texts = [sentences] if single else sentences
+        if not isinstance(texts, (list, tuple, bytes)) and hasattr(texts, "__iter__"):
+            texts = list(texts)  # a generator: read once, indexable for the error messages
         if batch_size is None:
             max_seqs = self.max_batch
         elif not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -424,31 +441,53 @@ class Engine(HeadsMixin):
         normalize = (
             self.spec.normalize if normalize_embeddings is None else bool(normalize_embeddings)
         )
-        ids, pos, cu = self.tokenizer.encode_packed(texts, truncate, max_len=self.max_seq_tokens)
-        B = len(cu) - 1
-        out = np.empty((B, self.spec.hidden), np.float32)
-        if B == 0:
-            return out
-        if not self._trusted_ids:
-            npos = self.model.weights["embed.pos"].shape[0]
-            if len(ids) and (ids.max() >= self.spec.vocab_size or ids.min() < 0):
-                raise InputError(
-                    f"the tokenizer produced ids outside the model's vocabulary of "
-                    f"{self.spec.vocab_size}; the tokenizer.json does not belong to this model"
-                )
-            if len(pos) and pos.max() >= npos:
-                raise InputError(f"positions must lie in [0, {npos})")
         bar = None
         if show_progress_bar:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=B, desc="encode", unit="text")
+            bar = tqdm(total=len(texts), desc="encode", unit="text")
         try:
-            self._run_chunks(ids, pos, cu, normalize, out, max_seqs, bar.update if bar else None)
+            out = self._encode_texts(
+                texts, truncate, normalize, max_seqs, bar.update if bar else None
+            )
         finally:
             if bar is not None:
                 bar.close()
         return out[0] if single else out
+
+    def _encode_texts(self, texts, truncate, normalize, max_seqs, on_chunk=None) -> np.ndarray:
+        """Texts -> float32 [B, H] embeddings, in order: the native tokenizer tokenises and
+        packs each chunk into staging while the backend runs the one before (zoi.pipeline);
+        with HF tokenizers every text is tokenised first, then the chunks run."""
+        limit = self.max_seq_tokens
+        stream = self.tokenizer.stream(texts, truncate, max_len=limit)
+        if stream is None:
+            ids, pos, cu = self.tokenizer.encode_packed(texts, truncate, max_len=limit)
+            source = ArraySource(ids, pos, cu, self.max_tokens, max_seqs)
+            B = len(cu) - 1
+        else:
+
+            def on_bad(i):
+                return self.tokenizer.over_error(texts[i], i, limit)
+
+            source = StreamSource(stream, self.max_tokens, max_seqs, on_bad)
+            B = stream.size
+        out = np.empty((B, self.spec.hidden), np.float32)
+        if B:
+            check = None if self._trusted_ids else self._check_ids
+            self._run_source(source, normalize, out, on_chunk, check)
+        return out
+
+    def _check_ids(self, ids, pos) -> None:
+        """A chunk's ids and positions within the tables (a tokenizer the engine cannot trust)."""
+        npos = self.model.weights["embed.pos"].shape[0]
+        if len(ids) and (ids.max() >= self.spec.vocab_size or ids.min() < 0):
+            raise InputError(
+                f"the tokenizer produced ids outside the model's vocabulary of "
+                f"{self.spec.vocab_size}; the tokenizer.json does not belong to this model"
+            )
+        if len(pos) and pos.max() >= npos:
+            raise InputError(f"positions must lie in [0, {npos})")
 
     def _output_torch(self, convert_to_numpy, convert_to_tensor, device):
         """Check encode's sentence-transformers arguments; the torch module when the result

@@ -160,11 +160,27 @@ class Tokenizer:
             )
         except ValueError as e:  # a lone surrogate: name the text
             raise InputError(str(e)) from None
-        if bad >= 0:  # the error path counts that text's tokens (up to a cap) for the message
-            cap = max(64 * limit, 1 << 16)
-            n = len(self.native.encode_packed([texts[bad]], True, 0, 1, cap)[0])
-            raise self._over(bad, n if n < cap else f"at least {cap}", limit)
+        if bad >= 0:
+            raise self.over_error(texts[bad], bad, limit)
         return ids, pos, cu
+
+    def over_error(self, text: str, i: int, limit: int) -> InputError:
+        """The error for texts[i] = text, over `limit` tokens (native tokenizer): its tokens
+        counted up to a cap for the message."""
+        cap = max(64 * limit, 1 << 16)
+        n = len(self.native.encode_packed([text], True, 0, 1, cap)[0])
+        return self._over(i, n if n < cap else f"at least {cap}", limit)
+
+    def stream(self, texts, truncate: bool = True, max_len: int | None = None):
+        """A native TokenStream over texts (zoi.pipeline.StreamSource: chunks tokenised on
+        demand into staging buffers), or None when HF tokenizers runs this file."""
+        if self.native is None:
+            return None
+        limit = self.max_positions if max_len is None else min(int(max_len), self.max_positions)
+        try:
+            return self.native.stream(texts, bool(truncate), self.position_offset, 0, limit)
+        except ValueError as e:  # a lone surrogate: name the text
+            raise InputError(str(e)) from None
 
     def _hf_for(self, limit: int):
         """An HF instance truncating at `limit` (settings fixed per instance: thread-safe)."""
