@@ -254,7 +254,7 @@ class Engine:
         # the tokenizer's ids and positions need no per-call range check when they cannot
         # leave the tables (the native tokenizer knows its largest id; HF's output is checked)
         native = getattr(tokenizer, "native", None)
-        npos = model.weights["embed.pos"].shape[0]
+        npos = model.position_rows()
         self._trusted_ids = (
             native is not None
             and native.vocab_size <= self.spec.vocab_size
@@ -319,7 +319,7 @@ class Engine:
             )
         if len(ids) and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
             raise InputError(f"token ids must lie in [0, {self.spec.vocab_size})")
-        npos = self.model.weights["embed.pos"].shape[0]
+        npos = self.model.position_rows()
         if len(positions) and (positions.min() < 0 or positions.max() >= npos):
             raise InputError(f"positions must lie in [0, {npos})")
         if np.any(np.diff(cu) > self.max_tokens):
@@ -400,7 +400,7 @@ class Engine:
         if B == 0:
             return out
         if not self._trusted_ids:
-            npos = self.model.weights["embed.pos"].shape[0]
+            npos = self.model.position_rows()
             if len(ids) and (ids.max() >= self.spec.vocab_size or ids.min() < 0):
                 raise InputError(
                     f"the tokenizer produced ids outside the model's vocabulary of "
