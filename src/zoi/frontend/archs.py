@@ -75,9 +75,7 @@ def spec_fields(arch: str, cfg: dict, cpath: Path, field, acts: dict) -> dict:
             if inner != 1:
                 _unsupported(cpath, "inner_group_num", inner, "zoi runs ALBERT with 1")
             if groups < 1 or kw["layers"] % groups:
-                _unsupported(
-                    cpath, "num_hidden_groups", groups, "it must divide num_hidden_layers"
-                )
+                _unsupported(cpath, "num_hidden_groups", groups, "it must divide num_hidden_layers")
             kw["embed_size"] = e  # ALBERT always maps the embeddings in
         else:
             kw["embed_size"] = e if e != kw["hidden"] else 0

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
-from zoi.frontend.paths import check_file, inside, read_bytes
-from zoi.frontend.safetensors_io import SafetensorsFile
 from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
 from zoi.frontend.archs import spec_fields as arch_spec_fields
+from zoi.frontend.paths import check_file, inside, read_bytes
+from zoi.frontend.safetensors_io import SafetensorsFile
 from zoi.frontend.spec import ModelSpec
 
 SUPPORTED_TYPES = {
