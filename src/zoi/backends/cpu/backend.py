@@ -172,7 +172,10 @@ class CpuBackend(SyncSubmit):
                 )
             elif op.kind == "glu":
                 eng.add_glu(
-                    off[op.inputs[0]], off[op.output], graph.buffers[op.output].cols, op.attrs["act"]
+                    off[op.inputs[0]],
+                    off[op.output],
+                    graph.buffers[op.output].cols,
+                    op.attrs["act"],
                 )
             elif op.kind == "attention":
                 a = op.attrs
