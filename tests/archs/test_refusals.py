@@ -84,3 +84,18 @@ def test_buckets_match_transformers():
     rel = np.arange(-9000, 9001)
     want = MPNetEncoder.relative_position_bucket(torch.from_numpy(rel)).numpy()
     np.testing.assert_array_equal(relative_position_bucket(rel, 32, 128), want)
+
+
+@pytest.mark.parametrize("arch", ["mpnet", "modernbert", "albert"])
+def test_cuda_refuses_what_it_does_not_run(folders, arch):
+    """The CUDA backend has no bias / window / RoPE / glu yet: refused before any GPU work."""
+    import zoi
+    from zoi.backends import make_backend
+    from zoi.backends.arch_support import cuda_missing
+
+    eng = zoi.compile(folders[arch], device="reference", max_tokens=512)
+    missing = cuda_missing(eng.model.graph)
+    assert missing and (arch != "modernbert" or "RoPE" in missing)
+    with pytest.raises(UnsupportedModelError, match="cuda backend does not run"):
+        make_backend(eng.model, "cuda")
+    assert cuda_missing(zoi.compile(device="reference").model.graph) == []  # MiniLM

@@ -82,7 +82,9 @@ def make_backend(model: CompiledModel, device: str) -> Backend:
             ) from e
         return CpuBackend(model)
     if device == "cuda":
+        from zoi.backends.arch_support import check_cuda
         from zoi.backends.cuda import CudaBackend
 
+        check_cuda(model)
         return CudaBackend(model)
     raise ValueError(f"unknown device {device!r}")
