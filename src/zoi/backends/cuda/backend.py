@@ -240,7 +240,8 @@ class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
         while i < len(ops):
             op = ops[i]
             if op.kind == "embed":
-                out.append(_Launch("embed", op, op.output, list(op.inputs), n=self.spec.hidden))
+                cols = g.buffers[op.output].cols  # embed_size (Electra / ALBERT)
+                out.append(_Launch("embed", op, op.output, list(op.inputs), n=cols))
             elif op.kind == "linear":
                 prefix = op.weights["w"].rsplit(".", 1)[0]
                 quant, samax, scheme = self._linear_mode(prefix)
@@ -630,7 +631,7 @@ class CudaBackend(SyncSubmit):  # async submit: issue 19 (gpusplit)
                         amx(L.out) if L.amax_out else None,
                         self.amax_region,
                         tb,
-                        sp.hidden,
+                        L.n,
                         nz,
                         T,
                         L.op.attrs["eps"],
