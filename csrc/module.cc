@@ -42,14 +42,16 @@ int parse_act(const std::string& a) {
   if (a == "gelu_tanh") return zoi::ACT_GELU_TANH;
   if (a == "relu") return zoi::ACT_RELU;
   if (a == "sigmoid") return zoi::ACT_SIGMOID;
-  throw nb::value_error("act must be one of none, gelu, gelu_tanh, relu, sigmoid");
+  if (a == "tanh") return zoi::ACT_TANH;
+  throw nb::value_error("act must be one of none, gelu, gelu_tanh, relu, sigmoid, tanh");
 }
 
 int parse_pool(const std::string& m) {
   if (m == "mean") return 0;
   if (m == "cls") return 1;
   if (m == "max") return 2;
-  throw nb::value_error("pool mode must be mean, cls or max");
+  if (m == "splade") return 3;
+  throw nb::value_error("pool mode must be mean, cls, max or splade");
 }
 
 template <class T>
@@ -117,6 +119,8 @@ void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>
 }  // namespace
 
 void bind_tokenizer(nb::module_& m);  // csrc/tokenizer/bind.cc
+
+void bind_decoder(nb::module_& m);  // csrc/decoder/bind.cc
 
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
@@ -578,12 +582,42 @@ NB_MODULE(_cpu, m) {
                      bool normalize, Arr<float> out) {
         const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
         if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
-        if (out.ndim() != 2 || static_cast<int>(out.shape(0)) < B || static_cast<int>(out.shape(1)) != e.out_cols())
-          throw nb::value_error("out must be float32 [>= B, H]");
+        const int rows = e.out_rows_t() ? T : B;
+        if (out.ndim() != 2 || static_cast<int>(out.shape(0)) < rows || static_cast<int>(out.shape(1)) != e.out_cols())
+          throw nb::value_error("out must be float32 [>= B, H] ([>= T, cols] for a per-token output)");
         nb::gil_scoped_release nogil;
         e.run(ids.data(), positions.data(), cu.data(), T, B, normalize, out.data(), e.out_cols());
       }, "ids"_a, "positions"_a, "cu_seqlens"_a, "normalize"_a, "out"_a,
          "Runs the whole plan in one native call with the GIL released; writes out[:B]")
+      .def("set_batch_rows", &zoi::Engine::set_batch_rows, "on"_a,
+           "steps added while on run over the B rows of a pooled batch (heads)")
+      .def("set_embed_types", [](zoi::Engine& e, Arr<const float> table) {
+        need(table, 2, {-1, -1}, "type table");
+        e.set_embed_types(table.data(), static_cast<int>(table.shape(0)));
+      }, "table"_a, "the last embed adds table[types[t]] when a run passes types (copied)")
+      .def("set_output", &zoi::Engine::set_output, "off"_a, "cols"_a, "rows_t"_a,
+           "the run's output buffer: cols columns, T rows (rows_t) or B rows")
+      .def("run_ex", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
+                        std::optional<Arr<const int32_t>> types, Arr<const int32_t> cu, Arr<float> out, long tap_off,
+                        std::optional<Arr<float>> tap_out) {
+        const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
+        if (types && static_cast<int>(types->shape(0)) != T) throw nb::value_error("types and ids differ in length");
+        const int rows = e.out_rows_t() ? T : B;
+        if (out.ndim() != 2 || static_cast<int>(out.shape(0)) < rows || static_cast<int>(out.shape(1)) != e.out_cols())
+          throw nb::value_error("out must be float32 [>= rows, cols] of the output");
+        int tap_cols = 0;
+        if (tap_out) {
+          if (tap_off < 0 || tap_out->ndim() != 2 || static_cast<int>(tap_out->shape(0)) < T)
+            throw nb::value_error("tap_out must be float32 [>= T, cols] with tap_off >= 0");
+          tap_cols = static_cast<int>(tap_out->shape(1));
+        }
+        nb::gil_scoped_release nogil;
+        e.run_ex(ids.data(), positions.data(), types ? types->data() : nullptr, cu.data(), T, B, false, out.data(),
+                 e.out_cols(), tap_out ? static_cast<size_t>(tap_off) : 0, tap_cols, tap_out ? tap_out->data() : nullptr);
+      }, "ids"_a, "positions"_a, "types"_a.none(), "cu_seqlens"_a, "out"_a, "tap_off"_a = -1,
+         "tap_out"_a.none() = nb::none(),
+         "run with token types (None: type 0); tap_out [T, cols] gets the buffer at tap_off (heads, token embeddings)")
       .def("run_repeat", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
                             Arr<const int32_t> cu, bool normalize, Arr<float> out, int n) {
         const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
@@ -615,4 +649,5 @@ NB_MODULE(_cpu, m) {
       .def_prop_ro("isa", [](const zoi::Engine& e) { return std::string(zoi::isa_name(e.isa())); });
 
   bind_tokenizer(m);
+  bind_decoder(m);
 }

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("frontend", ("zoi.frontend",)),  # checkpoints, ModelSpec, tokenizer
     ("graph", ("zoi.graph",)),  # IR, builder, memory planner, CompiledModel
     ("quant, backends", ("zoi.quant", "zoi.backends")),  # siblings: neither imports the other
+    ("heads", ("zoi.heads",)),  # task heads' API (issue 20): the Engine mixes it in
     ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (issue 14, zoi/decoder/api.py)
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
     ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),

@@ -86,7 +86,7 @@ def test_lone_surrogate_names_the_text(minilm):
 # ---- task heads -----------------------------------------------------------------------------
 def test_task_head_refused(ckpt):
     (ckpt / "modules.json").unlink()
-    _edit_json(ckpt / "config.json", architectures=["BertForSequenceClassification"])
+    _edit_json(ckpt / "config.json", architectures=["BertForQuestionAnswering"])
     with pytest.raises(UnsupportedModelError, match="task head"):
         zoi.compile(ckpt, device="reference", max_tokens=64)
     _edit_json(ckpt / "config.json", architectures=["BertModel"])

@@ -18,12 +18,13 @@ void embed(const EmbedArgs& a, int tid, int nt) {
     float* y = a.y + t * a.ldy;
     const size_t id = static_cast<size_t>(a.ids[t]);
     const float* p = a.pos + static_cast<size_t>(a.positions[t]) * H;
+    const float* ty = a.types ? a.type + static_cast<size_t>(a.types[t]) * H : a.type0;
     if (a.word) {
       const float* wr = a.word + id * H;
       for (int k = 0; k < H; k += V::N) {
         const int n = H - k;
         V::T v = V::add(V::load_n(wr + k, n), V::load_n(p + k, n));
-        if (a.type0) v = V::add(v, V::load_n(a.type0 + k, n));
+        if (ty) v = V::add(v, V::load_n(ty + k, n));
         V::store_n(y + k, v, n);
       }
     } else {
@@ -31,7 +32,7 @@ void embed(const EmbedArgs& a, int tid, int nt) {
       const float sc = a.word_scale[id];
       for (int k = 0; k < H; ++k) {
         float v = static_cast<float>(wq[k]) * sc + p[k];
-        y[k] = a.type0 ? v + a.type0[k] : v;
+        y[k] = ty ? v + ty[k] : v;
       }
     }
     ln_row(y, nullptr, a.ln_w, a.ln_b, a.eps, H, y);

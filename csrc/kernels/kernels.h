@@ -13,7 +13,7 @@
 
 namespace zoi {
 
-enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4 };
+enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4, ACT_TANH = 5 };
 
 // ---- INT8 GEMM:
 //   y[m,n] = act(float(sum_k a[m,k] w[n,k] - zp[m] * colsum[n]) * (a_scale[m] * w_scale[n]) + bias[n]) (+ res)
@@ -91,6 +91,8 @@ struct EmbedArgs {
   const int8_t* word_q = nullptr; const float* word_scale = nullptr; // [V, H] int8 + [V]
   const float* pos = nullptr;    // [P, H]
   const float* type0 = nullptr;  // [H] or nullptr
+  const float* type = nullptr;   // [TV, H] with types (pairs, heads): type[types[t]] instead of type0
+  const int32_t* types = nullptr;  // [T] or nullptr
   const float* ln_w = nullptr; const float* ln_b = nullptr;
   float eps = 1e-12f;
   float* y = nullptr; int ldy = 0;
@@ -119,7 +121,7 @@ struct AttnArgs {
 struct PoolArgs {
   const float* x = nullptr; int ldx = 0;  // [T, H]
   const int32_t* cu = nullptr; int B = 0, H = 0;
-  int mode = 0;                           // 0 mean, 1 cls, 2 max
+  int mode = 0;                           // 0 mean, 1 cls, 2 max, 3 splade: log1p(relu(max))
   float* out = nullptr; int ldo = 0;      // [B, H]
 };
 

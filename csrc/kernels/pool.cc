@@ -10,6 +10,25 @@ namespace ZOI_NS {
 // out[b] = mean / first / max of x[cu[b]:cu[b+1]]; sequences split over threads
 void pool(const PoolArgs& a, int tid, int nt) {
   long lo, hi;
+  if (a.mode == 3) {  // splade: log1p(relu(max over tokens)); [B, vocab]: split over column blocks
+    constexpr int kBlk = 512;
+    const long nb = (a.H + kBlk - 1) / kBlk;
+    split_range(a.B * nb, tid, nt, &lo, &hi);
+    for (long i = lo; i < hi; ++i) {
+      const long b = i / nb;
+      const int k0 = static_cast<int>(i % nb) * kBlk, k1 = k0 + kBlk < a.H ? k0 + kBlk : a.H;
+      const int s = a.cu[b], e = a.cu[b + 1];
+      float* o = a.out + b * a.ldo;
+      for (int k = k0; k < k1; k += V::N) {
+        const int n = k1 - k < V::N ? k1 - k : V::N;
+        V::T acc = V::load_n(a.x + static_cast<size_t>(s) * a.ldx + k, n);
+        for (int t = s + 1; t < e; ++t) acc = V::max(acc, V::load_n(a.x + static_cast<size_t>(t) * a.ldx + k, n));
+        V::store_n(o + k, V::max(acc, V::zero()), n);
+      }
+      for (int k = k0; k < k1; ++k) o[k] = std::log1p(o[k]);
+    }
+    return;
+  }
   split_range(a.B, tid, nt, &lo, &hi);
   for (long b = lo; b < hi; ++b) {
     const int s = a.cu[b], e = a.cu[b + 1];

@@ -248,6 +248,16 @@ ZOI_INLINE typename W::T vsigmoid(typename W::T x) {
   return W::div(W::set(1.f), W::add(W::set(1.f), vexp<W>(W::sub(W::zero(), x))));
 }
 
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|) (absolute error ~1e-7: a pooler's output)
+template <class W>
+ZOI_INLINE typename W::T vtanh(typename W::T x) {
+  using T = typename W::T;
+  const T ax = W::max(x, W::sub(W::zero(), x));
+  const T e = vexp<W>(W::mul(ax, W::set(-2.f)));
+  const T r = W::div(W::sub(W::set(1.f), e), W::add(W::set(1.f), e));
+  return W::sel_lt(x, W::zero(), W::sub(W::zero(), r), r);
+}
+
 template <class W>
 ZOI_INLINE typename W::T vact(typename W::T x, int act) {
   switch (act) {
@@ -255,6 +265,7 @@ ZOI_INLINE typename W::T vact(typename W::T x, int act) {
     case ACT_GELU_TANH: return vgelu_tanh<W>(x);
     case ACT_RELU: return W::max(x, W::zero());
     case ACT_SIGMOID: return vsigmoid<W>(x);
+    case ACT_TANH: return vtanh<W>(x);
     default: return x;
   }
 }
@@ -275,6 +286,7 @@ inline void vact_inplace(float* p, int n, int act) {
     case ACT_GELU_TANH: act_loop<ACT_GELU_TANH>(p, n); break;
     case ACT_RELU: act_loop<ACT_RELU>(p, n); break;
     case ACT_SIGMOID: act_loop<ACT_SIGMOID>(p, n); break;
+    case ACT_TANH: act_loop<ACT_TANH>(p, n); break;
     default: break;
   }
 }

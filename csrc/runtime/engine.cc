@@ -92,6 +92,21 @@ void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const floa
   steps_.push_back(s);
 }
 
+void Engine::set_embed_types(const float* table, int n) {
+  if (steps_.empty() || steps_.back().kind != EMBED) throw std::invalid_argument("set_embed_types follows add_embed");
+  EmbedArgs& e = steps_.back().em;
+  e.type = copy_f(keep(static_cast<size_t>(n) * e.H * 4), table, static_cast<size_t>(n) * e.H);
+  ntypes_ = n;
+}
+
+void Engine::set_output(size_t off, int cols, bool rows_t) {
+  check_off(off, static_cast<size_t>(rows_t ? max_tokens_ : max_batch_) * cols * 4);
+  out_off_ = off;
+  out_cols_ = cols;
+  out_rows_t_ = rows_t;
+  have_pool_ = true;
+}
+
 QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
   // the int8 input rows go to the shared scratch; fused into the producer when the
   // previous step is the LayerNorm / embedding that writes exactly this buffer
@@ -116,6 +131,7 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
   }
   Step s{};
   s.kind = QUANT;
+  s.rows_b = rows_b_;
   s.qx = buf(in_off);
   s.qldx = K;
   s.qK = K;
@@ -127,9 +143,10 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
 void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                            const float* b, int act, long res_off, float static_amax, bool asym,
                            const float* act_shift, const float* act_mul) {
-  check_off(in_off, static_cast<size_t>(max_tokens_) * K * 4);
-  check_off(out_off, static_cast<size_t>(max_tokens_) * N * 4);
-  if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * N * 4);
+  const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
+  check_off(in_off, rows * K * 4);
+  check_off(out_off, rows * N * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), rows * N * 4);
   if (asym && static_amax >= 0) throw std::invalid_argument("a linear is either static or dynamic_asym");
   QuantOut params;
   params.static_amax = static_amax;
@@ -139,6 +156,7 @@ void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const in
   const QuantOut qo = quant_target(in_off, K, params);
   Step s{};
   s.kind = GEMM_I8;
+  s.rows_b = rows_b_;
   GemmI8Args& g = s.gi;
   const int np = round_up(N, kt_->i8_panel);
   void* w = keep(kt_->pack_i8_bytes(N, K));
@@ -165,11 +183,13 @@ void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const in
 
 void Engine::add_linear_f32(size_t in_off, int K, size_t out_off, int N, const float* w, const float* b, int act,
                             long res_off) {
-  check_off(in_off, static_cast<size_t>(max_tokens_) * K * 4);
-  check_off(out_off, static_cast<size_t>(max_tokens_) * N * 4);
-  if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * N * 4);
+  const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
+  check_off(in_off, rows * K * 4);
+  check_off(out_off, rows * N * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), rows * N * 4);
   Step s{};
   s.kind = GEMM_F32;
+  s.rows_b = rows_b_;
   GemmF32Args& g = s.gf;
   const int np = round_up(N, kt_->f32_panel);
   float* pw = static_cast<float*>(keep(kt_->pack_f32_bytes(N, K)));
@@ -251,12 +271,14 @@ void Engine::add_glu(size_t in_off, size_t out_off, int n, int act) {
 
 void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b,
                            float eps) {
-  check_off(x_off, static_cast<size_t>(max_tokens_) * H * 4);
-  check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
-  if (res_off >= 0) check_off(static_cast<size_t>(res_off), static_cast<size_t>(max_tokens_) * H * 4);
+  const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
+  check_off(x_off, rows * H * 4);
+  check_off(out_off, rows * H * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), rows * H * 4);
   if (H > kMaxLnH) throw std::invalid_argument("hidden size above " + std::to_string(kMaxLnH));
   Step s{};
   s.kind = LN;
+  s.rows_b = rows_b_;
   LnArgs& l = s.ln;
   l.x = buf(x_off);
   l.ldx = H;
@@ -274,7 +296,7 @@ void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, co
 void Engine::add_pool(size_t in_off, size_t out_off, int H, int mode) {
   check_off(in_off, static_cast<size_t>(max_tokens_) * H * 4);
   check_off(out_off, static_cast<size_t>(max_batch_) * H * 4);
-  if (mode < 0 || mode > 2) throw std::invalid_argument("pool mode must be 0 (mean), 1 (cls) or 2 (max)");
+  if (mode < 0 || mode > 3) throw std::invalid_argument("pool mode must be 0 (mean), 1 (cls), 2 (max) or 3 (splade)");
   Step s{};
   s.kind = POOL;
   s.po.x = buf(in_off);
@@ -285,6 +307,7 @@ void Engine::add_pool(size_t in_off, size_t out_off, int H, int mode) {
   s.po.ldo = H;
   out_off_ = out_off;
   out_cols_ = H;
+  out_rows_t_ = false;
   have_pool_ = true;
   steps_.push_back(s);
 }
@@ -332,25 +355,27 @@ void Engine::finalize() {
 void Engine::exec(const Step& s, int part, int parts, int tid) {
   const KernelTable& k = *kt_;
   const int t = part, nt = parts;
+  const int M = s.rows_b ? B_ : T_;
   switch (s.kind) {
     case EMBED: {
       EmbedArgs a = s.em;
       a.ids = ids_;
       a.positions = positions_;
+      a.types = types_ && a.type ? types_ : nullptr;
       a.T = T_;
       k.embed(a, t, nt);
       break;
     }
-    case QUANT: k.quantize_rows(s.qx, s.qldx, T_, s.qK, s.qo, t, nt); break;
+    case QUANT: k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt); break;
     case GEMM_I8: {
       GemmI8Args a = s.gi;
-      a.M = T_;
+      a.M = M;
       k.gemm_i8(a, t, nt);
       break;
     }
     case GEMM_F32: {
       GemmF32Args a = s.gf;
-      a.M = T_;
+      a.M = M;
       k.gemm_f32(a, t, nt);
       break;
     }
@@ -365,7 +390,7 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
     }
     case LN: {
       LnArgs a = s.ln;
-      a.M = T_;
+      a.M = M;
       k.layernorm(a, t, nt);
       break;
     }
@@ -454,6 +479,11 @@ const char* Engine::step_kind(int i) const {
 
 void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
                  float* out, int ldo) {
+  run_ex(ids, positions, nullptr, cu, T, B, normalize, out, ldo, 0, 0, nullptr);
+}
+
+void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T,
+                    int B, bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out) {
   if (!finalized_) throw std::invalid_argument("Engine.finalize() was not called");
   if (T < 1 || T > max_tokens_) throw std::invalid_argument("T must be in [1, max_tokens]");
   if (B < 1 || B > max_batch_) throw std::invalid_argument("B must be in [1, max_batch]");
@@ -467,21 +497,27 @@ void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu
   for (int t = 0; t < T; ++t) {
     if (ids[t] < 0 || ids[t] >= vocab_) throw std::invalid_argument("token id out of the vocabulary");
     if (positions[t] < 0 || positions[t] >= max_pos_) throw std::invalid_argument("position out of the table");
+    if (types && (types[t] < 0 || types[t] >= ntypes_)) throw std::invalid_argument("token type out of the table");
   }
+  if (tap_out) check_off(tap_off, static_cast<size_t>(T) * tap_cols * 4);
   std::lock_guard<std::mutex> g(mu_);
   ids_ = ids;
   positions_ = positions;
   cu_ = cu;
   T_ = T;
   B_ = B;
+  types_ = types;
   for (size_t i = 0; i < steps_.size(); ++i) {
     sync_[i].next.store(0, std::memory_order_relaxed);
     sync_[i].done.store(0, std::memory_order_relaxed);
   }
   ThreadPool::instance().run(&Engine::job, this, nthreads_);
+  types_ = nullptr;
   const float* src = buf(out_off_);
-  for (int b = 0; b < B; ++b) std::memcpy(out + static_cast<size_t>(b) * ldo, src + static_cast<size_t>(b) * out_cols_, out_cols_ * 4);
-  if (normalize) kt_->normalize(out, ldo, B, out_cols_, 0, 1);
+  const int rows = out_rows_t_ ? T : B;
+  for (int b = 0; b < rows; ++b) std::memcpy(out + static_cast<size_t>(b) * ldo, src + static_cast<size_t>(b) * out_cols_, out_cols_ * 4);
+  if (tap_out) std::memcpy(tap_out, buf(tap_off), static_cast<size_t>(T) * tap_cols * 4);
+  if (normalize) kt_->normalize(out, ldo, rows, out_cols_, 0, 1);
 }
 
 }  // namespace zoi

@@ -52,12 +52,25 @@ class Engine {
   void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps);
   void add_pool(size_t in_off, size_t out_off, int H, int mode);
 
+  // ---- heads (issue 20)
+  // steps added while on run over the batch's B rows (a linear / LayerNorm after a pool)
+  void set_batch_rows(bool on) { rows_b_ = on; }
+  // the last embed step adds type[types[t]] (table [n, H], copied) when a run passes types
+  void set_embed_types(const float* table, int n);
+  // the run's output: `cols` columns of B rows (rows_t false) or T rows, at arena offset off
+  void set_output(size_t off, int cols, bool rows_t);
+
   // allocates the shared scratch (quantised activations, attention); call after the last add_*
   void finalize();
 
   // ---- running: out [B, ldo] float32; throws std::invalid_argument on a malformed batch
   void run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
            float* out, int ldo);
+  // run with token types (nullptr: type 0) and, when tap_out is set, a copy of the T rows of
+  // tap_cols floats at arena offset tap_off (a buffer that outlives the run)
+  void run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T, int B,
+              bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out);
+  bool out_rows_t() const { return out_rows_t_; }
 
   // kernel lab: one run recording, per step, thread 0's wall and CPU seconds (after the barrier)
   // into wall[num_steps()], cpu[num_steps()]; step_kind(i) names the step
@@ -77,6 +90,7 @@ class Engine {
   enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL, GLU };
   struct Step {
     Kind kind;
+    bool rows_b = false;  // M = B (after a pool) instead of T
     GemmI8Args gi;
     GemmF32Args gf;
     LnArgs ln;
@@ -117,6 +131,9 @@ class Engine {
   size_t out_off_ = 0;
   int out_cols_ = 0;
   bool have_pool_ = false, finalized_ = false;
+  bool rows_b_ = false, out_rows_t_ = false;
+  int ntypes_ = 0;
+  const int32_t* types_ = nullptr;
   std::mutex mu_;
   // per-run inputs
   const int32_t* ids_ = nullptr;

@@ -36,16 +36,11 @@ import configs_v1  # noqa: E402
 V1_FUSE_MIN_TOKENS = 2048
 
 
-@contextlib.contextmanager
 def plan_flags(fuse_ln, rowq):
-    from zoi.backends.cuda import backend as bmod
+    """The plan switches of a variant, as CudaOptions (passed to the backend)."""
+    from zoi.backends.cuda.options import CudaOptions
 
-    saved = (bmod.FUSE_LN, bmod.ROWQ)
-    bmod.FUSE_LN, bmod.ROWQ = fuse_ln, rowq
-    try:
-        yield
-    finally:
-        bmod.FUSE_LN, bmod.ROWQ = saved
+    return CudaOptions(fuse_ln=fuse_ln, rowq=rowq)
 
 
 def load_rowq(path):
@@ -144,8 +139,9 @@ def main(argv=None):
                     m = bench.zoi_model(folder, prec, max_tokens=cap, max_batch=256)
                     ctx = v1_configs() if var == "v1" else contextlib.nullcontext()
                     kw = dict(fuse_min_tokens=V1_FUSE_MIN_TOKENS) if var == "v1" else {}
-                    with ctx, plan_flags(fuse_ln=var == "v1", rowq=var == "rowq"):
-                        engines[(prec, var)] = CudaBackend(m, buckets=buckets, **kw)
+                    opts = plan_flags(fuse_ln=var == "v1", rowq=var == "rowq")
+                    with ctx:
+                        engines[(prec, var)] = CudaBackend(m, buckets=buckets, options=opts, **kw)
                     mem = engines[(prec, var)].memory()
                     print(f"  kernels/forward {mem['kernels_per_forward']}", flush=True)
                     print(

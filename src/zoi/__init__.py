@@ -9,8 +9,31 @@ __version__ = "0.1.0"
 __all__ = ["ZoiError", "Engine", "compile", "load", "__version__"]
 
 
+def compile(path=None, device: str = "cpu", precision: str = "fp32", max_tokens=None, max_batch=None,  # noqa: A001
+            calibration=None, quant_config=None, progress: bool = False, **decoder_options):
+    """zoi.engine.compile (encoders: an Engine); a decoder folder (Llama / Qwen2 / Qwen3) gives a
+    zoi.decoder Generator instead (decoder_options: max_seq_len, kv_blocks, block_size, threads,
+    isa; docs/DECODERS.md)."""
+    if path is not None:
+        from zoi.decoder.compile import decoder_folder
+
+        folder = decoder_folder(path)
+        if folder is not None:
+            from zoi.decoder.compile import compile_decoder
+
+            return compile_decoder(folder, device=device, precision=precision, max_batch=max_batch,
+                                   max_tokens=max_tokens, calibration=calibration, quant_config=quant_config,
+                                   **decoder_options)
+    if decoder_options:
+        raise TypeError(f"compile() got unexpected options {', '.join(sorted(decoder_options))}")
+    from zoi import engine
+
+    return engine.compile(path, device=device, precision=precision, max_tokens=max_tokens, max_batch=max_batch,
+                          calibration=calibration, quant_config=quant_config, progress=progress)
+
+
 def __getattr__(name: str):  # lazy: `import zoi` stays cheap
-    if name in ("Engine", "compile", "load"):
+    if name in ("Engine", "load"):
         from zoi import engine
 
         return getattr(engine, name)

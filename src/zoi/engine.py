@@ -27,6 +27,7 @@ from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
+from zoi.heads import HeadsMixin, default_max_tokens, head_backend, quantize_heads, st_meta
 
 ARTIFACT_FORMAT = 1
 PRECISIONS = ("fp32", "int8", "fp16")
@@ -170,6 +171,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     calibration: Sequence[str] | str | os.PathLike | None = None,
     quant_config: Any = None,
     progress: bool = False,
+    truncate_dim: int | None = None,
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
@@ -180,10 +182,12 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
+    truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
     """
     device = resolve_device(device)
     _check_precision(precision, device)
     src = resolve_model(path) if path is not None else default_model_path()
+    auto_tokens, auto_batch = max_tokens is None, max_batch is None
     max_tokens = _check_count("max_tokens", max_tokens or DEFAULT_MAX_TOKENS[device])
     max_batch = _check_count("max_batch", max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
     steps = _Steps(progress, 4 if precision == "int8" else 3)
@@ -193,6 +197,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
+    if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
+        max_tokens = default_max_tokens(spec, max_tokens)
+        max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
     if max_tokens < spec.max_positions:
         raise ValueError(
             f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})"
@@ -208,6 +215,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model)
     model.meta["source"] = str(src)
+    model.meta.update(st_meta(src, spec, truncate_dim))  # prompts, truncate_dim (zoi.heads)
     if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
         model.meta["source_default"] = True
     if precision == "int8":
@@ -226,6 +234,8 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
     zoi.quant.config.FEATURES, so nothing is narrowed). Returns (weights, quant, report)."""
     from zoi import quant
 
+    if spec.head:  # the encoder as an embedding model, then the head (zoi.heads)
+        return quantize_heads(spec, weights, tokenizer, calibration, config, progress)
     report: dict = {}
     weights, q = quant.quantize_model(
         spec,
@@ -239,7 +249,7 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
     return weights, q, report
 
 
-class Engine:
+class Engine(HeadsMixin):
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
     def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):
@@ -247,7 +257,8 @@ class Engine:
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
         self.device = device
-        self.backend: Backend = make_backend(model, device)
+        # a head model on cuda: zoi.heads' hybrid backend (GPU encoder, host head)
+        self.backend: Backend = head_backend(model, device) or make_backend(model, device)
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
         self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)
@@ -365,8 +376,18 @@ class Engine:
         convert_to_numpy: bool = True,
         convert_to_tensor: bool = False,
         device: str | None = None,
+        output_value: str = "sentence_embedding",
+        truncate_dim: int | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
+
+        sentence-transformers' options (zoi.heads): output_value="token_embeddings" gives the
+        last hidden state of each text's tokens ([n_i, H] each); truncate_dim keeps the first
+        dimensions (Matryoshka; re-normalised when normalising; default: the compile option);
+        prompt / prompt_name prepend a prompt (config_sentence_transformers.json's prompts,
+        default_prompt_name).
 
         All texts are tokenised in one native call (GIL released; big batches over the core's
         pool) straight into packed arrays, then run in the largest chunks the engine takes:
@@ -380,9 +401,18 @@ class Engine:
             torch = self._output_torch(convert_to_numpy, convert_to_tensor, device)
             if torch is not None:
                 emb = self.encode(
-                    sentences, batch_size, normalize_embeddings, show_progress_bar, truncate
-                )
+                    sentences, batch_size, normalize_embeddings, show_progress_bar, truncate,
+                    truncate_dim=truncate_dim, prompt_name=prompt_name, prompt=prompt,
+                )  # fmt: skip
                 return _to_torch(torch, emb, convert_to_tensor, device)
+        sentences = self._prompted(sentences, prompt, prompt_name)
+        if output_value != "sentence_embedding":
+            return self._other_output(sentences, output_value, batch_size, truncate)
+        if truncate_dim != 0 and (truncate_dim is not None or self.model.meta.get("truncate_dim")):
+            out = self.encode(
+                sentences, batch_size, False, show_progress_bar, truncate, truncate_dim=0, prompt=""
+            )
+            return self._truncated(out, truncate_dim, normalize_embeddings)
         single = isinstance(sentences, str)
         texts = [sentences] if single else sentences
         if batch_size is None:

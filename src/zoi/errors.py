@@ -25,3 +25,8 @@ class BackendUnavailableError(ZoiError):
 
 class NumericalError(ZoiError):
     """The model produced non-finite values (NaN/Inf): the weights or the config, not the input."""
+
+
+class HeadError(InputError):
+    """The call needs a task head the loaded model does not have (issue 20): e.g. rerank on
+    an embedding model. The message names the model's head."""

@@ -88,10 +88,13 @@ else:
     )  # fmt: skip
 
 
-def _backend(model, **kw):
+def _backend(model, opts=None, **kw):
+    """opts: CudaOptions fields (the switches come in as arguments, not module globals)."""
     from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.options import CudaOptions
 
-    return CudaBackend(model, interpret=None if COMPILED else True, **kw)
+    options = CudaOptions(**(opts or {}))
+    return CudaBackend(model, interpret=None if COMPILED else True, options=options, **kw)
 
 
 def _shape(shape):
@@ -111,23 +114,13 @@ def _fused(be, tb):
     return tb >= be.fuse_min_tokens
 
 
-@pytest.fixture
-def rowq(monkeypatch):
-    """ROWQ (ffn1 writes ffn2's int8 copy) on: off by default (slower on the H200), tested."""
-    from zoi.backends.cuda import backend as bmod
-
-    monkeypatch.setattr(bmod, "ROWQ", True)
-
-
 @pytest.mark.parametrize("ln_fused", [False, True])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("shape", M.shapes)
-def test_forward_matches_reference(precision, shape, ln_fused, monkeypatch, rowq):
-    from zoi.backends.cuda import backend as bmod
-
-    monkeypatch.setattr(bmod, "FUSE_LN", ln_fused)  # off by default (slower on the H200)
+def test_forward_matches_reference(precision, shape, ln_fused):
+    # LN fusion and ROWQ (ffn1 writes ffn2's int8 copy): off by default (slower on the H200)
     model = tiny_model(precision, **M.size, **_shape(shape))
-    be = _backend(model, **M.plan)
+    be = _backend(model, opts=dict(fuse_ln=ln_fused, rowq=True), **M.plan)
     assert be.buckets[0] == 16 and be.buckets[-1] == M.size["max_tokens"]
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(1)
@@ -189,12 +182,12 @@ def test_later_calls_not_corrupted_and_batched_equals_single():
         np.testing.assert_allclose(one[0], first[b], rtol=0, atol=c["atol"])
 
 
-def test_static_scheme_and_unfused_layernorm(monkeypatch):
-    from zoi.backends.cuda import backend as bmod
-
-    monkeypatch.setattr(bmod, "MAX_FUSED_N", 16)  # force the standalone add_layernorm kernel
+def test_static_scheme_and_unfused_layernorm():
     model = tiny_model("int8", static={"l0.ffn2": 4.0, "l1.qkv": 6.0}, act="relu", pooling="max")
-    be = _backend(model, buckets=[32, 64], fuse_min_tokens=0)
+    # LN fusion asked for, but max_fused_n 16 forces the standalone add_layernorm kernel
+    be = _backend(
+        model, opts=dict(fuse_ln=True, max_fused_n=16), buckets=[32, 64], fuse_min_tokens=0
+    )
     assert _launches(be) == {
         32: 1 + 7 * model.spec.layers + 1,
         64: 1 + 7 * model.spec.layers + 1,
@@ -230,18 +223,15 @@ def _kinds(be, fused):
 
 @pytest.mark.parametrize("rowq", M.rowq)
 @pytest.mark.parametrize("config,shape", M.quant_cases)
-def test_default_quant_config_artifact_matches_reference(config, shape, rowq, monkeypatch):
+def test_default_quant_config_artifact_matches_reference(config, shape, rowq):
     """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
     as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul [+
     act_shift]: unfused buckets (quantize launches before o / ffn2) and fused ones."""
-    from zoi.backends.cuda import backend as bmod
-
-    monkeypatch.setattr(bmod, "ROWQ", rowq)
     config, needs = NEEDS[config]
     kw = dict(_shape(shape), layers=2) if shape == "minilm" else None
     model = default_quant_model(**M.size, shape=kw, **config)
     assert required_quant_features(model.weights, model.quant) == needs
-    be = _backend(model, **M.plan)
+    be = _backend(model, opts=dict(rowq=rowq), **M.plan)
     L = model.spec.layers
     # qkv / ffn1 read the int8 copy their whole-row producer (embed, LN, linear + LN) wrote;
     # o / ffn2 (after attention / ffn1, tile producers) read one from a quantize launch when
@@ -277,18 +267,15 @@ def test_default_quant_config_artifact_matches_reference(config, shape, rowq, mo
 
 @pytest.mark.parametrize("rowq", M.rowq)
 @pytest.mark.parametrize("shape", M.shapes)
-def test_mixed_schemes_transforms_and_float_linears(shape, rowq, monkeypatch):
+def test_mixed_schemes_transforms_and_float_linears(shape, rowq):
     """Every scheme and transform in one model: asym / sym / static, act_mul with and without
     act_shift on whole-row and tile producers, a float linear and a weight-only INT8 linear
     with an act_mul (folded into the fp16 weights at pack time)."""
-    from zoi.backends.cuda import backend as bmod
-
-    monkeypatch.setattr(bmod, "ROWQ", rowq)
     model = tiny_model("int8", **M.size, **MIXED, **_shape(shape))
     assert required_quant_features(model.weights, model.quant) == set(
         ("dynamic", "static", "dynamic_asym", "act_mul", "act_shift", "weight_only")
     )
-    be = _backend(model, **M.plan)
+    be = _backend(model, opts=dict(rowq=rowq), **M.plan)
     want = [
         ("linear", "l0.qkv", 4),  # asym copy written by embed, after shift + mul
         ("quantize", "", 0),  # attention -> l0.o (sym + mul)
@@ -327,20 +314,19 @@ def test_weight_only_artifact():
 
 @pytest.mark.parametrize("rowq", M.linear["rowq"])
 @pytest.mark.parametrize("which", ["default", "mixed"])
-def test_every_linear_matches_the_emulation_on_its_own_input(which, rowq, monkeypatch):
+def test_every_linear_matches_the_emulation_on_its_own_input(which, rowq):
     """Tight: each linear's output against the INT8 emulation (scheme, act_shift, act_mul)
     run on the exact fp16 input the kernel read; only fp16 output rounding may differ.
     rowq: every bucket runs the fused plan, where ffn1 writes ffn2's int8 copy itself."""
-    from zoi.backends.cuda import backend as bmod
-
-    monkeypatch.setattr(bmod, "ROWQ", rowq)
     c = M.linear
     if which == "default":
         shape = dict(c["shape"], layers=2) if c["shape"] else None
         model = default_quant_model(**c["size"], shape=shape, smooth_shift=True)
     else:
         model = tiny_model("int8", **c["size"], **MIXED, **c["shape"])
-    be = _backend(model, buckets=c["buckets"], fuse_min_tokens=0 if rowq else 10**9)
+    be = _backend(
+        model, opts=dict(rowq=rowq), buckets=c["buckets"], fuse_min_tokens=0 if rowq else 10**9
+    )
     if rowq:
         assert any(la.extra.get("q") for la in be.plans[True]["launches"] if la.kind == "linear")
     for lens in c["lens"]:
@@ -387,18 +373,13 @@ def test_memory_report():
 @pytest.mark.gpu
 @compiled_only
 @pytest.mark.parametrize("mode", ["force", "off", "time"])
-def test_small_bucket_paths(mode, monkeypatch):
+def test_small_bucket_paths(mode):
     """Buckets <= 256 tokens: the persistent one-launch forward (forced), the per-op graph
-    (ZOI_PERSISTENT=0), or both timed at compile time and the faster kept (default). Every
+    (persistent="off"), or both timed at compile time and the faster kept (default). Every
     choice is captured, matches the reference, and repeats bit for bit (the grid barrier
     resets across launches)."""
-    env = {"force": "1", "off": "0"}
-    if mode in env:
-        monkeypatch.setenv("ZOI_PERSISTENT", env[mode])
-    else:
-        monkeypatch.delenv("ZOI_PERSISTENT", raising=False)
     model = tiny_model("fp16", max_tokens=512, max_batch=64, **MINILM)
-    be = _backend(model, buckets=[16, 128, 512])
+    be = _backend(model, opts=dict(persistent=mode), buckets=[16, 128, 512])
     paths = be.memory()["bucket_paths"]
     assert paths[512]["path"] == "per-op"
     for tb in (16, 128):

@@ -7,6 +7,7 @@ captured graph, twice back to back (the barrier resets itself)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,12 +169,16 @@ def test_compiles_for_sm90_without_gpu(tb):
         POOL=0, SPL=5, **default_cfg(tb, None, 132, H=384, I=1536),
     )  # fmt: skip
     code = (
-        "import json, sys; from zoi.backends.cuda.persistent import compile_ahead; "
+        "import json, sys; from lab.gpu.persistent_tools import compile_ahead; "
         "print(json.dumps(compile_ahead(json.loads(sys.argv[1]))))"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(meta)], env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, json.dumps(meta)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],  # the repository root: lab/ importable
     )
     if r.returncode != 0 and "ptxas" in r.stderr and "not found" in r.stderr:
         pytest.skip("no ptxas")
@@ -239,12 +244,13 @@ class TestGPU:
                     assert rel(got, want) < 5e-3, (tb, lens_, norm, rel(got, want))
                     assert min_cosine(got, want) > 0.9999
 
-    def test_in_backend_graph(self, monkeypatch):
-        """The backend's own wiring, forced (ZOI_PERSISTENT=1: no timing choice): graphs
+    def test_in_backend_graph(self):
+        """The backend's own wiring, forced (persistent="force": no timing choice): graphs
         replay the one-launch kernel through run()."""
-        monkeypatch.setenv("ZOI_PERSISTENT", "1")
+        from zoi.backends.cuda.options import CudaOptions
+
         model = tiny_model("fp16", max_tokens=512, max_batch=64, **MINILM)
-        be = self._be(model)
+        be = self._be(model, options=CudaOptions(persistent="force"))
         assert all(be._graphs[tb][2] == 1 for tb in be.buckets if tb <= 256)
         _check(be, model, LENS + ([40, 40, 40, 8], [16] * 16, [40] * 6 + [1, 15]), seed=9)
         # repeat the same call many times: barrier state stays consistent
@@ -254,7 +260,7 @@ class TestGPU:
             np.testing.assert_array_equal(be.run(ids, pos, cu, True), first)
 
     def test_timing_runs(self):
-        from zoi.backends.cuda.persistent import time_persistent, time_steps
+        from lab.gpu.persistent_tools import time_persistent, time_steps
 
         model = tiny_model("fp16", max_tokens=256, max_batch=32, **MINILM)
         be = self._be(model, buckets=[128], persistent_max=0)  # its _steps_for: per-op

@@ -152,7 +152,7 @@ def test_unknown_model_404_and_bad_dimensions_400(server):
     assert post(server, "/v2/models/nope/infer", {"inputs": []}).status_code == 404
     assert httpx.get(server.url + "/v2/models/nope/ready").status_code == 404
     assert_openai_error(
-        post(server, OPENAI, {"model": MODEL_NAME, "input": "a", "dimensions": 100}),
+        post(server, OPENAI, {"model": MODEL_NAME, "input": "a", "dimensions": 385}),
         400,
         "dimensions",
     )

@@ -52,3 +52,15 @@ class SyncSubmit:
 
     def wait(self, ticket: object) -> np.ndarray:
         return ticket
+
+
+@runtime_checkable
+class HeadRunner(Protocol):
+    """What the task heads (zoi.heads) ask of a backend besides Backend (issue 20): one
+    forward with token types, the graph's output whatever its rows, and taps."""
+
+    def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
+        """{graph.output: float32 [B or T, cols] (not normalised), name: float32 [T, cols] for
+        each name in taps (a buffer that outlives the run: the input of the graph's last op)};
+        types: int32 [T] token types or None (type 0)."""
+        ...

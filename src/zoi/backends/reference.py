@@ -12,10 +12,12 @@ from zoi.numerics.reference import execute, l2_normalize
 
 
 def run_graph(
-    model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32
+    model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32, types=None
 ) -> dict[str, np.ndarray]:
     """Run a CompiledModel (its quantisation emulated); returns every buffer by name."""
-    return execute(model.graph, model.weights, ids, positions, cu_seqlens, model.quant, dtype)
+    return execute(
+        model.graph, model.weights, ids, positions, cu_seqlens, model.quant, dtype, types=types
+    )
 
 
 class ReferenceBackend(SyncSubmit):
@@ -38,6 +40,12 @@ class ReferenceBackend(SyncSubmit):
     def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
         out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
         return out
+
+    def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
+        """Heads (zoi.backends.base.HeadRunner): the graph's output and each buffer of taps."""
+        env = run_graph(self.model, ids, positions, cu_seqlens, self.dtype, types)
+        names = (self.model.graph.output, *taps)
+        return {n: np.ascontiguousarray(env[n], dtype=np.float32) for n in names}
 
     def memory(self) -> dict:
         return {

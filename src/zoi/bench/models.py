@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-MODELS = ("minilm", "bert-base", "mpnet-base", "modernbert-base")
+MODELS = ("minilm", "bert-base", "minilm-ce", "mpnet-base", "modernbert-base")
 
 # random-init stand-ins with the real models' configs (all-mpnet-base-v2, ModernBERT-base),
 # the MiniLM tokenizer (its ids fit both vocabularies) and mean pooling, as bert-base
@@ -169,6 +169,39 @@ def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
     tmp.rename(dst)
 
 
+def _make_cross_encoder(dst: Path, src_tok: Path) -> None:
+    """A minilm-sized cross-encoder (BertForSequenceClassification, 6 layers, hidden 384, 12
+    heads, FFN 1536, one label), random init (seed 0), the MiniLM tokenizer (issue 20)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(cfg).eval()
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    cj = json.loads((tmp / "config.json").read_text())
+    cj.setdefault("position_embedding_type", "absolute")
+    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
+    for f in _TOKENIZER_FILES:
+        if (src_tok / f).exists():
+            shutil.copy(src_tok / f, tmp / f)
+    (tmp / "ZOI_BENCH_README.txt").write_text(
+        "minilm-sized cross-encoder, random init (torch.manual_seed(0)), by zoi.bench.models\n"
+    )
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
 def get_model(name: str, cache_dir: Path) -> ModelRef:
     if name == "minilm":
         return ModelRef("minilm", minilm_path(), hidden=384, layers=6, heads=12, max_len=256)
@@ -178,6 +211,12 @@ def get_model(name: str, cache_dir: Path) -> ModelRef:
             dst.parent.mkdir(parents=True, exist_ok=True)
             _make_bert_base(dst, minilm_path())
         return ModelRef("bert-base", dst, hidden=768, layers=12, heads=12, max_len=512)
+    if name == "minilm-ce":
+        dst = Path(cache_dir) / "models" / "minilm-ce-random-s0"
+        if not (dst / "model.safetensors").exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _make_cross_encoder(dst, minilm_path())
+        return ModelRef("minilm-ce", dst, hidden=384, layers=6, heads=12, max_len=512)
     if name in _RANDOM_ARCHS:
         kw = _RANDOM_ARCHS[name][2]
         dst = Path(cache_dir) / "models" / f"{name}-random-s0"

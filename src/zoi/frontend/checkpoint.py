@@ -19,6 +19,7 @@ from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
 from zoi.frontend.archs import spec_fields as arch_spec_fields
+from zoi.frontend.heads import head_from_config, head_shapes, load_head_weights, st_head
 from zoi.frontend.paths import check_file, inside, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile
 from zoi.frontend.spec import ModelSpec
@@ -71,24 +72,6 @@ def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = 
     return default
 
 
-def _refuse_task_heads(folder: Path, cfg: dict) -> None:
-    """A checkpoint with a task head (BertForSequenceClassification, ...ForTokenClassification)
-    is refused: zoi compiles an embedding model and would drop the head without a word. A
-    sentence-transformers folder (modules.json) is accepted: sentence-transformers itself runs
-    only the encoder of such a checkpoint, as zoi does."""
-    archs = cfg.get("architectures")
-    if not isinstance(archs, list) or (folder / "modules.json").exists():
-        return
-    heads = [a for a in archs if isinstance(a, str) and "For" in a]
-    if heads:
-        raise UnsupportedModelError(
-            f"{folder / 'config.json'}: architectures {heads} carry a task head, which zoi does "
-            "not run: it compiles the encoder into an embedding model, and the head's output "
-            "(logits) would be lost silently. Use the base model's checkpoint (e.g. BertModel), "
-            "or a sentence-transformers folder (modules.json) if embeddings are what you want"
-        )
-
-
 def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     cpath = folder / "config.json"
     if not isinstance(cfg, dict):
@@ -100,9 +83,14 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
         )
     arch = SUPPORTED_TYPES[mtype]
-    _refuse_task_heads(folder, cfg)
     if arch in NEW_ARCHS:
+        if head_from_config(folder, cfg, arch):
+            raise UnsupportedModelError(
+                f"{folder / 'config.json'}: architectures {cfg.get('architectures')}: task heads "
+                f"on {arch} are not supported yet; use the base model's checkpoint for embeddings"
+            )
         return _new_arch_spec(folder, cfg, arch)
+    head = head_from_config(folder, cfg, arch)  # refuses the heads zoi does not run
     if arch == "distilbert":
         hidden = _field(cfg, cpath, "dim")
         layers = _field(cfg, cpath, "n_layers")
@@ -167,6 +155,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         eps=float(eps),
         act=_ACTS[act_name],
         name=folder.resolve().name,
+        **head,
     )
     try:
         spec.validate()
@@ -261,6 +250,10 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
         modules = read_json(modules_path, folder)
         if not isinstance(modules, list):
             raise CheckpointError(f"{modules_path}: expected a JSON list of modules")
+        sparse = st_head(folder, modules, read_json(folder / "config.json", folder), spec.arch)
+        if sparse is not None:  # a SparseEncoder folder (MLMTransformer + SpladePooling)
+            spec = spec.replace(**sparse)
+            modules = []
         for m in modules:
             if not isinstance(m, dict):
                 raise CheckpointError(f"{modules_path}: each module should be a JSON object")
@@ -372,6 +365,7 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     }
     if spec.type_vocab_size:
         s["embed.type"] = (spec.type_vocab_size, H)
+    s.update(head_shapes(spec))
     for i in range(L):
         s.update(
             {
@@ -466,7 +460,10 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
                 f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values"
             )
         out[canon] = arr
-    return derive(spec, out) if spec.arch in NEW_ARCHS else out
+    if spec.arch in NEW_ARCHS:
+        return derive(spec, out)
+    out.update(load_head_weights(folder, spec, lambda n: where[n].get(n), set(names), prefix))
+    return out
 
 
 def load_spec(path: str | Path) -> ModelSpec:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu")  # the FFN activation (`act`)
 SUPPORTED_POOLING = ("mean", "cls", "max")  # `pooling`
 ARCHS = ("bert", "distilbert", "roberta", "mpnet", "modernbert", "electra", "albert")
+HEADS = ("", "seq_cls", "token_cls", "splade")  # `head` ("": an embedding model; zoi/heads)
+HEAD_ACTS = ("", "tanh", "relu", "gelu", "gelu_tanh")  # `head_act`
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,18 @@ class ModelSpec:
     rope_theta_local: float = 0.0  # ... of the local (sliding-window) layers
     local_window: int = 0  # ModernBERT: a local layer's token attends to |i - j| <= local_window
     global_every: int = 0  # ModernBERT: layer i is global when i % global_every == 0
+    # task head (issue 20, docs/ARCHITECTURE.md "Heads"): "" | seq_cls | token_cls | splade;
+    # head_act: seq_cls's pooler activation (tanh, relu: DistilBERT), splade's transform act;
+    # labels: id2label of the classifier (num_labels = len(labels))
+    head: str = ""
+    head_act: str = ""
+    labels: tuple = ()
+    # head_fn: seq_cls predict's default activation ("": sigmoid for 1 label, else identity)
+    head_fn: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.labels, tuple):
+            object.__setattr__(self, "labels", tuple(self.labels))
         if self.act not in SUPPORTED_ACTS:
             raise ValueError(
                 f"ModelSpec.act {self.act!r} is not supported; zoi runs {', '.join(SUPPORTED_ACTS)}"
@@ -115,6 +127,25 @@ class ModelSpec:
             )
         if not isinstance(self.name, str):
             raise ValueError(f"name must be a string, got {self.name!r}")
+        self._validate_head()
+
+    def _validate_head(self) -> None:
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+        if self.head_act not in HEAD_ACTS:
+            raise ValueError(f"head_act must be one of {HEAD_ACTS}, got {self.head_act!r}")
+        if not all(isinstance(x, str) for x in self.labels):
+            raise ValueError("labels must be a list of label names (str)")
+        if self.head in ("seq_cls", "token_cls") and not self.labels:
+            raise ValueError(f"head {self.head!r} needs labels (num_labels >= 1)")
+        if self.head_fn not in ("", "sigmoid", "softmax", "identity"):
+            raise ValueError(f"head_fn must be sigmoid, softmax or identity, got {self.head_fn!r}")
+        if self.head and not self.head_act and self.head != "token_cls":
+            raise ValueError(f"head {self.head!r} needs head_act")
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
 
     def replace(self, **kw) -> ModelSpec:
         return dataclasses.replace(self, **kw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from zoi.frontend.spec import ModelSpec
+from zoi.graph.heads import append_head, uses_types
 from zoi.graph.ir import Buffer, Graph, Op
 
 
@@ -54,7 +55,8 @@ def build_graph(spec: ModelSpec) -> Graph:
     if spec.type_vocab_size:
         ew["type"] = "embed.type"
     E = spec.embed_size or H  # Electra / ALBERT: factorised embeddings, then a projection
-    ops.append(Op("embed", ["ids", "positions"], buf("x0", E), ew, {"eps": spec.eps}))
+    ins = ["ids", "positions"] + (["types"] if uses_types(spec) else [])  # types: pairs (heads)
+    ops.append(Op("embed", ins, buf("x0", E), ew, {"eps": spec.eps}))
     x = "x0"
     if spec.embed_size:
         x = lin(x, "embed.proj", "x0p", H)
@@ -79,6 +81,9 @@ def build_graph(spec: ModelSpec) -> Graph:
         h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", I, act=spec.act)
         f = lin(h, f"l{i}.ffn2", f"l{i}.ffn_out", H)
         x = add_ln(f, x1, f"l{i}.ln2", f"l{i}.x2")
+    if spec.head:  # a task head (zoi.graph.heads) instead of the embedding pool
+        out = append_head(spec, ops, bufs, x)
+        return Graph(ops, bufs, ("ids", "positions", "cu_seqlens", *ins[2:]), out)
     ops.append(
         Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling})
     )

@@ -78,6 +78,8 @@ def activation(x: np.ndarray, act: str) -> np.ndarray:
         return np.maximum(x, 0)
     if act == "sigmoid":
         return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+    if act == "tanh":  # BERT's pooler, the RoBERTa classification head
+        return np.tanh(x).astype(x.dtype)
     raise ValueError(f"unknown activation {act!r}")
 
 
@@ -93,14 +95,15 @@ def embed(ids, positions, word, pos, ln_w, ln_b, eps, type_=None, dtype=np.float
 
 
 def embed_rows(
-    word_rows, positions, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32
+    word_rows, positions, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32, types=None
 ) -> np.ndarray:
-    """embed() with the word rows already gathered (float or dequantised INT8 table)."""
+    """embed() with the word rows already gathered (float or dequantised INT8 table);
+    types: int32[T] token types (pairs, heads), else row 0 of the type table for every token."""
     x = word_rows.astype(dtype)
     if pos is not None:  # ModernBERT has no position table (RoPE in attention)
         x = x + pos[positions].astype(dtype)
     if type_ is not None:
-        x = x + type_[0].astype(dtype)
+        x = x + (type_[0] if types is None else type_[np.asarray(types)]).astype(dtype)
     return layernorm(x, ln_w.astype(dtype), ln_b.astype(dtype), eps)
 
 
@@ -198,6 +201,8 @@ def pool(x: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> np.ndarray:
             out[s] = x[a]
         elif mode == "max":
             out[s] = x[a:e].max(axis=0)
+        elif mode == "splade":  # max_t log1p(relu(x_t)) = log1p(relu(max_t x_t)): monotone
+            out[s] = np.log1p(np.maximum(x[a:e].max(axis=0), 0))
         else:
             raise ValueError(f"unknown pooling {mode!r}")
     return out
@@ -285,8 +290,11 @@ def execute(
     tap=None,
     override=None,
     matmul_exact: bool = True,
+    types=None,
 ) -> dict[str, np.ndarray]:
     """Run the op list; returns every buffer by name.
+
+    types: int32[T] token types for an embed op that reads them (pairs); None: type 0.
 
     quant: {linear prefix: LinearQuant}; a linear without an entry runs in float.
     tap(prefix, x, y) sees each linear's input and output (before activation and residual);
@@ -298,6 +306,7 @@ def execute(
         "ids": np.asarray(ids),
         "positions": np.asarray(positions),
         "cu_seqlens": np.asarray(cu_seqlens),
+        "types": None if types is None else np.asarray(types),
     }
     for op in graph.ops:
         ins = [env[n] for n in op.inputs]
@@ -312,6 +321,7 @@ def execute(
                 a["eps"],
                 W[wn["type"]] if "type" in wn else None,
                 dtype,
+                ins[2] if len(ins) > 2 else None,
             )
         elif op.kind == "linear":
             p = op.weights["w"].rsplit(".", 1)[0]  # zoi.graph.build.linear_prefix
@@ -329,7 +339,7 @@ def execute(
                 ins[0], ins[1], a["heads"], a["head_dim"], a["scale"], **attention_extras(op, W)
             )
         elif op.kind == "add_layernorm":
-            r = ins[1] if len(ins) > 1 else None
+            r = ins[1] if len(ins) > 1 else None  # one input: a plain LayerNorm (pre-norm, MLM head)
             env[op.output] = add_layernorm(ins[0], r, W[wn["w"]], W[wn["b"]], a["eps"])
         elif op.kind == "glu":
             env[op.output] = glu(ins[0], a["act"])

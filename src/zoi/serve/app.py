@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from zoi.serve import routes_kserve, routes_openai, routes_tei
+from zoi.serve import routes_heads, routes_kserve, routes_openai, routes_tei
 from zoi.serve.http import json_response
 from zoi.serve.service import Service
 
@@ -44,6 +44,8 @@ def create_app(service: Service) -> Starlette:
         )
 
     async def http_error(request: Request, exc: HTTPException):
+        if exc.status_code == 404 and request.url.path in routes_heads.ALL:
+            return routes_heads.absent(service, request.url.path)  # names the model's head
         return json_response(
             {"error": exc.detail, "error_type": "Validation"},
             exc.status_code,
@@ -77,6 +79,7 @@ def create_app(service: Service) -> Starlette:
                     __version__,
                     [r.path for r in routes],
                     service.vocab_size,
+                    getattr(service.engine, "head", ""),
                 )
             )
         return spec
@@ -98,6 +101,9 @@ def create_app(service: Service) -> Starlette:
     routes += routes_openai.make_routes(service)
     routes += routes_tei.make_routes(service)
     routes += routes_kserve.make_routes(service)
+    routes += routes_heads.make_routes(
+        service
+    )  # /rerank /predict /embed_sparse /embed_all /v1/rerank
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -130,7 +130,9 @@ def _probe(summary: str, tag: str, params: list[dict] | None = None) -> dict:
     return {"get": op}
 
 
-def operations(model: str, hidden: int, vocab: int | None = None) -> dict[str, dict]:
+def operations(
+    model: str, hidden: int, vocab: int | None = None, head: str = ""
+) -> dict[str, dict]:
     """Path -> path item, for every route of create_app (paths as Starlette writes them)."""
     vec = {"type": "array", "items": {"type": "number"}, "description": f"{hidden} floats"}
     m_param = _param("model", {"const": model})
@@ -350,6 +352,9 @@ def operations(model: str, hidden: int, vocab: int | None = None) -> dict[str, d
         "/v2/models/{model}/infer": infer,
         "/v2/models/{model}/versions/{version}/infer": versioned,
     }
+    from zoi.serve.openapi_heads import head_operations
+
+    ops.update(head_operations(head, hidden))  # the routes of the model's head (issue 20)
     return ops
 
 
@@ -361,9 +366,14 @@ def openapi_path(route_path: str) -> str:
 
 
 def document(
-    model: str, hidden: int, version: str, route_paths: list[str], vocab: int | None = None
+    model: str,
+    hidden: int,
+    version: str,
+    route_paths: list[str],
+    vocab: int | None = None,
+    head: str = "",
 ) -> dict:
-    ops = operations(model, hidden, vocab)
+    ops = operations(model, hidden, vocab, head)
     paths = {}
     for rp in route_paths:
         p = openapi_path(rp)

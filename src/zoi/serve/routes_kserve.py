@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from zoi.serve import kserve_heads
 from zoi.serve.http import ApiError, dumps, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import ClientGone, Service
 
@@ -193,6 +194,17 @@ def make_routes(svc: Service) -> list[Route]:
             check_model(request)
         except ApiError as e:
             return error_response(e)
+        if getattr(svc.engine, "head", ""):  # a task head's signature (zoi.serve.kserve_heads)
+            ins, outs = kserve_heads.signature(svc)
+            return json_response(
+                {
+                    "name": svc.model_name,
+                    "versions": ["1"],
+                    "platform": "zoi",
+                    "inputs": ins,
+                    "outputs": outs,
+                }
+            )
         return json_response(
             {
                 "name": svc.model_name,
@@ -215,6 +227,18 @@ def make_routes(svc: Service) -> list[Route]:
             check_model(request)
         except ApiError as e:
             return error_response(e)
+        if getattr(svc.engine, "head", ""):
+            ins, outs = kserve_heads.config_io(svc)
+            return json_response(
+                {
+                    "name": svc.model_name,
+                    "platform": "zoi",
+                    "backend": "zoi",
+                    "max_batch_size": 0,
+                    "input": ins,
+                    "output": outs,
+                }
+            )
         return json_response(
             {
                 "name": svc.model_name,
@@ -244,6 +268,8 @@ def make_routes(svc: Service) -> list[Route]:
             if not isinstance(normalize, bool) or not isinstance(truncate, bool):
                 raise ApiError("validation", "parameters normalize and truncate should be booleans")
             binary = bool(params.get("binary_data_output", False))
+            if getattr(svc.engine, "head", ""):  # a task head (zoi.serve.kserve_heads)
+                return await kserve_heads.infer(svc, request, req, texts, params, binary, t0)
             outs = req.get("outputs")
             if outs is not None:
                 if not isinstance(outs, list):

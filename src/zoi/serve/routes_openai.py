@@ -103,11 +103,11 @@ def make_routes(svc: Service) -> list[Route]:
                     "encoding_format",
                 )
             dims = body.get("dimensions")
-            if dims is not None and (type(dims) is not int or dims != svc.hidden):
+            if dims is not None and (type(dims) is not int or not 1 <= dims <= svc.hidden):
                 raise ApiError(
                     "invalid",
-                    f"dimensions={dims!r} is not supported: this model gives {svc.hidden} "
-                    "dimensions",
+                    f"dimensions={dims!r} is not supported: this model gives up to "
+                    f"{svc.hidden} dimensions (Matryoshka: the first `dimensions`, re-normalised)",
                     "dimensions",
                 )
             kind, items = _parse_input(svc, body["input"])
@@ -119,6 +119,10 @@ def make_routes(svc: Service) -> list[Route]:
                 seqs, tok_s = svc.check_ids(items, truncate, "input"), 0.0
             res = await svc.embed(request, seqs, True, tok_s, t0)
             emb = res.embeddings
+            if dims is not None and dims < svc.hidden:  # Matryoshka: truncate, re-normalise
+                emb = emb[:, :dims]
+                n = np.sqrt((emb.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
+                emb = (emb / np.maximum(n, 1e-12)).astype(np.float32)
             if fmt == "base64":
                 rows = [
                     base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb

@@ -114,6 +114,11 @@ class Service:
             config.max_queue_delay_us,
             self.metrics,
         )
+        self.heads = None  # the task heads' batcher (zoi.serve.heads, issue 20)
+        if getattr(engine, "head", "") in ("seq_cls", "splade"):
+            from zoi.serve.heads import HeadJobs
+
+            self.heads = HeadJobs(self)
         self.ready = True
 
     # ---- facts for /info, /v2 ---------------------------------------------------------------
@@ -131,6 +136,8 @@ class Service:
         """Answer everything queued, then stop the worker threads."""
         self.ready = False
         self.batcher.close()
+        if self.heads is not None:
+            self.heads.close()
         self._tok_pool.shutdown(wait=True)
 
     # ---- the shared inference path ------------------------------------------------------------
@@ -268,14 +275,21 @@ class Service:
         normalize: bool,
         tokenize_s: float = 0.0,
         t_start: float | None = None,
+        batcher: Batcher | None = None,
     ) -> Result:
-        """Batch `seqs` with everyone else's; the rows come back in order."""
+        """Batch `seqs` with everyone else's; the rows come back in order. batcher: the
+        task heads' (zoi.serve.heads), else the embeddings'."""
+        if batcher is None and getattr(self.engine, "head", ""):
+            from zoi.serve.heads import need
+
+            need(self, "this route", "")
+        batcher = batcher or self.batcher
         t_start = time.perf_counter() if t_start is None else t_start
         ntok = int(sum(len(s) for s in seqs))
         self.metrics.inputs.inc(len(seqs))
         self.metrics.request_tokens.inc(ntok)
         try:
-            job = self.batcher.submit(seqs, normalize)
+            job = batcher.submit(seqs, normalize)
         except BatcherClosed:
             raise ApiError("unavailable", "the server is shutting down") from None
         watcher = asyncio.ensure_future(_wait_disconnect(request)) if request is not None else None

@@ -211,6 +211,10 @@ def evaluate(
     per_domain = texts is None
     texts = list(texts) if texts is not None else eval_texts()
     f, q, t_compile = _load_engines(model, device, config, calibration, progress, reference)
+    if q.spec.head:  # a task head: agreement of its outputs (zoi.tools.eval_heads)
+        from zoi.tools.eval_heads import evaluate_head
+
+        return evaluate_head(f, q, texts, t_compile)
     m = q.model
     graph = m.graph
     seqs = tokenize(q.tokenizer, texts)
@@ -286,6 +290,10 @@ def render(rep: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    if rep.get("head"):
+        from zoi.tools.eval_heads import render_head
+
+        return render_head(rep, console)
     e = rep["embedding"]
     t = Table(
         title=f"zoi eval: {rep['model']} INT8 ({rep['device']}) vs FP32, {rep['texts']} texts"

@@ -87,6 +87,12 @@ class CpuBackend(SyncSubmit):
         # originals go as soon as each is packed (keeps the peak RSS down)
         self.released_bytes = 0
         for op in graph.ops:
+            # a head's linear / LayerNorm after a pool runs over the B pooled rows
+            eng.set_batch_rows(
+                bool(op.inputs)
+                and graph.buffers.get(op.inputs[0]) is not None
+                and graph.buffers[op.inputs[0]].rows == "B"
+            )
             if op.kind == "embed":
                 ow = op.weights
                 if "embed.word" in W:
@@ -112,6 +118,8 @@ class CpuBackend(SyncSubmit):
                     _f32(W[ow["ln_b"]]),
                     float(op.attrs["eps"]),
                 )
+                if len(op.inputs) > 2:  # token types (pairs): the whole table
+                    eng.set_embed_types(_f32(W[ow["type"]]))
             elif op.kind == "linear":
                 p = _prefix(op)
                 act = op.attrs.get("act", "none")
@@ -201,8 +209,12 @@ class CpuBackend(SyncSubmit):
                 eng.add_pool(off[op.inputs[0]], off[op.output], self.hidden, op.attrs["mode"])
             else:
                 raise ValueError(f"the cpu backend does not know op kind {op.kind!r}")
-        if graph.ops[-1].kind != "pool" or graph.ops[-1].output != graph.output:
-            raise ValueError("the cpu backend expects the graph to end with its pool op")
+        if graph.ops[-1].output != graph.output:
+            raise ValueError("the cpu backend expects the graph's last op to write its output")
+        ob = graph.buffers[graph.output]
+        self.hidden = ob.cols
+        self.out_rows = ob.rows
+        eng.set_output(off[graph.output], ob.cols, ob.rows == "T")
         eng.finalize()
         self.engine = eng
 
@@ -226,6 +238,30 @@ class CpuBackend(SyncSubmit):
         """Like run, into a caller-owned float32 [>= B, H] array (no allocation at all)."""
         self.engine.run(ids, positions, cu_seqlens, bool(normalize), out)
         return out
+
+    def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
+        """Heads (zoi.backends.base.HeadRunner): the graph's output (B or T rows) and the T
+        rows of each buffer in taps (at most one: the last hidden state), one native call."""
+        if len(taps) > 1:
+            raise ValueError("the cpu backend reads at most one tap per run")
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        positions = np.ascontiguousarray(positions, dtype=np.int32)
+        cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
+        if types is not None:
+            types = np.ascontiguousarray(types, dtype=np.int32)
+        rows = len(ids) if self.out_rows == "T" else len(cu) - 1
+        out = np.empty((rows, self.hidden), np.float32)
+        res = {self.model.graph.output: out}
+        tap_off, tap_out = -1, None
+        for name in taps:
+            b = self.model.graph.buffers[name]
+            tap_off, tap_out = (
+                self.model.plan.offsets[name],
+                np.empty((len(ids), b.cols), np.float32),
+            )
+            res[name] = tap_out
+        self.engine.run_ex(ids, positions, types, cu, out, tap_off, tap_out)
+        return res
 
     def memory(self) -> dict:
         e = self.engine

@@ -341,6 +341,7 @@ def _write(path, result):
 def sanitize():
     """One small forward per precision, for compute-sanitizer (memcheck / racecheck)."""
     from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.options import CudaOptions
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as d:
@@ -348,9 +349,9 @@ def sanitize():
         # every path: per-op INT8 (default artifact structure) and FP16 graphs, and the
         # persistent one-launch FP16 forward (forced, not timed: the sanitizer slows both)
         for prec, path in (("int8", "per-op"), ("fp16", "per-op"), ("fp16", "persistent")):
-            os.environ["ZOI_PERSISTENT"] = "1" if path == "persistent" else "0"
-            be = CudaBackend(zoi_model(d, prec, max_tokens=128, max_batch=8), buckets=[128])
-            os.environ.pop("ZOI_PERSISTENT")
+            opts = CudaOptions(persistent="force" if path == "persistent" else "off")
+            m = zoi_model(d, prec, max_tokens=128, max_batch=8)
+            be = CudaBackend(m, buckets=[128], options=opts)
             assert be.memory()["bucket_paths"][128]["path"] == path
             ids, pos, cu = inputs(rng, 2, 37)
             out = be.run(ids.reshape(-1), pos, cu, True)

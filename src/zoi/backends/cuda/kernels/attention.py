@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from zoi.backends.cuda.kernels.common import softmax_step
+
 
 @triton.jit
 def tile_table(
@@ -113,12 +115,7 @@ def attention_kernel(
             v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
             s = tl.dot(q, tl.trans(k)) * qk_scale
             s = tl.where(n_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty)
         om = m_ok[:, None] & d_ok[None, :]

@@ -13,6 +13,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
+from zoi.backends.cuda.kernels.common import layernorm_rows
 from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
@@ -79,14 +80,9 @@ def embed_kernel(
     x = w + tl.load(posemb_ptr + pos[:, None] * H + cols[None, :], mask=m2, other=0).to(tl.float32)
     if HAS_TYPE:
         x = x + tl.load(type_ptr + cols, mask=c_ok, other=0).to(tl.float32)[None, :]
-    x = tl.where(c_ok[None, :], x, 0.0)
-    mean = tl.sum(x, axis=1) / H
-    d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
-    var = tl.sum(d * d, axis=1) / H
-    rstd = 1.0 / tl.sqrt(var + eps)
     lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
     lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
-    y = (d * rstd[:, None] * lw[None, :] + lb[None, :]).to(x_ptr.dtype.element_ty)
+    y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + rows[:, None].to(tl.int64) * ldx + cols[None, :], y, mask=m2)
     if AMAX_OUT:
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from zoi.backends.cuda.kernels.common import layernorm_rows
 from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
@@ -58,13 +59,9 @@ def add_layernorm_kernel(
     r64 = rows[:, None].to(tl.int64)
     x = tl.load(x_ptr + r64 * ldx + cols[None, :], mask=m2, other=0).to(tl.float32)
     x += tl.load(r_ptr + r64 * ldr + cols[None, :], mask=m2, other=0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / H
-    d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
-    var = tl.sum(d * d, axis=1) / H
-    rstd = 1.0 / tl.sqrt(var + eps)
     lw = tl.load(w_ptr + cols, mask=c_ok, other=0.0)
     lb = tl.load(b_ptr + cols, mask=c_ok, other=0.0)
-    y = (d * rstd[:, None] * lw[None, :] + lb[None, :]).to(y_ptr.dtype.element_ty)
+    y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + r64 * ldy + cols[None, :], y, mask=m2)
     if AMAX_OUT:
         am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from zoi.backends.cuda.kernels.common import ACTS, activation, layernorm_rows, rint
 from zoi.backends.cuda.kernels.quantize import (
     QMODES,
     act_tf,
@@ -51,21 +52,6 @@ from zoi.backends.cuda.kernels.quantize import (
     q_stats,
     quant_rows,
 )
-
-
-@triton.jit
-def _activation(y, ACT: tl.constexpr):
-    if ACT == 1:  # gelu, erf form (BERT)
-        y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
-    elif ACT == 2:  # gelu, tanh form; tanh via exp for the interpreter's sake
-        u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-        y = 0.5 * y * (1.0 + t)
-    elif ACT == 3:
-        y = tl.maximum(y, 0.0)
-    elif ACT == 4:
-        y = 1.0 / (1.0 + tl.exp(-y))
-    return y
 
 
 @triton.jit
@@ -122,7 +108,7 @@ def _gemm_tile(
             else:
                 a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
                 s = tl.minimum(tl.maximum(a * inv[:, None], -127.0), 127.0)
-                s = (s + 12582912.0) - 12582912.0
+                s = rint(s)
                 q = s.to(tl.int8)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
             acc = tl.dot(q, w, acc, out_dtype=tl.int32)
@@ -140,7 +126,7 @@ def _gemm_tile(
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
     y = y + bias[None, :]
-    return _activation(y, ACT)
+    return activation(y, ACT)
 
 
 @triton.jit
@@ -252,14 +238,9 @@ def linear_kernel(
             r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
             y = y + r.to(tl.float32)
         if LN:
-            y = tl.where(n_mask[None, :], y, 0.0)
-            mean = tl.sum(y, axis=1) / N
-            d = tl.where(n_mask[None, :], y - mean[:, None], 0.0)
-            var = tl.sum(d * d, axis=1) / N
-            rstd = 1.0 / tl.sqrt(var + eps)
             lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
             lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
-            y = d * rstd[:, None] * lw[None, :] + lb[None, :]
+            y = layernorm_rows(y, n_mask, lw, lb, N, eps)
         out = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
         if AMAX_OUT != 0:
@@ -285,9 +266,6 @@ def linear_kernel(
             tl.store(yqs_ptr + rm, qs, mask=m_mask)
             if Q_OUT == 3:
                 tl.store(yqz_ptr + rm, qz, mask=m_mask)
-
-
-ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
 
 
 # Winners of lab/gpu/sweep_linear.py on the H200 (bench/results/gpu_sweep_20261201T0959Z.json:

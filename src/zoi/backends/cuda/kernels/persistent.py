@@ -70,7 +70,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from zoi.backends.cuda.kernels.linear import _activation
+from zoi.backends.cuda.kernels.common import activation, layernorm_rows, softmax_step
 
 # per-layer row of the offset table (int64): fp16 element offsets for matrices, fp32 element
 # offsets for vectors, both into the one weight buffer
@@ -251,11 +251,8 @@ def _gemm_stage(
                 A_MODE, a_ptr, ids, pos, word_ptr, pemb_ptr, type_ptr, rm_c, m_ok, rk, k_ok, K,
                 HAS_TYPE, s_stride, NSRC,
             )  # fmt: skip
-            mean = tl.sum(x, axis=1) / K
-            d = tl.where(k_ok[None, :], x - mean[:, None], 0.0)
-            rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
             m2 = m_ok[:, None] & k_ok[None, :]
-            a = tl.where(m2, d * rstd[:, None] * lw[None, :] + lb[None, :], 0.0).to(tl.float16)
+            a = tl.where(m2, layernorm_rows(x, k_ok, lw, lb, K, eps), 0.0).to(tl.float16)
             tl.store(xa_ptr + rm_c[:, None] * K + rk[None, :], a, mask=m2 & (pn == 0))
             acc = tl.dot(a, w, out_dtype=tl.float32)
         else:
@@ -312,7 +309,7 @@ def _gemm_stage(
                 acc = tl.dot(a.to(tl.float16), w, acc)
         first = ks == 0  # split 0 adds bias and residual (once)
         bias = tl.load(b_ptr + rn, mask=n_ok & first, other=0.0)
-        y = _activation(acc + bias[None, :], ACT)
+        y = activation(acc + bias[None, :], ACT)
         mask2 = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             r = tl.load(
@@ -389,13 +386,7 @@ def _attention_stage(
             s = tl.dot(q, tl.trans(k)) * qk_scale
             ok = (kn[None, :] >= start[:, None]) & (kn[None, :] < end[:, None])
             s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-            m_i = m_new
+            m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = (acc / l_safe[:, None]).to(tl.float16)
         tl.store(
@@ -435,10 +426,7 @@ def _final_ln_stage(
             1, s_ptr, rm_c, rm_c, s_ptr, s_ptr, s_ptr, rm_c, m_ok, cols, c_ok, H, False,
             s_stride, NSRC,
         )  # fmt: skip
-        mean = tl.sum(x, axis=1) / H
-        d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / H + eps)
-        y = d * rstd[:, None] * lw[None, :] + lb[None, :]
+        y = layernorm_rows(x, c_ok, lw, lb, H, eps)
         m2 = m_ok[:, None] & c_ok[None, :]
         tl.store(y_ptr + rm_c[:, None] * H + cols[None, :], y.to(tl.float16), mask=m2)
 

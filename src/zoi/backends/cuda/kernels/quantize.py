@@ -26,14 +26,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from zoi.backends.cuda.kernels.common import rint
+
 QMODES = {"dynamic": 1, "static": 2, "dynamic_asym": 3}
-
-
-@triton.jit
-def _rint(s):
-    # round half to even for |s| < 2**22 (callers clamp first, which also keeps the add from
-    # contracting with a preceding multiply into an FMA)
-    return (s + 12582912.0) - 12582912.0
 
 
 @triton.jit
@@ -54,7 +49,7 @@ def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
     if QMODE == 3:
         r = hi - lo
         inv = tl.where(r > 0.0, tl.math.div_rn(255.0 + tl.zeros_like(r), tl.maximum(r, 1e-30)), 0.0)
-        z = tl.minimum(_rint(tl.minimum(tl.maximum(-lo * inv, 0.0), 256.0)), 255.0)
+        z = tl.minimum(rint(tl.minimum(tl.maximum(-lo * inv, 0.0), 256.0)), 255.0)
         scale = tl.math.div_rn(r, 255.0 + tl.zeros_like(r))
         zp = z.to(tl.int32)
     else:
@@ -75,11 +70,11 @@ def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
 def q_apply(x, inv, z, QMODE: tl.constexpr):
     """x' [R, C] -> the int8 copy (asymmetric: stored as q_u8 - 128) with q_params' inv, z."""
     if QMODE == 3:
-        s = _rint(tl.minimum(tl.maximum(x * inv[:, None], -512.0), 512.0))
+        s = rint(tl.minimum(tl.maximum(x * inv[:, None], -512.0), 512.0))
         s = tl.minimum(tl.maximum(s + z[:, None], 0.0), 255.0)
         q = (s - 128.0).to(tl.int8)
     else:
-        q = _rint(tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)).to(tl.int8)
+        q = rint(tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)).to(tl.int8)
     return q
 
 

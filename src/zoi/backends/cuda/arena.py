@@ -1,0 +1,92 @@
+"""The activation arena: one device buffer holding every activation of a forward (placed by
+liveness), the per-row amax / a_scale / zero-point rows, the attention tile table, the call's
+input staging (header + cu_seqlens, ids, positions) and the pooled output."""
+
+from __future__ import annotations
+
+from zoi.backends.cuda.weights import align
+
+
+def place(launches, T) -> tuple[dict, dict, int]:
+    """Liveness over one launch list, first fit by size, fp16 rows of T tokens (int8 for
+    the "#q" copies): (offsets, columns per name, bytes)."""
+    cols: dict[str, int] = {}
+    live: dict[str, list[int]] = {}
+    for i, L in enumerate(launches):
+        reads = L.ins + ([L.res] if L.res else [])
+        if L.kind == "linear" and L.quant == 4:
+            reads = [L.extra["qname"]] + reads[1:]
+        for n in reads:
+            if n in live:
+                live[n][1] = i
+        if L.kind != "pool":
+            cols[L.out] = L.n
+            live[L.out] = [i, i]
+            if L.kind != "quantize" and L.extra.get("q"):  # the int8 copy it also writes
+                cols[L.extra["q"]] = L.n
+                live[L.extra["q"]] = [i, i]
+    sizes = {n: align(T * c * (1 if n.endswith("#q") else 2)) for n, c in cols.items()}
+    placed, offs = [], {}
+    for n in sorted(sizes, key=lambda n: (-sizes[n], live[n][0])):
+        s0, e0 = live[n]
+        off = 0
+        for a, b in sorted((o, o + sz) for o, sz, s1, e1 in placed if s1 <= e0 and s0 <= e1):
+            if off + sizes[n] <= a:
+                break
+            off = max(off, b)
+        offs[n] = off
+        placed.append((off, sizes[n], s0, e0))
+    return offs, cols, max((o + sz for o, sz, _, _ in placed), default=0)
+
+
+def header_ints(max_batch: int) -> int:
+    """int32 slots of the call header [normalize, B, T, 0] + cu_seqlens, padded to ALIGN."""
+    return align((4 + max_batch + 1) * 4) // 4
+
+
+class Arena:
+    """Places both plans' activations (they share the region: one plan runs at a time) and
+    carves the device views every launch reads. Each plan dict gets "offs", "cols" and
+    "amax_row" (its row in the amax region for each per-row vector)."""
+
+    def __init__(self, plans: list[dict], torch, dev: str, T: int, Bmax: int, hidden: int):
+        self.torch = torch
+        act_bytes, n_amax = 0, 1
+        for plan in plans:
+            plan["offs"], plan["cols"], nb = place(plan["launches"], T)
+            act_bytes = max(act_bytes, nb)
+            # atomic first: the embed kernel zeroes rows [0, n_atomic); then the a_scale / zp
+            # rows of the int8 copies (zp rows hold int32)
+            names = plan["atomic"] + plan["direct"] + plan["scales"]
+            plan["amax_row"] = {n: i for i, n in enumerate(names)}
+            n_amax = max(n_amax, len(names))
+        self.hdr_ints = header_ints(Bmax)
+        self.in_ints = self.hdr_ints + 2 * T
+        regions = [
+            ("act", act_bytes),
+            ("amax", n_amax * T * 4),
+            ("tcum", Bmax * 4),
+            ("in", self.in_ints * 4),
+            ("out", Bmax * hidden * 4),
+        ]
+        roff, total = {}, 0
+        for name, nb in regions:
+            roff[name] = total
+            total = align(total + max(nb, 4))
+        self.buf = torch.zeros(total, dtype=torch.uint8, device=dev)  # the one arena
+        self.bytes = total
+        self.act_bytes = act_bytes
+        self.offsets = roff
+        ab = self.buf[roff["amax"] : roff["amax"] + n_amax * T * 4].view(torch.float32)
+        self.amax_region = ab.view(n_amax, T)
+        self.tcum = self.buf[roff["tcum"] : roff["tcum"] + Bmax * 4].view(torch.int32)
+        self.d_in = self.buf[roff["in"] : roff["in"] + self.in_ints * 4].view(torch.int32)
+        d_out = self.buf[roff["out"] : roff["out"] + Bmax * hidden * 4].view(torch.float32)
+        self.d_out = d_out.view(Bmax, hidden)
+
+    def act(self, plan: dict, name: str, rows: int):
+        """The [rows, cols] view of one activation (fp16, or int8 for a "#q" copy)."""
+        c, o = plan["cols"][name], plan["offs"][name]
+        if name.endswith("#q"):
+            return self.buf[o : o + rows * c].view(self.torch.int8).view(rows, c)
+        return self.buf[o : o + rows * c * 2].view(self.torch.float16).view(rows, c)

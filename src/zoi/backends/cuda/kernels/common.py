@@ -1,0 +1,66 @@
+"""Triton helpers every kernel shares, written once: LayerNorm of whole rows, the online
+softmax step of flash attention, round-half-even, the activations.
+
+They are ``triton.jit`` functions (inlined into their callers at compile time), so using
+them costs nothing at run time; the numerics are the ones the kernels had when each wrote
+its own copy (the interpreter tests and the H200 tests compare every kernel against
+zoi.numerics.reference).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
+
+
+@triton.jit
+def rint(s):
+    """Round half to even for |s| < 2**22 (callers clamp first, which also keeps the add
+    from contracting with a preceding multiply into an FMA)."""
+    return (s + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def activation(y, ACT: tl.constexpr):
+    """ACT 0 none, 1 gelu (erf), 2 gelu (tanh form), 3 relu, 4 sigmoid (see ACTS)."""
+    if ACT == 1:  # gelu, erf form (BERT)
+        y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
+    elif ACT == 2:  # gelu, tanh form; tanh via exp for the interpreter's sake
+        u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        y = 0.5 * y * (1.0 + t)
+    elif ACT == 3:
+        y = tl.maximum(y, 0.0)
+    elif ACT == 4:
+        y = 1.0 / (1.0 + tl.exp(-y))
+    return y
+
+
+@triton.jit
+def layernorm_rows(x, c_ok, lw, lb, N, eps):
+    """LayerNorm of whole rows in fp32: x [R, C] (columns >= N masked by c_ok [C]), lw / lb
+    [C] the gain and bias (already loaded: callers issue those loads where they hide best).
+    Two-pass (mean, then the centred second moment); masked columns come out as lb (0)."""
+    x = tl.where(c_ok[None, :], x, 0.0)
+    mean = tl.sum(x, axis=1) / N
+    d = tl.where(c_ok[None, :], x - mean[:, None], 0.0)
+    var = tl.sum(d * d, axis=1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    return d * rstd[:, None] * lw[None, :] + lb[None, :]
+
+
+@triton.jit
+def softmax_step(m_i, l_i, acc, s, v):
+    """One key block of the online softmax (flash attention, base 2): s [M, N] fp32 scores
+    already scaled by log2(e) / sqrt(d) and -inf where masked, v [N, D]; returns the new
+    (row max, row sum, accumulator). A row that has seen no valid key yet keeps max -inf
+    and contributes nothing (its exp2 terms are taken against 0)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc

@@ -1,0 +1,86 @@
+"""CudaOptions: every switch of the CUDA backend, passed in as an argument.
+
+The defaults are what the H200 measurements chose (docs/GPU.md); tests and lab tools pass
+other values. Nothing in the backend reads environment variables: ``CudaOptions.from_env``
+is the one place that does, called by ``zoi.backends.make_backend`` (the engine's edge) so
+that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by ``zoi.load(..., device='cuda')``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+# LN fused into o / ffn2: off, since the sweep (lab/gpu/sweep_linear.py, H200, gpu_sweep_
+# 20261201T0959Z) found the fused launch slower than linear + add_layernorm at every bucket
+# (minilm INT8 ffn2 at 32768 tokens: 181.8 us fused vs 46.7 + 30.6; at 4096: 41.3 vs 8.4 + 5.6)
+FUSE_LN = False
+MAX_FUSED_N = 512  # LN fused into a linear's epilogue only when a row fits one program
+FUSE_MIN_TOKENS = 2048  # the "fused" plan (LN fused / ROWQ where switched on) from this bucket
+# ROWQ: ffn1 writes the int8 copy ffn2 reads (its programs own whole rows, loop over N), no
+# quantize launch. Off: measured slower on the H200 (gpu_sweep_rowq_20261201T1023Z: minilm
+# ffn1+copy 44.2 us at 4096 tokens vs 18.8 + 9.6 for ffn1 + quantize; 245.7 vs 191.6 at 32768;
+# end to end 256x128 INT8 3243 vs 2927 us): a program walks its 12 N tiles one after another.
+ROWQ = False
+PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 tokens, slower at 128+
+# buckets up to this many tokens may run the whole forward as ONE persistent launch (fp16
+# weights; kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 nodes
+PERSISTENT_MAX_TOKENS = 256
+PERSISTENT_CHOICES = ("time", "force", "off")
+
+
+@dataclass(frozen=True)
+class CudaOptions:
+    """fuse_ln / rowq / max_fused_n / fuse_min_tokens: the fused plan (see above).
+    pdl: programmatic dependent launch (None: on for compute capability >= 9.0, compiled),
+    for buckets <= pdl_max_tokens. persistent_max: buckets up to this size may run the one-
+    launch forward (None: PERSISTENT_MAX_TOKENS compiled, 0 in the interpreter);
+    persistent: "time" (build both, keep the faster per bucket), "force" (persistent where
+    supported), "off" (per-op graphs only). persistent_cfg: tile overrides of the persistent
+    kernel (persistent.default_cfg keys); persistent_split: one launch per stage (None: in the
+    interpreter only)."""
+
+    fuse_ln: bool = FUSE_LN
+    rowq: bool = ROWQ
+    max_fused_n: int = MAX_FUSED_N
+    fuse_min_tokens: int = FUSE_MIN_TOKENS
+    pdl: bool | None = None
+    pdl_max_tokens: int = PDL_MAX_TOKENS
+    persistent_max: int | None = None
+    persistent: str = "time"
+    persistent_cfg: dict | None = None
+    persistent_split: bool | None = None
+
+    def __post_init__(self):
+        if self.persistent not in PERSISTENT_CHOICES:
+            raise ValueError(
+                f"CudaOptions.persistent must be one of {PERSISTENT_CHOICES}, got "
+                f"{self.persistent!r}"
+            )
+
+    def replace(self, **kw) -> CudaOptions:
+        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, env=None, **kw) -> CudaOptions:
+        """Options with the environment's overrides (the engine / CLI edge only):
+        ZOI_PERSISTENT=0 (per-op graphs only) / 1 (force the one-launch forward),
+        ZOI_PERSISTENT_SPLIT=1 (one launch per stage), ZOI_PERSISTENT_CFG='{"BK": 128}'."""
+        env = os.environ if env is None else env
+        o = cls(**kw)
+        p = env.get("ZOI_PERSISTENT")
+        if p is not None:
+            if p not in ("0", "1"):
+                raise ValueError(f"ZOI_PERSISTENT must be 0 or 1, got {p!r}")
+            o = o.replace(persistent="off" if p == "0" else "force")
+        if env.get("ZOI_PERSISTENT_SPLIT") == "1":
+            o = o.replace(persistent_split=True)
+        cfg = env.get("ZOI_PERSISTENT_CFG")
+        if cfg:
+            try:
+                o = o.replace(persistent_cfg=dict(json.loads(cfg)))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"ZOI_PERSISTENT_CFG is not a JSON object: {cfg!r}") from e
+        return o

@@ -1,0 +1,199 @@
+"""The CUDA backend's launch plan: which kernel runs each op of the IR, which ops fuse,
+which linears read a pre-quantised int8 copy of their input and who writes it.
+
+Fusion (decided once, from the IR): a ``linear`` whose only reader is the next op, an
+``add_layernorm``, becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
+row fits one program (N <= opts.max_fused_n) and opts.fuse_ln (off by default: slower on the
+H200). Per BERT layer: qkv, attention, o(+LN), ffn1+act, ffn2(+LN).
+INT8 linears (every scheme of zoi.quant: dynamic, static, dynamic_asym, with SmoothQuant
+act_mul / act_shift) mostly read an int8 copy of their input with a per-row a_scale (and zero
+point), written by the producer when it sees whole rows (embed, add_layernorm, linear + LN:
+the consumer's act_shift / act_mul applied first) or by a ``quantize`` launch of its own
+(after attention / ffn1, when asymmetric or transformed); symmetric / static linears without
+a transform after such a producer quantise while loading their fp16 input (row amax by float
+atomic max, from a buffer the embed kernel zeroed). Details: docs/GPU.md, Numerics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zoi.backends.cuda.options import CudaOptions
+from zoi.errors import BackendUnavailableError
+
+
+@dataclass
+class Launch:
+    kind: str  # embed | linear | attention | add_layernorm | quantize | pool
+    op: object
+    out: str
+    ins: list[str]
+    ln: object = None  # fused add_layernorm op (linear)
+    res: str | None = None  # residual buffer
+    quant: int = 0  # linear: 0 fp16, 1 int8 dynamic (in-loop), 2 static (in-loop), 4 int8 A
+    static_amax: float = 0.0
+    amax_out: int = 0  # 0 none, 1 atomic, 2 direct
+    n: int = 0  # output cols
+    k: int = 0  # input cols (linear)
+    extra: dict = field(default_factory=dict)
+
+
+def linear_mode(model, prefix: str) -> tuple[int, float, str]:
+    """(quant, static amax, scheme) of one linear: quant 0 float (FP16, or weight-only INT8
+    dequantised at pack time), 1 per-token dynamic, 2 static; the plan may turn 1 / 2
+    into 4 (A pre-quantised), which is what dynamic_asym and act_shift / act_mul need."""
+    W, q = model.weights, model.quant.get(prefix)
+    if model.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
+        scheme = "dynamic" if q is None else q.scheme
+        if scheme == "static":
+            return 2, float(q.amax), scheme
+        if scheme not in ("dynamic", "dynamic_asym"):
+            raise BackendUnavailableError(f"{prefix}: unknown INT8 scheme {scheme!r}")
+        return 1, 0.0, scheme
+    return 0, 0.0, "fp32"
+
+
+def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
+    """The launch list of one plan (fuse: the fused plan of buckets >= fuse_min_tokens)."""
+    g = model.graph
+    ops = g.ops
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for n in op.inputs:
+            readers.setdefault(n, []).append(i)
+    out: list[Launch] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if op.kind == "embed":
+            cols = g.buffers[op.output].cols  # embed_size (Electra / ALBERT), else hidden
+            out.append(Launch("embed", op, op.output, list(op.inputs), n=cols))
+        elif op.kind == "linear":
+            prefix = op.weights["w"].rsplit(".", 1)[0]
+            quant, samax, scheme = linear_mode(model, prefix)
+            wq = model.weights.get(f"{prefix}.w_q")
+            N, K = wq.shape if wq is not None else model.weights[f"{prefix}.w"].shape
+            L = Launch(
+                "linear",
+                op,
+                op.output,
+                [op.inputs[0]],
+                quant=quant,
+                static_amax=samax,
+                n=int(N),
+                k=int(K),
+                res=op.inputs[1] if len(op.inputs) > 1 else None,
+            )
+            L.extra["prefix"] = prefix
+            L.extra["scheme"] = scheme
+            L.extra["transform"] = any(
+                f"{prefix}.{t}" in model.weights for t in ("act_shift", "act_mul")
+            )
+            nxt = ops[i + 1] if i + 1 < len(ops) else None
+            if (
+                fuse
+                and nxt is not None
+                and nxt.kind == "add_layernorm"
+                and nxt.inputs[0] == op.output
+                and readers.get(op.output) == [i + 1]
+                and L.res is None
+                and nxt.inputs[1] != op.output
+                and int(N) <= opts.max_fused_n
+                and opts.fuse_ln
+            ):
+                L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
+                i += 1
+            out.append(L)
+        elif op.kind == "attention":
+            out.append(
+                Launch(
+                    "attention",
+                    op,
+                    op.output,
+                    [op.inputs[0]],
+                    n=op.attrs["heads"] * op.attrs["head_dim"],
+                )
+            )
+        elif op.kind == "add_layernorm":
+            out.append(
+                Launch(
+                    "add_layernorm",
+                    op,
+                    op.output,
+                    [op.inputs[0]],
+                    res=op.inputs[1],
+                    n=model.spec.hidden,
+                )
+            )
+        elif op.kind == "pool":
+            out.append(Launch("pool", op, op.output, [op.inputs[0]], n=model.spec.hidden))
+        else:
+            raise BackendUnavailableError(f"device='cuda' has no kernel for op {op.kind!r}")
+        i += 1
+    if not out or out[0].kind != "embed" or out[-1].kind != "pool":
+        raise BackendUnavailableError(
+            "device='cuda' expects a graph that starts with embed and ends with pool"
+        )
+    # INT8 linears that read a pre-quantised int8 copy of their input (QUANT 4): all those
+    # whose producer sees whole rows (embed, add_layernorm, linear + LN: the producer writes
+    # the copy in its epilogue), and those that need what the in-loop conversion cannot do
+    # (dynamic_asym, act_shift / act_mul: a quantize launch of their own before them).
+    # The copy is named per activation and quantisation ("X@tag#q"); one with the
+    # consumer's own act_shift / act_mul is that consumer's alone.
+    producer = {L.out: L for L in out}
+
+    def whole(P):
+        return P.kind in ("embed", "add_layernorm") or (P.kind == "linear" and P.ln is not None)
+
+    def writes_q(P):  # whole rows, or a linear that can own whole rows (ROWQ)
+        rowq = fuse and opts.rowq and P.kind == "linear" and P.res is None and P.quant in (0, 4)
+        return whole(P) or rowq
+
+    qinfo: dict[str, dict] = {}
+    final: list[Launch] = []
+    for L in out:
+        if L.kind != "linear" or not L.quant:
+            final.append(L)
+            continue
+        X, P, sch, p = L.ins[0], producer[L.ins[0]], L.extra["scheme"], L.extra["prefix"]
+        tr = L.extra["transform"]
+        if not tr and sch != "dynamic_asym" and not writes_q(P):
+            final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
+            continue
+        tag = p if tr else (f"static{L.static_amax!r}" if sch == "static" else sch)
+        qname = f"{X}@{tag}#q"
+        if qname not in qinfo:
+            qinfo[qname] = dict(
+                mode=sch, static_amax=L.static_amax, prefix=p if tr else None, k=L.k
+            )
+            if writes_q(P) and "q" not in P.extra:
+                P.extra["q"] = qname
+            else:
+                final.append(Launch("quantize", L.op, qname, [X], n=L.k, k=L.k))
+                final[-1].extra["q"] = qname
+        L.quant = 4
+        L.extra["qname"] = qname
+        final.append(L)
+    out = final
+    # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
+    need = {L.ins[0] for L in out if L.kind == "linear" and L.quant == 1}
+    atomic, direct = [], []
+    for L in out:
+        if L.out in need:
+            if whole(L):
+                L.amax_out = 2
+                direct.append(L.out)
+            else:
+                L.amax_out = 1
+                atomic.append(L.out)
+    # per-row a_scale (and zero point) of every int8 copy
+    scales = [n for n in qinfo] + [
+        n + "#zp" for n, i in qinfo.items() if i["mode"] == "dynamic_asym"
+    ]
+    return {
+        "launches": out,
+        "atomic": atomic,
+        "direct": direct,
+        "qinfo": qinfo,
+        "scales": scales,
+    }

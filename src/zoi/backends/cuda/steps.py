@@ -1,0 +1,186 @@
+"""The per-op forward of one bucket: a list of zero-argument closures, one kernel launch
+each, over fixed device views (weights, arena), launched on the current torch stream: what
+the graph capture records, and what the interpreter runs eagerly."""
+
+from __future__ import annotations
+
+
+def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
+    """The launches of `plan` for a bucket of tb tokens (pdl: programmatic dependent launch)."""
+    import torch
+
+    from zoi.backends.cuda.kernels import attention as k_attn
+    from zoi.backends.cuda.kernels import embed as k_embed
+    from zoi.backends.cuda.kernels import layernorm as k_ln
+    from zoi.backends.cuda.kernels import linear as k_lin
+    from zoi.backends.cuda.kernels import pool as k_pool
+    from zoi.backends.cuda.kernels import quantize as k_q
+
+    T = arena.amax_region.shape[1]
+    max_batch = arena.d_out.shape[0]
+    nseq = min(max_batch, tb)
+    hi = arena.hdr_ints
+    hdr = arena.d_in[:hi]
+    cu = arena.d_in[4 : 4 + max_batch + 1]
+    ids = arena.d_in[hi : hi + tb]
+    pos = arena.d_in[hi + tb : hi + 2 * tb]
+    hd = next((L.op.attrs["head_dim"] for L in plan["launches"] if L.kind == "attention"), 32)
+    acfg = k_attn.pick_config(tb, hd)
+    steps, sp = [], spec
+    rows = plan["amax_row"]
+    amx = lambda n: arena.amax_region[rows[n]] if n in rows else None  # noqa: E731
+    act = lambda n: arena.act(plan, n, tb)  # noqa: E731
+    qinfo = plan["qinfo"]
+
+    def qrow(qname):  # (a_scale fp32 [T], zero point int32 [T] or None) of an int8 copy
+        zp = rows.get(qname + "#zp")
+        return arena.amax_region[rows[qname]], (
+            arena.amax_region[zp].view(torch.int32) if zp is not None else None
+        )
+
+    def qout(L):  # keyword arguments of a producer that also writes an int8 copy
+        qn = L.extra.get("q")
+        if not qn:
+            return {}
+        i, (sc, zp), p = qinfo[qn], qrow(qn), qinfo[qn]["prefix"]
+        return dict(
+            q_mode=i["mode"],
+            q_static_amax=i["static_amax"],
+            q_shift=w.get(f"{p}.act_shift") if p else None,
+            q_mul=w.get(f"{p}.act_mul") if p else None,
+            **{
+                f"{'x' if L.kind == 'embed' else 'y'}q{k}": v
+                for k, v in (("", act(qn)), ("_scale", sc), ("_zp", zp))
+            },
+        )
+
+    for L in plan["launches"]:
+        if L.kind == "embed":
+            x = act(L.out)
+            nz = len(plan["atomic"])
+            steps.append(
+                lambda x=x, L=L, nz=nz, qo=qout(L): k_embed.launch_embed(
+                    ids,
+                    pos,
+                    w.get("embed.word_q", w.get("embed.word")),
+                    w.get("embed.word_scale"),
+                    w["embed.pos"],
+                    w.get("embed.type0"),
+                    w["embed.ln.w"],
+                    w["embed.ln.b"],
+                    x,
+                    amx(L.out) if L.amax_out else None,
+                    arena.amax_region,
+                    tb,
+                    L.n,
+                    nz,
+                    T,
+                    L.op.attrs["eps"],
+                    tiles=(hdr, cu, arena.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq)),
+                    pdl=pdl,
+                    **qo,
+                )
+            )
+        elif L.kind == "linear":
+            p = L.extra["prefix"]
+            a, y = act(L.extra["qname"] if L.quant == 4 else L.ins[0]), act(L.out)
+            r = act(L.res) if L.res else None
+            ln = L.ln is not None
+            rowq = bool(L.extra.get("q")) and not ln
+            cfg = k_lin.pick_config(
+                tb, L.n, L.k, L.quant != 0, ln, prequant=L.quant == 4, rowq=rowq
+            )
+            a_sc, a_zp = qrow(L.extra["qname"]) if L.quant == 4 else (amx(L.ins[0]), None)
+            steps.append(
+                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L): (
+                    k_lin.launch_linear(
+                        a,
+                        a_sc,
+                        w[f"{p}.w_q"] if L.quant else w[f"{p}.w"],
+                        w[f"{p}.w_scale"] if L.quant else None,
+                        w[f"{p}.b"],
+                        r,
+                        w[f"{L.out}.ln.w"] if ln else None,
+                        w[f"{L.out}.ln.b"] if ln else None,
+                        y,
+                        amx(L.out) if L.amax_out else None,
+                        tb,
+                        L.n,
+                        L.k,
+                        quant=L.quant,
+                        act=L.op.attrs.get("act", "none"),
+                        static_amax=L.static_amax,
+                        eps=L.ln.attrs["eps"] if ln else 1e-12,
+                        ln=ln,
+                        amax_out_mode=L.amax_out,
+                        cfg=cfg,
+                        pdl=pdl,
+                        a_zp=a_zp,
+                        colsum=w.get(f"{p}.colsum") if a_zp is not None else None,
+                        **qo,
+                    )
+                )
+            )
+        elif L.kind == "quantize":
+            i = qinfo[L.out]
+            x, q, (sc, zp), p = act(L.ins[0]), act(L.out), qrow(L.out), i["prefix"]
+            steps.append(
+                lambda x=x, q=q, sc=sc, zp=zp, p=p, i=i: k_q.launch_quantize(
+                    x,
+                    w.get(f"{p}.act_shift") if p else None,
+                    w.get(f"{p}.act_mul") if p else None,
+                    q,
+                    sc,
+                    zp,
+                    tb,
+                    i["k"],
+                    mode=i["mode"],
+                    static_amax=i["static_amax"],
+                    pdl=pdl,
+                )
+            )
+        elif L.kind == "attention":
+            qkv, o = act(L.ins[0]), act(L.out)
+            at = L.op.attrs
+            steps.append(
+                lambda qkv=qkv, o=o, L=L, at=at: k_attn.launch_attention(
+                    qkv,
+                    hdr,
+                    cu,
+                    arena.tcum,
+                    o,
+                    amx(L.out) if L.amax_out else None,
+                    tb,
+                    nseq,
+                    at["heads"],
+                    at["head_dim"],
+                    at["scale"],
+                    cfg=acfg,
+                    pdl=pdl,
+                )
+            )
+        elif L.kind == "add_layernorm":
+            x, r, y = act(L.ins[0]), act(L.res), act(L.out)
+            steps.append(
+                lambda x=x, r=r, y=y, L=L, qo=qout(L): k_ln.launch_add_layernorm(
+                    x,
+                    r,
+                    w[f"{L.out}.ln.w"],
+                    w[f"{L.out}.ln.b"],
+                    y,
+                    amx(L.out) if L.amax_out else None,
+                    tb,
+                    sp.hidden,
+                    L.op.attrs["eps"],
+                    pdl=pdl,
+                    **qo,
+                )
+            )
+        elif L.kind == "pool":
+            x = act(L.ins[0])
+            steps.append(
+                lambda x=x, L=L: k_pool.launch_pool(
+                    x, cu, hdr, arena.d_out, nseq, sp.hidden, L.op.attrs["mode"], pdl=pdl
+                )
+            )
+    return steps

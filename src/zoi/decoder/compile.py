@@ -1,0 +1,83 @@
+"""compile_decoder: a decoder folder -> Generator on the chosen backend (zoi.compile's hook)."""
+
+from __future__ import annotations
+
+import os
+
+from zoi.decoder.generator import Generator
+from zoi.decoder.loader import load_decoder
+from zoi.decoder.tokenizer import DecoderTokenizer
+from zoi.errors import InputError
+
+DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_MAX_BATCH = 8
+DEFAULT_BLOCK_SIZE = 16
+
+
+def decoder_folder(path) -> os.PathLike | None:
+    """The folder (a Hub id resolved in the local cache) when `path` is a decoder checkpoint."""
+    from zoi.decoder.loader import is_decoder_folder
+    from zoi.frontend.hub import resolve_model
+
+    try:
+        folder = resolve_model(path)
+    except Exception:  # not resolvable here: the encoder path reports it
+        return None
+    return folder if is_decoder_folder(folder) else None
+
+
+def compile_decoder(path: str | os.PathLike, device: str = "cpu", precision: str = "fp32",
+                    max_seq_len: int | None = None, max_batch: int | None = None, kv_blocks: int | None = None,
+                    block_size: int | None = None, threads: int | None = None, isa: str | None = None,
+                    max_tokens: int | None = None, **unused) -> Generator:
+    """A Generator for a Hugging Face decoder folder.
+
+    device: "cpu" (native core), "reference" (numpy, slow) or "cuda" (zoi.decoder.cuda).
+    precision: "fp32", "int8" (per-channel INT8 weights, FP32 activations) or "w8a8" (INT8 weights
+    and per-token INT8 activations, the INT8 GEMM of csrc/kernels); the last two on the CPU.
+    max_seq_len: prompt + generated tokens of one sequence (default min(2048, the model's limit)).
+    max_batch: sequences one step carries; kv_blocks x block_size: the static KV pool (default:
+    room for max_batch sequences of max_seq_len / 2 tokens each). max_tokens: tokens one native
+    call carries at most (longer prefills are cut into chunks; CPU).
+    """
+    bad = [k for k, v in unused.items() if v is not None and k not in ("progress",)]
+    if bad:
+        raise InputError(f"compile() options {', '.join(sorted(bad))} do not apply to decoder checkpoints")
+    if device == "auto":
+        device = "cpu"
+    if precision not in ("fp32", "int8", "w8a8"):
+        raise InputError(f"precision {precision!r} is not supported for decoders; use 'fp32', 'int8' or 'w8a8'")
+    spec, weights, folder = load_decoder(path)
+    tok = DecoderTokenizer(folder)
+    limit = spec.max_position_embeddings
+    max_seq_len = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, limit)
+    if max_seq_len > limit:
+        raise InputError(f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})")
+    max_batch = max_batch or DEFAULT_MAX_BATCH
+    block_size = block_size or DEFAULT_BLOCK_SIZE
+    if kv_blocks is None:
+        kv_blocks = max(-(-max_seq_len // block_size), max_batch * -(-max_seq_len // (2 * block_size)))
+    if device == "reference":
+        from zoi.decoder.reference import ReferenceBackend
+
+        if precision != "fp32":
+            raise InputError("device='reference' runs fp32 only")
+        be = ReferenceBackend(spec, weights, kv_blocks, block_size, max_batch, max_seq_len)
+    elif device == "cpu":
+        from zoi.decoder.cpu import CpuBackend
+
+        be = CpuBackend(spec, weights, precision=precision, num_blocks=kv_blocks, block_size=block_size,
+                        max_batch=max_batch, max_seq_len=max_seq_len, max_tokens=max_tokens, threads=threads,
+                        isa=isa)
+    elif device in ("cuda", "gpu"):
+        try:
+            from zoi.decoder.cuda import CudaBackend  # the GPU part of issue 14
+        except ImportError as e:
+            raise InputError(f"device='cuda' for decoders is not available here ({e})") from e
+        be = CudaBackend(spec, weights, precision=precision, num_blocks=kv_blocks, block_size=block_size,
+                         max_batch=max_batch, max_seq_len=max_seq_len)
+    else:
+        raise InputError(f"device {device!r} is not supported for decoders; use 'cpu', 'reference' or 'cuda'")
+    from zoi.frontend.hub import model_name
+
+    return Generator(be, tok, name=model_name(folder), precision=precision, device=device)

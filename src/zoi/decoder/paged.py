@@ -1,0 +1,150 @@
+"""The bookkeeping every paged DecoderBackend shares: a static pool of `num_blocks` KV blocks of
+`block_size` tokens, a block table per sequence (rows of one pre-allocated int32 array), admission
+(KVPoolFull / InputError per api.py), finishing (eos, stop ids, max_new_tokens, context) and
+cancellation. A subclass supplies `_run(rows, starts, counts, ids, samp) -> next token ids`.
+
+A sequence holds every block it can ever need from admission on (prompt + max_new_tokens - 1
+cached tokens): a running sequence never waits for blocks and nothing is preempted.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from zoi.decoder.api import (
+    DecoderSpec,
+    FinishReason,
+    KVPoolFull,
+    PoolInfo,
+    SamplingParams,
+    StepEvent,
+)
+from zoi.errors import InputError
+
+
+@dataclass
+class _Seq:
+    seq_id: int
+    row: int  # row of the block table
+    blocks: list[int]
+    params: SamplingParams
+    seed: int
+    cached: int = 0  # tokens whose K/V are in the pool
+    pending: np.ndarray | None = None  # tokens to feed at the next step (prompt, then the last token)
+    generated: int = 0
+    stop_ids: frozenset = frozenset()
+
+
+class PagedBackend:
+    """Base of the reference and CPU backends (see the module docstring)."""
+
+    def __init__(self, spec: DecoderSpec, num_blocks: int, block_size: int, max_batch: int, max_seq_len: int):
+        for name, v in (("num_blocks", num_blocks), ("block_size", block_size), ("max_batch", max_batch),
+                        ("max_seq_len", max_seq_len)):
+            if not isinstance(v, int) or v < 1:
+                raise InputError(f"{name} must be a positive integer, got {v!r}")
+        limit = spec.max_position_embeddings
+        if max_seq_len > limit:
+            raise InputError(f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})")
+        self.spec = spec
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.max_blocks_per_seq = -(-max_seq_len // block_size)
+        self.block_tables = np.zeros((max_batch, self.max_blocks_per_seq), np.int32)
+        self._free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._free_rows = list(range(max_batch - 1, -1, -1))
+        self._seqs: dict[int, _Seq] = {}
+
+    # ---- the contract ----
+    def pool(self) -> PoolInfo:
+        return PoolInfo(self.block_size, self.num_blocks, len(self._free_blocks), len(self._seqs), self.max_batch,
+                        {"max_seq_len": self.max_seq_len})
+
+    def blocks_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        return -(-max(1, prompt_len + max_new_tokens - 1) // self.block_size)
+
+    def add(self, seq_id: int, prompt_ids: np.ndarray, params: SamplingParams) -> None:
+        ids = np.asarray(prompt_ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise InputError("the prompt is empty: give at least one token")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"prompt ids must be integers, got {ids.dtype}")
+        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
+            raise InputError(f"prompt ids must lie in [0, {self.spec.vocab_size})")
+        if params.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+        if ids.size + params.max_new_tokens > self.max_seq_len:
+            raise InputError(
+                f"prompt of {ids.size} tokens + max_new_tokens {params.max_new_tokens} is over the context "
+                f"limit max_seq_len={self.max_seq_len}; shorten the prompt or lower max_new_tokens"
+            )
+        if seq_id in self._seqs:
+            raise InputError(f"sequence {seq_id} is already running")
+        need = self.blocks_needed(ids.size, params.max_new_tokens)
+        if need > len(self._free_blocks) or not self._free_rows:
+            raise KVPoolFull(
+                f"KV pool: sequence needs {need} blocks of {self.block_size} tokens, {len(self._free_blocks)} of "
+                f"{self.num_blocks} free, {len(self._seqs)} of {self.max_batch} batch slots used; retry when "
+                "running sequences finish, or compile with more kv_blocks / max_batch"
+            )
+        blocks = [self._free_blocks.pop() for _ in range(need)]
+        row = self._free_rows.pop()
+        self.block_tables[row, :need] = blocks
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop.update(self.spec.eos_token_ids)
+        self._seqs[seq_id] = _Seq(seq_id, row, blocks, params, seed & (2**64 - 1),
+                                  pending=ids.astype(np.int32), stop_ids=frozenset(stop))
+
+    def cancel(self, seq_id: int) -> None:
+        s = self._seqs.pop(seq_id, None)
+        if s is not None:
+            self._release(s)
+
+    def step(self) -> list[StepEvent]:
+        if not self._seqs:
+            return []
+        seqs = list(self._seqs.values())
+        B = len(seqs)
+        rows = np.fromiter((s.row for s in seqs), np.int32, B)
+        starts = np.fromiter((s.cached for s in seqs), np.int32, B)
+        counts = np.fromiter((len(s.pending) for s in seqs), np.int32, B)
+        ids = np.concatenate([s.pending for s in seqs]).astype(np.int32)
+        samp = np.zeros((B, 4), np.float64)  # temperature, top_k, top_p, draw index
+        seeds = np.zeros(B, np.uint64)
+        for i, s in enumerate(seqs):
+            p = s.params
+            samp[i] = (p.temperature, p.top_k, p.top_p, s.generated)
+            seeds[i] = s.seed
+        nxt = self._run(rows, starts, counts, ids, samp, seeds)
+        events = []
+        for i, s in enumerate(seqs):
+            tok = int(nxt[i])
+            s.cached += int(counts[i])
+            s.generated += 1
+            s.pending = np.array([tok], np.int32)
+            finish = None
+            if tok in s.stop_ids:
+                finish = FinishReason.STOP
+            elif s.generated >= s.params.max_new_tokens or s.cached + 1 >= self.max_seq_len:
+                finish = FinishReason.LENGTH
+            events.append(StepEvent(s.seq_id, tok, finish))
+            if finish is not None:
+                del self._seqs[s.seq_id]
+                self._release(s)
+        return events
+
+    # ---- helpers ----
+    def _release(self, s: _Seq) -> None:
+        self._free_blocks.extend(reversed(s.blocks))
+        self.block_tables[s.row] = 0
+        self._free_rows.append(s.row)
+
+    def _run(self, rows, starts, counts, ids, samp, seeds) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError

@@ -1,0 +1,99 @@
+"""Random-init task-head checkpoints of awkward sizes, built with transformers (issue 20)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from tests.conftest import save_checkpoint
+
+# hidden 40, 5 heads (head_dim 8), odd vocab (the MiniLM tokenizer's 30522 ids + 7)
+HEAD_CONFIGS = {
+    "bert": dict(
+        hidden_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        intermediate_size=74,
+        max_position_embeddings=48,
+        type_vocab_size=2,
+    ),
+    "roberta": dict(
+        hidden_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        intermediate_size=66,
+        max_position_embeddings=50,
+        type_vocab_size=1,
+        pad_token_id=1,
+    ),
+    "xlm-roberta": dict(
+        hidden_size=36,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        intermediate_size=50,
+        max_position_embeddings=42,
+        type_vocab_size=1,
+        pad_token_id=1,
+    ),
+    "distilbert": dict(dim=40, n_layers=2, n_heads=5, hidden_dim=70, max_position_embeddings=48),
+}
+VOCAB = 30529
+TASKS = {
+    "seq": "ForSequenceClassification",
+    "tok": "ForTokenClassification",
+    "mlm": "ForMaskedLM",
+}
+PREFIX = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "distilbert": "DistilBert",
+}
+
+
+def build_head_model(arch: str, task: str, num_labels: int = 3, seed: int = 0, **overrides):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg_cls = getattr(tf, PREFIX[arch] + "Config")
+    model_cls = getattr(tf, PREFIX[arch] + TASKS[task])
+    kw = dict(HEAD_CONFIGS[arch])
+    kw.update(overrides)
+    if task != "mlm":
+        kw["num_labels"] = num_labels
+        if task == "tok":
+            names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"][:num_labels]
+            kw["id2label"] = dict(enumerate(names))
+            kw["label2id"] = {v: k for k, v in kw["id2label"].items()}
+    cfg = cfg_cls(vocab_size=VOCAB, **kw)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def head_checkpoint(folder: Path, arch: str, task: str, num_labels: int = 3, seed: int = 0, **kw):
+    model = build_head_model(arch, task, num_labels, seed, **kw)
+    save_checkpoint(model, folder)
+    return folder, model
+
+
+PAIRS = [
+    ("what is the capital of france?", "Paris is the capital and largest city of France."),
+    ("how do plants make food", "Photosynthesis converts light energy into chemical energy."),
+    ("a", "b"),
+    ("Who wrote Hamlet?", "William Shakespeare wrote the tragedy Hamlet around 1600. " * 6),
+    ("query " * 40, "short doc"),
+    ("un été à Zürich", "naïve café — ünïcödé text with 中文 characters"),
+    ("", "empty query"),
+]
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
