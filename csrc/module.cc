@@ -348,6 +348,57 @@ NB_MODULE(_cpu, m) {
     for_threads(nt, [&](int t, int n) { kt.attention(a, t, n); });
   }, "qkv"_a, "cu"_a, "heads"_a, "d"_a, "scale"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
 
+  m.def("k_attention_ext", [](Arr<const float> qkv, Arr<const int32_t> cu, int heads, int d, float scale,
+                              Arr<float> out, Opt<const float> bias, int window, Opt<const float> cos,
+                              Opt<const float> sin, const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    const int T = qkv.shape(0), H = heads * d;
+    need(qkv, 2, {T, 3 * H}, "qkv");
+    need(out, 2, {T, H}, "out");
+    const int B = static_cast<int>(cu.shape(0)) - 1;
+    if (B < 1 || cu.data()[0] != 0 || cu.data()[B] != T) throw nb::value_error("bad cu_seqlens");
+    int maxlen = 1;
+    for (int b = 0; b < B; ++b) {
+      const int L = cu.data()[b + 1] - cu.data()[b];
+      if (L <= 0) throw nb::value_error("empty sequence");
+      maxlen = L > maxlen ? L : maxlen;
+    }
+    zoi::AttnArgs a;
+    if (bias) {
+      need(*bias, 2, {heads, -1}, "bias");
+      const int w = bias->shape(1);
+      if (w % 2 == 0 || (w + 1) / 2 < maxlen) throw nb::value_error("bias must be [heads, 2P-1] with P >= max length");
+      a.bias = bias->data(); a.bias_span = (w + 1) / 2;
+    }
+    if (cos || sin) {
+      if (!cos || !sin || d % 2) throw nb::value_error("RoPE needs cos and sin and an even d");
+      need(*cos, 2, {-1, d / 2}, "cos");
+      need(*sin, 2, {static_cast<int>(cos->shape(0)), d / 2}, "sin");
+      if (static_cast<int>(cos->shape(0)) < maxlen) throw nb::value_error("RoPE tables shorter than a sequence");
+      a.rope_cos = cos->data(); a.rope_sin = sin->data(); a.rope_rows = cos->shape(0);
+    }
+    if (window < 0) throw nb::value_error("window must be >= 0");
+    a.window = window;
+    if (nt < 1) nt = 1;
+    const size_t stride = (zoi::attn_scratch_floats(maxlen, d) + 15) / 16 * 16;
+    std::vector<float> scratch(stride * nt + 16);
+    a.qkv = qkv.data(); a.ldqkv = 3 * H; a.cu = cu.data(); a.B = B; a.heads = heads; a.d = d; a.scale = scale;
+    a.out = out.data(); a.ldo = H; a.scratch = scratch.data(); a.scratch_stride = stride;
+    for_threads(nt, [&](int t, int n) { kt.attention(a, t, n); });
+  }, "qkv"_a, "cu"_a, "heads"_a, "d"_a, "scale"_a, "out"_a, "bias"_a.none(), "window"_a, "cos"_a.none(),
+     "sin"_a.none(), "isa"_a = "", "nt"_a = 1);
+
+  m.def("k_glu", [](Arr<const float> x, const std::string& act, Arr<float> y, const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    const int M = x.shape(0), n = y.ndim() == 2 ? static_cast<int>(y.shape(1)) : 0;
+    need(x, 2, {M, 2 * n}, "x");
+    need(y, 2, {M, n}, "y");
+    zoi::GluArgs a;
+    a.x = x.data(); a.ldx = 2 * n; a.M = M; a.n = n; a.act = parse_act(act); a.y = y.data(); a.ldy = n;
+    if (nt < 1) nt = 1;
+    for_threads(nt, [&](int t, int k) { kt.glu(a, t, k); });
+  }, "x"_a, "act"_a, "y"_a, "isa"_a = "", "nt"_a = 1);
+
   m.def("k_pool", [](Arr<const float> x, Arr<const int32_t> cu, const std::string& mode, Arr<float> out,
                      const std::string& isa, int nt) {
     const auto& kt = table_for(isa);
@@ -496,6 +547,27 @@ NB_MODULE(_cpu, m) {
       }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
          "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none())
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
+      .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
+                                   float scale, Opt<const float> bias, int window, Opt<const float> cos,
+                                   Opt<const float> sin) {
+        int span = 0, rows = 0;
+        if (bias) {
+          need(*bias, 2, {heads, -1}, "bias");
+          if (bias->shape(1) % 2 == 0) throw nb::value_error("bias must be [heads, 2P-1]");
+          span = (static_cast<int>(bias->shape(1)) + 1) / 2;
+        }
+        if (cos && sin) {
+          need(*cos, 2, {-1, head_dim / 2}, "cos");
+          rows = cos->shape(0);
+          need(*sin, 2, {rows, head_dim / 2}, "sin");
+        }
+        e.add_attention_ext(in_off, out_off, heads, head_dim, scale, bias ? bias->data() : nullptr, span, window,
+                            cos ? cos->data() : nullptr, sin ? sin->data() : nullptr, rows);
+      }, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a, "bias"_a.none(), "window"_a, "cos"_a.none(),
+         "sin"_a.none())
+      .def("add_glu", [](zoi::Engine& e, size_t in_off, size_t out_off, int n, const std::string& act) {
+        e.add_glu(in_off, out_off, n, parse_act(act));
+      }, "in_off"_a, "out_off"_a, "n"_a, "act"_a)
       .def("add_layernorm", [](zoi::Engine& e, size_t x_off, long res_off, size_t out_off, Arr<const float> w,
                                Arr<const float> b, float eps) {
         const int H = w.shape(0);

@@ -14,7 +14,7 @@ from zoi.graph.synthetic import synthetic_spec
 @pytest.mark.parametrize("pooling", SUPPORTED_POOLING)
 def test_the_builder_emits_only_ir_ops(act, pooling):
     g = build_graph(synthetic_spec(act=act, pooling=pooling))
-    assert {o.kind for o in g.ops} == set(OP_KINDS)
+    assert {o.kind for o in g.ops} == set(OP_KINDS) - {"glu"}  # glu: ModernBERT (tests/archs)
     assert {o.attrs["act"] for o in g.linears()} <= set(ACTS)
 
 

@@ -1,4 +1,7 @@
-// Varlen multi-head self-attention over packed sequences, FP32 inside.
+// Varlen multi-head self-attention over packed sequences, FP32 inside. Optional (AttnArgs):
+// MPNet's relative position bias added to the scaled scores, ModernBERT's local window (a block
+// of query rows computes only the keys of its windows; softmax over each row's own keys) and
+// RoPE (q rows rotated into the scratch, k rotated while K^T is laid out).
 // One work item = (sequence, head); items are split over threads by cost (L^2) so that
 // ragged batches stay balanced. Per item: K^T of the head is laid out [d][Lp] in the
 // thread's scratch so that a query row's scores are vector FMAs over keys; softmax; then
@@ -58,13 +61,13 @@ inline void scores_block(const float* const* q, const float* kt, int lp, int d, 
 
 // o_i[c0 : c0 + NV*N) = sum_j p_i[j] v_j for NQ rows, one FMA chain per output over j
 template <int NQ, int NV, bool FULL>
-inline void pv_block(const float* const* p, const float* v, int ldv, int L, int c0, int d, float* const* o) {
+inline void pv_block(const float* const* p, const float* v, int ldv, int ja, int jb, int c0, int d, float* const* o) {
   T acc[NQ][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
     for (int u = 0; u < NV; ++u) acc[r][u] = V::zero();
-  for (int j = 0; j < L; ++j) {
+  for (int j = ja; j < jb; ++j) {
     const float* vr = v + static_cast<size_t>(j) * ldv + c0;
     T vv[NV];
 #pragma GCC unroll 4
@@ -96,28 +99,71 @@ inline void softmax_row(float* s, int L) {
   for (j = 0; j < L; j += V::N) V::store_n(s + j, V::div(V::load_n(s + j, L - j), sum), L - j);
 }
 
+// x * cos + rotate_half(x) * sin of one row (d even) at position p, rounded as the reference:
+// two products, then their sum (no FMA: -ffp-contract=off)
+// y[c * ldy] for c < d (ldy = 1: a row; lp: a column of K^T)
+inline void rope_row(const float* x, int d, const float* cs, const float* sn, float* y, size_t ldy) {
+  const int h = d / 2;
+  for (int c = 0; c < h; ++c) {
+    const float x1 = x[c], x2 = x[c + h];
+    const float a = x1 * cs[c], b = -x2 * sn[c];
+    const float e = x2 * cs[c], f = x1 * sn[c];
+    y[c * ldy] = a + b;
+    y[(c + h) * ldy] = e + f;
+  }
+}
+
 template <int NQ>
-inline void query_rows(const AttnArgs& a, int i, const float* qb, const float* vb, const float* kt, int lp, int L,
-                       int t0, int h, float* srow) {
+inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const float* vb, const float* kt, int lp,
+                       int L, int t0, int h, float* srow) {
   const int d = a.d, ld = a.ldqkv;
   const float* q[NQ];
   float* s[NQ];
   float* o[NQ];
+  int lo[NQ], hi[NQ];  // each row's keys
   for (int r = 0; r < NQ; ++r) {
-    q[r] = qb + static_cast<size_t>(i + r) * ld;
+    q[r] = qb + static_cast<size_t>(i + r) * ldq;
     s[r] = srow + static_cast<size_t>(r) * lp;
     o[r] = a.out + static_cast<size_t>(t0 + i + r) * a.ldo + h * d;
+    lo[r] = 0;
+    hi[r] = L;
+  }
+  int ja = 0, jb = L;  // keys of the block (the union of the rows' keys)
+  if (a.window > 0) {
+    for (int r = 0; r < NQ; ++r) {
+      lo[r] = i + r - a.window > 0 ? i + r - a.window : 0;
+      hi[r] = i + r + a.window + 1 < L ? i + r + a.window + 1 : L;
+    }
+    ja = lo[0];
+    jb = hi[NQ - 1];
   }
   const T vscale = V::set(a.scale);
   constexpr int SNV = scores_nv<NQ>();
-  int j = 0;
-  for (; j + SNV * V::N <= lp; j += SNV * V::N) scores_block<NQ, SNV>(q, kt, lp, d, j, s, vscale);
-  for (; j < lp; j += V::N) scores_block<NQ, 1>(q, kt, lp, d, j, s, vscale);
-  for (int r = 0; r < NQ; ++r) softmax_row(s[r], L);
+  int j = ja / V::N * V::N;
+  const int je = (jb + V::N - 1) / V::N * V::N;  // <= lp
+  for (; j + SNV * V::N <= je; j += SNV * V::N) scores_block<NQ, SNV>(q, kt, lp, d, j, s, vscale);
+  for (; j < je; j += V::N) scores_block<NQ, 1>(q, kt, lp, d, j, s, vscale);
+  if (a.bias) {  // + bias[h][j - i + span - 1], after the scale (the reference's two roundings)
+    const int span = a.bias_span;
+    for (int r = 0; r < NQ; ++r) {
+      const float* br = a.bias + static_cast<size_t>(h) * (2 * span - 1) + (span - 1) - (i + r);
+      for (int k = lo[r]; k < hi[r]; k += V::N) {
+        const int n = hi[r] - k;
+        V::store_n(s[r] + k, V::add(V::load_n(s[r] + k, n), V::load_n(br + k, n)), n);
+      }
+    }
+  }
+  for (int r = 0; r < NQ; ++r) softmax_row(s[r] + lo[r], hi[r] - lo[r]);
+  if (a.window > 0) {  // p = 0 outside a row's window (its chain then starts at lo: fma(0, v, 0) = 0)
+    for (int r = 0; r < NQ; ++r) {
+      for (int k = ja; k < lo[r]; ++k) s[r][k] = 0.f;
+      for (int k = hi[r]; k < jb; ++k) s[r][k] = 0.f;
+    }
+  }
   int c = 0;
-  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, L, c, d, o);
-  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, L, c, d, o);
-  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, L, c, d, o);
+  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, ja, jb, c, d, o);
+  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, ja, jb, c, d, o);
+  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, ja, jb, c, d, o);
 }
 
 void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
@@ -128,14 +174,33 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
   const float* qb = a.qkv + static_cast<size_t>(t0) * ld + h * d;
   const float* kb = qb + H;
   const float* vb = qb + 2 * H;
-  for (int j = 0; j < L; ++j)
-    for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = kb[static_cast<size_t>(j) * ld + c];
+  int ldq = ld;
+  if (a.rope_cos) {  // rotated K into K^T, rotated Q rows into the scratch
+    float* qr = s + static_cast<size_t>(NQMAX) * lp;  // [L][d]
+    const int half = d / 2;
+    for (int j = 0; j < L; ++j) {
+      const float* cs = a.rope_cos + static_cast<size_t>(j) * half;
+      const float* sn = a.rope_sin + static_cast<size_t>(j) * half;
+      rope_row(qb + static_cast<size_t>(j) * ld, d, cs, sn, qr + static_cast<size_t>(j) * d, 1);
+      rope_row(kb + static_cast<size_t>(j) * ld, d, cs, sn, kt + j, lp);
+    }
+    qb = qr;
+    ldq = d;
+  } else {
+    for (int j = 0; j < L; ++j)
+      for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = kb[static_cast<size_t>(j) * ld + c];
+  }
   for (int c = 0; c < d; ++c)
     for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
   int i = 0;
-  for (; i + NQMAX <= L; i += NQMAX) query_rows<NQMAX>(a, i, qb, vb, kt, lp, L, t0, h, s);
-  for (; i + 2 <= L; i += 2) query_rows<2>(a, i, qb, vb, kt, lp, L, t0, h, s);
-  if (i < L) query_rows<1>(a, i, qb, vb, kt, lp, L, t0, h, s);
+  for (; i + NQMAX <= L; i += NQMAX) query_rows<NQMAX>(a, i, qb, ldq, vb, kt, lp, L, t0, h, s);
+  for (; i + 2 <= L; i += 2) query_rows<2>(a, i, qb, ldq, vb, kt, lp, L, t0, h, s);
+  if (i < L) query_rows<1>(a, i, qb, ldq, vb, kt, lp, L, t0, h, s);
+}
+
+// keys a query sees (the cost of an item is L * (keys + 8))
+inline double keys(const AttnArgs& a, double L) {
+  return a.window > 0 && 2.0 * a.window + 1 < L ? 2.0 * a.window + 1 : L;
 }
 
 }  // namespace
@@ -145,14 +210,14 @@ void attention(const AttnArgs& a, int tid, int nt) {
   double total = 0;
   for (int b = 0; b < a.B; ++b) {
     const double L = a.cu[b + 1] - a.cu[b];
-    total += L * (L + 8) * a.heads;
+    total += L * (keys(a, L) + 8) * a.heads;
   }
   if (total <= 0) return;
   float* scratch = a.scratch + static_cast<size_t>(tid) * a.scratch_stride;
   double before = 0;
   for (int b = 0; b < a.B; ++b) {
     const int t0 = a.cu[b], L = a.cu[b + 1] - a.cu[b];
-    const double c = static_cast<double>(L) * (L + 8);
+    const double c = static_cast<double>(L) * (keys(a, L) + 8);
     for (int h = 0; h < a.heads; ++h) {
       int owner = static_cast<int>((before + 0.5 * c) * nt / total);
       if (owner >= nt) owner = nt - 1;

@@ -113,6 +113,14 @@ struct AttnArgs {
   float* out = nullptr; int ldo = 0;          // [T, H]
   float* scratch = nullptr;                   // nthreads * attn_scratch_floats(maxlen, d)
   size_t scratch_stride = 0;                  // floats per thread
+  // optional (docs/ARCHITECTURE.md): MPNet's relative position bias, scores[h][i][j] +=
+  // bias[h * (2 * bias_span - 1) + j - i + bias_span - 1]; ModernBERT's local window (keys with
+  // |i - j| <= window, 0 = all) and RoPE of q and k at the position in the sequence:
+  // x * cos + rotate_half(x) * sin with cos / sin [rope_rows][d / 2]. Sequences must fit the
+  // tables (L <= bias_span, L <= rope_rows).
+  const float* bias = nullptr; int bias_span = 0;
+  int window = 0;
+  const float* rope_cos = nullptr; const float* rope_sin = nullptr; int rope_rows = 0;
 };
 
 struct PoolArgs {
@@ -120,6 +128,14 @@ struct PoolArgs {
   const int32_t* cu = nullptr; int B = 0, H = 0;
   int mode = 0;                           // 0 mean, 1 cls, 2 max, 3 splade: log1p(relu(max))
   float* out = nullptr; int ldo = 0;      // [B, H]
+};
+
+// ---- gated linear unit: y[m, k] = act(x[m, k]) * x[m, n + k], k < n (x [M, 2n])
+struct GluArgs {
+  const float* x = nullptr; int ldx = 0;
+  int M = 0, n = 0, act = 0;
+  float* y = nullptr; int ldy = 0;
+  QuantOut qo;
 };
 
 struct KernelTable {
@@ -147,6 +163,7 @@ struct KernelTable {
   // stored A value at (m, k) of a buffer with rows of ldq elements (tests); set also writes |v|
   int (*i8_a_get)(const void* q, int ldq, int m, int k);
   void (*i8_a_set)(void* q, int ldq, int m, int k, int v);
+  void (*glu)(const GluArgs& a, int tid, int nt);
 };
 
 const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU
@@ -155,7 +172,7 @@ constexpr int kMaxLnH = 8192;  // widest LayerNorm row (a stack row of scratch p
 
 inline size_t attn_scratch_floats(int maxlen, int d) {
   size_t lp = (static_cast<size_t>(maxlen) + 15) / 16 * 16;
-  return lp * static_cast<size_t>(d) + 4 * lp + 64;
+  return 2 * lp * static_cast<size_t>(d) + 4 * lp + 64;  // K^T, rotated Q (RoPE), 4 score rows
 }
 
 inline void split_range(long total, int tid, int nt, long* lo, long* hi) {

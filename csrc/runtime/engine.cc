@@ -124,6 +124,10 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
       prev.em.qo = qo;
       return qo;
     }
+    if (prev.kind == GLU && prev.gl.y == buf(in_off) && prev.gl.n == K && prev.gl.qo.ldq == 0) {
+      prev.gl.qo = qo;
+      return qo;
+    }
   }
   Step s{};
   s.kind = QUANT;
@@ -235,6 +239,47 @@ void Engine::add_attention(size_t in_off, size_t out_off, int heads, int head_di
   steps_.push_back(s);
 }
 
+void Engine::add_attention_ext(size_t in_off, size_t out_off, int heads, int head_dim, float scale,
+                               const float* bias, int span, int window, const float* cos, const float* sin,
+                               int rows) {
+  if (window < 0) throw std::invalid_argument("attention window must be >= 0");
+  if (bias && span < 1) throw std::invalid_argument("attention bias needs a span >= 1");
+  if ((cos != nullptr) != (sin != nullptr) || (cos && (rows < 1 || head_dim % 2)))
+    throw std::invalid_argument("RoPE needs cos and sin tables [rows >= 1, head_dim / 2] and an even head_dim");
+  add_attention(in_off, out_off, heads, head_dim, scale);
+  AttnArgs& a = steps_.back().at;
+  auto limit = [&](int n) { max_seq_ = max_seq_ == 0 || n < max_seq_ ? n : max_seq_; };
+  if (bias) {
+    const size_t n = static_cast<size_t>(heads) * (2 * span - 1);
+    a.bias = copy_f(keep(n * 4), bias, n);
+    a.bias_span = span;
+    limit(span);
+  }
+  a.window = window;
+  if (cos) {
+    const size_t n = static_cast<size_t>(rows) * (head_dim / 2);
+    a.rope_cos = copy_f(keep(n * 4), cos, n);
+    a.rope_sin = copy_f(keep(n * 4), sin, n);
+    a.rope_rows = rows;
+    limit(rows);
+  }
+}
+
+void Engine::add_glu(size_t in_off, size_t out_off, int n, int act) {
+  check_off(in_off, static_cast<size_t>(max_tokens_) * 2 * n * 4);
+  check_off(out_off, static_cast<size_t>(max_tokens_) * n * 4);
+  if (n < 1) throw std::invalid_argument("glu needs n >= 1");
+  Step s{};
+  s.kind = GLU;
+  s.gl.x = buf(in_off);
+  s.gl.ldx = 2 * n;
+  s.gl.n = n;
+  s.gl.act = act;
+  s.gl.y = buf(out_off);
+  s.gl.ldy = n;
+  steps_.push_back(s);
+}
+
 void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b,
                            float eps) {
   const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
@@ -315,6 +360,7 @@ void Engine::finalize() {
       case QUANT: fix(s.qo, s.qslot); break;
       case LN: fix(s.ln.qo, 0); break;
       case EMBED: fix(s.em.qo, 0); break;
+      case GLU: fix(s.gl.qo, 0); break;
       case GEMM_I8:
         s.gi.a = qb[s.qslot]; s.gi.a_scale = qs[s.qslot]; s.gi.a_zp = qz[s.qslot];
         fix(s.gi.qo, 1);
@@ -369,6 +415,12 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       LnArgs a = s.ln;
       a.M = M;
       k.layernorm(a, t, nt);
+      break;
+    }
+    case GLU: {
+      GluArgs a = s.gl;
+      a.M = T_;
+      k.glu(a, t, nt);
       break;
     }
     case POOL: {
@@ -443,7 +495,7 @@ void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t
 }
 
 const char* Engine::step_kind(int i) const {
-  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool"};
+  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
   const Step& s = steps_.at(i);
   return names[s.kind];
 }
@@ -461,6 +513,10 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
   if (cu[0] != 0 || cu[B] != T) throw std::invalid_argument("cu_seqlens must start at 0 and end at T");
   for (int b = 0; b < B; ++b)
     if (cu[b + 1] <= cu[b]) throw std::invalid_argument("cu_seqlens must be strictly increasing (no empty sequence)");
+  if (max_seq_ > 0)
+    for (int b = 0; b < B; ++b)
+      if (cu[b + 1] - cu[b] > max_seq_)
+        throw std::invalid_argument("a sequence is longer than the model's " + std::to_string(max_seq_) + " positions");
   for (int t = 0; t < T; ++t) {
     if (ids[t] < 0 || ids[t] >= vocab_) throw std::invalid_argument("token id out of the vocabulary");
     if (positions[t] < 0 || positions[t] >= max_pos_) throw std::invalid_argument("position out of the table");

@@ -43,6 +43,12 @@ class Engine {
                      const float* b, int act, long res_off, float static_amax, bool asym, const float* act_shift,
                      const float* act_mul);
   void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale);
+  // with the optional inputs of AttnArgs (tables copied): bias [heads, 2 * span - 1] or null,
+  // window (0: none), rope cos / sin [rows, head_dim / 2] or null
+  void add_attention_ext(size_t in_off, size_t out_off, int heads, int head_dim, float scale, const float* bias,
+                         int span, int window, const float* cos, const float* sin, int rows);
+  // y [T, n] = act(x[:, :n]) * x[:, n:] (x [T, 2n])
+  void add_glu(size_t in_off, size_t out_off, int n, int act);
   void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps);
   void add_pool(size_t in_off, size_t out_off, int H, int mode);
 
@@ -81,7 +87,7 @@ class Engine {
   int num_steps() const { return static_cast<int>(steps_.size()); }
 
  private:
-  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL };
+  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL, GLU };
   struct Step {
     Kind kind;
     bool rows_b = false;  // M = B (after a pool) instead of T
@@ -91,6 +97,7 @@ class Engine {
     EmbedArgs em;
     AttnArgs at;
     PoolArgs po;
+    GluArgs gl;
     // QUANT
     const float* qx = nullptr;
     int qldx = 0, qK = 0;
@@ -124,6 +131,7 @@ class Engine {
   std::vector<int> parts_;
   std::unique_ptr<StepSync[]> sync_;
   int vocab_ = 0, max_pos_ = 0;
+  int max_seq_ = 0;  // > 0: the longest sequence the attention tables cover
   size_t out_off_ = 0;
   int out_cols_ = 0;
   bool have_pool_ = false, finalized_ = false;

@@ -266,7 +266,7 @@ class Engine(HeadsMixin):
         # the tokenizer's ids and positions need no per-call range check when they cannot
         # leave the tables (the native tokenizer knows its largest id; HF's output is checked)
         native = getattr(tokenizer, "native", None)
-        npos = model.weights["embed.pos"].shape[0]
+        npos = model.position_rows()
         self._trusted_ids = (
             native is not None
             and native.vocab_size <= self.spec.vocab_size
@@ -331,7 +331,7 @@ class Engine(HeadsMixin):
             )
         if len(ids) and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
             raise InputError(f"token ids must lie in [0, {self.spec.vocab_size})")
-        npos = self.model.weights["embed.pos"].shape[0]
+        npos = self.model.position_rows()
         if len(positions) and (positions.min() < 0 or positions.max() >= npos):
             raise InputError(f"positions must lie in [0, {npos})")
         if np.any(np.diff(cu) > self.max_tokens):
@@ -480,7 +480,7 @@ class Engine(HeadsMixin):
 
     def _check_ids(self, ids, pos) -> None:
         """A chunk's ids and positions within the tables (a tokenizer the engine cannot trust)."""
-        npos = self.model.weights["embed.pos"].shape[0]
+        npos = self.model.position_rows()
         if len(ids) and (ids.max() >= self.spec.vocab_size or ids.min() < 0):
             raise InputError(
                 f"the tokenizer produced ids outside the model's vocabulary of "

@@ -82,9 +82,11 @@ def make_backend(model: CompiledModel, device: str) -> Backend:
             ) from e
         return CpuBackend(model)
     if device == "cuda":
+        from zoi.backends.arch_support import check_cuda
         from zoi.backends.cuda import CudaBackend
         from zoi.backends.cuda.options import CudaOptions
 
+        check_cuda(model)
         # the engine's edge: ZOI_PERSISTENT=0|1 etc. override the measured defaults here only
         return CudaBackend(model, options=CudaOptions.from_env())
     raise ValueError(f"unknown device {device!r}")

@@ -15,7 +15,44 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-MODELS = ("minilm", "bert-base", "minilm-ce")
+MODELS = ("minilm", "bert-base", "minilm-ce", "mpnet-base", "modernbert-base")
+
+# random-init stand-ins with the real models' configs (all-mpnet-base-v2, ModernBERT-base),
+# the MiniLM tokenizer (its ids fit both vocabularies) and mean pooling, as bert-base
+_RANDOM_ARCHS = {
+    "mpnet-base": (
+        "MPNetConfig",
+        "MPNetModel",
+        dict(
+            vocab_size=30527,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=514,
+            hidden_act="gelu",
+            layer_norm_eps=1e-5,
+        ),
+    ),
+    "modernbert-base": (
+        "ModernBertConfig",
+        "ModernBertModel",
+        dict(
+            vocab_size=50368,
+            hidden_size=768,
+            num_hidden_layers=22,
+            num_attention_heads=12,
+            intermediate_size=1152,
+            max_position_embeddings=8192,
+            hidden_activation="gelu",
+            local_attention=128,
+            global_attn_every_n_layers=3,
+            global_rope_theta=160000.0,
+            local_rope_theta=10000.0,
+            norm_eps=1e-5,
+        ),
+    ),
+}
 
 
 @dataclass
@@ -57,28 +94,35 @@ _TOKENIZER_FILES = (
 )
 
 
-def _make_bert_base(dst: Path, src_tok: Path) -> None:
+def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
     import torch
+    import transformers
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(
-        vocab_size=30522,
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        max_position_embeddings=512,
-        hidden_act="gelu",
-    )
+    if arch in _RANDOM_ARCHS:
+        cname, mname, kw = _RANDOM_ARCHS[arch]
+        cfg = getattr(transformers, cname)(**kw)
+        model_cls = getattr(transformers, mname)
+    else:
+        model_cls = BertModel
+        cfg = BertConfig(
+            vocab_size=30522,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=512,
+            hidden_act="gelu",
+        )
     torch.manual_seed(0)
-    model = BertModel(cfg).eval()  # a standard checkpoint (pooler included, never used)
+    model = model_cls(cfg).eval()  # a standard checkpoint (pooler included, never used)
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     # fields older readers (e.g. CTranslate2's converter) expect in a BERT config.json
     cj = json.loads((tmp / "config.json").read_text())
     cj.setdefault("position_embedding_type", "absolute")
-    cj.setdefault("architectures", ["BertModel"])
+    cj.setdefault("architectures", [model_cls.__name__])
     (tmp / "config.json").write_text(json.dumps(cj, indent=2))
     for f in _TOKENIZER_FILES:
         if (src_tok / f).exists():
@@ -119,7 +163,7 @@ def _make_bert_base(dst: Path, src_tok: Path) -> None:
         json.dumps({"max_seq_length": 512, "do_lower_case": False})
     )
     (tmp / "ZOI_BENCH_README.txt").write_text(
-        "BERT-base shape, random init (torch.manual_seed(0)), written by zoi.bench.models\n"
+        f"{arch} shape, random init (torch.manual_seed(0)), written by zoi.bench.models\n"
     )
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
@@ -173,4 +217,13 @@ def get_model(name: str, cache_dir: Path) -> ModelRef:
             dst.parent.mkdir(parents=True, exist_ok=True)
             _make_cross_encoder(dst, minilm_path())
         return ModelRef("minilm-ce", dst, hidden=384, layers=6, heads=12, max_len=512)
+    if name in _RANDOM_ARCHS:
+        kw = _RANDOM_ARCHS[name][2]
+        dst = Path(cache_dir) / "models" / f"{name}-random-s0"
+        if not (dst / "model.safetensors").exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _make_bert_base(dst, minilm_path(), name)
+        return ModelRef(
+            name, dst, hidden=768, layers=kw["num_hidden_layers"], heads=12, max_len=512
+        )
     raise ValueError(f"unknown benchmark model {name!r} (one of {MODELS})")

@@ -15,6 +15,10 @@ from typing import Any
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
+from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
+from zoi.frontend.archs import expected_shapes as arch_expected_shapes
+from zoi.frontend.archs import mapping as arch_mapping
+from zoi.frontend.archs import spec_fields as arch_spec_fields
 from zoi.frontend.heads import head_from_config, head_shapes, load_head_weights, st_head
 from zoi.frontend.paths import check_file, inside, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile
@@ -26,8 +30,12 @@ SUPPORTED_TYPES = {
     "roberta": "roberta",
     "xlm-roberta": "roberta",
     "camembert": "roberta",
+    "mpnet": "mpnet",
+    "modernbert": "modernbert",
+    "electra": "electra",
+    "albert": "albert",
 }
-SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel (model_type bert, distilbert, roberta, xlm-roberta, camembert)"
+SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert)"
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
@@ -75,6 +83,13 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
         )
     arch = SUPPORTED_TYPES[mtype]
+    if arch in NEW_ARCHS:
+        if head_from_config(folder, cfg, arch):
+            raise UnsupportedModelError(
+                f"{folder / 'config.json'}: architectures {cfg.get('architectures')}: task heads "
+                f"on {arch} are not supported yet; use the base model's checkpoint for embeddings"
+            )
+        return _new_arch_spec(folder, cfg, arch)
     head = head_from_config(folder, cfg, arch)  # refuses the heads zoi does not run
     if arch == "distilbert":
         hidden = _field(cfg, cpath, "dim")
@@ -149,6 +164,39 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     return spec
 
 
+def _new_arch_spec(folder: Path, cfg: dict, arch: str) -> ModelSpec:
+    """MPNet / ModernBERT / Electra / ALBERT (zoi.frontend.archs), with the same sanity caps."""
+    cpath = folder / "config.json"
+    kw = arch_spec_fields(arch, cfg, cpath, _field, _ACTS)
+    kw["vocab_size"] = _field(cfg, cpath, "vocab_size")
+    for what, key, cap in (
+        ("hidden size", "hidden", 1 << 16),
+        ("layer count", "layers", 1024),
+        ("head count", "heads", 1024),
+        ("intermediate size", "intermediate", 1 << 18),
+        ("vocab size", "vocab_size", 1 << 24),
+        ("max_position_embeddings", "max_positions", 1 << 20),
+        ("embedding_size", "embed_size", 1 << 16),
+    ):
+        if kw.get(key, 0) > cap:
+            raise CheckpointError(
+                f"{cpath}: {what} {kw[key]} is implausibly large (limit {cap}); is config.json corrupt?"
+            )
+    if kw["hidden"] == 0 or kw["heads"] == 0 or kw["layers"] == 0 or kw["hidden"] % kw["heads"]:
+        raise CheckpointError(
+            f"{cpath}: hidden size {kw['hidden']} must be a positive multiple of the head count "
+            f"{kw['heads']}"
+        )
+    if kw["max_positions"] < 2:
+        raise CheckpointError(f"{cpath}: max_position_embeddings leaves no room for a sequence")
+    try:
+        spec = ModelSpec(arch=arch, name=folder.resolve().name, **kw)
+        spec.validate()
+    except ValueError as e:
+        raise CheckpointError(f"{cpath}: {e}") from None
+    return spec
+
+
 # sentence-transformers pooling modes: legacy boolean keys and the names of `pooling_mode`
 _ST_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -197,7 +245,7 @@ def _pooling_mode(pcfg: Any, path: Path) -> str:
 def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
     """Pooling / Normalize / max_seq_length from a sentence-transformers folder, if it is one."""
     modules_path = folder / "modules.json"
-    pooling, normalize, maxlen = "mean", False, spec.max_positions
+    pooling, normalize, maxlen = spec.pooling, False, spec.max_positions
     if modules_path.exists():
         modules = read_json(modules_path, folder)
         if not isinstance(modules, list):
@@ -306,6 +354,8 @@ def _mapping(arch: str, layers: int) -> dict[str, list[str]]:
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    if spec.arch in NEW_ARCHS:
+        return arch_expected_shapes(spec)
     H, I, L = spec.hidden, spec.intermediate, spec.layers
     s: dict[str, tuple[int, ...]] = {
         "embed.word": (spec.vocab_size, H),
@@ -359,13 +409,21 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
         for n in f.names():
             where[n] = f
     names = list(where)
-    prefix = _find_prefix(names, "embeddings.word_embeddings.weight")
+    optional: set[str] = set()
+    if spec.arch in NEW_ARCHS:
+        cfg = read_json(folder / "config.json", folder)
+        mapping, optional = arch_mapping(spec, cfg)
+        shapes = source_shapes(spec)
+    else:
+        mapping, shapes = _mapping(spec.arch, spec.layers), expected_shapes(spec)
+    prefix = _find_prefix(names, mapping["embed.word"][0])
     # max positions in the table may exceed what the tokenizer limit uses: keep the whole table
     out: dict[str, np.ndarray] = {}
-    shapes = expected_shapes(spec)
-    for canon, sources in _mapping(spec.arch, spec.layers).items():
+    for canon, sources in mapping.items():
         if canon == "embed.type" and not spec.type_vocab_size:
             continue
+        if canon in optional and not any(c in where for c in _legacy(prefix + sources[0])):
+            continue  # a bias the config leaves out (zero, zoi.frontend.archs.derive)
         parts = []
         for src in sources:
             found = None
@@ -402,6 +460,8 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
                 f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values"
             )
         out[canon] = arr
+    if spec.arch in NEW_ARCHS:
+        return derive(spec, out)
     out.update(load_head_weights(folder, spec, lambda n: where[n].get(n), set(names), prefix))
     return out
 

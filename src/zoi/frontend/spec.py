@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu")  # the FFN activation (`act`)
 SUPPORTED_POOLING = ("mean", "cls", "max")  # `pooling`
+ARCHS = ("bert", "distilbert", "roberta", "mpnet", "modernbert", "electra", "albert")
 HEADS = ("", "seq_cls", "token_cls", "splade")  # `head` ("": an embedding model; zoi/heads)
 HEAD_ACTS = ("", "tanh", "relu", "gelu", "gelu_tanh")  # `head_act`
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    arch: str  # "bert" | "distilbert" | "roberta"
+    arch: str  # one of ARCHS
     vocab_size: int
     hidden: int
     layers: int
@@ -27,6 +28,14 @@ class ModelSpec:
     pooling: str = "mean"
     normalize: bool = False
     name: str = "model"
+    # architecture extras (docs/ARCHITECTURE.md; 0 = absent)
+    embed_size: int = 0  # Electra / ALBERT: embeddings of this width, then a projection to hidden
+    rel_buckets: int = 0  # MPNet: relative position buckets (bidirectional), max distance below
+    rel_max_distance: int = 0
+    rope_theta: float = 0.0  # ModernBERT: RoPE base of the global layers
+    rope_theta_local: float = 0.0  # ... of the local (sliding-window) layers
+    local_window: int = 0  # ModernBERT: a local layer's token attends to |i - j| <= local_window
+    global_every: int = 0  # ModernBERT: layer i is global when i % global_every == 0
     # task head (issue 20, docs/ARCHITECTURE.md "Heads"): "" | seq_cls | token_cls | splade;
     # head_act: seq_cls's pooler activation (tanh, relu: DistilBERT), splade's transform act;
     # labels: id2label of the classifier (num_labels = len(labels))
@@ -76,8 +85,8 @@ class ModelSpec:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
             return v
 
-        if self.arch not in ("bert", "distilbert", "roberta"):
-            raise ValueError(f"arch must be bert, distilbert or roberta, got {self.arch!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         for name in ("vocab_size", "hidden", "layers", "heads", "intermediate"):
             count(name, 1)
         count("max_positions", 2)  # [CLS] and [SEP]
@@ -96,6 +105,26 @@ class ModelSpec:
             raise ValueError(f"pooling must be one of {SUPPORTED_POOLING}, got {self.pooling!r}")
         if not isinstance(self.normalize, bool):
             raise ValueError(f"normalize must be true or false, got {self.normalize!r}")
+        for name in ("embed_size", "rel_buckets", "rel_max_distance", "local_window"):
+            count(name, 0)
+        count("global_every", 0)
+        for name in ("rope_theta", "rope_theta_local"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e12:
+                raise ValueError(f"{name} must be a number >= 0, got {v!r}")
+        if self.arch == "modernbert":
+            if self.rope_theta <= 0 or self.head_dim % 2:
+                raise ValueError(
+                    f"modernbert needs rope_theta > 0 and an even head_dim, got "
+                    f"{self.rope_theta!r} / {self.head_dim}"
+                )
+            if self.global_every < 1:
+                raise ValueError(f"global_every must be >= 1, got {self.global_every!r}")
+        if self.arch == "mpnet" and (self.rel_buckets < 2 or self.rel_max_distance < 1):
+            raise ValueError(
+                f"mpnet needs rel_buckets >= 2 and rel_max_distance >= 1, got "
+                f"{self.rel_buckets!r} / {self.rel_max_distance!r}"
+            )
         if not isinstance(self.name, str):
             raise ValueError(f"name must be a string, got {self.name!r}")
         self._validate_head()

@@ -15,6 +15,10 @@ def linear_prefix(op: Op) -> str:
 
 
 def build_graph(spec: ModelSpec) -> Graph:
+    if spec.arch == "modernbert":
+        from zoi.graph.build_archs import build_modernbert
+
+        return build_modernbert(spec)
     H, I = spec.hidden, spec.intermediate
     bufs: dict[str, Buffer] = {}
     ops: list[Op] = []
@@ -50,9 +54,13 @@ def build_graph(spec: ModelSpec) -> Graph:
     ew = {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"}
     if spec.type_vocab_size:
         ew["type"] = "embed.type"
+    E = spec.embed_size or H  # Electra / ALBERT: factorised embeddings, then a projection
     ins = ["ids", "positions"] + (["types"] if uses_types(spec) else [])  # types: pairs (heads)
-    ops.append(Op("embed", ins, buf("x0", H), ew, {"eps": spec.eps}))
+    ops.append(Op("embed", ins, buf("x0", E), ew, {"eps": spec.eps}))
     x = "x0"
+    if spec.embed_size:
+        x = lin(x, "embed.proj", "x0p", H)
+    attn_w = {"rel_bias": "rel_bias"} if spec.rel_buckets else {}  # MPNet
     for i in range(spec.layers):
         qkv = lin(x, f"l{i}.qkv", f"l{i}.qkv_out", 3 * H)
         ops.append(
@@ -60,7 +68,7 @@ def build_graph(spec: ModelSpec) -> Graph:
                 "attention",
                 [qkv, "cu_seqlens"],
                 buf(f"l{i}.ctx", H),
-                {},
+                dict(attn_w),
                 {
                     "heads": spec.heads,
                     "head_dim": spec.head_dim,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool")  # every op of the IR
+OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool", "glu")  # every op of the IR
 ACTS = ("none", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh")  # a linear's "act" attribute
 POOL_MODES = ("mean", "cls", "max", "splade")  # splade: max over tokens of log1p(relu(x))
 
@@ -32,7 +32,7 @@ class Op:
     def __post_init__(self):
         if self.kind not in OP_KINDS:
             raise ValueError(f"unknown op kind {self.kind!r}: the IR has {', '.join(OP_KINDS)}")
-        if self.kind == "linear" and self.attrs.get("act", "none") not in ACTS:
+        if self.kind in ("linear", "glu") and self.attrs.get("act", "none") not in ACTS:
             raise ValueError(
                 f"unknown activation {self.attrs['act']!r} of linear {self.output!r}: "
                 f"the IR has {', '.join(ACTS)}"

@@ -164,7 +164,7 @@ class HeadsMixin(EncodeOptionsMixin):
         return enc
 
     def _check_ids(self, ids: np.ndarray, pos: np.ndarray) -> None:
-        npos = self.model.weights["embed.pos"].shape[0]
+        npos = self.model.position_rows()
         if len(ids) and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
             raise InputError(
                 f"the tokenizer produced ids outside the model's vocabulary of "

@@ -99,7 +99,9 @@ def embed_rows(
 ) -> np.ndarray:
     """embed() with the word rows already gathered (float or dequantised INT8 table);
     types: int32[T] token types (pairs, heads), else row 0 of the type table for every token."""
-    x = word_rows.astype(dtype) + pos[positions].astype(dtype)
+    x = word_rows.astype(dtype)
+    if pos is not None:  # ModernBERT has no position table (RoPE in attention)
+        x = x + pos[positions].astype(dtype)
     if type_ is not None:
         x = x + (type_[0] if types is None else type_[np.asarray(types)]).astype(dtype)
     return layernorm(x, ln_w.astype(dtype), ln_b.astype(dtype), eps)
@@ -116,10 +118,31 @@ def linear(x, w, b, act="none", residual=None) -> np.ndarray:
     return y.astype(x.dtype)
 
 
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary embedding of x [heads, L, d] at positions 0..L-1 (transformers' rotate_half form):
+    x * cos + rotate_half(x) * sin, cos / sin [>= L, d/2] (the tables of zoi.frontend.archs)."""
+    L, h = x.shape[1], x.shape[2] // 2
+    c = np.concatenate([cos[:L], cos[:L]], axis=1).astype(x.dtype)
+    s = np.concatenate([sin[:L], sin[:L]], axis=1).astype(x.dtype)
+    rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return (x * c + rot * s).astype(x.dtype)
+
+
 def attention(
-    qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int, head_dim: int, scale: float
+    qkv: np.ndarray,
+    cu_seqlens: np.ndarray,
+    heads: int,
+    head_dim: int,
+    scale: float,
+    bias: np.ndarray | None = None,
+    window: int = 0,
+    rope_cs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Varlen self-attention over packed sequences. qkv [T, 3H] -> ctx [T, H]."""
+    """Varlen self-attention over packed sequences. qkv [T, 3H] -> ctx [T, H].
+
+    bias [heads, 2P-1] (MPNet's relative position bias): scores[h, i, j] += bias[h, j - i + P - 1];
+    window > 0 (ModernBERT's local layers): key j is seen by query i only when |i - j| <= window;
+    rope_cs (cos, sin) [P, d/2]: q and k rotated first (RoPE at the position in the sequence)."""
     H = heads * head_dim
     out = np.empty((qkv.shape[0], H), dtype=qkv.dtype)
     for s in range(len(cu_seqlens) - 1):
@@ -127,7 +150,15 @@ def attention(
         q = qkv[a:e, :H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
         k = qkv[a:e, H : 2 * H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
         v = qkv[a:e, 2 * H :].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
+        if rope_cs is not None:
+            q, k = rope(q, *rope_cs), rope(k, *rope_cs)
         sc = (q @ k.transpose(0, 2, 1)) * qkv.dtype.type(scale)
+        ij = np.arange(e - a)[None, :] - np.arange(e - a)[:, None]  # j - i
+        if bias is not None:
+            P = (bias.shape[1] + 1) // 2
+            sc = sc + bias[:, ij + P - 1].astype(sc.dtype)
+        if window > 0:
+            sc = np.where(np.abs(ij) <= window, sc, sc.dtype.type(-np.inf))
         sc = sc - sc.max(axis=-1, keepdims=True)
         p = np.exp(sc)
         p = p / p.sum(axis=-1, keepdims=True)
@@ -136,7 +167,27 @@ def attention(
 
 
 def add_layernorm(x, residual, w, b, eps) -> np.ndarray:
-    return layernorm(x + residual, w.astype(x.dtype), b.astype(x.dtype), eps)
+    """LN(x + residual) * w + b; residual None: LN(x) (the pre-norm layers of ModernBERT)."""
+    s = x if residual is None else x + residual
+    return layernorm(s, w.astype(x.dtype), b.astype(x.dtype), eps)
+
+
+def glu(x: np.ndarray, act: str) -> np.ndarray:
+    """Gated linear unit (ModernBERT's GeGLU): x [T, 2n] -> act(x[:, :n]) * x[:, n:]."""
+    n = x.shape[1] // 2
+    return (activation(x[:, :n], act) * x[:, n:]).astype(x.dtype)
+
+
+def attention_extras(op, weights: dict) -> dict:
+    """The optional inputs of an attention op (bias table, window, RoPE tables) as kwargs."""
+    wn, kw = op.weights, {}
+    if "rel_bias" in wn:
+        kw["bias"] = weights[wn["rel_bias"]]
+    if op.attrs.get("window", 0):
+        kw["window"] = int(op.attrs["window"])
+    if "rope_cos" in wn:
+        kw["rope_cs"] = (weights[wn["rope_cos"]], weights[wn["rope_sin"]])
+    return kw
 
 
 def pool(x: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> np.ndarray:
@@ -264,7 +315,7 @@ def execute(
             env[op.output] = embed_rows(
                 gather_rows(W, wn["word"], ins[0]),
                 ins[1],
-                W[wn["pos"]],
+                W[wn["pos"]] if "pos" in wn else None,
                 W[wn["ln_w"]],
                 W[wn["ln_b"]],
                 a["eps"],
@@ -284,13 +335,14 @@ def execute(
                 y = y + ins[1]
             env[op.output] = y.astype(dtype)
         elif op.kind == "attention":
-            env[op.output] = attention(ins[0], ins[1], a["heads"], a["head_dim"], a["scale"])
+            env[op.output] = attention(
+                ins[0], ins[1], a["heads"], a["head_dim"], a["scale"], **attention_extras(op, W)
+            )
         elif op.kind == "add_layernorm":
-            if len(ins) == 1:  # a plain LayerNorm (the MLM head's transform)
-                w, b = W[wn["w"]].astype(ins[0].dtype), W[wn["b"]].astype(ins[0].dtype)
-                env[op.output] = layernorm(ins[0], w, b, a["eps"])
-            else:
-                env[op.output] = add_layernorm(ins[0], ins[1], W[wn["w"]], W[wn["b"]], a["eps"])
+            r = ins[1] if len(ins) > 1 else None  # one input: a plain LayerNorm (pre-norm, MLM head)
+            env[op.output] = add_layernorm(ins[0], r, W[wn["w"]], W[wn["b"]], a["eps"])
+        elif op.kind == "glu":
+            env[op.output] = glu(ins[0], a["act"])
         elif op.kind == "pool":
             env[op.output] = pool(ins[0], ins[1], a["mode"])
         else:

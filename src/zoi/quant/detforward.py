@@ -16,7 +16,14 @@ import numpy as np
 
 from zoi.graph.build import linear_prefix
 from zoi.numerics import primitives as qp
-from zoi.numerics.reference import erf_f32, gather_rows, linear_apply, pre_transform
+from zoi.numerics.reference import (
+    attention_extras,
+    erf_f32,
+    gather_rows,
+    linear_apply,
+    pre_transform,
+    rope,
+)
 from zoi.quant.detmath import det_exp, det_matmul, fixed_mean, fixed_sum
 
 _SQRT1_2 = np.float32(1.0 / np.sqrt(2.0))
@@ -68,8 +75,17 @@ def linear(x: np.ndarray, weights: dict, prefix: str, lq=None) -> np.ndarray:
 
 
 def attention(
-    qkv: np.ndarray, cu_seqlens: np.ndarray, heads: int, head_dim: int, scale: float
+    qkv: np.ndarray,
+    cu_seqlens: np.ndarray,
+    heads: int,
+    head_dim: int,
+    scale: float,
+    bias=None,
+    window: int = 0,
+    rope_cs=None,
 ) -> np.ndarray:
+    """The reference's attention (bias / window / RoPE as zoi.numerics.reference.attention);
+    RoPE is elementwise there (bit-identical everywhere), so it is reused."""
     H = heads * head_dim
     out = np.empty((qkv.shape[0], H), np.float32)
     sc32 = float(np.float32(scale))
@@ -81,7 +97,15 @@ def attention(
         q = x[:, 0].transpose(1, 0, 2)  # [heads, L, d]
         k = x[:, 1].transpose(1, 0, 2)
         v = x[:, 2].transpose(1, 2, 0)  # [heads, d, L]
+        if rope_cs is not None:
+            q, k = rope(q, *rope_cs), rope(k, *rope_cs)
         sc = det_matmul(q, k) * sc32
+        ij = np.arange(e - a)[None, :] - np.arange(e - a)[:, None]  # j - i
+        if bias is not None:
+            P = (bias.shape[1] + 1) // 2
+            sc = sc + bias[:, ij + P - 1].astype(np.float64)
+        if window > 0:
+            sc = np.where(np.abs(ij) <= window, sc, -np.inf)
         sc = sc - sc.max(axis=-1, keepdims=True)
         p = det_exp(sc)
         p = p / fixed_sum(p, -1, keepdims=True)
@@ -128,7 +152,8 @@ def execute(
         a, wn = op.attrs, op.weights
         if op.kind == "embed":
             x = gather_rows(W, wn["word"], ins[0]).astype(np.float32)
-            x = x + W[wn["pos"]][ins[1]].astype(np.float32)
+            if "pos" in wn:
+                x = x + W[wn["pos"]][ins[1]].astype(np.float32)
             if "type" in wn:
                 x = x + W[wn["type"]][0].astype(np.float32)
             env[op.output] = layernorm(x, W[wn["ln_w"]], W[wn["ln_b"]], a["eps"])
@@ -142,10 +167,16 @@ def execute(
                 y = y + ins[1]
             env[op.output] = y.astype(np.float32)
         elif op.kind == "attention":
-            env[op.output] = attention(ins[0], ins[1], a["heads"], a["head_dim"], a["scale"])
+            env[op.output] = attention(
+                ins[0], ins[1], a["heads"], a["head_dim"], a["scale"], **attention_extras(op, W)
+            )
         elif op.kind == "add_layernorm":
-            env[op.output] = layernorm(
-                (ins[0] + ins[1]).astype(np.float32), W[wn["w"]], W[wn["b"]], a["eps"]
+            x = ins[0] + ins[1] if len(ins) > 1 else ins[0]
+            env[op.output] = layernorm(x.astype(np.float32), W[wn["w"]], W[wn["b"]], a["eps"])
+        elif op.kind == "glu":
+            n = ins[0].shape[1] // 2
+            env[op.output] = (activation(ins[0][:, :n], a["act"]) * ins[0][:, n:]).astype(
+                np.float32
             )
         elif op.kind == "pool":
             env[op.output] = pool(ins[0], ins[1], a["mode"])

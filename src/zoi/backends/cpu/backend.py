@@ -102,7 +102,11 @@ class CpuBackend(SyncSubmit):
                     word = None
                     word_q = self._hold(np.ascontiguousarray(W["embed.word_q"], dtype=np.int8))
                     word_scale = self._hold(_f32(W["embed.word_scale"]))
-                pos = self._hold(_f32(W[ow["pos"]]))
+                if "pos" in ow:
+                    pos = self._hold(_f32(W[ow["pos"]]))
+                else:  # no position table (ModernBERT: RoPE): zeros, rows a sequence can reach
+                    rows = min(model.position_rows(), int(plan.max_tokens))
+                    pos = self._hold(np.zeros((rows, graph.buffers[op.output].cols), np.float32))
                 type0 = _f32(W[ow["type"]][0]) if "type" in ow else None
                 eng.add_embed(
                     off[op.output],
@@ -164,6 +168,26 @@ class CpuBackend(SyncSubmit):
                         w, b = w64.astype(np.float32), b64.astype(np.float32)
                     eng.add_linear_f32(off[op.inputs[0]], off[op.output], w, b, act, res)
                     self.linear_kinds[p] = "fp32"
+            elif op.kind == "attention" and (op.weights or op.attrs.get("window", 0)):
+                a, aw = op.attrs, op.weights
+                eng.add_attention_ext(
+                    off[op.inputs[0]],
+                    off[op.output],
+                    int(a["heads"]),
+                    int(a["head_dim"]),
+                    float(a["scale"]),
+                    _f32(W[aw["rel_bias"]]) if "rel_bias" in aw else None,
+                    int(a.get("window", 0)),
+                    _f32(W[aw["rope_cos"]]) if "rope_cos" in aw else None,
+                    _f32(W[aw["rope_sin"]]) if "rope_sin" in aw else None,
+                )
+            elif op.kind == "glu":
+                eng.add_glu(
+                    off[op.inputs[0]],
+                    off[op.output],
+                    graph.buffers[op.output].cols,
+                    op.attrs["act"],
+                )
             elif op.kind == "attention":
                 a = op.attrs
                 eng.add_attention(

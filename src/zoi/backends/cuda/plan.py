@@ -78,7 +78,8 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
     while i < len(ops):
         op = ops[i]
         if op.kind == "embed":
-            out.append(Launch("embed", op, op.output, list(op.inputs), n=model.spec.hidden))
+            cols = g.buffers[op.output].cols  # embed_size (Electra / ALBERT), else hidden
+            out.append(Launch("embed", op, op.output, list(op.inputs), n=cols))
         elif op.kind == "linear":
             prefix = op.weights["w"].rsplit(".", 1)[0]
             mode, samax = linear_mode(model, prefix)

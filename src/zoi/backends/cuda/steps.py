@@ -72,7 +72,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     amx(L.out) if L.amax_out else None,
                     arena.amax_region,
                     tb,
-                    sp.hidden,
+                    L.n,
                     nz,
                     T,
                     L.op.attrs["eps"],
