@@ -35,14 +35,16 @@ const DecKernels& dec_kernels(Isa isa) {
     case Isa::Vnni: return vnni::dec_table();
     case Isa::Avx512: return avx512::dec_table();
     case Isa::Avx2: return avx2::dec_table();
+    case Isa::AvxVnni: return avx2::dec_table();  // the decoder's own kernels are AVX2 there; w8a8 GEMMs use kernel_table's avxvnni
     default: return scalar::dec_table();
   }
 }
 
 DecoderModel::DecoderModel(const DecConfig& c, const std::string& isa) : c_(c) {
   Isa i = active_isa();
-  if (!isa.empty() && !parse_isa(isa, &i)) throw std::invalid_argument("unknown ISA; expected vnni|avx512|avx2|scalar");
+  if (!isa.empty() && !parse_isa(isa, &i)) throw std::invalid_argument("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
   dk_ = &dec_kernels(i);
+  isa_ = i;
   kt_ = &kernel_table(i);
   if (c.vocab < 1 || c.hidden < 1 || c.inter < 1 || c.layers < 1 || c.heads < 1 || c.kv_heads < 1 ||
       c.heads % c.kv_heads || c.head_dim < 2 || c.head_dim % 2 || c.head_dim > kDecMaxD)

@@ -42,7 +42,7 @@ class DecoderModel {
   const float* logits() const { return logits_; }  // [last_rows, vocab] of the last step
   int last_rows() const { return nw_; }
   const DecConfig& config() const { return c_; }
-  Isa isa() const { return dk_->isa; }
+  Isa isa() const { return isa_; }  // as chosen (avxvnni runs the AVX2 decoder kernels)
   int nthreads() const { return nthreads_; }
   size_t weights_bytes() const { return weights_bytes_; }
   size_t kv_bytes() const { return kv_bytes_; }
@@ -78,6 +78,7 @@ class DecoderModel {
 
   DecConfig c_;
   const DecKernels* dk_;
+  Isa isa_ = Isa::Scalar;
   const KernelTable* kt_;
   std::vector<Lin8> lin8_;  // [layers + 1][4]: qkv, o, gu, d (lm_head in the last row's first)
   AlignedBuf qbuf_, qscale_, qzp_;
