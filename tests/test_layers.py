@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("graph", ("zoi.graph",)),  # IR, builder, memory planner, CompiledModel
     ("quant, backends", ("zoi.quant", "zoi.backends")),  # siblings: neither imports the other
     ("heads", ("zoi.heads",)),  # task heads' API (issue 20): the Engine mixes it in
+    ("pipeline", ("zoi.pipeline",)),  # the chunk loop on submit / wait (issue 19)
     ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (issue 14, zoi/decoder/api.py)
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
     ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),

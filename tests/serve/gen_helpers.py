@@ -11,9 +11,9 @@ import time
 
 from tests.decoder.fakes import ByteTokenizer, FakeBackend
 
-from zoi.decoder.serving import DecoderService
 from zoi.serve.app import create_app
 from zoi.serve.config import ServeConfig
+from zoi.serve.decoder_service import DecoderService
 
 MODEL = "fake-decoder"
 

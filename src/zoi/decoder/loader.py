@@ -34,7 +34,8 @@ def is_decoder_folder(path: str | os.PathLike) -> bool:
         c = read_json(cfg, Path(path))
     except CheckpointError:
         return False
-    return isinstance(c, dict) and c.get("model_type") in DECODER_TYPES
+    mt = c.get("model_type") if isinstance(c, dict) else None
+    return isinstance(mt, str) and mt in DECODER_TYPES  # a list / dict there: the encoder loader says what is wrong
 
 
 def _get(cfg: dict, cpath: Path, name: str, kind: type, default: Any = ...) -> Any:

@@ -234,10 +234,11 @@ class _NoMetrics:
 class DecoderMetrics:
     """Prometheus metrics of the scheduler, registered in `registry` (the server's own)."""
 
-    def __init__(self, registry):
+    def __init__(self, registry, seconds_buckets=None):
         from prometheus_client import Counter, Gauge, Histogram
 
-        from zoi.serve.metrics import _SECONDS
+        # the server passes its latency buckets (zoi.serve.metrics; the decoder is a layer below)
+        _SECONDS = tuple(seconds_buckets or (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0))
 
         r = registry
         self.running = Gauge("zoi_decoder_running", "sequences in the running batch", registry=r)

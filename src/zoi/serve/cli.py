@@ -277,7 +277,7 @@ def cmd_serve(args) -> int:
     sock = _bind(config.host, config.port)  # fail fast, before a long compile
     t0 = time.perf_counter()
     engine = open_engine(model, config)
-    from zoi.decoder.serving import is_decoder_engine
+    from zoi.serve.decoder_service import is_decoder_engine
 
     if is_decoder_engine(engine):
         return _serve_decoder(engine, config, sock, t0)
@@ -315,8 +315,8 @@ def cmd_serve(args) -> int:
 
 def _serve_decoder(gen, config: ServeConfig, sock, t0: float) -> int:
     """`zoi serve DECODER_FOLDER`: OpenAI completions and chat completions (issue 14)."""
-    from zoi.decoder.serving import DecoderService
     from zoi.serve.app import create_app
+    from zoi.serve.decoder_service import DecoderService
 
     service = DecoderService.from_generator(gen, config)
     name = service.model_name

@@ -23,8 +23,8 @@ from starlette.routing import Route
 
 from zoi.decoder.api import SamplingParams
 from zoi.decoder.scheduler import AsyncSink, Delta, Finished, Queued, QueueFull, SchedulerClosed
-from zoi.decoder.serving import DEFAULT_MAX_TOKENS, DecoderService
 from zoi.errors import InputError
+from zoi.serve.decoder_service import DEFAULT_MAX_TOKENS, DecoderService
 from zoi.serve.http import ApiError, ClientGone, dumps, json_response, parse_json, read_body
 from zoi.serve.routes_openai import _CODES, _TYPES
 

@@ -1,6 +1,6 @@
 """Load test of the generate routes: tokens/s and time to first token at N concurrent streams.
 
-    python -m zoi.decoder.serving_load FOLDER --concurrency 8 32 --max-tokens 64 --out R.json
+    python -m zoi.bench.decoder_load FOLDER --concurrency 8 32 --max-tokens 64 --out R.json
 
 Starts `zoi serve FOLDER` (or uses --url), runs N clients, each streaming `--requests` completions
 one after another (greedy, ignore_eos, `stream_options.include_usage` for exact token counts), and
@@ -135,7 +135,7 @@ def in_process(folder: str, concurrency: int, max_tokens: int, opts: dict) -> di
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zoi.decoder.serving_load")
+    ap = argparse.ArgumentParser(prog="python -m zoi.bench.decoder_load")
     ap.add_argument("folder", nargs="?", help="decoder folder to serve (ignored with --url)")
     ap.add_argument("--url", default=None)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from zoi.decoder.scheduler import DecoderMetrics, Scheduler
 from zoi.serve.config import ServeConfig
 from zoi.serve.http import ApiError
-from zoi.serve.metrics import Metrics
+from zoi.serve.metrics import _SECONDS, Metrics
 
 log = logging.getLogger("zoi.serve")
 
@@ -56,7 +56,7 @@ class DecoderService:
         self.device = device
         self.dtype = {"fp32": "float32", "int8": "int8"}.get(precision, precision)
         self.metrics = Metrics()
-        self.decoder_metrics = DecoderMetrics(self.metrics.registry)
+        self.decoder_metrics = DecoderMetrics(self.metrics.registry, _SECONDS)
         self.in_flight = 0
         self.connections = None  # a zoi.serve.guard.ConnectionTracker once serving
         self.ready = False
