@@ -1,6 +1,6 @@
 """Whole-model latency of the native engine on MiniLM / BERT-base shapes (random weights).
 
-    python bench/ops/engine_bench.py [--model minilm|bert-base] [--precision int8|fp32] [--shapes 1x16,1x128,32x128]
+    python lab/cpu/engine_bench.py [--model minilm|bert-base] [--precision int8|fp32] [--shapes 1x16,1x128,32x128]
 
 Times `Engine.run_repeat` (the loop stays in C++) and the Python `CpuBackend.run` path; prints
 p50 / p99 per call over repeated single calls and the mean of a C++ loop.

@@ -1,6 +1,6 @@
 """Per-op profile of the native engine (thread 0's wall and CPU time per step, summed by kind).
 
-    python bench/ops/profile_ops.py [--model minilm|bert-base] [--shape 1x128] [--threads 1] [--runs 20]
+    python lab/cpu/profile_ops.py [--model minilm|bert-base] [--shape 1x128] [--threads 1] [--runs 20]
 
 CPU time (CLOCK_THREAD_CPUTIME_ID) is robust to other load on the machine; wall is what a
 caller sees. Medians over runs.

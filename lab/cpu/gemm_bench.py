@@ -1,6 +1,6 @@
 """INT8 / FP32 GEMM throughput against the register-only peak loop of the same machine.
 
-    python bench/ops/gemm_bench.py [--isa vnni] [--threads 1] [--iters 20]
+    python lab/cpu/gemm_bench.py [--isa vnni] [--threads 1] [--iters 20]
 
 Reports, per shape, GOP/s from wall time and from the calling thread's CPU time (robust to
 other load on the machine: a descheduled thread accrues no CPU time) and the fraction of the

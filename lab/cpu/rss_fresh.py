@@ -1,7 +1,7 @@
 """Peak RSS (VmHWM) of a fresh process that loads a saved INT8 artifact and encodes 1x128,
 per ISA (ZOI_CPU_ISA forced), as `zoi bench` measures it (no torch imported).
 
-    python bench/ops/rss_fresh.py ARTIFACT_DIR [--isa vnni,avx2] [--max-tokens 4096]
+    python lab/cpu/rss_fresh.py ARTIFACT_DIR [--isa vnni,avx2] [--max-tokens 4096]
 
 Prints, per ISA, VmHWM after `import zoi`, after `zoi.load`, after 5 calls of 1x128, and the
 engine's memory() (weights / arena / scratch bytes).

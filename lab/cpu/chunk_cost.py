@@ -1,5 +1,5 @@
 """Host cost per chunk of the pipelined encode (issue 19), without the forward:
-`python lab/chunk_cost.py`. The CPU backend's run_into replaced by a stub that only fills its
+`python lab/cpu/chunk_cost.py`. The CPU backend's run_into replaced by a stub that only fills its
 output; 1000 real texts of mixed lengths encoded with batch_size=1 (1000 chunks) and with the
 default chunks, against the tokenizer alone (one thread). The calling thread's CPU time
 (thread_time), so that load from other processes does not inflate it; p25 of 15 calls."""

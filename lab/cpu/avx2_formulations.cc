@@ -1,7 +1,7 @@
-// AVX2 INT8 micro-kernel formulations, side by side (bench/ops/README.md "AVX2"): one tile of
+// AVX2 INT8 micro-kernel formulations, side by side (lab/cpu/README.md "AVX2"): one tile of
 // R rows x NB ymm columns over K = 384 with A and the panel in L1, thread CPU time per MAC (best
 // of 5 x 20000 calls), 3 rounds interleaved. Standalone, no zoi:
-//   g++ -O3 -mavx2 -mfma -std=c++17 bench/ops/avx2_formulations.cc -o /tmp/f && /tmp/f
+//   g++ -O3 -mavx2 -mfma -std=c++17 lab/cpu/avx2_formulations.cc -o /tmp/f && /tmp/f
 // s16: the former 16-bit kernel (vpmaddwd + vpaddd, 2 per 16 MACs); widen: 8-bit weights
 // sign-extended per k-group (vpmovsxbw) into the s16 kernel; sign: the sign trick with |a|
 // computed per row and k-group (vpabsb); sign2: the sign trick with |a| stored by the quantiser

@@ -1,6 +1,6 @@
 """Does overlapping tokenising with the CPU forward pay on this host? (issue 19)
 
-`python lab/cpu_overlap_ab.py [--precision int8] [--texts 1000] [--rounds 8] [--out F]`
+`python lab/cpu/cpu_overlap_ab.py [--precision int8] [--texts 1000] [--rounds 8] [--out F]`
 
 Two ways to run the same `encode(texts)` (1000 real texts of mixed lengths, the default
 arena), A/B interleaved in one process:
