@@ -3,13 +3,17 @@
 // of query rows computes only the keys of its windows; softmax over each row's own keys) and
 // RoPE (q rows rotated into the scratch, k rotated while K^T is laid out).
 // One work item = (sequence, head); items are split over threads by cost (L^2) so that
-// ragged batches stay balanced. Per item: K^T of the head is laid out [d][Lp] in the
-// thread's scratch so that a query row's scores are vector FMAs over keys; softmax; then
-// ctx = sum_j p_j v_j with the output rows held in registers.
-// Rounding follows the numpy reference step for step: q.k and p.v as one FMA chain each over
-// the inner index from 0 (what its BLAS does at these shapes), np.exp's kernel, numpy's
-// pairwise sum, p = e / sum before p.v. The attention output is quantised for the next INT8
-// GEMM, where a 1-ulp difference flips an integer step.
+// ragged batches stay balanced, and each thread prefetches its next item's q / k / v rows
+// into L2 while it computes the current one. Per item: K^T of the head is laid out [d][Lp]
+// in the thread's scratch (16 x 16 blocks transposed in registers) so that a query row's
+// scores are vector FMAs over keys, and V's rows are copied out of the 3H stride; softmax
+// without division (e = 2^(s log2 e - m log2 e) by `vexp2`, the sum in vector lanes); then
+// ctx = (sum_j e_j v_j) / sum with the output rows held in registers.
+// Numerics: to tolerance of the numpy reference, not step for step (until 2026-12-01 it was
+// bit-identical where BLAS uses one FMA chain: np.exp's kernel with its division, numpy's
+// pairwise sum, p = e / sum before p.v; that softmax cost ~27% of the kernel). Against the
+// float64 reference the error stays within 4x the float32 numpy reference's own
+// (tests/cpu/test_attention_fast.py, tests/ops/test_attention*.py).
 #include "kernels.h"
 #include "np_sum.h"
 #include "simd.h"
