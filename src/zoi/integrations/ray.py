@@ -298,9 +298,9 @@ def cmd_deploy_ray(args) -> int:
     import ray
     from ray import serve
 
-    from zoi.serve.cli import config_from_args
+    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, skip=PROCESS_OPTIONS)
     gpus = parse_gpus(args.gpus)
     host = cfg.host
     port = cfg.port or _free_port(host)
@@ -365,7 +365,7 @@ def cmd_deploy_ray(args) -> int:
 
 
 def register_deploy(sub) -> argparse.ArgumentParser:
-    from zoi.serve.cli import add_options
+    from zoi.serve.cli import PROCESS_OPTIONS, add_options
 
     p = sub.add_parser(
         "ray",
@@ -418,7 +418,9 @@ def register_deploy(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--object-store-mb", type=int, default=256, help="a local Ray's object store (MiB)"
     )
-    add_options(p)  # every zoi serve option (host, port, batching, limits), for each replica
+    # every zoi serve option (host, port, batching, limits), for each replica; --gpus and
+    # --replicas are this command's own (one Ray replica per GPU)
+    add_options(p, skip=PROCESS_OPTIONS)
     p.set_defaults(func=cmd_deploy_ray)
     return p
 
