@@ -109,3 +109,51 @@ def test_deploy_ray_cli_takes_gpus_and_every_serve_option():
     assert (a.gpus, a.replicas, a.max_batch_tokens) == ("all", 1, 8192)
     cfg = config_from_args(a, env={"ZOI_GPUS": "0,1", "ZOI_REPLICAS": "3"}, skip=PROCESS_OPTIONS)
     assert cfg.gpus is None and cfg.replicas is None and cfg.max_batch_tokens == 8192
+
+
+def test_bench_multigpu_summary_ratios_and_target(tmp_path):
+    import importlib.util
+    import json
+
+    from .conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_multigpu_summary", REPO / "scripts" / "bench_multigpu_summary.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(target, model, c, tps, p99, errors=0):
+        return {"target": target, "model": model, "concurrency": c, "texts_per_s": tps,
+                "p99_ms": p99, "p50_ms": p99 / 2, "errors": errors}  # fmt: skip
+
+    rows = [
+        row("zoi", "zoi-g0", 16, 1000.0, 50.0), row("zoi", "zoi-g01", 16, 1900.0, 45.0),
+        row("zoi", "zoi-g0", 16, 1100.0, 52.0), row("zoi", "zoi-g01", 16, 2000.0, 44.0),
+        row("triton", "zoi-1i-g0", 16, 1000.0, 50.0), row("triton", "zoi-1i-g01", 16, 1500.0, 40.0),
+        row("ray", "ray-g0", 64, 800.0, 90.0), row("ray", "ray-g01", 64, 1700.0, 95.0),
+        row("zoi", "zoi-cpu", 16, 1.0, 1.0),  # no -g: not a variant of this bench
+    ]  # fmt: skip
+    s = mod.summarize(rows)
+    z = s["zoi"]["16"]
+    assert z["1gpu"]["texts_per_s"] == 1050.0 and z["2gpu"]["texts_per_s"] == 1950.0
+    assert z["speedup_2_vs_1"] == round(1950 / 1050, 3) and z["target_met"] is True
+    assert s["triton"]["16"]["target_met"] is False  # 1.5x
+    assert s["ray"]["64"]["p99_no_worse"] is False and s["ray"]["64"]["target_met"] is False
+    f = tmp_path / "rows.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "skip.txt").write_text("ray: ray[serve] is not installed\n")
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_multigpu_summary.py"), str(f),
+         "--skipped", str(tmp_path / "skip.txt"), "--out", str(tmp_path / "s.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["summary"]["zoi"]["16"]["target_met"] and doc["skipped"] == [
+        "ray: ray[serve] is not installed"
+    ]
+    assert "MET" in r.stderr

@@ -58,7 +58,10 @@ class Lane:
 
 
 def seqs_of(lengths, start):
-    return [np.arange(start + 100 * i, start + 100 * i + n, dtype=np.int32) for i, n in enumerate(lengths)]
+    return [
+        np.arange(start + 100 * i, start + 100 * i + n, dtype=np.int32)
+        for i, n in enumerate(lengths)
+    ]
 
 
 def expect(seqs, normalize):
@@ -184,7 +187,9 @@ def test_shutdown_answers_everything_queued_then_refuses():
     lanes = [Lane("a"), Lane("b")]
     for ln in lanes:
         ln.gate.clear()
-    b = ReplicaBatcher(lanes, H, max_batch_tokens=8, max_batch_requests=2, max_queue_delay_us=50_000)
+    b = ReplicaBatcher(
+        lanes, H, max_batch_tokens=8, max_batch_requests=2, max_queue_delay_us=50_000
+    )
 
     async def main():
         jobs = [b.submit(seqs_of([3, 2, 4], 1000 * k), normalize=False) for k in range(8)]
@@ -254,7 +259,11 @@ def test_device_strings():
     from zoi.errors import BackendUnavailableError
 
     assert split_device("cuda:1") == ("cuda", 1) and split_device("cpu") == ("cpu", None)
-    for bad, why in (("cpu:0", "only 'cuda' takes"), ("cuda:a", "integer >= 0"), ("cuda:-1", ">= 0")):
+    for bad, why in (
+        ("cpu:0", "only 'cuda' takes"),
+        ("cuda:a", "integer >= 0"),
+        ("cuda:-1", ">= 0"),
+    ):
         with pytest.raises(ValueError, match=why):
             split_device(bad)
     with pytest.raises(ValueError, match="only 'cuda' takes"):
@@ -334,7 +343,10 @@ def test_in_process_server_one_broken_engine_the_server_stays_up(engine):
     assert info["engines"][0]["failures"] == 0
     if bad:
         assert info["engines"][1]["failures"] >= 1
-        assert metric(metrics, "zoi_engine_failures_total", f'device="{engine.device}:1",engine="1"') >= 1
+        assert (
+            metric(metrics, "zoi_engine_failures_total", f'device="{engine.device}:1",engine="1"')
+            >= 1
+        )
 
 
 def test_zoi_serve_replicas_2_spreads_load_keeps_order_and_stops_cleanly(engine, device, tmp_path):
@@ -369,7 +381,9 @@ def test_zoi_serve_replicas_2_spreads_load_keeps_order_and_stops_cleanly(engine,
     finally:
         rc = srv.stop()
     assert rc == 0, srv.log()[-3000:]
-    assert all(r.status_code == 200 for _, r in res), [r.text for _, r in res if r.status_code != 200]
+    assert all(r.status_code == 200 for _, r in res), [
+        r.text for _, r in res if r.status_code != 200
+    ]
     got = np.array([v for _, r in sorted(res, key=lambda x: x[0]) for v in r.json()])
     ref = engine.encode(texts)
     assert got.shape == ref.shape

@@ -442,7 +442,9 @@ def plan_engines(config, gpu_count: int | None = None, cuda_usable=None) -> Engi
         try:
             ids = resolve_gpus(placement, gpu_count)
         except ValueError as e:
-            raise ValueError(f"{e}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}") from None
+            raise ValueError(
+                f"{e}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
+            ) from None
         if placement == ALL and not ids:  # pragma: no cover - resolve_gpus raises first
             raise ValueError("--gpus all: no GPU visible")
         return EnginePlan(tuple(f"cuda:{i}" for i in ids))

@@ -50,9 +50,7 @@ class Result:
 
 
 class Service:
-    def __init__(
-        self, engine, config: ServeConfig, model_name: str | None = None, engines=None
-    ):
+    def __init__(self, engine, config: ServeConfig, model_name: str | None = None, engines=None):
         """engines: several engines of the same model (one per GPU, or CPU replicas; `engine`
         is engines[0]): the batcher spreads batches over them (zoi.serve.replicas)."""
         config.validate()

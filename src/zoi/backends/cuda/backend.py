@@ -93,7 +93,9 @@ class CudaBackend:
         persistent_max override its fields of the same name. options.device_index: the GPU
         everything is built on (its primary context; None: the current device)."""
         with _on_device(options):
-            self._construct(model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options)
+            self._construct(
+                model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options
+            )
 
     def _construct(self, model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options):
         self.model = model
