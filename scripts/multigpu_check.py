@@ -52,7 +52,9 @@ class Checks:
         return [r for r in self.rows if not r["ok"]]
 
 
-def serve_check(ck: Checks, model, gpus: str, ref_engine, n_gpus: int, tmp: str) -> dict:
+def serve_check(
+    ck: Checks, model, gpus: str, ref_engine, n_gpus: int, tmp: str, cpu: bool = False
+) -> dict:
     import httpx
 
     from zoi.bench.loadtest import ServerProcess
@@ -60,10 +62,12 @@ def serve_check(ck: Checks, model, gpus: str, ref_engine, n_gpus: int, tmp: str)
     tx = texts(192)
     ref = ref_engine.encode(tx)
     t0 = time.perf_counter()
+    where = ["--device", "cuda", "--gpus", gpus, "--precision", "fp16"]
+    if cpu:  # --dry-run-cpu: the same checks on CPU replicas (the script's own test)
+        where = ["--device", "cpu", "--replicas", str(n_gpus)]
     srv = ServerProcess(
         model,
-        args=["--device", "cuda", "--gpus", gpus, "--precision", "fp16",
-              "--max-queue-delay-us", "500", "--log-level", "warning"],
+        args=[*where, "--max-queue-delay-us", "500", "--log-level", "warning"],
         log_path=os.path.join(tmp, f"serve_gpus_{gpus.replace(',', '_')}.log"),
     )  # fmt: skip
     start_s = time.perf_counter() - t0
@@ -103,7 +107,7 @@ def serve_check(ck: Checks, model, gpus: str, ref_engine, n_gpus: int, tmp: str)
             f"min cosine {cmin:.6f}",
         )
     engines = info.get("engines", [])
-    want = n_gpus if gpus == "all" else len(gpus.split(","))
+    want = n_gpus if gpus == "all" or cpu else len(gpus.split(","))
     ck.check(f"{tag}: /info lists {want} engine(s)", len(engines) == want, json.dumps(engines))
     ck.check(
         f"{tag}: every engine ran batches",
@@ -127,6 +131,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.environ.get("ZOI_MINILM_DIR") or None)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="no GPU: run the serving checks on 2 CPU replicas (tests this script)",
+    )
     a = ap.parse_args()
     import tempfile
 
@@ -134,9 +143,9 @@ def main() -> int:
     from zoi.backends.devices import visible_gpu_count
 
     ck = Checks()
-    n = visible_gpu_count()
+    n = 2 if a.dry_run_cpu else visible_gpu_count()
     print(f"multigpu check: {n} GPU(s) visible, model {a.model or 'bundled MiniLM'}", flush=True)
-    if not ck.check("a GPU is visible", n >= 1):
+    if not a.dry_run_cpu and not ck.check("a GPU is visible", n >= 1):
         return 1
     try:
         import starlette  # noqa: F401
@@ -149,7 +158,7 @@ def main() -> int:
     tx = texts(40)
     ref = cpu.encode(tx)
     report: dict = {"gpus": n, "engines": [], "serve": []}
-    for i in range(n):
+    for i in range(0 if a.dry_run_cpu else n):
         e = zoi.compile(a.model, device=f"cuda:{i}", precision="fp16")
         mem = e.memory()
         ck.check(
@@ -170,10 +179,16 @@ def main() -> int:
         )
         del e
     with tempfile.TemporaryDirectory() as tmp:
-        report["serve"].append(serve_check(ck, a.model, "0", cpu, n, tmp))
-        if n >= 2:
+        if a.dry_run_cpu:
+            report["serve"].append(serve_check(ck, a.model, "cpu", cpu, n, tmp, cpu=True))
+        else:
+            report["serve"].append(serve_check(ck, a.model, "0", cpu, n, tmp))
+        if n >= 2 and not a.dry_run_cpu:
             report["serve"].append(serve_check(ck, a.model, "all", cpu, n, tmp))
-    for bad, why in ((str(n), "does not exist here"), ("0,0", "listed twice")):
+    bad_gpus = [("0,0", "listed twice")]
+    if not a.dry_run_cpu:  # without CUDA an id is refused for that, not for its range
+        bad_gpus.insert(0, (str(n), "does not exist here"))
+    for bad, why in bad_gpus:
         r = subprocess.run([sys.executable, "-m", "zoi.serve", "--device", "cuda", "--gpus", bad, "--port", "0"],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
         ck.check(
