@@ -77,7 +77,9 @@ def test_fp32_minilm_has_no_int8_copies_and_marks_ln_fusions():
         assert lin[f"l{i}.ffn2"].attrs["fuse_ln"] == f"l{i}.x2"
         assert "fuse_ln" not in lin[f"l{i}.qkv"].attrs and "fuse_ln" not in lin[f"l{i}.ffn1"].attrs
     lns = [o for o in g.ops if o.kind == "add_layernorm"]
-    assert [o.attrs["fuse_into"] for o in lns] == [f"l{i}.{x}" for i in range(2) for x in ("attn_out", "ffn_out")]
+    assert [o.attrs["fuse_into"] for o in lns] == [
+        f"l{i}.{x}" for i in range(2) for x in ("attn_out", "ffn_out")
+    ]
     assert fusion.decisions(g, 16) == []
 
 
@@ -99,8 +101,26 @@ def test_int8_dynamic_minilm_copies_and_writers():
     assert writer["x0"].attrs["quant_out_min_tokens"] == 0
     small = [who for _, _, who in fusion.decisions(g, 255)]
     big = [who for _, _, who in fusion.decisions(g, 256)]
-    assert small == ["embed", "loop", "add_layernorm", "loop", "add_layernorm", "loop", "add_layernorm", "loop"]
-    assert big == ["embed", "loop", "add_layernorm", "linear", "add_layernorm", "loop", "add_layernorm", "linear"]
+    assert small == [
+        "embed",
+        "loop",
+        "add_layernorm",
+        "loop",
+        "add_layernorm",
+        "loop",
+        "add_layernorm",
+        "loop",
+    ]
+    assert big == [
+        "embed",
+        "loop",
+        "add_layernorm",
+        "linear",
+        "add_layernorm",
+        "loop",
+        "add_layernorm",
+        "linear",
+    ]
     c = g.buffers["l0.ffn_h@dynamic#q"]
     assert (c.dtype, c.cols, c.rows) == ("i8", 1536, "T") and c.nbytes(10, 2) == 15360
     # the copies are not activations of the float arena
@@ -135,7 +155,9 @@ def test_mixed_precision_weight_only_and_chains():
     m = _model(schemes={"l0.ffn1": "fp32", "l1.ffn1": "weight_only", "l1.qkv": "dynamic_asym"})
     g = fusion.annotate(m)
     lin = _by_prefix(g)
-    assert lin["l0.ffn1"].attrs["quant"] is QuantMode.FLOAT and "quant_in" not in lin["l0.ffn1"].attrs
+    assert (
+        lin["l0.ffn1"].attrs["quant"] is QuantMode.FLOAT and "quant_in" not in lin["l0.ffn1"].attrs
+    )
     assert lin["l1.ffn1"].attrs["quant"] is QuantMode.FLOAT  # weight-only: dequantised
     # a float ffn1 may still write ffn2's copy (the GPU's ROWQ can; the CPU falls back)
     assert lin["l0.ffn2"].attrs["quant_in_by"] == "l0.ffn_h"
@@ -209,7 +231,9 @@ def test_the_cpu_engine_refuses_a_decision_it_cannot_carry_out():
     e.add_attention(0, 4096, 2, 4, 0.5)
     wq = np.ones((H, H), np.int8)
     ws = np.ones(H, np.float32)
-    with pytest.raises(ValueError, match=r"the plan asks the step before this INT8 linear \(attention\)"):
+    with pytest.raises(
+        ValueError, match=r"the plan asks the step before this INT8 linear \(attention\)"
+    ):
         e.add_linear_i8(4096, 8192, wq, ws, None, "none", q_from=1)
     with pytest.raises(ValueError, match="q_from must be 0"):
         e.add_linear_i8(4096, 8192, wq, ws, None, "none", q_from=2)
@@ -219,4 +243,9 @@ def test_the_cpu_engine_refuses_a_decision_it_cannot_carry_out():
     e.add_linear_i8(8192, 12288, wq, ws, None, "none", q_from=1, q_min_m=64)
     info = e.steps_info()
     assert [s["kind"] for s in info] == ["attention", "quantize", "gemm_i8", "quantize", "gemm_i8"]
-    assert info[2]["writes_copy"] and info[2]["min_m"] == 64 and info[3]["fused"] and info[3]["slot"] == 1
+    assert (
+        info[2]["writes_copy"]
+        and info[2]["min_m"] == 64
+        and info[3]["fused"]
+        and info[3]["slot"] == 1
+    )

@@ -4,7 +4,8 @@ token-count bucket, and a per-call path through the CUDA driver API only.
 The parts (each its own module):
 
 * ``options``: ``CudaOptions``, every switch, passed in (no environment reads here);
-* ``plan``: the launch list of the IR (fusion, int8 copies and who writes them);
+* ``plan``: the launch list of the IR, realising its fusion / int8-copy decisions
+  (``zoi.graph.fusion``; what it does not realise: the plan's "fallbacks");
 * ``weights``: packing into the one weight buffer; ``arena``: the activation arena;
 * ``steps``: the per-op launch closures of a bucket; ``persistent``: the one-launch forward;
 * ``capture``: CUDA graph capture and timing; ``callpath``: host staging + driver calls.
@@ -29,14 +30,13 @@ torch CPU tensors through the Triton interpreter: the CI test of everything but 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
-from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions
+from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.plan import Launch, plan_launches
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.backends.cuda.submit import AsyncSlots
@@ -156,7 +156,7 @@ class CudaBackend:
                 f"device='cuda' needs torch and triton at compile time: {e}"
             ) from e
         self.torch = torch
-        env_interp = os.environ.get("TRITON_INTERPRET") == "1"  # how triton was imported
+        env_interp = triton_interpreting()  # how triton was imported (options.py)
         self.eager = (
             bool(interpret)
             if interpret is not None

@@ -72,7 +72,8 @@ def _annotate(model):
 def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
     """The launch list of one plan (fuse: the fused plan of buckets >= fuse_min_tokens), as
     the IR's fusion attributes say (zoi.graph.fusion); what this backend does not realise is
-    listed in the plan's "fallbacks" (op output -> reason)."""
+    listed in the plan's "fallbacks" (IR buffer or copy -> reason), a decision realised at other
+    buckets than the IR's thresholds in its "notes"."""
     g = _annotate(model)
     ops = g.ops
     fallbacks: dict[str, str] = {}
@@ -178,6 +179,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         return False
 
     qinfo: dict[str, dict] = {}
+    notes: dict[str, str] = {}  # decisions realised otherwise than the IR's thresholds say
     final: list[Launch] = []
     for L in out:
         if L.kind != "linear" or not L.mode.is_int8:
@@ -191,6 +193,12 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         writes = writes and can_write(P, why)
         if by is not None and not writes:
             fallbacks.setdefault(qname, f"made at the consumer: {why.get('r', 'no writer')}")
+        min_t = P.op.attrs.get("quant_out_min_tokens", 0) if writes else 0
+        if writes and min_t > opts.fuse_min_tokens:
+            notes[qname] = (
+                f"ROWQ from fuse_min_tokens {opts.fuse_min_tokens} (the fused plan), below the "
+                f"IR's quant_out_min_tokens {min_t}"
+            )
         if not writes and op.attrs["quant_in_loop"]:
             final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
             continue
@@ -236,6 +244,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         "qinfo": qinfo,
         "scales": scales,
         "fallbacks": fallbacks,
+        "notes": notes,
     }
 
 
