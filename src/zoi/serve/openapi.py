@@ -565,9 +565,20 @@ def decoder_operations(model: str) -> dict[str, dict]:
             "usage": usage,
         },
     }
+    # OpenAPI 3.1: the schema of an event stream describes one event (schemathesis checks each)
     sse = {
         "text/event-stream": {
-            "schema": {"type": "string", "description": "data: {chunk}\\n\\n ... data: [DONE]"}
+            "schema": {
+                "type": "object",
+                "description": "one server-sent event: data: {chunk}\\n\\n ... data: [DONE]",
+                "required": ["data"],
+                "properties": {
+                    "data": {"type": "string", "description": "a chunk as JSON; [DONE] last"},
+                    "event": {"type": "string"},
+                    "id": {"type": "string"},
+                    "retry": {"type": "integer"},
+                },
+            }
         }
     }
     tid = {"type": "integer", "minimum": 0}
