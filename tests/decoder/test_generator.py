@@ -201,7 +201,7 @@ def test_cli_generate_streams_to_stdout(ckpt, capsys):
 
 
 def test_incremental_decoder_never_splits_utf8(gen):
-    from zoi.decoder.tokenizer import IncrementalDecoder
+    from zoi.decoder.tokenizer import Detokenizer
 
     tok = gen.tokenizer
     # byte-level BPE: one token per byte (the GPT-2 byte -> unicode map)
@@ -217,7 +217,7 @@ def test_incremental_decoder_never_splits_utf8(gen):
     text = "a😀日é"
     ids = [byte_tok[b] for b in text.encode("utf-8")]
     assert None not in ids
-    d = IncrementalDecoder(tok)
+    d = Detokenizer(tok.decode)
     deltas = [d.push(i) for i in ids]
     assert "".join(deltas) + d.flush() == text
     assert [x for x in deltas if x] == ["a", "😀", "日", "é"]
@@ -228,9 +228,25 @@ def test_stop_matcher_across_deltas():
     from zoi.decoder.tokenizer import StopMatcher
 
     m = StopMatcher(["</s>", "STOP"])
-    outs = [m.push(x) for x in ["ab", "c<", "/", "s>tail", "more"]]
-    assert outs == ["ab", "c", "", "", ""] and m.stopped
+    outs = [m.feed(x) for x in ["ab", "c<", "/", "s>tail"]]
+    assert outs == [("ab", False), ("c", False), ("", False), ("", True)]
     m = StopMatcher(["</s>"])
-    assert [m.push(x) for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
+    assert [m.feed(x)[0] for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
     m = StopMatcher(["ST"])
-    assert m.push("aS") == "a" and m.flush() == "S"
+    assert m.feed("aS") == ("a", False) and m.flush() == "S"
+
+
+def test_text_stream_leaves_out_the_ending_token_and_stops():
+    from zoi.decoder.tokenizer import TextStream
+
+    def dec(ids):  # a byte tokenizer whose id 300 would show as text if decoded
+        return "".join("<E>" if i == 300 else chr(i) for i in ids)
+
+    t = TextStream(dec, [ord("p")], stops=["xy"], end_ids=[300])
+    assert [t.push(i) for i in b"abx"] == ["a", "b", ""]  # "x" held: it may start "xy"
+    assert t.push(300, "stop") == "x" and not t.stopped  # the EOS: no text of its own
+    t = TextStream(dec, end_ids=[300])
+    assert t.push(300, "length") == "<E>"  # not an ending by stop: its text is the model's
+    t = TextStream(dec, stops=["xy"], end_ids=[300])
+    assert t.push(ord("x")) == "" and t.push(ord("y")) == "" and t.stopped
+    assert t.push(ord("z"), "length") == ""  # nothing after a stop string
