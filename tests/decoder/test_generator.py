@@ -114,7 +114,9 @@ def test_stop_token_ids_finish(gen):
     t = full.token_ids[7]
     k = full.token_ids.index(t)
     out = gen.generate(PROMPTS[2], max_new_tokens=30, stop_token_ids=[t])[0]
-    assert out.token_ids == full.token_ids[:k] and out.finish_reason == "stop"
+    # the stop token is counted (vLLM's token_ids and usage), its text is not in the completion
+    assert out.token_ids == full.token_ids[: k + 1] and out.finish_reason == "stop"
+    assert str(out) == gen.tokenizer.decode(full.token_ids[:k])
 
 
 def test_stream_equals_generate(gen):
@@ -185,7 +187,8 @@ def test_eos_finishes(tmp_path):
     g = compile_decoder(d, max_seq_len=64)
     assert g.spec.eos_token_ids == (eos,)
     s = g.generate(PROMPTS[0], max_new_tokens=40)[0]
-    assert s.token_ids == first.token_ids[:k] and s.finish_reason == "stop"
+    assert s.token_ids == first.token_ids[: k + 1] and s.finish_reason == "stop"  # EOS counted
+    assert str(s) == g.tokenizer.decode(first.token_ids[:k])
     assert g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
     assert g.backend.pool().running == 0
 

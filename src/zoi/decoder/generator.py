@@ -20,7 +20,12 @@ from zoi.errors import InputError
 
 
 class Completion(str):
-    """The generated text (a str) with `token_ids`, `prompt_ids` and `finish_reason`."""
+    """The generated text (a str) with `token_ids`, `prompt_ids` and `finish_reason`.
+
+    token_ids: every token the model generated, the one that ended it (an EOS or stop token id)
+    included, as vLLM's token_ids and the server's usage.completion_tokens count them; the text
+    leaves that token (and a stop string) out.
+    """
 
     token_ids: list[int]
     prompt_ids: list[int]
@@ -42,8 +47,7 @@ class _Req:
         self.finish: str | None = None
 
     def push(self, tok: int, finish: FinishReason | None) -> str:
-        if not (finish == FinishReason.STOP and tok in self.stream.end_ids):
-            self.tokens.append(tok)
+        self.tokens.append(tok)  # the EOS / stop token too (vLLM's count); not in the text
         out = self.stream.push(tok, finish)
         if self.stream.stopped:
             self.finish = "stop"
