@@ -102,6 +102,7 @@ def test_harness_passes_caps_and_records_them(tmp_path, monkeypatch):
     assert seen["onnxruntime-int8"] == {} and seen["zoi-cpu-int8"] == {"ZOI_CPU_ISA": "avx2"}
     res = b.result([], [BY_NAME[n] for n in names], {}, None, 0.0)
     assert res["settings"]["peer_isa"] == "avx2"
+    assert res["machine"]["cpu"]["zoi_isa"] == "avx2"  # what zoi's workers ran, not the best ISA
     prov = {p["name"]: p for p in res["providers"]}
     assert prov["onnxruntime-int8"]["isa_restriction"].startswith("native ISA")
     assert prov["torch-fp32"]["isa_env"]["ATEN_CPU_CAPABILITY"] == "avx2"

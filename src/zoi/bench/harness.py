@@ -511,6 +511,12 @@ class Bench:
             if s.name in self.status
         ]
         root = repo_root()
+        cpu = sysinfo.cpu_info()
+        zoi_env = next((isa_env(s, cfg.peer_isa)[0] for s in specs if s.family == "zoi"), {}).get(
+            "ZOI_CPU_ISA"
+        )
+        if zoi_env:  # --peer-isa set zoi's ISA explicitly (the caller had not)
+            cpu["zoi_isa"] = zoi_env
         return {
             "schema": SCHEMA,
             "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -519,7 +525,7 @@ class Bench:
             "duration_s": round(time.time() - t_start, 1),
             "phases_s": self.phases,
             "machine": {
-                "cpu": sysinfo.cpu_info(),
+                "cpu": cpu,
                 "gpu": sysinfo.gpu_info(),
                 "threads": cfg.threads,
             },
