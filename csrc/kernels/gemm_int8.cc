@@ -72,9 +72,9 @@ using IV = __m256i;
 // VEX vpdpbusd ymm (u8 a x s8 w -> s32, 32 MACs, 1 instruction): 4 x 3 accumulators + 3 weight
 // vectors + the broadcast = all 16 ymm registers. 7 loads per 12 vpdpbusd (6 x 2: 8), 4 A-row
 // streams (6), and M = 16 / 128 and N = 384 / 1152 / 1536 split into whole tiles (PW = 24).
-// Against 6 x 2 (one thread, CPU time, normalised by the unchanged avx2 kernel in the same
-// process, load 14-16): avxvnni / avx2 GOP/s 1.9-2.0 -> 2.2-3.0 (mean 2.69) over the MiniLM
-// shapes of lab/cpu/gemm_bench.py; the peak loops' ratio is ~2.9.
+// Against 6 x 2, interleaved in one process (lab/cpu/avxvnni_blocking.cc, K loop + s32 store,
+// one thread CPU time, load ~20): 4-5% faster at K = 384 with M <= 128, 16-19% at K = 1536 or
+// M = 512.
 constexpr int LANES = 8, MR = 4, NB = 3;
 struct ARow { IV a; };  // broadcast of 4 u8 of one A row
 inline ARow arow(const uint8_t* p, int) { int32_t v; std::memcpy(&v, p, 4); return {_mm256_set1_epi32(v)}; }
