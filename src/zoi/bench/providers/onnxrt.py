@@ -40,4 +40,5 @@ class OrtProvider(PaddedProvider):
         return self.sess.run(None, feed)[0]
 
     def memory(self):
-        return {"weights_bytes": file_bytes(self.artifacts["onnx"])}
+        # MLAS picks its kernels by cpuid (AVX-512 / VNNI where present); no switch caps it
+        return {"weights_bytes": file_bytes(self.artifacts["onnx"]), "isa": "native (MLAS, cpuid)"}
