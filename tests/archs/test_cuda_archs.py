@@ -148,3 +148,37 @@ def test_glu_kernel(act, T, n):
     np.testing.assert_array_equal(
         amax.cpu().numpy()[:T], np.abs(got[:T]).max(axis=1).astype(np.float32)
     )
+
+
+# ---- whole models -----------------------------------------------------------------------------
+def _models(arch, precision, tmp_path, seed=11):
+    """(the model the cuda backend runs, the folder): INT8 quantised by zoi.quant, FP16 the
+    reference's FP32 weights."""
+    _, folder = checkpoint(arch, tmp_path / arch, seed=seed)
+    if precision == "int8":
+        model = zoi.compile(folder, device="cpu", precision="int8", max_tokens=512).model
+    else:
+        ref_eng = zoi.compile(folder, device="reference", max_tokens=512)
+        model = CompiledModel.build(ref_eng.spec, ref_eng.model.weights, "fp16", 512, 64)
+    return model, folder
+
+
+@pytest.mark.parametrize("arch", ["electra", "albert", "mpnet", "modernbert"])
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_arch_on_cuda(arch, precision, tmp_path):
+    from zoi.backends.arch_support import cuda_missing
+    from zoi.backends.cuda import CudaBackend
+
+    model, folder = _models(arch, precision, tmp_path)
+    assert cuda_missing(model.graph) == []
+    eng = zoi.compile(folder, device="reference", max_tokens=512)
+    ids, pos, cu = pack(eng.tokenize(TEXTS), eng.spec.position_offset)
+    want = ReferenceBackend(model).run(ids, pos, cu, True)  # INT8: the emulation
+    be = CudaBackend(model, buckets=[64, 256])
+    got = be.run(ids, pos, cu, True)
+    assert np.isfinite(got).all()
+    assert cosine(got, want).min() > 0.999
+    # one at a time (another bucket, other tiles) == batched
+    one = np.concatenate([be.run(ids[a:e], pos[a:e], np.array([0, e - a], np.int32), True)
+                          for a, e in zip(cu[:-1], cu[1:], strict=True)])  # fmt: skip
+    assert cosine(one, got).min() > 0.9999

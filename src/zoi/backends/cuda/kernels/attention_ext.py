@@ -91,7 +91,7 @@ def attention_ext_kernel(
         rm_c = tl.where(m_ok, rm, 0)
         qm = m_ok[:, None] & d_ok[None, :]
         q_off = rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
-        ipos = rm_c - seq_start  # position of the query in its sequence
+        ipos = tl.minimum(rm_c - seq_start, P - 1)  # position of the query in its sequence
         if ROPE:
             q1 = tl.load(qkv_ptr + q_off, mask=qm, other=0.0).to(tl.float32)
             q2 = tl.load(qkv_ptr + q_off + HALF, mask=qm, other=0.0).to(tl.float32)
@@ -122,7 +122,7 @@ def attention_ext_kernel(
             if ROPE:
                 k1 = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0).to(tl.float32)
                 k2 = tl.load(qkv_ptr + kv_off + H + HALF, mask=kv_m, other=0.0).to(tl.float32)
-                ck_off = (kn_c - seq_start)[:, None] * HALF + rd[None, :]
+                ck_off = tl.minimum(kn_c - seq_start, P - 1)[:, None] * HALF + rd[None, :]
                 ck = tl.load(cos_ptr + ck_off, mask=kv_m, other=0.0)
                 sk = tl.load(sin_ptr + ck_off, mask=kv_m, other=0.0)
                 k1, k2 = _rot(k1, k2, ck, sk)
