@@ -40,4 +40,8 @@ class OrtProvider(PaddedProvider):
         return self.sess.run(None, feed)[0]
 
     def memory(self):
-        return {"weights_bytes": file_bytes(self.artifacts["onnx"])}
+        out = {"weights_bytes": file_bytes(self.artifacts["onnx"])}
+        fs = convert.fusion_stats(self.artifacts["onnx"])
+        if fs is not None:  # MPNet / ModernBERT: attention left unfused (convert.onnx_fp32)
+            out["ort_fusions"] = fs
+        return out
