@@ -21,6 +21,7 @@ from zoi.errors import InputError
 from zoi.frontend.tokenizer import pack
 from zoi.serve.batcher import Batcher, BatcherClosed
 from zoi.serve.config import ServeConfig
+from zoi.serve.guard import Admission
 from zoi.serve.http import ApiError, ClientGone, read_body
 from zoi.serve.metrics import Metrics
 
@@ -49,7 +50,7 @@ class Result:
     timings: Timings
 
 
-class Service:
+class Service(Admission):
     def __init__(self, engine, config: ServeConfig, model_name: str | None = None, engines=None):
         """engines: several engines of the same model (one per GPU, or CPU replicas; `engine`
         is engines[0]): the batcher spreads batches over them (zoi.serve.replicas)."""
@@ -191,37 +192,6 @@ class Service:
     async def read_request(self, request: Request) -> bytes:
         """The whole body (payload limit, body timeout), read before a slot is taken."""
         return await read_body(request, self.config.payload_limit, self.config.body_timeout)
-
-    def can_admit(self) -> tuple[bool, str]:
-        """(True, "") when a new request would be admitted, else (False, why)."""
-        if not self.ready:
-            return False, "shutting down"
-        if self.in_flight >= self.config.max_concurrent_requests:
-            return False, (
-                f"{self.in_flight} requests in flight, the limit "
-                f"(--max-concurrent-requests {self.config.max_concurrent_requests})"
-            )
-        conns = self.connections
-        if conns is not None and conns.full():
-            return False, f"{conns.open} connections open, the limit (--max-connections)"
-        return True, ""
-
-    def admit(self, route: str) -> None:
-        self.metrics.requests.labels(route).inc()
-        if not self.ready:
-            raise ApiError("unavailable", "the server is shutting down")
-        if self.in_flight >= self.config.max_concurrent_requests:
-            raise ApiError(
-                "overloaded",
-                f"model is overloaded: {self.in_flight} requests in flight "
-                f"(--max-concurrent-requests {self.config.max_concurrent_requests})",
-            )
-        self.in_flight += 1
-        self.metrics.in_flight.set(self.in_flight)
-
-    def release(self) -> None:
-        self.in_flight -= 1
-        self.metrics.in_flight.set(self.in_flight)
 
     def check_count(self, n: int, param: str = "input") -> None:
         if n == 0:

@@ -9,8 +9,8 @@ path makes the backend's own primary context current (callpath.py)."""
 from __future__ import annotations
 
 import contextlib
-import os
 
+from zoi.backends.cuda.options import triton_interpreting
 from zoi.errors import BackendUnavailableError
 
 
@@ -18,7 +18,7 @@ def on_device(options):
     """Context manager: GPU `options.device_index` current while a backend is built (a no-op
     without an index, in the interpreter, or where the index is bad: device_index() says)."""
     index = options.device_index if options is not None else None
-    if index is None or os.environ.get("TRITON_INTERPRET") == "1":
+    if index is None or triton_interpreting():
         return contextlib.nullcontext()
     try:
         import torch

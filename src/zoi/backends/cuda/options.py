@@ -3,7 +3,12 @@
 The defaults are what the H200 measurements chose (docs/GPU.md); tests and lab tools pass
 other values. Nothing in the backend reads environment variables: ``CudaOptions.from_env``
 is the one place that does, called by ``zoi.backends.make_backend`` (the engine's edge) so
-that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by ``zoi.load(..., device='cuda')``.
+that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by ``zoi.load(..., device='cuda')``;
+``triton_interpreting`` reads Triton's own ``TRITON_INTERPRET`` (fixed when triton is
+imported, not a zoi switch), against which the backend checks its ``interpret`` argument.
+Fusion and the int8 copies are not options of this backend but decisions of the IR
+(``zoi.graph.fusion``): ``fuse_ln`` / ``rowq`` / ``max_fused_n`` / ``fuse_min_tokens`` only say
+which of them this backend realises (the rest is recorded in the plan's "fallbacks").
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 toke
 # weights; kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 nodes
 PERSISTENT_MAX_TOKENS = 256
 PERSISTENT_CHOICES = ("time", "force", "off")
+
+
+def triton_interpreting(env=None) -> bool:
+    """Whether triton runs its interpreter (TRITON_INTERPRET=1, read by triton at import)."""
+    env = os.environ if env is None else env
+    return env.get("TRITON_INTERPRET") == "1"
 
 
 @dataclass(frozen=True)
