@@ -23,6 +23,19 @@ PROMPTS = ["kazo mira te", "lu ne so pi da gro ven shi qua ber é ü ñ 日本 k
            "shi qua, ber! 😀 ven"]
 
 
+_MADE: dict = {}
+
+
+def decoder_checkpoint(tmp_path_factory, name: str):
+    """The folder of MODELS[name], written once per session (tests/decoder's `ckpt` fixture and
+    the serve tests share it, and so share hf_greedy's cache)."""
+    if name not in _MADE:
+        from zoi.decoder.synthetic import write_decoder
+
+        _MADE[name] = write_decoder(tmp_path_factory.mktemp(name), **MODELS[name])
+    return _MADE[name]
+
+
 _GREEDY: dict = {}
 
 
