@@ -41,6 +41,7 @@ from zoi.errors import InputError, ZoiError
 
 log = logging.getLogger("zoi.decoder")
 
+
 class GenerationError(ZoiError):
     """A request refused or failed. kind: "invalid" (the request can never run: the message says
     why and what to change), "backend" (the model failed), "unavailable" (shutting down)."""
