@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace zoi {
 namespace {
@@ -33,6 +37,7 @@ CpuFeatures detect() {
     unsigned long long xcr0 = xgetbv0();
     f.os_avx = (xcr0 & 0x6) == 0x6;              // XMM + YMM state
     f.os_avx512 = (xcr0 & 0xE6) == 0xE6;         // + opmask, ZMM_Hi256, Hi16_ZMM
+    f.os_amx = (xcr0 & 0x60000) == 0x60000;      // XTILECFG (17) + XTILEDATA (18)
   }
   if (max_leaf >= 7) {
     __get_cpuid_count(7, 0, &a, &b, &c, &d);
@@ -41,6 +46,8 @@ CpuFeatures detect() {
     f.avx512bw = f.os_avx512 && (b & (1u << 30));
     f.avx512vl = f.os_avx512 && (b & (1u << 31));
     f.avx512vnni = f.os_avx512 && (c & (1u << 11));
+    f.amx_tile = f.os_amx && (d & (1u << 24));
+    f.amx_int8 = f.os_amx && (d & (1u << 25));
     __get_cpuid_count(7, 1, &a, &b, &c, &d);
     f.avx_vnni = f.os_avx && (a & (1u << 4));
   }
@@ -63,7 +70,27 @@ CpuFeatures detect() {
   return f;
 }
 
+bool request_amx() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kReqXcompPerm = 0x1023, kGetXcompPerm = 0x1022, kXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) != 0) return false;
+  unsigned long long mask = 0;
+  if (syscall(SYS_arch_prctl, kGetXcompPerm, &mask) != 0) return false;
+  return (mask >> kXtiledata) & 1;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+bool amx_permission() {
+  static const bool ok = [] {
+    const CpuFeatures& f = cpu_features();
+    return f.amx_tile && f.amx_int8 && request_amx();
+  }();
+  return ok;
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
@@ -78,6 +105,7 @@ bool isa_supported(Isa isa) {
     case Isa::Avx512: return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
     case Isa::Vnni: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.fma;
     case Isa::AvxVnni: return f.avx2 && f.fma && f.avx_vnni;
+    case Isa::Amx: return isa_supported(Isa::Vnni) && f.amx_tile && f.amx_int8 && amx_permission();
   }
   return false;
 }
@@ -96,12 +124,13 @@ const char* isa_name(Isa isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Vnni: return "vnni";
     case Isa::AvxVnni: return "avxvnni";
+    case Isa::Amx: return "amx";
   }
   return "?";
 }
 
 bool parse_isa(const std::string& s, Isa* out) {
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni, Isa::AvxVnni})
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni, Isa::AvxVnni, Isa::Amx})
     if (s == isa_name(i)) { *out = i; return true; }
   return false;
 }
@@ -112,7 +141,7 @@ Isa active_isa() {
     Isa want;
     if (!parse_isa(env, &want))
       throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
-                                  " is not one of vnni, avx512, avxvnni, avx2, scalar");
+                                  " is not one of amx, vnni, avx512, avxvnni, avx2, scalar");
     if (!isa_supported(want))
       throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
                                   " is not supported by this CPU (best: " + isa_name(best_isa()) + ")");

@@ -32,7 +32,7 @@ using Opt = std::optional<Arr<T>>;
 const zoi::KernelTable& table_for(const std::string& isa) {
   zoi::Isa i;
   if (isa.empty()) return zoi::kernel_table(zoi::active_isa());
-  if (!zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
+  if (!zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar");
   return zoi::kernel_table(i);
 }
 
@@ -141,6 +141,8 @@ NB_MODULE(_cpu, m) {
     d["avx512vl"] = f.avx512vl;
     d["avx512vnni"] = f.avx512vnni;
     d["avx_vnni"] = f.avx_vnni;
+    d["amx_tile"] = f.amx_tile;
+    d["amx_int8"] = f.amx_int8;
     d["best_isa"] = zoi::isa_name(zoi::best_isa());
     return d;
   });
@@ -148,7 +150,7 @@ NB_MODULE(_cpu, m) {
         "ISA the dispatcher uses (ZOI_CPU_ISA overrides; raises ValueError if unsupported)");
   m.def("isa_supported", [](const std::string& s) {
     zoi::Isa i;
-    if (!zoi::parse_isa(s, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
+    if (!zoi::parse_isa(s, &i)) throw nb::value_error("unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar");
     return zoi::isa_supported(i);
   });
   m.def("pool_size", []() { return zoi::ThreadPool::instance().size(); },

@@ -9,7 +9,7 @@ from zoi.graph.compiled import LinearQuant
 from zoi.graph.synthetic import random_weights, synthetic_spec  # noqa: F401  (re-exported)
 from zoi.numerics import primitives as qp
 
-ISAS = ("vnni", "avx512", "avxvnni", "avx2", "scalar")
+ISAS = ("amx", "vnni", "avx512", "avxvnni", "avx2", "scalar")
 LINEARS = ("qkv", "o", "ffn1", "ffn2")
 
 

@@ -33,6 +33,7 @@ const DecKernels& dec_kernels(Isa isa) {
   if (!isa_supported(isa)) throw std::invalid_argument(std::string("ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
     case Isa::Vnni: return vnni::dec_table();
+    case Isa::Amx: return vnni::dec_table();  // w8a8 GEMMs use kernel_table's amx
     case Isa::Avx512: return avx512::dec_table();
     case Isa::Avx2: return avx2::dec_table();
     case Isa::AvxVnni: return avx2::dec_table();  // the decoder's own kernels are AVX2 there; w8a8 GEMMs use kernel_table's avxvnni
@@ -42,7 +43,7 @@ const DecKernels& dec_kernels(Isa isa) {
 
 DecoderModel::DecoderModel(const DecConfig& c, const std::string& isa) : c_(c) {
   Isa i = active_isa();
-  if (!isa.empty() && !parse_isa(isa, &i)) throw std::invalid_argument("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
+  if (!isa.empty() && !parse_isa(isa, &i)) throw std::invalid_argument("unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar");
   dk_ = &dec_kernels(i);
   isa_ = i;
   kt_ = &kernel_table(i);

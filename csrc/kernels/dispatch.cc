@@ -14,6 +14,7 @@ const KernelTable& kernel_table(Isa isa) {
     case Isa::Avx512: return avx512::table();
     case Isa::Avx2: return avx2::table();
     case Isa::AvxVnni: return avxvnni::table();
+    case Isa::Amx: return amx::table();
     case Isa::Scalar: break;
   }
   return scalar::table();

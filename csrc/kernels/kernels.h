@@ -189,6 +189,7 @@ ZOI_DECLARE_TABLE(avx512)
 ZOI_DECLARE_TABLE(avx2)
 ZOI_DECLARE_TABLE(avxvnni)
 ZOI_DECLARE_TABLE(scalar)
+ZOI_DECLARE_TABLE(amx)  // gemm_amx.cc: vnni's table with the AMX-INT8 GEMM
 #undef ZOI_DECLARE_TABLE
 
 }  // namespace zoi
