@@ -111,8 +111,10 @@ bool isa_supported(Isa isa) {
 }
 
 Isa best_isa() {
-  // AVX-VNNI (Alder Lake+, Zen 5 client) after AVX-512: a CPU with both has AVX-512 VNNI too
-  for (Isa i : {Isa::Vnni, Isa::Avx512, Isa::AvxVnni, Isa::Avx2})
+  // AVX-VNNI (Alder Lake+, Zen 5 client) after AVX-512: a CPU with both has AVX-512 VNNI too.
+  // amx first: cpuid AMX-TILE + AMX-INT8, XCR0 tile state, and Linux's XTILEDATA permission
+  // (refused: vnni). Its GEMM is bit-identical to vnni's (tests/cpu/test_amx.py).
+  for (Isa i : {Isa::Amx, Isa::Vnni, Isa::Avx512, Isa::AvxVnni, Isa::Avx2})
     if (isa_supported(i)) return i;
   return Isa::Scalar;
 }
