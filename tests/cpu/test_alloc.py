@@ -130,7 +130,7 @@ print(json.dumps(dict(grow=h1 - h0, lin=lin, arena=mem["arena_bytes"],
 """
 
 
-@pytest.mark.parametrize("isa", ["vnni", "avx512", "avxvnni", "avx2", "scalar"])
+@pytest.mark.parametrize("isa", ["amx", "vnni", "avx512", "avxvnni", "avx2", "scalar"])
 def test_engine_rss_is_weights_plus_touched_rows(isa):
     """A fresh process per ISA: the peak RSS an INT8 engine adds (built for 4096 tokens, one 1x128
     call) is its packed 8-bit weights (the tables it references are the model's own) plus the
