@@ -15,7 +15,8 @@ from zoi.cli import main
 def test_info(capsys):
     assert main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["cores"] >= 1 and info["isa_best"] in ("amx", "vnni", "avx512", "avxvnni", "avx2", "scalar")
+    assert info["cores"] >= 1
+    assert info["isa_best"] in ("amx", "vnni", "avx512", "avxvnni", "avx2", "scalar")
     assert "usable" in info["cuda"]
     assert main(["info"]) == 0
     assert "ISA" in capsys.readouterr().out

@@ -33,7 +33,9 @@ def main() -> None:
     a = ap.parse_args()
     spec = minilm_spec()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    model = make_model(spec, "int8", max_tokens=max(b * s for b, s in shapes), max_batch=max(b for b, _ in shapes))
+    model = make_model(
+        spec, "int8", max_tokens=max(b * s for b, s in shapes), max_batch=max(b for b, _ in shapes)
+    )
     bes = {isa: CpuBackend(model, isa=isa, nthreads=a.threads) for isa in ("vnni", "amx")}
     print(f"cpu {_cpu.cpu_info()['brand']} threads={a.threads} load {os.getloadavg()}")
     rows = []
@@ -53,21 +55,45 @@ def main() -> None:
                 res[isa]["wall"].append((w1 - w0) / n * 1e3)
                 res[isa]["thread"].append((t1 - t0) / n * 1e3)
                 res[isa]["proc"].append((p1 - p0) / n * 1e3)
-        cos = float(np.min(np.sum(outs["amx"] * outs["vnni"], 1) / np.linalg.norm(outs["amx"], axis=1) / np.linalg.norm(outs["vnni"], axis=1)))
+        cos = float(
+            np.min(
+                np.sum(outs["amx"] * outs["vnni"], 1)
+                / np.linalg.norm(outs["amx"], axis=1)
+                / np.linalg.norm(outs["vnni"], axis=1)
+            )
+        )
         same = bool(np.array_equal(outs["amx"], outs["vnni"]))
-        row = {"shape": f"{b}x{s}", "threads": a.threads, "calls_per_round": n, "rounds": a.rounds,
-               "identical_outputs": same, "min_cos": cos, "load_after": os.getloadavg()[0]}
+        row = {
+            "shape": f"{b}x{s}",
+            "threads": a.threads,
+            "calls_per_round": n,
+            "rounds": a.rounds,
+            "identical_outputs": same,
+            "min_cos": cos,
+            "load_after": os.getloadavg()[0],
+        }
         for isa in bes:
             for k in ("wall", "thread", "proc"):
                 row[f"{isa}_{k}_ms"] = statistics.median(res[isa][k])
         rows.append(row)
-        print(f"  {b}x{s}: vnni thread {row['vnni_thread_ms']:.2f} ms proc {row['vnni_proc_ms']:.2f} wall {row['vnni_wall_ms']:.2f} | "
-              f"amx thread {row['amx_thread_ms']:.2f} proc {row['amx_proc_ms']:.2f} wall {row['amx_wall_ms']:.2f} | "
-              f"amx/vnni thread {row['amx_thread_ms'] / row['vnni_thread_ms']:.2f}x proc {row['amx_proc_ms'] / row['vnni_proc_ms']:.2f}x "
-              f"identical={same} load {row['load_after']:.1f}", flush=True)
+        print(
+            f"  {b}x{s}: vnni thread {row['vnni_thread_ms']:.2f} ms proc {row['vnni_proc_ms']:.2f} wall {row['vnni_wall_ms']:.2f} | "
+            f"amx thread {row['amx_thread_ms']:.2f} proc {row['amx_proc_ms']:.2f} wall {row['amx_wall_ms']:.2f} | "
+            f"amx/vnni thread {row['amx_thread_ms'] / row['vnni_thread_ms']:.2f}x proc {row['amx_proc_ms'] / row['vnni_proc_ms']:.2f}x "
+            f"identical={same} load {row['load_after']:.1f}",
+            flush=True,
+        )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpu": _cpu.cpu_info()["brand"], "model": "minilm-shape int8 random weights, 6 layers", "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "cpu": _cpu.cpu_info()["brand"],
+                    "model": "minilm-shape int8 random weights, 6 layers",
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -218,7 +218,7 @@ def test_isa_matches_scalar(isa, rng):
     y_v, y_s = nanlike((M, N)), nanlike((M, N))
     _cpu.k_linear_i8(x, w_q, w_s, b, "gelu", None, -1.0, y_v, isa, 2)
     _cpu.k_linear_i8(x, w_q, w_s, b, "gelu", None, -1.0, y_s, "scalar", 1)
-    if isa == "amx":  # vnni's epilogue on exact sums: bit-identical to vnni (checked against scalar)
+    if isa == "amx":  # vnni's epilogue on exact sums: bit-identical to vnni (checked vs scalar)
         y_n = nanlike((M, N))
         _cpu.k_linear_i8(x, w_q, w_s, b, "gelu", None, -1.0, y_n, "vnni", 2)
         np.testing.assert_array_equal(y_v, y_n)
