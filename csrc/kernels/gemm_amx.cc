@@ -53,6 +53,12 @@ int amx_min_m() {
   return kAmxMinM;
 }
 
+long nt_min_bytes() {  // ZOI_AMX_NT_BYTES overrides (0: never)
+  const char* e = std::getenv("ZOI_AMX_NT_BYTES");
+  if (e && *e) return std::atol(e);
+  return 12l << 20;
+}
+
 struct alignas(64) TileCfg {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
@@ -114,7 +120,7 @@ inline void tile_sums(const uint8_t* a, size_t lda, const int8_t* panel, int Kp,
 
 // gemm_int8.cc's epilogue of rows [m, m + mr) x columns [n0, n0 + 48) from the s32 sums c, in its
 // order of roundings (float(sum - zp colsum) * (as * ws) + bias, then act, then + res)
-inline void epilogue(const GemmI8Args& p, int m, int mr, int n0, const int32_t* c, float* t) {
+inline void epilogue(const GemmI8Args& p, int m, int mr, int n0, const int32_t* c, float* t, bool nt_store) {
   const int ncols = p.N - n0 < PW ? p.N - n0 : PW;
   if (p.y_i32) {
     for (int r = 0; r < mr; ++r) {
@@ -140,6 +146,19 @@ inline void epilogue(const GemmI8Args& p, int m, int mr, int n0, const int32_t* 
     }
   }
   if (p.act != ACT_NONE) vact_inplace(t, mr * PW, p.act);
+  if (nt_store && ncols == PW) {  // large outputs: streaming stores (no read-for-ownership)
+    for (int r = 0; r < mr; ++r) {
+      const int row = m + r;
+      float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
+      const float* res = p.res ? p.res + static_cast<size_t>(row) * p.ldr + n0 : nullptr;
+      for (int cc = 0; cc < PW; cc += 16) {
+        V::T f = V::load(t + r * PW + cc);
+        if (res) f = V::add(f, V::load(res + cc));
+        _mm512_stream_ps(y + cc, f);
+      }
+    }
+    return;
+  }
   for (int r = 0; r < mr; ++r) {
     const int row = m + r;
     float* y = p.y + static_cast<size_t>(row) * p.ldy + n0;
@@ -153,7 +172,7 @@ inline void epilogue(const GemmI8Args& p, int m, int mr, int n0, const int32_t* 
 }
 
 // rows [m, m + mr) (mr <= 16) x panel pn
-inline void block(const GemmI8Args& p, int m, int mr, int pn) {
+inline void block(const GemmI8Args& p, int m, int mr, int pn, bool nt_store = false) {
   Scratch& s = tls;
   const int8_t* panel = static_cast<const int8_t*>(p.w) + static_cast<size_t>(pn) * p.Kp * PW;
   const uint8_t* a = static_cast<const uint8_t*>(p.a) + static_cast<size_t>(m) * p.lda;
@@ -165,7 +184,7 @@ inline void block(const GemmI8Args& p, int m, int mr, int pn) {
     lda = p.Kp;
   }
   tile_sums(a, lda, panel, p.Kp, s.c);
-  epilogue(p, m, mr, pn * PW, s.c, s.t);
+  epilogue(p, m, mr, pn * PW, s.c, s.t, nt_store);
 }
 
 void gemm(const GemmI8Args& p, int tid, int nt) {
@@ -189,12 +208,17 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
   } else {
     const int nch = (p.M + MC - 1) / MC;
     const int mc = round_up((p.M + nch - 1) / nch, TR);  // equal chunks: balanced split over M
+    // float outputs over kNtBytes (past what L2 + this core's share of L3 hold) are streamed;
+    // needs 64-byte aligned rows (y, ldy)
+    const bool nt = nt_min_bytes() > 0 && !p.y_i32 && static_cast<size_t>(p.M) * p.N * 4 >= static_cast<size_t>(nt_min_bytes()) &&
+                    (reinterpret_cast<uintptr_t>(p.y) & 63) == 0 && p.ldy % 16 == 0;
     split_range(static_cast<long>(nch) * npanels, tid, nt, &lo, &hi);
     for (long it = lo; it < hi; ++it) {
       const int ch = static_cast<int>(it / npanels), pn = static_cast<int>(it % npanels);
       const int m0 = ch * mc, m1 = m0 + mc < p.M ? m0 + mc : p.M;
-      for (int m = m0; m < m1; m += TR) block(p, m, m1 - m < TR ? m1 - m : TR, pn);
+      for (int m = m0; m < m1; m += TR) block(p, m, m1 - m < TR ? m1 - m : TR, pn, nt);
     }
+    if (nt) _mm_sfence();
   }
   _tile_release();
 }

@@ -148,3 +148,34 @@ def test_amx_detection_consistent():
             text=True,
         )
         assert r.returncode != 0 and "not supported by this CPU" in r.stderr, r.stderr
+
+
+def _aligned(shape, fill=np.nan):
+    n = int(np.prod(shape))
+    buf = np.full(n + 16, fill, np.float32)
+    off = (-buf.ctypes.data % 64) // 4
+    y = buf[off : off + n].reshape(shape)
+    assert y.ctypes.data % 64 == 0
+    return y
+
+
+@needs_amx
+@pytest.mark.parametrize("M,N,K", [(129, 1536, 384), (40, 400, 100), (300, 96, 1536)])
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_amx_streaming_stores_bit_identical(M, N, K, act, monkeypatch):
+    """Large float outputs leave the tile epilogue through streaming stores (64-byte aligned rows:
+    ZOI_AMX_NT_BYTES=1 forces them at any size); the last partial panel (N = 400) keeps the
+    masked stores. Same bits as vnni, residual and poisoned output included."""
+    monkeypatch.setenv("ZOI_AMX_NT_BYTES", "1")
+    rng = _rng("amx-nt", M, N, K, act)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = _w(N, K, rng)
+    ws = (rng.random(N) * 0.02 + 1e-3).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((M, N)).astype(np.float32)
+    y_ref = np.full((M, N), np.nan, np.float32)
+    _cpu.k_linear_i8(x, w, ws, b, act, res, -1.0, y_ref, "vnni", 1)
+    for nt in (1, 3):
+        y = _aligned((M, N))
+        _cpu.k_linear_i8(x, w, ws, b, act, res, -1.0, y, "amx", nt)
+        np.testing.assert_array_equal(y, y_ref, err_msg=f"nt={nt}")
