@@ -1,7 +1,10 @@
 """AMX-INT8 tile GEMM against vnni's, interleaved rounds, one thread, GOP/s from the calling thread's
 CPU time (robust to other load; wall figures under load are not). Also the M crossover.
 
-    python lab/cpu/amx_bench.py [--rounds 5] [--threads 1] [--json out.json]
+    python lab/cpu/amx_bench.py [--rounds 5] [--threads 1] [--json out.json] [--nt]
+
+--nt: instead, the streaming-store A/B of the tile epilogue at large M (ZOI_AMX_NT_BYTES 0 vs 1),
+quantise + pack + GEMM through k_linear_i8 into a 64-byte aligned y, one thread, thread CPU time.
 """
 
 from __future__ import annotations
@@ -23,12 +26,44 @@ CROSS = [
 ]
 
 
+def nt_ab(rounds: int) -> None:
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    print(f"load {os.getloadavg()}")
+    for M, N, K in ((4096, 1536, 384), (4096, 1152, 384), (4096, 384, 1536), (2048, 1152, 384)):
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        w = rng.integers(-127, 128, (N, K)).astype(np.int8)
+        ws, b = np.full(N, 0.01, np.float32), np.zeros(N, np.float32)
+        buf = np.empty(M * N + 16, np.float32)
+        off = (-buf.ctypes.data % 64) // 4
+        y = buf[off : off + M * N].reshape(M, N)
+        r: dict[str, list[float]] = {"0": [], "1": []}
+        for _ in range(rounds):
+            for nt in ("0", "1"):
+                os.environ["ZOI_AMX_NT_BYTES"] = nt
+                t0 = time.thread_time()
+                for _ in range(5):
+                    _cpu.k_linear_i8(x, w, ws, b, "none", None, -1.0, y, "amx", 1)
+                r[nt].append((time.thread_time() - t0) / 5 * 1e3)
+        a, c = statistics.median(r["0"]), statistics.median(r["1"])
+        print(
+            f"{M:>5} {N:>5} {K:>5}  plain stores {a:6.2f} ms  streaming {c:6.2f} ms  {c / a:4.2f}x"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default="")
+    ap.add_argument("--nt", action="store_true")
     a = ap.parse_args()
+    if a.nt:
+        nt_ab(a.rounds)
+        return
     os.environ["ZOI_AMX_MIN_M"] = "1"  # the tile kernel at every M (the crossover rows)
     rows = []
     print(f"load {os.getloadavg()}")
