@@ -64,6 +64,15 @@ static float* copy_f(void* dst, const float* src, size_t n) {
   return static_cast<float*>(dst);
 }
 
+const float* Engine::keep_shared(const float* src, size_t n) {
+  // same contents, not same address: a caller's temporary may reuse a freed address
+  for (const auto& [p, m] : shared_)
+    if (m == n && std::memcmp(p, src, n * sizeof(float)) == 0) return p;
+  const float* p = copy_f(keep(n * 4), src, n);
+  shared_.emplace_back(p, n);
+  return p;
+}
+
 void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const float* word, const int8_t* word_q,
                        const float* word_scale, const float* pos, const float* type0, const float* ln_w,
                        const float* ln_b, float eps) {
@@ -85,8 +94,10 @@ void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const floa
   e.y = buf(out_off);
   e.ldy = H;
   // referenced tables count as held weights too
+  // (pos null: no position table, ModernBERT; max_pos still bounds the positions taken)
+  if (max_pos < 1) throw std::invalid_argument("embed needs max_pos >= 1");
   weights_bytes_ += static_cast<size_t>(vocab) * H * (word ? 4 : 1) + (word ? 0 : vocab * 4) +
-                    static_cast<size_t>(max_pos) * H * 4;
+                    (pos ? static_cast<size_t>(max_pos) * H * 4 : 0);
   vocab_ = vocab;
   max_pos_ = max_pos;
   steps_.push_back(s);
@@ -267,15 +278,15 @@ void Engine::add_attention_ext(size_t in_off, size_t out_off, int heads, int hea
   auto limit = [&](int n) { max_seq_ = max_seq_ == 0 || n < max_seq_ ? n : max_seq_; };
   if (bias) {
     const size_t n = static_cast<size_t>(heads) * (2 * span - 1);
-    a.bias = copy_f(keep(n * 4), bias, n);
+    a.bias = keep_shared(bias, n);  // one copy for every layer (MPNet's shared bias)
     a.bias_span = span;
     limit(span);
   }
   a.window = window;
   if (cos) {
     const size_t n = static_cast<size_t>(rows) * (head_dim / 2);
-    a.rope_cos = copy_f(keep(n * 4), cos, n);
-    a.rope_sin = copy_f(keep(n * 4), sin, n);
+    a.rope_cos = keep_shared(cos, n);  // one copy per distinct table, not per layer
+    a.rope_sin = keep_shared(sin, n);
     a.rope_rows = rows;
     limit(rows);
   }

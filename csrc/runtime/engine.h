@@ -127,6 +127,8 @@ class Engine {
   void exec(const Step& s, int part, int parts, int tid);
   float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
   void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
+  // an owned copy of src[0, n), shared with an earlier identical one (per-layer RoPE / bias tables)
+  const float* keep_shared(const float* src, size_t n);
   void check_off(size_t off, size_t bytes) const;
   QuantOut quant_target(size_t in_off, int K, const QuantOut& params, int q_from, int q_min_m);
 
@@ -139,6 +141,7 @@ class Engine {
   int max_kp_ = 0, max_attn_d_ = 0;
   bool fused_q_ = false;  // some GEMM_I8 quantises its output (the second slot exists)
   std::vector<AlignedBuf> owned_;
+  std::vector<std::pair<const float*, size_t>> shared_;  // keep_shared's copies
   std::vector<Step> steps_;
   std::vector<int> parts_;
   std::unique_ptr<StepSync[]> sync_;

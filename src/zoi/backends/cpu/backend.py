@@ -115,10 +115,9 @@ class CpuBackend(SyncSubmit):
                     word_q = self._hold(np.ascontiguousarray(W["embed.word_q"], dtype=np.int8))
                     word_scale = self._hold(_f32(W["embed.word_scale"]))
                 if "pos" in ow:
-                    pos = self._hold(_f32(W[ow["pos"]]))
-                else:  # no position table (ModernBERT: RoPE): zeros, rows a sequence can reach
-                    rows = min(model.position_rows(), int(plan.max_tokens))
-                    pos = self._hold(np.zeros((rows, graph.buffers[op.output].cols), np.float32))
+                    pos, max_pos = self._hold(_f32(W[ow["pos"]])), -1
+                else:  # no position table (ModernBERT: RoPE): none held, positions bounded
+                    pos, max_pos = None, min(model.position_rows(), int(plan.max_tokens))
                 type0 = _f32(W[ow["type"]][0]) if "type" in ow else None
                 eng.add_embed(
                     off[op.output],
@@ -130,6 +129,7 @@ class CpuBackend(SyncSubmit):
                     _f32(W[ow["ln_w"]]),
                     _f32(W[ow["ln_b"]]),
                     float(op.attrs["eps"]),
+                    max_pos,
                 )
                 if len(op.inputs) > 2:  # token types (pairs): the whole table
                     eng.set_embed_types(_f32(W[ow["type"]]))

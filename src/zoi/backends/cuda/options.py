@@ -51,7 +51,9 @@ class CudaOptions:
     persistent: "time" (build both, keep the faster per bucket), "force" (persistent where
     supported), "off" (per-op graphs only). persistent_cfg: tile overrides of the persistent
     kernel (persistent.default_cfg keys); persistent_split: one launch per stage (None: in the
-    interpreter only)."""
+    interpreter only). device_index: the GPU the backend is built on and bound to (its
+    primary context, weights, arena, CUDA graphs); None: the current device (zoi.compile /
+    zoi.load with device='cuda:N' set it)."""
 
     fuse_ln: bool = FUSE_LN
     rowq: bool = ROWQ
@@ -63,8 +65,16 @@ class CudaOptions:
     persistent: str = "time"
     persistent_cfg: dict | None = None
     persistent_split: bool | None = None
+    device_index: int | None = None
 
     def __post_init__(self):
+        if self.device_index is not None and (
+            not isinstance(self.device_index, int) or self.device_index < 0
+        ):
+            raise ValueError(
+                f"CudaOptions.device_index must be an integer >= 0 or None, got "
+                f"{self.device_index!r}"
+            )
         if self.persistent not in PERSISTENT_CHOICES:
             raise ValueError(
                 f"CudaOptions.persistent must be one of {PERSISTENT_CHOICES}, got "

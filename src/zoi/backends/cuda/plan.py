@@ -27,7 +27,7 @@ from zoi.graph.quantmode import QuantMode
 
 @dataclass
 class Launch:
-    kind: str  # embed | linear | attention | add_layernorm | quantize | pool
+    kind: str  # embed | linear | attention | add_layernorm | quantize | pool | glu | sparse_pool
     op: object
     out: str
     ins: list[str]
@@ -139,18 +139,30 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
                     op,
                     op.output,
                     [op.inputs[0]],
-                    res=op.inputs[1],
-                    n=model.spec.hidden,
+                    res=op.inputs[1] if len(op.inputs) > 1 else None,  # one input: LN(x)
+                    n=g.buffers[op.output].cols,
                 )
             )
+        elif op.kind == "glu":  # kernels/glu.py (ModernBERT's GeGLU)
+            out.append(Launch("glu", op, op.output, [op.inputs[0]], n=g.buffers[op.output].cols))
+        elif op.kind == "pool" and op.attrs["mode"] == "splade":
+            # kernels/sparse_pool.py: fp32 [B, V] into the arena (n = 2V fp16 columns of T rows
+            # hold the fp32 [<= T, V] result), copied back by run_outputs
+            V = g.buffers[op.output].cols
+            out.append(Launch("sparse_pool", op, op.output, [op.inputs[0]], n=2 * V))
         elif op.kind == "pool":
             out.append(Launch("pool", op, op.output, [op.inputs[0]], n=model.spec.hidden))
         else:
             raise BackendUnavailableError(f"device='cuda' has no kernel for op {op.kind!r}")
         i += 1
-    if not out or out[0].kind != "embed" or out[-1].kind != "pool":
+    tail_ok = out and (
+        out[-1].kind in ("pool", "sparse_pool")
+        or (out[-1].kind == "linear" and g.buffers[out[-1].out].rows == "T")  # token logits
+    )
+    if not out or out[0].kind != "embed" or not tail_ok:
         raise BackendUnavailableError(
-            "device='cuda' expects a graph that starts with embed and ends with pool"
+            "device='cuda' expects a graph that starts with embed and ends with pool "
+            "(or per-token logits)"
         )
     # INT8 linears read the int8 copy the IR names (quant_in). Its writer (quant_in_by) writes
     # it in its epilogue where this backend's kernel for it can: embed, add_layernorm, a
