@@ -41,4 +41,8 @@ class OrtProvider(PaddedProvider):
 
     def memory(self):
         # MLAS picks its kernels by cpuid (AVX-512 / VNNI where present); no switch caps it
-        return {"weights_bytes": file_bytes(self.artifacts["onnx"]), "isa": "native (MLAS, cpuid)"}
+        out = {"weights_bytes": file_bytes(self.artifacts["onnx"]), "isa": "native (MLAS, cpuid)"}
+        fs = convert.fusion_stats(self.artifacts["onnx"])
+        if fs is not None:  # MPNet / ModernBERT: attention left unfused (convert.onnx_fp32)
+            out["ort_fusions"] = fs
+        return out
