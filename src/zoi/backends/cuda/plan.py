@@ -31,7 +31,7 @@ class Launch:
     ins: list[str]
     ln: object = None  # fused add_layernorm op (linear)
     res: str | None = None  # residual buffer
-    mode: QuantMode = QuantMode.FLOAT  # linear: its INT8 scheme (FLOAT: fp16 weights)
+    mode: QuantMode = QuantMode.FLOAT  # linear: its INT8 / FP8 scheme (FLOAT: fp16 weights)
     prequant: bool = False  # linear: reads a pre-quantised int8 copy of its input
     static_amax: float = 0.0
     amax_out: int = 0  # 0 none, 1 atomic, 2 direct
@@ -43,9 +43,11 @@ class Launch:
     def quant(self) -> int:
         """The linear kernel's QUANT constexpr (kernels/linear.py), derived at this edge:
         0 float, 1 int8 quantised while loading (per-token amax), 2 static (in the loop),
-        4 int8 A read from a pre-quantised copy."""
+        4 int8 A read from a pre-quantised copy, 8 FP8 (always a pre-quantised fp8 copy)."""
         if self.mode is QuantMode.FLOAT:
             return 0
+        if self.mode is QuantMode.FP8:
+            return 8
         if self.prequant:
             return 4
         return 2 if self.mode is QuantMode.STATIC else 1
@@ -56,6 +58,8 @@ def linear_mode(model, prefix: str) -> tuple[QuantMode, float]:
     at pack time); the plan decides whether an INT8 one reads a pre-quantised copy (what
     DYNAMIC_ASYM and act_shift / act_mul need) or quantises while loading."""
     W, q = model.weights, model.quant.get(prefix)
+    if model.precision == "fp8" and q is not None and q.scheme == QuantMode.FP8:
+        return QuantMode.FP8, 0.0  # E4M3 weights packed by weights.py, dynamic scales
     if model.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
         try:
             mode = QuantMode.parse(None if q is None else q.scheme, prefix)
@@ -162,22 +166,25 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             and opts.rowq
             and P.kind == "linear"
             and P.res is None
-            and (P.prequant or not P.mode.is_int8)
+            and (P.prequant or not P.mode.quantized)
         )
         return whole(P) or rowq
 
     qinfo: dict[str, dict] = {}
     final: list[Launch] = []
     for L in out:
-        if L.kind != "linear" or not L.mode.is_int8:
+        if L.kind != "linear" or not L.mode.quantized:
             final.append(L)
             continue
         X, P, sch, p = L.ins[0], producer[L.ins[0]], L.mode, L.extra["prefix"]
         tr = L.extra["transform"]
-        if not tr and sch is not QuantMode.DYNAMIC_ASYM and not writes_q(P):
+        fp8 = sch is QuantMode.FP8  # always an fp8 copy (the kernel has no in-loop FP8)
+        if not tr and not fp8 and sch is not QuantMode.DYNAMIC_ASYM and not writes_q(P):
             final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
             continue
         tag = p if tr else (f"static{L.static_amax!r}" if sch is QuantMode.STATIC else sch.value)
+        if fp8 and tr:  # the arena views a copy named "...@fp8#q" as float8_e4m3fn
+            tag = f"{p}@fp8"
         qname = f"{X}@{tag}#q"
         if qname not in qinfo:
             qinfo[qname] = dict(
@@ -218,3 +225,17 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         "qinfo": qinfo,
         "scales": scales,
     }
+
+
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def require_fp8(capability, device_name: str = "this GPU") -> None:
+    """precision="fp8" needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper);
+    below that a BackendUnavailableError that names the fix."""
+    if tuple(capability) < FP8_MIN_CAPABILITY:
+        raise BackendUnavailableError(
+            f"precision='fp8' needs a GPU with FP8 tensor cores (compute capability >= 8.9: "
+            f"Ada, Hopper); {device_name} has {tuple(capability)}. Use precision='int8' or "
+            "'fp16' on this GPU, or device='reference' to emulate FP8"
+        )
