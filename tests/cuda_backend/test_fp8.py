@@ -223,10 +223,13 @@ def test_real_minilm_fp8_on_gpu():
     import zoi
     from zoi.data import eval_texts
 
+    from tests.conftest import minilm_path
+
+    folder = minilm_path()  # ZOI_MINILM_DIR (the FP16 copy on the GPU machine) or the package
     texts = eval_texts()[:200]
-    q = zoi.compile(device="cuda", precision="fp8")
-    emu = zoi.compile(device="reference", precision="fp8")
-    f = zoi.compile(device="reference", precision="fp32")
+    q = zoi.compile(folder, device="cuda", precision="fp8")
+    emu = zoi.compile(folder, device="reference", precision="fp8")
+    f = zoi.compile(folder, device="reference", precision="fp32")
     e_q = q.encode(texts, normalize_embeddings=True)
     e_e = emu.encode(texts, normalize_embeddings=True)
     e_f = f.encode(texts, normalize_embeddings=True)
