@@ -159,6 +159,12 @@ def test_zoi_eval_precision_fp8(tmp_path):
     assert {r["weights"] for r in rep["layers"]} == {"fp8"}
     assert all(r["sqnr_eval_db"] > 15 for r in rep["layers"])
     assert 0.99 < rep["embedding"]["cos_mean"] < 1.0
+    import zoi
+
+    w = zoi.compile(folder, device="reference", precision="fp32", max_tokens=512).model.weights
+    lin = [a.shape for n, a in w.items() if n.endswith(".w") and a.ndim == 2 and n[0] == "l"]
+    saved = rep["fp32_weights_bytes"] - rep["weights_bytes"]  # the linears at 1 byte a value
+    assert len(lin) == len(rep["layers"]) and saved == sum(3 * n * k - 4 * n for n, k in lin)
     assert rep["backend_vs_emulation_cos_min"] > 1 - 1e-6  # reference == emulation
     with pytest.raises(ValueError, match="nothing to calibrate"):
         main(args + ["--precision", "fp8", "--calibrate", str(texts)])

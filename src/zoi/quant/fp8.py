@@ -19,3 +19,17 @@ def fp8_quant(spec) -> dict[str, LinearQuant]:
         for op in g.ops
         if op.kind == "linear"
     }
+
+
+def fp8_weight_bytes(weights: dict, quant: dict) -> int:
+    """Bytes of the weights as an FP8 backend holds them: each FP8 linear's [N, K] as one
+    byte per value plus a float32 scale per row, everything else as stored."""
+    total = 0
+    for n, a in weights.items():
+        p = n[:-2] if n.endswith(".w") else None
+        q = quant.get(p) if p is not None else None
+        if q is not None and q.scheme == QuantMode.FP8:
+            total += int(a.shape[0]) * int(a.shape[1]) + 4 * int(a.shape[0])
+        else:
+            total += int(a.nbytes)
+    return total

@@ -276,6 +276,10 @@ def evaluate(
         dfig = domain_figures(f, q, doms, known={"prose": (texts, e_f, e_q)})
         t_enc += time.perf_counter() - t1
     wq = int(sum(a.nbytes for a in m.weights.values()))
+    if m.precision == "fp8":  # the FP32 weights are quantised when a backend packs them
+        from zoi.quant.fp8 import fp8_weight_bytes
+
+        wq = fp8_weight_bytes(m.weights, m.quant)
     wf = int(sum(a.nbytes for a in f.model.weights.values()))
     rep = {
         "model": m.spec.name,
