@@ -168,3 +168,31 @@ def test_zoi_eval_precision_fp8(tmp_path):
     assert rep["backend_vs_emulation_cos_min"] > 1 - 1e-6  # reference == emulation
     with pytest.raises(ValueError, match="nothing to calibrate"):
         main(args + ["--precision", "fp8", "--calibrate", str(texts)])
+
+
+def test_fp32_activations_opt_in_gives_weight_only_linears():
+    """QuantConfig(extra={"fp32_activations": [...]}): those linears keep INT8 weights with
+    FP32 activations (the weight-only path) whatever their SQNR; the others are unchanged;
+    an unknown name is refused naming the linears."""
+    from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
+
+    from zoi.quant import QuantConfig, quantize_model
+
+    spec = tiny_spec()
+    w, tok, tx = tiny_weights(spec, seed=3), WordTokenizer(spec.vocab_size), texts(48, seed=1)
+    base = dict(gptq=False, smooth_alpha=0.5, search_texts=16, sqnr_texts=48)
+    rep0: dict = {}
+    w0, q0 = quantize_model(spec, w, tok, tx, QuantConfig(**base), report=rep0)
+    rep: dict = {}
+    cfg = QuantConfig(**base, extra={"fp32_activations": ["l1.ffn2"]})
+    w1, q1 = quantize_model(spec, w, tok, tx, cfg, report=rep)
+    assert rep0["fallback_weight_only"] == [] and rep["fallback_weight_only"] == ["l1.ffn2"]
+    q = q1["l1.ffn2"]
+    assert q.scheme == "fp32" and q.info["weights"] == "int8" and "extra" in q.info["fallback"]
+    assert "l1.ffn2.w_q" in w1 and "l1.ffn2.act_mul" not in w1 and "l1.ffn2.w" not in w1
+    for p in q0:
+        if p != "l1.ffn2":
+            assert q1[p].scheme == q0[p].scheme
+            np.testing.assert_array_equal(w1[p + ".w_q"], w0[p + ".w_q"])
+    with pytest.raises(ValueError, match=r"names no linear.*l0\.qkv"):
+        quantize_model(spec, w, tok, tx, QuantConfig(**base, extra={"fp32_activations": ["l9"]}))
