@@ -29,8 +29,7 @@ from zoi.quant.fp8 import fp8_quant  # noqa: E402
 
 COMPILED = not triton_mode.interpreted()
 pytestmark = pytest.mark.skipif(
-    COMPILED
-    and not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
+    COMPILED and not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
     reason="compiled FP8 Triton needs an sm_89+ GPU",
 )
 DEV = "cuda" if COMPILED else "cpu"
@@ -220,10 +219,10 @@ def test_engine_fp8_matches_the_reference_backend_fp8(opts):
 
 @pytest.mark.skipif(not COMPILED, reason="the real MiniLM: compiled on the GPU only")
 def test_real_minilm_fp8_on_gpu():
+    from tests.conftest import minilm_path
+
     import zoi
     from zoi.data import eval_texts
-
-    from tests.conftest import minilm_path
 
     folder = minilm_path()  # ZOI_MINILM_DIR (the FP16 copy on the GPU machine) or the package
     texts = eval_texts()[:200]

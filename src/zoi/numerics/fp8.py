@@ -93,7 +93,7 @@ def e4m3_encode(q: np.ndarray) -> np.ndarray:
     a = np.abs(q).astype(np.float64)
     bits = a.astype(np.float32).view(np.int32)
     e = ((bits >> 23) & 0xFF).astype(np.int32) - 127
-    normal = (a >= 2.0**MIN_NORMAL_EXP)
+    normal = a >= 2.0**MIN_NORMAL_EXP
     mant_n = np.where(normal, a / np.exp2(np.where(normal, e, 0)) * 8 - 8, 0)
     code_n = ((e + 7) << 3) + mant_n.astype(np.int32)
     code_s = (a / 2.0**-9).astype(np.int32)  # subnormal: k * 2**-9, k = 0..7

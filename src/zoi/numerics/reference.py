@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from zoi.numerics import primitives as qp
 from zoi.numerics import fp8 as qf8
+from zoi.numerics import primitives as qp
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
