@@ -196,6 +196,31 @@ def test_plan_every_linear_reads_an_fp8_copy_from_its_producer_or_a_quantize():
     )
 
 
+@pytest.mark.parametrize("rowq", [False, True])
+def test_fp8_plan_realises_the_ir_decisions(rowq):
+    """zoi.graph.fusion decides the FP8 copies as INT8's ("@fp8#q", never in the loop); the
+    CUDA plan realises them (or records why not)."""
+    from zoi.backends.cuda.plan import describe
+    from zoi.graph import fusion
+    from zoi.graph.quantmode import QuantMode
+
+    m, _ = _tiny_fp8()
+    be = _backend(m, rowq=rowq)
+    lin = [o for o in m.graph.ops if o.kind == "linear"]
+    assert {o.attrs["quant"] for o in lin} == {QuantMode.FP8}
+    assert all(o.attrs["quant_in"].endswith("@fp8#q") and not o.attrs["quant_in_loop"] for o in lin)
+    for tb in be.buckets:
+        ir, cu = fusion.decisions(m.graph, tb), describe(be.plan_for(tb))
+        assert [c for _, c, _ in cu] == [c for _, c, _ in ir] and len(ir) == len(lin)
+        plan = be.plan_for(tb)
+        for (p, c, want), (_, _, got) in zip(ir, cu, strict=True):
+            assert got != "loop"
+            if want in ("embed", "add_layernorm"):
+                assert got == want
+            elif got != want:
+                assert c in plan["fallbacks"] or c in plan["notes"], (p, c, want, got)
+
+
 @pytest.mark.parametrize("opts", [{}, dict(fuse_ln=True, rowq=True)])
 def test_engine_fp8_matches_the_reference_backend_fp8(opts):
     m, m32 = _tiny_fp8()
