@@ -21,7 +21,9 @@ pytest.importorskip("transformers")
 
 ARCHS = ("mpnet-base", "modernbert-base")
 TINY = {
-    "mpnet-base": dict(hidden_size=40, num_hidden_layers=2, num_attention_heads=5, intermediate_size=71),
+    "mpnet-base": dict(
+        hidden_size=40, num_hidden_layers=2, num_attention_heads=5, intermediate_size=71
+    ),
     "modernbert-base": dict(
         hidden_size=40, num_hidden_layers=4, num_attention_heads=5, intermediate_size=37
     ),
@@ -73,9 +75,10 @@ def test_tiny_folder_loads_everywhere(tiny_cache, arch):
     cache, refs = tiny_cache
     ref = refs[arch]
     assert (ref.hidden, ref.heads) == (40, 5)
-    assert json.loads((ref.path / "1_Pooling" / "config.json").read_text())[
-        "word_embedding_dimension"
-    ] == 40
+    assert (
+        json.loads((ref.path / "1_Pooling" / "config.json").read_text())["word_embedding_dimension"]
+        == 40
+    )
     again = M.get_model(arch, cache)  # cached: same folder, not rewritten
     assert again.path == ref.path
     eng = zoi.compile(str(ref.path), device="cpu", max_tokens=512)
