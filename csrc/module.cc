@@ -126,6 +126,9 @@ NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
   // engines still referenced by daemon threads at interpreter exit are not leaks worth a report
   nb::set_leak_warnings(false);
+  // the measured size from which an INT8 GEMM quantises its own output for the next INT8 GEMM
+  // (zoi.graph.fusion.LINEAR_QUANT_MIN_TOKENS is the plan's copy of it; tests check they agree)
+  m.attr("I8_FUSE_QUANT_MIN_M") = zoi::kI8FuseQuantMinM;
   m.def("cpu_info", []() {
     const zoi::CpuFeatures& f = zoi::cpu_features();
     nb::dict d;
@@ -544,7 +547,8 @@ NB_MODULE(_cpu, m) {
       }, "in_off"_a, "out_off"_a, "w"_a, "b"_a.none(), "act"_a, "res_off"_a = -1)
       .def("add_linear_i8", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const int8_t> w_q,
                                Arr<const float> w_scale, Opt<const float> b, const std::string& act, long res_off,
-                               float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul) {
+                               float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul,
+                               int q_from, int q_min_m) {
         need(w_q, 2, {-1, -1}, "w_q");
         const int N = w_q.shape(0), K = w_q.shape(1);
         need(w_scale, 1, {N}, "w_scale");
@@ -553,9 +557,12 @@ NB_MODULE(_cpu, m) {
         if (act_mul) need(*act_mul, 1, {K}, "act_mul");
         e.add_linear_i8(in_off, K, out_off, N, w_q.data(), w_scale.data(), b ? b->data() : nullptr, parse_act(act),
                         res_off, static_amax, asym, act_shift ? act_shift->data() : nullptr,
-                        act_mul ? act_mul->data() : nullptr);
+                        act_mul ? act_mul->data() : nullptr, q_from, q_min_m);
       }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
-         "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none())
+         "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none(),
+         "q_from"_a, "q_min_m"_a = 0,
+         "q_from (the plan's decision, zoi.graph.fusion): 0 a quantise step makes the int8 input copy, 1 the "
+         "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot")
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
       .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
                                    float scale, Opt<const float> bias, int window, Opt<const float> cos,
@@ -651,6 +658,20 @@ NB_MODULE(_cpu, m) {
         return l;
       }, "ids"_a, "positions"_a, "cu_seqlens"_a,
          "kernel lab: one run; [(step kind, thread-0 wall s, thread-0 CPU s)] per step (inputs not validated)")
+      .def("steps_info", [](const zoi::Engine& e) {
+        nb::list l;
+        for (int i = 0; i < e.num_steps(); ++i) {
+          const auto r = e.step_info(i);
+          nb::dict d;
+          d["kind"] = std::string(r.kind);
+          d["writes_copy"] = r.writes_copy;
+          d["fused"] = r.fused;
+          d["min_m"] = r.min_m;
+          d["slot"] = r.slot;
+          l.append(d);
+        }
+        return l;
+      }, "per step: {kind, writes_copy, fused, min_m, slot}: what it does with int8 copies (the plan realised)")
       .def_prop_ro("weights_bytes", &zoi::Engine::weights_bytes)
       .def_prop_ro("arena_bytes", &zoi::Engine::arena_bytes)
       .def_prop_ro("scratch_bytes", &zoi::Engine::scratch_bytes)

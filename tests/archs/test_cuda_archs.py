@@ -1,8 +1,12 @@
-"""Electra / ALBERT (narrower embeddings + a projection) on the CUDA backend, FP16 and INT8,
-against the reference engine (Triton interpreter on the CPU, compiled on a GPU:
-scripts/gpu_check.sh). MPNet / ModernBERT are refused there (tests/archs/test_refusals.py)."""
+"""The architectures on the CUDA backend (issue 20), FP16 and INT8, against the reference engine
+(Triton interpreter on the CPU, compiled on a GPU: scripts/gpu_check.sh): Electra / ALBERT
+(narrower embeddings + a projection), MPNet (relative position bias), ModernBERT (RoPE, GeGLU,
+alternating local / global attention, no position table, pre-norm), and their kernels alone
+(kernels/attention_ext.py, kernels/glu.py) on awkward shapes, outputs poisoned."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -12,32 +16,169 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from tests import triton_mode  # noqa: E402
+from tests.ops.helpers import DEV, f16, poison, rel, t  # noqa: E402
 
 import zoi  # noqa: E402
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
+from zoi.frontend.archs import rope_tables  # noqa: E402
 from zoi.frontend.tokenizer import pack  # noqa: E402
 from zoi.graph.compiled import CompiledModel  # noqa: E402
+from zoi.numerics import reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not triton_mode.interpreted() and not torch.cuda.is_available(),
     reason="compiled Triton needs a CUDA GPU",
 )
 
+# ---- kernels --------------------------------------------------------------------------------
+# (variant, heads, head_dim): the odd sizes the archs allow (RoPE needs an even head_dim)
+ATTN_CASES = [
+    ("bias", 5, 8),
+    ("bias", 3, 7),
+    ("rope", 5, 8),
+    ("rope", 2, 6),
+    ("window", 3, 7),
+    ("rope+window", 5, 8),
+    ("rope+window", 1, 34),
+    ("bias+window", 2, 12),
+]
+LENS = [[1], [3, 1, 17], [129], [17, 3, 1, 1]]
 
-@pytest.mark.parametrize("arch", ["electra", "albert"])
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_projected_embeddings_on_cuda(arch, precision, tmp_path):
-    from zoi.backends.cuda import CudaBackend
 
-    _, folder = checkpoint(arch, tmp_path / arch, seed=11)
+def _tiles(k_attn, hdr, cu, n_seq, cfg):
+    tcum = torch.full((n_seq,), -1, dtype=torch.int32, device=DEV)
+    k_attn.launch_tiles(t(hdr), t(cu), tcum, n_seq, cfg)
+    return tcum
+
+
+@pytest.mark.parametrize("variant,heads,d", ATTN_CASES)
+@pytest.mark.parametrize("lens", LENS)
+def test_attention_ext_kernel(variant, heads, d, lens):
+    from zoi.backends.cuda.kernels import attention as k_attn
+    from zoi.backends.cuda.kernels import attention_ext as k_ext
+
+    rng = np.random.default_rng(sum(lens) * 7 + heads * d + len(variant))
+    T, H, B = sum(lens), heads * d, len(lens)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    hdr = np.array([0, B, T, 0], np.int32)
+    tb = T + 3  # rows past T belong to no sequence
+    qkv = np.zeros((tb, 3 * H), np.float32)
+    qkv[:T] = rng.standard_normal((T, 3 * H)) * 1.5
+    P = max(lens) + int(rng.integers(0, 5))
+    kw, args = {}, {}
+    if "bias" in variant:
+        bias = (rng.standard_normal((heads, 2 * P - 1)) * 2).astype(np.float32)
+        kw["bias"], args["bias"] = bias, t(bias)
+    if "window" in variant:
+        window = int(rng.choice([1, 2, 5, 200]))  # smaller and larger than the sequences
+        kw["window"], args["window"] = window, window
+    if "rope" in variant:
+        cos, sin = rope_tables(float(rng.choice([1e4, 37.0])), d, P)
+        kw["rope_cs"] = (cos, sin)
+        args["cos"], args["sin"] = t(cos), t(sin)
+    scale = 1 / math.sqrt(d)
+    n_seq = B + 2
+    cfg = k_attn.pick_config(tb, d)
+    tcum = _tiles(k_attn, hdr, cu, n_seq, cfg)
+    o = poison((tb, H), torch.float16)
+    amax = torch.zeros(tb, dtype=torch.float32, device=DEV)
+    k_ext.launch_attention_ext(
+        t(qkv, torch.float16), t(hdr), t(cu), tcum, o, amax, tb, n_seq, heads, d, scale,
+        cfg=cfg, **args,
+    )  # fmt: skip
+    want = ref.attention(f16(qkv[:T]), cu, heads, d, scale, **kw)
+    got = o.float().cpu().numpy()
+    assert rel(got[:T], want) < 3e-3, variant
+    assert np.isnan(got[T:]).all(), "rows past T must not be written"
+    np.testing.assert_array_equal(
+        amax.cpu().numpy()[:T], np.abs(got[:T]).max(axis=1).astype(np.float32)
+    )
+
+
+@pytest.mark.parametrize("window", [1, 4, 40])
+def test_attention_ext_window_and_bias_matter(window):
+    """Each extra moves the output far beyond rounding (none is silently ignored)."""
+    from zoi.backends.cuda.kernels import attention as k_attn
+    from zoi.backends.cuda.kernels import attention_ext as k_ext
+
+    rng = np.random.default_rng(window)
+    heads, d, L = 2, 8, 33
+    qkv = t(rng.standard_normal((L, 3 * heads * d)).astype(np.float32), torch.float16)
+    cu, hdr = np.array([0, L], np.int32), np.array([0, 1, L, 0], np.int32)
+    cfg = k_attn.pick_config(L, d)
+    tcum = _tiles(k_attn, hdr, cu, 1, cfg)
+    cos, sin = rope_tables(1e4, d, L)
+    bias = rng.standard_normal((heads, 2 * L - 1)).astype(np.float32)
+
+    def run(**kw):
+        o = poison((L, heads * d), torch.float16)
+        k_ext.launch_attention_ext(
+            qkv, t(hdr), t(cu), tcum, o, None, L, 1, heads, d, 0.35, cfg=cfg, **kw
+        )
+        return o.float().cpu().numpy()
+
+    base = run()
+    o2 = poison((L, heads * d), torch.float16)
+    k_attn.launch_attention(qkv, t(hdr), t(cu), tcum, o2, None, L, 1, heads, d, 0.35, cfg=cfg)
+    plain = o2.float().cpu().numpy()
+    assert rel(base, plain) < 2e-3  # no extras: the plain kernel's result
+    for kw in (dict(bias=t(bias)), dict(window=window), dict(cos=t(cos), sin=t(sin))):
+        if kw.get("window", 0) >= L:
+            assert rel(run(**kw), base) < 2e-3  # a window past the sequence changes nothing
+        else:
+            assert rel(run(**kw), base) > 0.05, kw.keys()
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("T,n", [(1, 37), (17, 5), (129, 64), (3, 300)])
+def test_glu_kernel(act, T, n):
+    from zoi.backends.cuda.kernels import glu as k_glu
+
+    rng = np.random.default_rng(T * n)
+    tb = T + 2
+    x = np.zeros((tb, 2 * n), np.float32)
+    x[:T] = rng.standard_normal((T, 2 * n)) * 2
+    y = poison((tb, n), torch.float16)
+    amax = torch.zeros(tb, dtype=torch.float32, device=DEV)
+    k_glu.launch_glu(t(x, torch.float16), y, amax, T, n, act)
+    got = y.float().cpu().numpy()
+    want = ref.glu(f16(x[:T]), act)
+    assert rel(got[:T], want) < 2e-3
+    assert np.isnan(got[T:]).all()
+    np.testing.assert_array_equal(
+        amax.cpu().numpy()[:T], np.abs(got[:T]).max(axis=1).astype(np.float32)
+    )
+
+
+# ---- whole models -----------------------------------------------------------------------------
+def _models(arch, precision, tmp_path, seed=11):
+    """(the model the cuda backend runs, the folder): INT8 quantised by zoi.quant, FP16 the
+    reference's FP32 weights."""
+    _, folder = checkpoint(arch, tmp_path / arch, seed=seed)
     if precision == "int8":
         model = zoi.compile(folder, device="cpu", precision="int8", max_tokens=512).model
     else:
         ref_eng = zoi.compile(folder, device="reference", max_tokens=512)
         model = CompiledModel.build(ref_eng.spec, ref_eng.model.weights, "fp16", 512, 64)
+    return model, folder
+
+
+@pytest.mark.parametrize("arch", ["electra", "albert", "mpnet", "modernbert"])
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_arch_on_cuda(arch, precision, tmp_path):
+    from zoi.backends.arch_support import cuda_missing
+    from zoi.backends.cuda import CudaBackend
+
+    model, folder = _models(arch, precision, tmp_path)
+    assert cuda_missing(model.graph) == []
     eng = zoi.compile(folder, device="reference", max_tokens=512)
     ids, pos, cu = pack(eng.tokenize(TEXTS), eng.spec.position_offset)
     want = ReferenceBackend(model).run(ids, pos, cu, True)  # INT8: the emulation
-    got = CudaBackend(model).run(ids, pos, cu, True)
+    be = CudaBackend(model, buckets=[64, 256])
+    got = be.run(ids, pos, cu, True)
     assert np.isfinite(got).all()
     assert cosine(got, want).min() > 0.999
+    # one at a time (another bucket, other tiles) == batched
+    one = np.concatenate([be.run(ids[a:e], pos[a:e], np.array([0, e - a], np.int32), True)
+                          for a, e in zip(cu[:-1], cu[1:], strict=True)])  # fmt: skip
+    assert cosine(one, got).min() > 0.9999

@@ -19,7 +19,9 @@ pytest.importorskip("zoi._cpu")
 
 @pytest.fixture(scope="module")
 def gen(ckpt):
-    return compile_decoder(ckpt("llama_gqa"), max_seq_len=128, kv_blocks=64, block_size=8, max_batch=4)
+    return compile_decoder(
+        ckpt("llama_gqa"), max_seq_len=128, kv_blocks=64, block_size=8, max_batch=4
+    )
 
 
 def test_zoi_compile_gives_a_generator(ckpt):
@@ -54,7 +56,9 @@ def test_backend_pool_full_and_freed(gen):
 
 
 def test_generate_queues_what_the_pool_cannot_hold(ckpt, gen):
-    small = compile_decoder(ckpt("llama_gqa"), max_seq_len=128, kv_blocks=14, block_size=8, max_batch=4)
+    small = compile_decoder(
+        ckpt("llama_gqa"), max_seq_len=128, kv_blocks=14, block_size=8, max_batch=4
+    )
     prompts = PROMPTS + ["ka zo", "mi ra te lu ne"]
     want = gen.generate(prompts, max_new_tokens=40)
     got = small.generate(prompts, max_new_tokens=40)  # ~7 blocks each: two at a time
@@ -114,7 +118,9 @@ def test_stop_token_ids_finish(gen):
     t = full.token_ids[7]
     k = full.token_ids.index(t)
     out = gen.generate(PROMPTS[2], max_new_tokens=30, stop_token_ids=[t])[0]
-    assert out.token_ids == full.token_ids[:k] and out.finish_reason == "stop"
+    # the stop token is counted (vLLM's token_ids and usage), its text is not in the completion
+    assert out.token_ids == full.token_ids[: k + 1] and out.finish_reason == "stop"
+    assert str(out) == gen.tokenizer.decode(full.token_ids[:k])
 
 
 def test_stream_equals_generate(gen):
@@ -135,7 +141,13 @@ def test_over_long_prompts(gen):
     assert len(out.token_ids) == 128 - len(ids) and out.finish_reason == "length"
     with pytest.raises(InputError, match="empty"):
         gen.generate("")
-    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_new_tokens=0), dict(seed="x")):
+    for bad in (
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_k=-2),
+        dict(max_new_tokens=0),
+        dict(seed="x"),
+    ):
         with pytest.raises(InputError):
             gen.generate("ka", **bad)
 
@@ -158,7 +170,10 @@ def test_seeded_sampling(gen):
 def test_chat_template_as_transformers(ckpt, gen):
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(str(ckpt("llama_gqa")))
-    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "kazo mira? 日本"}]
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "kazo mira? 日本"},
+    ]
     want = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert gen.tokenizer.apply_chat_template(msgs) == want
     ids = tok(want, add_special_tokens=False).input_ids
@@ -175,7 +190,9 @@ def test_eos_finishes(tmp_path):
 
     from zoi.decoder.synthetic import write_decoder
 
-    d = write_decoder(tmp_path / "eos", arch="llama", heads=2, kv_heads=1, hidden=32, inter=40, layers=1)
+    d = write_decoder(
+        tmp_path / "eos", arch="llama", heads=2, kv_heads=1, hidden=32, inter=40, layers=1
+    )
     first = compile_decoder(d, max_seq_len=64).generate(PROMPTS[0], max_new_tokens=40)[0]
     eos = first.token_ids[9]  # make a token it produces the eos token (config.json eos_token_id)
     k = first.token_ids.index(eos)
@@ -185,27 +202,49 @@ def test_eos_finishes(tmp_path):
     g = compile_decoder(d, max_seq_len=64)
     assert g.spec.eos_token_ids == (eos,)
     s = g.generate(PROMPTS[0], max_new_tokens=40)[0]
-    assert s.token_ids == first.token_ids[:k] and s.finish_reason == "stop"
-    assert g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
+    assert s.token_ids == first.token_ids[: k + 1] and s.finish_reason == "stop"  # EOS counted
+    assert str(s) == g.tokenizer.decode(first.token_ids[:k])
+    assert (
+        g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
+    )
     assert g.backend.pool().running == 0
 
 
 def test_cli_generate_streams_to_stdout(ckpt, capsys):
     from zoi.cli import main
 
-    want = compile_decoder(ckpt("llama_gqa"), max_seq_len=64).generate(PROMPTS[3], max_new_tokens=12)[0]
-    assert main(["generate", str(ckpt("llama_gqa")), PROMPTS[3], "--max-new-tokens", "12", "--max-seq-len", "64"]) == 0
+    want = compile_decoder(ckpt("llama_gqa"), max_seq_len=64).generate(
+        PROMPTS[3], max_new_tokens=12
+    )[0]
+    assert (
+        main(
+            [
+                "generate",
+                str(ckpt("llama_gqa")),
+                PROMPTS[3],
+                "--max-new-tokens",
+                "12",
+                "--max-seq-len",
+                "64",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == str(want) + "\n"
     assert main(["generate", str(ckpt("llama_gqa")), "x" * 10, "--max-seq-len", "4"]) == 2
     assert "max_seq_len=4" in capsys.readouterr().err
 
 
 def test_incremental_decoder_never_splits_utf8(gen):
-    from zoi.decoder.tokenizer import IncrementalDecoder
+    from zoi.decoder.tokenizer import Detokenizer
 
     tok = gen.tokenizer
     # byte-level BPE: one token per byte (the GPT-2 byte -> unicode map)
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -217,7 +256,7 @@ def test_incremental_decoder_never_splits_utf8(gen):
     text = "a😀日é"
     ids = [byte_tok[b] for b in text.encode("utf-8")]
     assert None not in ids
-    d = IncrementalDecoder(tok)
+    d = Detokenizer(tok.decode)
     deltas = [d.push(i) for i in ids]
     assert "".join(deltas) + d.flush() == text
     assert [x for x in deltas if x] == ["a", "😀", "日", "é"]
@@ -228,9 +267,25 @@ def test_stop_matcher_across_deltas():
     from zoi.decoder.tokenizer import StopMatcher
 
     m = StopMatcher(["</s>", "STOP"])
-    outs = [m.push(x) for x in ["ab", "c<", "/", "s>tail", "more"]]
-    assert outs == ["ab", "c", "", "", ""] and m.stopped
+    outs = [m.feed(x) for x in ["ab", "c<", "/", "s>tail"]]
+    assert outs == [("ab", False), ("c", False), ("", False), ("", True)]
     m = StopMatcher(["</s>"])
-    assert [m.push(x) for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
+    assert [m.feed(x)[0] for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
     m = StopMatcher(["ST"])
-    assert m.push("aS") == "a" and m.flush() == "S"
+    assert m.feed("aS") == ("a", False) and m.flush() == "S"
+
+
+def test_text_stream_leaves_out_the_ending_token_and_stops():
+    from zoi.decoder.tokenizer import TextStream
+
+    def dec(ids):  # a byte tokenizer whose id 300 would show as text if decoded
+        return "".join("<E>" if i == 300 else chr(i) for i in ids)
+
+    t = TextStream(dec, [ord("p")], stops=["xy"], end_ids=[300])
+    assert [t.push(i) for i in b"abx"] == ["a", "b", ""]  # "x" held: it may start "xy"
+    assert t.push(300, "stop") == "x" and not t.stopped  # the EOS: no text of its own
+    t = TextStream(dec, end_ids=[300])
+    assert t.push(300, "length") == "<E>"  # not an ending by stop: its text is the model's
+    t = TextStream(dec, stops=["xy"], end_ids=[300])
+    assert t.push(ord("x")) == "" and t.push(ord("y")) == "" and t.stopped
+    assert t.push(ord("z"), "length") == ""  # nothing after a stop string

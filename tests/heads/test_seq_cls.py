@@ -212,10 +212,18 @@ def test_labels_from_config(tmp_path):
     assert zoi.compile(tmp_path / "m", device="reference").labels == ("neg", "neu", "pos")
 
 
-def test_gpu_refuses_heads_clearly(head_ckpts):
+def test_gpu_takes_every_head(head_ckpts):
+    """Every head runs on cuda (tests/heads/cuda): seq_cls through zoi.heads.hybrid, the
+    per-token heads on the CUDA backend; a device without heads would be refused by name."""
+    from zoi.backends.arch_support import cuda_missing
     from zoi.errors import BackendUnavailableError
+    from zoi.heads import check_head_device
 
-    folder, _ = head_ckpts("bert", "tok", 3)
-    eng = zoi.compile(folder, device="reference")
-    with pytest.raises(BackendUnavailableError, match="token classification.*device='cuda'"):
-        zoi.Engine(eng.model, eng.tokenizer, "cuda")
+    for task in ("tok", "mlm", "seq"):
+        folder, _ = head_ckpts("bert", task, 3)
+        eng = zoi.compile(folder, device="reference")
+        check_head_device(eng.spec, "cuda")
+        if task != "seq":
+            assert cuda_missing(eng.model.graph) == []
+    with pytest.raises(BackendUnavailableError, match="token classification.*device='tpu'"):
+        check_head_device(zoi.compile(head_ckpts("bert", "tok", 3)[0], device="reference").spec, "tpu")

@@ -1,32 +1,40 @@
-"""Which graphs a backend runs: the ops of MPNet / ModernBERT (zoi.graph.build_archs) that the
-CUDA backend does not implement yet are refused up front, naming them, instead of being run
-wrong (an attention without its bias, window or RoPE would still give plausible vectors).
-Electra / ALBERT (BERT layers after a projection of narrower embeddings) run on it."""
+"""Which graphs a backend runs: what the CUDA backend does not implement is refused up front,
+naming the missing piece, instead of being run wrong (an attention without its bias, window or
+RoPE would still give plausible vectors).
+
+The CUDA backend runs (issue 20) BERT-family encoders, Electra / ALBERT (a projection of
+narrower embeddings), MPNet (relative position bias: kernels/attention_ext.py), ModernBERT
+(RoPE, sliding-window local layers, GeGLU: kernels/glu.py, no position table, pre-norm LNs
+without a residual, residual adds on the linears), and the per-token heads (token
+classification logits [T, labels], SPLADE: the MLM head + kernels/sparse_pool.py) plus the
+token embeddings. Sequence classifiers run through zoi.heads.hybrid (GPU encoder, host head).
+"""
 
 from __future__ import annotations
 
 from zoi.errors import UnsupportedModelError
+
+# the activations of kernels/common.py (kept here: this module must import without triton)
+KERNEL_ACTS = ("none", "gelu", "gelu_tanh", "relu", "sigmoid")
+KINDS = ("embed", "linear", "attention", "add_layernorm", "glu", "pool")
 
 
 def cuda_missing(graph) -> list[str]:
     """Features of `graph` the CUDA backend lacks (empty: it runs the graph)."""
     missing: set[str] = set()
     for op in graph.ops:
-        if op.kind == "glu":
-            missing.add("the glu op (GeGLU)")
+        if op.kind not in KINDS:
+            missing.add(f"the {op.kind} op")
+        elif op.kind in ("glu", "linear") and op.attrs.get("act", "none") not in KERNEL_ACTS:
+            missing.add(f"the {op.attrs['act']} activation in a {op.kind} kernel")
         elif op.kind == "attention":
-            if "rel_bias" in op.weights:
-                missing.add("relative position bias (MPNet)")
-            if "rope_cos" in op.weights:
-                missing.add("RoPE")
-            if op.attrs.get("window", 0):
-                missing.add("local-window attention")
-        elif op.kind == "embed" and "pos" not in op.weights:
-            missing.add("embeddings without a position table")
-        elif op.kind == "add_layernorm" and len(op.inputs) == 1:
-            missing.add("LayerNorm without a residual (pre-norm)")
-        elif op.kind == "linear" and len(op.inputs) > 1:
-            missing.add("linear with a residual input")
+            if "rope_cos" in op.weights and op.attrs["head_dim"] % 2:
+                missing.add("RoPE with an odd head_dim")
+            extra = set(op.weights) - {"rel_bias", "rope_cos", "rope_sin"}
+            if extra:
+                missing.add(f"attention inputs {sorted(extra)}")
+        elif op.kind == "linear" and graph.buffers[op.output].rows == "B":
+            missing.add("head linears on pooled rows (zoi.heads.hybrid runs them on the host)")
     return sorted(missing)
 
 

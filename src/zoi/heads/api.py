@@ -38,32 +38,31 @@ def default_max_tokens(spec, max_tokens: int) -> int:
     return min(max_tokens, max(spec.max_positions, SPLADE_ARENA_BYTES // (4 * spec.vocab_size)))
 
 
-HEAD_DEVICES = ("cpu", "reference")  # the backends with run_outputs (HeadRunner)
+HEAD_DEVICES = ("cpu", "reference", "cuda")  # the backends with run_outputs (HeadRunner)
 
 
 def check_head_device(spec, device: str) -> None:
     """A model with a task head needs a backend that runs heads (HeadRunner); on cuda the
-    sequence classifiers run (zoi.heads.hybrid), the per-token heads not yet."""
-    if (
-        spec.head
-        and device not in HEAD_DEVICES
-        and not (device == "cuda" and spec.head == "seq_cls")
-    ):
+    sequence classifiers run through zoi.heads.hybrid, token classification and SPLADE on the
+    CUDA backend itself (its run_outputs)."""
+    if spec.head and device not in HEAD_DEVICES:
         raise BackendUnavailableError(
             f"{spec.name} has {a_(HEAD_NAMES[spec.head])} head, which device={device!r} does not "
             f"run yet; compile or load it with device='cpu' (or 'reference')"
         )
 
 
-def head_backend(model, device: str):
+def head_backend(model, device: str, device_index: int | None = None):
     """The backend of a head model where the device's own backend does not run heads (cuda:
-    zoi.heads.hybrid); None where make_backend's does."""
+    zoi.heads.hybrid); None where make_backend's does. device_index: the GPU (cuda:N)."""
     check_head_device(model.spec, device)
-    if model.spec.head and device == "cuda":
+    if model.spec.head == "seq_cls" and device == "cuda":
+        import functools
+
         from zoi.backends import make_backend
         from zoi.heads.hybrid import HybridHeadRunner
 
-        return HybridHeadRunner(model, make_backend)
+        return HybridHeadRunner(model, functools.partial(make_backend, device_index=device_index))
     return None
 
 

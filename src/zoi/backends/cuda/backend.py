@@ -4,7 +4,8 @@ token-count bucket, and a per-call path through the CUDA driver API only.
 The parts (each its own module):
 
 * ``options``: ``CudaOptions``, every switch, passed in (no environment reads here);
-* ``plan``: the launch list of the IR (fusion, int8 copies and who writes them);
+* ``plan``: the launch list of the IR, realising its fusion / int8-copy decisions
+  (``zoi.graph.fusion``; what it does not realise: the plan's "fallbacks");
 * ``weights``: packing into the one weight buffer; ``arena``: the activation arena;
 * ``steps``: the per-op launch closures of a bucket; ``persistent``: the one-launch forward;
 * ``capture``: CUDA graph capture and timing; ``callpath``: host staging + driver calls.
@@ -29,14 +30,14 @@ torch CPU tensors through the Triton interpreter: the CI test of everything but 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
-from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions
+from zoi.backends.cuda.device import device_index, on_device
+from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.plan import Launch, plan_launches
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.backends.cuda.submit import AsyncSlots
@@ -71,7 +72,14 @@ class CudaBackend:
         options: CudaOptions | None = None,
     ):
         """options: CudaOptions (defaults: the H200's choices); fuse_min_tokens, pdl and
-        persistent_max override its fields of the same name."""
+        persistent_max override its fields of the same name. options.device_index: the GPU
+        everything is built on (its primary context; None: the current device)."""
+        with on_device(options):
+            self._construct(
+                model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options
+            )
+
+    def _construct(self, model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options):
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
@@ -156,7 +164,7 @@ class CudaBackend:
                 f"device='cuda' needs torch and triton at compile time: {e}"
             ) from e
         self.torch = torch
-        env_interp = os.environ.get("TRITON_INTERPRET") == "1"  # how triton was imported
+        env_interp = triton_interpreting()  # how triton was imported (options.py)
         self.eager = (
             bool(interpret)
             if interpret is not None
@@ -168,6 +176,7 @@ class CudaBackend:
                     "interpret=True needs TRITON_INTERPRET=1 set before triton is imported"
                 )
             self.dev, self.sm, self.device_name = "cpu", 8, "triton interpreter (CPU)"
+            self.device_index = self.opts.device_index  # recorded; the interpreter has no GPUs
             return
         if env_interp:
             raise BackendUnavailableError("TRITON_INTERPRET=1 is set: unset it to run on the GPU")
@@ -180,8 +189,10 @@ class CudaBackend:
             )
         self.drv, self._cu = drv, drv.cu
         torch.cuda.init()
-        torch.empty(1, device="cuda")  # the runtime's primary context exists from here
-        self.cu_dev, self.ctx = drv.primary_context(torch.cuda.current_device())
+        self.device_index = device_index(torch, self.opts.device_index)
+        self.dev = f"cuda:{self.device_index}"  # every buffer explicitly on this GPU
+        torch.empty(1, device=self.dev)  # the runtime's primary context exists from here
+        self.cu_dev, self.ctx = drv.primary_context(self.device_index)
         cap = drv.capability(self.cu_dev)
         if cap < (8, 0):
             raise BackendUnavailableError(
@@ -190,11 +201,10 @@ class CudaBackend:
         self.capability = cap
         self.sm = drv.sm_count(self.cu_dev)
         self.device_name = drv.device_name(self.cu_dev)
-        self.dev = "cuda"
         self._free0 = drv.mem_info()[0]
-        self._reserved0 = torch.cuda.memory_reserved()
+        self._reserved0 = torch.cuda.memory_reserved(self.device_index)
         self.stream = drv.new_stream()
-        self.tstream = torch.cuda.ExternalStream(int(self.stream))
+        self.tstream = torch.cuda.ExternalStream(int(self.stream), device=self.dev)
 
     # ------------------------------------------------------------------ buckets
     def plan_for(self, tb: int) -> dict:
@@ -262,9 +272,12 @@ class CudaBackend:
         """Stage one sequence of tb random tokens (host staging); returns the ints to copy."""
         rng = np.random.default_rng(seed)
         ids = rng.integers(0, int(self.spec.vocab_size), tb).astype(np.int32)
-        P = int(self.model.weights[self.plans[True]["launches"][0].op.weights["pos"]].shape[0])
+        P = int(self.model.position_rows())
         pos = (np.arange(tb) % P).astype(np.int32)
-        return self._stage(ids, pos, np.array([0, tb], np.int32), normalize, tb)[0]
+        # sequences of at most the model's positions (the RoPE / bias tables have P rows)
+        n = max(P, -(-tb // self.max_batch))
+        cu = np.unique(np.r_[np.arange(0, tb, n), tb]).astype(np.int32)
+        return self._stage(ids, pos, cu, normalize, tb)[0]
 
     def _capture(self, tb: int, steps: list):
         """Warm up (compiles every kernel of the bucket) and capture one bucket's steps."""
@@ -311,6 +324,63 @@ class CudaBackend:
         out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
         return out
 
+    def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
+        """Heads (zoi.backends.base.HeadRunner, issue 20): the graph's output and each buffer of
+        taps, float32. Per-token logits [T, labels], SPLADE's [B, V] (pooled on the GPU:
+        kernels/sparse_pool.py) and taps [T, cols] are copied from the arena after the forward
+        (a tap is the input of the graph's last op, intact at the end); pooled rows come back
+        as in run. A bucket built as the one-launch persistent forward keeps its activations
+        elsewhere: with taps, its per-op launches run instead (eagerly, uncaptured)."""
+        g = self.model.graph
+        if types is not None and "types" in g.inputs and np.any(np.asarray(types) != 0):
+            raise InputError("device='cuda' runs token type 0 only for this model")
+        ids, tb = self._bucket(ids, cu_seqlens)
+        T, B = len(ids), len(cu_seqlens) - 1
+        plan = self.plan_for(tb)
+        names = (g.output, *taps)
+        for n in names[1:]:
+            if n not in plan["cols"] or g.buffers[n].rows != "T":
+                raise ValueError(f"device='cuda' cannot hand back buffer {n!r}")
+        torch = self.torch
+        with self._lock:
+            n, _ = self._stage(ids, positions, cu_seqlens, False, tb)
+            pplan = self._pplans.get(tb)
+            if self.eager:
+                self.d_in[:n] = torch.from_numpy(self.h_in[:n].copy())
+                for s in self._steps[tb]:
+                    s()
+                if pplan is not None and pplan.barrier_timed_out():
+                    self._barrier_failed(tb)
+                pooled = self.d_out[:B].numpy().copy()
+            elif pplan is not None and taps:
+                steps = self.__dict__.setdefault("_tap_steps", {}).get(tb)
+                if steps is None:
+                    steps = self._tap_steps[tb] = per_op_steps(
+                        plan, self.mem, self.w, self.spec, tb, False
+                    )
+                with torch.cuda.stream(self.tstream):
+                    self.d_in[:n].copy_(torch.from_numpy(self.h_in[:n].copy()))
+                    for s in steps:
+                        s()
+                    pooled = self.d_out[:B].cpu().numpy()
+                self.tstream.synchronize()
+            else:
+                flag = pplan.bar[1:] if pplan is not None else None
+                if self.call.run(self.staging, self._graphs[tb][1], n, B, flag):
+                    self._barrier_failed(tb)
+                pooled = self.h_out[:B].copy()
+            out = {}
+            for name in names:
+                if name == g.output and g.ops[-1].kind == "pool" and name not in plan["cols"]:
+                    out[name] = pooled
+                elif plan["launches"][-1].kind == "sparse_pool" and name == g.output:
+                    V = int(g.buffers[name].cols)
+                    v = self.mem.act(plan, name, tb).view(-1).view(torch.float32).view(tb, V)
+                    out[name] = v[:B].cpu().numpy().copy()
+                else:
+                    out[name] = self.mem.act(plan, name, tb)[:T].float().cpu().numpy()
+        return out
+
     def submit(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> object:
         """Start a forward into `out` and return its ticket at once (submit.py): the inputs
         are staged before it returns; at most two tickets outstanding."""
@@ -329,7 +399,7 @@ class CudaBackend:
         plan = self._pplans[tb]
         plan.bar[1:].zero_()
         if not self.eager:
-            self.torch.cuda.synchronize()
+            self.torch.cuda.synchronize(self.dev)
             self.staging.h_flag[0] = 0
         raise BackendUnavailableError(
             f"cuda: the one-launch forward of bucket {tb} timed out in a grid barrier (its "
@@ -360,7 +430,10 @@ class CudaBackend:
             out["pinned_bytes"] = self.staging.nbytes + self.slots.nbytes
             out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}
             out["device_bytes_used"] = int(self._free0 - self.drv.mem_info()[0])
-            out["torch_reserved_bytes"] = int(self.torch.cuda.memory_reserved() - self._reserved0)
+            out["torch_reserved_bytes"] = int(
+                self.torch.cuda.memory_reserved(self.device_index) - self._reserved0
+            )
+            out["device_index"] = self.device_index
         return out
 
     def __del__(self):

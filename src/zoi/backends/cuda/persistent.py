@@ -42,12 +42,16 @@ def _layers(backend):
     if not la or la[0].kind != "embed" or la[-1].kind != "pool" or (len(la) - 2) % 7:
         raise PersistentUnsupported("persistent kernel: unexpected launch list")
     kinds = ["linear", "attention", "linear", "add_layernorm", "linear", "linear", "add_layernorm"]
+    if "pos" not in la[0].op.weights:
+        raise PersistentUnsupported("persistent kernel: embeddings without a position table")
     layers = [la[1 + 7 * i : 8 + 7 * i] for i in range((len(la) - 2) // 7)]
     prev = la[0].out
     for ly in layers:
         if [x.kind for x in ly] != kinds:
             raise PersistentUnsupported("persistent kernel: layer is not BERT post-LN")
         qkv, att, o, ln1, f1, f2, ln2 = ly
+        if att.op.weights or att.op.attrs.get("window", 0):  # MPNet / ModernBERT (issue 20)
+            raise PersistentUnsupported("persistent kernel: attention with a bias, RoPE or window")
         ok = (
             qkv.ins == [prev]
             and att.ins == [qkv.out]

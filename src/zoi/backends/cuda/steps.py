@@ -10,6 +10,9 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
     import torch
 
     from zoi.backends.cuda.kernels import attention as k_attn
+    from zoi.backends.cuda.kernels import attention_ext as k_ext
+    from zoi.backends.cuda.kernels import glu as k_glu
+    from zoi.backends.cuda.kernels import sparse_pool as k_sp
     from zoi.backends.cuda.kernels import embed as k_embed
     from zoi.backends.cuda.kernels import layernorm as k_ln
     from zoi.backends.cuda.kernels import linear as k_lin
@@ -64,7 +67,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     pos,
                     w.get("embed.word_q", w.get("embed.word")),
                     w.get("embed.word_scale"),
-                    w["embed.pos"],
+                    w.get("embed.pos"),
                     w.get("embed.type0"),
                     w["embed.ln.w"],
                     w["embed.ln.b"],
@@ -139,6 +142,47 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     pdl=pdl,
                 )
             )
+        elif L.kind == "attention" and (L.op.weights or L.op.attrs.get("window", 0)):
+            # MPNet's relative bias, ModernBERT's RoPE / local window: kernels/attention_ext.py
+            qkv, o = act(L.ins[0]), act(L.out)
+            at, wn = L.op.attrs, L.op.weights
+            ext = dict(
+                bias=w[wn["rel_bias"]] if "rel_bias" in wn else None,
+                cos=w[wn["rope_cos"]] if "rope_cos" in wn else None,
+                sin=w[wn["rope_sin"]] if "rope_sin" in wn else None,
+                window=int(at.get("window", 0)),
+            )
+            steps.append(
+                lambda qkv=qkv, o=o, L=L, at=at, ext=ext: k_ext.launch_attention_ext(
+                    qkv,
+                    hdr,
+                    cu,
+                    arena.tcum,
+                    o,
+                    amx(L.out) if L.amax_out else None,
+                    tb,
+                    nseq,
+                    at["heads"],
+                    at["head_dim"],
+                    at["scale"],
+                    cfg=acfg,
+                    pdl=pdl,
+                    **ext,
+                )
+            )
+        elif L.kind == "glu":
+            x, y = act(L.ins[0]), act(L.out)
+            steps.append(
+                lambda x=x, y=y, L=L: k_glu.launch_glu(
+                    x, y, amx(L.out) if L.amax_out else None, tb, L.n, L.op.attrs["act"], pdl=pdl
+                )
+            )
+        elif L.kind == "sparse_pool":
+            x, V = act(L.ins[0]), L.n // 2
+            y = act(L.out).view(-1).view(arena.torch.float32).view(tb, V)  # fp32 [<= tb, V]
+            steps.append(
+                lambda x=x, y=y, V=V: k_sp.launch_sparse_pool(x, cu, hdr, y, nseq, V, pdl=pdl)
+            )
         elif L.kind == "attention":
             qkv, o = act(L.ins[0]), act(L.out)
             at = L.op.attrs
@@ -160,7 +204,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 )
             )
         elif L.kind == "add_layernorm":
-            x, r, y = act(L.ins[0]), act(L.res), act(L.out)
+            x, r, y = act(L.ins[0]), act(L.res) if L.res else None, act(L.out)
             steps.append(
                 lambda x=x, r=r, y=y, L=L, qo=qout(L): k_ln.launch_add_layernorm(
                     x,

@@ -47,7 +47,8 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
                 add("embed.word_scale", f32(W["embed.word_scale"]))
             else:
                 add("embed.word", f16(W[w["word"]]))
-            add("embed.pos", f16(W[w["pos"]]))
+            if "pos" in w:  # ModernBERT has none (RoPE in attention)
+                add("embed.pos", f16(W[w["pos"]]))
             if "type" in w:
                 add("embed.type0", f16(W[w["type"]][0]))
             add("embed.ln.w", f32(W[w["ln_w"]]))
@@ -78,6 +79,10 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
             if L.ln is not None:  # fused LN: params under the add_layernorm's output name
                 add(f"{L.out}.ln.w", f32(W[L.ln.weights["w"]]))
                 add(f"{L.out}.ln.b", f32(W[L.ln.weights["b"]]))
+        elif L.kind == "attention":  # MPNet's bias table, ModernBERT's RoPE tables (fp32)
+            for k in ("rel_bias", "rope_cos", "rope_sin"):
+                if k in op.weights:
+                    add(op.weights[k], f32(W[op.weights[k]]))
         elif L.kind == "add_layernorm":
             add(f"{op.output}.ln.w", f32(W[op.weights["w"]]))
             add(f"{op.output}.ln.b", f32(W[op.weights["b"]]))

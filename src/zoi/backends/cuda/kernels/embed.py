@@ -1,4 +1,5 @@
-"""embed: x = LayerNorm(word[ids] + pos[positions] + type[0]) * w + b, one program per BLOCK_R rows.
+"""embed: x = LayerNorm(word[ids] + pos[positions] + type[0]) * w + b, one program per BLOCK_R rows
+(posemb None: no position table, as ModernBERT).
 
 Also writes, for the first INT8 linear, the per-row amax of x or its int8 copy (with a_scale /
 zero point, after that linear's act_shift / act_mul: ``quantize.quant_rows``), and zeroes the rows of the
@@ -58,6 +59,7 @@ def embed_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
+    HAS_POS: tl.constexpr = True,  # False: no position table (ModernBERT: RoPE in attention)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -72,12 +74,15 @@ def embed_kernel(
     c_ok = cols < H
     m2 = r_ok[:, None] & c_ok[None, :]
     ids = tl.load(ids_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-    pos = tl.load(pos_ptr + rows, mask=r_ok, other=0).to(tl.int64)
     w = tl.load(word_ptr + ids[:, None] * H + cols[None, :], mask=m2, other=0).to(tl.float32)
     if WORD_Q:
         ws = tl.load(word_scale_ptr + ids, mask=r_ok, other=0.0)
         w = w * ws[:, None]
-    x = w + tl.load(posemb_ptr + pos[:, None] * H + cols[None, :], mask=m2, other=0).to(tl.float32)
+    x = w
+    if HAS_POS:
+        pos = tl.load(pos_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+        pe = tl.load(posemb_ptr + pos[:, None] * H + cols[None, :], mask=m2, other=0)
+        x = w + pe.to(tl.float32)
     if HAS_TYPE:
         x = x + tl.load(type_ptr + cols, mask=c_ok, other=0).to(tl.float32)[None, :]
     lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
@@ -144,7 +149,7 @@ def launch_embed(
         pos,
         word,
         word_scale if word_scale is not None else lnw,
-        posemb,
+        posemb if posemb is not None else lnw,
         type0 if type0 is not None else lnw,
         lnw,
         lnb,
@@ -174,6 +179,7 @@ def launch_embed(
         Q_SHIFT=q_shift is not None,
         Q_MUL=q_mul is not None,
         TILES=tiles is not None,
+        HAS_POS=posemb is not None,
         TILE_M=tile_m,
         BLOCK_B=block_b,
         PDL=pdl,

@@ -1,4 +1,4 @@
-"""add_layernorm: y = LayerNorm(x + r) * w + b over rows of H, fp32 statistics.
+"""add_layernorm: y = LayerNorm(x + r) * w + b over rows of H, fp32 statistics (r None: LN(x)).
 
 Used where the LN could not be fused into the preceding linear's epilogue (a linear whose N
 is too wide for one program). Also writes, for an INT8 consumer, the per-row amax of y or its
@@ -46,6 +46,7 @@ def add_layernorm_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
+    HAS_RES: tl.constexpr = True,  # False: LN(x) alone (pre-norm layers, the MLM head)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -58,7 +59,8 @@ def add_layernorm_kernel(
     m2 = r_ok[:, None] & c_ok[None, :]
     r64 = rows[:, None].to(tl.int64)
     x = tl.load(x_ptr + r64 * ldx + cols[None, :], mask=m2, other=0).to(tl.float32)
-    x += tl.load(r_ptr + r64 * ldr + cols[None, :], mask=m2, other=0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(r_ptr + r64 * ldr + cols[None, :], mask=m2, other=0).to(tl.float32)
     lw = tl.load(w_ptr + cols, mask=c_ok, other=0.0)
     lb = tl.load(b_ptr + cols, mask=c_ok, other=0.0)
     y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(y_ptr.dtype.element_ty)
@@ -125,7 +127,7 @@ def launch_add_layernorm(
     assert qmode != 3 or yq_zp is not None
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         x,
-        r,
+        r if r is not None else x,
         w,
         b,
         y,
@@ -138,7 +140,7 @@ def launch_add_layernorm(
         T,
         H,
         x.stride(0),
-        r.stride(0),
+        r.stride(0) if r is not None else 0,
         y.stride(0),
         yq.stride(0) if yq is not None else 0,
         float(eps),
@@ -147,6 +149,7 @@ def launch_add_layernorm(
         Q_OUT=qmode,
         Q_SHIFT=q_shift is not None,
         Q_MUL=q_mul is not None,
+        HAS_RES=r is not None,
         PDL=pdl,
         launch_pdl=pdl,
         **cfg,

@@ -1,0 +1,92 @@
+"""Token classification, SPLADE and token embeddings on the CUDA backend itself (issue 20):
+per-token logits [T, labels] and token embeddings copied from the arena, SPLADE pooled on the
+GPU (kernels/sparse_pool.py), FP16 and INT8, against the reference engine on the same model
+(INT8: its emulation) and transformers; NER entities aggregated on the host."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytest.importorskip("transformers")  # the random checkpoints
+
+from tests.heads.helpers import hf_logits, hf_tokenizer, max_len  # noqa: E402
+
+import zoi  # noqa: E402
+from zoi.backends.cuda import CudaBackend  # noqa: E402
+
+TEXTS = ["John Smith lives in New York.", "a", "tokens " * 19, ""]
+
+
+def _engines(folder, precision, max_tokens=128):
+    """(cuda engine, reference engine) on the same compiled model (INT8: zoi.quant's)."""
+    if precision == "int8":
+        base = zoi.compile(folder, device="cpu", precision="int8", max_tokens=max_tokens)
+    else:
+        base = zoi.compile(folder, device="reference", max_tokens=max_tokens)
+        base.model = dataclasses.replace(base.model, precision="fp16")
+    eng = zoi.Engine(base.model, base.tokenizer, "cuda")
+    return eng, zoi.Engine(base.model, base.tokenizer, "reference")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_token_classification_on_cuda(head_ckpts, precision):
+    folder, model = head_ckpts("bert", "tok", 7)
+    eng, ref = _engines(folder, precision)
+    assert isinstance(eng.backend, CudaBackend)
+    got, want = eng.predict_tokens(TEXTS), ref.predict_tokens(TEXTS)
+    hf = hf_logits(model, hf_tokenizer(folder, max_len(model)), TEXTS)
+    scale = max(np.abs(h).max() for h in hf)
+    for g, w, h in zip(got, want, hf, strict=True):
+        assert g.shape == w.shape == h.shape and np.isfinite(g).all()
+        assert np.abs(g - w).max() < 0.02 * scale
+        assert np.abs(g - h).max() < 0.05 * scale
+    agree = np.mean([np.mean(g.argmax(1) == w.argmax(1)) for g, w in zip(got, want, strict=True)])
+    assert agree > 0.9
+    ents = eng.ner(TEXTS[0], aggregation_strategy="simple", ignore_labels=())
+    assert ents and all(0 <= e["start"] < e["end"] <= len(TEXTS[0]) for e in ents)
+    # one at a time == batched
+    one = [eng.predict_tokens(t) for t in TEXTS]
+    for o, g in zip(one, got, strict=True):
+        assert np.abs(o - g).max() < 0.01 * scale
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_splade_on_cuda(head_ckpts, precision):
+    folder, _ = head_ckpts("bert", "mlm")
+    eng, ref = _engines(folder, precision, max_tokens=64)
+    assert isinstance(eng.backend, CudaBackend)
+    texts = TEXTS[:3]
+    got = eng.encode_sparse(texts, dense=True)
+    want = ref.encode_sparse(texts, dense=True)
+    assert got.shape == want.shape == (3, eng.spec.vocab_size)
+    assert np.isfinite(got).all() and (got >= 0).all()
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 0.03 * scale
+    for g, w in zip(got, want, strict=True):  # the top terms agree
+        k = 20
+        top_g, top_w = set(np.argsort(-g)[:k]), set(np.argsort(-w)[:k])
+        assert len(top_g & top_w) >= 0.8 * k
+    idx, val = eng.encode_sparse(texts[0])
+    assert np.all(val > 0) and np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(idx, np.flatnonzero(got[0]))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_token_embeddings_on_cuda(small_bert_path, precision):
+    eng, ref = _engines(small_bert_path, precision)
+    got = eng.encode(TEXTS, output_value="token_embeddings")
+    want = ref.encode(TEXTS, output_value="token_embeddings")
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and np.isfinite(g).all()
+        cos = (g * w).sum(1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
+        assert cos.min() > 0.999
+    # the pooled embeddings of the same engine still come from the pool kernel
+    emb = eng.encode(TEXTS[:2])
+    assert np.isfinite(emb).all()
