@@ -126,6 +126,9 @@ NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
   // engines still referenced by daemon threads at interpreter exit are not leaks worth a report
   nb::set_leak_warnings(false);
+  // the measured size from which an INT8 GEMM quantises its own output for the next INT8 GEMM
+  // (zoi.graph.fusion.LINEAR_QUANT_MIN_TOKENS is the plan's copy of it; tests check they agree)
+  m.attr("I8_FUSE_QUANT_MIN_M") = zoi::kI8FuseQuantMinM;
   m.def("cpu_info", []() {
     const zoi::CpuFeatures& f = zoi::cpu_features();
     nb::dict d;
@@ -299,7 +302,7 @@ NB_MODULE(_cpu, m) {
      "static_amax"_a = -1.f, "isa"_a = "", "nt"_a = 1);
 
   m.def("k_embed", [](Arr<const int32_t> ids, Arr<const int32_t> positions, Opt<const float> word,
-                      Opt<const int8_t> word_q, Opt<const float> word_scale, Arr<const float> pos,
+                      Opt<const int8_t> word_q, Opt<const float> word_scale, Opt<const float> pos,
                       Opt<const float> type0, Arr<const float> ln_w, Arr<const float> ln_b, float eps, Arr<float> y,
                       const std::string& isa, int nt) {
     const auto& kt = table_for(isa);
@@ -310,7 +313,7 @@ NB_MODULE(_cpu, m) {
     const long V = word ? static_cast<long>(word->shape(0)) : (word_q ? static_cast<long>(word_q->shape(0)) : 0);
     for (int t = 0; t < T; ++t) {
       if (ids.data()[t] < 0 || ids.data()[t] >= V) throw nb::value_error("id out of range");
-      if (positions.data()[t] < 0 || positions.data()[t] >= static_cast<long>(pos.shape(0)))
+      if (pos && (positions.data()[t] < 0 || positions.data()[t] >= static_cast<long>(pos->shape(0))))
         throw nb::value_error("position out of range");
     }
     zoi::EmbedArgs a;
@@ -319,10 +322,11 @@ NB_MODULE(_cpu, m) {
     a.word_q = word_q ? word_q->data() : nullptr;
     a.word_scale = word_scale ? word_scale->data() : nullptr;
     if (!a.word && !(a.word_q && a.word_scale)) throw nb::value_error("need word or word_q + word_scale");
-    a.pos = pos.data(); a.type0 = type0 ? type0->data() : nullptr; a.ln_w = ln_w.data(); a.ln_b = ln_b.data();
+    if (pos) need(*pos, 2, {-1, H}, "pos");
+    a.pos = pos ? pos->data() : nullptr; a.type0 = type0 ? type0->data() : nullptr; a.ln_w = ln_w.data(); a.ln_b = ln_b.data();
     a.eps = eps; a.y = y.data(); a.ldy = H;
     for_threads(nt, [&](int t, int n) { kt.embed(a, t, n); });
-  }, "ids"_a, "positions"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a, "type0"_a.none(),
+  }, "ids"_a, "positions"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a.none(), "type0"_a.none(),
      "ln_w"_a, "ln_b"_a, "eps"_a, "y"_a, "isa"_a = "", "nt"_a = 1);
 
   m.def("k_attention", [](Arr<const float> qkv, Arr<const int32_t> cu, int heads, int d, float scale, Arr<float> out,
@@ -509,22 +513,31 @@ NB_MODULE(_cpu, m) {
       .def(nb::init<size_t, int, int, const std::string&, int>(), "arena_bytes"_a, "max_tokens"_a, "max_batch"_a,
            "isa"_a = "", "nthreads"_a = 0)
       .def("add_embed", [](zoi::Engine& e, size_t out_off, Opt<const float> word, Opt<const int8_t> word_q,
-                           Opt<const float> word_scale, Arr<const float> pos, Opt<const float> type0,
-                           Arr<const float> ln_w, Arr<const float> ln_b, float eps) {
+                           Opt<const float> word_scale, Opt<const float> pos, Opt<const float> type0,
+                           Arr<const float> ln_w, Arr<const float> ln_b, float eps, int max_pos) {
         const int H = ln_w.shape(0);
         int V;
         if (word) { need(*word, 2, {-1, H}, "word"); V = word->shape(0); }
         else if (word_q && word_scale) {
           need(*word_q, 2, {-1, H}, "word_q"); V = word_q->shape(0); need(*word_scale, 1, {V}, "word_scale");
         } else throw nb::value_error("need word or word_q + word_scale");
-        need(pos, 2, {-1, H}, "pos");
+        // pos None: no position table (ModernBERT, RoPE); max_pos then bounds the positions
+        if (pos) {
+          need(*pos, 2, {-1, H}, "pos");
+          if (max_pos >= 0 && max_pos != static_cast<int>(pos->shape(0)))
+            throw nb::value_error("max_pos differs from the rows of pos");
+          max_pos = static_cast<int>(pos->shape(0));
+        } else if (max_pos < 1) {
+          throw nb::value_error("without a position table, max_pos (positions a sequence may take) must be >= 1");
+        }
         if (type0) need(*type0, 1, {H}, "type0");
         need(ln_b, 1, {H}, "ln_b");
-        e.add_embed(out_off, H, V, pos.shape(0), word ? word->data() : nullptr, word ? nullptr : word_q->data(),
-                    word ? nullptr : word_scale->data(), pos.data(), type0 ? type0->data() : nullptr, ln_w.data(),
-                    ln_b.data(), eps);
-      }, "out_off"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a, "type0"_a.none(),
-         "ln_w"_a, "ln_b"_a, "eps"_a, "(tables are referenced: keep word/word_q/word_scale/pos alive)")
+        e.add_embed(out_off, H, V, max_pos, word ? word->data() : nullptr, word ? nullptr : word_q->data(),
+                    word ? nullptr : word_scale->data(), pos ? pos->data() : nullptr, type0 ? type0->data() : nullptr,
+                    ln_w.data(), ln_b.data(), eps);
+      }, "out_off"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a.none(), "type0"_a.none(),
+         "ln_w"_a, "ln_b"_a, "eps"_a, "max_pos"_a = -1,
+         "(tables are referenced: keep word/word_q/word_scale/pos alive; pos None: no position table, max_pos rows)")
       .def("add_linear_f32", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const float> w,
                                 Opt<const float> b, const std::string& act, long res_off) {
         need(w, 2, {-1, -1}, "w");
@@ -534,7 +547,8 @@ NB_MODULE(_cpu, m) {
       }, "in_off"_a, "out_off"_a, "w"_a, "b"_a.none(), "act"_a, "res_off"_a = -1)
       .def("add_linear_i8", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const int8_t> w_q,
                                Arr<const float> w_scale, Opt<const float> b, const std::string& act, long res_off,
-                               float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul) {
+                               float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul,
+                               int q_from, int q_min_m) {
         need(w_q, 2, {-1, -1}, "w_q");
         const int N = w_q.shape(0), K = w_q.shape(1);
         need(w_scale, 1, {N}, "w_scale");
@@ -543,9 +557,12 @@ NB_MODULE(_cpu, m) {
         if (act_mul) need(*act_mul, 1, {K}, "act_mul");
         e.add_linear_i8(in_off, K, out_off, N, w_q.data(), w_scale.data(), b ? b->data() : nullptr, parse_act(act),
                         res_off, static_amax, asym, act_shift ? act_shift->data() : nullptr,
-                        act_mul ? act_mul->data() : nullptr);
+                        act_mul ? act_mul->data() : nullptr, q_from, q_min_m);
       }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
-         "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none())
+         "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none(),
+         "q_from"_a, "q_min_m"_a = 0,
+         "q_from (the plan's decision, zoi.graph.fusion): 0 a quantise step makes the int8 input copy, 1 the "
+         "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot")
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
       .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
                                    float scale, Opt<const float> bias, int window, Opt<const float> cos,
@@ -641,6 +658,20 @@ NB_MODULE(_cpu, m) {
         return l;
       }, "ids"_a, "positions"_a, "cu_seqlens"_a,
          "kernel lab: one run; [(step kind, thread-0 wall s, thread-0 CPU s)] per step (inputs not validated)")
+      .def("steps_info", [](const zoi::Engine& e) {
+        nb::list l;
+        for (int i = 0; i < e.num_steps(); ++i) {
+          const auto r = e.step_info(i);
+          nb::dict d;
+          d["kind"] = std::string(r.kind);
+          d["writes_copy"] = r.writes_copy;
+          d["fused"] = r.fused;
+          d["min_m"] = r.min_m;
+          d["slot"] = r.slot;
+          l.append(d);
+        }
+        return l;
+      }, "per step: {kind, writes_copy, fused, min_m, slot}: what it does with int8 copies (the plan realised)")
       .def_prop_ro("weights_bytes", &zoi::Engine::weights_bytes)
       .def_prop_ro("arena_bytes", &zoi::Engine::arena_bytes)
       .def_prop_ro("scratch_bytes", &zoi::Engine::scratch_bytes)

@@ -3,7 +3,10 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|multigpu|multibench] ...   (several stages may be given)
+#   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
+#   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more);
+#   multibench (explicit only): scripts/bench_multigpu.sh (1 GPU vs 2 on zoi serve, Triton, Ray)
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -121,6 +124,18 @@ if has arena; then  # the product call: the default max_tokens is the smallest a
     timeout 150 $PY lab/gpu/bench.py --models minilm --shapes 256x128 --no-gemm --no-variants \
       --max-tokens "$mt" --out "$OUT/gpu_arena_${mt}_${STAMP}.json" 2>&1 | tail -6 | tee -a "$OUT/gpu_check_${STAMP}.log"
   done
+fi
+if [[ " $STAGES " == *" multigpu "* ]]; then  # explicit only: one engine per GPU (issue 18), any GPU count
+  log "multi-GPU serving: cuda:N engines, zoi serve --gpus 0 (and --gpus all with 2+ GPUs)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${MULTIGPU_TIMEOUT:-500}" $PY scripts/multigpu_check.py --out "$OUT/gpu_multigpu_check_${STAMP}.json" 2>&1 \
+    | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  mrc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$mrc
+  echo "multigpu check exit code $mrc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" multibench "* ]]; then  # explicit only: 1 GPU vs 2, zoi serve / Triton / Ray (issue 18)
+  log "multi-GPU benchmark (scripts/bench_multigpu.sh)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  PYTHON=$PY timeout "${MULTIBENCH_TIMEOUT:-580}" bash scripts/bench_multigpu.sh "${MULTIBENCH_CYCLES:-1}" "$OUT/gpu_multigpu_${STAMP}" 2>&1 \
+    | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 log "done (tests rc=$rc)" | tee -a "$OUT/gpu_check_${STAMP}.log"
 exit $rc

@@ -37,3 +37,215 @@ def test_a_spec_zoi_cannot_run_is_refused(field, value):
         ok.replace(**{field: value})
     with pytest.raises(ValueError, match="is not supported"):
         ModelSpec.from_dict({**ok.to_dict(), field: value})
+
+
+# ---------------------------------------------------------------- the fusion pass (one plan)
+import numpy as np  # noqa: E402
+
+from zoi.graph import fusion  # noqa: E402
+from zoi.graph.compiled import CompiledModel  # noqa: E402
+from zoi.graph.planner import plan_memory  # noqa: E402
+from zoi.graph.quantmode import QuantMode  # noqa: E402
+from zoi.graph.synthetic import random_weights  # noqa: E402
+
+MINILM = dict(hidden=384, heads=12, layers=2, inter=1536)
+
+
+def _model(precision="int8", default="dynamic", schemes=None, static=None, transforms=None, **kw):
+    from tests.fixtures import quantize_linears
+
+    spec = synthetic_spec(**{**MINILM, **kw})
+    w, quant = random_weights(spec, 0), {}
+    if precision == "int8":
+        w, quant = quantize_linears(w, static, schemes, transforms, default)
+    return CompiledModel.build(spec, w, precision, 512, 64, quant)
+
+
+def _by_prefix(g):
+    return {o.weights["w"].rsplit(".", 1)[0]: o for o in g.linears()}
+
+
+def test_fp32_minilm_has_no_int8_copies_and_marks_ln_fusions():
+    m = _model("fp32")
+    g = fusion.annotate(m)
+    lin = _by_prefix(g)
+    assert all(o.attrs["quant"] is QuantMode.FLOAT for o in g.linears())
+    assert not any("quant_in" in o.attrs or "quant_out" in o.attrs for o in g.ops)
+    assert not any(b.dtype == "i8" for b in g.buffers.values())
+    for i in range(2):  # o -> ln1 and ffn2 -> ln2: the LN only they feed, a residual of its own
+        assert lin[f"l{i}.o"].attrs["fuse_ln"] == f"l{i}.x1"
+        assert lin[f"l{i}.ffn2"].attrs["fuse_ln"] == f"l{i}.x2"
+        assert "fuse_ln" not in lin[f"l{i}.qkv"].attrs and "fuse_ln" not in lin[f"l{i}.ffn1"].attrs
+    lns = [o for o in g.ops if o.kind == "add_layernorm"]
+    assert [o.attrs["fuse_into"] for o in lns] == [
+        f"l{i}.{x}" for i in range(2) for x in ("attn_out", "ffn_out")
+    ]
+    assert fusion.decisions(g, 16) == []
+
+
+def test_int8_dynamic_minilm_copies_and_writers():
+    m = _model(default="dynamic")
+    g = fusion.annotate(m)
+    lin = _by_prefix(g)
+    for i in range(2):
+        x_in = "x0" if i == 0 else f"l{i - 1}.x2"
+        qkv, o, f1, f2 = (lin[f"l{i}.{r}"] for r in ("qkv", "o", "ffn1", "ffn2"))
+        assert qkv.attrs["quant_in"] == f"{x_in}@dynamic#q"
+        assert qkv.attrs["quant_in_by"] == x_in  # the embed / the LayerNorm right before
+        assert o.attrs["quant_in_by"] is None and o.attrs["quant_in_loop"]  # after attention
+        assert f1.attrs["quant_in_by"] == f"l{i}.x1"
+        assert f2.attrs["quant_in_by"] == f"l{i}.ffn_h" and f2.attrs["quant_in_loop"]
+        assert f1.attrs["quant_out"] == f2.attrs["quant_in"]
+        assert f1.attrs["quant_out_min_tokens"] == fusion.LINEAR_QUANT_MIN_TOKENS
+    writer = {o.output: o for o in g.ops}
+    assert writer["x0"].attrs["quant_out_min_tokens"] == 0
+    small = [who for _, _, who in fusion.decisions(g, 255)]
+    big = [who for _, _, who in fusion.decisions(g, 256)]
+    assert small == [
+        "embed",
+        "loop",
+        "add_layernorm",
+        "loop",
+        "add_layernorm",
+        "loop",
+        "add_layernorm",
+        "loop",
+    ]
+    assert big == [
+        "embed",
+        "loop",
+        "add_layernorm",
+        "linear",
+        "add_layernorm",
+        "loop",
+        "add_layernorm",
+        "linear",
+    ]
+    c = g.buffers["l0.ffn_h@dynamic#q"]
+    assert (c.dtype, c.cols, c.rows) == ("i8", 1536, "T") and c.nbytes(10, 2) == 15360
+    # the copies are not activations of the float arena
+    assert plan_memory(g, 512, 64).arena_bytes == m.plan.arena_bytes
+
+
+@pytest.mark.parametrize("default", ["dynamic_asym", "static"])
+def test_asym_and_static_copies_and_transforms(default):
+    static = {"l0.o": 3.5} if default == "static" else None
+    m = _model(default=default, static=static, transforms={"l1.o": "mul", "l1.ffn2": "shift+mul"})
+    g = fusion.annotate(m)
+    lin = _by_prefix(g)
+    o0 = lin["l0.o"].attrs
+    if default == "static":
+        assert o0["quant"] is QuantMode.STATIC and o0["quant_static_amax"] == 3.5
+        assert o0["quant_in"] == "l0.ctx@static3.5#q" and o0["quant_in_loop"]
+    else:
+        assert o0["quant_in"] == "l0.ctx@dynamic_asym#q" and not o0["quant_in_loop"]
+    for p in ("l1.o", "l1.ffn2"):  # a transformed copy is its consumer's alone, never in-loop
+        a = lin[p].attrs
+        assert a["quant_transform"] and not a["quant_in_loop"] and a["quant_in"].endswith(f"@{p}#q")
+    want_small = [
+        "embed", "quantize" if default == "dynamic_asym" else "loop", "add_layernorm",
+        "quantize" if default == "dynamic_asym" else "loop",
+        "add_layernorm", "quantize", "add_layernorm", "quantize",
+    ]  # fmt: skip
+    assert [w for *_, w in fusion.decisions(g, 64)] == want_small
+    assert [w for *_, w in fusion.decisions(g, 4096)][3::4] == ["linear", "linear"]
+
+
+def test_mixed_precision_weight_only_and_chains():
+    m = _model(schemes={"l0.ffn1": "fp32", "l1.ffn1": "weight_only", "l1.qkv": "dynamic_asym"})
+    g = fusion.annotate(m)
+    lin = _by_prefix(g)
+    assert (
+        lin["l0.ffn1"].attrs["quant"] is QuantMode.FLOAT and "quant_in" not in lin["l0.ffn1"].attrs
+    )
+    assert lin["l1.ffn1"].attrs["quant"] is QuantMode.FLOAT  # weight-only: dequantised
+    # a float ffn1 may still write ffn2's copy (the GPU's ROWQ can; the CPU falls back)
+    assert lin["l0.ffn2"].attrs["quant_in_by"] == "l0.ffn_h"
+    assert lin["l1.qkv"].attrs["quant_in"] == "l0.x2@dynamic_asym#q"
+
+
+def test_the_pass_is_idempotent_and_follows_the_quantisation():
+    m = _model(default="dynamic")
+    d0 = [dict(o.attrs) for o in fusion.annotate(m).ops]
+    assert [dict(o.attrs) for o in fusion.annotate(m).ops] == d0
+    m.quant["l0.o"].scheme = QuantMode.DYNAMIC_ASYM
+    g = fusion.annotate(m)
+    assert _by_prefix(g)["l0.o"].attrs["quant_in"] == "l0.ctx@dynamic_asym#q"
+    assert "l0.ctx@dynamic#q" not in g.buffers  # stale copies go
+    m.quant["l0.o"].scheme = "int4"
+    with pytest.raises(ValueError, match="l0.o: unknown INT8 scheme 'int4'"):
+        fusion.annotate(m)
+
+
+def test_policy_sets_the_linear_threshold_and_head_rows():
+    m = _model(default="dynamic")
+    g = fusion.annotate(m, fusion.FusionPolicy(linear_quant_min_tokens=32))
+    assert [w for *_, w in fusion.decisions(g, 32)][3] == "linear"
+    assert [w for *_, w in fusion.decisions(g, 31)][3] == "loop"
+
+
+def test_the_threshold_is_the_cpu_cores():
+    cpu = pytest.importorskip("zoi._cpu")
+    assert fusion.LINEAR_QUANT_MIN_TOKENS == cpu.I8_FUSE_QUANT_MIN_M
+
+
+CPU_CASES = [
+    dict(default="dynamic"),
+    dict(default="dynamic_asym", transforms={"l0.ffn2": "mul", "l1.o": "shift+mul"}),
+    dict(default="static"),
+    dict(schemes={"l0.ffn1": "fp32", "l1.o": "static"}, default="dynamic_asym"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CPU_CASES)))
+def test_the_cpu_engine_runs_the_irs_decisions(case):
+    """The native plan, read back from the engine's steps, is the IR's: the writer of every
+    copy, by bucket; what the CPU cannot do (quantise while loading, an FP32 GEMM's int8
+    epilogue, LN epilogues) is a quantise step / its own step, listed in its fallbacks."""
+    pytest.importorskip("zoi._cpu")
+    from zoi.backends.cpu import CpuBackend
+
+    m = _model(**CPU_CASES[case], hidden=48, heads=3, inter=80)
+    be = CpuBackend(m, nthreads=1)
+    g = m.graph
+    for T in (1, 255, 256, 512):
+        want = [
+            (p, c, "quantize" if w == "loop" or (be.fallbacks.get(c, "") and w == "linear") else w)
+            for p, c, w in fusion.decisions(g, T)
+        ]
+        assert be.describe(T) == want, T
+    for o in g.linears():
+        a = o.attrs
+        if a.get("quant_in_loop") and a["quant_in_by"] is None:
+            assert "no quantisation while loading" in be.fallbacks[a["quant_in"]]
+        if a.get("fuse_ln"):
+            assert "LayerNorm on its own" in be.fallbacks[a["fuse_ln"]]
+    if case == 3:  # l0.ffn1 is FP32: no int8 epilogue for l0.ffn2's copy
+        assert "FP32 GEMM" in be.fallbacks["l0.ffn_h@dynamic_asym#q"]
+
+
+def test_the_cpu_engine_refuses_a_decision_it_cannot_carry_out():
+    cpu = pytest.importorskip("zoi._cpu")
+    e = cpu.Engine(1 << 20, 8, 2, "", 1)
+    H = 8
+    e.add_attention(0, 4096, 2, 4, 0.5)
+    wq = np.ones((H, H), np.int8)
+    ws = np.ones(H, np.float32)
+    with pytest.raises(
+        ValueError, match=r"the plan asks the step before this INT8 linear \(attention\)"
+    ):
+        e.add_linear_i8(4096, 8192, wq, ws, None, "none", q_from=1)
+    with pytest.raises(ValueError, match="q_from must be 0"):
+        e.add_linear_i8(4096, 8192, wq, ws, None, "none", q_from=2)
+    e.add_linear_i8(4096, 8192, wq, ws, None, "none", q_from=0)
+    with pytest.raises(ValueError, match=r"q_min_m >= 1"):
+        e.add_linear_i8(8192, 12288, wq, ws, None, "none", q_from=1, q_min_m=0)
+    e.add_linear_i8(8192, 12288, wq, ws, None, "none", q_from=1, q_min_m=64)
+    info = e.steps_info()
+    assert [s["kind"] for s in info] == ["attention", "quantize", "gemm_i8", "quantize", "gemm_i8"]
+    assert (
+        info[2]["writes_copy"]
+        and info[2]["min_m"] == 64
+        and info[3]["fused"]
+        and info[3]["slot"] == 1
+    )

@@ -61,7 +61,8 @@ inline void scores_block(const float* const* q, const float* kt, int lp, int d, 
 
 // o_i[c0 : c0 + NV*N) = sum_j p_i[j] v_j for NQ rows, one FMA chain per output over j
 template <int NQ, int NV, bool FULL>
-inline void pv_block(const float* const* p, const float* v, int ldv, int ja, int jb, int c0, int d, float* const* o) {
+inline void pv_block(const float* const* p, const float* v, int ldv, int ja, int jb, int c0, int d, float* const* o,
+                     const float* inv) {
   T acc[NQ][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < NQ; ++r)
@@ -82,21 +83,44 @@ inline void pv_block(const float* const* p, const float* v, int ldv, int ja, int
 #pragma GCC unroll 4
   for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u) V::store_n(o[r] + c0 + u * V::N, acc[r][u], d - c0 - u * V::N);
+    for (int u = 0; u < NV; ++u) V::store_n(o[r] + c0 + u * V::N, V::mul(acc[r][u], V::set(inv[r])), d - c0 - u * V::N);
 }
 
-// s[0:L) <- softmax(s[0:L)) as numpy: e = exp(s - max), p = e / sum(e)
-inline void softmax_row(float* s, int L) {
+// s[0:L) <- exp(s[0:L) - max) (unnormalised); returns 1 / sum. exp(s - m) = 2^t with
+// t = s log2(e) - m log2(e) (one FMA), `vexp2` of simd.h (10 operations, no division); the sum
+// accumulated in vector lanes as the exps are produced; the normalisation is applied to the
+// L-times-smaller output row (pv_block).
+inline float softmax_row(float* s, int L) {
+  constexpr float kLog2e = 1.44269504088896341f;
   T mx = V::set(-INFINITY);
   int j = 0;
   for (; j + V::N <= L; j += V::N) mx = V::max(mx, V::load(s + j));
   float m = V::hmax(mx);
   for (; j < L; ++j) m = s[j] > m ? s[j] : m;
-  const T vm = V::set(m);
-  for (j = 0; j + V::N <= L; j += V::N) V::store(s + j, vexp_np<V>(V::sub(V::load(s + j), vm)));
-  for (; j < L; ++j) s[j] = vexp_np<S1>(s[j] - m);
-  const T sum = V::set(np_sum(s, L));
-  for (j = 0; j < L; j += V::N) V::store_n(s + j, V::div(V::load_n(s + j, L - j), sum), L - j);
+  const float nm = -m * kLog2e;
+  const T vl = V::set(kLog2e), vnm = V::set(nm);
+  T sum0 = V::zero(), sum1 = V::zero();
+  for (j = 0; j + 2 * V::N <= L; j += 2 * V::N) {
+    const T e0 = vexp2<V>(V::fma(V::load(s + j), vl, vnm));
+    const T e1 = vexp2<V>(V::fma(V::load(s + j + V::N), vl, vnm));
+    V::store(s + j, e0);
+    V::store(s + j + V::N, e1);
+    sum0 = V::add(sum0, e0);
+    sum1 = V::add(sum1, e1);
+  }
+  for (; j + V::N <= L; j += V::N) {
+    const T e = vexp2<V>(V::fma(V::load(s + j), vl, vnm));
+    V::store(s + j, e);
+    sum0 = V::add(sum0, e);
+  }
+  float tail = 0.f;
+  for (; j < L; ++j) {
+    s[j] = vexp2<S1>(S1::fma(s[j], kLog2e, nm));
+    tail += s[j];
+  }
+  // the scalar build's two running sums would be chains of L/2 additions: numpy's pairwise sum
+  if (V::N == 1) return 1.f / np_sum(s, L);
+  return 1.f / (V::hsum(V::add(sum0, sum1)) + tail);
 }
 
 // x * cos + rotate_half(x) * sin of one row (d even) at position p, rounded as the reference:
@@ -113,10 +137,90 @@ inline void rope_row(const float* x, int d, const float* cs, const float* sn, fl
   }
 }
 
+// kt[c * lp + j] = kb[j * ld + c] for j < L, c < d, and 0 for L <= j < lp (lp a multiple of 16):
+// K^T of one head, 16 x 16 (zmm) / 8 x 8 (ymm) blocks transposed in registers (the strided
+// scalar loop cost ~18% of the attention at MiniLM 32x128)
+inline void transpose_k(const float* kb, size_t ld, int L, int d, int lp, float* kt) {
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
+  for (int j0 = 0; j0 < lp; j0 += 16) {
+    for (int c0 = 0; c0 < d; c0 += 16) {
+      const int nc = d - c0 < 16 ? d - c0 : 16;
+      const __mmask16 mc = V::mask(nc);
+      __m512 r[16], t[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < L ? _mm512_maskz_loadu_ps(mc, kb + static_cast<size_t>(j0 + i) * ld + c0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+      // r[4g + m], 128-bit lane k: column 4k + m of rows 4g .. 4g + 3
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+      }
+      // 4 x 4 transpose of the 128-bit lanes of r[m], r[4 + m], r[8 + m], r[12 + m]
+#pragma GCC unroll 4
+      for (int m = 0; m < 4; ++m) {
+        const __m512 x0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88), x1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);
+        const __m512 y0 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88), y1 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
+        t[m] = _mm512_shuffle_f32x4(x0, y0, 0x88);       // column m
+        t[4 + m] = _mm512_shuffle_f32x4(x1, y1, 0x88);   // column 4 + m
+        t[8 + m] = _mm512_shuffle_f32x4(x0, y0, 0xDD);   // column 8 + m
+        t[12 + m] = _mm512_shuffle_f32x4(x1, y1, 0xDD);  // column 12 + m
+      }
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (c < nc) _mm512_storeu_ps(kt + static_cast<size_t>(c0 + c) * lp + j0, t[c]);
+    }
+  }
+#elif defined(ZOI_ISA_AVX2)
+  for (int j0 = 0; j0 < lp; j0 += 8) {
+    for (int c0 = 0; c0 < d; c0 += 8) {
+      const int nc = d - c0 < 8 ? d - c0 : 8;
+      const __m256i mc = V::mask(nc);
+      __m256 r[8], t[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i)
+        r[i] = j0 + i < L ? _mm256_maskload_ps(kb + static_cast<size_t>(j0 + i) * ld + c0, mc) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+#pragma GCC unroll 2
+      for (int g = 0; g < 2; ++g) {
+        r[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+      }
+#pragma GCC unroll 4
+      for (int m = 0; m < 4; ++m) {
+        t[m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x20);      // column m
+        t[4 + m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x31);  // column 4 + m
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c)
+        if (c < nc) _mm256_storeu_ps(kt + static_cast<size_t>(c0 + c) * lp + j0, t[c]);
+    }
+  }
+#else
+  for (int j = 0; j < L; ++j)
+    for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = kb[static_cast<size_t>(j) * ld + c];
+  for (int c = 0; c < d; ++c)
+    for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
+#endif
+}
+
 template <int NQ>
-inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const float* vb, const float* kt, int lp,
-                       int L, int t0, int h, float* srow) {
-  const int d = a.d, ld = a.ldqkv;
+inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const float* vb, int ld, const float* kt,
+                       int lp, int L, int t0, int h, float* srow) {
+  const int d = a.d;
   const float* q[NQ];
   float* s[NQ];
   float* o[NQ];
@@ -153,7 +257,8 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const
       }
     }
   }
-  for (int r = 0; r < NQ; ++r) softmax_row(s[r] + lo[r], hi[r] - lo[r]);
+  float inv[NQ];
+  for (int r = 0; r < NQ; ++r) inv[r] = softmax_row(s[r] + lo[r], hi[r] - lo[r]);
   if (a.window > 0) {  // p = 0 outside a row's window (its chain then starts at lo: fma(0, v, 0) = 0)
     for (int r = 0; r < NQ; ++r) {
       for (int k = ja; k < lo[r]; ++k) s[r][k] = 0.f;
@@ -161,16 +266,34 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const
     }
   }
   int c = 0;
-  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, ja, jb, c, d, o);
-  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, ja, jb, c, d, o);
-  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, ja, jb, c, d, o);
+  for (; c + 2 * V::N <= d; c += 2 * V::N) pv_block<NQ, 2, true>(s, vb, ld, ja, jb, c, d, o, inv);
+  for (; c + V::N <= d; c += V::N) pv_block<NQ, 1, true>(s, vb, ld, ja, jb, c, d, o, inv);
+  if (c < d) pv_block<NQ, 1, false>(s, vb, ld, ja, jb, c, d, o, inv);
 }
 
-void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
+// the q, k, v rows [r0, r1) of head h of the sequence at t0 into L2 (the next item of this
+// thread, during the current one: its rows are 3H floats apart, a stride the hardware
+// prefetcher does not follow)
+inline void prefetch_rows(const AttnArgs& a, int t0, int h, int r0, int r1) {
+  const int H = a.heads * a.d;
+  const size_t bytes = static_cast<size_t>(a.d) * sizeof(float);
+  for (int r = r0; r < r1; ++r) {
+    const char* q = reinterpret_cast<const char*>(a.qkv + static_cast<size_t>(t0 + r) * a.ldqkv + h * a.d);
+    for (size_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(q + b, 0, 2);
+      __builtin_prefetch(q + b + H * sizeof(float), 0, 2);
+      __builtin_prefetch(q + b + 2 * H * sizeof(float), 0, 2);
+    }
+  }
+}
+
+// nt0 / nL / nh: the next item of this thread (nL = 0: none)
+void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt0, int nL, int nh) {
   const int H = a.heads * a.d, d = a.d, ld = a.ldqkv;
-  const int lp = (L + V::N - 1) / V::N * V::N;
+  const int lp = (L + 15) / 16 * 16;
   float* kt = scratch;                               // [d][lp]
-  float* s = scratch + static_cast<size_t>(d) * lp;  // [NQMAX][lp]
+  float* vc = kt + static_cast<size_t>(d) * lp;      // [L][d]
+  float* s = vc + static_cast<size_t>(d) * lp;       // [NQMAX][lp]
   const float* qb = a.qkv + static_cast<size_t>(t0) * ld + h * d;
   const float* kb = qb + H;
   const float* vb = qb + 2 * H;
@@ -184,18 +307,32 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch) {
       rope_row(qb + static_cast<size_t>(j) * ld, d, cs, sn, qr + static_cast<size_t>(j) * d, 1);
       rope_row(kb + static_cast<size_t>(j) * ld, d, cs, sn, kt + j, lp);
     }
+    for (int c = 0; c < d; ++c)
+      for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
     qb = qr;
     ldq = d;
   } else {
-    for (int j = 0; j < L; ++j)
-      for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = kb[static_cast<size_t>(j) * ld + c];
+    transpose_k(kb, ld, L, d, lp, kt);
   }
-  for (int c = 0; c < d; ++c)
-    for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
-  int i = 0;
-  for (; i + NQMAX <= L; i += NQMAX) query_rows<NQMAX>(a, i, qb, ldq, vb, kt, lp, L, t0, h, s);
-  for (; i + 2 <= L; i += 2) query_rows<2>(a, i, qb, ldq, vb, kt, lp, L, t0, h, s);
-  if (i < L) query_rows<1>(a, i, qb, ldq, vb, kt, lp, L, t0, h, s);
+  // V rows of the head made contiguous: in place their stride (3H floats, 4.5 KiB for MiniLM)
+  // maps the 128-byte rows onto a few L1 sets, and p.v re-reads all of V per query block
+  for (int j = 0; j < L; ++j) {
+    const float* src = vb + static_cast<size_t>(j) * ld;
+    float* dst = vc + static_cast<size_t>(j) * d;
+    int c = 0;
+    for (; c + V::N <= d; c += V::N) V::store(dst + c, V::load(src + c));
+    if (c < d) V::store_n(dst + c, V::load_n(src + c, d - c), d - c);
+  }
+  int i = 0, pf = 0;  // next item's rows prefetched so far, spread over the query blocks
+  for (; i + NQMAX <= L; i += NQMAX) {
+    const int pe = static_cast<int>((static_cast<long>(i + NQMAX) * nL + L - 1) / L);
+    prefetch_rows(a, nt0, nh, pf, pe);
+    pf = pe;
+    query_rows<NQMAX>(a, i, qb, ldq, vc, d, kt, lp, L, t0, h, s);
+  }
+  prefetch_rows(a, nt0, nh, pf, nL);
+  for (; i + 2 <= L; i += 2) query_rows<2>(a, i, qb, ldq, vc, d, kt, lp, L, t0, h, s);
+  if (i < L) query_rows<1>(a, i, qb, ldq, vc, d, kt, lp, L, t0, h, s);
 }
 
 // keys a query sees (the cost of an item is L * (keys + 8))
@@ -215,6 +352,7 @@ void attention(const AttnArgs& a, int tid, int nt) {
   if (total <= 0) return;
   float* scratch = a.scratch + static_cast<size_t>(tid) * a.scratch_stride;
   double before = 0;
+  int pt0 = 0, pL = 0, ph = 0;  // this thread's previous item, run once the next one is known
   for (int b = 0; b < a.B; ++b) {
     const int t0 = a.cu[b], L = a.cu[b + 1] - a.cu[b];
     const double c = static_cast<double>(L) * (keys(a, L) + 8);
@@ -222,9 +360,12 @@ void attention(const AttnArgs& a, int tid, int nt) {
       int owner = static_cast<int>((before + 0.5 * c) * nt / total);
       if (owner >= nt) owner = nt - 1;
       before += c;
-      if (owner == tid) one_head(a, t0, L, h, scratch);
+      if (owner != tid || L <= 0) continue;
+      if (pL > 0) one_head(a, pt0, pL, ph, scratch, t0, L, h);
+      pt0 = t0, pL = L, ph = h;
     }
   }
+  if (pL > 0) one_head(a, pt0, pL, ph, scratch, 0, 0, 0);
 }
 
 }  // namespace ZOI_NS

@@ -2,7 +2,7 @@
 // ISA (1 byte each), packed per panel of PW = NB * LANES columns as [K/4][panel col][4] so the
 // micro-kernel streams them contiguously; A rows are 8-bit (qrow.h gives the format):
 //   vnni:   u8 a x s8 w -> s32 with vpdpbusd (64 MACs / instruction)
-//   avxvnni: the same with the VEX vpdpbusd on ymm (32 MACs / instruction), 6 x 2 ymm blocking
+//   avxvnni: the same with the VEX vpdpbusd on ymm (32 MACs / instruction), 4 x 3 ymm blocking
 //   avx512, avx2: the sign trick on vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd with ones (s16
 //           pairs -> s32): a is s8 (q, or q - 128 for asymmetric rows, with the colsum correction
 //           of the zero point), the u8 operand is |a| <= 128 (stored next to a by the quantiser),
@@ -69,9 +69,13 @@ inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
 #elif defined(ZOI_ISA_AVXVNNI)
 using IV = __m256i;
-// VEX vpdpbusd ymm (u8 a x s8 w -> s32, 32 MACs, 1 instruction): 6 x 2 accumulators + 2 weight
-// vectors + the broadcast = 15 of the 16 ymm registers
-constexpr int LANES = 8, MR = 6, NB = 2;
+// VEX vpdpbusd ymm (u8 a x s8 w -> s32, 32 MACs, 1 instruction): 4 x 3 accumulators + 3 weight
+// vectors + the broadcast = all 16 ymm registers. 7 loads per 12 vpdpbusd (6 x 2: 8), 4 A-row
+// streams (6), and M = 16 / 128 and N = 384 / 1152 / 1536 split into whole tiles (PW = 24).
+// Against 6 x 2, interleaved in one process (lab/cpu/avxvnni_blocking.cc, K loop + s32 store,
+// one thread CPU time, load ~20): 4-5% faster at K = 384 with M <= 128, 16-19% at K = 1536 or
+// M = 512.
+constexpr int LANES = 8, MR = 4, NB = 3;
 struct ARow { IV a; };  // broadcast of 4 u8 of one A row
 inline ARow arow(const uint8_t* p, int) { int32_t v; std::memcpy(&v, p, 4); return {_mm256_set1_epi32(v)}; }
 inline IV izero() { return _mm256_setzero_si256(); }

@@ -172,7 +172,7 @@ constexpr int kMaxLnH = 8192;  // widest LayerNorm row (a stack row of scratch p
 
 inline size_t attn_scratch_floats(int maxlen, int d) {
   size_t lp = (static_cast<size_t>(maxlen) + 15) / 16 * 16;
-  return 2 * lp * static_cast<size_t>(d) + 4 * lp + 64;  // K^T, rotated Q (RoPE), 4 score rows
+  return 3 * lp * static_cast<size_t>(d) + 8 * lp + 64;  // K^T, V copy, rotated Q (RoPE), <= 8 score rows
 }
 
 inline void split_range(long total, int tid, int nt, long* lo, long* hi) {

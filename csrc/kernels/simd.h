@@ -206,6 +206,25 @@ ZOI_INLINE typename W::T vexp_np(typename W::T x_in) {
   return W::sel_lt(under, W::set(0.5f), r, W::zero());
 }
 
+// 2^t for t in [-inf, 127] (softmax: t = (s - max) log2 e <= 0): t clamped at -126,
+// t = n + f with n = rint(t), |f| <= 1/2, a degree-6 fit of 2^f (relative error <= 7.9e-8 over
+// [-1/2, 1/2] with fused Horner steps), scaled by 2^n. 10 operations and no division (vexp_np
+// has one per vector); ~1-2 ulp against exp2 (tests/cpu/test_attention_fast.py).
+template <class W>
+ZOI_INLINE typename W::T vexp2(typename W::T t) {
+  using T = typename W::T;
+  t = W::max(W::set(-126.f), t);  // this order keeps a NaN (max returns its second operand)
+  const T n = W::round(t);
+  const T f = W::sub(t, n);  // exact
+  T p = W::fma(W::set(1.5337577497120947e-4f), f, W::set(1.3399859890341759e-3f));
+  p = W::fma(p, f, W::set(9.618519805371761e-3f));
+  p = W::fma(p, f, W::set(5.550329014658928e-2f));
+  p = W::fma(p, f, W::set(2.4022646248340607e-1f));
+  p = W::fma(p, f, W::set(6.931471824645996e-1f));
+  p = W::fma(p, f, W::set(1.f));
+  return W::scale2n(p, n);
+}
+
 // erf(x) for float32: odd/even rational minimax fit on [-4, 4] (Eigen's generic_fast_erf_float),
 // a few ulp; |x| >= 4 is +-1 in float32.
 template <class W>

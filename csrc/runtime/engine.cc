@@ -64,6 +64,15 @@ static float* copy_f(void* dst, const float* src, size_t n) {
   return static_cast<float*>(dst);
 }
 
+const float* Engine::keep_shared(const float* src, size_t n) {
+  // same contents, not same address: a caller's temporary may reuse a freed address
+  for (const auto& [p, m] : shared_)
+    if (m == n && std::memcmp(p, src, n * sizeof(float)) == 0) return p;
+  const float* p = copy_f(keep(n * 4), src, n);
+  shared_.emplace_back(p, n);
+  return p;
+}
+
 void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const float* word, const int8_t* word_q,
                        const float* word_scale, const float* pos, const float* type0, const float* ln_w,
                        const float* ln_b, float eps) {
@@ -85,8 +94,10 @@ void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const floa
   e.y = buf(out_off);
   e.ldy = H;
   // referenced tables count as held weights too
+  // (pos null: no position table, ModernBERT; max_pos still bounds the positions taken)
+  if (max_pos < 1) throw std::invalid_argument("embed needs max_pos >= 1");
   weights_bytes_ += static_cast<size_t>(vocab) * H * (word ? 4 : 1) + (word ? 0 : vocab * 4) +
-                    static_cast<size_t>(max_pos) * H * 4;
+                    (pos ? static_cast<size_t>(max_pos) * H * 4 : 0);
   vocab_ = vocab;
   max_pos_ = max_pos;
   steps_.push_back(s);
@@ -107,27 +118,45 @@ void Engine::set_output(size_t off, int cols, bool rows_t) {
   have_pool_ = true;
 }
 
-QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
-  // the int8 input rows go to the shared scratch; fused into the producer when the
-  // previous step is the LayerNorm / embedding that writes exactly this buffer
+QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params, int q_from, int q_min_m) {
+  // The int8 input rows go to the shared scratch. Who writes them is the plan's decision
+  // (zoi.graph.fusion, the IR attribute quant_in_by): q_from QFROM_PRODUCER: the previous step,
+  // which produces exactly this buffer, in its epilogue (LayerNorm / embedding / GLU always; an
+  // INT8 GEMM from q_min_m rows, the QUANT step below doing it for fewer); QFROM_STEP: a QUANT
+  // step of its own. A decision the previous step cannot carry out is an error here, at build.
+  if (q_from != QFROM_STEP && q_from != QFROM_PRODUCER)
+    throw std::invalid_argument("q_from must be 0 (a quantise step) or 1 (the producer's epilogue)");
   const int kp = round_up(K, kt_->i8_kgroup);
   if (kp > max_kp_) max_kp_ = kp;
   QuantOut qo = params;
   qo.ldq = kp;
-  if (!steps_.empty()) {
-    Step& prev = steps_.back();
-    if (prev.kind == LN && prev.ln.y == buf(in_off) && prev.ln.H == K && prev.ln.qo.ldq == 0) {
-      prev.ln.qo = qo;
+  Step* prev = steps_.empty() ? nullptr : &steps_.back();
+  auto refuse = [&](const char* why) {
+    static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
+    throw std::invalid_argument(std::string("the plan asks the step before this INT8 linear (") +
+                                (prev ? names[prev->kind] : "none") + ") to write its int8 input copy, but " + why);
+  };
+  if (q_from == QFROM_PRODUCER) {
+    if (!prev) refuse("there is no previous step");
+    const bool whole = prev->kind == LN || prev->kind == EMBED || prev->kind == GLU;
+    if (whole && q_min_m != 0) refuse("a whole-row epilogue quantises at every size (q_min_m must be 0)");
+    if (prev->kind == LN && prev->ln.y == buf(in_off) && prev->ln.H == K && prev->ln.qo.ldq == 0) {
+      prev->ln.qo = qo;
       return qo;
     }
-    if (prev.kind == EMBED && prev.em.y == buf(in_off) && prev.em.H == K && prev.em.qo.ldq == 0) {
-      prev.em.qo = qo;
+    if (prev->kind == EMBED && prev->em.y == buf(in_off) && prev->em.H == K && prev->em.qo.ldq == 0) {
+      prev->em.qo = qo;
       return qo;
     }
-    if (prev.kind == GLU && prev.gl.y == buf(in_off) && prev.gl.n == K && prev.gl.qo.ldq == 0) {
-      prev.gl.qo = qo;
+    if (prev->kind == GLU && prev->gl.y == buf(in_off) && prev->gl.n == K && prev->gl.qo.ldq == 0) {
+      prev->gl.qo = qo;
       return qo;
     }
+    if (whole) refuse("it does not write exactly this buffer, or already writes a copy");
+    if (prev->kind != GEMM_I8) refuse("only a LayerNorm, an embedding, a GLU or an INT8 GEMM can");
+    if (q_min_m < 1) refuse("an INT8 GEMM quantises its output from q_min_m >= 1 rows");
+    if (!(prev->gi.y == buf(in_off) && prev->gi.N == K && prev->gi.ldy == K && !prev->gi.qo.ldq && prev->qslot == 0))
+      refuse("that GEMM does not write exactly this buffer, already writes a copy, or reads the second slot");
   }
   Step s{};
   s.kind = QUANT;
@@ -136,15 +165,13 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
   s.qldx = K;
   s.qK = K;
   s.qo = qo;
-  if (!steps_.empty()) {  // the output of an INT8 GEMM: that GEMM quantises it (second slot) at large T
-    Step& prev = steps_.back();
-    if (prev.kind == GEMM_I8 && prev.gi.y == buf(in_off) && prev.gi.N == K && prev.gi.ldy == K && !prev.gi.qo.ldq &&
-        prev.qslot == 0) {
-      prev.gi.qo = qo;
-      s.fusedq = true;
-      s.qslot = 1;
-      fused_q_ = true;
-    }
+  if (q_from == QFROM_PRODUCER) {  // the output of an INT8 GEMM: that GEMM quantises it (second slot) from q_min_m rows
+    prev->gi.qo = qo;
+    prev->qmin = q_min_m;
+    s.fusedq = true;
+    s.qslot = 1;
+    s.qmin = q_min_m;
+    fused_q_ = true;
   }
   steps_.push_back(s);
   return qo;
@@ -152,7 +179,7 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params) {
 
 void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                            const float* b, int act, long res_off, float static_amax, bool asym,
-                           const float* act_shift, const float* act_mul) {
+                           const float* act_shift, const float* act_mul, int q_from, int q_min_m) {
   const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
   check_off(in_off, rows * K * 4);
   check_off(out_off, rows * N * 4);
@@ -163,7 +190,7 @@ void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const in
   params.asym = asym ? 1 : 0;
   params.shift = act_shift ? copy_f(keep(static_cast<size_t>(K) * 4), act_shift, K) : nullptr;
   params.mul = act_mul ? copy_f(keep(static_cast<size_t>(K) * 4), act_mul, K) : nullptr;
-  const QuantOut qo = quant_target(in_off, K, params);
+  const QuantOut qo = quant_target(in_off, K, params, q_from, q_min_m);
   Step s{};
   s.kind = GEMM_I8;
   s.rows_b = rows_b_;
@@ -251,15 +278,15 @@ void Engine::add_attention_ext(size_t in_off, size_t out_off, int heads, int hea
   auto limit = [&](int n) { max_seq_ = max_seq_ == 0 || n < max_seq_ ? n : max_seq_; };
   if (bias) {
     const size_t n = static_cast<size_t>(heads) * (2 * span - 1);
-    a.bias = copy_f(keep(n * 4), bias, n);
+    a.bias = keep_shared(bias, n);  // one copy for every layer (MPNet's shared bias)
     a.bias_span = span;
     limit(span);
   }
   a.window = window;
   if (cos) {
     const size_t n = static_cast<size_t>(rows) * (head_dim / 2);
-    a.rope_cos = copy_f(keep(n * 4), cos, n);
-    a.rope_sin = copy_f(keep(n * 4), sin, n);
+    a.rope_cos = keep_shared(cos, n);  // one copy per distinct table, not per layer
+    a.rope_sin = keep_shared(sin, n);
     a.rope_rows = rows;
     limit(rows);
   }
@@ -387,12 +414,12 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       break;
     }
     case QUANT:  // M: tokens, or sequences for a head's B-row steps (the producer has the same M)
-      if (!(s.fusedq && M >= kI8FuseQuantMinM)) k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt);
+      if (!(s.fusedq && M >= s.qmin)) k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt);
       break;
     case GEMM_I8: {
       GemmI8Args a = s.gi;
       a.M = M;
-      if (M < kI8FuseQuantMinM) a.qo.q = nullptr;  // the QUANT step after it does it
+      if (M < s.qmin) a.qo.q = nullptr;  // the QUANT step after it does it
       k.gemm_i8(a, t, nt);
       break;
     }
@@ -498,6 +525,21 @@ const char* Engine::step_kind(int i) const {
   static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
   const Step& s = steps_.at(i);
   return names[s.kind];
+}
+
+Engine::StepInfo Engine::step_info(int i) const {
+  const Step& s = steps_.at(i);
+  StepInfo r;
+  r.kind = step_kind(i);
+  switch (s.kind) {
+    case LN: r.writes_copy = s.ln.qo.ldq > 0; break;
+    case EMBED: r.writes_copy = s.em.qo.ldq > 0; break;
+    case GLU: r.writes_copy = s.gl.qo.ldq > 0; break;
+    case GEMM_I8: r.writes_copy = s.gi.qo.ldq > 0; r.min_m = s.qmin; r.slot = s.qslot; break;
+    case QUANT: r.writes_copy = true; r.min_m = s.fusedq ? s.qmin : 0; r.slot = s.qslot; r.fused = s.fusedq; break;
+    default: break;
+  }
+  return r;
 }
 
 void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,

@@ -38,10 +38,13 @@ class Engine {
   void add_linear_f32(size_t in_off, int K, size_t out_off, int N, const float* w, const float* b, int act,
                       long res_off);
   // static_amax >= 0: static scheme; asym: dynamic_asym; act_shift / act_mul [K] (optional):
-  // the per-channel transform of x before it is quantised
+  // the per-channel transform of x before it is quantised. q_from: who writes the int8 copy of
+  // x, as the plan decided it (zoi.graph.fusion): QFROM_STEP a quantise step, QFROM_PRODUCER the
+  // previous step's epilogue (an INT8 GEMM from q_min_m rows on); refused if it cannot
   void add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                      const float* b, int act, long res_off, float static_amax, bool asym, const float* act_shift,
-                     const float* act_mul);
+                     const float* act_mul, int q_from, int q_min_m);
+  static constexpr int QFROM_STEP = 0, QFROM_PRODUCER = 1;
   void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale);
   // with the optional inputs of AttnArgs (tables copied): bias [heads, 2 * span - 1] or null,
   // window (0: none), rope cos / sin [rows, head_dim / 2] or null
@@ -77,6 +80,14 @@ class Engine {
   void profile(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, double* wall,
                double* cpu);
   const char* step_kind(int i) const;
+  // what step i does with int8 copies (tests compare it with the plan): writes one (epilogue or
+  // quantise step); min_m: rows from which an INT8 GEMM writes it (its QUANT step skips then)
+  struct StepInfo {
+    const char* kind = "";
+    bool writes_copy = false, fused = false;
+    int min_m = 0, slot = 0;
+  };
+  StepInfo step_info(int i) const;
 
   size_t weights_bytes() const { return weights_bytes_; }
   size_t arena_bytes() const { return arena_bytes_; }
@@ -102,8 +113,9 @@ class Engine {
     const float* qx = nullptr;
     int qldx = 0, qK = 0;
     QuantOut qo;
-    bool fusedq = false;  // QUANT of a GEMM_I8's output: the GEMM does it when T >= kI8FuseQuantMinM
+    bool fusedq = false;  // QUANT of a GEMM_I8's output: the GEMM does it when M >= qmin
     int qslot = 0;        // QUANT / GEMM_I8: which quantised-activation buffer it writes / reads
+    int qmin = 0;         // QUANT (fusedq) / GEMM_I8 writing a copy: rows from which the GEMM does it
   };
   // per step: parts handed out dynamically (next) and parts finished (done)
   struct alignas(64) StepSync {
@@ -115,8 +127,10 @@ class Engine {
   void exec(const Step& s, int part, int parts, int tid);
   float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
   void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
+  // an owned copy of src[0, n), shared with an earlier identical one (per-layer RoPE / bias tables)
+  const float* keep_shared(const float* src, size_t n);
   void check_off(size_t off, size_t bytes) const;
-  QuantOut quant_target(size_t in_off, int K, const QuantOut& params);
+  QuantOut quant_target(size_t in_off, int K, const QuantOut& params, int q_from, int q_min_m);
 
   const KernelTable* kt_;
   int max_tokens_, max_batch_, nthreads_;
@@ -127,6 +141,7 @@ class Engine {
   int max_kp_ = 0, max_attn_d_ = 0;
   bool fused_q_ = false;  // some GEMM_I8 quantises its output (the second slot exists)
   std::vector<AlignedBuf> owned_;
+  std::vector<std::pair<const float*, size_t>> shared_;  // keep_shared's copies
   std::vector<Step> steps_;
   std::vector<int> parts_;
   std::unique_ptr<StepSync[]> sync_;

@@ -117,6 +117,12 @@ void ThreadPool::worker(int tid) {
 void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
   if (nt > n_) nt = n_;
   if (nt < 1) nt = 1;
+  // a one-thread job runs on the caller alone and touches no pool state: no lock, so that
+  // engines of one thread each (zoi serve --replicas N) run concurrently, one per caller
+  if (nt == 1 && !all) {
+    fn(ctx, 0, 1);
+    return;
+  }
   std::lock_guard<std::mutex> g(run_mutex_);
   if (nt == 1) {
     job_nt_ = 1;

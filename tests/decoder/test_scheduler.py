@@ -11,14 +11,13 @@ import pytest
 from zoi.decoder.api import DecoderBackend, SamplingParams
 from zoi.decoder.scheduler import (
     Delta,
-    Detokenizer,
     ListSink,
     Queued,
     QueueFull,
     Scheduler,
     SchedulerClosed,
-    StopMatcher,
 )
+from zoi.decoder.tokenizer import Detokenizer, StopMatcher
 
 from .fakes import CORPUS, EOS, ByteTokenizer, FakeBackend, expected_tokens
 
@@ -300,3 +299,36 @@ def test_32_concurrent_submitters(make):
     for text, n, want in results.values():
         assert text == text_of(want) and n == len(want)
     assert len(b.free) == 128
+
+
+def test_a_stop_token_id_ends_the_text_without_its_own(make):
+    """stop_token_ids (and EOS): the request ends on the token, whose text is not part of the
+    completion (as vLLM); the Generator does the same (zoi.decoder.tokenizer.TextStream)."""
+    b, s = make()
+    free = expected_tokens(prompt("st"), SamplingParams(max_new_tokens=40, ignore_eos=True))
+    k = next(i for i, t in enumerate(free) if i >= 3 and t < 128 and chr(t).isalpha())
+    sp = dict(max_new_tokens=40, ignore_eos=True, stop_token_ids=(free[k],))
+    sink = run(s, "st", **sp)
+    fin = sink.wait()
+    assert expected_tokens(prompt("st"), SamplingParams(**sp)) == free[: k + 1]
+    assert fin.reason == "stop"
+    assert sink.text == text_of(free[:k]) and chr(free[k]) not in sink.text
+
+
+@pytest.mark.parametrize("stop_ids", [(), (ord("q"),)])
+def test_the_generator_and_the_server_count_tokens_alike(make, stop_ids):
+    """One convention (vLLM's): completion_tokens (the server's usage) and Completion.token_ids
+    both count the token that ended the text (EOS, stop token id), whose text is left out."""
+    from zoi.decoder.generator import Generator
+
+    gen = Generator(FakeBackend(), ByteTokenizer())
+    b, s = make()
+    for text in ("hello", "st", "a longer prompt", "x"):
+        out = gen.generate(text, max_new_tokens=200, stop_token_ids=stop_ids)[0]
+        sink = run(s, text, max_new_tokens=200, stop_token_ids=stop_ids)
+        fin = sink.wait()
+        want = expected_tokens(prompt(text), SamplingParams(max_new_tokens=200, stop_token_ids=stop_ids))
+        assert fin.reason == out.finish_reason == "stop"
+        assert out.token_ids == want and want[-1] in (EOS, *stop_ids)
+        assert fin.completion_tokens == len(out.token_ids)
+        assert sink.text == str(out) == text_of(want[:-1])

@@ -51,6 +51,38 @@ def cpu_info() -> dict | None:
     return dict(_cpu.cpu_info())
 
 
+def split_device(device: str) -> tuple[str, int | None]:
+    """'cuda:1' -> ('cuda', 1); 'cuda' / 'cpu' / ... -> (device, None). Only CUDA devices
+    take an index (the GPU's ordinal among those this process sees)."""
+    if not isinstance(device, str) or ":" not in device:
+        return device, None
+    kind, _, idx = device.partition(":")
+    if kind != "cuda":
+        raise ValueError(
+            f"device {device!r}: only 'cuda' takes a device index (cuda:0, cuda:1 ...); "
+            f"use {kind!r}"
+        )
+    if not idx.isdigit():
+        raise ValueError(f"device {device!r}: the index after 'cuda:' must be an integer >= 0")
+    return kind, int(idx)
+
+
+def check_device_index(index: int | None) -> None:
+    """A cuda:N index names a GPU this process sees (clear error otherwise)."""
+    if index is None:
+        return
+    from zoi.backends.devices import visible_gpu_count
+
+    n = visible_gpu_count()
+    if index >= n:
+        raise BackendUnavailableError(
+            f"device='cuda:{index}': this process sees {n} GPU(s) (ids 0..{n - 1}; "
+            "CUDA_VISIBLE_DEVICES renumbers them)"
+            if n
+            else f"device='cuda:{index}': no GPU is visible"
+        )
+
+
 def resolve_device(device: str) -> str:
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -68,7 +100,15 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def make_backend(model: CompiledModel, device: str) -> Backend:
+def make_backend(
+    model: CompiledModel, device: str, device_index: int | None = None, threads: int | None = None
+) -> Backend:
+    """device_index: the GPU of a cuda backend (None: the current device); threads: a cpu
+    backend's engine threads (None: the process pool's)."""
+    if device_index is not None and device != "cuda":
+        raise ValueError(f"device_index is for device='cuda', not {device!r}")
+    if threads is not None and device != "cpu":
+        raise ValueError(f"threads is for device='cpu', not {device!r}")
     if device == "reference":
         from zoi.backends.reference import ReferenceBackend
 
@@ -80,7 +120,7 @@ def make_backend(model: CompiledModel, device: str) -> Backend:
             raise BackendUnavailableError(
                 f"the native CPU core is not built ({e}); reinstall with `pip install -e .` or use device='reference'"
             ) from e
-        return CpuBackend(model)
+        return CpuBackend(model, nthreads=threads)
     if device == "cuda":
         from zoi.backends.arch_support import check_cuda
         from zoi.backends.cuda import CudaBackend
@@ -88,5 +128,5 @@ def make_backend(model: CompiledModel, device: str) -> Backend:
 
         check_cuda(model)
         # the engine's edge: ZOI_PERSISTENT=0|1 etc. override the measured defaults here only
-        return CudaBackend(model, options=CudaOptions.from_env())
+        return CudaBackend(model, options=CudaOptions.from_env(device_index=device_index))
     raise ValueError(f"unknown device {device!r}")

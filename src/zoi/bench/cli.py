@@ -38,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated workloads, e.g. 'minilm-1x128,bert-base-32x128'",
     )
+    p.add_argument(
+        "--peer-isa",
+        default="native",
+        choices=["native", "avx2"],
+        help="avx2: cap the peers at AVX2 where each library allows it (CTranslate2, PyTorch, "
+        "OpenVINO; ONNX Runtime cannot be capped and is marked 'native ISA'); zoi's own ISA is "
+        "ZOI_CPU_ISA's (e.g. ZOI_CPU_ISA=avx2 zoi bench --peer-isa avx2)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads for every provider (default 2)")
     p.add_argument(
         "--calls", type=int, default=None, help="timed calls per cell (default 200; quick 20)"
@@ -118,6 +126,7 @@ def run_bench(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         out_dir=args.out_dir,
         out_file=args.out,
+        peer_isa=getattr(args, "peer_isa", "native"),
         argv=(["zoi", "bench", *args._argv] if hasattr(args, "_argv") else ["zoi", *sys.argv[1:]]),
     )
     return main(cfg)

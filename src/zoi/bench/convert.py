@@ -38,13 +38,29 @@ def _done(path: Path, build: Callable[[Path], None]) -> Path:
     return path
 
 
-def _pooled_module(model_dir: Path):
+def model_inputs(model: ModelRef) -> tuple[str, ...]:
+    """The ONNX graph's inputs: MPNet and ModernBERT take no token types (their forward has
+    no ``token_type_ids``), the BERT family does."""
+    import json
+
+    mt = json.loads((Path(model.path) / "config.json").read_text()).get("model_type")
+    return INPUTS[:2] if mt in NO_TOKEN_TYPES else INPUTS
+
+
+NO_TOKEN_TYPES = ("mpnet", "modernbert")
+
+
+def _pooled_module(model_dir: Path, with_types: bool = True):
     """The HF encoder + attention-mask mean pooling, as one torch module (eager attention:
     the graph ONNX Runtime's transformer optimiser recognises and fuses)."""
     import torch
     from transformers import AutoModel
 
     enc = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+
+    def pool(h, attention_mask):
+        mk = attention_mask.unsqueeze(-1).to(h.dtype)
+        return (h * mk).sum(1) / mk.sum(1).clamp(min=1e-9)
 
     class Pooled(torch.nn.Module):
         def __init__(self, m):
@@ -55,10 +71,14 @@ def _pooled_module(model_dir: Path):
             h = self.m(
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).last_hidden_state
-            mk = attention_mask.unsqueeze(-1).to(h.dtype)
-            return (h * mk).sum(1) / mk.sum(1).clamp(min=1e-9)
+            return pool(h, attention_mask)
 
-    return Pooled(enc).eval()
+    class PooledNoTypes(Pooled):
+        def forward(self, input_ids, attention_mask):
+            h = self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return pool(h, attention_mask)
+
+    return (Pooled if with_types else PooledNoTypes)(enc).eval()
 
 
 def _example(
@@ -66,19 +86,19 @@ def _example(
 ) -> list[dict[str, np.ndarray]]:
     """``n`` single-sequence feeds of real text (natural lengths), for export and calibration."""
     tok = Tok(model.path)
+    names = model_inputs(model)
     lines = corpus_lines()
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(lines), size=n, replace=False)
     feeds = []
     for ids in tok.encode([lines[i] for i in idx], max_len):
         ids = ids[None, :].astype(np.int64)
-        feeds.append(
-            {
-                "input_ids": ids,
-                "attention_mask": np.ones_like(ids),
-                "token_type_ids": np.zeros_like(ids),
-            }
-        )
+        f = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "token_type_ids": np.zeros_like(ids),
+        }
+        feeds.append({k: f[k] for k in names})
     return feeds
 
 
@@ -91,17 +111,18 @@ def onnx_raw(model: ModelRef, cache: Path) -> Path:
     def build(tmp: Path) -> None:
         import torch
 
-        m = _pooled_module(model.path)
+        names = model_inputs(model)
+        m = _pooled_module(model.path, with_types="token_type_ids" in names)
         ex = _example(model, 1)[0]
-        args = tuple(torch.from_numpy(np.repeat(ex[k], 2, axis=0)) for k in INPUTS)
-        axes = {k: {0: "batch", 1: "seq"} for k in INPUTS}
+        args = tuple(torch.from_numpy(np.repeat(ex[k], 2, axis=0)) for k in names)
+        axes = {k: {0: "batch", 1: "seq"} for k in names}
         axes["embedding"] = {0: "batch"}
         with torch.no_grad():
             torch.onnx.export(
                 m,
                 args,
                 str(tmp),
-                input_names=list(INPUTS),
+                input_names=list(names),
                 output_names=["embedding"],
                 dynamic_axes=axes,
                 opset_version=17,
@@ -112,9 +133,22 @@ def onnx_raw(model: ModelRef, cache: Path) -> Path:
     return _done(d / "model.onnx", build)
 
 
+# the architectures ONNX Runtime's transformer optimiser has no attention fusion for (MPNet's
+# relative position bias, ModernBERT's RoPE + local window): their graph keeps the fusions
+# it does find (LayerNorm, Gelu, ...) and the stats say so (``fusion_stats``)
+UNFUSED_ATTENTION_OK = ("mpnet-base", "modernbert-base")
+
+
+def fusion_stats_path(onnx_file: Path | str) -> Path:
+    return Path(str(onnx_file) + ".fusions.json")
+
+
 def onnx_fp32(model: ModelRef, cache: Path) -> Path:
     """ONNX Runtime's transformer optimiser (Attention, SkipLayerNorm, BiasGelu fusions)."""
+    import json
+
     raw = onnx_raw(model, cache)
+    out = raw.parent / f"model_opt_ort{_ver('onnxruntime')}.onnx"
 
     def build(tmp: Path) -> None:
         from onnxruntime.transformers import optimizer
@@ -122,12 +156,28 @@ def onnx_fp32(model: ModelRef, cache: Path) -> Path:
         opt = optimizer.optimize_model(
             str(raw), model_type="bert", num_heads=model.heads, hidden_size=model.hidden
         )
-        stats = opt.get_fused_operator_statistics()
-        if not stats.get("Attention") and not stats.get("MultiHeadAttention"):
+        stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
+        fused = bool(stats.get("Attention") or stats.get("MultiHeadAttention"))
+        if not fused and model.name not in UNFUSED_ATTENTION_OK:
             raise RuntimeError(f"ONNX Runtime optimiser fused no attention: {stats}")
         opt.save_model_to_file(str(tmp))
+        fusion_stats_path(out).write_text(
+            json.dumps({"fused_ops": stats, "attention_fused": fused}, indent=1)
+        )
 
-    return _done(raw.parent / f"model_opt_ort{_ver('onnxruntime')}.onnx", build)
+    return _done(out, build)
+
+
+def fusion_stats(onnx_file: Path | str) -> dict | None:
+    """What the optimiser fused into the graph ``onnx_file`` derives from (None: unknown)."""
+    import json
+
+    p = Path(onnx_file)
+    for cand in (p, p.parent / p.name.replace("model_int8_ort", "model_opt_ort")):
+        f = fusion_stats_path(cand)
+        if f.exists():
+            return json.loads(f.read_text())
+    return None
 
 
 def onnx_int8(model: ModelRef, cache: Path) -> Path:

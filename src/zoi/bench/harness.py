@@ -7,6 +7,7 @@ import datetime as dt
 import fnmatch
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from rich.markup import escape
 from zoi.bench import models as M
 from zoi.bench import sysinfo
 from zoi.bench import workloads as W
-from zoi.bench.providers import BY_NAME, SPECS, Spec, missing
+from zoi.bench.providers import BY_NAME, SPECS, Spec, isa_env, missing
 from zoi.bench.runner import WorkerError, WorkerProc
 from zoi.bench.text import Tok, eval_sentences
 from zoi.bench.worker import save_seqs
@@ -49,6 +50,7 @@ class Config:
     out_dir: Path | None = None
     out_file: Path | None = None
     argv: list[str] = field(default_factory=list)
+    peer_isa: str = "native"  # "avx2": cap the peers' ISA where each library allows it
 
 
 def repo_root() -> Path | None:
@@ -233,7 +235,8 @@ class Bench:
         self, s: Spec, model: M.ModelRef, arts: dict, limits: tuple[int, int], meter
     ) -> WorkerProc:
         max_tokens, max_batch = limits
-        wp = WorkerProc(self.cfg.threads, self.tmp / f"{s.name}-{model.name}.log")
+        env, _ = isa_env(s, self.cfg.peer_isa)
+        wp = WorkerProc(self.cfg.threads, self.tmp / f"{s.name}-{model.name}.log", env)
         meter.add(wp.pid)
         rep = wp.request(
             op="load",
@@ -458,6 +461,14 @@ class Bench:
                     wp.close()
             self.step()
 
+    def isa_fields(self, s: Spec) -> dict:
+        """What --peer-isa did to this provider: the environment its worker got and the
+        restriction it stands for (or "native ISA" where the library has none)."""
+        env, what = isa_env(s, self.cfg.peer_isa)
+        if what is None:
+            return {}
+        return {"isa_restriction": what, "isa_env": env}
+
     # -- the result file -----------------------------------------------------------------
     def result(self, wls, specs, mrefs, load_start, t_start) -> dict:
         cfg = self.cfg
@@ -494,11 +505,18 @@ class Bench:
                 "precision": s.precision,
                 "baseline": s.baseline,
                 **self.status.get(s.name, {"status": "not selected"}),
+                **self.isa_fields(s),
             }
             for s in SPECS
             if s.name in self.status
         ]
         root = repo_root()
+        cpu = sysinfo.cpu_info()
+        zoi_env = next((isa_env(s, cfg.peer_isa)[0] for s in specs if s.family == "zoi"), {}).get(
+            "ZOI_CPU_ISA"
+        )
+        if zoi_env:  # --peer-isa set zoi's ISA explicitly (the caller had not)
+            cpu["zoi_isa"] = zoi_env
         return {
             "schema": SCHEMA,
             "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -507,13 +525,15 @@ class Bench:
             "duration_s": round(time.time() - t_start, 1),
             "phases_s": self.phases,
             "machine": {
-                "cpu": sysinfo.cpu_info(),
+                "cpu": cpu,
                 "gpu": sysinfo.gpu_info(),
                 "threads": cfg.threads,
             },
             "versions": sysinfo.versions(),
             "git": sysinfo.git_info(root) if root else {"commit": None, "dirty": None},
             "settings": {
+                "peer_isa": cfg.peer_isa,
+                "zoi_cpu_isa_env": os.environ.get("ZOI_CPU_ISA"),
                 "calls": cfg.calls,
                 "calls_slow": cfg.calls_slow,
                 "slow_ms": cfg.slow_ms,

@@ -18,9 +18,16 @@ def print_report(res: dict, console=None) -> None:
     wls = [w["name"] for w in res["workloads"]]
     cells = {(r["provider"], r["workload"]): r for r in res["results"]}
     provs = [p["name"] for p in res["providers"] if p.get("status") == "ok"]
+    peer_isa = (res.get("settings") or {}).get("peer_isa", "native")
+    if peer_isa != "native":  # mark the rows whose library could not be capped
+        for p in res["providers"]:
+            if (p.get("isa_restriction") or "").startswith("native"):
+                labels[p["name"]] = labels.get(p["name"], p["name"]) + " (native ISA)"
 
     t = Table(
-        title="latency p50 / p99 (ms), speed-up over the baseline's p50", title_justify="left"
+        title="latency p50 / p99 (ms), speed-up over the baseline's p50"
+        + (f"; peers capped at {peer_isa.upper()} (--peer-isa)" if peer_isa != "native" else ""),
+        title_justify="left",
     )
     t.add_column("provider")
     for w in wls:
@@ -63,6 +70,13 @@ def print_report(res: dict, console=None) -> None:
                 f"{r.get('load_s', 0):.1f}",
             )
         con.print(m)
+
+    if peer_isa != "native":  # what each provider was asked for, and what it reports it ran
+        ran = {r["provider"]: r.get("isa") for r in res.get("memory") or [] if r.get("isa")}
+        for p in res["providers"]:
+            if p.get("isa_restriction"):
+                got = f" -> ran: {ran[p['name']]}" if p["name"] in ran else ""
+                con.print(f"ISA {p['name']}: {escape(p['isa_restriction'] + got)}")
 
     acc = res.get("accuracy", {}).get("rows") or []
     if acc:

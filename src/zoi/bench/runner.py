@@ -14,8 +14,9 @@ class WorkerError(RuntimeError):
     pass
 
 
-def worker_env(threads: int) -> dict:
+def worker_env(threads: int, extra: dict | None = None) -> dict:
     env = dict(os.environ)
+    env.update(extra or {})  # e.g. --peer-isa's ISA caps for this provider's library
     t = str(threads)
     for k in (
         "OMP_NUM_THREADS",
@@ -33,7 +34,7 @@ def worker_env(threads: int) -> dict:
 
 
 class WorkerProc:
-    def __init__(self, threads: int, log_path: Path):
+    def __init__(self, threads: int, log_path: Path, env: dict | None = None):
         r, w = os.pipe()
         self.log_path = log_path
         self.log = open(log_path, "ab")
@@ -43,7 +44,7 @@ class WorkerProc:
             stdout=self.log,
             stderr=self.log,
             pass_fds=(w,),
-            env=worker_env(threads),
+            env=worker_env(threads, env),
             text=True,
         )
         os.close(w)

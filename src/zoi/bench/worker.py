@@ -110,6 +110,10 @@ class Worker:
         np.save(c["out"], np.asarray(emb, dtype=np.float32))
         return {"shape": list(emb.shape)}
 
+    def op_env(self, c):
+        """The named environment variables as this worker sees them (tests: --peer-isa)."""
+        return {"env": {k: os.environ.get(k) for k in c["keys"]}}
+
     def op_memory(self, c):
         return {"provider": self.p.memory() if self.p else {}, "status": proc_status()}
 

@@ -15,12 +15,17 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from zoi.decoder.api import DecoderBackend, FinishReason, KVPoolFull, SamplingParams
-from zoi.decoder.tokenizer import DecoderTokenizer, IncrementalDecoder, StopMatcher
+from zoi.decoder.tokenizer import DecoderTokenizer, TextStream
 from zoi.errors import InputError
 
 
 class Completion(str):
-    """The generated text (a str) with `token_ids`, `prompt_ids` and `finish_reason`."""
+    """The generated text (a str) with `token_ids`, `prompt_ids` and `finish_reason`.
+
+    token_ids: every token the model generated, the one that ended it (an EOS or stop token id)
+    included, as vLLM's token_ids and the server's usage.completion_tokens count them; the text
+    leaves that token (and a stop string) out.
+    """
 
     token_ids: list[int]
     prompt_ids: list[int]
@@ -36,22 +41,18 @@ class _Req:
     def __init__(self, gen: Generator, ids: list[int], params: SamplingParams, stops: Sequence[str]):
         self.ids, self.params = ids, params
         self.tokens: list[int] = []
-        self.detok = IncrementalDecoder(gen.tokenizer, ids)
-        self.stop = StopMatcher(stops)
+        ends = params.stop_token_ids + (() if params.ignore_eos else tuple(gen.spec.eos_token_ids))
+        self.stream = TextStream(gen.tokenizer.decode, ids, stops, ends)
         self.text: list[str] = []
         self.finish: str | None = None
 
-    def push(self, tok: int, finish: FinishReason | None, eos: frozenset) -> str:
-        out = ""
-        if not (finish == FinishReason.STOP and tok in eos):
-            self.tokens.append(tok)
-            out = self.stop.push(self.detok.push(tok))
-        if self.stop.stopped:
+    def push(self, tok: int, finish: FinishReason | None) -> str:
+        self.tokens.append(tok)  # the EOS / stop token too (vLLM's count); not in the text
+        out = self.stream.push(tok, finish)
+        if self.stream.stopped:
             self.finish = "stop"
         elif finish is not None:
-            out += self.stop.push(self.detok.flush())
-            out += self.stop.flush()
-            self.finish = "stop" if self.stop.stopped else finish.value
+            self.finish = finish.value
         self.text.append(out)
         return out
 
@@ -123,7 +124,6 @@ class Generator:
     # ---- the loop ----
     def _run(self, reqs: list[_Req], on_delta=None) -> None:
         be = self.backend
-        eos = frozenset(self.spec.eos_token_ids)
         queue = deque(range(len(reqs)))
         running: dict[int, int] = {}  # seq id -> request index
         try:
@@ -144,8 +144,7 @@ class Generator:
                     if i is None:
                         continue
                     r = reqs[i]
-                    ends = r.params.stop_token_ids + (() if r.params.ignore_eos else tuple(eos))
-                    delta = r.push(ev.token_id, ev.finish, frozenset(ends))
+                    delta = r.push(ev.token_id, ev.finish)
                     if on_delta is not None and delta:
                         on_delta(i, delta)
                     if r.finish is not None:
@@ -192,8 +191,7 @@ class Generator:
                 for ev in be.step():
                     if ev.seq_id != sid:
                         continue
-                    ends = r.params.stop_token_ids + (() if r.params.ignore_eos else self.spec.eos_token_ids)
-                    delta = r.push(ev.token_id, ev.finish, frozenset(ends))
+                    delta = r.push(ev.token_id, ev.finish)
                     if r.finish is not None:
                         done = True
                         if ev.finish is None:

@@ -36,12 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from zoi.decoder.api import DecoderBackend, FinishReason, KVPoolFull, SamplingParams, StepEvent
+from zoi.decoder.tokenizer import TextStream
 from zoi.errors import InputError, ZoiError
 
 log = logging.getLogger("zoi.decoder")
-
-PROMPT_CONTEXT = 6  # prompt ids kept in front of the generated ones when detokenising
-
 
 class GenerationError(ZoiError):
     """A request refused or failed. kind: "invalid" (the request can never run: the message says
@@ -80,82 +78,6 @@ class Finished:
     error: GenerationError | None = None
 
 
-# ---- incremental detokenisation and stop strings ----------------------------------------------
-
-
-class Detokenizer:
-    """Text deltas from token ids, as vLLM and TGI do: decode a short window (a few ids before the
-    last emitted one, for the tokenizers whose decoding depends on the previous token) and emit the
-    new suffix, unless it ends in U+FFFD (a UTF-8 character cut between tokens: wait for the next)."""
-
-    def __init__(self, decode: Callable[[Sequence[int]], str], prompt_tail: Sequence[int] = ()):
-        self.decode = decode
-        self.ids = [int(i) for i in prompt_tail]
-        self.prefix = 0
-        self.read = len(self.ids)
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        return self._emit(final=False)
-
-    def flush(self) -> str:
-        """What is left at the end (an incomplete character shows as U+FFFD)."""
-        return self._emit(final=True)
-
-    def _emit(self, final: bool) -> str:
-        if self.read == len(self.ids):
-            return ""
-        before = self.decode(self.ids[self.prefix : self.read])
-        text = self.decode(self.ids[self.prefix :])
-        if len(text) > len(before) and (final or not text.endswith("\ufffd")):
-            delta = text[len(before) :]
-            self.prefix, self.read = self.read, len(self.ids)
-            if len(self.ids) > 64:  # keep the window short
-                drop = self.prefix
-                self.ids = self.ids[drop:]
-                self.prefix -= drop
-                self.read -= drop
-            return delta
-        if final:
-            self.read = len(self.ids)
-        return ""
-
-
-class StopMatcher:
-    """Stop strings on the text across deltas. feed() returns (text safe to emit, stopped): text
-    that could still start a stop string is held back until the next delta shows it does not."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = tuple(s for s in stops if s)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.pending = ""  # text received, not yet emitted
-
-    def feed(self, delta: str) -> tuple[str, bool]:
-        if not self.stops:
-            return delta, False
-        start = max(0, len(self.pending) - self.longest + 1)
-        text = self.pending + delta
-        hit = min(
-            (i for i in (text.find(s, start) for s in self.stops) if i >= 0),
-            default=-1,
-        )
-        if hit >= 0:
-            self.pending = ""
-            return text[:hit], True
-        hold = 0
-        for k in range(min(self.longest - 1, len(text)), 0, -1):
-            tail = text[-k:]
-            if any(s.startswith(tail) for s in self.stops):
-                hold = k
-                break
-        self.pending = text[len(text) - hold :] if hold else ""
-        return text[: len(text) - hold], False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
 # ---- requests and sinks -----------------------------------------------------------------------
 
 
@@ -174,8 +96,7 @@ class Generation:
         self.cancel_requested = False
         self.completion_tokens = 0
         self.token_ids: list[int] = []
-        self.detok: Detokenizer | None = None
-        self.stops = StopMatcher(params.stop)
+        self.text: TextStream | None = None  # once checked (the scheduler's decode, end ids)
 
     def cancel(self) -> None:
         self._sched._request_cancel(self)
@@ -442,9 +363,8 @@ class Scheduler:
             self._finish(g, "error", GenerationError("backend", f"the backend failed: {e}"))
             return
         g.state = "waiting"
-        tail = g.prompt_ids[-PROMPT_CONTEXT:].tolist()
-        g.detok = Detokenizer(self.decode, tail)
-        # the prompt window must decode on its own: the first delta is measured against it
+        ends = p.stop_token_ids + (() if p.ignore_eos else tuple(b.spec.eos_token_ids))
+        g.text = TextStream(self.decode, g.prompt_ids.tolist(), p.stop, ends)
         self._waiting.append(g)
         g.sink(Queued())
 
@@ -534,15 +454,10 @@ class Scheduler:
             self.metrics.ttft.observe(now - g.t_submit)
         g.completion_tokens += 1
         g.token_ids.append(int(ev.token_id))
-        delta = g.detok.push(ev.token_id)
-        if ev.finish is not None:
-            delta += g.detok.flush()
-        text, stopped = g.stops.feed(delta)
-        if not stopped and ev.finish is not None:
-            text += g.stops.flush()
+        text = g.text.push(ev.token_id, ev.finish)
         if text:
             g.sink(Delta(text))
-        if stopped:
+        if g.text.stopped:
             self._drop(g, FinishReason.STOP.value, None)  # the backend frees its blocks now
         elif ev.finish is not None:
             self._running.pop(g.id, None)  # the backend has freed its blocks

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -128,67 +129,110 @@ def _compile(template: str):
         raise CheckpointError(f"chat template does not compile: {e}") from e
 
 
-class IncrementalDecoder:
-    """Text deltas of a growing id list that never split a UTF-8 character: a delta is emitted
-    once the decoded window no longer ends in U+FFFD (an incomplete byte sequence)."""
+PROMPT_CONTEXT = 6  # prompt ids kept in front of the generated ones when detokenising
 
-    def __init__(self, tok: DecoderTokenizer, prompt_ids=()):
-        self.tok = tok
-        self.ids: list[int] = list(prompt_ids)[-4:]  # context for decoders that strip a leading space
+
+class Detokenizer:
+    """Text deltas from token ids, as vLLM and TGI do: decode a short window (a few ids before the
+    last emitted one, for the tokenizers whose decoding depends on the previous token) and emit the
+    new suffix, unless it ends in U+FFFD (a UTF-8 character cut between tokens: wait for the next)."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], prompt_tail: Sequence[int] = ()):
+        self.decode = decode
+        self.ids = [int(i) for i in prompt_tail]
         self.prefix = 0
         self.read = len(self.ids)
 
     def push(self, token_id: int) -> str:
         self.ids.append(int(token_id))
-        prefix_text = self.tok.decode(self.ids[self.prefix:self.read])
-        new_text = self.tok.decode(self.ids[self.prefix:])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            delta = new_text[len(prefix_text):]
-            self.prefix, self.read = self.read, len(self.ids)
-            return delta
-        return ""
+        return self._emit(final=False)
 
     def flush(self) -> str:
-        prefix_text = self.tok.decode(self.ids[self.prefix:self.read])
-        new_text = self.tok.decode(self.ids[self.prefix:])
-        self.prefix = self.read = len(self.ids)
-        return new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+        """What is left at the end (an incomplete character shows as U+FFFD)."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        if self.read == len(self.ids):
+            return ""
+        before = self.decode(self.ids[self.prefix : self.read])
+        text = self.decode(self.ids[self.prefix :])
+        if len(text) > len(before) and (final or not text.endswith("\ufffd")):
+            delta = text[len(before) :]
+            self.prefix, self.read = self.read, len(self.ids)
+            if len(self.ids) > 64:  # keep the window short
+                drop = self.prefix
+                self.ids = self.ids[drop:]
+                self.prefix -= drop
+                self.read -= drop
+            return delta
+        if final:
+            self.read = len(self.ids)
+        return ""
 
 
 class StopMatcher:
-    """Stop strings matched across deltas: text that could still start a stop string is held."""
+    """Stop strings on the text across deltas. feed() returns (text safe to emit, stopped): text
+    that could still start a stop string is held back until the next delta shows it does not."""
 
-    def __init__(self, stops):
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-        self.stopped = False
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(s for s in stops if s)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.pending = ""  # text received, not yet emitted
 
-    def push(self, delta: str) -> str:
-        if self.stopped:
-            return ""
-        self.pending += delta
+    def feed(self, delta: str) -> tuple[str, bool]:
         if not self.stops:
-            out, self.pending = self.pending, ""
-            return out
-        hit = -1
-        for s in self.stops:
-            i = self.pending.find(s)
-            if i >= 0 and (hit < 0 or i < hit):
-                hit = i
+            return delta, False
+        start = max(0, len(self.pending) - self.longest + 1)
+        text = self.pending + delta
+        hit = min(
+            (i for i in (text.find(s, start) for s in self.stops) if i >= 0),
+            default=-1,
+        )
         if hit >= 0:
-            self.stopped = True
-            out, self.pending = self.pending[:hit], ""
-            return out
+            self.pending = ""
+            return text[:hit], True
         hold = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
-                if self.pending.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
-        out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(self.pending) - hold:]
-        return out
+        for k in range(min(self.longest - 1, len(text)), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                hold = k
+                break
+        self.pending = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold], False
 
     def flush(self) -> str:
-        out, self.pending = ("" if self.stopped else self.pending), ""
+        out, self.pending = self.pending, ""
         return out
+
+
+class TextStream:
+    """The text of one generation as its tokens arrive, for the Generator and the serving
+    Scheduler alike: incremental detokenisation (Detokenizer), stop strings (StopMatcher), and the
+    token that ended it (an EOS or stop token id: finish "stop" on one of `end_ids`) left out of
+    the text, as vLLM does. push() returns the text to emit; `stopped` once a stop string matched
+    (nothing after it is ever emitted)."""
+
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        prompt_ids: Sequence[int] = (),
+        stops: Sequence[str] = (),
+        end_ids: Sequence[int] = (),
+    ):
+        self.detok = Detokenizer(decode, [int(i) for i in prompt_ids][-PROMPT_CONTEXT:])
+        self.stops = StopMatcher(stops)
+        self.end_ids = frozenset(int(i) for i in end_ids)
+        self.stopped = False
+
+    def push(self, token_id: int, finish=None) -> str:
+        """finish: the backend's FinishReason on the sequence's last token, else None."""
+        if self.stopped:
+            return ""
+        ended = finish == "stop" and int(token_id) in self.end_ids
+        delta = "" if ended else self.detok.push(token_id)
+        if finish is not None:
+            delta += self.detok.flush()
+        text, self.stopped = self.stops.feed(delta)
+        if not self.stopped and finish is not None:
+            text += self.stops.flush()
+        return text

@@ -14,11 +14,11 @@ class Buffer:
     name: str
     rows: str  # "T" (tokens) or "B" (sequences)
     cols: int
-    dtype: str = "f32"
+    dtype: str = "f32"  # "i8": an INT8 copy of an activation (zoi.graph.fusion)
 
     def nbytes(self, max_tokens: int, max_batch: int) -> int:
         rows = max_tokens if self.rows == "T" else max_batch
-        return rows * self.cols * 4
+        return rows * self.cols * (1 if self.dtype == "i8" else 4)
 
 
 @dataclass

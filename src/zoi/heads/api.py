@@ -52,15 +52,17 @@ def check_head_device(spec, device: str) -> None:
         )
 
 
-def head_backend(model, device: str):
+def head_backend(model, device: str, device_index: int | None = None):
     """The backend of a head model where the device's own backend does not run heads (cuda:
-    zoi.heads.hybrid); None where make_backend's does."""
+    zoi.heads.hybrid); None where make_backend's does. device_index: the GPU (cuda:N)."""
     check_head_device(model.spec, device)
     if model.spec.head == "seq_cls" and device == "cuda":
+        import functools
+
         from zoi.backends import make_backend
         from zoi.heads.hybrid import HybridHeadRunner
 
-        return HybridHeadRunner(model, make_backend)
+        return HybridHeadRunner(model, functools.partial(make_backend, device_index=device_index))
     return None
 
 

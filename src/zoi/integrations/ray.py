@@ -115,6 +115,22 @@ def build_app(
     **options,
 ):
     """The Ray Serve application (`serve.run(build_app(...))`)."""
+    dep, args = make_deployment(artifact, replicas, gpus, config, model_name, **options)
+    return dep.bind(*args)
+
+
+def make_deployment(
+    artifact: str | os.PathLike,
+    replicas: int = 1,
+    gpus: None | str | list[int] = None,
+    config=None,
+    model_name: str | None = None,
+    **options,
+):
+    """The Ray Serve deployment and its bind arguments (artifact, config fields, model name,
+    device): with `gpus`, num_replicas = the GPU count and ray_actor_options num_gpus 1, each
+    replica's engine on device "cuda" (Ray's CUDA_VISIBLE_DEVICES makes its GPU device 0).
+    Built without starting Ray (options: deployment_options', gpu_count included)."""
     from ray import serve
 
     from zoi.engine import is_artifact
@@ -133,7 +149,7 @@ def build_app(
     name = model_name or cfg.served_model_name  # None: the model's own name, as zoi serve
     cls = serve.ingress()(ZoiReplica)
     dep = serve.deployment(name="ZoiReplica", **opts)(cls)
-    return dep.bind(str(art), fields, name, device)
+    return dep, (str(art), fields, name, device)
 
 
 # ---- a deployment as a child process (tests, `zoi bench serve --target ray`) ---------------------
@@ -298,9 +314,9 @@ def cmd_deploy_ray(args) -> int:
     import ray
     from ray import serve
 
-    from zoi.serve.cli import config_from_args
+    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, skip=PROCESS_OPTIONS)
     gpus = parse_gpus(args.gpus)
     host = cfg.host
     port = cfg.port or _free_port(host)
@@ -310,7 +326,8 @@ def cmd_deploy_ray(args) -> int:
         "threads_per_replica": args.threads_per_replica,
         "cpus_per_replica": args.cpus_per_replica,
     }
-    deployment_options(args.replicas, gpus, **opts)  # fail fast on bad options, before Ray
+    # fail fast on bad options, before Ray; a cluster's GPUs are counted once joined
+    deployment_options(args.replicas, None if args.address else gpus, **opts)
     t0 = time.perf_counter()
     if args.address:
         ray.init(address=args.address, logging_level=logging.WARNING)
@@ -329,6 +346,8 @@ def cmd_deploy_ray(args) -> int:
             logging_level=logging.WARNING,
             log_to_driver=cfg.log_level in ("debug", "trace", "info"),
         )
+    if args.address and gpus is not None:  # one replica per GPU of the cluster
+        opts["gpu_count"] = int(ray.cluster_resources().get("GPU", 0))
     serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
     app = build_app(args.artifact, args.replicas, gpus, cfg, **opts)
     serve.run(app, name=APP_NAME, route_prefix="/")
@@ -365,7 +384,7 @@ def cmd_deploy_ray(args) -> int:
 
 
 def register_deploy(sub) -> argparse.ArgumentParser:
-    from zoi.serve.cli import add_options
+    from zoi.serve.cli import PROCESS_OPTIONS, add_options
 
     p = sub.add_parser(
         "ray",
@@ -418,7 +437,9 @@ def register_deploy(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--object-store-mb", type=int, default=256, help="a local Ray's object store (MiB)"
     )
-    add_options(p)  # every zoi serve option (host, port, batching, limits), for each replica
+    # every zoi serve option (host, port, batching, limits), for each replica; --gpus and
+    # --replicas are this command's own (one Ray replica per GPU)
+    add_options(p, skip=PROCESS_OPTIONS)
     p.set_defaults(func=cmd_deploy_ray)
     return p
 

@@ -4,6 +4,8 @@ zoi: `zoi serve` (the bench's own ServerProcess). triton: the artifact exported 
 model repository and served by tritonserver (requests on its KServe v2 HTTP route, the same
 bytes the bench sends to `zoi serve --route kserve`). ray: `zoi deploy ray` with --replicas.
 A model folder (or none: the bundled MiniLM) is compiled to a temporary fp32 artifact first.
+`--gpus` (issue 18) puts one engine per GPU on each target: `zoi serve --device cuda --gpus`,
+a Triton instance group per GPU, a Ray replica per GPU.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=2, help="--target ray: replicas [default 2]")
     p.add_argument(
         "--instances", type=int, default=1, help="--target triton: model instances [default 1]"
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="one engine per GPU ('all' or ids like 0,1): zoi serve --device cuda --gpus, a "
+        "Triton instance group per GPU, a Ray replica per GPU [default: the CPU]",
     )
     p.add_argument(
         "--queue-delay-us",
@@ -69,11 +77,19 @@ def _artifact(model: str | None, tmp: str) -> Path:
 def start_target(args) -> Started:
     target = getattr(args, "target", "zoi")
     delay = getattr(args, "queue_delay_us", None)
+    gpus_opt = getattr(args, "gpus", None)
+    from zoi.integrations.gpus import parse_gpus
+
+    gpus = parse_gpus(gpus_opt)
+    gtag = (
+        "" if gpus is None else "-g" + ("all" if isinstance(gpus, str) else "".join(map(str, gpus)))
+    )
     if target == "zoi":
         from zoi.bench.loadtest import ServerProcess
 
         env = {"ZOI_MAX_QUEUE_DELAY_US": str(delay)} if delay is not None else None
-        srv = ServerProcess(args.model, env=env, args=list(args.server_arg))
+        extra = [] if gpus is None else ["--device", "cuda", "--gpus", str(gpus_opt)]
+        srv = ServerProcess(args.model, env=env, args=extra + list(args.server_arg))
         return Started(srv.url, None, None, [srv])
     tmp = tempfile.mkdtemp(prefix=f"zoi-bench-{target}-")
     try:
@@ -82,23 +98,31 @@ def start_target(args) -> Started:
             from zoi.integrations.triton import TritonServerProcess, export_repository
 
             kw = {} if delay is None else {"max_queue_delay_us": delay}
-            name = f"zoi-{args.instances}i"  # the model name tells the variant in the results
-            export_repository(art, Path(tmp) / "repo", name=name, instances=args.instances, **kw)
+            name = f"zoi-{args.instances}i{gtag}"  # the model name tells the variant in the results
+            export_repository(
+                art, Path(tmp) / "repo", name=name, instances=args.instances, gpus=gpus, **kw
+            )
             cores = len(os.sched_getaffinity(0))
             threads = max(1, cores // args.instances)
-            print(f"starting tritonserver ({args.instances} instances) ...", file=sys.stderr)
-            srv = TritonServerProcess(Path(tmp) / "repo", env={"ZOI_NUM_THREADS": str(threads)})
+            where = "" if gpus is None else f" per GPU, --gpus {gpus_opt}"
+            print(f"starting tritonserver ({args.instances} instances{where}) ...", file=sys.stderr)
+            env = {"ZOI_NUM_THREADS": str(threads)} if gpus is None else {}
+            srv = TritonServerProcess(Path(tmp) / "repo", env=env)
             return Started(srv.url, name, "kserve", [srv], tmp)
         if target == "ray":
             from zoi.integrations.ray import RayServeProcess
 
             tag = "-haproxy" if "haproxy" in " ".join(args.server_arg) else ""
-            extra = ["--log-level", "warning", "--served-model-name", f"ray-{args.replicas}r{tag}"]
+            replicas = args.replicas if gpus is None else 1  # with --gpus: one per GPU
+            label = f"ray-{replicas}r{tag}" if gpus is None else f"ray{gtag}{tag}"
+            extra = ["--log-level", "warning", "--served-model-name", label]
+            if gpus is not None:
+                extra += ["--gpus", str(gpus_opt)]
             extra += args.server_arg
             if delay is not None:
                 extra += ["--max-queue-delay-us", str(delay)]
-            print(f"starting Ray Serve ({args.replicas} replicas) ...", file=sys.stderr)
-            srv = RayServeProcess(art, replicas=args.replicas, args=extra)
+            print(f"starting Ray Serve ({label}) ...", file=sys.stderr)
+            srv = RayServeProcess(art, replicas=replicas, args=extra)
             return Started(srv.url, None, None, [srv], tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -123,6 +123,23 @@ class BatchRunner:
         return results
 
 
+def instance_device(params: dict[str, str], instance_kind: str, device_id) -> str:
+    """The device of one Triton instance: `cuda:<model_instance_device_id>` for a KIND_GPU
+    instance (an instance group per GPU: each instance's engine on its own GPU), else the
+    CPU; the config parameter zoi_device overrides ('cuda' takes the instance's GPU)."""
+    device = params.get("zoi_device") or ""
+    gpu = str(instance_kind).upper() == "GPU"
+    if not device:
+        device = "cuda" if gpu else "cpu"
+    if device == "cuda":
+        try:
+            index = int(device_id or 0)
+        except (TypeError, ValueError):
+            raise ValueError(f"model_instance_device_id {device_id!r} is not a GPU id") from None
+        device = f"cuda:{index}"
+    return device
+
+
 def open_runner(
     model_dir: str | os.PathLike,
     params: dict[str, str],
@@ -135,13 +152,7 @@ def open_runner(
     art = Path(params.get("zoi_artifact") or "artifact")
     if not art.is_absolute():
         art = Path(model_dir) / art
-    device = params.get("zoi_device") or ""
-    if not device:
-        device = "cuda" if str(instance_kind).upper() == "GPU" else "cpu"
-    if device == "cuda":
-        from zoi.integrations.gpus import bind_cuda_device
-
-        bind_cuda_device(int(device_id or 0))
+    device = instance_device(params, instance_kind, device_id)
     max_tokens = int(params["zoi_max_tokens"]) if params.get("zoi_max_tokens") else None
     engine = zoi.load(art, device=device, max_tokens=max_tokens)
     normalize = params.get("zoi_normalize")

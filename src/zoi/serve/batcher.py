@@ -97,8 +97,16 @@ class Batcher:
         self._closing = False
         self.batches = 0
         self.sequences = 0
+        self._start(name)
+
+    def _start(self, name: str) -> None:
+        """Start the worker(s): one thread here (zoi.serve.replicas: one per engine)."""
         self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
         self._thread.start()
+
+    def _wake(self) -> None:
+        """Under the lock: a job was queued; wake a worker."""
+        self._cond.notify()
 
     # ---- event loop side -------------------------------------------------------------
     def submit(self, seqs: list[np.ndarray], normalize: bool) -> Job:
@@ -121,7 +129,7 @@ class Batcher:
             self._queued_seqs += len(seqs)
             self._queued_tokens += job.tokens
             self._set_queue_gauges()
-            self._cond.notify()
+            self._wake()
         return job
 
     @property

@@ -43,9 +43,16 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def add_options(p: argparse.ArgumentParser) -> None:
+# options of the server process itself, not of each engine's Service (zoi deploy ray has
+# its own --gpus / --replicas: one Ray replica per GPU)
+PROCESS_OPTIONS = ("gpus", "replicas")
+
+
+def add_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     defaults = ServeConfig()
     for opt in OPTIONS:
+        if opt.dest in skip:
+            continue
         if opt.dest == "fail_on_token":
             p.add_argument(opt.flag, dest=opt.dest, type=int, default=None, help=argparse.SUPPRESS)
             continue
@@ -65,9 +72,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
             )
 
 
-def config_from_args(args, env=None) -> ServeConfig:
-    overrides = {opt.dest: getattr(args, opt.dest, None) for opt in OPTIONS}
-    return ServeConfig.from_env(env, **overrides)
+def config_from_args(args, env=None, skip: tuple[str, ...] = ()) -> ServeConfig:
+    overrides = {opt.dest: getattr(args, opt.dest, None) for opt in OPTIONS if opt.dest not in skip}
+    cfg = ServeConfig.from_env(env, **overrides)
+    return cfg.replace(**{k: None for k in skip}) if skip else cfg
 
 
 def open_engine(model: str | None, config: ServeConfig):
@@ -274,17 +282,25 @@ def cmd_serve(args) -> int:
     from zoi.serve.service import Service
 
     model = args.model or os.environ.get("ZOI_MODEL") or None
+    from zoi.serve.replicas import open_engines, plan_engines
+
+    plan = plan_engines(config)  # --gpus / --replicas (issue 18); None: one engine
+    if plan is not None and model is not None and _is_decoder(model):
+        raise ValueError("--gpus / --replicas serve encoders; a decoder runs on one engine")
     sock = _bind(config.host, config.port)  # fail fast, before a long compile
     t0 = time.perf_counter()
-    engine = open_engine(model, config)
+    engines = open_engines(model, config, plan, open_engine) if plan is not None else None
+    engine = engines[0] if engines else open_engine(model, config)
     from zoi.serve.decoder_service import is_decoder_engine
 
     if is_decoder_engine(engine):
         return _serve_decoder(engine, config, sock, t0)
     name = served_name(model, config, engine)
-    service = Service(engine, config, name)
+    service = Service(engine, config, name, engines=engines)
     print(
-        f"zoi serve: {engine!r} as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
+        f"zoi serve: {engine!r}"
+        + (f" x {len(engines)} engines ({service.device})" if engines else "")
+        + f" as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
         f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
         f"queue delay {config.max_queue_delay_us} us",
         file=sys.stderr,

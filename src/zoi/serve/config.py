@@ -50,6 +50,9 @@ class ServeConfig:
     max_running_requests: int | None = None  # sequences one decode step carries
     kv_blocks: int | None = None  # blocks in the paged KV pool
     kv_block_size: int | None = None  # tokens per KV block
+    # several engines (issue 18, zoi.serve.replicas): one per GPU, or N CPU engines
+    gpus: str | None = None  # "all" or ids "0,1": one engine per GPU (with --device cuda)
+    replicas: int | None = None  # CPU engines of one thread each (--device cpu)
     fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
 
     @classmethod
@@ -78,6 +81,7 @@ class ServeConfig:
             "max_running_requests",
             "kv_blocks",
             "kv_block_size",
+            "replicas",
         ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -290,6 +294,21 @@ OPTIONS: tuple[Option, ...] = (
         "ZOI_KV_BLOCK_SIZE",
         int,
         "decoders: tokens per KV cache block (default 16)",
+    ),
+    Option(
+        "gpus",
+        "--gpus",
+        "ZOI_GPUS",
+        str,
+        "with --device cuda: 'all' or GPU ids like 0,1; one engine (weights, CUDA graphs) per "
+        "GPU, batches spread over them",
+    ),
+    Option(
+        "replicas",
+        "--replicas",
+        "ZOI_REPLICAS",
+        int,
+        "with --device cpu: this many CPU engines of one thread each, batches spread over them",
     ),
     Option(
         "fail_on_token",

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from zoi.decoder.scheduler import DecoderMetrics, Scheduler
 from zoi.serve.config import ServeConfig
+from zoi.serve.guard import Admission
 from zoi.serve.http import ApiError
 from zoi.serve.metrics import _SECONDS, Metrics
 
@@ -23,7 +24,7 @@ INLINE_TOKENIZE_CHARS = 2048  # prompts up to this many characters are tokenised
 DEFAULT_MAX_TOKENS = 256  # max_tokens when a request does not say (clamped to the context left)
 
 
-class DecoderService:
+class DecoderService(Admission):
     """What the generate routes share: the scheduler, the tokenizer, the limits, the metrics.
 
     tokenizer: encode(text, add_special_tokens=True) -> ids, decode(ids) -> text (special ids
@@ -91,41 +92,14 @@ class DecoderService:
         self.scheduler.close()
         self._tok_pool.shutdown(wait=True)
 
-    # ---- admission (the same limits and messages as the embedding Service) ----
-    def can_admit(self) -> tuple[bool, str]:
-        if not self.ready:
-            return False, "shutting down"
-        if self.in_flight >= self.config.max_concurrent_requests:
-            return False, (
-                f"{self.in_flight} requests in flight, the limit "
-                f"(--max-concurrent-requests {self.config.max_concurrent_requests})"
-            )
+    # ---- admission: zoi.serve.guard.Admission, plus the scheduler's waiting queue ----
+    def queue_full(self) -> str:
         if self.scheduler.waiting >= self.scheduler.max_waiting:
-            return False, (
+            return (
                 f"{self.scheduler.waiting} requests waiting, the limit "
                 f"(--max-waiting-requests {self.scheduler.max_waiting})"
             )
-        conns = self.connections
-        if conns is not None and conns.full():
-            return False, f"{conns.open} connections open, the limit (--max-connections)"
-        return True, ""
-
-    def admit(self, route: str) -> None:
-        self.metrics.requests.labels(route).inc()
-        if not self.ready:
-            raise ApiError("unavailable", "the server is shutting down")
-        if self.in_flight >= self.config.max_concurrent_requests:
-            raise ApiError(
-                "overloaded",
-                f"model is overloaded: {self.in_flight} requests in flight "
-                f"(--max-concurrent-requests {self.config.max_concurrent_requests})",
-            )
-        self.in_flight += 1
-        self.metrics.in_flight.set(self.in_flight)
-
-    def release(self) -> None:
-        self.in_flight -= 1
-        self.metrics.in_flight.set(self.in_flight)
+        return ""
 
     # ---- text ----
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -1,4 +1,11 @@
-"""Connection guard: header read timeout, per-client and total connection limits.
+"""Admission and connection guard: the request limits every service shares (Admission), the
+header read timeout and the per-client and total connection limits (ConnectionTracker).
+
+Admission is the one place for "can this request start": the embedding Service and the
+DecoderService both take it, so their limits, /health reasons and error messages agree; a
+service with a queue of its own adds that queue's reason (Admission.queue_full).
+
+Connection guard:
 
 uvicorn calls the ASGI app only once a request's headers are complete, but it neither times
 out a connection that never completes them nor limits connections per client. The guard is
@@ -19,7 +26,54 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from zoi.serve.http import ApiError
+
 log = logging.getLogger("zoi.serve")
+
+
+class Admission:
+    """admit / release / can_admit for a service with `ready`, `in_flight`, `config`
+    (max_concurrent_requests), `metrics` (requests, in_flight) and `connections` (a
+    ConnectionTracker once serving, else None)."""
+
+    def queue_full(self) -> str:
+        """Why the service's own queue takes no more ("" when it does): a hook."""
+        return ""
+
+    def can_admit(self) -> tuple[bool, str]:
+        """(True, "") when a new request would be admitted, else (False, why)."""
+        if not self.ready:
+            return False, "shutting down"
+        if self.in_flight >= self.config.max_concurrent_requests:
+            return False, (
+                f"{self.in_flight} requests in flight, the limit "
+                f"(--max-concurrent-requests {self.config.max_concurrent_requests})"
+            )
+        why = self.queue_full()
+        if why:
+            return False, why
+        conns = self.connections
+        if conns is not None and conns.full():
+            return False, f"{conns.open} connections open, the limit (--max-connections)"
+        return True, ""
+
+    def admit(self, route: str) -> None:
+        """Count the request and take a slot; ApiError unavailable / overloaded when none."""
+        self.metrics.requests.labels(route).inc()
+        if not self.ready:
+            raise ApiError("unavailable", "the server is shutting down")
+        if self.in_flight >= self.config.max_concurrent_requests:
+            raise ApiError(
+                "overloaded",
+                f"model is overloaded: {self.in_flight} requests in flight "
+                f"(--max-concurrent-requests {self.config.max_concurrent_requests})",
+            )
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
 
 
 class ConnectionTracker:

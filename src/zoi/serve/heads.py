@@ -61,17 +61,24 @@ class HeadJobs:
         self.svc = svc
         eng = svc.engine
         self.offset = int(eng.spec.position_offset)
-        self.batcher = Batcher(
-            self._run,
+        args = (
             eng.head_cols,
             svc.max_batch_tokens,
             svc.max_batch_requests,
             svc.config.max_queue_delay_us,
             svc.metrics,
-            name="zoi-heads",
         )
+        if getattr(svc, "replicated", False):  # several engines (zoi.serve.replicas, issue 18)
+            import functools
 
-    def _run(self, seqs: list[Seq]) -> np.ndarray:
+            from zoi.serve.replicas import ReplicaBatcher
+
+            runs = [functools.partial(self._run, engine=e) for e in svc.engines]
+            self.batcher = ReplicaBatcher(runs, *args, names=svc.engine_names, name="zoi-heads")
+        else:
+            self.batcher = Batcher(self._run, *args, name="zoi-heads")
+
+    def _run(self, seqs: list[Seq], engine=None) -> np.ndarray:
         lens = np.fromiter((len(s) for s in seqs), np.int32, len(seqs))
         cu = np.zeros(len(seqs) + 1, np.int32)
         np.cumsum(lens, out=cu[1:])
@@ -84,7 +91,7 @@ class HeadJobs:
         pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lens) + self.offset).astype(
             np.int32
         )
-        return self.svc.engine.run_head_packed(ids, pos, cu, types)
+        return (engine or self.svc.engine).run_head_packed(ids, pos, cu, types)
 
     def close(self) -> None:
         self.batcher.close()

@@ -85,5 +85,30 @@ class Metrics:
             registry=r,
         )
 
+    def engine_metrics(self) -> None:
+        """Per-engine figures of a server with several engines (zoi.serve.replicas; labels
+        engine = its index, device = e.g. cuda:1 or cpu:0); created once, on first use."""
+        if hasattr(self, "engine_batches"):
+            return
+        r, lab = self.registry, ["engine", "device"]
+        self.engine_batches = Counter("zoi_engine_batches", "engine calls", lab, registry=r)
+        self.engine_sequences = Counter(
+            "zoi_engine_sequences", "sequences computed", lab, registry=r
+        )
+        self.engine_tokens = Counter("zoi_engine_tokens", "tokens computed", lab, registry=r)
+        self.engine_failures = Counter(
+            "zoi_engine_failures", "engine calls that failed", lab, registry=r
+        )
+        self.engine_busy = Gauge(
+            "zoi_engine_busy", "1 while the engine runs a batch, else 0", lab, registry=r
+        )
+        self.engine_inference_duration = Histogram(
+            "zoi_engine_inference_duration_seconds",
+            "time of one engine call, per engine",
+            lab,
+            buckets=_SECONDS,
+            registry=r,
+        )
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

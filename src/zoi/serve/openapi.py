@@ -112,6 +112,44 @@ def _get(
     return {"get": op}
 
 
+def _post(
+    summary: str,
+    tag: str,
+    body: dict,
+    example,
+    resp: dict,
+    errors: dict | None = None,
+    params: list[dict] | None = None,
+    ok: str = "OK",
+    also: dict | None = None,
+) -> dict:
+    """A POST of a JSON body answering JSON `resp` (or the media types of `also` too), and the
+    error statuses `errors` (default _errors())."""
+    op: dict = {"summary": summary, "tags": [tag]}
+    if params:
+        op["parameters"] = params
+    op["requestBody"] = {"required": True, **_json(body, example)}
+    content = {"application/json": {"schema": resp}, **(also or {})}
+    op["responses"] = {
+        "200": {"description": ok, "content": content},
+        **(_errors() if errors is None else errors),
+    }
+    return {"post": op}
+
+
+def _plain(summary: str, tag: str, media: str) -> dict:
+    """A GET answering a text body of `media` (metrics, the docs page)."""
+    return {
+        "get": {
+            "summary": summary,
+            "tags": [tag],
+            "responses": {
+                "200": {"description": "OK", "content": {media: {"schema": {"type": "string"}}}}
+            },
+        }
+    }
+
+
 def _probe(summary: str, tag: str, params: list[dict] | None = None) -> dict:
     """A health probe: 200 with no body when ready, 503 when not (a JSON reason where the
     route gives one; KServe's model ready gives none)."""
@@ -174,20 +212,14 @@ def operations(
             },
         },
     }
-    emb_post = {
-        "post": {
-            "summary": "OpenAI embeddings: one vector per input",
-            "tags": ["OpenAI"],
-            "requestBody": {
-                "required": True,
-                **_json(openai_body, {"model": model, "input": ["A man is eating food."]}),
-            },
-            "responses": {
-                "200": {"description": "OK", **_json(openai_resp)},
-                **_errors(_OPENAI_ERROR),
-            },
-        }
-    }
+    emb_post = _post(
+        "OpenAI embeddings: one vector per input",
+        "OpenAI",
+        openai_body,
+        {"model": model, "input": ["A man is eating food."]},
+        openai_resp,
+        _errors(_OPENAI_ERROR),
+    )
     tei_body = {
         "type": "object",
         "required": ["inputs"],
@@ -228,63 +260,44 @@ def operations(
             "parameters": {"type": "object"},
         },
     }
-    infer = {
-        "post": {
-            "summary": "KServe v2 inference: TEXT (BYTES) or INPUT_IDS in, EMBEDDING out; "
-            "Triton's binary tensor extension accepted and returned",
-            "tags": ["KServe v2"],
-            "parameters": [m_param],
-            "requestBody": {
-                "required": True,
-                **_json(
-                    infer_body,
-                    {
-                        "inputs": [
-                            {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["hello"]}
-                        ]
-                    },
-                ),
-            },
-            "responses": {
-                "200": {"description": "OK", **_json({"type": "object"})},
-                **_errors(),
-            },
-        }
-    }
-    versioned = {
-        k: {
-            **v,
-            "parameters": [*v.get("parameters", []), v_param],
-        }
-        for k, v in infer.items()
-    }
+
+    def meta(summary: str, params: list[dict]) -> dict:
+        return _get(summary, "KServe v2", params=params)
+
+    def ready(summary: str, params: list[dict]) -> dict:
+        return _probe(summary, "KServe v2", params)
+
+    def infer(summary: str, params: list[dict]) -> dict:
+        return _post(
+            summary,
+            "KServe v2",
+            infer_body,
+            {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]},
+            {"type": "object"},
+            params=params,
+        )
+
+    # one model's routes, each at /v2/models/{model}S and /v2/models/{model}/versions/{version}S:
+    # (S, its entry, its summary, the versioned route's summary)
+    infer_what = (
+        "KServe v2 inference: TEXT (BYTES) or INPUT_IDS in, EMBEDDING out; "
+        "Triton's binary tensor extension accepted and returned"
+    )
+    kserve_model = (
+        ("", meta, "KServe v2 model metadata (inputs, outputs)", "KServe v2 model metadata"),
+        ("/ready", ready, "KServe v2 model readiness", "KServe v2 model readiness"),
+        ("/config", meta, "the model's Triton-style config", "the model's config"),
+        ("/infer", infer, infer_what, infer_what),
+    )
+    kserve_ops = {}
+    for suffix, entry, summary, versioned_summary in kserve_model:
+        kserve_ops["/v2/models/{model}" + suffix] = entry(summary, [m_param])
+        kserve_ops["/v2/models/{model}/versions/{version}" + suffix] = entry(versioned_summary, mv)
     ops = {
         "/": _get("the server, its model and its routes", "zoi"),
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics",
-                "tags": ["zoi"],
-                "responses": {
-                    "200": {
-                        "description": "OK",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
-                },
-            }
-        },
+        "/metrics": _plain("Prometheus metrics", "zoi", "text/plain"),
         "/openapi.json": _get("this document", "zoi"),
-        "/docs": {
-            "get": {
-                "summary": "this document as a web page",
-                "tags": ["zoi"],
-                "responses": {
-                    "200": {
-                        "description": "OK",
-                        "content": {"text/html": {"schema": {"type": "string"}}},
-                    }
-                },
-            }
-        },
+        "/docs": _plain("this document as a web page", "zoi", "text/html"),
         "/v1/embeddings": emb_post,
         "/embeddings": emb_post,
         "/v1/models": _get("OpenAI model list (this server's one model)", "OpenAI"),
@@ -294,34 +307,20 @@ def operations(
             params=[_param("name", {"type": "string", "examples": [model]})],
             not_found=_OPENAI_ERROR,
         ),
-        "/embed": {
-            "post": {
-                "summary": "TEI embed: an array of vectors, one per input",
-                "tags": ["TEI"],
-                "requestBody": {"required": True, **_json(tei_body, {"inputs": ["hello"]})},
-                "responses": {
-                    "200": {"description": "OK", **_json({"type": "array", "items": vec})},
-                    **_errors(),
-                },
-            }
-        },
-        "/tokenize": {
-            "post": {
-                "summary": "TEI tokenize: the tokens of each input, with offsets",
-                "tags": ["TEI"],
-                "requestBody": {
-                    "required": True,
-                    **_json(tokenize_body, {"inputs": ["hello"]}),
-                },
-                "responses": {
-                    "200": {
-                        "description": "OK",
-                        **_json({"type": "array", "items": {"type": "array", "items": token}}),
-                    },
-                    **_errors(),
-                },
-            }
-        },
+        "/embed": _post(
+            "TEI embed: an array of vectors, one per input",
+            "TEI",
+            tei_body,
+            {"inputs": ["hello"]},
+            {"type": "array", "items": vec},
+        ),
+        "/tokenize": _post(
+            "TEI tokenize: the tokens of each input, with offsets",
+            "TEI",
+            tokenize_body,
+            {"inputs": ["hello"]},
+            {"type": "array", "items": {"type": "array", "items": token}},
+        ),
         "/health": _probe("TEI health: 200 when ready, 503 when it cannot admit work", "TEI"),
         "/info": _get("TEI info: model id, limits, version", "TEI"),
         "/v2": _get("KServe v2 server metadata", "KServe v2"),
@@ -333,24 +332,7 @@ def operations(
             }
         },
         "/v2/health/ready": _probe("KServe v2 readiness", "KServe v2"),
-        "/v2/models/{model}": _get(
-            "KServe v2 model metadata (inputs, outputs)", "KServe v2", params=[m_param]
-        ),
-        "/v2/models/{model}/versions/{version}": _get(
-            "KServe v2 model metadata", "KServe v2", params=mv
-        ),
-        "/v2/models/{model}/ready": _probe("KServe v2 model readiness", "KServe v2", [m_param]),
-        "/v2/models/{model}/versions/{version}/ready": _probe(
-            "KServe v2 model readiness", "KServe v2", mv
-        ),
-        "/v2/models/{model}/config": _get(
-            "the model's Triton-style config", "KServe v2", params=[m_param]
-        ),
-        "/v2/models/{model}/versions/{version}/config": _get(
-            "the model's config", "KServe v2", params=mv
-        ),
-        "/v2/models/{model}/infer": infer,
-        "/v2/models/{model}/versions/{version}/infer": versioned,
+        **kserve_ops,
     }
     from zoi.serve.openapi_heads import head_operations
 
@@ -515,59 +497,55 @@ def decoder_operations(model: str) -> dict[str, dict]:
         "created": {"type": "integer"},
         "model": {"type": "string"},
     }
-    completion = {
-        "type": "object",
-        "required": ["id", "object", "choices", "usage"],
-        "properties": {
-            **head,
-            "object": {"const": "text_completion"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "text", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "text": {"type": "string"},
-                        "logprobs": {"type": "null"},
-                        "finish_reason": finish,
-                    },
-                },
-            },
-            "usage": usage,
-        },
-    }
-    chat_resp = {
-        "type": "object",
-        "required": ["id", "object", "choices", "usage"],
-        "properties": {
-            **head,
-            "object": {"const": "chat.completion"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "message", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "message": {
-                            "type": "object",
-                            "properties": {
-                                "role": {"const": "assistant"},
-                                "content": {"type": "string"},
-                            },
+
+    def response(obj: str, key: str, value: dict) -> dict:
+        """A non-streamed answer: one choice whose `key` (text or message) is `value`."""
+        return {
+            "type": "object",
+            "required": ["id", "object", "choices", "usage"],
+            "properties": {
+                **head,
+                "object": {"const": obj},
+                "choices": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["index", key, "finish_reason"],
+                        "properties": {
+                            "index": {"type": "integer"},
+                            key: value,
+                            "logprobs": {"type": "null"},
+                            "finish_reason": finish,
                         },
-                        "logprobs": {"type": "null"},
-                        "finish_reason": finish,
                     },
                 },
+                "usage": usage,
             },
-            "usage": usage,
+        }
+
+    completion = response("text_completion", "text", {"type": "string"})
+    chat_resp = response(
+        "chat.completion",
+        "message",
+        {
+            "type": "object",
+            "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
         },
-    }
+    )
+    # OpenAPI 3.1: the schema of an event stream describes one event (schemathesis checks each)
     sse = {
         "text/event-stream": {
-            "schema": {"type": "string", "description": "data: {chunk}\\n\\n ... data: [DONE]"}
+            "schema": {
+                "type": "object",
+                "description": "one server-sent event: data: {chunk}\\n\\n ... data: [DONE]",
+                "required": ["data"],
+                "properties": {
+                    "data": {"type": "string", "description": "a chunk as JSON; [DONE] last"},
+                    "event": {"type": "string"},
+                    "id": {"type": "string"},
+                    "retry": {"type": "integer"},
+                },
+            }
         }
     }
     tid = {"type": "integer", "minimum": 0}
@@ -624,26 +602,22 @@ def decoder_operations(model: str) -> dict[str, dict]:
     }
 
     def post(summary, body, example, resp):
-        return {
-            "post": {
-                "summary": summary,
-                "tags": ["OpenAI"],
-                "requestBody": {"required": True, **_json(body, example)},
-                "responses": {
-                    "200": {
-                        "description": "OK: JSON, or server-sent events with stream: true",
-                        "content": {"application/json": {"schema": resp}, **sse},
-                    },
-                    **_gen_errors(),
-                },
-            }
-        }
+        return _post(
+            summary,
+            "OpenAI",
+            body,
+            example,
+            resp,
+            _gen_errors(),
+            ok="OK: JSON, or server-sent events with stream: true",
+            also=sse,
+        )
 
     return {
         "/": _get("the server, its model and its routes", "zoi"),
-        "/metrics": operations(model, 1)["/metrics"],
+        "/metrics": _plain("Prometheus metrics", "zoi", "text/plain"),
         "/openapi.json": _get("this document", "zoi"),
-        "/docs": operations(model, 1)["/docs"],
+        "/docs": _plain("this document as a web page", "zoi", "text/html"),
         "/v1/completions": post(
             "OpenAI completions: text after a prompt (continuous batching)",
             comp_body,

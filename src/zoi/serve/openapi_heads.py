@@ -13,7 +13,7 @@ ALL = ("/embed_all", "/rerank", "/predict", "/v1/rerank", "/embed_sparse")
 
 
 def head_operations(head: str, hidden: int) -> dict[str, dict]:
-    from zoi.serve.openapi import _errors, _json
+    from zoi.serve.openapi import _post
 
     text = {"type": "string", "minLength": 1}
     texts = {"type": "array", "minItems": 1, "items": text}
@@ -22,14 +22,7 @@ def head_operations(head: str, hidden: int) -> dict[str, dict]:
     flag = {"type": "boolean"}
 
     def post(summary, body, example, resp, tag="TEI"):
-        return {
-            "post": {
-                "summary": summary,
-                "tags": [tag],
-                "requestBody": {"required": True, **_json(body, example)},
-                "responses": {"200": {"description": "OK", **_json(resp)}, **_errors()},
-            }
-        }
+        return _post(summary, tag, body, example, resp)
 
     label_score = {
         "type": "object",

@@ -21,6 +21,7 @@ from zoi.errors import InputError
 from zoi.frontend.tokenizer import pack
 from zoi.serve.batcher import Batcher, BatcherClosed
 from zoi.serve.config import ServeConfig
+from zoi.serve.guard import Admission
 from zoi.serve.http import ApiError, ClientGone, read_body
 from zoi.serve.metrics import Metrics
 
@@ -49,9 +50,23 @@ class Result:
     timings: Timings
 
 
-class Service:
-    def __init__(self, engine, config: ServeConfig, model_name: str | None = None):
+class Service(Admission):
+    def __init__(self, engine, config: ServeConfig, model_name: str | None = None, engines=None):
+        """engines: several engines of the same model (one per GPU, or CPU replicas; `engine`
+        is engines[0]): the batcher spreads batches over them (zoi.serve.replicas)."""
         config.validate()
+        # ---- several engines (issue 18) ------------------------------------------------------
+        if engines is not None:
+            engines = list(engines)
+            if not engines:
+                raise ValueError("Service: engines is an empty list")
+            engine = engines[0] if engine is None else engine
+            if engines[0] is not engine:
+                raise ValueError("Service: engine must be engines[0]")
+            _check_same_model(engines)
+        self.engines = engines if engines is not None else [engine]
+        self.replicated = engines is not None
+        # ---- end several engines ---------------------------------------------------------------
         self.engine = engine
         self.config = config
         spec = engine.spec
@@ -60,7 +75,8 @@ class Service:
         self.hidden = int(spec.hidden)
         # the longest sequence the engine runs: the model's positions, or its max_tokens when
         # smaller (an engine loaded with --max-batch-tokens below the positions)
-        self.max_positions = int(min(spec.max_positions, engine.max_tokens))
+        engine_tokens = min(int(e.max_tokens) for e in self.engines)  # issue 18: every engine's
+        self.max_positions = int(min(spec.max_positions, engine_tokens))
         if self.max_positions < spec.max_positions:
             log.warning(
                 "the engine takes %d tokens per call, below the model's %d positions: texts are "
@@ -71,8 +87,8 @@ class Service:
             )
         self.vocab_size = int(spec.vocab_size)
         self.max_input_chars = int(config.max_input_chars or 32 * self.max_positions)
-        want = int(config.max_batch_tokens or engine.max_tokens)
-        self.max_batch_tokens = max(min(want, int(engine.max_tokens)), self.max_positions)
+        want = int(config.max_batch_tokens or engine_tokens)
+        self.max_batch_tokens = max(min(want, engine_tokens), self.max_positions)
         if want < self.max_positions:
             log.warning(
                 "max_batch_tokens=%d is below the model's %d positions; using %d",
@@ -80,7 +96,9 @@ class Service:
                 self.max_positions,
                 self.max_positions,
             )
-        self.max_batch_requests = min(config.max_batch_requests, int(engine.max_batch))
+        self.max_batch_requests = min(
+            config.max_batch_requests, min(int(e.max_batch) for e in self.engines)
+        )
         self.metrics = Metrics()
         self.in_flight = 0
         self.connections = None  # a zoi.serve.guard.ConnectionTracker once serving
@@ -100,20 +118,42 @@ class Service:
         fail_on = config.fail_on_token
         offset = int(spec.position_offset)
 
-        def run(seqs: list[np.ndarray]) -> np.ndarray:
-            if fail_on is not None and any(bool(np.any(s == fail_on)) for s in seqs):
-                raise InjectedFault(f"injected engine failure (a sequence holds token {fail_on})")
-            ids, pos, cu = pack(seqs, offset)
-            return engine.run_packed(ids, pos, cu, False)
+        def runner(eng):
+            def run(seqs: list[np.ndarray]) -> np.ndarray:
+                if fail_on is not None and any(bool(np.any(s == fail_on)) for s in seqs):
+                    raise InjectedFault(
+                        f"injected engine failure (a sequence holds token {fail_on})"
+                    )
+                ids, pos, cu = pack(seqs, offset)
+                return eng.run_packed(ids, pos, cu, False)
 
-        self.batcher = Batcher(
-            run,
-            self.hidden,
-            self.max_batch_tokens,
-            self.max_batch_requests,
-            config.max_queue_delay_us,
-            self.metrics,
-        )
+            return run
+
+        # ---- several engines (issue 18): one lane per engine -------------------------------
+        if self.replicated:
+            from zoi.serve.replicas import ReplicaBatcher, engine_names
+
+            self.engine_names = engine_names(self.engines)
+            self.batcher = ReplicaBatcher(
+                [runner(e) for e in self.engines],
+                self.hidden,
+                self.max_batch_tokens,
+                self.max_batch_requests,
+                config.max_queue_delay_us,
+                self.metrics,
+                names=self.engine_names,
+            )
+        else:
+            self.engine_names = [str(engine.device)]
+            self.batcher = Batcher(
+                runner(engine),
+                self.hidden,
+                self.max_batch_tokens,
+                self.max_batch_requests,
+                config.max_queue_delay_us,
+                self.metrics,
+            )
+        # ---- end several engines ---------------------------------------------------------------
         self.heads = None  # the task heads' batcher (zoi.serve.heads, issue 20)
         if getattr(engine, "head", "") in ("seq_cls", "splade"):
             from zoi.serve.heads import HeadJobs
@@ -130,7 +170,15 @@ class Service:
 
     @property
     def device(self) -> str:
+        """cpu, cuda; with several engines their names, e.g. cuda:0,cuda:1 (issue 18)."""
+        if self.replicated:
+            return ",".join(self.engine_names)
         return str(self.engine.device)
+
+    def engines_info(self) -> list[dict]:
+        """Per-engine figures for /info (several engines: zoi.serve.replicas), else []."""
+        info = getattr(self.batcher, "engines_info", None)
+        return info() if info is not None else []
 
     def close(self) -> None:
         """Answer everything queued, then stop the worker threads."""
@@ -144,37 +192,6 @@ class Service:
     async def read_request(self, request: Request) -> bytes:
         """The whole body (payload limit, body timeout), read before a slot is taken."""
         return await read_body(request, self.config.payload_limit, self.config.body_timeout)
-
-    def can_admit(self) -> tuple[bool, str]:
-        """(True, "") when a new request would be admitted, else (False, why)."""
-        if not self.ready:
-            return False, "shutting down"
-        if self.in_flight >= self.config.max_concurrent_requests:
-            return False, (
-                f"{self.in_flight} requests in flight, the limit "
-                f"(--max-concurrent-requests {self.config.max_concurrent_requests})"
-            )
-        conns = self.connections
-        if conns is not None and conns.full():
-            return False, f"{conns.open} connections open, the limit (--max-connections)"
-        return True, ""
-
-    def admit(self, route: str) -> None:
-        self.metrics.requests.labels(route).inc()
-        if not self.ready:
-            raise ApiError("unavailable", "the server is shutting down")
-        if self.in_flight >= self.config.max_concurrent_requests:
-            raise ApiError(
-                "overloaded",
-                f"model is overloaded: {self.in_flight} requests in flight "
-                f"(--max-concurrent-requests {self.config.max_concurrent_requests})",
-            )
-        self.in_flight += 1
-        self.metrics.in_flight.set(self.in_flight)
-
-    def release(self) -> None:
-        self.in_flight -= 1
-        self.metrics.in_flight.set(self.in_flight)
 
     def check_count(self, n: int, param: str = "input") -> None:
         if n == 0:
@@ -313,6 +330,23 @@ class Service:
             raise ApiError("backend", f"the engine failed on this request: {exc}")
         t = Timings(tokenize_s, job.queue_s, job.infer_s, time.perf_counter() - t_start)
         return Result(job.future.result(), ntok, t)
+
+
+def _check_same_model(engines: list) -> None:
+    """Several engines behind one server must compute the same thing (issue 18)."""
+    a = engines[0]
+    for i, e in enumerate(engines[1:], 1):
+        same = (
+            e.spec.hidden == a.spec.hidden
+            and e.spec.vocab_size == a.spec.vocab_size
+            and e.spec.max_positions == a.spec.max_positions
+            and e.precision == a.precision
+            and getattr(e, "head", "") == getattr(a, "head", "")
+        )
+        if not same:
+            raise ValueError(
+                f"Service: engine {i} ({e!r}) is not the same model as engine 0 ({a!r})"
+            )
 
 
 async def _wait_disconnect(request: Request) -> None:

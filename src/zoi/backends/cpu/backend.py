@@ -18,6 +18,7 @@ import numpy as np
 from zoi import _cpu
 from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
+from zoi.graph.fusion import annotate
 from zoi.graph.quantmode import QuantMode
 
 __all__ = ["CpuBackend"]
@@ -87,7 +88,18 @@ class CpuBackend(SyncSubmit):
         # weights copied into the engine's packed layout: let an artifact's pages of the
         # originals go as soon as each is packed (keeps the peak RSS down)
         self.released_bytes = 0
-        for op in graph.ops:
+        # fusion and the int8 copies: the IR's decisions (zoi.graph.fusion), realised here;
+        # what this core cannot do is recorded in `fallbacks` (IR buffer / copy -> reason)
+        try:
+            annotate(model)
+        except ValueError as e:
+            raise ValueError(f"the cpu backend: {e}") from None
+        self.fallbacks: dict[str, str] = {}
+        for k, op in enumerate(graph.ops):
+            if op.attrs.get("fuse_ln"):
+                self.fallbacks[op.attrs["fuse_ln"]] = (
+                    "LayerNorm on its own (the CPU GEMMs have no LayerNorm epilogue)"
+                )
             # a head's linear / LayerNorm after a pool runs over the B pooled rows
             eng.set_batch_rows(
                 bool(op.inputs)
@@ -103,10 +115,9 @@ class CpuBackend(SyncSubmit):
                     word_q = self._hold(np.ascontiguousarray(W["embed.word_q"], dtype=np.int8))
                     word_scale = self._hold(_f32(W["embed.word_scale"]))
                 if "pos" in ow:
-                    pos = self._hold(_f32(W[ow["pos"]]))
-                else:  # no position table (ModernBERT: RoPE): zeros, rows a sequence can reach
-                    rows = min(model.position_rows(), int(plan.max_tokens))
-                    pos = self._hold(np.zeros((rows, graph.buffers[op.output].cols), np.float32))
+                    pos, max_pos = self._hold(_f32(W[ow["pos"]])), -1
+                else:  # no position table (ModernBERT: RoPE): none held, positions bounded
+                    pos, max_pos = None, min(model.position_rows(), int(plan.max_tokens))
                 type0 = _f32(W[ow["type"]][0]) if "type" in ow else None
                 eng.add_embed(
                     off[op.output],
@@ -118,6 +129,7 @@ class CpuBackend(SyncSubmit):
                     _f32(W[ow["ln_w"]]),
                     _f32(W[ow["ln_b"]]),
                     float(op.attrs["eps"]),
+                    max_pos,
                 )
                 if len(op.inputs) > 2:  # token types (pairs): the whole table
                     eng.set_embed_types(_f32(W[ow["type"]]))
@@ -138,6 +150,7 @@ class CpuBackend(SyncSubmit):
                     except ValueError as e:
                         raise ValueError(f"the cpu backend: {e}") from None
                     static = float(q.amax) if scheme is QuantMode.STATIC else -1.0
+                    q_from, q_min = self._copy_from(graph, k, op)
                     eng.add_linear_i8(
                         off[op.inputs[0]],
                         off[op.output],
@@ -150,6 +163,8 @@ class CpuBackend(SyncSubmit):
                         scheme is QuantMode.DYNAMIC_ASYM,
                         shift,
                         mul,
+                        q_from,
+                        q_min,
                     )
                     self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
                     self.linear_kinds[p] = (
@@ -220,6 +235,55 @@ class CpuBackend(SyncSubmit):
         eng.set_output(off[graph.output], ob.cols, ob.rows == "T")
         eng.finalize()
         self.engine = eng
+
+    def _copy_from(self, graph, k: int, op) -> tuple[int, int]:
+        """(q_from, q_min_m) of add_linear_i8 for the INT8 linear graph.ops[k]: the IR's writer
+        of its int8 input copy (quant_in_by) where this core can realise it (the previous step,
+        a LayerNorm / embedding / GLU, or an INT8 GEMM from quant_out_min_tokens rows), else a
+        quantise step, recorded in self.fallbacks."""
+        qname, by = op.attrs["quant_in"], op.attrs["quant_in_by"]
+        prev = graph.ops[k - 1] if k > 0 else None
+        if by is not None:
+            why = None
+            if prev is None or prev.output != by:
+                why = "the producer is not the previous step (the scratch holds one copy)"
+            elif prev.kind == "linear" and self.linear_kinds.get(_prefix(prev)) == "fp32":
+                why = "an FP32 GEMM has no int8 epilogue"
+            elif prev.kind not in ("embed", "add_layernorm", "glu", "linear"):
+                why = f"a {prev.kind} step has no int8 epilogue"
+            if why is None:
+                return 1, int(prev.attrs.get("quant_out_min_tokens", 0))
+            self.fallbacks[qname] = f"quantise step: {why}"
+        elif op.attrs.get("quant_in_loop"):
+            self.fallbacks[qname] = (
+                "quantise step (the CPU GEMMs read int8 rows; no quantisation while loading)"
+            )
+        return 0, 0
+
+    def describe(self, tokens: int) -> list[tuple[str, str, str]]:
+        """[(linear weight prefix, int8 copy, who makes it)] of every INT8 linear as the native
+        plan runs a call of `tokens` tokens (the vocabulary of zoi.graph.fusion.decisions):
+        read back from the engine's steps (Engine.steps_info), not from the IR."""
+        steps = self.engine.steps_info()
+        kinds = {"layernorm": "add_layernorm", "embed": "embed", "glu": "glu"}
+        lin = [o for o in self.model.graph.ops if o.kind == "linear"]
+        out, li = [], 0
+        for j, s in enumerate(steps):
+            if s["kind"] not in ("gemm_i8", "gemm_f32"):
+                continue
+            op = lin[li]
+            li += 1
+            if s["kind"] == "gemm_f32":
+                continue
+            p = steps[j - 1]
+            if p["kind"] == "quantize":
+                fused = p["fused"] and tokens >= p["min_m"]
+                who = "linear" if fused else "quantize"
+            else:
+                assert p["writes_copy"], (op.output, p)
+                who = kinds[p["kind"]]
+            out.append((_prefix(op), op.attrs["quant_in"], who))
+        return out
 
     def _hold(self, a: np.ndarray) -> np.ndarray:
         self._keep.append(a)

@@ -4,7 +4,8 @@ token-count bucket, and a per-call path through the CUDA driver API only.
 The parts (each its own module):
 
 * ``options``: ``CudaOptions``, every switch, passed in (no environment reads here);
-* ``plan``: the launch list of the IR (fusion, int8 copies and who writes them);
+* ``plan``: the launch list of the IR, realising its fusion / int8-copy decisions
+  (``zoi.graph.fusion``; what it does not realise: the plan's "fallbacks");
 * ``weights``: packing into the one weight buffer; ``arena``: the activation arena;
 * ``steps``: the per-op launch closures of a bucket; ``persistent``: the one-launch forward;
 * ``capture``: CUDA graph capture and timing; ``callpath``: host staging + driver calls.
@@ -29,14 +30,13 @@ torch CPU tensors through the Triton interpreter: the CI test of everything but 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
-from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions
+from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.plan import Launch, plan_launches
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.backends.cuda.submit import AsyncSlots
@@ -57,6 +57,25 @@ def default_buckets(max_tokens: int) -> list[int]:
     return out
 
 
+def _on_device(options: CudaOptions | None):
+    """While a backend is built on GPU `options.device_index`: that device current for torch
+    and triton (kernels compile and load there, buffers land there, graphs capture there);
+    the previous device comes back after. Per call nothing depends on the thread's current
+    device: the driver-API path makes the backend's own context current (callpath.py)."""
+    import contextlib
+
+    index = options.device_index if options is not None else None
+    if index is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return contextlib.nullcontext()
+    try:
+        import torch
+    except ImportError:  # _init_device says what is missing
+        return contextlib.nullcontext()
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        return contextlib.nullcontext()  # _init_device raises the clear error
+    return torch.cuda.device(index)
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -71,7 +90,14 @@ class CudaBackend:
         options: CudaOptions | None = None,
     ):
         """options: CudaOptions (defaults: the H200's choices); fuse_min_tokens, pdl and
-        persistent_max override its fields of the same name."""
+        persistent_max override its fields of the same name. options.device_index: the GPU
+        everything is built on (its primary context; None: the current device)."""
+        with _on_device(options):
+            self._construct(
+                model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options
+            )
+
+    def _construct(self, model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options):
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
@@ -156,7 +182,7 @@ class CudaBackend:
                 f"device='cuda' needs torch and triton at compile time: {e}"
             ) from e
         self.torch = torch
-        env_interp = os.environ.get("TRITON_INTERPRET") == "1"  # how triton was imported
+        env_interp = triton_interpreting()  # how triton was imported (options.py)
         self.eager = (
             bool(interpret)
             if interpret is not None
@@ -168,6 +194,7 @@ class CudaBackend:
                     "interpret=True needs TRITON_INTERPRET=1 set before triton is imported"
                 )
             self.dev, self.sm, self.device_name = "cpu", 8, "triton interpreter (CPU)"
+            self.device_index = self.opts.device_index  # recorded; the interpreter has no GPUs
             return
         if env_interp:
             raise BackendUnavailableError("TRITON_INTERPRET=1 is set: unset it to run on the GPU")
@@ -180,8 +207,18 @@ class CudaBackend:
             )
         self.drv, self._cu = drv, drv.cu
         torch.cuda.init()
-        torch.empty(1, device="cuda")  # the runtime's primary context exists from here
-        self.cu_dev, self.ctx = drv.primary_context(torch.cuda.current_device())
+        index = self.opts.device_index
+        if index is None:
+            index = torch.cuda.current_device()
+        elif index >= torch.cuda.device_count():
+            raise BackendUnavailableError(
+                f"device='cuda:{index}': torch sees {torch.cuda.device_count()} GPU(s) "
+                f"(ids 0..{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)"
+            )
+        self.device_index = int(index)
+        self.dev = f"cuda:{self.device_index}"  # every buffer explicitly on this GPU
+        torch.empty(1, device=self.dev)  # the runtime's primary context exists from here
+        self.cu_dev, self.ctx = drv.primary_context(self.device_index)
         cap = drv.capability(self.cu_dev)
         if cap < (8, 0):
             raise BackendUnavailableError(
@@ -190,11 +227,10 @@ class CudaBackend:
         self.capability = cap
         self.sm = drv.sm_count(self.cu_dev)
         self.device_name = drv.device_name(self.cu_dev)
-        self.dev = "cuda"
         self._free0 = drv.mem_info()[0]
-        self._reserved0 = torch.cuda.memory_reserved()
+        self._reserved0 = torch.cuda.memory_reserved(self.device_index)
         self.stream = drv.new_stream()
-        self.tstream = torch.cuda.ExternalStream(int(self.stream))
+        self.tstream = torch.cuda.ExternalStream(int(self.stream), device=self.dev)
 
     # ------------------------------------------------------------------ buckets
     def plan_for(self, tb: int) -> dict:
@@ -389,7 +425,7 @@ class CudaBackend:
         plan = self._pplans[tb]
         plan.bar[1:].zero_()
         if not self.eager:
-            self.torch.cuda.synchronize()
+            self.torch.cuda.synchronize(self.dev)
             self.staging.h_flag[0] = 0
         raise BackendUnavailableError(
             f"cuda: the one-launch forward of bucket {tb} timed out in a grid barrier (its "
@@ -420,7 +456,10 @@ class CudaBackend:
             out["pinned_bytes"] = self.staging.nbytes + self.slots.nbytes
             out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}
             out["device_bytes_used"] = int(self._free0 - self.drv.mem_info()[0])
-            out["torch_reserved_bytes"] = int(self.torch.cuda.memory_reserved() - self._reserved0)
+            out["torch_reserved_bytes"] = int(
+                self.torch.cuda.memory_reserved(self.device_index) - self._reserved0
+            )
+            out["device_index"] = self.device_index
         return out
 
     def __del__(self):

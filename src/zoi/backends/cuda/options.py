@@ -3,7 +3,12 @@
 The defaults are what the H200 measurements chose (docs/GPU.md); tests and lab tools pass
 other values. Nothing in the backend reads environment variables: ``CudaOptions.from_env``
 is the one place that does, called by ``zoi.backends.make_backend`` (the engine's edge) so
-that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by ``zoi.load(..., device='cuda')``.
+that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by ``zoi.load(..., device='cuda')``;
+``triton_interpreting`` reads Triton's own ``TRITON_INTERPRET`` (fixed when triton is
+imported, not a zoi switch), against which the backend checks its ``interpret`` argument.
+Fusion and the int8 copies are not options of this backend but decisions of the IR
+(``zoi.graph.fusion``): ``fuse_ln`` / ``rowq`` / ``max_fused_n`` / ``fuse_min_tokens`` only say
+which of them this backend realises (the rest is recorded in the plan's "fallbacks").
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ PERSISTENT_MAX_TOKENS = 256
 PERSISTENT_CHOICES = ("time", "force", "off")
 
 
+def triton_interpreting(env=None) -> bool:
+    """Whether triton runs its interpreter (TRITON_INTERPRET=1, read by triton at import)."""
+    env = os.environ if env is None else env
+    return env.get("TRITON_INTERPRET") == "1"
+
+
 @dataclass(frozen=True)
 class CudaOptions:
     """fuse_ln / rowq / max_fused_n / fuse_min_tokens: the fused plan (see above).
@@ -40,7 +51,9 @@ class CudaOptions:
     persistent: "time" (build both, keep the faster per bucket), "force" (persistent where
     supported), "off" (per-op graphs only). persistent_cfg: tile overrides of the persistent
     kernel (persistent.default_cfg keys); persistent_split: one launch per stage (None: in the
-    interpreter only)."""
+    interpreter only). device_index: the GPU the backend is built on and bound to (its
+    primary context, weights, arena, CUDA graphs); None: the current device (zoi.compile /
+    zoi.load with device='cuda:N' set it)."""
 
     fuse_ln: bool = FUSE_LN
     rowq: bool = ROWQ
@@ -52,8 +65,16 @@ class CudaOptions:
     persistent: str = "time"
     persistent_cfg: dict | None = None
     persistent_split: bool | None = None
+    device_index: int | None = None
 
     def __post_init__(self):
+        if self.device_index is not None and (
+            not isinstance(self.device_index, int) or self.device_index < 0
+        ):
+            raise ValueError(
+                f"CudaOptions.device_index must be an integer >= 0 or None, got "
+                f"{self.device_index!r}"
+            )
         if self.persistent not in PERSISTENT_CHOICES:
             raise ValueError(
                 f"CudaOptions.persistent must be one of {PERSISTENT_CHOICES}, got "

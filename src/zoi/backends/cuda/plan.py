@@ -1,8 +1,9 @@
-"""The CUDA backend's launch plan: which kernel runs each op of the IR, which ops fuse,
-which linears read a pre-quantised int8 copy of their input and who writes it.
+"""The CUDA backend's launch plan: which kernel runs each op of the IR, as the IR's fusion
+attributes (zoi.graph.fusion, decided once for every backend) say; what this backend does not
+realise is recorded in the plan's "fallbacks", never silently.
 
-Fusion (decided once, from the IR): a ``linear`` whose only reader is the next op, an
-``add_layernorm``, becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
+Fusion: a ``linear`` the IR marks ``fuse_ln`` (its only reader is the next op, a residual
+``add_layernorm``) becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
 row fits one program (N <= opts.max_fused_n) and opts.fuse_ln (off by default: slower on the
 H200). Per BERT layer: qkv, attention, o(+LN), ffn1+act, ffn2(+LN).
 INT8 linears (every scheme of zoi.quant: dynamic, static, dynamic_asym, with SmoothQuant
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from zoi.backends.cuda.options import CudaOptions
 from zoi.errors import BackendUnavailableError
+from zoi.graph.fusion import annotate, linear_quant
 from zoi.graph.quantmode import QuantMode
 
 
@@ -52,27 +54,29 @@ class Launch:
 
 
 def linear_mode(model, prefix: str) -> tuple[QuantMode, float]:
-    """(mode, static amax) of one linear: FLOAT for FP16 and for weight-only INT8 (dequantised
-    at pack time); the plan decides whether an INT8 one reads a pre-quantised copy (what
-    DYNAMIC_ASYM and act_shift / act_mul need) or quantises while loading."""
-    W, q = model.weights, model.quant.get(prefix)
-    if model.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
-        try:
-            mode = QuantMode.parse(None if q is None else q.scheme, prefix)
-        except ValueError as e:
-            raise BackendUnavailableError(str(e)) from None
-        return mode, float(q.amax) if mode is QuantMode.STATIC else 0.0
-    return QuantMode.FLOAT, 0.0
+    """(mode, static amax) of one linear (zoi.graph.fusion.linear_quant, the IR's rule):
+    FLOAT for FP16 and for weight-only INT8 (dequantised at pack time)."""
+    try:
+        return linear_quant(model, prefix)
+    except ValueError as e:
+        raise BackendUnavailableError(str(e)) from None
+
+
+def _annotate(model):
+    try:
+        return annotate(model)
+    except ValueError as e:
+        raise BackendUnavailableError(str(e)) from None
 
 
 def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
-    """The launch list of one plan (fuse: the fused plan of buckets >= fuse_min_tokens)."""
-    g = model.graph
+    """The launch list of one plan (fuse: the fused plan of buckets >= fuse_min_tokens), as
+    the IR's fusion attributes say (zoi.graph.fusion); what this backend does not realise is
+    listed in the plan's "fallbacks" (IR buffer or copy -> reason), a decision realised at other
+    buckets than the IR's thresholds in its "notes"."""
+    g = _annotate(model)
     ops = g.ops
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(ops):
-        for n in op.inputs:
-            readers.setdefault(n, []).append(i)
+    fallbacks: dict[str, str] = {}
     out: list[Launch] = []
     i = 0
     while i < len(ops):
@@ -82,7 +86,8 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             out.append(Launch("embed", op, op.output, list(op.inputs), n=cols))
         elif op.kind == "linear":
             prefix = op.weights["w"].rsplit(".", 1)[0]
-            mode, samax = linear_mode(model, prefix)
+            mode = op.attrs["quant"]
+            samax = op.attrs.get("quant_static_amax", 0.0)
             wq = model.weights.get(f"{prefix}.w_q")
             N, K = wq.shape if wq is not None else model.weights[f"{prefix}.w"].shape
             L = Launch(
@@ -97,24 +102,25 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
                 res=op.inputs[1] if len(op.inputs) > 1 else None,
             )
             L.extra["prefix"] = prefix
-            L.extra["transform"] = any(
-                f"{prefix}.{t}" in model.weights for t in ("act_shift", "act_mul")
-            )
-            nxt = ops[i + 1] if i + 1 < len(ops) else None
-            if (
-                fuse
-                and nxt is not None
-                and nxt.kind == "add_layernorm"
-                and nxt.inputs[0] == op.output
-                and len(nxt.inputs) == 2
-                and readers.get(op.output) == [i + 1]
-                and L.res is None
-                and nxt.inputs[1] != op.output
-                and int(N) <= opts.max_fused_n
-                and opts.fuse_ln
-            ):
-                L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
-                i += 1
+            L.extra["transform"] = bool(op.attrs.get("quant_transform", False))
+            ln_out = op.attrs.get("fuse_ln")  # the IR: the next op, the LN only it feeds
+            if ln_out is not None and fuse:
+                if not opts.fuse_ln:
+                    fallbacks[ln_out] = "LayerNorm unfused (CudaOptions.fuse_ln off: slower)"
+                elif int(N) > opts.max_fused_n:
+                    fallbacks[ln_out] = (
+                        f"LayerNorm unfused ({N} columns > CudaOptions.max_fused_n "
+                        f"{opts.max_fused_n}: a row must fit one program)"
+                    )
+                else:
+                    nxt = ops[i + 1]
+                    assert nxt.output == ln_out and nxt.attrs.get("fuse_into") == op.output
+                    L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
+                    i += 1
+            elif ln_out is not None:
+                fallbacks[ln_out] = (
+                    f"LayerNorm unfused (buckets < fuse_min_tokens {opts.fuse_min_tokens})"
+                )
             out.append(L)
         elif op.kind == "attention":
             out.append(
@@ -158,45 +164,64 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             "device='cuda' expects a graph that starts with embed and ends with pool "
             "(or per-token logits)"
         )
-    # INT8 linears that read a pre-quantised int8 copy of their input (QUANT 4): all those
-    # whose producer sees whole rows (embed, add_layernorm, linear + LN: the producer writes
-    # the copy in its epilogue), and those that need what the in-loop conversion cannot do
-    # (dynamic_asym, act_shift / act_mul: a quantize launch of their own before them).
-    # The copy is named per activation and quantisation ("X@tag#q"); one with the
-    # consumer's own act_shift / act_mul is that consumer's alone.
+    # INT8 linears read the int8 copy the IR names (quant_in). Its writer (quant_in_by) writes
+    # it in its epilogue where this backend's kernel for it can: embed, add_layernorm, a
+    # linear + LN (whole rows), a linear that owns whole rows (ROWQ: CudaOptions.rowq, in the
+    # fused plan, when it reads an int8 copy itself or is float). Otherwise the copy is made
+    # at the consumer: quantised while loading the fp16 input where the IR allows it
+    # (quant_in_loop: QUANT 1 / 2), else by a quantize launch of its own before it.
     producer = {L.out: L for L in out}
 
     def whole(P):
         return P.kind in ("embed", "add_layernorm") or (P.kind == "linear" and P.ln is not None)
 
-    def writes_q(P):  # whole rows, or a linear that can own whole rows (ROWQ)
-        rowq = (
-            fuse
-            and opts.rowq
-            and P.kind == "linear"
-            and P.res is None
-            and (P.prequant or not P.mode.is_int8)
-        )
-        return whole(P) or rowq
+    def can_write(P, why: dict) -> bool:
+        if whole(P):
+            return True
+        if P.kind != "linear":
+            why["r"] = f"a {P.kind} launch writes no int8 copy"
+        elif not opts.rowq:
+            why["r"] = "ROWQ off (CudaOptions.rowq: slower on the H200)"
+        elif not fuse:
+            why["r"] = f"no ROWQ below fuse_min_tokens {opts.fuse_min_tokens}"
+        elif P.res is not None or not (P.prequant or not P.mode.is_int8):
+            why["r"] = "ROWQ needs a linear without residual that reads an int8 copy"
+        else:
+            return True
+        return False
 
     qinfo: dict[str, dict] = {}
+    notes: dict[str, str] = {}  # decisions realised otherwise than the IR's thresholds say
     final: list[Launch] = []
     for L in out:
         if L.kind != "linear" or not L.mode.is_int8:
             final.append(L)
             continue
-        X, P, sch, p = L.ins[0], producer[L.ins[0]], L.mode, L.extra["prefix"]
-        tr = L.extra["transform"]
-        if not tr and sch is not QuantMode.DYNAMIC_ASYM and not writes_q(P):
+        op = L.op
+        X, P, p = L.ins[0], producer[L.ins[0]], L.extra["prefix"]
+        qname, by = op.attrs["quant_in"], op.attrs["quant_in_by"]
+        why: dict = {}
+        writes = by is not None and by == P.out and ("q" not in P.extra or P.extra["q"] == qname)
+        writes = writes and can_write(P, why)
+        if by is not None and not writes:
+            fallbacks.setdefault(qname, f"made at the consumer: {why.get('r', 'no writer')}")
+        min_t = P.op.attrs.get("quant_out_min_tokens", 0) if writes else 0
+        if writes and min_t > opts.fuse_min_tokens:
+            notes[qname] = (
+                f"ROWQ from fuse_min_tokens {opts.fuse_min_tokens} (the fused plan), below the "
+                f"IR's quant_out_min_tokens {min_t}"
+            )
+        if not writes and op.attrs["quant_in_loop"]:
             final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
             continue
-        tag = p if tr else (f"static{L.static_amax!r}" if sch is QuantMode.STATIC else sch.value)
-        qname = f"{X}@{tag}#q"
         if qname not in qinfo:
             qinfo[qname] = dict(
-                mode=sch, static_amax=L.static_amax, prefix=p if tr else None, k=L.k
+                mode=L.mode,
+                static_amax=L.static_amax,
+                prefix=p if L.extra["transform"] else None,
+                k=L.k,
             )
-            if writes_q(P) and "q" not in P.extra:
+            if writes:
                 P.extra["q"] = qname
             else:
                 final.append(Launch("quantize", L.op, qname, [X], n=L.k, k=L.k))
@@ -230,4 +255,29 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         "direct": direct,
         "qinfo": qinfo,
         "scales": scales,
+        "fallbacks": fallbacks,
+        "notes": notes,
     }
+
+
+def describe(plan: dict) -> list[tuple[str, str, str]]:
+    """[(linear weight prefix, int8 copy, who makes it)] of every INT8 linear of a plan, in
+    the vocabulary of zoi.graph.fusion.decisions: the IR op kind of the writer (a linear + LN
+    launch writes as its add_layernorm), "loop" or "quantize"."""
+    writer = {L.extra["q"]: L for L in plan["launches"] if L.extra.get("q")}
+    out = []
+    for L in plan["launches"]:
+        if L.kind != "linear" or not L.mode.is_int8:
+            continue
+        qn = L.op.attrs["quant_in"]
+        if not L.prequant:
+            who = "loop"
+        else:
+            W = writer[qn]
+            who = (
+                "quantize"
+                if W.kind == "quantize"
+                else ("add_layernorm" if W.kind == "linear" and W.ln is not None else W.kind)
+            )
+        out.append((L.extra["prefix"], qn, who))
+    return out

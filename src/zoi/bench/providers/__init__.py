@@ -267,3 +267,69 @@ def missing(spec: Spec) -> str | None:
 def instantiate(spec: Spec, **kw):
     mod = importlib.import_module(spec.module)
     return getattr(mod, spec.cls)(spec, **kw)
+
+
+# --peer-isa: restrict the peer libraries to an ISA where each allows it, so that zoi forced
+# to AVX2 (ZOI_CPU_ISA=avx2) is compared with peers on the same vector width on a machine
+# that has more. Per library family: the environment its worker process gets, and what is
+# known of the restriction ("verified": checked on an AVX-512 host, see lab/cpu/peer_isa.py;
+# "native": the library picks its kernels by cpuid alone and cannot be restricted).
+PEER_ISAS = ("native", "avx2")
+
+_ISA_ENV: dict[str, dict[str, dict]] = {
+    "avx2": {
+        "torch": {
+            "env": {
+                "ATEN_CPU_CAPABILITY": "avx2",  # ATen's own vectorised kernels
+                "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN (mkldnn) primitives
+                "DNNL_MAX_CPU_ISA": "AVX2",  # the same, older oneDNN name
+                "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL sgemm (the FP32 linears)
+            },
+            "restriction": "ATen avx2 + oneDNN AVX2 + MKL AVX2",
+        },
+        "ctranslate2": {
+            "env": {
+                "CT2_FORCE_CPU_ISA": "AVX2",  # CTranslate2's own kernels
+                "ONEDNN_MAX_CPU_ISA": "AVX2",  # its oneDNN GEMMs (the INT8 path on AMD)
+                "DNNL_MAX_CPU_ISA": "AVX2",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # its MKL GEMMs (Intel CPUs)
+            },
+            "restriction": "CT2_FORCE_CPU_ISA=AVX2 + oneDNN/MKL AVX2",
+        },
+        "openvino": {
+            "env": {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"},
+            # verified: FullyConnected brgemm_avx512_amx_I8 -> jit_gemm_I8, Eltwise/Softmax
+            # jit_avx2; its LayerNorm (MVN) kernel stays jit_avx512 (not oneDNN-capped)
+            "restriction": "ONEDNN_MAX_CPU_ISA=AVX2 (GEMMs; its MVN stays AVX-512)",
+        },
+        "onnxruntime": {
+            "env": {},
+            "restriction": "native ISA (MLAS dispatches by cpuid; no switch)",
+        },
+    },
+}
+
+
+def isa_env(spec: Spec, peer_isa: str) -> tuple[dict[str, str], str | None]:
+    """(environment variables, description) that restrict ``spec``'s library to ``peer_isa``;
+    "native" restricts nobody. zoi's CPU providers run ZOI_CPU_ISA's kernels: the caller's
+    when set, else ``peer_isa`` (explicitly, so that both sides run the same vector width).
+    The description is None when nothing applies."""
+    import os
+
+    if peer_isa not in PEER_ISAS:
+        raise ValueError(f"--peer-isa {peer_isa!r}: expected one of {', '.join(PEER_ISAS)}")
+    if peer_isa == "native" or spec.device != "cpu":
+        return {}, None
+    if spec.family == "zoi":
+        if spec.options.get("device") != "cpu":
+            return {}, None
+        own = os.environ.get("ZOI_CPU_ISA")
+        if own:
+            return {}, f"ZOI_CPU_ISA={own} (the caller's)"
+        return {"ZOI_CPU_ISA": peer_isa}, f"ZOI_CPU_ISA={peer_isa}"
+    fam = {"st": "torch"}.get(spec.family, spec.family)
+    e = _ISA_ENV[peer_isa].get(fam)
+    if e is None:
+        return {}, f"native ISA (no known restriction for {fam})"
+    return dict(e["env"]), e["restriction"]

@@ -39,4 +39,13 @@ class Ct2Provider(PaddedProvider):
         return masked_mean(h, mask).astype(np.float32)
 
     def memory(self):
-        return {"weights_bytes": file_bytes(self.artifacts["dir"] + "/model.bin")}
+        import os
+
+        # CTranslate2's own kernels follow CT2_FORCE_CPU_ISA (CT2_VERBOSE=1 logs "Selected
+        # ISA"); its GEMMs are MKL's on Intel CPUs (MKL_VERBOSE=1 logs MKL's ISA)
+        isa = os.environ.get("CT2_FORCE_CPU_ISA", "auto")
+        mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "native")
+        return {
+            "weights_bytes": file_bytes(self.artifacts["dir"] + "/model.bin"),
+            "isa": f"ct2 {isa}, mkl <= {mkl}",
+        }

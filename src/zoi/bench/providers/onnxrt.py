@@ -40,4 +40,9 @@ class OrtProvider(PaddedProvider):
         return self.sess.run(None, feed)[0]
 
     def memory(self):
-        return {"weights_bytes": file_bytes(self.artifacts["onnx"])}
+        # MLAS picks its kernels by cpuid (AVX-512 / VNNI where present); no switch caps it
+        out = {"weights_bytes": file_bytes(self.artifacts["onnx"]), "isa": "native (MLAS, cpuid)"}
+        fs = convert.fusion_stats(self.artifacts["onnx"])
+        if fs is not None:  # MPNet / ModernBERT: attention left unfused (convert.onnx_fp32)
+            out["ort_fusions"] = fs
+        return out

@@ -48,4 +48,20 @@ class OvProvider(PaddedProvider):
 
     def memory(self):
         xml = self.artifacts["xml"]
-        return {"weights_bytes": file_bytes(xml[:-4] + ".bin")}
+        return {"weights_bytes": file_bytes(xml[:-4] + ".bin"), "isa": self.isa()}
+
+    def isa(self) -> str:
+        """The kernels OpenVINO ran (the runtime model's primitive types, known once a call
+        has run: e.g. FullyConnected ``brgemm_avx512_amx_I8`` natively on a Xeon with AMX,
+        ``jit_gemm_I8`` under ONEDNN_MAX_CPU_ISA=AVX2): evidence of --peer-isa."""
+        kinds = set()
+        try:
+            for n in self.compiled.get_runtime_model().get_ordered_ops():
+                rt = n.get_rt_info()
+                if "primitiveType" in rt and "layerType" in rt:
+                    lt = str(rt["layerType"].astype(str))
+                    if lt in ("FullyConnected", "MatMul", "MVN", "Softmax", "Subgraph"):
+                        kinds.add(f"{lt}:{rt['primitiveType'].astype(str)}")
+        except Exception as e:  # an OpenVINO without the runtime model's rt_info
+            return f"unknown ({type(e).__name__})"
+        return ",".join(sorted(kinds)) or "unknown"

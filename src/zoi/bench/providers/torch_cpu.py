@@ -34,4 +34,12 @@ class TorchProvider(PaddedProvider):
     def memory(self):
         buf = io.BytesIO()
         self.torch.save(self.m.state_dict(), buf)
-        return {"weights_bytes": buf.getbuffer().nbytes}
+        return {"weights_bytes": buf.getbuffer().nbytes, "isa": self.isa()}
+
+    def isa(self) -> str:
+        """ATen's CPU capability and MKL's instruction cap (from MKL_ENABLE_INSTRUCTIONS)."""
+        import os
+
+        cap = self.torch.backends.cpu.get_cpu_capability()
+        mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS")
+        return f"aten {cap}" + (f", mkl <= {mkl}" if mkl else "")
