@@ -380,11 +380,11 @@ class CudaBackend:
                 pooled = self.d_out[:B].numpy().copy()
             elif pplan is not None and taps:
                 steps = self.__dict__.setdefault("_tap_steps", {}).get(tb)
-                if steps is None:
+                if steps is None:  # built (kernels compiled) on first use, on this GPU
                     steps = self._tap_steps[tb] = per_op_steps(
                         plan, self.mem, self.w, self.spec, tb, False
                     )
-                with torch.cuda.stream(self.tstream):
+                with _on_device(self.opts), torch.cuda.stream(self.tstream):
                     self.d_in[:n].copy_(torch.from_numpy(self.h_in[:n].copy()))
                     for s in steps:
                         s()
