@@ -164,7 +164,12 @@ def _models(arch, precision, tmp_path, seed=11):
 
 
 # short on purpose (the interpreter is slow): 1 to ~30 tokens, past ModernBERT's window of 8
-SHORT = ["x", "Hello world!", " ".join(["tokens"] * 15), "a b c d e f g h i j k l m n o p q r s t u v w"]
+SHORT = [
+    "x",
+    "Hello world!",
+    " ".join(["tokens"] * 15),
+    "a b c d e f g h i j k l m n o p q r s t u v w",
+]
 
 
 @pytest.mark.parametrize("arch", ["electra", "albert", "mpnet", "modernbert"])
