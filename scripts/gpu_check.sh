@@ -5,7 +5,8 @@
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
 # Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|multigpu|multibench] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
-#   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more);
+#   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
+#   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
 #   multibench (explicit only): scripts/bench_multigpu.sh (1 GPU vs 2 on zoi serve, Triton, Ray)
 set -u
 OUT=${OUT:-$PWD/gpu_out}

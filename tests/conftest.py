@@ -75,25 +75,37 @@ ARCH_CONFIGS = {
 }
 
 
-def build_hf_model(arch: str, seed: int = 0, vocab_size: int = 30522, **overrides):
+def random_hf_model(config: str, model: str, seed: int = 0, noise: float = 0.02, **cfg):
+    """transformers' `model` class (a name: "BertModel") of a `config` class ("BertConfig") made
+    with `cfg`, random-init under torch seed `seed`, every parameter then moved by N(0, noise):
+    a fresh init has zero biases and unit norms, which would hide a kernel that drops them.
+    The one builder of the random HF checkpoints of the tests (tests/heads/builders.py,
+    tests/archs/helpers.py build on it)."""
     import torch
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg_cls, model_cls = {
-        "bert": (tf.BertConfig, tf.BertModel),
-        "roberta": (tf.RobertaConfig, tf.RobertaModel),
-        "xlm-roberta": (tf.XLMRobertaConfig, tf.XLMRobertaModel),
-        "distilbert": (tf.DistilBertConfig, tf.DistilBertModel),
-    }[arch]
-    kw = dict(ARCH_CONFIGS[arch])
-    kw.update(overrides)
-    cfg = cfg_cls(vocab_size=vocab_size, **kw)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():  # random init has zero biases and unit LN: make every parameter matter
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+    m = getattr(tf, model)(getattr(tf, config)(**cfg)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    return m
+
+
+# the transformers class names of each encoder arch: HF_PREFIX[arch] + "Config" / "Model" / ...
+HF_PREFIX = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "distilbert": "DistilBert",
+}
+
+
+def build_hf_model(arch: str, seed: int = 0, vocab_size: int = 30522, **overrides):
+    """A random `arch` encoder (BertModel, ...) of ARCH_CONFIGS' awkward sizes."""
+    p = HF_PREFIX[arch]
+    kw = {**ARCH_CONFIGS[arch], **overrides}
+    return random_hf_model(p + "Config", p + "Model", seed, vocab_size=vocab_size, **kw)
 
 
 def save_checkpoint(

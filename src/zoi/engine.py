@@ -386,6 +386,14 @@ class Engine(HeadsMixin):
         """Every chunk of `source` through the backend, pipelined (zoi.pipeline), then the
         NaN / Inf check of the result."""
         B = len(out)
+        # The lock spans the whole call, not one chunk, and must: a call's pipeline owns the
+        # engine's two staging sets and both of the backend's ticket slots (Backend.submit: at
+        # most two outstanding) for its duration, and every forward runs in the backend's one
+        # arena. Per-chunk locking would let two calls overwrite each other's staging, and two
+        # calls each holding one ticket while waiting for a second would deadlock; it would gain
+        # nothing either: the forward is serial per arena (the cpu engine's own mutex, the cuda
+        # stream) and a call already overlaps its tokenising with its forward.
+        # tests/test_engine_threads.py: concurrent calls equal serial ones.
         with self._lock:
             done = run_chunks(
                 self.backend,

@@ -16,6 +16,9 @@ a backend may read its inputs up to `wait` (zero-copy) and not just up to `submi
 of `submit`, `wait` or the source waits out every ticket still in flight before it is
 raised: nothing keeps writing into an output the caller has given up, and the next call
 finds the backend idle.
+
+One call at a time per engine: run_chunks assumes it owns both staging sets and both ticket
+slots, so the engine holds its lock for the whole call (zoi.engine.Engine._run_source says why).
 """
 
 from __future__ import annotations

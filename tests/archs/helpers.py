@@ -60,23 +60,16 @@ TEXTS = [
 ]
 
 
-def build(arch: str, seed: int = 0, **overrides):
-    import torch
-    import transformers as tf
+PREFIX = {"mpnet": "MPNet", "modernbert": "ModernBert", "electra": "Electra", "albert": "Albert"}
 
-    torch.manual_seed(seed)
-    cfg_cls, model_cls = {
-        "mpnet": (tf.MPNetConfig, tf.MPNetModel),
-        "modernbert": (tf.ModernBertConfig, tf.ModernBertModel),
-        "electra": (tf.ElectraConfig, tf.ElectraModel),
-        "albert": (tf.AlbertConfig, tf.AlbertModel),
-    }[arch]
+
+def build(arch: str, seed: int = 0, **overrides):
+    from tests.conftest import random_hf_model
+
     kw = {**CONFIGS[arch], **overrides}
-    model = model_cls(cfg_cls(vocab_size=30522 if arch != "mpnet" else 30527, **kw)).eval()
-    with torch.no_grad():  # zero biases / unit norms of a fresh init: make every parameter matter
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+    vocab = 30522 if arch != "mpnet" else 30527
+    p = PREFIX[arch]
+    return random_hf_model(p + "Config", p + "Model", seed, vocab_size=vocab, **kw)
 
 
 def checkpoint(arch: str, folder: Path, seed: int = 0, pooling: str | None = "mean", **kw):

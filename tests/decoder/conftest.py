@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zoi.decoder.synthetic import write_decoder
-
-from .dec_helpers import MODELS
+from .dec_helpers import decoder_checkpoint
 
 
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):
-    made = {}
-
-    def get(name: str):
-        if name not in made:
-            made[name] = write_decoder(tmp_path_factory.mktemp(name), **MODELS[name])
-        return made[name]
-
-    return get
-
+    return lambda name: decoder_checkpoint(tmp_path_factory, name)

@@ -22,7 +22,9 @@ ISAS = supported_isas()
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_greedy_token_identical_to_transformers(ckpt, name, isa):
-    g = compile_decoder(ckpt(name), device="cpu", max_seq_len=256, kv_blocks=50, block_size=8, isa=isa)
+    g = compile_decoder(
+        ckpt(name), device="cpu", max_seq_len=256, kv_blocks=50, block_size=8, isa=isa
+    )
     assert g.backend.isa == isa
     outs = g.generate(PROMPTS, max_new_tokens=64)
     for o in outs:
@@ -61,7 +63,9 @@ def test_logits_match_reference_each_step(ckpt, name, isa):
         r.add(i, p, SamplingParams(max_new_tokens=12))
     for _ in range(12):
         ec, er = c.step(), r.step()
-        assert [(e.seq_id, e.token_id, e.finish) for e in ec] == [(e.seq_id, e.token_id, e.finish) for e in er]
+        assert [(e.seq_id, e.token_id, e.finish) for e in ec] == [
+            (e.seq_id, e.token_id, e.finish) for e in er
+        ]
         lc, lr = c.last_logits(), r.last_logits
         assert np.isfinite(lc).all()
         assert np.abs(lc - lr).max() < 1e-5 * np.abs(lr).max()
@@ -72,8 +76,12 @@ def test_chunked_prefill_and_threads_change_nothing(ckpt, isa):
     spec, w, _ = load_decoder(ckpt("qwen2"))
     ps = _prompts(spec, [40, 3, 17], seed=1)
     p = SamplingParams(max_new_tokens=10)
-    bes = [CpuBackend(spec, w, num_blocks=40, block_size=4, max_batch=3, max_seq_len=100, isa=isa, **kw)
-           for kw in ({}, {"max_tokens": 7}, {"threads": 1}, {"max_tokens": 1})]
+    bes = [
+        CpuBackend(
+            spec, w, num_blocks=40, block_size=4, max_batch=3, max_seq_len=100, isa=isa, **kw
+        )
+        for kw in ({}, {"max_tokens": 7}, {"threads": 1}, {"max_tokens": 1})
+    ]
     t = _drive(bes, ps, p, 10)
     assert t[0] == t[1] == t[2] == t[3]
     assert sum(len(s) for s in t[0]) == 30
@@ -84,10 +92,21 @@ def test_long_context_matches_reference(ckpt, tmp_path, isa):
     """Contexts past 512 positions (the decode attention then splits over the sequence)."""
     from zoi.decoder.synthetic import write_decoder
 
-    d = write_decoder(tmp_path / "long", arch="llama", heads=4, kv_heads=1, hidden=32, inter=48, layers=1,
-                      max_pos=1024, seed=9)
+    d = write_decoder(
+        tmp_path / "long",
+        arch="llama",
+        heads=4,
+        kv_heads=1,
+        hidden=32,
+        inter=48,
+        layers=1,
+        max_pos=1024,
+        seed=9,
+    )
     spec, w, _ = load_decoder(d)
-    c = CpuBackend(spec, w, num_blocks=50, block_size=16, max_batch=1, max_seq_len=800, isa=isa, threads=1)
+    c = CpuBackend(
+        spec, w, num_blocks=50, block_size=16, max_batch=1, max_seq_len=800, isa=isa, threads=1
+    )
     r = ReferenceBackend(spec, w, num_blocks=50, block_size=16, max_batch=1, max_seq_len=800)
     tc, tr = _drive([c, r], _prompts(spec, [700], seed=3), SamplingParams(max_new_tokens=6), 6)
     assert tc == tr
@@ -100,8 +119,19 @@ def test_int8_weights(ckpt, name, isa):
     spec, w, _ = load_decoder(ckpt(name))
     ps = _prompts(spec, [12, 5, 30], seed=2)
     p = SamplingParams(max_new_tokens=16)
-    c8 = CpuBackend(spec, w, precision="int8", num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
-    rq = ReferenceBackend(spec, int8_weights(w), num_blocks=40, block_size=8, max_batch=3, max_seq_len=100)
+    c8 = CpuBackend(
+        spec,
+        w,
+        precision="int8",
+        num_blocks=40,
+        block_size=8,
+        max_batch=3,
+        max_seq_len=100,
+        isa=isa,
+    )
+    rq = ReferenceBackend(
+        spec, int8_weights(w), num_blocks=40, block_size=8, max_batch=3, max_seq_len=100
+    )
     c32 = CpuBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
     for be in (c8, rq, c32):
         for i, x in enumerate(ps):
@@ -125,10 +155,12 @@ def test_int8_weights(ckpt, name, isa):
 def test_sampler_matches_numpy(ckpt, isa):
     spec, w, _ = load_decoder(ckpt("qwen3"))
     ps = _prompts(spec, [6, 11, 2, 8], seed=4)
-    params = [SamplingParams(max_new_tokens=20, temperature=0.9, top_k=30, top_p=0.9, seed=1),
-              SamplingParams(max_new_tokens=20, temperature=1.3, seed=2),
-              SamplingParams(max_new_tokens=20, temperature=0.7, top_p=0.5, seed=3),
-              SamplingParams(max_new_tokens=20, temperature=2.0, top_k=5, seed=4)]
+    params = [
+        SamplingParams(max_new_tokens=20, temperature=0.9, top_k=30, top_p=0.9, seed=1),
+        SamplingParams(max_new_tokens=20, temperature=1.3, seed=2),
+        SamplingParams(max_new_tokens=20, temperature=0.7, top_p=0.5, seed=3),
+        SamplingParams(max_new_tokens=20, temperature=2.0, top_k=5, seed=4),
+    ]
     c = CpuBackend(spec, w, num_blocks=40, block_size=8, max_batch=4, max_seq_len=64, isa=isa)
     r = ReferenceBackend(spec, w, num_blocks=40, block_size=8, max_batch=4, max_seq_len=64)
     tc, tr = _drive([c, r], ps, params, 20)
@@ -144,8 +176,19 @@ def test_w8a8_matches_its_emulation(ckpt, name, isa):
     spec, w, _ = load_decoder(ckpt(name))
     ps = _prompts(spec, [12, 5, 30], seed=2)
     p = SamplingParams(max_new_tokens=8)
-    c = CpuBackend(spec, w, precision="w8a8", num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
-    r = ReferenceBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, w8a8=True)
+    c = CpuBackend(
+        spec,
+        w,
+        precision="w8a8",
+        num_blocks=40,
+        block_size=8,
+        max_batch=3,
+        max_seq_len=100,
+        isa=isa,
+    )
+    r = ReferenceBackend(
+        spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, w8a8=True
+    )
     c32 = CpuBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
     tc, tr, t32 = _drive([c, r, c32], ps, p, 1)
     assert tc == tr
@@ -161,10 +204,17 @@ def test_zoi_cpu_isa_forces_the_decoder_kernels(ckpt):
     import subprocess
     import sys
 
-    code = ("from zoi.decoder.compile import compile_decoder; import sys; "
-            "print(compile_decoder(sys.argv[1], max_seq_len=32).backend.isa)")
+    code = (
+        "from zoi.decoder.compile import compile_decoder; import sys; "
+        "print(compile_decoder(sys.argv[1], max_seq_len=32).backend.isa)"
+    )
     for isa in ISAS:
         env = dict(os.environ, ZOI_CPU_ISA=isa)
-        out = subprocess.run([sys.executable, "-c", code, str(ckpt("qwen2"))], env=env, capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(ckpt("qwen2"))],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert out.stdout.strip() == isa

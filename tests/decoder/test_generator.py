@@ -19,7 +19,9 @@ pytest.importorskip("zoi._cpu")
 
 @pytest.fixture(scope="module")
 def gen(ckpt):
-    return compile_decoder(ckpt("llama_gqa"), max_seq_len=128, kv_blocks=64, block_size=8, max_batch=4)
+    return compile_decoder(
+        ckpt("llama_gqa"), max_seq_len=128, kv_blocks=64, block_size=8, max_batch=4
+    )
 
 
 def test_zoi_compile_gives_a_generator(ckpt):
@@ -54,7 +56,9 @@ def test_backend_pool_full_and_freed(gen):
 
 
 def test_generate_queues_what_the_pool_cannot_hold(ckpt, gen):
-    small = compile_decoder(ckpt("llama_gqa"), max_seq_len=128, kv_blocks=14, block_size=8, max_batch=4)
+    small = compile_decoder(
+        ckpt("llama_gqa"), max_seq_len=128, kv_blocks=14, block_size=8, max_batch=4
+    )
     prompts = PROMPTS + ["ka zo", "mi ra te lu ne"]
     want = gen.generate(prompts, max_new_tokens=40)
     got = small.generate(prompts, max_new_tokens=40)  # ~7 blocks each: two at a time
@@ -137,7 +141,13 @@ def test_over_long_prompts(gen):
     assert len(out.token_ids) == 128 - len(ids) and out.finish_reason == "length"
     with pytest.raises(InputError, match="empty"):
         gen.generate("")
-    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_new_tokens=0), dict(seed="x")):
+    for bad in (
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_k=-2),
+        dict(max_new_tokens=0),
+        dict(seed="x"),
+    ):
         with pytest.raises(InputError):
             gen.generate("ka", **bad)
 
@@ -160,7 +170,10 @@ def test_seeded_sampling(gen):
 def test_chat_template_as_transformers(ckpt, gen):
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(str(ckpt("llama_gqa")))
-    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "kazo mira? 日本"}]
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "kazo mira? 日本"},
+    ]
     want = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert gen.tokenizer.apply_chat_template(msgs) == want
     ids = tok(want, add_special_tokens=False).input_ids
@@ -177,7 +190,9 @@ def test_eos_finishes(tmp_path):
 
     from zoi.decoder.synthetic import write_decoder
 
-    d = write_decoder(tmp_path / "eos", arch="llama", heads=2, kv_heads=1, hidden=32, inter=40, layers=1)
+    d = write_decoder(
+        tmp_path / "eos", arch="llama", heads=2, kv_heads=1, hidden=32, inter=40, layers=1
+    )
     first = compile_decoder(d, max_seq_len=64).generate(PROMPTS[0], max_new_tokens=40)[0]
     eos = first.token_ids[9]  # make a token it produces the eos token (config.json eos_token_id)
     k = first.token_ids.index(eos)
@@ -189,15 +204,32 @@ def test_eos_finishes(tmp_path):
     s = g.generate(PROMPTS[0], max_new_tokens=40)[0]
     assert s.token_ids == first.token_ids[: k + 1] and s.finish_reason == "stop"  # EOS counted
     assert str(s) == g.tokenizer.decode(first.token_ids[:k])
-    assert g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
+    assert (
+        g.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True)[0].token_ids == first.token_ids
+    )
     assert g.backend.pool().running == 0
 
 
 def test_cli_generate_streams_to_stdout(ckpt, capsys):
     from zoi.cli import main
 
-    want = compile_decoder(ckpt("llama_gqa"), max_seq_len=64).generate(PROMPTS[3], max_new_tokens=12)[0]
-    assert main(["generate", str(ckpt("llama_gqa")), PROMPTS[3], "--max-new-tokens", "12", "--max-seq-len", "64"]) == 0
+    want = compile_decoder(ckpt("llama_gqa"), max_seq_len=64).generate(
+        PROMPTS[3], max_new_tokens=12
+    )[0]
+    assert (
+        main(
+            [
+                "generate",
+                str(ckpt("llama_gqa")),
+                PROMPTS[3],
+                "--max-new-tokens",
+                "12",
+                "--max-seq-len",
+                "64",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == str(want) + "\n"
     assert main(["generate", str(ckpt("llama_gqa")), "x" * 10, "--max-seq-len", "4"]) == 2
     assert "max_seq_len=4" in capsys.readouterr().err
@@ -208,7 +240,11 @@ def test_incremental_decoder_never_splits_utf8(gen):
 
     tok = gen.tokenizer
     # byte-level BPE: one token per byte (the GPT-2 byte -> unicode map)
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):

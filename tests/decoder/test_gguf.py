@@ -21,8 +21,14 @@ def test_gguf_logits_match_reference(ckpt, tmp_path, name):
     llm.eval(ids)
     got = np.array(llm.scores[: len(ids)])
     spec, w, _ = load_decoder(ckpt(name))
-    ref = ReferenceModel(spec, w).forward(PagedKV(spec, 4, 16), [np.arange(4, dtype=np.int32)], [0], [len(ids)],
-                                          np.array(ids, np.int32), all_logits=True)
+    ref = ReferenceModel(spec, w).forward(
+        PagedKV(spec, 4, 16),
+        [np.arange(4, dtype=np.int32)],
+        [0],
+        [len(ids)],
+        np.array(ids, np.int32),
+        all_logits=True,
+    )
     assert (got.argmax(1) == ref.argmax(1)).all()
     assert np.abs(got - ref).max() < 2e-3 * np.abs(ref).max()  # llama.cpp keeps K/V in F16
 

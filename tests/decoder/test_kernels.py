@@ -21,7 +21,9 @@ def _poison(*shape):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("M,N,K", [(1, 33, 7), (3, 64, 300), (7, 95, 513), (13, 1, 64), (100, 70, 40)])
+@pytest.mark.parametrize(
+    "M,N,K", [(1, 33, 7), (3, 64, 300), (7, 95, 513), (13, 1, 64), (100, 70, 40)]
+)
 def test_linear(isa, int8, M, N, K):
     rng = np.random.default_rng(M * 1000 + N + K)
     x = rng.standard_normal((M, K)).astype(np.float32)
@@ -34,10 +36,14 @@ def test_linear(isa, int8, M, N, K):
             q, s = quantize_weight(w)
             sp = np.zeros(-(-N // 32) * 32, np.float32)
             sp[:N] = s
-            _cpu.k_dec_linear(x, pack_panels(q).view(np.uint8).reshape(-1), sp, bias, r, N, True, y, isa)
+            _cpu.k_dec_linear(
+                x, pack_panels(q).view(np.uint8).reshape(-1), sp, bias, r, N, True, y, isa
+            )
             wr = dequantize_weight(q, s)
         else:
-            _cpu.k_dec_linear(x, pack_panels(w).view(np.uint8).reshape(-1), None, bias, r, N, False, y, isa)
+            _cpu.k_dec_linear(
+                x, pack_panels(w).view(np.uint8).reshape(-1), None, bias, r, N, False, y, isa
+            )
             wr = w
         ref = x.astype(np.float64) @ wr.T.astype(np.float64)
         if bias is not None:
@@ -101,16 +107,17 @@ def _attn_ref(q, kc, vc, pos, row, tables, nh):
         K = kc[blk, :, p % bs].astype(np.float64)  # [L, nkv, D]
         V = vc[blk, :, p % bs].astype(np.float64)
         for h in range(nh):
-            qh = q[t, h * D:(h + 1) * D].astype(np.float64)
+            qh = q[t, h * D : (h + 1) * D].astype(np.float64)
             s = K[:, h // G] @ qh / np.sqrt(D)
             s = np.exp(s - s.max())
-            out[t, h * D:(h + 1) * D] = (s / s.sum()) @ V[:, h // G]
+            out[t, h * D : (h + 1) * D] = (s / s.sum()) @ V[:, h // G]
     return out
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("nh,nkv,D,bs,splits", [(4, 2, 16, 8, 1), (6, 2, 20, 5, 3), (3, 3, 64, 16, 4),
-                                                 (7, 1, 33, 1, 2)])
+@pytest.mark.parametrize(
+    "nh,nkv,D,bs,splits", [(4, 2, 16, 8, 1), (6, 2, 20, 5, 3), (3, 3, 64, 16, 4), (7, 1, 33, 1, 2)]
+)
 def test_paged_attention(isa, nh, nkv, D, bs, splits):
     rng = np.random.default_rng(nh * 100 + D)
     NB, mb = 60, 40
@@ -132,6 +139,8 @@ def test_paged_attention(isa, nh, nkv, D, bs, splits):
 def test_bad_inputs_refused():
     x = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError):
-        _cpu.k_dec_linear(x, np.zeros(5, np.uint8), None, None, None, 4, False, np.zeros((2, 4), np.float32), "")
+        _cpu.k_dec_linear(
+            x, np.zeros(5, np.uint8), None, None, None, 4, False, np.zeros((2, 4), np.float32), ""
+        )
     with pytest.raises(ValueError):
         _cpu.k_dec_rmsnorm(x, np.zeros(8, np.float32), 1e-5, np.zeros((2, 8), np.float32), "sse9")

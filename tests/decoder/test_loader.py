@@ -12,12 +12,29 @@ from zoi.decoder.reference import rope_inv_freq
 from zoi.decoder.synthetic import write_decoder
 from zoi.errors import CheckpointError, UnsupportedModelError
 
-BASE = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 4096, "rope_theta": 50000.0}
-SCALINGS = [None, {"rope_type": "linear", "factor": 4.0}, {"type": "dynamic", "factor": 2.0},
-            {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-             "original_max_position_embeddings": 512}]
+BASE = {
+    "model_type": "llama",
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rope_theta": 50000.0,
+}
+SCALINGS = [
+    None,
+    {"rope_type": "linear", "factor": 4.0},
+    {"type": "dynamic", "factor": 2.0},
+    {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 512,
+    },
+]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
@@ -46,7 +63,12 @@ def _refused(tmp_path, exc, match, **change):
 
 def test_unsupported_configs_name_the_field(tmp_path):
     _refused(tmp_path, UnsupportedModelError, "model_type 'mistral'", model_type="mistral")
-    _refused(tmp_path, UnsupportedModelError, "rope_type 'yarn'", rope_scaling={"rope_type": "yarn", "factor": 2})
+    _refused(
+        tmp_path,
+        UnsupportedModelError,
+        "rope_type 'yarn'",
+        rope_scaling={"rope_type": "yarn", "factor": 2},
+    )
     _refused(tmp_path, UnsupportedModelError, "hidden_act 'gelu'", hidden_act="gelu")
     _refused(tmp_path, UnsupportedModelError, "use_sliding_window", use_sliding_window=True)
     _refused(tmp_path, UnsupportedModelError, "partial_rotary_factor", partial_rotary_factor=0.5)
@@ -79,8 +101,12 @@ def test_folder_problems(tmp_path):
 
 def test_transformers5_rope_parameters(tmp_path):
     cfg = {k: v for k, v in BASE.items() if k != "rope_theta"}
-    s = spec_from_config(dict(cfg, rope_parameters={"rope_type": "default", "rope_theta": 123.0}), tmp_path / "c")
+    s = spec_from_config(
+        dict(cfg, rope_parameters={"rope_type": "default", "rope_theta": 123.0}), tmp_path / "c"
+    )
     assert s.rope_theta == 123.0 and s.rope_scaling is None
-    s = spec_from_config(dict(cfg, rope_parameters={"rope_type": "linear", "rope_theta": 7.0, "factor": 2.0}),
-                         tmp_path / "c")
+    s = spec_from_config(
+        dict(cfg, rope_parameters={"rope_type": "linear", "rope_theta": 7.0, "factor": 2.0}),
+        tmp_path / "c",
+    )
     assert s.rope_theta == 7.0 and s.rope_scaling == {"rope_type": "linear", "factor": 2.0}

@@ -13,6 +13,17 @@ def test_readme_decoder_block(ckpt):
     code = re.findall(r"```python\n(.*?)```", sec, flags=re.S)[0]
     assert 'zoi.compile("path/to/decoder-folder"' in code
     ns: dict = {}
-    exec(compile(code.replace("path/to/decoder-folder", str(ckpt("qwen3"))), "README.md[decoders]", "exec"), ns)
+    exec(
+        compile(
+            code.replace("path/to/decoder-folder", str(ckpt("qwen3"))),
+            "README.md[decoders]",
+            "exec",
+        ),
+        ns,
+    )
     assert len(ns["outs"]) == 2 and all(isinstance(o, str) for o in ns["outs"])
-    assert len(ns["outs"][0].token_ids) == 32 and isinstance(ns["text"], str) and isinstance(ns["reply"], str)
+    assert (
+        len(ns["outs"][0].token_ids) == 32
+        and isinstance(ns["text"], str)
+        and isinstance(ns["reply"], str)
+    )

@@ -327,7 +327,9 @@ def test_the_generator_and_the_server_count_tokens_alike(make, stop_ids):
         out = gen.generate(text, max_new_tokens=200, stop_token_ids=stop_ids)[0]
         sink = run(s, text, max_new_tokens=200, stop_token_ids=stop_ids)
         fin = sink.wait()
-        want = expected_tokens(prompt(text), SamplingParams(max_new_tokens=200, stop_token_ids=stop_ids))
+        want = expected_tokens(
+            prompt(text), SamplingParams(max_new_tokens=200, stop_token_ids=stop_ids)
+        )
         assert fin.reason == out.finish_reason == "stop"
         assert out.token_ids == want and want[-1] in (EOS, *stop_ids)
         assert fin.completion_tokens == len(out.token_ids)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-from tests.conftest import save_checkpoint
+from tests.conftest import HF_PREFIX, random_hf_model, save_checkpoint
 
 # hidden 40, 5 heads (head_dim 8), odd vocab (the MiniLM tokenizer's 30522 ids + 7)
 HEAD_CONFIGS = {
@@ -44,35 +43,18 @@ TASKS = {
     "tok": "ForTokenClassification",
     "mlm": "ForMaskedLM",
 }
-PREFIX = {
-    "bert": "Bert",
-    "roberta": "Roberta",
-    "xlm-roberta": "XLMRoberta",
-    "distilbert": "DistilBert",
-}
 
 
 def build_head_model(arch: str, task: str, num_labels: int = 3, seed: int = 0, **overrides):
-    import torch
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    cfg_cls = getattr(tf, PREFIX[arch] + "Config")
-    model_cls = getattr(tf, PREFIX[arch] + TASKS[task])
-    kw = dict(HEAD_CONFIGS[arch])
-    kw.update(overrides)
+    kw = {**HEAD_CONFIGS[arch], **overrides}
     if task != "mlm":
         kw["num_labels"] = num_labels
         if task == "tok":
             names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"][:num_labels]
             kw["id2label"] = dict(enumerate(names))
             kw["label2id"] = {v: k for k, v in kw["id2label"].items()}
-    cfg = cfg_cls(vocab_size=VOCAB, **kw)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
+    p = HF_PREFIX[arch]
+    return random_hf_model(p + "Config", p + TASKS[task], seed, 0.05, vocab_size=VOCAB, **kw)
 
 
 def head_checkpoint(folder: Path, arch: str, task: str, num_labels: int = 3, seed: int = 0, **kw):
@@ -90,10 +72,6 @@ PAIRS = [
     ("un été à Zürich", "naïve café — ünïcödé text with 中文 characters"),
     ("", "empty query"),
 ]
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

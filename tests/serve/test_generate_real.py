@@ -13,12 +13,11 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("zoi._cpu")
 pytest.importorskip("transformers")
 
-from tests.decoder.dec_helpers import MODELS, PROMPTS, hf_greedy  # noqa: E402
+from tests.decoder.dec_helpers import PROMPTS, decoder_checkpoint, hf_greedy  # noqa: E402
 
 from zoi.bench.loadtest import ServerProcess  # noqa: E402
 from zoi.decoder.api import SamplingParams  # noqa: E402
 from zoi.decoder.scheduler import ListSink, Scheduler  # noqa: E402
-from zoi.decoder.synthetic import write_decoder  # noqa: E402
 from zoi.decoder.tokenizer import DecoderTokenizer  # noqa: E402
 
 N = 64
@@ -26,7 +25,7 @@ N = 64
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_decoder(tmp_path_factory.mktemp("llama_gqa"), **MODELS["llama_gqa"])
+    return decoder_checkpoint(tmp_path_factory, "llama_gqa")
 
 
 @pytest.fixture(scope="module")

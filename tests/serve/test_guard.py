@@ -1,4 +1,5 @@
-"""zoi.serve.guard.Admission: the one admission logic of the embedding and decoder services."""
+"""What the embedding Service and the DecoderService share: zoi.serve.guard.Admission (one admission
+logic) and the server's histogram buckets."""
 
 from __future__ import annotations
 
@@ -64,3 +65,27 @@ def test_queue_full_and_connections_and_shutdown():
     with pytest.raises(ApiError) as e:
         s.admit("r")
     assert e.value.kind == "unavailable" and s.in_flight == 0
+
+
+def test_decoder_histograms_use_the_servers_buckets():
+    """DecoderMetrics has no buckets of its own: the DecoderService gives it the server's."""
+    from tests.decoder.fakes import ByteTokenizer, FakeBackend
+
+    from zoi.serve.metrics import _SECONDS, _SIZES
+
+    svc = DecoderService(FakeBackend(), ByteTokenizer())
+    try:
+        les: dict = {}
+        for fam in svc.metrics.registry.collect():
+            for s in fam.samples:
+                if s.name.endswith("_bucket") and s.labels["le"] != "+Inf":
+                    les.setdefault(s.name[: -len("_bucket")], []).append(float(s.labels["le"]))
+        for name in (
+            "zoi_decoder_time_to_first_token_seconds",
+            "zoi_decoder_step_duration_seconds",
+        ):
+            assert les[name] == list(_SECONDS), name
+        assert les["zoi_decoder_step_batch_size"] == list(map(float, _SIZES))
+        assert les["zoi_request_duration_seconds"] == list(_SECONDS)  # the server's own
+    finally:
+        svc.close()

@@ -394,3 +394,40 @@ def test_zoi_serve_replicas_2_spreads_load_keeps_order_and_stops_cleanly(engine,
     for i in (0, 1):
         assert metric(metrics, "zoi_engine_batches_total", f'device="cpu:{i}",engine="{i}"') > 0
     assert "stopped" in srv.log() and "none cut off" in srv.log()
+
+
+def test_head_routes_spread_over_replicas_too(tmp_path):
+    """A cross-encoder behind two CPU engines: /rerank goes through the heads' batcher, which
+    is a ReplicaBatcher over the same engines; scores equal the engine's own."""
+    from tests.heads.builders import head_checkpoint
+
+    import zoi
+    from zoi.serve.app import create_app
+    from zoi.serve.replicas import ReplicaBatcher, replicate
+
+    folder = head_checkpoint(tmp_path / "ce", "bert", "seq", 1, 0)[0]
+    base = zoi.compile(folder, device="cpu")
+    engines = [replicate(base, "cpu", 1), replicate(base, "cpu", 1)]
+    svc = _service(engines, max_queue_delay_us=2000)
+    assert isinstance(svc.heads.batcher, ReplicaBatcher)
+    docs = [f"document number {i} about {'cats' if i % 2 else 'dogs'}" for i in range(12)]
+
+    async def main():
+        tr = httpx.ASGITransport(app=create_app(svc))
+        async with httpx.AsyncClient(transport=tr, base_url="http://t", timeout=120) as c:
+            return await asyncio.gather(
+                *[c.post("/rerank", json={"query": q, "texts": docs}) for q in ("cats", "dogs") * 4]
+            )
+
+    try:
+        rs = asyncio.run(main())
+        info = svc.heads.batcher.engines_info()
+    finally:
+        svc.close()
+    for q, r in zip(("cats", "dogs") * 4, rs, strict=True):
+        assert r.status_code == 200, r.text
+        want = {w["corpus_id"]: w["score"] for w in base.rerank(q, docs)}
+        got = {x["index"]: x["score"] for x in r.json()}
+        assert got.keys() == want.keys()
+        assert max(abs(got[k] - want[k]) for k in got) < 1e-4
+    assert sum(e["sequences"] for e in info) >= 8 * len(docs)

@@ -23,7 +23,12 @@ import numpy as np
 
 from zoi.errors import ZoiError
 
-DECODER_ARCHS = ("llama", "qwen2", "qwen3", "gpt2")  # config.json model_type values a spec may carry
+DECODER_ARCHS = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gpt2",
+)  # config.json model_type values a spec may carry
 
 
 class KVPoolFull(ZoiError):
@@ -42,7 +47,9 @@ class DecoderSpec:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # the config's dict as read (llama3, linear, dynamic, ... or None)
+    rope_scaling: dict | None = (
+        None  # the config's dict as read (llama3, linear, dynamic, ... or None)
+    )
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry biases (Qwen2)

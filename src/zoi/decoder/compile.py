@@ -26,10 +26,19 @@ def decoder_folder(path) -> os.PathLike | None:
     return folder if is_decoder_folder(folder) else None
 
 
-def compile_decoder(path: str | os.PathLike, device: str = "cpu", precision: str = "fp32",
-                    max_seq_len: int | None = None, max_batch: int | None = None, kv_blocks: int | None = None,
-                    block_size: int | None = None, threads: int | None = None, isa: str | None = None,
-                    max_tokens: int | None = None, **unused) -> Generator:
+def compile_decoder(
+    path: str | os.PathLike,
+    device: str = "cpu",
+    precision: str = "fp32",
+    max_seq_len: int | None = None,
+    max_batch: int | None = None,
+    kv_blocks: int | None = None,
+    block_size: int | None = None,
+    threads: int | None = None,
+    isa: str | None = None,
+    max_tokens: int | None = None,
+    **unused,
+) -> Generator:
     """A Generator for a Hugging Face decoder folder.
 
     device: "cpu" (native core), "reference" (numpy, slow) or "cuda" (zoi.decoder.cuda).
@@ -42,21 +51,29 @@ def compile_decoder(path: str | os.PathLike, device: str = "cpu", precision: str
     """
     bad = [k for k, v in unused.items() if v is not None and k not in ("progress",)]
     if bad:
-        raise InputError(f"compile() options {', '.join(sorted(bad))} do not apply to decoder checkpoints")
+        raise InputError(
+            f"compile() options {', '.join(sorted(bad))} do not apply to decoder checkpoints"
+        )
     if device == "auto":
         device = "cpu"
     if precision not in ("fp32", "int8", "w8a8"):
-        raise InputError(f"precision {precision!r} is not supported for decoders; use 'fp32', 'int8' or 'w8a8'")
+        raise InputError(
+            f"precision {precision!r} is not supported for decoders; use 'fp32', 'int8' or 'w8a8'"
+        )
     spec, weights, folder = load_decoder(path)
     tok = DecoderTokenizer(folder)
     limit = spec.max_position_embeddings
     max_seq_len = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, limit)
     if max_seq_len > limit:
-        raise InputError(f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})")
+        raise InputError(
+            f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})"
+        )
     max_batch = max_batch or DEFAULT_MAX_BATCH
     block_size = block_size or DEFAULT_BLOCK_SIZE
     if kv_blocks is None:
-        kv_blocks = max(-(-max_seq_len // block_size), max_batch * -(-max_seq_len // (2 * block_size)))
+        kv_blocks = max(
+            -(-max_seq_len // block_size), max_batch * -(-max_seq_len // (2 * block_size))
+        )
     if device == "reference":
         from zoi.decoder.reference import ReferenceBackend
 
@@ -66,18 +83,36 @@ def compile_decoder(path: str | os.PathLike, device: str = "cpu", precision: str
     elif device == "cpu":
         from zoi.decoder.cpu import CpuBackend
 
-        be = CpuBackend(spec, weights, precision=precision, num_blocks=kv_blocks, block_size=block_size,
-                        max_batch=max_batch, max_seq_len=max_seq_len, max_tokens=max_tokens, threads=threads,
-                        isa=isa)
+        be = CpuBackend(
+            spec,
+            weights,
+            precision=precision,
+            num_blocks=kv_blocks,
+            block_size=block_size,
+            max_batch=max_batch,
+            max_seq_len=max_seq_len,
+            max_tokens=max_tokens,
+            threads=threads,
+            isa=isa,
+        )
     elif device in ("cuda", "gpu"):
         try:
             from zoi.decoder.cuda import CudaBackend  # the GPU part of issue 14
         except ImportError as e:
             raise InputError(f"device='cuda' for decoders is not available here ({e})") from e
-        be = CudaBackend(spec, weights, precision=precision, num_blocks=kv_blocks, block_size=block_size,
-                         max_batch=max_batch, max_seq_len=max_seq_len)
+        be = CudaBackend(
+            spec,
+            weights,
+            precision=precision,
+            num_blocks=kv_blocks,
+            block_size=block_size,
+            max_batch=max_batch,
+            max_seq_len=max_seq_len,
+        )
     else:
-        raise InputError(f"device {device!r} is not supported for decoders; use 'cpu', 'reference' or 'cuda'")
+        raise InputError(
+            f"device {device!r} is not supported for decoders; use 'cpu', 'reference' or 'cuda'"
+        )
     from zoi.frontend.hub import model_name
 
     return Generator(be, tok, name=model_name(folder), precision=precision, device=device)

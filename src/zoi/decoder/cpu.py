@@ -34,7 +34,9 @@ def _linears(spec: DecoderSpec, w: dict, i: int) -> dict[str, np.ndarray]:
     p = f"model.layers.{i}."
     a = p + "self_attn."
     return {
-        "qkv": np.concatenate([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]),
+        "qkv": np.concatenate(
+            [w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]
+        ),
         "o": w[a + "o_proj.weight"],
         "gu": np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
         "d": w[p + "mlp.down_proj.weight"],
@@ -54,25 +56,56 @@ def int8_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class CpuBackend(PagedBackend):
-    def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], precision: str = "fp32",
-                 num_blocks: int = 64, block_size: int = 16, max_batch: int = 8, max_seq_len: int | None = None,
-                 max_tokens: int | None = None, threads: int | None = None, isa: str | None = None):
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        weights: dict[str, np.ndarray],
+        precision: str = "fp32",
+        num_blocks: int = 64,
+        block_size: int = 16,
+        max_batch: int = 8,
+        max_seq_len: int | None = None,
+        max_tokens: int | None = None,
+        threads: int | None = None,
+        isa: str | None = None,
+    ):
         from zoi import _cpu
 
         if precision not in ("fp32", "int8", "w8a8"):
-            raise InputError(f"precision {precision!r}: the CPU decoder runs 'fp32', 'int8' or 'w8a8'")
-        super().__init__(spec, num_blocks, block_size, max_batch,
-                         max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size))
+            raise InputError(
+                f"precision {precision!r}: the CPU decoder runs 'fp32', 'int8' or 'w8a8'"
+            )
+        super().__init__(
+            spec,
+            num_blocks,
+            block_size,
+            max_batch,
+            max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size),
+        )
         self.precision = precision
         self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
         int8 = precision in ("int8", "w8a8")
         raw = precision == "w8a8"
         self.model = m = _cpu.DecoderModel(
-            vocab=spec.vocab_size, hidden=spec.hidden_size, inter=spec.intermediate_size, layers=spec.num_layers,
-            heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, eps=spec.rms_norm_eps,
-            qk_norm=spec.qk_norm, wtype={"fp32": 0, "int8": 1, "w8a8": 2}[precision], max_tokens=self.max_tokens, max_batch=max_batch,
-            num_blocks=num_blocks, block_size=block_size, max_blocks=self.max_blocks_per_seq,
-            max_pos=self.max_seq_len, nthreads=threads or 0, isa=isa or "")
+            vocab=spec.vocab_size,
+            hidden=spec.hidden_size,
+            inter=spec.intermediate_size,
+            layers=spec.num_layers,
+            heads=spec.num_heads,
+            kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            eps=spec.rms_norm_eps,
+            qk_norm=spec.qk_norm,
+            wtype={"fp32": 0, "int8": 1, "w8a8": 2}[precision],
+            max_tokens=self.max_tokens,
+            max_batch=max_batch,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_blocks=self.max_blocks_per_seq,
+            max_pos=self.max_seq_len,
+            nthreads=threads or 0,
+            isa=isa or "",
+        )
 
         def put(layer: int, slot: str, a: np.ndarray) -> None:
             m.set(layer, slot, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
@@ -107,7 +140,11 @@ class CpuBackend(PagedBackend):
                 put_linear(i, slot, w)
             if spec.attention_bias:
                 a = p + "self_attn."
-                put(i, "qkv_b", np.concatenate([weights[a + n + "_proj.bias"] for n in "qkv"]).astype(f32))
+                put(
+                    i,
+                    "qkv_b",
+                    np.concatenate([weights[a + n + "_proj.bias"] for n in "qkv"]).astype(f32),
+                )
             if p + "self_attn.o_proj.bias" in weights:
                 put(i, "o_b", weights[p + "self_attn.o_proj.bias"].astype(f32))
             if spec.qk_norm:
@@ -137,7 +174,7 @@ class CpuBackend(PagedBackend):
                     continue
                 k = min(n, left)
                 ent.append((b, s, k, k == n))
-                tok.append(ids[offs[b] + done: offs[b] + done + k])
+                tok.append(ids[offs[b] + done : offs[b] + done + k])
                 left -= k
                 if k < n:
                     nxt.append((b, s + k, done + k))
@@ -150,11 +187,17 @@ class CpuBackend(PagedBackend):
         b = np.fromiter((e[0] for e in ent), np.int64, n)
         out = self._out[:n]
         self.model.step(
-            np.ascontiguousarray(ids, np.int32), np.ascontiguousarray(rows[b], np.int32),
-            np.fromiter((e[1] for e in ent), np.int32, n), np.fromiter((e[2] for e in ent), np.int32, n),
-            np.fromiter((e[3] for e in ent), np.int32, n), np.ascontiguousarray(samp[b, :3]),
-            np.ascontiguousarray(seeds[b], np.uint64), np.ascontiguousarray(samp[b, 3], np.int64),
-            self.block_tables, out)
+            np.ascontiguousarray(ids, np.int32),
+            np.ascontiguousarray(rows[b], np.int32),
+            np.fromiter((e[1] for e in ent), np.int32, n),
+            np.fromiter((e[2] for e in ent), np.int32, n),
+            np.fromiter((e[3] for e in ent), np.int32, n),
+            np.ascontiguousarray(samp[b, :3]),
+            np.ascontiguousarray(seeds[b], np.uint64),
+            np.ascontiguousarray(samp[b, 3], np.int64),
+            self.block_tables,
+            out,
+        )
         for j, e in enumerate(ent):
             if e[3]:
                 result[e[0]] = out[j]

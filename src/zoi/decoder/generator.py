@@ -33,12 +33,18 @@ class Completion(str):
 
     def __new__(cls, text: str, token_ids, prompt_ids, finish_reason: str):
         s = super().__new__(cls, text)
-        s.token_ids, s.prompt_ids, s.finish_reason = list(token_ids), list(prompt_ids), finish_reason
+        s.token_ids, s.prompt_ids, s.finish_reason = (
+            list(token_ids),
+            list(prompt_ids),
+            finish_reason,
+        )
         return s
 
 
 class _Req:
-    def __init__(self, gen: Generator, ids: list[int], params: SamplingParams, stops: Sequence[str]):
+    def __init__(
+        self, gen: Generator, ids: list[int], params: SamplingParams, stops: Sequence[str]
+    ):
         self.ids, self.params = ids, params
         self.tokens: list[int] = []
         ends = params.stop_token_ids + (() if params.ignore_eos else tuple(gen.spec.eos_token_ids))
@@ -60,8 +66,14 @@ class _Req:
 class Generator:
     """A compiled decoder: `generate(prompts, ...)`, `stream(prompt, ...)`, `chat(messages, ...)`."""
 
-    def __init__(self, backend: DecoderBackend, tokenizer: DecoderTokenizer, name: str = "decoder",
-                 precision: str = "fp32", device: str = "cpu"):
+    def __init__(
+        self,
+        backend: DecoderBackend,
+        tokenizer: DecoderTokenizer,
+        name: str = "decoder",
+        precision: str = "fp32",
+        device: str = "cpu",
+    ):
         self.backend, self.tokenizer, self.name = backend, tokenizer, name
         self.spec = backend.spec
         self.precision, self.device = precision, device
@@ -69,12 +81,23 @@ class Generator:
 
     def __repr__(self) -> str:
         p = self.backend.pool()
-        return (f"Generator({self.name!r}, {self.spec.arch}, {self.precision}, device={self.device!r}, "
-                f"max_seq_len={self.backend.max_seq_len}, kv_blocks={p.num_blocks}x{p.block_size})")
+        return (
+            f"Generator({self.name!r}, {self.spec.arch}, {self.precision}, device={self.device!r}, "
+            f"max_seq_len={self.backend.max_seq_len}, kv_blocks={p.num_blocks}x{p.block_size})"
+        )
 
     # ---- inputs ----
-    def _params(self, max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids=(),
-                ignore_eos=False) -> tuple[SamplingParams, tuple[str, ...]]:
+    def _params(
+        self,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        stop,
+        seed,
+        stop_token_ids=(),
+        ignore_eos=False,
+    ) -> tuple[SamplingParams, tuple[str, ...]]:
         if isinstance(stop, str):
             stop = (stop,)
         stop = tuple(stop or ())
@@ -82,7 +105,9 @@ class Generator:
             raise InputError("stop must be a string or a list of strings")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if not (isinstance(temperature, (int, float)) and temperature >= 0 and np.isfinite(temperature)):
+        if not (
+            isinstance(temperature, (int, float)) and temperature >= 0 and np.isfinite(temperature)
+        ):
             raise InputError(f"temperature must be a number >= 0, got {temperature!r}")
         if not isinstance(top_k, int) or top_k < 0:
             raise InputError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
@@ -90,16 +115,24 @@ class Generator:
             raise InputError(f"top_p must lie in (0, 1], got {top_p!r}")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise InputError(f"seed must be an integer, got {seed!r}")
-        p = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
-                           top_p=float(top_p), seed=seed, stop=stop, stop_token_ids=tuple(stop_token_ids),
-                           ignore_eos=ignore_eos)
+        p = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=float(temperature),
+            top_k=top_k,
+            top_p=float(top_p),
+            seed=seed,
+            stop=stop,
+            stop_token_ids=tuple(stop_token_ids),
+            ignore_eos=ignore_eos,
+        )
         return p, stop
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple, np.ndarray)) and all(
-                isinstance(t, (int, np.integer)) for t in prompt):
+            isinstance(t, (int, np.integer)) for t in prompt
+        ):
             ids = [int(t) for t in prompt]
         else:
             raise InputError("a prompt must be a string or a list of token ids")
@@ -155,16 +188,27 @@ class Generator:
             for sid in list(running):
                 be.cancel(sid)
 
-    def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, stop=None, seed: int | None = None, stop_token_ids=(),
-                 ignore_eos: bool = False) -> list[Completion]:
+    def generate(
+        self,
+        prompts,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop=None,
+        seed: int | None = None,
+        stop_token_ids=(),
+        ignore_eos: bool = False,
+    ) -> list[Completion]:
         """Completions of `prompts` (a string, or a list of strings / token-id lists), in order.
         With a seed, prompt i draws with seed + i."""
         single = isinstance(prompts, str)
         plist = [prompts] if single else list(prompts)
         if not plist:
             return []
-        base, stops = self._params(max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos)
+        base, stops = self._params(
+            max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos
+        )
         from dataclasses import replace
 
         reqs = []
@@ -175,11 +219,22 @@ class Generator:
         self._run(reqs)
         return [Completion("".join(r.text), r.tokens, r.ids, r.finish or "length") for r in reqs]
 
-    def stream(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, stop=None, seed: int | None = None, stop_token_ids=(),
-               ignore_eos: bool = False) -> Iterator[str]:
+    def stream(
+        self,
+        prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop=None,
+        seed: int | None = None,
+        stop_token_ids=(),
+        ignore_eos: bool = False,
+    ) -> Iterator[str]:
         """Text deltas of one prompt as they are generated (closing the iterator cancels it)."""
-        p, stops = self._params(max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos)
+        p, stops = self._params(
+            max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos
+        )
         ids = self._encode(prompt)
         r = _Req(self, ids, self._clamp(ids, p), stops)
         be = self.backend

@@ -18,7 +18,9 @@ from zoi.decoder.loader import load_decoder
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     # convert_hf_to_gguf.LlamaModel.permute
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def write_gguf(folder, dst, qtype: str = "Q8_0") -> Path:
@@ -26,7 +28,9 @@ def write_gguf(folder, dst, qtype: str = "Q8_0") -> Path:
 
     spec, w, folder = load_decoder(folder)
     if spec.rope_scaling:
-        raise NotImplementedError(f"{folder}: rope_scaling {spec.rope_scaling} is not exported to GGUF")
+        raise NotImplementedError(
+            f"{folder}: rope_scaling {spec.rope_scaling} is not exported to GGUF"
+        )
     dst = Path(dst)
     arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[spec.arch]
     wr = gguf.GGUFWriter(str(dst), arch)
@@ -43,7 +47,9 @@ def write_gguf(folder, dst, qtype: str = "Q8_0") -> Path:
     wr.add_rope_freq_base(spec.rope_theta)
     wr.add_layer_norm_rms_eps(spec.rms_norm_eps)
     q = gguf.GGMLQuantizationType.Q8_0 if qtype == "Q8_0" else gguf.GGMLQuantizationType.F32
-    wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "Q8_0" else gguf.LlamaFileType.ALL_F32)
+    wr.add_file_type(
+        gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "Q8_0" else gguf.LlamaFileType.ALL_F32
+    )
     # vocabulary
     tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = tj["model"]["vocab"]

@@ -35,7 +35,9 @@ def is_decoder_folder(path: str | os.PathLike) -> bool:
     except CheckpointError:
         return False
     mt = c.get("model_type") if isinstance(c, dict) else None
-    return isinstance(mt, str) and mt in DECODER_TYPES  # a list / dict there: the encoder loader says what is wrong
+    return (
+        isinstance(mt, str) and mt in DECODER_TYPES
+    )  # a list / dict there: the encoder loader says what is wrong
 
 
 def _get(cfg: dict, cpath: Path, name: str, kind: type, default: Any = ...) -> Any:
@@ -85,7 +87,9 @@ def _rope(cfg: dict, cpath: Path) -> tuple[float, dict | None]:
         theta = _get(cfg, cpath, "rope_theta", float, 10000.0)
     prf = (d or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if prf not in (None, 1, 1.0):
-        raise UnsupportedModelError(f"{cpath}: partial_rotary_factor {prf!r} is not supported (only 1.0)")
+        raise UnsupportedModelError(
+            f"{cpath}: partial_rotary_factor {prf!r} is not supported (only 1.0)"
+        )
     if not d:
         return theta, None
     rtype = d.get("rope_type", d.get("type", "default"))
@@ -97,11 +101,21 @@ def _rope(cfg: dict, cpath: Path) -> tuple[float, dict | None]:
     if rtype == "default":
         return theta, None
     out: dict = {"rope_type": rtype}
-    need = {"linear": ("factor",), "dynamic": ("factor",),
-            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    need = {
+        "linear": ("factor",),
+        "dynamic": ("factor",),
+        "llama3": (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        ),
+    }
     for k in need[rtype]:
         if d.get(k) is None:
-            raise CheckpointError(f"{cpath}: {field}.{k} is missing (needed by rope_type {rtype!r})")
+            raise CheckpointError(
+                f"{cpath}: {field}.{k} is missing (needed by rope_type {rtype!r})"
+            )
         out[k] = _get(d, cpath, k, float)
     if rtype == "llama3":
         out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
@@ -130,7 +144,9 @@ def spec_from_config(cfg: dict, cpath: Path, generation: dict | None = None) -> 
         raise CheckpointError(f"{cpath}: head_dim {head_dim} must be even and positive")
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
-        raise UnsupportedModelError(f"{cpath}: hidden_act {act!r} is not supported (only 'silu': SwiGLU)")
+        raise UnsupportedModelError(
+            f"{cpath}: hidden_act {act!r} is not supported (only 'silu': SwiGLU)"
+        )
     if cfg.get("mlp_bias"):
         raise UnsupportedModelError(f"{cpath}: mlp_bias true is not supported")
     if cfg.get("use_sliding_window"):
@@ -139,9 +155,13 @@ def spec_from_config(cfg: dict, cpath: Path, generation: dict | None = None) -> 
         )
     lt = cfg.get("layer_types")
     if isinstance(lt, list) and any(t != "full_attention" for t in lt):
-        raise UnsupportedModelError(f"{cpath}: layer_types other than 'full_attention' are not supported")
+        raise UnsupportedModelError(
+            f"{cpath}: layer_types other than 'full_attention' are not supported"
+        )
     if cfg.get("pretraining_tp", 1) not in (None, 1):
-        raise UnsupportedModelError(f"{cpath}: pretraining_tp {cfg.get('pretraining_tp')} is not supported")
+        raise UnsupportedModelError(
+            f"{cpath}: pretraining_tp {cfg.get('pretraining_tp')} is not supported"
+        )
     theta, scaling = _rope(cfg, cpath)
     if arch == "qwen2":
         bias = True  # Qwen2Attention: q/k/v always biased, o not
@@ -179,20 +199,27 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     s = {"model.embed_tokens.weight": (spec.vocab_size, H), "model.norm.weight": (H,)}
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        s.update({
-            p + "input_layernorm.weight": (H,),
-            p + "post_attention_layernorm.weight": (H,),
-            p + "self_attn.q_proj.weight": (q, H),
-            p + "self_attn.k_proj.weight": (kv, H),
-            p + "self_attn.v_proj.weight": (kv, H),
-            p + "self_attn.o_proj.weight": (H, q),
-            p + "mlp.gate_proj.weight": (I, H),
-            p + "mlp.up_proj.weight": (I, H),
-            p + "mlp.down_proj.weight": (H, I),
-        })
+        s.update(
+            {
+                p + "input_layernorm.weight": (H,),
+                p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (q, H),
+                p + "self_attn.k_proj.weight": (kv, H),
+                p + "self_attn.v_proj.weight": (kv, H),
+                p + "self_attn.o_proj.weight": (H, q),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
         if spec.attention_bias:
-            s.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                      p + "self_attn.v_proj.bias": (kv,)})
+            s.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
         if spec.qk_norm:
             s.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
     return s
@@ -206,10 +233,14 @@ def load_weights(folder: Path, spec: DecoderSpec) -> dict[str, np.ndarray]:
     for name, shape in shapes.items():
         f = where.get(name)
         if f is None:
-            raise CheckpointError(f"{folder}: weight {name!r} is missing from the safetensors files")
+            raise CheckpointError(
+                f"{folder}: weight {name!r} is missing from the safetensors files"
+            )
         a = f.get(name)
         if tuple(a.shape) != shape:
-            raise CheckpointError(f"{f.path}: {name} has shape {tuple(a.shape)}, expected {shape} from config.json")
+            raise CheckpointError(
+                f"{f.path}: {name} has shape {tuple(a.shape)}, expected {shape} from config.json"
+            )
         out[name] = np.ascontiguousarray(a, dtype=np.float32)
     # optional biases (Llama / Qwen3 attention_bias: o_proj too)
     for i in range(spec.num_layers):

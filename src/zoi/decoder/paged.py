@@ -33,7 +33,9 @@ class _Seq:
     params: SamplingParams
     seed: int
     cached: int = 0  # tokens whose K/V are in the pool
-    pending: np.ndarray | None = None  # tokens to feed at the next step (prompt, then the last token)
+    pending: np.ndarray | None = (
+        None  # tokens to feed at the next step (prompt, then the last token)
+    )
     generated: int = 0
     stop_ids: frozenset = frozenset()
 
@@ -41,14 +43,22 @@ class _Seq:
 class PagedBackend:
     """Base of the reference and CPU backends (see the module docstring)."""
 
-    def __init__(self, spec: DecoderSpec, num_blocks: int, block_size: int, max_batch: int, max_seq_len: int):
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size), ("max_batch", max_batch),
-                        ("max_seq_len", max_seq_len)):
+    def __init__(
+        self, spec: DecoderSpec, num_blocks: int, block_size: int, max_batch: int, max_seq_len: int
+    ):
+        for name, v in (
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("max_batch", max_batch),
+            ("max_seq_len", max_seq_len),
+        ):
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} must be a positive integer, got {v!r}")
         limit = spec.max_position_embeddings
         if max_seq_len > limit:
-            raise InputError(f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})")
+            raise InputError(
+                f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})"
+            )
         self.spec = spec
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -62,8 +72,14 @@ class PagedBackend:
 
     # ---- the contract ----
     def pool(self) -> PoolInfo:
-        return PoolInfo(self.block_size, self.num_blocks, len(self._free_blocks), len(self._seqs), self.max_batch,
-                        {"max_seq_len": self.max_seq_len})
+        return PoolInfo(
+            self.block_size,
+            self.num_blocks,
+            len(self._free_blocks),
+            len(self._seqs),
+            self.max_batch,
+            {"max_seq_len": self.max_seq_len},
+        )
 
     def blocks_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         return -(-max(1, prompt_len + max_new_tokens - 1) // self.block_size)
@@ -99,8 +115,15 @@ class PagedBackend:
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(self.spec.eos_token_ids)
-        self._seqs[seq_id] = _Seq(seq_id, row, blocks, params, seed & (2**64 - 1),
-                                  pending=ids.astype(np.int32), stop_ids=frozenset(stop))
+        self._seqs[seq_id] = _Seq(
+            seq_id,
+            row,
+            blocks,
+            params,
+            seed & (2**64 - 1),
+            pending=ids.astype(np.int32),
+            stop_ids=frozenset(stop),
+        )
 
     def cancel(self, seq_id: int) -> None:
         s = self._seqs.pop(seq_id, None)
@@ -146,5 +169,7 @@ class PagedBackend:
         self.block_tables[s.row] = 0
         self._free_rows.append(s.row)
 
-    def _run(self, rows, starts, counts, ids, samp, seeds) -> np.ndarray:  # pragma: no cover - abstract
+    def _run(
+        self, rows, starts, counts, ids, samp, seeds
+    ) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

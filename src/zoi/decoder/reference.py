@@ -24,7 +24,9 @@ def rope_inv_freq(spec: DecoderSpec) -> np.ndarray:
     'dynamic' equals the default below max_position_embeddings, where zoi caps the context."""
     dim = spec.head_dim
     base = np.float32(spec.rope_theta)
-    inv = (np.float32(1.0) / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim))))
+    inv = np.float32(1.0) / (
+        base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim))
+    )
     inv = inv.astype(np.float32)
     sc = spec.rope_scaling or {}
     t = sc.get("rope_type", "default")
@@ -36,7 +38,9 @@ def rope_inv_freq(spec: DecoderSpec) -> np.ndarray:
         low_wl, high_wl = old / lo, old / hi
         wavelen = (np.float32(2 * math.pi) / inv).astype(np.float32)
         llama = np.where(wavelen > low_wl, inv / np.float32(factor), inv).astype(np.float32)
-        smooth = ((np.float32(old) / wavelen - np.float32(lo)) / np.float32(hi - lo)).astype(np.float32)
+        smooth = ((np.float32(old) / wavelen - np.float32(lo)) / np.float32(hi - lo)).astype(
+            np.float32
+        )
         smoothed = ((1 - smooth) * llama / np.float32(factor) + smooth * llama).astype(np.float32)
         medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
         inv = np.where(medium, smoothed, llama).astype(np.float32)
@@ -82,7 +86,9 @@ def uniform(seed: int, index: int) -> float:
     return (_mix(_mix(seed & M64) ^ (index & M64)) >> 11) * (1.0 / (1 << 53))
 
 
-def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int, index: int) -> int:
+def sample(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, seed: int, index: int
+) -> int:
     """One token from a row of logits. temperature <= 0 or top_k == 1: argmax, lowest id on ties.
     Else: z = logits / T; keep the top_k by (z desc, id asc); p = exp(z - max); keep the smallest
     prefix of that order whose mass reaches top_p of the total; draw u * kept mass on the prefix's
@@ -115,7 +121,9 @@ class PagedKV:
         self.k = np.zeros(shape, dtype)
         self.v = np.zeros(shape, dtype)
 
-    def write(self, layer: int, table: np.ndarray, pos: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    def write(
+        self, layer: int, table: np.ndarray, pos: np.ndarray, k: np.ndarray, v: np.ndarray
+    ) -> None:
         b, o = table[pos // self.block_size], pos % self.block_size
         self.k[layer, b, :, o] = k
         self.v[layer, b, :, o] = v
@@ -132,7 +140,13 @@ class ReferenceModel:
     output channel, each input row INT8 per token (symmetric), exact integer sums scaled in float32
     (zoi.numerics.primitives)."""
 
-    def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], dtype=np.float32, w8a8: bool = False):
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        weights: dict[str, np.ndarray],
+        dtype=np.float32,
+        w8a8: bool = False,
+    ):
         self.spec, self.dtype = spec, np.dtype(dtype)
         self.w = {k: np.asarray(v, self.dtype) for k, v in weights.items()}
         self.inv_freq = rope_inv_freq(spec)
@@ -140,8 +154,11 @@ class ReferenceModel:
         if w8a8:
             from zoi.numerics.primitives import quantize_weight
 
-            self.q8 = {k: quantize_weight(v) for k, v in weights.items()
-                       if k.endswith("_proj.weight") or k == "lm_head.weight"}
+            self.q8 = {
+                k: quantize_weight(v)
+                for k, v in weights.items()
+                if k.endswith("_proj.weight") or k == "lm_head.weight"
+            }
 
     def _lin(self, name: str, x: np.ndarray) -> np.ndarray:
         if name in self.q8:
@@ -153,8 +170,15 @@ class ReferenceModel:
             return (acc * (s[:, None] * ws[None, :])).astype(self.dtype)
         return x @ self.w[name].T
 
-    def forward(self, kv: PagedKV, tables: list[np.ndarray], starts, counts, ids: np.ndarray,
-                all_logits: bool = False) -> np.ndarray:
+    def forward(
+        self,
+        kv: PagedKV,
+        tables: list[np.ndarray],
+        starts,
+        counts,
+        ids: np.ndarray,
+        all_logits: bool = False,
+    ) -> np.ndarray:
         """Packed tokens of B sequences (sequence i: counts[i] tokens at positions starts[i]..);
         writes their K/V into `kv` through the block tables, attends causally over the cache.
         Returns the logits of each sequence's last token [B, V] (all tokens' [T, V] if asked)."""
@@ -215,11 +239,24 @@ class ReferenceModel:
 class ReferenceBackend(PagedBackend):
     """DecoderBackend in numpy (slow; the oracle and a backend for tests without the native core)."""
 
-    def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], num_blocks: int = 64,
-                 block_size: int = 16, max_batch: int = 8, max_seq_len: int | None = None, dtype=np.float32,
-                 w8a8: bool = False):
-        super().__init__(spec, num_blocks, block_size, max_batch,
-                         max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size))
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        weights: dict[str, np.ndarray],
+        num_blocks: int = 64,
+        block_size: int = 16,
+        max_batch: int = 8,
+        max_seq_len: int | None = None,
+        dtype=np.float32,
+        w8a8: bool = False,
+    ):
+        super().__init__(
+            spec,
+            num_blocks,
+            block_size,
+            max_batch,
+            max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size),
+        )
         self.model = ReferenceModel(spec, weights, dtype, w8a8=w8a8)
         self.kv = PagedKV(spec, num_blocks, block_size, dtype)
         self.last_logits: np.ndarray | None = None

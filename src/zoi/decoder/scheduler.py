@@ -41,6 +41,7 @@ from zoi.errors import InputError, ZoiError
 
 log = logging.getLogger("zoi.decoder")
 
+
 class GenerationError(ZoiError):
     """A request refused or failed. kind: "invalid" (the request can never run: the message says
     why and what to change), "backend" (the model failed), "unavailable" (shutting down)."""
@@ -153,13 +154,15 @@ class _NoMetrics:
 
 
 class DecoderMetrics:
-    """Prometheus metrics of the scheduler, registered in `registry` (the server's own)."""
+    """Prometheus metrics of the scheduler, registered in `registry` (the server's own), with the
+    server's histogram buckets: `seconds_buckets` for latencies, `size_buckets` for batch sizes
+    (zoi.serve.metrics; the decoder is a layer below it, so they are passed, with no fallback of
+    its own: one set of buckets for every histogram of a server)."""
 
-    def __init__(self, registry, seconds_buckets=None):
+    def __init__(self, registry, seconds_buckets, size_buckets):
         from prometheus_client import Counter, Gauge, Histogram
 
-        # the server passes its latency buckets (zoi.serve.metrics; the decoder is a layer below)
-        _SECONDS = tuple(seconds_buckets or (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0))
+        _SECONDS = tuple(seconds_buckets)
 
         r = registry
         self.running = Gauge("zoi_decoder_running", "sequences in the running batch", registry=r)
@@ -191,7 +194,7 @@ class DecoderMetrics:
         self.batch = Histogram(
             "zoi_decoder_step_batch_size",
             "sequences in one step",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            buckets=tuple(size_buckets),
             registry=r,
         )
         self.finished = Counter("zoi_decoder_finished", "requests finished", ["reason"], registry=r)

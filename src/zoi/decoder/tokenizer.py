@@ -72,7 +72,11 @@ class DecoderTokenizer:
             return t
         if isinstance(t, list):  # [{name, template}]: the "default" one
             for e in t:
-                if isinstance(e, dict) and e.get("name") == "default" and isinstance(e.get("template"), str):
+                if (
+                    isinstance(e, dict)
+                    and e.get("name") == "default"
+                    and isinstance(e.get("template"), str)
+                ):
                     return e["template"]
         return None
 
@@ -87,7 +91,9 @@ class DecoderTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
+    ) -> str:
         """The rendered prompt text (as transformers' apply_chat_template(tokenize=False))."""
         if self.chat_template is None:
             raise InputError(
@@ -114,12 +120,16 @@ def _compile(template: str):
         raise InputError(f"chat template: {message}")
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

@@ -12,10 +12,11 @@ __all__ = ["ALL", "bind_cuda_device", "parse_gpus", "resolve_gpus", "visible_gpu
 
 
 def bind_cuda_device(ordinal: int) -> None:
-    """Make GPU `ordinal` (of those this process sees) current before an Engine is built on it.
+    """Make GPU `ordinal` (of those this process sees) torch's current device.
 
-    The CUDA backend builds on torch.cuda.current_device(); a process that serves one GPU of
-    several (a Triton instance) sets it here.
+    Not needed to build an engine there: zoi.load / zoi.compile with device="cuda:N" build
+    and bind the engine on GPU N whatever the current device (a Triton instance loads with
+    "cuda:<model_instance_device_id>"). Kept for code that wants torch on that GPU too.
     """
     import torch
 

@@ -16,7 +16,7 @@ from zoi.decoder.scheduler import DecoderMetrics, Scheduler
 from zoi.serve.config import ServeConfig
 from zoi.serve.guard import Admission
 from zoi.serve.http import ApiError
-from zoi.serve.metrics import _SECONDS, Metrics
+from zoi.serve.metrics import _SECONDS, _SIZES, Metrics
 
 log = logging.getLogger("zoi.serve")
 
@@ -57,7 +57,7 @@ class DecoderService(Admission):
         self.device = device
         self.dtype = {"fp32": "float32", "int8": "int8"}.get(precision, precision)
         self.metrics = Metrics()
-        self.decoder_metrics = DecoderMetrics(self.metrics.registry, _SECONDS)
+        self.decoder_metrics = DecoderMetrics(self.metrics.registry, _SECONDS, _SIZES)
         self.in_flight = 0
         self.connections = None  # a zoi.serve.guard.ConnectionTracker once serving
         self.ready = False

@@ -337,7 +337,8 @@ def _check_same_model(engines: list) -> None:
     a = engines[0]
     for i, e in enumerate(engines[1:], 1):
         same = (
-            e.spec.hidden == a.spec.hidden
+            e.spec.name == a.spec.name
+            and e.spec.hidden == a.spec.hidden
             and e.spec.vocab_size == a.spec.vocab_size
             and e.spec.max_positions == a.spec.max_positions
             and e.precision == a.precision

@@ -36,6 +36,7 @@ import numpy as np
 
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
+from zoi.backends.cuda.device import device_index, on_device
 from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.outputs import memory_report, run_outputs
 from zoi.backends.cuda.plan import Launch, plan_launches
@@ -58,25 +59,6 @@ def default_buckets(max_tokens: int) -> list[int]:
     return out
 
 
-def _on_device(options: CudaOptions | None):
-    """While a backend is built on GPU `options.device_index`: that device current for torch
-    and triton (kernels compile and load there, buffers land there, graphs capture there);
-    the previous device comes back after. Per call nothing depends on the thread's current
-    device: the driver-API path makes the backend's own context current (callpath.py)."""
-    import contextlib
-
-    index = options.device_index if options is not None else None
-    if index is None or os.environ.get("TRITON_INTERPRET") == "1":
-        return contextlib.nullcontext()
-    try:
-        import torch
-    except ImportError:  # _init_device says what is missing
-        return contextlib.nullcontext()
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        return contextlib.nullcontext()  # _init_device raises the clear error
-    return torch.cuda.device(index)
-
-
 class CudaBackend:
     name = "cuda"
 
@@ -93,7 +75,7 @@ class CudaBackend:
         """options: CudaOptions (defaults: the H200's choices); fuse_min_tokens, pdl and
         persistent_max override its fields of the same name. options.device_index: the GPU
         everything is built on (its primary context; None: the current device)."""
-        with _on_device(options):
+        with on_device(options):
             self._construct(
                 model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options
             )
@@ -208,15 +190,7 @@ class CudaBackend:
             )
         self.drv, self._cu = drv, drv.cu
         torch.cuda.init()
-        index = self.opts.device_index
-        if index is None:
-            index = torch.cuda.current_device()
-        elif index >= torch.cuda.device_count():
-            raise BackendUnavailableError(
-                f"device='cuda:{index}': torch sees {torch.cuda.device_count()} GPU(s) "
-                f"(ids 0..{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)"
-            )
-        self.device_index = int(index)
+        self.device_index = device_index(torch, self.opts.device_index)
         self.dev = f"cuda:{self.device_index}"  # every buffer explicitly on this GPU
         torch.empty(1, device=self.dev)  # the runtime's primary context exists from here
         self.cu_dev, self.ctx = drv.primary_context(self.device_index)

@@ -73,6 +73,63 @@ def _epilogue(
 
 
 @triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr):
+    """acc + x @ w (x fp32 [BM, BK], w [BK, BN] of the weight dtype): exact IEEE fp32 or fp16 in."""
+    if IEEE:
+        acc = tl.dot(x, w.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x.to(tl.float16), w.to(tl.float16), acc)
+    return acc
+
+
+@triton.jit
+def _split_k_reduce(
+    acc,
+    acc_u,
+    ss,
+    pid_m,
+    pid_n,
+    pid_k,
+    ws_ptr,
+    cnt_ptr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    SWIGLU: tl.constexpr,
+):
+    """Write this K slice's partial tile (acc, acc_u, ss) and bump the tile's counter; the last
+    slice in sums every partial in slice order and resets the counter. Returns the sums (this
+    slice's own partials elsewhere) and whether this program is the last."""
+    NACC: tl.constexpr = 2 if SWIGLU else 1
+    TILE: tl.constexpr = BLOCK_M * BLOCK_N * NACC + BLOCK_M
+    tile = pid_m * tl.num_programs(1) + pid_n
+    lm = tl.arange(0, BLOCK_M)
+    ln = tl.arange(0, BLOCK_N)
+    loc = lm[:, None] * BLOCK_N + ln[None, :]
+    base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * TILE)
+    mine = base + pid_k * TILE
+    tl.store(mine + loc, acc)
+    if SWIGLU:
+        tl.store(mine + BLOCK_M * BLOCK_N + loc, acc_u)
+    tl.store(mine + BLOCK_M * BLOCK_N * NACC + lm, ss)
+    tl.debug_barrier()  # every thread's partial is written before the counter moves
+    seen = tl.atomic_add(cnt_ptr + tile, 1)  # acq_rel, gpu scope
+    last = seen == SPLIT_K - 1
+    if last:  # the last slice in: reduce in slice order
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for s in range(SPLIT_K):
+            p = base + s * TILE
+            acc += tl.load(p + loc, cache_modifier=".cg")
+            if SWIGLU:
+                acc_u += tl.load(p + BLOCK_M * BLOCK_N + loc, cache_modifier=".cg")
+            ss += tl.load(p + BLOCK_M * BLOCK_N * NACC + lm, cache_modifier=".cg")
+        tl.store(cnt_ptr + tile, 0)
+    return acc, acc_u, ss, last
+
+
+@triton.jit
 def linear_kernel(
     x_ptr,  # [*, K] activations (fp16 / fp32), row stride ldx
     rows_ptr,  # [M] int32 (GATHER)
@@ -130,18 +187,16 @@ def linear_kernel(
         if RMS:
             ss += tl.sum(x * x, 1)
         wmask = k_ok[:, None] & n_ok[None, :]
-        w = tl.load(w_base + k[:, None], mask=wmask, other=0)
-        if IEEE:
-            acc = tl.dot(x, w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x.to(tl.float16), w.to(tl.float16), acc)
-        if SWIGLU:
-            wu = tl.load(wu_base + k[:, None], mask=wmask, other=0)
-            if IEEE:
-                acc_u = tl.dot(x, wu.to(tl.float32), acc_u, input_precision="ieee")
-            else:
-                acc_u = tl.dot(x.to(tl.float16), wu.to(tl.float16), acc_u)
-    if SPLIT_K == 1:
+        acc = _dot(x, tl.load(w_base + k[:, None], mask=wmask, other=0), acc, IEEE)
+        if SWIGLU:  # the up rows: the same dot on the second half of W
+            acc_u = _dot(x, tl.load(wu_base + k[:, None], mask=wmask, other=0), acc_u, IEEE)
+    # the program that runs the epilogue: every one without split-K, the last K slice in with it
+    last = True
+    if SPLIT_K > 1:
+        acc, acc_u, ss, last = _split_k_reduce(
+            acc, acc_u, ss, pid_m, pid_n, pid_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, SPLIT_K, SWIGLU
+        )
+    if last:
         _epilogue(
             acc,
             acc_u,
@@ -163,53 +218,6 @@ def linear_kernel(
             SWIGLU,
             RESIDUAL,
         )
-    else:
-        NACC: tl.constexpr = 2 if SWIGLU else 1
-        TILE: tl.constexpr = BLOCK_M * BLOCK_N * NACC + BLOCK_M
-        tile = pid_m * tl.num_programs(1) + pid_n
-        lm = tl.arange(0, BLOCK_M)
-        ln = tl.arange(0, BLOCK_N)
-        loc = lm[:, None] * BLOCK_N + ln[None, :]
-        base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * TILE)
-        mine = base + pid_k * TILE
-        tl.store(mine + loc, acc)
-        if SWIGLU:
-            tl.store(mine + BLOCK_M * BLOCK_N + loc, acc_u)
-        tl.store(mine + BLOCK_M * BLOCK_N * NACC + lm, ss)
-        tl.debug_barrier()  # every thread's partial is written before the counter moves
-        seen = tl.atomic_add(cnt_ptr + tile, 1)  # acq_rel, gpu scope
-        if seen == SPLIT_K - 1:  # the last slice in: reduce in slice order
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for s in range(SPLIT_K):
-                p = base + s * TILE
-                acc += tl.load(p + loc, cache_modifier=".cg")
-                if SWIGLU:
-                    acc_u += tl.load(p + BLOCK_M * BLOCK_N + loc, cache_modifier=".cg")
-                ss += tl.load(p + BLOCK_M * BLOCK_N * NACC + lm, cache_modifier=".cg")
-            tl.store(cnt_ptr + tile, 0)
-            _epilogue(
-                acc,
-                acc_u,
-                ss,
-                rm,
-                rn,
-                M,
-                N,
-                K,
-                eps,
-                s_ptr,
-                b_ptr,
-                res_ptr,
-                out_ptr,
-                ldo,
-                W_INT8,
-                HAS_BIAS,
-                RMS,
-                SWIGLU,
-                RESIDUAL,
-            )
 
 
 @dataclass(frozen=True)
