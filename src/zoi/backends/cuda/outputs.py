@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoi.backends.cuda.device import on_device
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.errors import InputError
 
@@ -18,8 +19,6 @@ def run_outputs(be, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
     (a tap is the input of the graph's last op, intact at the end); pooled rows come back
     as in run. A bucket built as the one-launch persistent forward keeps its activations
     elsewhere: with taps, its per-op launches run instead (eagerly, uncaptured)."""
-    from zoi.backends.cuda.backend import _on_device
-
     g = be.model.graph
     if types is not None and "types" in g.inputs and np.any(np.asarray(types) != 0):
         raise InputError("device='cuda' runs token type 0 only for this model")
@@ -45,7 +44,7 @@ def run_outputs(be, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
             steps = be.__dict__.setdefault("_tap_steps", {}).get(tb)
             if steps is None:  # built (kernels compiled) on first use, on this GPU
                 steps = be._tap_steps[tb] = per_op_steps(plan, be.mem, be.w, be.spec, tb, False)
-            with _on_device(be.opts), torch.cuda.stream(be.tstream):
+            with on_device(be.opts), torch.cuda.stream(be.tstream):
                 be.d_in[:n].copy_(torch.from_numpy(be.h_in[:n].copy()))
                 for s in steps:
                     s()
