@@ -189,7 +189,9 @@ def test_arch_on_cuda(arch, precision, tmp_path):
     if arch in ("mpnet", "modernbert"):  # the one-launch forward is BERT-only: refused, per-op
         from zoi.backends.cuda.persistent import PersistentUnsupported, _layers
 
-        with pytest.raises(PersistentUnsupported, match="bias, RoPE or window|position table"):
+        with pytest.raises(
+            PersistentUnsupported, match="bias, RoPE or window|position table|launch list"
+        ):
             _layers(be)
     got = be.run(ids, pos, cu, True)
     assert np.isfinite(got).all()
