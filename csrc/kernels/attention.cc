@@ -3,13 +3,17 @@
 // of query rows computes only the keys of its windows; softmax over each row's own keys) and
 // RoPE (q rows rotated into the scratch, k rotated while K^T is laid out).
 // One work item = (sequence, head); items are split over threads by cost (L^2) so that
-// ragged batches stay balanced. Per item: K^T of the head is laid out [d][Lp] in the
-// thread's scratch so that a query row's scores are vector FMAs over keys; softmax; then
-// ctx = sum_j p_j v_j with the output rows held in registers.
-// Rounding follows the numpy reference step for step: q.k and p.v as one FMA chain each over
-// the inner index from 0 (what its BLAS does at these shapes), np.exp's kernel, numpy's
-// pairwise sum, p = e / sum before p.v. The attention output is quantised for the next INT8
-// GEMM, where a 1-ulp difference flips an integer step.
+// ragged batches stay balanced, and each thread prefetches its next item's q / k / v rows
+// into L2 while it computes the current one. Per item: K^T of the head is laid out [d][Lp]
+// in the thread's scratch (16 x 16 blocks transposed in registers) so that a query row's
+// scores are vector FMAs over keys, and V's rows are copied out of the 3H stride; softmax
+// without division (e = 2^(s log2 e - m log2 e) by `vexp2`, the sum in vector lanes); then
+// ctx = (sum_j e_j v_j) / sum with the output rows held in registers.
+// Numerics: to tolerance of the numpy reference, not step for step (until 2026-12-01 it was
+// bit-identical where BLAS uses one FMA chain: np.exp's kernel with its division, numpy's
+// pairwise sum, p = e / sum before p.v; that softmax cost ~27% of the kernel). Against the
+// float64 reference the error stays within 4x the float32 numpy reference's own
+// (tests/cpu/test_attention_fast.py, tests/ops/test_attention*.py).
 #include "kernels.h"
 #include "np_sum.h"
 #include "simd.h"
@@ -59,16 +63,38 @@ inline void scores_block(const float* const* q, const float* kt, int lp, int d, 
     for (int u = 0; u < NV; ++u) V::store(s[r] + j + u * V::N, V::mul(acc[r][u], scale));
 }
 
-// o_i[c0 : c0 + NV*N) = sum_j p_i[j] v_j for NQ rows, one FMA chain per output over j
+// o_i[c0 : c0 + NV*N) = inv_i sum_j e_i[j] v_j for NQ rows. With 32 registers the even and odd
+// keys go to two sets of accumulators (2 NQ NV independent FMA chains: 8 were too few to cover
+// the FMA latency), added at the end.
+constexpr int kPvSplit = kVRegs >= 32 ? 2 : 1;
 template <int NQ, int NV, bool FULL>
 inline void pv_block(const float* const* p, const float* v, int ldv, int ja, int jb, int c0, int d, float* const* o,
                      const float* inv) {
-  T acc[NQ][NV];
+  constexpr int JS = kPvSplit * NV * (NQ + 1) + 1 <= kVRegs ? kPvSplit : 1;
+  T acc[JS][NQ][NV];
+#pragma GCC unroll 2
+  for (int g = 0; g < JS; ++g)
 #pragma GCC unroll 4
-  for (int r = 0; r < NQ; ++r)
+    for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u) acc[r][u] = V::zero();
-  for (int j = ja; j < jb; ++j) {
+      for (int u = 0; u < NV; ++u) acc[g][r][u] = V::zero();
+  int j = ja;
+  for (; j + JS <= jb; j += JS) {
+#pragma GCC unroll 2
+    for (int g = 0; g < JS; ++g) {
+      const float* vr = v + static_cast<size_t>(j + g) * ldv + c0;
+      T vv[NV];
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) vv[u] = FULL ? V::load(vr + u * V::N) : V::load_n(vr + u * V::N, d - c0 - u * V::N);
+#pragma GCC unroll 4
+      for (int r = 0; r < NQ; ++r) {
+        const T pj = V::set(p[r][j + g]);
+#pragma GCC unroll 4
+        for (int u = 0; u < NV; ++u) acc[g][r][u] = V::fma_exact(pj, vv[u], acc[g][r][u]);
+      }
+    }
+  }
+  for (; j < jb; ++j) {
     const float* vr = v + static_cast<size_t>(j) * ldv + c0;
     T vv[NV];
 #pragma GCC unroll 4
@@ -77,13 +103,17 @@ inline void pv_block(const float* const* p, const float* v, int ldv, int ja, int
     for (int r = 0; r < NQ; ++r) {
       const T pj = V::set(p[r][j]);
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[r][u] = V::fma_exact(pj, vv[u], acc[r][u]);
+      for (int u = 0; u < NV; ++u) acc[0][r][u] = V::fma_exact(pj, vv[u], acc[0][r][u]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < NQ; ++r)
 #pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u) V::store_n(o[r] + c0 + u * V::N, V::mul(acc[r][u], V::set(inv[r])), d - c0 - u * V::N);
+    for (int u = 0; u < NV; ++u) {
+      T t = acc[0][r][u];
+      if (JS == 2) t = V::add(t, acc[JS - 1][r][u]);
+      V::store_n(o[r] + c0 + u * V::N, V::mul(t, V::set(inv[r])), d - c0 - u * V::N);
+    }
 }
 
 // s[0:L) <- exp(s[0:L) - max) (unnormalised); returns 1 / sum. exp(s - m) = 2^t with

@@ -46,7 +46,9 @@ def _check(out, qkv, cu, heads, d, scale, well_conditioned=True):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("heads,d", SHAPES)
-@pytest.mark.parametrize("spec", LENGTHS, ids=lambda s: s if isinstance(s, str) else "-".join(map(str, s)))
+@pytest.mark.parametrize(
+    "spec", LENGTHS, ids=lambda s: s if isinstance(s, str) else "-".join(map(str, s))
+)
 def test_attention_vs_float64(isa, heads, d, spec):
     rng = np.random.default_rng([heads, d, len(str(spec)), 7])
     lengths = _lengths(spec, rng)

@@ -39,7 +39,7 @@ from zoi.backends.cuda.callpath import DriverCall, HostStaging
 from zoi.backends.cuda.device import device_index, on_device
 from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.outputs import memory_report, run_outputs
-from zoi.backends.cuda.plan import Launch, plan_launches
+from zoi.backends.cuda.plan import Launch, plan_launches, require_fp8
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.backends.cuda.submit import AsyncSlots
 from zoi.backends.cuda.weights import pack_weights
@@ -84,7 +84,7 @@ class CudaBackend:
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
-        if self.precision not in ("int8", "fp16", "fp32"):
+        if self.precision not in ("int8", "fp16", "fp32", "fp8"):
             raise InputError(f"unknown precision {self.precision!r}")
         if self.precision == "fp32":
             log.warning(
@@ -99,6 +99,8 @@ class CudaBackend:
         self.max_batch = int(min(model.plan.max_batch, self.max_tokens))
         self._lock = threading.Lock()
         self._init_device(interpret)
+        if self.precision == "fp8" and not self.eager:
+            require_fp8(self.capability, self.device_name)
         self.fuse_min_tokens = int(opts.fuse_min_tokens)
         self.pdl = (
             (not self.eager and self.capability >= (9, 0))
