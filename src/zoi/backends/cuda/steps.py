@@ -11,13 +11,13 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
 
     from zoi.backends.cuda.kernels import attention as k_attn
     from zoi.backends.cuda.kernels import attention_ext as k_ext
-    from zoi.backends.cuda.kernels import glu as k_glu
-    from zoi.backends.cuda.kernels import sparse_pool as k_sp
     from zoi.backends.cuda.kernels import embed as k_embed
+    from zoi.backends.cuda.kernels import glu as k_glu
     from zoi.backends.cuda.kernels import layernorm as k_ln
     from zoi.backends.cuda.kernels import linear as k_lin
     from zoi.backends.cuda.kernels import pool as k_pool
     from zoi.backends.cuda.kernels import quantize as k_q
+    from zoi.backends.cuda.kernels import sparse_pool as k_sp
 
     T = arena.amax_region.shape[1]
     max_batch = arena.d_out.shape[0]
