@@ -3,11 +3,12 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|multigpu|multibench] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|multigpu|multibench|fp8] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
 #   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
 #   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
 #   multibench (explicit only): scripts/bench_multigpu.sh (1 GPU vs 2 on zoi serve, Triton, Ray)
+#   fp8 (explicit only, sm_89+): FP8 tests compiled, zoi eval --precision fp8, zoi bench fp8/int8/fp16
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -67,6 +68,21 @@ if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): lab/
   log "decoder benchmark" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${DECBENCH_TIMEOUT:-580}" $PY lab/gpu/decode_bench.py ${DECBENCH_ARGS:-} --out "$OUT/gpu_decode_bench_${STAMP}.json" 2>&1 \
     | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" fp8 "* ]]; then  # explicit only (an sm_89+ GPU), ~8 min: issue 21's FP8
+  log "fp8: tests compiled (kernels vs zoi.numerics.fp8, engine vs the FP8 emulation, real MiniLM)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  ZOI_TRITON_COMPILED=1 timeout "${FP8_TEST_TIMEOUT:-300}" $PY -m pytest tests/cuda_backend/test_fp8.py tests/quant/test_fp8.py tests/test_quantmode.py \
+    -q -rA -p no:cacheprovider 2>&1 | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  frc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$frc
+  echo "fp8 tests exit code $frc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  log "fp8: zoi eval FP8 (cuda) vs FP32, every domain" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${FP8_EVAL_TIMEOUT:-400}" $PY -m zoi.cli eval ${ZOI_MINILM_DIR:-} --precision fp8 --device cuda -q \
+    --json "$OUT/gpu_eval_fp8_${STAMP}.json" 2>&1 | tail -30 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  log "fp8: zoi bench --device cuda, fp8 vs int8 vs fp16 (minilm 32x128, 256x128)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  ZOI_MINILM_PATH=${ZOI_MINILM_PATH:-${ZOI_MINILM_DIR:-}} timeout "${FP8_BENCH_TIMEOUT:-400}" \
+    $PY -m zoi.bench.cli --device cuda --no-rss --providers zoi-cuda-fp8,zoi-cuda-int8,zoi-cuda-fp16 \
+    --workloads "${FP8_WORKLOADS:-minilm-32x128,minilm-256x128}" --rounds 5 \
+    --out "$OUT/gpu_bench_fp8_${STAMP}.json" 2>&1 | tail -30 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (one forward per precision)" | tee -a "$OUT/gpu_check_${STAMP}.log"

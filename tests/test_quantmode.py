@@ -12,7 +12,7 @@ from zoi.graph.quantmode import QuantMode
 
 
 def test_modes_are_the_stored_strings():
-    assert [m.value for m in QuantMode] == ["fp32", "dynamic", "static", "dynamic_asym"]
+    assert [m.value for m in QuantMode] == ["fp32", "dynamic", "static", "dynamic_asym", "fp8"]
     for m in QuantMode:
         assert m == m.value and hash(m) == hash(m.value) and str(m) == m.value
         assert {m.value: 1}[m] == 1 and {m: 1}[m.value] == 1
@@ -20,12 +20,14 @@ def test_modes_are_the_stored_strings():
 
 
 def test_kernel_codes_and_parse():
-    assert [m.kernel_code for m in QuantMode] == [0, 1, 2, 3]
+    assert [m.kernel_code for m in QuantMode] == [0, 1, 2, 3, 5]
     assert QuantMode.parse(None) is QuantMode.DYNAMIC
     assert QuantMode.parse("dynamic_asym") is QuantMode.DYNAMIC_ASYM
     with pytest.raises(ValueError, match=r"l0.qkv: unknown INT8 scheme 'int4'.*dynamic_asym"):
         QuantMode.parse("int4", "l0.qkv")
     assert not QuantMode.FLOAT.is_int8 and QuantMode.STATIC.is_int8
+    assert not QuantMode.FP8.is_int8 and QuantMode.FP8.quantized and not QuantMode.FLOAT.quantized
+    assert QuantMode.parse("fp8") is QuantMode.FP8
 
 
 def test_linear_quant_holds_a_mode_and_saves_the_string():
@@ -41,4 +43,5 @@ def test_the_kernels_modes_come_from_the_enum():
     pytest.importorskip("triton")
     from zoi.backends.cuda.kernels.quantize import QMODES
 
-    assert QMODES == {m.value: m.kernel_code for m in QuantMode if m.is_int8}
+    assert QMODES == {m.value: m.kernel_code for m in QuantMode if m.quantized}
+    assert QMODES["fp8"] == 5

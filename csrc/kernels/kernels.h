@@ -58,7 +58,8 @@ struct GemmI8Args {
   int32_t* y_i32 = nullptr;       // tests: when set, raw integer sums [M, ldy] instead of y
   // optional: also quantise each finished row of y (N = K of the next INT8 GEMM) into qo, while
   // it is L2-hot; the work is then split over rows (chunks of all N columns). qo.q must not be a.
-  // The engine sets it only for M >= kI8FuseQuantMinM (below, the N split reads each weight once)
+  // The engine sets it only for M >= the plan's q_min_m (zoi.graph.fusion, measured: kI8FuseQuantMinM;
+  // below, the N split reads each weight once)
   QuantOut qo;
 };
 constexpr int kI8FuseQuantMinM = 256;

@@ -457,7 +457,7 @@ def _add_engine_args(p, with_output: bool) -> None:
         help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2)",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16", "fp8"])
     p.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per backend call (arena size)"
     )
@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"progress bar on stderr (default: on a terminal, above {PROGRESS_AUTO_TEXTS} texts)",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "reference"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16", "fp8"])
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument(
         "--batch-size",

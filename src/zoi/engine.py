@@ -31,7 +31,7 @@ from zoi.heads import HeadsMixin, default_max_tokens, head_backend, quantize_hea
 from zoi.pipeline import ArraySource, Staging, StreamSource, run_chunks
 
 ARTIFACT_FORMAT = 1
-PRECISIONS = ("fp32", "int8", "fp16")
+PRECISIONS = ("fp32", "int8", "fp16", "fp8")
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "reference": 4096, "cuda": 32768}
 DEFAULT_MAX_BATCH = 1024  # sequences per backend call (sizes the pooled output buffers)
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -138,7 +138,7 @@ def _check_quant(quant: dict[str, LinearQuant], where) -> None:
     from zoi.quant.config import ACT_SCHEMES
 
     for p, q in quant.items():
-        if q.scheme not in (*ACT_SCHEMES, "fp32"):
+        if q.scheme not in (*ACT_SCHEMES, "fp32", "fp8"):
             raise CheckpointError(f"{where}: linear {p!r} has unknown scheme {q.scheme!r}")
         if q.scheme == "static":
             a = q.amax
@@ -173,6 +173,12 @@ def _check_precision(precision: str, device: str) -> None:
         raise ValueError(
             "precision='fp16' runs on device='cuda' only; use 'fp32' or 'int8' on the CPU"
         )
+    if precision == "fp8" and device not in ("cuda", "reference"):
+        raise ValueError(
+            "precision='fp8' (E4M3 weights and activations) runs on device='cuda' with an "
+            "FP8 GPU (compute capability 8.9+: Ada, Hopper), or emulated on "
+            "device='reference'; on the CPU use precision='int8' or 'fp32'"
+        )
 
 
 def compile(  # noqa: A001 - the public name, as torch.compile
@@ -193,7 +199,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
 
     device: "cpu" (native core), "cuda", "auto" (GPU if usable, else CPU) or "reference" (numpy);
     "cuda:N" builds on GPU N (its own weights, arena and CUDA graphs; one engine per GPU).
-    precision: "fp32", "int8" (quantised weights and activations) or "fp16" (GPU only).
+    precision: "fp32", "int8" (quantised weights and activations), "fp16" (GPU only) or
+    "fp8" (E4M3 weights and activations, dynamic scales: an sm_89+ GPU, or emulated on
+    device="reference").
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
     truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
@@ -225,6 +233,10 @@ def compile(  # noqa: A001 - the public name, as torch.compile
             spec, weights, tokenizer, calibration, quant_config, progress
         )
         steps.done()
+    elif precision == "fp8":  # dynamic scales: nothing to calibrate (zoi.quant.fp8)
+        from zoi.quant.fp8 import fp8_quant
+
+        quant = fp8_quant(spec)
     steps.step("planning memory")
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model)
@@ -691,6 +703,11 @@ def load(
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{folder / 'zoi.json'}: malformed artifact metadata ({e})") from e
     _check_quant(quant, folder / "zoi.json")
+    if (precision == "fp8") != any(q.scheme == "fp8" for q in quant.values()) and quant:
+        raise CheckpointError(
+            f"{folder / 'zoi.json'}: precision {precision!r} with linears of scheme 'fp8' "
+            "mixed inconsistently (re-compile the model)"
+        )
     if max_tokens is not None:
         max_tokens = _check_count("max_tokens", max_tokens)
     device, device_index = _split_device(device or "cpu")

@@ -83,7 +83,7 @@ else:
         size=dict(max_tokens=64),
         plan=dict(buckets=[16, 64], fuse_min_tokens=64),  # bucket 16 unfused, 64 fused
         lens=([1], [5, 1, 9], [40, 3, 17]),
-        quant_lens=([1], [5, 1, 9], [32, 3, 17], [20, 20, 20], [2] * 32),
+        quant_lens=([1], [5, 1, 9], [32, 3, 17], [20, 20, 20]),
         quant_cases=[(k, "tiny") for k in NEEDS],
         tiny_cos=0.999,
         rowq=[True],

@@ -226,4 +226,6 @@ def test_gpu_takes_every_head(head_ckpts):
         if task != "seq":
             assert cuda_missing(eng.model.graph) == []
     with pytest.raises(BackendUnavailableError, match="token classification.*device='tpu'"):
-        check_head_device(zoi.compile(head_ckpts("bert", "tok", 3)[0], device="reference").spec, "tpu")
+        check_head_device(
+            zoi.compile(head_ckpts("bert", "tok", 3)[0], device="reference").spec, "tpu"
+        )

@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="native",
         choices=["native", "avx2"],
         help="avx2: cap the peers at AVX2 where each library allows it (CTranslate2, PyTorch, "
-        "OpenVINO; ONNX Runtime cannot be capped and is marked 'native ISA'); zoi's own ISA is "
-        "ZOI_CPU_ISA's (e.g. ZOI_CPU_ISA=avx2 zoi bench --peer-isa avx2)",
+        "OpenVINO; ONNX Runtime cannot be capped and is marked 'native ISA'); zoi runs the same "
+        "ISA (ZOI_CPU_ISA=avx2) unless ZOI_CPU_ISA is set",
     )
     p.add_argument("--threads", type=int, default=2, help="threads for every provider (default 2)")
     p.add_argument(

@@ -116,6 +116,7 @@ class Bench:
         self.memory: list[dict] = []
         self.acc: list[dict] = []
         self.loads: list[dict] = []
+        self.refusals: list[dict] = []  # (provider, model) pairs a peer could not convert
         self.phases: dict[str, float] = {}  # wall seconds spent per phase
 
     @contextlib.contextmanager
@@ -216,10 +217,15 @@ class Bench:
                 cls = getattr(importlib.import_module(s.module), s.cls)
                 arts[s.name] = cls.convert(s, model, self.cache)
             except Exception as e:  # a peer whose conversion fails is reported, not fatal
-                self.skip(
-                    s.name, f"conversion failed for {model.name}: {type(e).__name__}: {e}", "failed"
-                )
+                self.refuse(s.name, model.name, f"{type(e).__name__}: {e}")
         return arts
+
+    def refuse(self, name: str, model: str, why: str) -> None:
+        """A peer that cannot take this model (CTranslate2 has no MPNet converter, ...): recorded
+        per model in ``refusals``; the provider still runs the other models."""
+        self.refusals.append({"provider": name, "model": model, "reason": why.strip()[-2000:]})
+        first = why.strip().splitlines()[0] if why.strip() else why
+        self.con.print(f"[yellow]refused[/] {name} on {model}: {escape(first[:300])}")
 
     def limits(self, model: M.ModelRef, seqs_by_wl: dict[str, list]) -> tuple[int, int]:
         """(max_tokens, max_batch) that hold every token-id workload of this model in one
@@ -496,6 +502,14 @@ class Bench:
             r["baseline"] = base if b else None
             r["speedup"] = (b["p50_ms"] / r["p50_ms"]) if b else None
         for s in specs:
+            ran = any(r.get("provider") == s.name for r in self.rows)
+            why = "; ".join(
+                f"{x['model']}: {x['reason'].splitlines()[0][:300]}"
+                for x in self.refusals
+                if x["provider"] == s.name
+            )
+            if why and not ran:
+                self.status.setdefault(s.name, {"status": "failed", "reason": why})
             self.status.setdefault(s.name, {"status": "ok", "reason": None})
         providers = [
             {
@@ -558,6 +572,7 @@ class Bench:
             },
             "workloads": [w.to_json() for w in wls],
             "providers": providers,
+            "refusals": self.refusals,
             "results": self.rows,
             "memory": self.memory,
             "accuracy": {"source": getattr(self, "acc_source", None), "rows": self.acc},

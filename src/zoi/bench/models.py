@@ -131,7 +131,7 @@ def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
     (tmp / "1_Pooling" / "config.json").write_text(
         json.dumps(
             {
-                "word_embedding_dimension": 768,
+                "word_embedding_dimension": int(cfg.hidden_size),
                 "pooling_mode_cls_token": False,
                 "pooling_mode_mean_tokens": True,
                 "pooling_mode_max_tokens": False,
@@ -224,6 +224,11 @@ def get_model(name: str, cache_dir: Path) -> ModelRef:
             dst.parent.mkdir(parents=True, exist_ok=True)
             _make_bert_base(dst, minilm_path(), name)
         return ModelRef(
-            name, dst, hidden=768, layers=kw["num_hidden_layers"], heads=12, max_len=512
+            name,
+            dst,
+            hidden=kw["hidden_size"],
+            layers=kw["num_hidden_layers"],
+            heads=kw["num_attention_heads"],
+            max_len=512,
         )
     raise ValueError(f"unknown benchmark model {name!r} (one of {MODELS})")

@@ -6,7 +6,8 @@ backend calls it at construction, so the attributes always match the model's wei
 quantisation):
 
 every ``linear``
-    ``quant``: its ``QuantMode`` (FLOAT: float weights, or weight-only INT8 dequantised).
+    ``quant``: its ``QuantMode`` (FLOAT: float weights, or weight-only INT8 dequantised; FP8:
+    precision="fp8", an E4M3 copy named ``"<input>@fp8#q"``, placed by the same rules).
 an INT8 ``linear`` (reads an INT8 copy of its input)
     ``quant_in``: the name of the copy, ``"<input>@<tag>#q"`` (tag: the mode, the static amax,
     or the linear's own weight prefix when it has a SmoothQuant ``act_shift`` / ``act_mul``,
@@ -64,6 +65,8 @@ def linear_quant(model, prefix: str) -> tuple[QuantMode, float]:
     linear has int8 weights and its scheme is not "fp32" (weight-only INT8 is FLOAT: its
     weights are dequantised by the backend). An unknown scheme raises ValueError."""
     W, q = model.weights, model.quant.get(prefix)
+    if model.precision == "fp8" and q is not None and q.scheme == QuantMode.FP8:
+        return QuantMode.FP8, 0.0  # E4M3 (zoi.numerics.fp8): weights packed by the backend
     if model.precision == "int8" and f"{prefix}.w_q" in W and (q is None or q.scheme != "fp32"):
         mode = QuantMode.parse(None if q is None else q.scheme, prefix)
         return mode, float(q.amax) if mode is QuantMode.STATIC else 0.0
@@ -123,11 +126,13 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
         ):
             op.attrs["fuse_ln"] = nxt.output
             nxt.attrs["fuse_into"] = op.output
-        if not mode.is_int8:
+        if not mode.quantized:  # FLOAT; INT8 and FP8 read a 1-byte copy ("i8" buffer)
             continue
         X = op.inputs[0]
         tr = any(f"{p}.{t}" in model.weights for t in ("act_shift", "act_mul"))
         tag = p if tr else (f"static{amax!r}" if mode is QuantMode.STATIC else mode.value)
+        if mode is QuantMode.FP8 and tr:  # an FP8 copy's name always ends "@fp8#q"
+            tag = f"{p}@fp8"
         qname = f"{X}@{tag}#q"
         op.attrs.update(
             quant_in=qname,

@@ -8,6 +8,9 @@ and the docs (issue 11). Its value is the string artifacts store in ``LinearQuan
 | ``DYNAMIC`` | per-token symmetric int8, scale = amax / 127 | per-channel int8 |
 | ``STATIC`` | per-tensor symmetric int8 from a calibrated amax | per-channel int8 |
 | ``DYNAMIC_ASYM`` | per-token asymmetric uint8 (scale, zero point) | per-channel int8 |
+| ``FP8`` ("fp8") | per-token E4M3, scale = amax / 448 | per-channel E4M3 (zoi.numerics.fp8) |
+
+``quantized``: any mode but FLOAT (INT8 or FP8); ``is_int8``: the three INT8 schemes only.
 
 The backends map it to their own codes at their edge only: ``kernel_code`` is the Triton
 kernels' ``QMODE`` constexpr (and the C++ ``QuantOut`` mode the CPU core takes).
@@ -23,6 +26,7 @@ class QuantMode(str, Enum):
     DYNAMIC = "dynamic"
     STATIC = "static"
     DYNAMIC_ASYM = "dynamic_asym"
+    FP8 = "fp8"  # precision="fp8": E4M3 weights and activations (Hopper / Ada GPUs)
 
     __hash__ = str.__hash__  # dict keys and lookups interchangeable with the plain strings
 
@@ -31,11 +35,16 @@ class QuantMode(str, Enum):
 
     @property
     def is_int8(self) -> bool:
+        return self not in (QuantMode.FLOAT, QuantMode.FP8)
+
+    @property
+    def quantized(self) -> bool:
+        """INT8 or FP8: the linear's weights and activations are quantised."""
         return self is not QuantMode.FLOAT
 
     @property
     def kernel_code(self) -> int:
-        """The kernels' QMODE: 0 none (float), 1 dynamic, 2 static, 3 dynamic_asym."""
+        """The kernels' QMODE: 0 none (float), 1 dynamic, 2 static, 3 dynamic_asym, 5 fp8."""
         return _CODES[self]
 
     @classmethod
@@ -67,4 +76,5 @@ _CODES = {
     QuantMode.DYNAMIC: 1,
     QuantMode.STATIC: 2,
     QuantMode.DYNAMIC_ASYM: 3,
+    QuantMode.FP8: 5,
 }

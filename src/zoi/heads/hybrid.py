@@ -7,8 +7,8 @@ pooled rows (a few microseconds against the encoder's milliseconds).
 Token types reach the GPU embedding without a kernel change: the body's word table holds one
 copy of the words per type, `word[v] + type[t] - type[0]` at row `t * V + v`, and the token id
 of a type-t token is `t * V + id` (the backend adds type[0] as for any embedding model): the
-same sum, rounded once more. Token classification and SPLADE need per-token outputs the
-GPU backend does not hand back yet; they are refused on cuda (zoi.heads.check_head_device).
+same sum, rounded once more. Token classification and SPLADE run on the CUDA backend itself
+(CudaBackend.run_outputs: per-token outputs from its arena, SPLADE pooled on the GPU).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from zoi.numerics import fp8 as qf8
 from zoi.numerics import primitives as qp
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
@@ -238,7 +239,8 @@ def linear_apply(
     x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exact: bool = True
 ) -> np.ndarray:
     """x @ w.T + b of one linear (before activation / residual): float, or emulated INT8 by
-    `lq.scheme` ("dynamic" | "static" | "dynamic_asym"; "fp32" or None: float). Float
+    `lq.scheme` ("dynamic" | "static" | "dynamic_asym"; "fp8": emulated E4M3, zoi.numerics.fp8;
+    "fp32" or None: float). Float
     inputs keep their dtype (float64 for golden runs); INT8 runs in float32 as the kernels."""
     b = weights.get(prefix + ".b")
     scheme = getattr(lq, "scheme", "fp32") if lq is not None else "fp32"
@@ -250,6 +252,9 @@ def linear_apply(
         y = x @ w.T.astype(x.dtype)
         return (y + b.astype(x.dtype) if b is not None else y).astype(x.dtype)
     x = x.astype(np.float32)
+    if scheme == "fp8":  # E4M3 weights per channel, activations per token (numerics.fp8)
+        w_q, w_s = qf8.quantize_weight_fp8(weights[prefix + ".w"])
+        return qf8.linear_fp8_emulated(x, w_q, w_s, b)
     if prefix + ".w_q" in weights:
         w_q, w_s = weights[prefix + ".w_q"], weights[prefix + ".w_scale"]
     else:

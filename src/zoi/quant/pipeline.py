@@ -312,6 +312,18 @@ def run_pipeline(
     weight_only = (
         [p for p in below if p not in fp32_full] if cfg.fallback_weights in ("auto", "int8") else []
     )
+    # opt-in: linears given FP32 activations (INT8 weights) whatever their SQNR,
+    # QuantConfig(extra={"fp32_activations": [...]}) (issue 21: docs/QUANT.md, "Fidelity per
+    # domain", l3.ffn2 on MiniLM); off by default, so the default config's digest is unchanged
+    forced = list((cfg.extra or {}).get("fp32_activations", ()))
+    unknown = [p for p in forced if p not in prefixes]
+    if unknown:
+        raise ValueError(
+            f"QuantConfig.extra fp32_activations names no linear of the model: {unknown} "
+            f"(the linears: {', '.join(prefixes)})"
+        )
+    forced = [p for p in forced if p not in fp32_full and p not in weight_only]
+    weight_only += forced
     for p in fp32_full + weight_only:
         site = used.get(p)
         # an "act" migration would need the kernel's pre-transform: undo it (original w, b)
@@ -338,7 +350,11 @@ def run_pipeline(
             quant[p].info["weights"] = "int8"
         quant[p].scheme = "fp32"
         quant[p].amax = None
-        quant[p].info["fallback"] = f"sqnr {sqnr[p]:.1f} dB < {cfg.sensitivity_db:g} dB"
+        quant[p].info["fallback"] = (
+            "fp32_activations (QuantConfig.extra)"
+            if p in forced
+            else f"sqnr {sqnr[p]:.1f} dB < {cfg.sensitivity_db:g} dB"
+        )
 
     for p in prefixes:
         quant[p].info.update(

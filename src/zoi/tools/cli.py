@@ -30,6 +30,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         "(zoi.quant's own integer-exact emulator, no backend)",
     )
     p.add_argument(
+        "--precision",
+        default="int8",
+        choices=["int8", "fp8"],
+        help="MODEL only: what the quantised side is compiled to: int8 (default) or fp8 "
+        "(E4M3, dynamic scales; --device reference / emulated emulates it, cuda needs sm_89+)",
+    )
+    p.add_argument(
         "--calibrate", help="calibration texts, one per line (MODEL only; default: zoi's set)"
     )
     p.add_argument("--quant-config", help="QuantConfig as JSON (inline or a file), MODEL only")

@@ -157,7 +157,13 @@ def _check_same_model(model: str, ref_src, f, q) -> None:
 
 
 def _load_engines(
-    model: str | None, device: str, config, calibration, progress: bool, reference=None
+    model: str | None,
+    device: str,
+    config,
+    calibration,
+    progress: bool,
+    reference=None,
+    precision: str = "int8",
 ):
     import zoi
     from zoi.engine import is_artifact
@@ -167,9 +173,9 @@ def _load_engines(
         device = "reference"
     if model is not None and is_artifact(model):
         q = zoi.load(model, device=device)
-        if q.precision != "int8":
+        if q.precision not in ("int8", "fp8"):
             raise ValueError(
-                f"{model}: precision {q.precision!r}; zoi eval measures INT8 artifacts"
+                f"{model}: precision {q.precision!r}; zoi eval measures INT8 and FP8 artifacts"
             )
         src = _reference_source(model, q, reference)
         f = zoi.compile(src, device="reference", precision="fp32")
@@ -179,11 +185,18 @@ def _load_engines(
             raise ValueError(
                 "--reference is for an INT8 artifact; MODEL is compiled to both FP32 and INT8"
             )
+        if precision not in ("int8", "fp8"):
+            raise ValueError(f"precision must be 'int8' or 'fp8', got {precision!r}")
+        if precision == "fp8" and (calibration is not None or config is not None):
+            raise ValueError(
+                "precision='fp8' has dynamic scales: nothing to calibrate (drop --calibrate "
+                "/ --quant-config)"
+            )
         f = zoi.compile(model, device="reference", precision="fp32")
         q = zoi.compile(
             model,
             device=device,
-            precision="int8",
+            precision=precision,
             calibration=calibration,
             quant_config=config,
             progress=progress,
@@ -201,6 +214,7 @@ def evaluate(
     sqnr_texts: int = 256,
     domains: Sequence[str] | None = None,
     reference=None,
+    precision: str = "int8",
 ) -> dict:
     """Compile (or load) INT8 and FP32, encode `texts` (default: zoi's eval set), report.
     Without `texts`, also every domain's held-out set (zoi.quant.fidelity; `domains`
@@ -210,7 +224,9 @@ def evaluate(
 
     per_domain = texts is None
     texts = list(texts) if texts is not None else eval_texts()
-    f, q, t_compile = _load_engines(model, device, config, calibration, progress, reference)
+    f, q, t_compile = _load_engines(
+        model, device, config, calibration, progress, reference, precision
+    )
     if q.spec.head:  # a task head: agreement of its outputs (zoi.tools.eval_heads)
         from zoi.tools.eval_heads import evaluate_head
 
@@ -260,12 +276,17 @@ def evaluate(
         dfig = domain_figures(f, q, doms, known={"prose": (texts, e_f, e_q)})
         t_enc += time.perf_counter() - t1
     wq = int(sum(a.nbytes for a in m.weights.values()))
+    if m.precision == "fp8":  # the FP32 weights are quantised when a backend packs them
+        from zoi.quant.fp8 import fp8_weight_bytes
+
+        wq = fp8_weight_bytes(m.weights, m.quant)
     wf = int(sum(a.nbytes for a in f.model.weights.values()))
     rep = {
         "model": m.spec.name,
         "source": m.meta.get("source", model),
         "reference": str(reference) if reference is not None else f.model.meta.get("source"),
         "device": "emulated" if device == "emulated" else q.device,
+        "precision": m.precision,
         "texts": len(texts),
         "embedding": embedding_report(e_f, e_q),
         "backend_vs_emulation_cos_min": float(gap.min()),
@@ -281,6 +302,13 @@ def evaluate(
     if per_domain:
         rep["domains"] = dfig
         rep["worst_domain"] = summarise(dfig)
+        if m.precision == "fp8":  # issue 21's FP8 target (the INT8 ones are in "meets")
+            from zoi.quant.fidelity import FP8_TARGETS
+
+            rep["fp8_targets"] = dict(FP8_TARGETS)
+            rep["fp8_targets_met"] = all(
+                d[k] >= v for d in dfig.values() for k, v in FP8_TARGETS.items()
+            )
     rep["inputs"] = m.meta.get("inputs")
     return rep
 
@@ -296,7 +324,8 @@ def render(rep: dict, console=None) -> None:
         return render_head(rep, console)
     e = rep["embedding"]
     t = Table(
-        title=f"zoi eval: {rep['model']} INT8 ({rep['device']}) vs FP32, {rep['texts']} texts"
+        title=f"zoi eval: {rep['model']} {rep.get('precision', 'int8').upper()} "
+        f"({rep['device']}) vs FP32, {rep['texts']} texts"
     )
     for c in ("figure", "value"):
         t.add_column(c)
@@ -326,7 +355,9 @@ def render(rep: dict, console=None) -> None:
     if rep.get("domains"):
         from zoi.quant.fidelity import TARGETS
 
-        dt = Table(title="per domain (zoi's held-out sets), INT8 vs FP32")
+        dt = Table(
+            title=f"per domain (zoi's held-out sets), {rep.get('precision', 'int8').upper()} vs FP32"
+        )
         for c in ("domain", "texts", "cos mean", "cos min", "top-10", "top-1", "worst text"):
             dt.add_column(c)
         for name, d in rep["domains"].items():
@@ -368,6 +399,7 @@ def main(args) -> int:
         progress=not args.quiet,
         domains=args.domains.split(",") if getattr(args, "domains", None) else None,
         reference=getattr(args, "reference", None),
+        precision=getattr(args, "precision", "int8"),
     )
     if getattr(args, "markdown", False):
         from zoi.quant.fidelity import markdown_table

@@ -60,10 +60,10 @@ def test_splade_on_cuda(head_ckpts, precision):
     folder, _ = head_ckpts("bert", "mlm")
     eng, ref = _engines(folder, precision, max_tokens=64)
     assert isinstance(eng.backend, CudaBackend)
-    texts = TEXTS[:3]
+    texts = TEXTS[:2]  # short: the [T, vocab] decoder is slow in the interpreter
     got = eng.encode_sparse(texts, dense=True)
     want = ref.encode_sparse(texts, dense=True)
-    assert got.shape == want.shape == (3, eng.spec.vocab_size)
+    assert got.shape == want.shape == (2, eng.spec.vocab_size)
     assert np.isfinite(got).all() and (got >= 0).all()
     scale = np.abs(want).max()
     assert np.abs(got - want).max() < 0.03 * scale

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from tests.ops.helpers import DEV, f16, poison, t  # noqa: E402
+from tests.ops.helpers import f16, poison, t  # noqa: E402
 
 from zoi.numerics import reference as ref  # noqa: E402
 
@@ -46,7 +46,9 @@ def test_sparse_pool_keeps_nan():
     x[4, 3] = np.nan
     cu = np.array([0, 5, T], np.int32)
     p = poison((2, V), torch.float32)
-    k_sp.launch_sparse_pool(t(x, torch.float16), t(cu), t(np.array([0, 2, T, 0], np.int32)), p, 2, V)
+    k_sp.launch_sparse_pool(
+        t(x, torch.float16), t(cu), t(np.array([0, 2, T, 0], np.int32)), p, 2, V
+    )
     got = p.cpu().numpy()
     assert np.isnan(got[0, 3]) and np.isfinite(np.delete(got[0], 3)).all()
     assert np.isfinite(got[1]).all()

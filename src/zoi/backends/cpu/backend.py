@@ -143,12 +143,8 @@ class CpuBackend(SyncSubmit):
                 shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
                 shift = _f32(shift) if shift is not None else None
                 mul = _f32(mul) if mul is not None else None
-                scheme = q.scheme if q is not None else QuantMode.DYNAMIC
-                if f"{p}.w_q" in W and scheme != QuantMode.FLOAT:
-                    try:  # the binding edge: QuantMode -> add_linear_i8's (static, asym)
-                        scheme = QuantMode.parse(scheme, p)
-                    except ValueError as e:
-                        raise ValueError(f"the cpu backend: {e}") from None
+                scheme = op.attrs["quant"]  # the IR's (zoi.graph.fusion.linear_quant)
+                if scheme.is_int8:  # the binding edge: QuantMode -> add_linear_i8's (static, asym)
                     static = float(q.amax) if scheme is QuantMode.STATIC else -1.0
                     q_from, q_min = self._copy_from(graph, k, op)
                     eng.add_linear_i8(

@@ -77,8 +77,11 @@ class Arena:
         self.d_out = d_out.view(Bmax, hidden)
 
     def act(self, plan: dict, name: str, rows: int):
-        """The [rows, cols] view of one activation (fp16, or int8 for a "#q" copy)."""
+        """The [rows, cols] view of one activation (fp16, or int8 for a "#q" copy, fp8 for
+        an "@fp8#q" one)."""
         c, o = plan["cols"][name], plan["offs"][name]
+        if name.endswith("@fp8#q"):  # an FP8 copy (plan: QuantMode.FP8)
+            return self.buf[o : o + rows * c].view(self.torch.float8_e4m3fn).view(rows, c)
         if name.endswith("#q"):
             return self.buf[o : o + rows * c].view(self.torch.int8).view(rows, c)
         return self.buf[o : o + rows * c * 2].view(self.torch.float16).view(rows, c)

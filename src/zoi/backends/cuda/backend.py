@@ -38,7 +38,8 @@ from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
 from zoi.backends.cuda.device import device_index, on_device
 from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
-from zoi.backends.cuda.plan import Launch, plan_launches
+from zoi.backends.cuda.outputs import memory_report, run_outputs
+from zoi.backends.cuda.plan import Launch, plan_launches, require_fp8
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.backends.cuda.submit import AsyncSlots
 from zoi.backends.cuda.weights import pack_weights
@@ -83,7 +84,7 @@ class CudaBackend:
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
-        if self.precision not in ("int8", "fp16", "fp32"):
+        if self.precision not in ("int8", "fp16", "fp32", "fp8"):
             raise InputError(f"unknown precision {self.precision!r}")
         if self.precision == "fp32":
             log.warning(
@@ -98,6 +99,8 @@ class CudaBackend:
         self.max_batch = int(min(model.plan.max_batch, self.max_tokens))
         self._lock = threading.Lock()
         self._init_device(interpret)
+        if self.precision == "fp8" and not self.eager:
+            require_fp8(self.capability, self.device_name)
         self.fuse_min_tokens = int(opts.fuse_min_tokens)
         self.pdl = (
             (not self.eager and self.capability >= (9, 0))
@@ -325,61 +328,8 @@ class CudaBackend:
         return out
 
     def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
-        """Heads (zoi.backends.base.HeadRunner, issue 20): the graph's output and each buffer of
-        taps, float32. Per-token logits [T, labels], SPLADE's [B, V] (pooled on the GPU:
-        kernels/sparse_pool.py) and taps [T, cols] are copied from the arena after the forward
-        (a tap is the input of the graph's last op, intact at the end); pooled rows come back
-        as in run. A bucket built as the one-launch persistent forward keeps its activations
-        elsewhere: with taps, its per-op launches run instead (eagerly, uncaptured)."""
-        g = self.model.graph
-        if types is not None and "types" in g.inputs and np.any(np.asarray(types) != 0):
-            raise InputError("device='cuda' runs token type 0 only for this model")
-        ids, tb = self._bucket(ids, cu_seqlens)
-        T, B = len(ids), len(cu_seqlens) - 1
-        plan = self.plan_for(tb)
-        names = (g.output, *taps)
-        for n in names[1:]:
-            if n not in plan["cols"] or g.buffers[n].rows != "T":
-                raise ValueError(f"device='cuda' cannot hand back buffer {n!r}")
-        torch = self.torch
-        with self._lock:
-            n, _ = self._stage(ids, positions, cu_seqlens, False, tb)
-            pplan = self._pplans.get(tb)
-            if self.eager:
-                self.d_in[:n] = torch.from_numpy(self.h_in[:n].copy())
-                for s in self._steps[tb]:
-                    s()
-                if pplan is not None and pplan.barrier_timed_out():
-                    self._barrier_failed(tb)
-                pooled = self.d_out[:B].numpy().copy()
-            elif pplan is not None and taps:
-                steps = self.__dict__.setdefault("_tap_steps", {}).get(tb)
-                if steps is None:
-                    steps = self._tap_steps[tb] = per_op_steps(
-                        plan, self.mem, self.w, self.spec, tb, False
-                    )
-                with torch.cuda.stream(self.tstream):
-                    self.d_in[:n].copy_(torch.from_numpy(self.h_in[:n].copy()))
-                    for s in steps:
-                        s()
-                    pooled = self.d_out[:B].cpu().numpy()
-                self.tstream.synchronize()
-            else:
-                flag = pplan.bar[1:] if pplan is not None else None
-                if self.call.run(self.staging, self._graphs[tb][1], n, B, flag):
-                    self._barrier_failed(tb)
-                pooled = self.h_out[:B].copy()
-            out = {}
-            for name in names:
-                if name == g.output and g.ops[-1].kind == "pool" and name not in plan["cols"]:
-                    out[name] = pooled
-                elif plan["launches"][-1].kind == "sparse_pool" and name == g.output:
-                    V = int(g.buffers[name].cols)
-                    v = self.mem.act(plan, name, tb).view(-1).view(torch.float32).view(tb, V)
-                    out[name] = v[:B].cpu().numpy().copy()
-                else:
-                    out[name] = self.mem.act(plan, name, tb)[:T].float().cpu().numpy()
-        return out
+        """Heads (zoi.backends.base.HeadRunner): the graph's output and taps (outputs.py)."""
+        return run_outputs(self, ids, positions, cu_seqlens, types, taps)
 
     def submit(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> object:
         """Start a forward into `out` and return its ticket at once (submit.py): the inputs
@@ -409,32 +359,7 @@ class CudaBackend:
         )
 
     def memory(self) -> dict:
-        out = {
-            "weights_bytes": int(self.weights_bytes),
-            "arena_bytes": int(self.arena_bytes),
-            "activation_bytes": int(self.act_bytes),
-            "buckets": list(self.buckets),
-            "kernels_per_forward": {
-                tb: 1
-                if self.bucket_paths.get(tb, {}).get("path") == "persistent"
-                else len(self.plan_for(tb)["launches"])
-                for tb in self.buckets
-            },
-            "persistent_max": self.persistent_max,
-            "bucket_paths": {tb: dict(v) for tb, v in self.bucket_paths.items()},
-            "fuse_min_tokens": self.fuse_min_tokens,
-            "pdl": self.pdl,
-            "device": self.device_name,
-        }
-        if not self.eager:
-            out["pinned_bytes"] = self.staging.nbytes + self.slots.nbytes
-            out["graph_nodes"] = {tb: g[2] for tb, g in self._graphs.items()}
-            out["device_bytes_used"] = int(self._free0 - self.drv.mem_info()[0])
-            out["torch_reserved_bytes"] = int(
-                self.torch.cuda.memory_reserved(self.device_index) - self._reserved0
-            )
-            out["device_index"] = self.device_index
-        return out
+        return memory_report(self)  # outputs.py
 
     def __del__(self):
         try:

@@ -33,7 +33,7 @@ class Launch:
     ins: list[str]
     ln: object = None  # fused add_layernorm op (linear)
     res: str | None = None  # residual buffer
-    mode: QuantMode = QuantMode.FLOAT  # linear: its INT8 scheme (FLOAT: fp16 weights)
+    mode: QuantMode = QuantMode.FLOAT  # linear: its INT8 / FP8 scheme (FLOAT: fp16 weights)
     prequant: bool = False  # linear: reads a pre-quantised int8 copy of its input
     static_amax: float = 0.0
     amax_out: int = 0  # 0 none, 1 atomic, 2 direct
@@ -45,9 +45,11 @@ class Launch:
     def quant(self) -> int:
         """The linear kernel's QUANT constexpr (kernels/linear.py), derived at this edge:
         0 float, 1 int8 quantised while loading (per-token amax), 2 static (in the loop),
-        4 int8 A read from a pre-quantised copy."""
+        4 int8 A read from a pre-quantised copy, 8 FP8 (always a pre-quantised fp8 copy)."""
         if self.mode is QuantMode.FLOAT:
             return 0
+        if self.mode is QuantMode.FP8:
+            return 8
         if self.prequant:
             return 4
         return 2 if self.mode is QuantMode.STATIC else 1
@@ -184,7 +186,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             why["r"] = "ROWQ off (CudaOptions.rowq: slower on the H200)"
         elif not fuse:
             why["r"] = f"no ROWQ below fuse_min_tokens {opts.fuse_min_tokens}"
-        elif P.res is not None or not (P.prequant or not P.mode.is_int8):
+        elif P.res is not None or not (P.prequant or not P.mode.quantized):
             why["r"] = "ROWQ needs a linear without residual that reads an int8 copy"
         else:
             return True
@@ -194,7 +196,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
     notes: dict[str, str] = {}  # decisions realised otherwise than the IR's thresholds say
     final: list[Launch] = []
     for L in out:
-        if L.kind != "linear" or not L.mode.is_int8:
+        if L.kind != "linear" or not L.mode.quantized:
             final.append(L)
             continue
         op = L.op
@@ -267,7 +269,7 @@ def describe(plan: dict) -> list[tuple[str, str, str]]:
     writer = {L.extra["q"]: L for L in plan["launches"] if L.extra.get("q")}
     out = []
     for L in plan["launches"]:
-        if L.kind != "linear" or not L.mode.is_int8:
+        if L.kind != "linear" or not L.mode.quantized:
             continue
         qn = L.op.attrs["quant_in"]
         if not L.prequant:
@@ -281,3 +283,17 @@ def describe(plan: dict) -> list[tuple[str, str, str]]:
             )
         out.append((L.extra["prefix"], qn, who))
     return out
+
+
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def require_fp8(capability, device_name: str = "this GPU") -> None:
+    """precision="fp8" needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper);
+    below that a BackendUnavailableError that names the fix."""
+    if tuple(capability) < FP8_MIN_CAPABILITY:
+        raise BackendUnavailableError(
+            f"precision='fp8' needs a GPU with FP8 tensor cores (compute capability >= 8.9: "
+            f"Ada, Hopper); {device_name} has {tuple(capability)}. Use precision='int8' or "
+            "'fp16' on this GPU, or device='reference' to emulate FP8"
+        )

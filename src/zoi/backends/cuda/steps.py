@@ -11,13 +11,13 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
 
     from zoi.backends.cuda.kernels import attention as k_attn
     from zoi.backends.cuda.kernels import attention_ext as k_ext
-    from zoi.backends.cuda.kernels import glu as k_glu
-    from zoi.backends.cuda.kernels import sparse_pool as k_sp
     from zoi.backends.cuda.kernels import embed as k_embed
+    from zoi.backends.cuda.kernels import glu as k_glu
     from zoi.backends.cuda.kernels import layernorm as k_ln
     from zoi.backends.cuda.kernels import linear as k_lin
     from zoi.backends.cuda.kernels import pool as k_pool
     from zoi.backends.cuda.kernels import quantize as k_q
+    from zoi.backends.cuda.kernels import sparse_pool as k_sp
 
     T = arena.amax_region.shape[1]
     max_batch = arena.d_out.shape[0]
@@ -91,7 +91,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             ln = L.ln is not None
             rowq = bool(L.extra.get("q")) and not ln
             cfg = k_lin.pick_config(
-                tb, L.n, L.k, L.mode.is_int8, ln, prequant=L.prequant, rowq=rowq
+                tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
             )
             a_sc, a_zp = qrow(L.extra["qname"]) if L.prequant else (amx(L.ins[0]), None)
             steps.append(
@@ -99,8 +99,8 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     k_lin.launch_linear(
                         a,
                         a_sc,
-                        w[f"{p}.w_q"] if L.mode.is_int8 else w[f"{p}.w"],
-                        w[f"{p}.w_scale"] if L.mode.is_int8 else None,
+                        w[f"{p}.w_q"] if L.mode.quantized else w[f"{p}.w"],
+                        w[f"{p}.w_scale"] if L.mode.quantized else None,
                         w[f"{p}.b"],
                         r,
                         w[f"{L.out}.ln.w"] if ln else None,

@@ -1,5 +1,5 @@
 """Weight packing: every tensor the launch plans read, converted once (fp16 / fp32 / int8 /
-int32) into ONE aligned device buffer; the kernels get views into it.
+int32, fp8) into ONE aligned device buffer; the kernels get views into it.
 
 Float linears (FP16, or weight-only INT8 dequantised here) have their SmoothQuant act_shift /
 act_mul folded into the weights (exact in real arithmetic); INT8 linears keep w_q / w_scale
@@ -13,6 +13,7 @@ import numpy as np
 
 from zoi.errors import InputError
 from zoi.graph.quantmode import QuantMode
+from zoi.numerics.fp8 import e4m3_encode, quantize_weight_fp8
 from zoi.numerics.primitives import dequantize_weight, fold_act_transform, weight_colsum
 
 ALIGN = 256
@@ -56,7 +57,13 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
         elif L.kind == "linear":
             p = L.extra["prefix"]
             shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
-            if L.mode.is_int8:
+            if L.mode is QuantMode.FP8:  # E4M3 per output channel (zoi.numerics.fp8)
+                if f"{p}.w_q" not in items:
+                    q, sc = quantize_weight_fp8(W[f"{p}.w"])
+                    add(f"{p}.w_q", e4m3_encode(q))  # uint8 codes, viewed as float8_e4m3fn
+                    add(f"{p}.w_scale", sc)
+                    add(f"{p}.b", f32(W[f"{p}.b"]))
+            elif L.mode.is_int8:
                 add(f"{p}.w_q", np.asarray(W[f"{p}.w_q"], np.int8))
                 add(f"{p}.w_scale", f32(W[f"{p}.w_scale"]))
                 if L.mode is QuantMode.DYNAMIC_ASYM:  # sum_k w_q[n, k], exact in int32
@@ -101,6 +108,7 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
             np.dtype(np.float32): torch.float32,
             np.dtype(np.int8): torch.int8,
             np.dtype(np.int32): torch.int32,
+            np.dtype(np.uint8): torch.float8_e4m3fn,  # only FP8 weights are packed as uint8
         }[a.dtype]
         views[key] = wbuf[o : o + a.nbytes].view(tdt).view(a.shape)
     return wbuf, views, total

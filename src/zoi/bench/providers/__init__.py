@@ -210,6 +210,17 @@ SPECS: list[Spec] = [
         ("zoi",),
         {"device": "cuda", "precision": "int8"},
     ),
+    Spec(  # issue 21: an FP8 GPU (sm_89+) only, so not run unless named
+        "zoi-cuda-fp8",
+        "zoi CUDA FP8 (E4M3)",
+        "cuda",
+        "fp8",
+        _P + "zoi_engine",
+        "ZoiProvider",
+        ("zoi",),
+        {"device": "cuda", "precision": "fp8"},
+        default=False,
+    ),
     Spec(
         "torch-cuda-fp32",
         "PyTorch eager FP32 (CUDA)",

@@ -21,7 +21,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import block_b, grid_tiles, pick_config
-from zoi.backends.cuda.kernels.common import softmax_step
+from zoi.backends.cuda.kernels.common import softmax_step, softmax_step2
 
 LOG2E = 1.4426950408889634
 
@@ -141,19 +141,9 @@ def attention_ext_kernel(
                 ok2 = ok2 & (rel <= WINDOW) & (rel >= -WINDOW)
             s = tl.where(ok2, s, float("-inf"))
             if ROPE:
-                # one softmax step for both halves of v: the row stats of the first call are
-                # re-derived by the second from the same s (alpha = 1, same p)
                 v1 = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
                 v2 = tl.load(qkv_ptr + kv_off + 2 * H + HALF, mask=kv_m, other=0.0)
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_i - m_use)
-                p = tl.exp2(s - m_use[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                p16 = p.to(tl.float16)
-                acc1 = acc1 * alpha[:, None] + tl.dot(p16, v1)
-                acc2 = acc2 * alpha[:, None] + tl.dot(p16, v2)
-                m_i = m_new
+                m_i, l_i, acc1, acc2 = softmax_step2(m_i, l_i, acc1, acc2, s, v1, v2)
             else:
                 v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
                 m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)

@@ -64,3 +64,18 @@ def softmax_step(m_i, l_i, acc, s, v):
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def softmax_step2(m_i, l_i, acc1, acc2, s, v1, v2):
+    """softmax_step with v in two column halves (RoPE attention loads each head as its two
+    halves): the same row statistics, one accumulator per half."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p16 = p.to(v1.dtype)
+    acc1 = acc1 * alpha[:, None] + tl.dot(p16, v1)
+    acc2 = acc2 * alpha[:, None] + tl.dot(p16, v2)
+    return m_new, l_i, acc1, acc2

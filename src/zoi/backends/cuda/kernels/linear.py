@@ -24,6 +24,12 @@ One Triton kernel, specialised by constexpr flags:
   asymmetric one stored as ``q_u8 - 128`` and the exact integer sum is
   ``dot(q_s, w) + (128 - zp[t]) * colsum[n]`` (``colsum[n] = sum_k w_q[n, k]``, int32,
   packed with the weights) == ``primitives.int8_matmul_asym_exact``.
+* ``QUANT`` 8: FP8. A is the float8e4nv copy (written by its producer or by
+  ``quantize.quantize_kernel``, QMODE 5) with the per-row ``a_scale`` in ``a_amax_ptr``, W
+  float8e4nv [N, K] with ``ws`` per output channel; ``tl.dot`` on fp8 operands into an fp32
+  accumulator (promoted every BLOCK_K products: ``max_num_imprecise_acc``, Hopper's fp8
+  wgmma keeps fewer bits internally), ``y = acc * (a_scale[t] * ws[n]) + b[n]`` as INT8 ==
+  ``zoi.numerics.fp8.linear_fp8_emulated`` up to fp32 summation order.
 * ``ROWQ``: no LN, but each program owns BLOCK_M whole rows (loops over the N tiles, storing
   y), then reads its rows back and writes their int8 copy (``quantize.q_stats`` /
   ``q_params`` / ``q_apply``: the same numerics as ``quant_rows`` on the stored fp16 y), so
@@ -92,6 +98,18 @@ def _gemm_tile(
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         y = acc
+    elif QUANT == 8:  # FP8 E4M3 x E4M3, fp32 accumulation
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            k_ok = (k + rk) < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a, w, acc, max_num_imprecise_acc=BLOCK_K)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        a_scale = tl.load(a_amax_ptr + rm_c)
+        ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
+        y = acc * (a_scale[:, None] * ws[None, :])
     else:
         if QUANT == 2:
             amax = tl.zeros((BLOCK_M,), dtype=tl.float32) + static_amax
@@ -131,11 +149,11 @@ def _gemm_tile(
 
 @triton.jit
 def linear_kernel(
-    a_ptr,  # A [M, K] fp16 activations (QUANT 4: int8), row stride lda
+    a_ptr,  # A [M, K] fp16 activations (QUANT 4: int8, QUANT 8: fp8), row stride lda
     a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1) or a_scale (QUANT 4)
     a_zp_ptr,  # [M] int32 per-row zero point of A (QUANT 4, ASYM)
     colsum_ptr,  # [N] int32 sum_k w_q[n, k] (QUANT 4, ASYM)
-    w_ptr,  # W [N, K] int8 (QUANT 1, 2, 4) or fp16 (QUANT 0), row-major (HF orientation)
+    w_ptr,  # W [N, K] int8 (QUANT 1, 2, 4), fp8 (QUANT 8) or fp16 (QUANT 0), row-major
     ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1, 2, 4)
     b_ptr,  # [N] fp32 bias
     r_ptr,  # [M, N] residual (HAS_RES), row stride ldr
@@ -596,7 +614,7 @@ def launch_linear(
     N tiles storing y, then reads its rows back and quantises them)."""
     rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
     assert not rowq or (r is None and amax_out_mode == 0), "ROWQ has no residual / amax out"
-    cfg = cfg or pick_config(M, N, K, quant != 0, ln, prequant=quant == 4, rowq=rowq)
+    cfg = cfg or pick_config(M, N, K, quant != 0, ln, prequant=quant in (4, 8), rowq=rowq)
     if ln:
         assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
     assert yq is None or yq_scale is not None, "Q_OUT needs yq_scale"

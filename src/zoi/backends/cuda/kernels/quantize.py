@@ -7,7 +7,9 @@ producer sees only tiles of a row (attention -> o, ffn1 -> ffn2) when the in-loo
 the linear kernel cannot serve them (asymmetric scheme, or an act_mul / act_shift).
 
 Modes (``QMODE``): 1 symmetric per token (``quantize_act``), 2 static (per tensor,
-``quantize_act(x, amax)``), 3 asymmetric per token (``quantize_act_asym``).
+``quantize_act(x, amax)``), 3 asymmetric per token (``quantize_act_asym``), 5 FP8 E4M3 per
+token (``zoi.numerics.fp8.quantize_act_fp8``: a_scale = amax / 448, the copy is float8e4nv,
+rounded by ``e4m3_round`` in fp32 first, so the conversion itself is exact).
 Before the statistics, the consumer's SmoothQuant transform ``x' = (x - act_shift) * act_mul``
 (float32, two roundings: a subtract then a multiply cannot contract into an FMA).
 
@@ -29,8 +31,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from zoi.backends.cuda.kernels.common import rint
 from zoi.graph.quantmode import QuantMode
 
-# the kernels' QMODE of each INT8 QuantMode (zoi.graph.quantmode: the one name of a scheme)
-QMODES = {m.value: m.kernel_code for m in QuantMode if m.is_int8}
+# the kernels' QMODE of each INT8 / FP8 QuantMode (zoi.graph.quantmode: one name per scheme)
+QMODES = {m.value: m.kernel_code for m in QuantMode if m.quantized}
 
 
 @triton.jit
@@ -45,6 +47,18 @@ def act_tf(x, cols, c_ok, shift_ptr, mul_ptr, HAS_SHIFT: tl.constexpr, HAS_MUL: 
 
 
 @triton.jit
+def e4m3_round(v):
+    """fp32 v with |v| <= 448 -> the nearest E4M3 value (ties to even), as fp32: the grid
+    step is 2**(e - 3), e = max(floor(log2 |v|), -6), and v / step < 16 (exact products by
+    powers of two; rint is exact there). Same arithmetic as zoi.numerics.fp8.e4m3_round."""
+    bits = v.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
+    step = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    inv_step = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    return rint(v * inv_step) * step
+
+
+@triton.jit
 def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
     """Row statistics -> (inv, z (float), a_scale, zp int32). QMODE 3: lo = min(row, 0),
     hi = max(row, 0); QMODE 1: hi = max |row| (lo unused); QMODE 2: static_amax."""
@@ -53,6 +67,13 @@ def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
         inv = tl.where(r > 0.0, tl.math.div_rn(255.0 + tl.zeros_like(r), tl.maximum(r, 1e-30)), 0.0)
         z = tl.minimum(rint(tl.minimum(tl.maximum(-lo * inv, 0.0), 256.0)), 255.0)
         scale = tl.math.div_rn(r, 255.0 + tl.zeros_like(r))
+        zp = z.to(tl.int32)
+    elif QMODE == 5:  # FP8 E4M3 per token: inv = 448 / amax, a_scale = amax / 448
+        inv = tl.where(
+            hi > 0.0, tl.math.div_rn(448.0 + tl.zeros_like(hi), tl.maximum(hi, 1e-30)), 0.0
+        )
+        z = tl.zeros_like(hi)
+        scale = tl.math.div_rn(hi, 448.0 + tl.zeros_like(hi))
         zp = z.to(tl.int32)
     else:
         if QMODE == 2:
@@ -70,11 +91,15 @@ def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
 
 @triton.jit
 def q_apply(x, inv, z, QMODE: tl.constexpr):
-    """x' [R, C] -> the int8 copy (asymmetric: stored as q_u8 - 128) with q_params' inv, z."""
+    """x' [R, C] -> the int8 copy (asymmetric: stored as q_u8 - 128; QMODE 5: float8e4nv)
+    with q_params' inv, z."""
     if QMODE == 3:
         s = rint(tl.minimum(tl.maximum(x * inv[:, None], -512.0), 512.0))
         s = tl.minimum(tl.maximum(s + z[:, None], 0.0), 255.0)
         q = (s - 128.0).to(tl.int8)
+    elif QMODE == 5:  # E4M3: saturate at +-448, round on the grid, convert (exact)
+        v = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
+        q = e4m3_round(v).to(tl.float8e4nv, fp_downcast_rounding="rtne")
     else:
         q = rint(tl.minimum(tl.maximum(x * inv[:, None], -127.0), 127.0)).to(tl.int8)
     return q
@@ -179,7 +204,8 @@ def pick_config(K: int, T: int | None = None) -> dict:
 def launch_quantize(
     x, shift, mul, q, scale, zp, T, K, *, mode, static_amax=0.0, cfg=None, pdl=False
 ):
-    """x fp16 [T, K] -> q int8 [T, K], scale fp32 [T], zp int32 [T] (mode 'dynamic_asym')."""
+    """x fp16 [T, K] -> q int8 [T, K] (mode 'fp8': float8_e4m3fn), scale fp32 [T], zp int32
+    [T] (mode 'dynamic_asym')."""
     cfg = cfg or pick_config(K, T)
     qmode = QMODES[mode] if isinstance(mode, str) else int(mode)
     quantize_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
