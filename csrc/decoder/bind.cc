@@ -21,7 +21,7 @@ using Arr = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
 
 const zoi::DecKernels& dk_for(const std::string& isa) {
   zoi::Isa i = zoi::active_isa();
-  if (!isa.empty() && !zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected vnni|avx512|avxvnni|avx2|scalar");
+  if (!isa.empty() && !zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar");
   try {
     return zoi::dec_kernels(i);
   } catch (const std::invalid_argument& e) {
