@@ -8,7 +8,7 @@ the agreement of INT8's ranking with FP32's. The model is the bench's minilm-siz
 cross-encoder (``minilm-ce``, random init: no real cross-encoder weights are available
 offline), or any seq_cls folder given with ``--model``.
 
-    python -m zoi.bench.rerank_quality [--model DIR] [--queries 48] [--docs 32] [--out FILE]
+    python scripts/rerank_quality.py [--model DIR] [--queries 48] [--docs 32] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import numpy as np
 
 
 def _lines(name: str) -> list[str]:
-    p = Path(__file__).resolve().parents[1] / "data" / name
+    import zoi.data
+
+    p = Path(zoi.data.__file__).resolve().parent / name
     return [x.strip() for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_start": load0,
         "loadavg_end": list(os.getloadavg()),
         "zoi_version": zoi.__version__,
-        "command": "python -m zoi.bench.rerank_quality "
+        "command": "python scripts/rerank_quality.py "
         + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
     }
     s = json.dumps(res, indent=1)
