@@ -212,15 +212,18 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
     const int mc = round_up((p.M + nch - 1) / nch, TR);  // equal chunks: balanced split over M
     // float outputs over kNtBytes (past what L2 + this core's share of L3 hold) are streamed;
     // needs 64-byte aligned rows (y, ldy)
-    const bool nt = nt_min_bytes() > 0 && !p.y_i32 && static_cast<size_t>(p.M) * p.N * 4 >= static_cast<size_t>(nt_min_bytes()) &&
-                    (reinterpret_cast<uintptr_t>(p.y) & 63) == 0 && p.ldy % 16 == 0;
+    // (named `stream`, not `nt`: `nt` is the thread count; a bool `nt` here once shadowed it and
+    // split_range divided by the bool, so every thread computed every panel; UBSan found it)
+    const bool stream = nt_min_bytes() > 0 && !p.y_i32 &&
+                        static_cast<size_t>(p.M) * p.N * 4 >= static_cast<size_t>(nt_min_bytes()) &&
+                        (reinterpret_cast<uintptr_t>(p.y) & 63) == 0 && p.ldy % 16 == 0;
     split_range(static_cast<long>(nch) * npanels, tid, nt, &lo, &hi);
     for (long it = lo; it < hi; ++it) {
       const int ch = static_cast<int>(it / npanels), pn = static_cast<int>(it % npanels);
       const int m0 = ch * mc, m1 = m0 + mc < p.M ? m0 + mc : p.M;
-      for (int m = m0; m < m1; m += TR) block(p, m, m1 - m < TR ? m1 - m : TR, pn, nt);
+      for (int m = m0; m < m1; m += TR) block(p, m, m1 - m < TR ? m1 - m : TR, pn, stream);
     }
-    if (nt) _mm_sfence();
+    if (stream) _mm_sfence();
   }
   _tile_release();
 }
