@@ -118,13 +118,16 @@ ZOI_AMXBF16 __attribute__((noinline)) void one_head_amx(const AttnArgs& a, int t
     const int pe = static_cast<int>((static_cast<long>(i0 + 16 < L ? i0 + 16 : L) * nL + L - 1) / L);
     prefetch_rows(a, nt0, nh, pf, pe);
     pf = pe;
-    for (int n0 = 0; n0 < lp; n0 += 16) {  // s = q.k^T, 16 x 16 per tile
+    // s = q.k^T, 16 x 16 per tile: the q rows in tmm0 (d 32) / tmm0 + tmm3 (d 64) for all keys
+    _tile_loadd(0, q16 + static_cast<size_t>(i0) * d, 2 * d);
+    if (KC == 2) _tile_loadd(3, q16 + static_cast<size_t>(i0) * d + 32, 2 * d);
+    for (int n0 = 0; n0 < lp; n0 += 16) {
       _tile_zero(2);
-#pragma GCC unroll 2
-      for (int kc = 0; kc < KC; ++kc) {
-        _tile_loadd(0, q16 + static_cast<size_t>(i0) * d + 32 * kc, 2 * d);
-        _tile_loadd(1, kt + static_cast<size_t>(16 * kc) * lp + n0, 4 * lp);
-        _tile_dpbf16ps(2, 0, 1);
+      _tile_loadd(1, kt + n0, 4 * lp);
+      _tile_dpbf16ps(2, 0, 1);
+      if (KC == 2) {
+        _tile_loadd(4, kt + static_cast<size_t>(16) * lp + n0, 4 * lp);
+        _tile_dpbf16ps(2, 3, 4);
       }
       _tile_stored(2, s + n0, 4 * lp);
     }

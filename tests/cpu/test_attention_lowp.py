@@ -150,7 +150,8 @@ def test_lowp_attention_vs_emulation(isa, prec, heads, d, spec):
             continue
         rel = _check_lowp(out, qkv, cu, heads, d, scale, prec)
         # the accuracy it buys: 1.5-sigma inputs, scores of order 1-10; against exact attention
-        assert rel <= {1: 0.03, 2: 0.05, 3: 0.02}[prec], rel
+        # (prec 2: probabilities under 1/510 of the row max vanish, more of them in long rows)
+        assert rel <= {1: 0.03, 2: 0.08, 3: 0.02}[prec], rel
         if max(lengths) > 1:
             assert not np.array_equal(out, fp32), "low precision requested but the FP32 kernel ran"
 
