@@ -76,9 +76,14 @@ def main() -> int:
             r = domain_report(ref[d], e, t, 3)
             per[d] = {k: r[k] for k in ("texts", "cos_mean", "cos_min", "top10", "top1")}
         rep["modes"][str(mode)] = {"domains": per, "seconds": round(time.perf_counter() - t0, 2)}
-        print(f"mode {mode}: " + "; ".join(
-            f"{d} {v['cos_mean']:.5f}/{v['cos_min']:.5f}/{v['top10']:.4f}/{v['top1']:.4f}" for d, v in per.items()
-        ), flush=True)
+        print(
+            f"mode {mode}: "
+            + "; ".join(
+                f"{d} {v['cos_mean']:.5f}/{v['cos_min']:.5f}/{v['top10']:.4f}/{v['top1']:.4f}"
+                for d, v in per.items()
+            ),
+            flush=True,
+        )
     eng.set_attention_precision(0)
     rep["loadavg_end"] = os.getloadavg()
     if a.out:

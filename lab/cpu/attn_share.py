@@ -33,8 +33,13 @@ def main() -> int:
     a = ap.parse_args()
     spec = minilm_spec()
     modes = [int(m) for m in a.modes.split(",")]
-    rep = {"what": "issue 22: attention share of the MiniLM-shaped INT8 forward (random weights), "
-           "thread 0 CPU ms per op kind, medians", "threads": a.threads, "runs": a.runs, "shapes": {}}
+    rep = {
+        "what": "issue 22: attention share of the MiniLM-shaped INT8 forward (random weights), "
+        "thread 0 CPU ms per op kind, medians",
+        "threads": a.threads,
+        "runs": a.runs,
+        "shapes": {},
+    }
     for shape in a.shapes.split(","):
         b, s = (int(v) for v in shape.split("x"))
         model = make_model(spec, "int8", max_tokens=b * s, max_batch=b)
@@ -59,15 +64,22 @@ def main() -> int:
             tot = np.median(cpu.sum(1))
             by = {}
             for k in sorted(set(kinds)):
-                by[k] = round(float(np.median(cpu[:, [i for i, x in enumerate(kinds) if x == k]].sum(1))) * 1e3, 3)
+                by[k] = round(
+                    float(np.median(cpu[:, [i for i, x in enumerate(kinds) if x == k]].sum(1)))
+                    * 1e3,
+                    3,
+                )
             row["modes"][str(m)] = {
                 "attention_ms": round(float(att) * 1e3, 3),
                 "total_ms": round(float(tot) * 1e3, 3),
                 "attention_share": round(float(att / tot), 4),
                 "by_kind_ms": by,
             }
-            print(f"{shape} mode {m}: attention {att * 1e3:.3f} ms of {tot * 1e3:.3f} ms "
-                  f"({100 * att / tot:.1f}%)  load {load0[0]:.1f}", flush=True)
+            print(
+                f"{shape} mode {m}: attention {att * 1e3:.3f} ms of {tot * 1e3:.3f} ms "
+                f"({100 * att / tot:.1f}%)  load {load0[0]:.1f}",
+                flush=True,
+            )
         rep["shapes"][shape] = row
         del be, model
     if a.out:

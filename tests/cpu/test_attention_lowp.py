@@ -41,6 +41,8 @@ def _active(isa: str, prec: int, d: int = 32) -> bool:
     if prec in (1, 2):
         return isa in I8_ISAS and d % 4 == 0
     return isa in I8_ISAS and AMX_BF16 and d in (32, 64)
+
+
 LENGTHS = [[1], [7], [17], [129], [513], [1, 129, 7, 17], "ragged"]
 SHAPES = [(12, 32), (2, 64)]
 
