@@ -23,11 +23,6 @@ constexpr bool kPrefetchNext = true;
 constexpr bool kPrefetchNext = false;
 #endif
 constexpr int KC = 256;
-// A of at most this many bytes (MiniLM 1x128: 128 x 384 / 1536 floats, 196 / 786 KB) stays in L2 while
-// the panels stream: the work items then go panel-major (the chunks of one panel back to back), so a
-// panel is read from memory once, and the threads split the panels. Chunk-major (below: M = 128 is 2
-// chunks of MC) had every thread stream every panel, and one thread re-read each panel per chunk.
-constexpr size_t kPanelMajorABytes = size_t(1) << 20;
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
 
 // The first row tile of a (panel, K block) streams the block from memory at the FMA rate (one
@@ -122,14 +117,12 @@ void gemm_f32(const GemmF32Args& p, int tid, int nt) {
   const int mc = round_up((p.M + nch - 1) / nch, MR);
   long lo, hi;
   split_range(static_cast<long>(nch) * npanels, tid, nt, &lo, &hi);
-  const bool panel_major = static_cast<size_t>(p.M) * p.K * sizeof(float) <= kPanelMajorABytes;
   const size_t panel_elems = static_cast<size_t>(p.K) * PW;
   // the next-block prefetch only where it measured faster (interleaved A/B, MiniLM FP32 1x128, one
   // thread CPU time: avx2 25.1-25.9 -> 22.3-22.5 ms; zmm builds 11.6-12.1 -> 12.2-12.5 ms, off)
   const char* w_end = reinterpret_cast<const char*>(p.w + (kPrefetchNext ? npanels * panel_elems : 0));
   for (long it = lo; it < hi; ++it) {
-    const int ch = static_cast<int>(panel_major ? it % nch : it / npanels);
-    const int pn = static_cast<int>(panel_major ? it / nch : it % npanels);
+    const int ch = static_cast<int>(it / npanels), pn = static_cast<int>(it % npanels);
     const int m0 = ch * mc, m1 = m0 + mc < p.M ? m0 + mc : p.M;
     const float* wp = p.w + pn * panel_elems;
     if (p.K == 0) {  // degenerate: bias only

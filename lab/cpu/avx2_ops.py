@@ -65,7 +65,10 @@ def worker(a) -> dict:
     b, s = (int(v) for v in a.shape.split("x"))
     kw = {}
     if a.scheme == "dynamic_asym":  # as the real artifact: asymmetric rows, SmoothQuant act_mul
-        kw = dict(default_scheme="dynamic_asym", act_transforms={f"l{i}.{p}": "mul" for i in range(6) for p in LIN})
+        kw = dict(
+            default_scheme="dynamic_asym",
+            act_transforms={f"l{i}.{p}": "mul" for i in range(6) for p in LIN},
+        )
     model = make_model(spec, a.precision, max_tokens=b * s, max_batch=b, **kw)
     be = CpuBackend(model, isa=a.isa, nthreads=a.threads)
     ids, pos, cu = batch([s] * b, spec.vocab_size, 1)
@@ -82,7 +85,7 @@ def worker(a) -> dict:
     gk = "gemm_i8" if a.precision == "int8" else "gemm_f32"
     by: dict[str, float] = defaultdict(float)
     gi = 0
-    for k, c in zip(kinds, cpu):
+    for k, c in zip(kinds, cpu, strict=True):
         if k == gk:
             by[f"gemm {LIN[gi % 4]}"] += c
             gi += 1
@@ -119,9 +122,25 @@ def worker(a) -> dict:
 
 
 def _run_worker(tree: str | None, a, shape: str, precision: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--shape", shape, "--precision", precision, "--isa", a.isa,
-           "--threads", str(a.threads), "--runs", str(a.runs), "--scheme", a.scheme,
-           "--gelu-rounds", str(a.gelu_rounds)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--shape",
+        shape,
+        "--precision",
+        precision,
+        "--isa",
+        a.isa,
+        "--threads",
+        str(a.threads),
+        "--runs",
+        str(a.runs),
+        "--scheme",
+        a.scheme,
+        "--gelu-rounds",
+        str(a.gelu_rounds),
+    ]
     if tree:
         cmd += ["--tree", tree]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -161,15 +180,22 @@ def main() -> None:
                     r.update(build=name, round=rnd)
                     rows.append(r)
                     ops = "  ".join(f"{k} {v:.2f}" for k, v in r["ops_cpu_ms"].items())
-                    print(f"[{rnd}] {name:<4} {prec} {shape:>6} total {r['total_cpu_ms']:8.2f} ms cpu  "
-                          f"load {r['load_before']:.1f}  out {r['output_sha256_16']}  | {ops}", flush=True)
-    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+                    print(
+                        f"[{rnd}] {name:<4} {prec} {shape:>6} total {r['total_cpu_ms']:8.2f} ms cpu  "
+                        f"load {r['load_before']:.1f}  out {r['output_sha256_16']}  | {ops}",
+                        flush=True,
+                    )
+    git = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     doc = {
         "what": "per-op thread-0 CPU time of the MiniLM-shaped forward (random weights), lab/cpu/avx2_ops.py",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu": _cpu_model(), "nproc": os.cpu_count(), "platform": platform.platform()},
         "git_head": git.stdout.strip(),
-        "args": {k: v for k, v in vars(a).items() if k not in ("worker", "tree", "shape", "precision")},
+        "args": {
+            k: v for k, v in vars(a).items() if k not in ("worker", "tree", "shape", "precision")
+        },
         "rows": rows,
     }
     if a.json:

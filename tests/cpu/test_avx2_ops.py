@@ -77,7 +77,9 @@ def _gelu_close(isa, got, want, x):
     negative tail, that is many ulp of the result); the scalar build does not fuse the fit's
     multiply-adds (no libm fma call): 1e-6 |x|"""
     x = np.abs(x.astype(np.float64))
-    tol = 2 * np.spacing(np.abs(want).astype(np.float32)) + (1e-6 * x if isa == "scalar" else 0.5 * x * 2.0**-23)
+    tol = 2 * np.spacing(np.abs(want).astype(np.float32)) + (
+        1e-6 * x if isa == "scalar" else 0.5 * x * 2.0**-23
+    )
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= tol).all(), (err.max(), x[np.argmax(err - tol)])
 
@@ -157,7 +159,9 @@ def test_linear_i8_bitwise_awkward_k(isa, K):
     np.testing.assert_array_equal(y, qp.linear_int8_emulated(x, w_q, w_s, b))
     y = np.full((M, N), np.nan, np.float32)
     _cpu.k_linear_i8(x, w_q, w_s, b, "none", None, -1.0, y, isa, 3, asym=True, shift=shift, mul=mul)
-    np.testing.assert_array_equal(y, qp.linear_int8_asym_emulated(qp.act_transform(x, shift, mul), w_q, w_s, b))
+    np.testing.assert_array_equal(
+        y, qp.linear_int8_asym_emulated(qp.act_transform(x, shift, mul), w_q, w_s, b)
+    )
     # GELU epilogue: the float32 contract (reference.erf_f32), to 1 ulp (its FMAs are emulated in
     # float64 there: a double rounding may differ in the last bit)
     y = np.full((M, N), np.nan, np.float32)
@@ -184,21 +188,29 @@ def test_linear_i8_nan_row_stays_nan(isa, asym):
 @pytest.mark.parametrize("isa", ISAS)
 def test_gelu_contract(isa):
     x = np.concatenate(
-        [np.random.default_rng(0).standard_normal(1000) * 3, np.linspace(-6, 6, 997), [np.nan, np.inf, -0.0, 0.0]]
+        [
+            np.random.default_rng(0).standard_normal(1000) * 3,
+            np.linspace(-6, 6, 997),
+            [np.nan, np.inf, -0.0, 0.0],
+        ]
     ).astype(np.float32)
     for n in (1, 7, 8, 9, 31, 32, 33, 63, 64, 65, len(x)):
         y = x[:n].copy()
         _cpu.k_activation(y, "gelu", isa)
         want = ref.activation(x[:n], "gelu")
         ok = np.isfinite(want)
-        np.testing.assert_array_equal(y[~ok], want[~ok])  # NaN stays NaN, inf as the formula gives it
+        np.testing.assert_array_equal(
+            y[~ok], want[~ok]
+        )  # NaN stays NaN, inf as the formula gives it
         _gelu_close(isa, y[ok], want[ok], x[:n][ok])
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("M,N,K", [(97, 17, 384), (128, 389, 384), (128, 40, 1536), (193, 33, 129), (700, 21, 384)])
+@pytest.mark.parametrize(
+    "M,N,K", [(97, 17, 384), (128, 389, 384), (128, 40, 1536), (193, 33, 129), (700, 21, 384)]
+)
 def test_f32_gemm_work_orders_agree(isa, M, N, K):
-    """Panel-major (A <= 1 MiB) and chunk-major (larger) orders, 1-3 threads: the same floats."""
+    """One M chunk and several (MC = 96), 1-3 threads (splits over chunks and panels): the same floats."""
     if isa == "scalar" and M * N * K > 2e7:
         pytest.skip("scalar build: the big shape is covered on the vector ISAs")
     rng = np.random.default_rng(M + N + K)
