@@ -37,8 +37,9 @@ struct S1 {  // one float lane: scalar fallback and loop tails
   static T abs(T a) { return std::fabs(a); }
   static T sel_lt(T a, T b, T x, T y) { return a < b ? x : y; }  // a < b ? x : y
   static T round(T a) { return std::nearbyint(a); }               // to nearest even
-  static T pow2n(T n) {  // 2^n for integral n in [-126, 127]
-    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  static T pow2n(T n) {  // 2^n for integral n in [-126, 127]; NaN stays NaN
+    if (!(n == n)) return n;  // (casting NaN to int and shifting a negative int are undefined: UBSan)
+    uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
