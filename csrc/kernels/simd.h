@@ -90,7 +90,7 @@ struct V8 {
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
   // n >= 8: a plain load / store (every full vector of a row goes through here); vmaskmovps only
-  // for a tail (the masked store is microcoded on AMD Zen 1-3, several uops on Intel)
+  // for a tail (masked stores cost several uops on Intel, more on some AMD cores)
   static T load_n(const float* p, int n) { return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask(n)); }
   static void store_n(float* p, T x, int n) {
     if (n >= 8) _mm256_storeu_ps(p, x);
