@@ -117,7 +117,7 @@ def launch_glu(
     if act not in ACTS:
         raise ValueError(f"glu: no kernel activation {act!r} (have {sorted(ACTS)})")
     qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
-    if qmode and yq_scale is None or qmode == 3 and yq_zp is None:
+    if (qmode and yq_scale is None) or (qmode == 3 and yq_zp is None):
         raise ValueError("glu: an int8 copy needs yq_scale (and yq_zp when asymmetric)")
     cfg = cfg or pick_config(n)
     dummy = amax if amax is not None else (yq_scale if yq_scale is not None else y)
