@@ -109,8 +109,12 @@ def pick_gemm_config(T: int, V: int, quant: bool) -> dict:
     )
 
 
-def _grid(n_seq, V, cfg):
-    return (max(1, min(n_seq, 256)), triton.cdiv(V, cfg["BLOCK_V"]))
+def _grid(n_seq, V, cfg, programs=2048):
+    """(programs over sequences, vocab blocks): about `programs` in all (a vocab of 30522 has
+    477 blocks of 64: 4 programs per block stride over the sequences; more would idle, and
+    cost the interpreter a run each)."""
+    n_v = triton.cdiv(V, cfg["BLOCK_V"])
+    return (max(1, min(n_seq, 256, triton.cdiv(programs, n_v))), n_v)
 
 
 def launch_sparse_pool(x, cu, hdr, p, n_seq, V, cfg=None, pdl=False):
