@@ -15,6 +15,7 @@ from zoi.quant.calibrate import calibrate, token_batches, token_weights
 from zoi.quant.detforward import run_graph as det_run_graph
 from zoi.quant.forward import run_graph
 from zoi.quant.gptq import gptq_quantize
+from zoi.quant.pipeline import _transform_gram
 
 
 def test_token_weights_per_mode():
@@ -64,6 +65,12 @@ def test_weighted_gram_is_the_weighted_sum_of_outer_products(tiny, mode):
         xw = x * wt[:, None]
         np.testing.assert_allclose(st.gram_sum, xw.sum(0), rtol=0, atol=1e-9 * np.abs(xw).sum())
         assert st.gram_weight == pytest.approx(wt.sum(), rel=1e-12)
+        # a channel shift (smooth_shift) applied to the weighted Gram: that of x - z, weighted
+        z = x.mean(0).astype(np.float32)
+        xz = x - z.astype(np.float64)
+        ref_z = (xz * wt[:, None]).T @ xz
+        got = _transform_gram(st, z, None)
+        np.testing.assert_allclose(got, ref_z, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     # the same texts calibrated again: the same bits
     again = calibrate(g, w, batches, gram=True, gram_weight=mode)
     for p in cal.stats:
