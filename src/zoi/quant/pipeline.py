@@ -5,7 +5,9 @@
 2. SmoothQuant: alpha searched on a subset of the calibration texts, first one alpha for
    the model, then refined per linear role (qkv / o / ffn1 / ffn2, "off" included); the score
    is the INT8 model's embedding error against FP32: mean(1 - cos) + mean of the worst 2%;
-3. weights: per-channel INT8, GPTQ rounding by default;
+3. weights: per-channel INT8, GPTQ rounding by default, on a Gram whose token rows weigh
+   1 / L**2 of their text's length (QuantConfig.gptq_weighting "pooled": the mean-pooled
+   embedding's error, so short texts and their [CLS] / [SEP] rows count; docs/QUANT.md);
 4. static scheme only: an activation observer per linear;
 5. sensitivity: per-layer SQNR on calibration data; layers under the threshold stay FP32,
    worst first, within the byte budget (FP32 weights, or INT8 weight-only past the budget);
