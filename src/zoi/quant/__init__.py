@@ -36,7 +36,7 @@ factors, for reports). `quant_to_json` / `quant_from_json` (de)serialise the dic
 QuantConfig (zoi.quant.config) defaults, chosen on the calibration set to meet the
 accuracy targets on MiniLM (docs/QUANT.md): per-token asymmetric UINT8 activations ("dynamic_asym"),
 SmoothQuant "auto" (alpha searched, per role, "off" allowed) with `act_mul` where a fold is
-impossible, GPTQ weight rounding, per-layer SQNR with FP32 fallback under 30 dB within
+impossible, GPTQ weight rounding on a text-length-weighted Gram (gptq_weighting="pooled"), per-layer SQNR with FP32 fallback under 30 dB within
 0.27x the FP32 weight bytes, per-row INT8 embedding table. Artifacts inside the original
 contract (no act_mul, symmetric): QuantConfig(activations="dynamic", smooth_targets="fold"),
 or `features={"dynamic", "static"}`, which narrows any config that way.

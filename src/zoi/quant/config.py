@@ -36,6 +36,12 @@ class QuantConfig:
     # error-compensating weight rounding (GPTQ, same per-channel scale, same format)
     gptq: bool = True
     gptq_damp: float = 0.01
+    # how GPTQ's Gram weighs the calibration tokens (zoi.quant.calibrate.token_weights):
+    # "token" (x^T x: a text weighs its length), "text" (every text the same), "pooled"
+    # (1 / length**2: the mean-pooled output's error; short texts count most)
+    gptq_weighting: str = "pooled"
+    # GPTQ rounds the input channels in decreasing order of the Gram's diagonal
+    gptq_act_order: bool = False
     # mixed precision: a linear whose output SQNR (dB) on calibration data is below this
     # stays FP32, worst first, while the weights stay under max_weight_ratio x FP32 bytes
     sensitivity_db: float = 30.0  # MiniLM's worst linear is at 38 dB: nothing falls back
@@ -70,6 +76,12 @@ class QuantConfig:
         if self.fallback_weights not in ("auto", "fp32", "int8"):
             raise ValueError(
                 f"fallback_weights must be auto, fp32 or int8, got {self.fallback_weights!r}"
+            )
+        from zoi.quant.calibrate import GRAM_WEIGHTS
+
+        if self.gptq_weighting not in GRAM_WEIGHTS:
+            raise ValueError(
+                f"gptq_weighting must be one of {GRAM_WEIGHTS}, got {self.gptq_weighting!r}"
             )
         if self.smooth_alpha is not None and not 0.0 <= self.smooth_alpha <= 1.0:
             raise ValueError("smooth_alpha must lie in [0, 1]")

@@ -21,7 +21,7 @@ def weight_scale(w: np.ndarray) -> np.ndarray:
 
 
 def gptq_quantize(
-    w: np.ndarray, gram: np.ndarray, damp: float = 0.01, block: int = 64
+    w: np.ndarray, gram: np.ndarray, damp: float = 0.01, block: int = 64, act_order: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """w: float [N, K]; gram: x^T x [K, K] of the calibration inputs. -> (int8 [N, K], f32 [N]).
 
@@ -29,11 +29,22 @@ def gptq_quantize(
     a triangular inverse without LAPACK, the rounding errors of a block of columns reach the
     columns not yet rounded through elementwise updates (inside the block, in one fixed
     order) and one exact two-limb product (past it), so the integers depend on w and gram
-    only, not on the BLAS, numpy version or thread count."""
+    only, not on the BLAS, numpy version or thread count.
+
+    act_order: round the input channels in decreasing order of the Gram's diagonal (GPTQ's
+    "act-order": the channels with the largest activations first, while the most columns are
+    left to absorb their error); a stable sort, ties by index. The integers are returned in
+    the original column order: same format, same scales."""
     w = np.asarray(w, np.float32)
     scale = weight_scale(w)
     N, K = w.shape
     H = np.array(gram, np.float64, copy=True)
+    if act_order:
+        perm = np.argsort(-np.diag(H), kind="stable")
+        q, _ = gptq_quantize(w[:, perm], H[np.ix_(perm, perm)], damp, block, False)
+        out = np.empty_like(q)
+        out[:, perm] = q
+        return out, scale
     dead = np.diag(H) <= 0
     H[dead, dead] = 1.0
     mean_diag = float(fixed_mean(np.diag(H)))

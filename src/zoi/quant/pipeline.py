@@ -5,7 +5,9 @@
 2. SmoothQuant: alpha searched on a subset of the calibration texts, first one alpha for
    the model, then refined per linear role (qkv / o / ffn1 / ffn2, "off" included); the score
    is the INT8 model's embedding error against FP32: mean(1 - cos) + mean of the worst 2%;
-3. weights: per-channel INT8, GPTQ rounding by default;
+3. weights: per-channel INT8, GPTQ rounding by default, on a Gram whose token rows weigh
+   1 / L**2 of their text's length (QuantConfig.gptq_weighting "pooled": the mean-pooled
+   embedding's error, so short texts and their [CLS] / [SEP] rows count; docs/QUANT.md);
 4. static scheme only: an activation observer per linear;
 5. sensitivity: per-layer SQNR on calibration data; layers under the threshold stay FP32,
    worst first, within the byte budget (FP32 weights, or INT8 weight-only past the budget);
@@ -88,10 +90,10 @@ def _quantize_plain(w: dict, prefixes) -> dict:
 def _transform_gram(st, shift: np.ndarray | None, scale_div: np.ndarray | None) -> np.ndarray:
     """Gram of x' = (x - shift) / scale_div from the Gram, the sum and the count of x."""
     g = st.gram
-    if shift is not None:
+    if shift is not None:  # the Gram's own (possibly length-weighted) sums and weight
         z = shift.astype(np.float64)
-        sx = st.chan_sum
-        g = g - np.outer(z, sx) - np.outer(sx, z) + st.tokens * np.outer(z, z)
+        sx = st.gram_sum
+        g = g - np.outer(z, sx) - np.outer(sx, z) + st.gram_weight * np.outer(z, z)
     if scale_div is not None:
         m = 1.0 / scale_div.astype(np.float64)
         g = g * m[:, None] * m[None, :]
@@ -120,7 +122,9 @@ def _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw) -> None:
                 shifts.get(p) if used.get(p) == "act" else None,
                 factors.get(p) if p in used else None,
             )
-            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(ws[p + ".w"], g, cfg.gptq_damp)
+            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(
+                ws[p + ".w"], g, cfg.gptq_damp, act_order=cfg.gptq_act_order
+            )
         else:
             qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
         del qw[p + ".w"]
@@ -149,7 +153,9 @@ def run_pipeline(
     roles = sorted({role(p) for p in prefixes}, key=lambda r: [role(p) for p in prefixes].index(r))
 
     # 1. calibration
-    cal = calibrate(graph, weights, batches, gram=cfg.gptq, progress=progress)
+    cal = calibrate(
+        graph, weights, batches, gram=cfg.gptq, progress=progress, gram_weight=cfg.gptq_weighting
+    )
     st = cal.stats
 
     # search subset, spread over the set
@@ -343,7 +349,7 @@ def run_pipeline(
             quant[p].info["weights"] = "fp32"
         else:
             out[p + ".w_q"], out[p + ".w_scale"] = (
-                gptq_quantize(w_f, g, cfg.gptq_damp)
+                gptq_quantize(w_f, g, cfg.gptq_damp, act_order=cfg.gptq_act_order)
                 if cfg.gptq and g is not None
                 else P.quantize_weight(w_f)
             )
