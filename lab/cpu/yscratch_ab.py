@@ -52,7 +52,11 @@ def main() -> None:
     bes = {(i, f): _backend(model, i, a.threads, f) for i in isas for f in ("0", "1")}
     ffn1 = {}
     for k, be in bes.items():
-        ffn1[k] = [j for j, s in enumerate(be.engine.steps_info()) if s["kind"] == "gemm_i8" and s["writes_copy"]]
+        ffn1[k] = [
+            j
+            for j, s in enumerate(be.engine.steps_info())
+            if s["kind"] == "gemm_i8" and s["writes_copy"]
+        ]
         assert any(s["y_scratch"] for s in be.engine.steps_info()) == (k[1] == "1"), k
     load0 = os.getloadavg()
     print(f"cpu {_cpu.cpu_info()['brand']} threads={a.threads} load {load0}", flush=True)

@@ -66,7 +66,9 @@ def _fusedq(isa, x, w, ws, b, act, y_scratch, nt, static_amax=-1.0, asym=False):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("M,N,K", [(1, 7, 37), (17, 300, 96), (64, 48, 64), (65, 200, 100), (300, 1536, 384)])
+@pytest.mark.parametrize(
+    "M,N,K", [(1, 7, 37), (17, 300, 96), (64, 48, 64), (65, 200, 100), (300, 1536, 384)]
+)
 @pytest.mark.parametrize("nt", [1, 3])
 def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, monkeypatch):
     """y_scratch on: y stays poisoned (NaN in every element: the GEMM did not write it) and the int8
@@ -89,7 +91,9 @@ def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, 
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("lengths", [[80, 79, 80, 3, 80, 1], [80, 53]])  # 323 tokens (fused), 133 (not)
+@pytest.mark.parametrize(
+    "lengths", [[80, 79, 80, 3, 80, 1], [80, 53]]
+)  # 323 tokens (fused), 133 (not)
 def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypatch):
     """The engine with the FFN1 float rows in scratch (default where the plan allows it) against
     ZOI_I8_YSCRATCH=0 (into the arena): the same bits, above and below q_min_m (256), 2 threads;
@@ -106,7 +110,9 @@ def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypat
             assert not marked
         else:
             assert marked and all(s["kind"] == "gemm_i8" and s["writes_copy"] for s in marked)
-            assert len(marked) == sum(1 for s in info if s["kind"] == "gemm_i8" and s["writes_copy"])
+            assert len(marked) == sum(
+                1 for s in info if s["kind"] == "gemm_i8" and s["writes_copy"]
+            )
         out = be.run(ids, pos, cu, False)
         assert np.isfinite(out).all()
         outs[flag] = out
