@@ -117,3 +117,39 @@ def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypat
         assert np.isfinite(out).all()
         outs[flag] = out
     np.testing.assert_array_equal(outs["1"], outs["0"])
+
+
+@pytest.mark.parametrize("reader", ["none", "layernorm", "overwritten_then_read", "output"])
+def test_engine_scratch_rows_only_where_nothing_reads_the_float_output(reader, monkeypatch):
+    """Engine::mark_dead_outputs on hand-built plans: a GEMM (arena bytes 0..) writing FFN2's copy
+    gets the scratch unless a later step reads its float output (a LayerNorm on it), or it is the
+    run's output; a later step that first overwrites that buffer (another LayerNorm writing at
+    its start) makes a read after it harmless."""
+    from zoi import _cpu
+
+    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
+    H, T = 8, 8
+    e = _cpu.Engine(1 << 20, T, 2, "", 1)
+    wq = np.ones((H, H), np.int8)
+    ws = np.ones(H, np.float32)
+    one, zero = np.ones(H, np.float32), np.zeros(H, np.float32)
+    X, Y, Z, W = 0, 4096, 8192, 12288  # byte offsets of [T, H] buffers
+    e.add_linear_i8(W, X, wq, ws, None, "gelu", q_from=0)  # FFN1: X
+    e.add_linear_i8(X, Y, wq, ws, None, "none", q_from=1, q_min_m=4)  # FFN2 reads X's copy
+    out = Y
+    if reader == "layernorm":
+        e.add_layernorm(X, -1, Z, one, zero, 1e-5)
+        out = Z
+    elif reader == "overwritten_then_read":
+        e.add_layernorm(Y, -1, X, one, zero, 1e-5)  # writes at X: FFN1's output is gone
+        e.add_layernorm(X, -1, Z, one, zero, 1e-5)
+        out = Z
+    elif reader == "output":
+        out = X
+    e.set_output(out, H, True)
+    e.finalize()
+    info = e.steps_info()
+    assert [s["kind"] for s in info[:4]] == ["quantize", "gemm_i8", "quantize", "gemm_i8"]
+    assert info[1]["writes_copy"] and info[2]["fused"]
+    assert info[1]["y_scratch"] == (reader in ("none", "overwritten_then_read")), info
+    assert not any(s.get("y_scratch") for i, s in enumerate(info) if i != 1)
