@@ -626,6 +626,11 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
     if (types && (types[t] < 0 || types[t] >= ntypes_)) throw std::invalid_argument("token type out of the table");
   }
   if (tap_out) check_off(tap_off, static_cast<size_t>(T) * tap_cols * 4);
+  if (tap_out)
+    for (const Step& s : steps_)  // mark_dead_outputs: that GEMM's float rows went to scratch
+      if (s.ydead && s.gi.y == buf(tap_off))
+        throw std::invalid_argument("the tap reads the float output of an INT8 GEMM that only quantises it "
+                                    "for the next GEMM (not written to the arena); set ZOI_I8_YSCRATCH=0");
   std::lock_guard<std::mutex> g(mu_);
   ids_ = ids;
   positions_ = positions;

@@ -153,3 +153,19 @@ def test_engine_scratch_rows_only_where_nothing_reads_the_float_output(reader, m
     assert info[1]["writes_copy"] and info[2]["fused"]
     assert info[1]["y_scratch"] == (reader in ("none", "overwritten_then_read")), info
     assert not any(s.get("y_scratch") for i, s in enumerate(info) if i != 1)
+
+
+def test_a_tap_of_a_scratch_output_is_refused(monkeypatch):
+    """A tap (run_outputs) of an FFN1 output whose rows went to scratch would read stale arena
+    bytes: refused with the fix in the message; with ZOI_I8_YSCRATCH=0 the tap reads the rows."""
+    m = make_model(small_spec(intermediate=300), "int8", max_tokens=400, max_batch=8)
+    ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 5)
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "1")
+    be = CpuBackend(m, nthreads=1)
+    lin = {o.output: o for o in m.graph.ops if o.kind == "linear"}
+    name = next(n for n, o in lin.items() if o.attrs.get("quant_out"))
+    with pytest.raises(ValueError, match="ZOI_I8_YSCRATCH=0"):
+        be.run_outputs(ids, pos, cu, taps=(name,))
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "0")
+    out = CpuBackend(m, nthreads=1).run_outputs(ids, pos, cu, taps=(name,))
+    assert np.isfinite(out[name]).all()
