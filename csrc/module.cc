@@ -252,6 +252,52 @@ NB_MODULE(_cpu, m) {
   }, "x"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res"_a.none(), "static_amax"_a, "y"_a,
      "isa"_a = "", "nt"_a = 1, "asym"_a = false, "shift"_a.none() = nb::none(), "mul"_a.none() = nb::none());
 
+  // tests: an INT8 GEMM that quantises its output rows (N = K of the next GEMM) as the engine's
+  // FFN1 -> FFN2 does; y_scratch: the float rows go to per-thread scratch, y is not written.
+  // Writes q (stored - zp, [M, N]), qscale [M], qzp [M].
+  m.def("k_linear_i8_fusedq", [](Arr<const float> x, Arr<const int8_t> wq, Arr<const float> w_scale,
+                                 Opt<const float> b, const std::string& act, Arr<float> y, bool y_scratch,
+                                 Arr<int16_t> q, Arr<float> qscale, Arr<int32_t> qzp, float static_amax, bool asym, const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    need(x, 2, {-1, -1}, "x");
+    const int M = x.shape(0), K = x.shape(1);
+    need(wq, 2, {-1, K}, "w_q");
+    const int N = wq.shape(0);
+    need(w_scale, 1, {N}, "w_scale");
+    if (b) need(*b, 1, {N}, "b");
+    need(y, 2, {M, N}, "y");
+    need(q, 2, {M, N}, "q");
+    need(qscale, 1, {M}, "qscale");
+    need(qzp, 1, {M}, "qzp");
+    zoi::QuantOut params;
+    QBuf qb(kt, M, K, params);
+    for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
+    PackedI8 pw(kt, wq.data(), N, K, w_scale.data(), b ? b->data() : nullptr);
+    zoi::QuantOut po;
+    po.static_amax = static_amax;
+    po.asym = asym;
+    QBuf qo(kt, M, N, po);
+    std::vector<float> scr;
+    if (y_scratch) scr.assign(static_cast<size_t>(nt < 1 ? 1 : nt) * zoi::i8_qchunk_floats(N) + 16, 0.f);
+    float* s0 = y_scratch ? reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scr.data()) + 63) & ~uintptr_t(63)) : nullptr;
+    zoi::GemmI8Args a;
+    a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
+    a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
+    a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N; a.act = parse_act(act);
+    a.qo = qo.qo;
+    for_threads(nt, [&](int t, int n) {
+      zoi::GemmI8Args c = a;
+      if (s0) c.y_scratch = s0 + static_cast<size_t>(t) * zoi::i8_qchunk_floats(N);
+      kt.gemm_i8(c, t, n);
+    });
+    for (int i = 0; i < M; ++i) {
+      qscale.data()[i] = qo.scale[i];
+      qzp.data()[i] = qo.zp[i];
+      for (int k = 0; k < N; ++k) q.data()[static_cast<size_t>(i) * N + k] = static_cast<int16_t>(qo.stored(kt, i, k) - qo.zp[i]);
+    }
+  }, "x"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "y"_a, "y_scratch"_a, "q"_a, "qscale"_a, "qzp"_a, "static_amax"_a = -1.f,
+     "asym"_a = false, "isa"_a = "", "nt"_a = 1);
+
   m.def("k_linear_f32", [](Arr<const float> x, Arr<const float> w, Opt<const float> b, const std::string& act,
                            Opt<const float> res, Arr<float> y, const std::string& isa, int nt) {
     const auto& kt = table_for(isa);
@@ -674,6 +720,7 @@ NB_MODULE(_cpu, m) {
           d["fused"] = r.fused;
           d["min_m"] = r.min_m;
           d["slot"] = r.slot;
+          d["y_scratch"] = r.y_scratch;
           l.append(d);
         }
         return l;

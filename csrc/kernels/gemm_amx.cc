@@ -46,6 +46,7 @@ constexpr int KB = 64;          // k per tile step (16 k-groups of 4)
 constexpr int BSTRIDE = PW * 4; // bytes between k-groups in a panel
 constexpr int MC = 256;         // rows per M chunk (A chunk + one panel in L2)
 constexpr int MQ = 64;          // rows per chunk when the GEMM quantises its output rows
+static_assert(MQ <= kI8QChunkRows, "y_scratch holds kI8QChunkRows rows");
 // below this M, vnni's kernel (measured: lab/cpu/README.md "AMX"); ZOI_AMX_MIN_M overrides (tests)
 constexpr int kAmxMinM = 16;
 
@@ -204,11 +205,15 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
   if (p.qo.q) {  // split over row chunks; each chunk: every panel, then its rows quantised
     const int nch = (p.M + MQ - 1) / MQ;
     split_range(nch, tid, nt, &lo, &hi);
+    const bool to_scratch = p.y_scratch && !p.y_i32;  // y has no reader: the chunk's rows stay in scratch
     for (long ch = lo; ch < hi; ++ch) {
       const int m0 = static_cast<int>(ch) * MQ, m1 = m0 + MQ < p.M ? m0 + MQ : p.M;
+      // the chunk as a GEMM of its own: into the per-thread scratch (row 0 = m0), or into y
+      const GemmI8Args c = to_scratch ? i8_chunk_to_scratch(p, m0, m1 - m0, static_cast<size_t>(p.lda)) : p;
+      const int c0 = to_scratch ? 0 : m0, c1 = to_scratch ? m1 - m0 : m1;
       for (int pn = 0; pn < npanels; ++pn)
-        for (int m = m0; m < m1; m += TR) block(p, m, m1 - m < TR ? m1 - m : TR, pn);
-      for (int m = m0; m < m1; ++m) quantize_into(p.y + static_cast<size_t>(m) * p.ldy, p.N, p.qo, m);
+        for (int m = c0; m < c1; m += TR) block(c, m, c1 - m < TR ? c1 - m : TR, pn);
+      for (int m = c0; m < c1; ++m) quantize_into(c.y + static_cast<size_t>(m) * c.ldy, p.N, p.qo, m - c0 + m0);
     }
   } else {
     const int nch = (p.M + MC - 1) / MC;

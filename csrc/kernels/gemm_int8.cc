@@ -308,6 +308,7 @@ void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
 // rows per chunk when the GEMM also quantises its output rows: the chunk's float rows
 // (MQ x N x 4 bytes: 384 KiB at N = 1536) stay in L2 until they are quantised
 constexpr int MQ = 64 / MR * MR;
+static_assert(MQ <= kI8QChunkRows, "y_scratch holds kI8QChunkRows rows");
 
 void gemm(const GemmI8Args& p, int tid, int nt) {
   if (p.M <= 0 || p.N <= 0) return;
@@ -317,13 +318,17 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
     const int nch = (p.M + MQ - 1) / MQ;
     long lo, hi;
     split_range(nch, tid, nt, &lo, &hi);
+    const bool to_scratch = p.y_scratch && !p.y_i32;  // y has no reader: the chunk's rows stay in scratch
     for (long ch = lo; ch < hi; ++ch) {
       const int m0 = static_cast<int>(ch) * MQ, m1 = m0 + MQ < p.M ? m0 + MQ : p.M;
+      // the chunk as a GEMM of its own: into the per-thread scratch (row 0 = m0), or into y
+      const GemmI8Args c = to_scratch ? i8_chunk_to_scratch(p, m0, m1 - m0, static_cast<size_t>(p.lda) * kABytes) : p;
+      const int c0 = to_scratch ? 0 : m0, c1 = to_scratch ? m1 - m0 : m1;
       for (int pn = 0; pn < npanels; ++pn) {
         const WE* wpanel = static_cast<const WE*>(p.w) + pn * panel_elems;
-        for (int m = m0; m < m1; m += MR) tile_rows<MR>(m1 - m < MR ? m1 - m : MR, p, m, pn * PW, wpanel, m == m0);
+        for (int m = c0; m < c1; m += MR) tile_rows<MR>(c1 - m < MR ? c1 - m : MR, c, m, pn * PW, wpanel, m == c0);
       }
-      for (int m = m0; m < m1; ++m) quantize_into(p.y + static_cast<size_t>(m) * p.ldy, p.N, p.qo, m);
+      for (int m = c0; m < c1; ++m) quantize_into(c.y + static_cast<size_t>(m) * c.ldy, p.N, p.qo, m - c0 + m0);
     }
     return;
   }

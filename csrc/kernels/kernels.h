@@ -61,8 +61,29 @@ struct GemmI8Args {
   // The engine sets it only for M >= the plan's q_min_m (zoi.graph.fusion, measured: kI8FuseQuantMinM;
   // below, the N split reads each weight once)
   QuantOut qo;
+  // optional, with qo.q: the pool thread's scratch of i8_qchunk_floats(N) floats (64-byte aligned)
+  // for the float rows of one row chunk; then y is NOT written (the rows are quantised from the
+  // scratch). The engine sets it only where nothing reads y after the quantisation (Engine::finalize).
+  float* y_scratch = nullptr;
 };
 constexpr int kI8FuseQuantMinM = 256;
+constexpr int kI8QChunkRows = 64;  // the most rows of a fused-quant chunk (gemm_int8.cc / gemm_amx.cc MQ)
+inline size_t i8_qchunk_floats(int N) { return static_cast<size_t>(kI8QChunkRows) * ((N + 15) / 16 * 16); }
+// the rows [m0, m0 + mr) of p as a GEMM of their own (row 0 = row m0) writing y_scratch (ldy: N
+// rounded up to 16); a_row_bytes: bytes per row of a
+inline GemmI8Args i8_chunk_to_scratch(const GemmI8Args& p, int m0, int mr, size_t a_row_bytes) {
+  GemmI8Args c = p;
+  c.a = static_cast<const char*>(p.a) + static_cast<size_t>(m0) * a_row_bytes;
+  c.a_scale = p.a_scale + m0;
+  c.a_zp = p.a_zp + m0;
+  if (p.res) c.res = p.res + static_cast<size_t>(m0) * p.ldr;
+  c.M = mr;
+  c.y = p.y_scratch;
+  c.ldy = (p.N + 15) / 16 * 16;
+  c.qo.q = nullptr;
+  c.y_scratch = nullptr;
+  return c;
+}
 
 // ---- FP32 GEMM: y = act(a @ w^T + bias) (+ res); w packed by pack_f32: [panel][K][panel col]
 struct GemmF32Args {

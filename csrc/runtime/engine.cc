@@ -364,6 +364,8 @@ void Engine::finalize() {
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
   scratch_bytes_ = (qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8) * (fused_q_ ? 2 : 1) + attn_stride_ * 4 * nthreads_;
+  mark_dead_outputs();
+  scratch_bytes_ += yscr_stride_ * 4 * nthreads_;
   // work parts per step, handed out dynamically: a few per thread, so a thread that other load
   // delays holds up at most one part, and the others take the rest
   sync_.reset(new StepSync[steps_.size()]);
@@ -399,6 +401,64 @@ void Engine::finalize() {
   finalized_ = true;
 }
 
+// An INT8 GEMM that quantises its output rows for the next INT8 GEMM (FFN1 -> FFN2, from qmin
+// rows) writes the float rows of each row chunk to a per-thread scratch instead of y when nothing
+// reads y after it (at M >= qmin the QUANT step skips and the consumer reads the int8 copy):
+// 1.5-3x less time in that GEMM's output traffic (lab/cpu/README.md "FFN1 output in scratch").
+// Who reads y: the float inputs of the later steps, each the start of one of the planner's
+// buffers (zoi.graph.planner: a live buffer's bytes are never reused, so a read at y's start
+// before another step writes at y's start reads this GEMM's output), and the host (the output).
+// ZOI_I8_YSCRATCH=0 turns it off (tests compare both).
+void Engine::mark_dead_outputs() {
+  const char* e = std::getenv("ZOI_I8_YSCRATCH");
+  if (e && *e && std::atoi(e) == 0) return;
+  auto reads = [](const Step& s, const float* r[2]) -> int {
+    switch (s.kind) {
+      case EMBED: return 0;
+      case QUANT: r[0] = s.qx; return 1;
+      case GEMM_I8: r[0] = s.gi.res; return 1;  // a: the int8 scratch
+      case GEMM_F32: r[0] = s.gf.a; r[1] = s.gf.res; return 2;
+      case ATTN: r[0] = s.at.qkv; return 1;
+      case LN: r[0] = s.ln.x; r[1] = s.ln.r; return 2;
+      case POOL: r[0] = s.po.x; return 1;
+      case GLU: r[0] = s.gl.x; return 1;
+    }
+    return -1;  // a kind not listed: y counts as read
+  };
+  auto writes = [](const Step& s) -> const float* {
+    switch (s.kind) {
+      case EMBED: return s.em.y;
+      case GEMM_I8: return s.gi.y;
+      case GEMM_F32: return s.gf.y;
+      case ATTN: return s.at.out;
+      case LN: return s.ln.y;
+      case POOL: return s.po.out;
+      case GLU: return s.gl.y;
+      default: return nullptr;
+    }
+  };
+  int maxn = 0;
+  for (size_t i = 0; i + 1 < steps_.size(); ++i) {
+    Step& g = steps_[i];
+    if (g.kind != GEMM_I8 || g.gi.qo.ldq == 0 || g.qmin < 1) continue;
+    const Step& q = steps_[i + 1];  // its QUANT step: skipped from qmin rows
+    if (!(q.kind == QUANT && q.fusedq && q.qx == g.gi.y && q.qmin == g.qmin)) continue;
+    const float* y = g.gi.y;
+    bool read = y == buf(out_off_);  // the host reads the output
+    for (size_t j = i + 2; j < steps_.size(); ++j) {
+      const float* r[2] = {nullptr, nullptr};
+      const int n = reads(steps_[j], r);
+      if (n < 0 || (n > 0 && r[0] == y) || (n > 1 && r[1] == y)) { read = true; break; }
+      if (writes(steps_[j]) == y) { read = false; break; }  // overwritten: the output seen above is not read
+    }
+    g.ydead = !read;
+    if (g.ydead && g.gi.N > maxn) maxn = g.gi.N;
+  }
+  if (maxn == 0) return;
+  yscr_stride_ = (i8_qchunk_floats(maxn) + 15) / 16 * 16;
+  yscr_ = aligned_bytes(yscr_stride_ * 4 * nthreads_);
+}
+
 void Engine::exec(const Step& s, int part, int parts, int tid) {
   const KernelTable& k = *kt_;
   const int t = part, nt = parts;
@@ -420,6 +480,7 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       GemmI8Args a = s.gi;
       a.M = M;
       if (M < s.qmin) a.qo.q = nullptr;  // the QUANT step after it does it
+      else if (s.ydead && a.qo.q) a.y_scratch = static_cast<float*>(yscr_.get()) + static_cast<size_t>(tid) * yscr_stride_;
       k.gemm_i8(a, t, nt);
       break;
     }
@@ -535,7 +596,7 @@ Engine::StepInfo Engine::step_info(int i) const {
     case LN: r.writes_copy = s.ln.qo.ldq > 0; break;
     case EMBED: r.writes_copy = s.em.qo.ldq > 0; break;
     case GLU: r.writes_copy = s.gl.qo.ldq > 0; break;
-    case GEMM_I8: r.writes_copy = s.gi.qo.ldq > 0; r.min_m = s.qmin; r.slot = s.qslot; break;
+    case GEMM_I8: r.writes_copy = s.gi.qo.ldq > 0; r.min_m = s.qmin; r.slot = s.qslot; r.y_scratch = s.ydead; break;
     case QUANT: r.writes_copy = true; r.min_m = s.fusedq ? s.qmin : 0; r.slot = s.qslot; r.fused = s.fusedq; break;
     default: break;
   }
@@ -565,6 +626,11 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
     if (types && (types[t] < 0 || types[t] >= ntypes_)) throw std::invalid_argument("token type out of the table");
   }
   if (tap_out) check_off(tap_off, static_cast<size_t>(T) * tap_cols * 4);
+  if (tap_out)
+    for (const Step& s : steps_)  // mark_dead_outputs: that GEMM's float rows went to scratch
+      if (s.ydead && s.gi.y == buf(tap_off))
+        throw std::invalid_argument("the tap reads the float output of an INT8 GEMM that only quantises it "
+                                    "for the next GEMM (not written to the arena); set ZOI_I8_YSCRATCH=0");
   std::lock_guard<std::mutex> g(mu_);
   ids_ = ids;
   positions_ = positions;

@@ -94,6 +94,7 @@ class Engine {
     const char* kind = "";
     bool writes_copy = false, fused = false;
     int min_m = 0, slot = 0;
+    bool y_scratch = false;  // GEMM_I8 writing a copy: its float rows go to scratch (y not written)
   };
   StepInfo step_info(int i) const;
 
@@ -124,6 +125,7 @@ class Engine {
     bool fusedq = false;  // QUANT of a GEMM_I8's output: the GEMM does it when M >= qmin
     int qslot = 0;        // QUANT / GEMM_I8: which quantised-activation buffer it writes / reads
     int qmin = 0;         // QUANT (fusedq) / GEMM_I8 writing a copy: rows from which the GEMM does it
+    bool ydead = false;   // GEMM_I8 writing a copy: nothing reads its float y after it (finalize): scratch rows
   };
   // per step: parts handed out dynamically (next) and parts finished (done)
   struct alignas(64) StepSync {
@@ -133,6 +135,7 @@ class Engine {
   static void job(void* self, int tid, int nt);
   // computes part `part` of `parts` of step s on pool thread `tid`
   void exec(const Step& s, int part, int parts, int tid);
+  void mark_dead_outputs();  // sets Step::ydead and the scratch for it (finalize)
   float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
   void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
   // an owned copy of src[0, n), shared with an earlier identical one (per-layer RoPE / bias tables)
@@ -144,6 +147,8 @@ class Engine {
   int max_tokens_, max_batch_, nthreads_;
   size_t arena_bytes_, weights_bytes_ = 0, scratch_bytes_ = 0;
   AlignedBuf arena_, qbuf_, qscale_, qzp_, attn_;
+  AlignedBuf yscr_;          // per pool thread: i8_qchunk_floats(N) floats for GEMMs with ydead
+  size_t yscr_stride_ = 0;   // floats per thread
   AlignedBuf qbuf2_, qscale2_, qzp2_;  // the second slot: a GEMM_I8 quantising its output for the next
   size_t qbuf_bytes_ = 0, attn_stride_ = 0;
   int max_kp_ = 0, max_attn_d_ = 0;

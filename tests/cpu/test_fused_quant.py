@@ -47,3 +47,125 @@ def test_fused_output_quantisation_is_the_quantise_step(isa, default_scheme, sch
         np.testing.assert_array_equal(one[0], full[b])
     want = run_graph(m.graph, m.weights, ids, pos, cu, quant=m.quant, normalize=False)
     assert np.abs(full - want).max() <= 1e-3 * max(1.0, float(np.abs(want).max()))
+
+
+# ---- the float rows of the fused path in per-thread scratch (GemmI8Args::y_scratch; the engine
+# sets it where nothing reads the FFN1 output after its quantisation: Engine::mark_dead_outputs)
+
+
+def _fusedq(isa, x, w, ws, b, act, y_scratch, nt, static_amax=-1.0, asym=False):
+    from zoi import _cpu
+
+    M, N = x.shape[0], w.shape[0]
+    y = np.full((M, N), np.nan, np.float32)  # poisoned
+    q = np.full((M, N), -999, np.int16)
+    qs = np.full(M, np.nan, np.float32)
+    qz = np.full(M, -999, np.int32)
+    _cpu.k_linear_i8_fusedq(x, w, ws, b, act, y, y_scratch, q, qs, qz, static_amax, asym, isa, nt)
+    return y, q, qs, qz
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(
+    "M,N,K", [(1, 7, 37), (17, 300, 96), (64, 48, 64), (65, 200, 100), (300, 1536, 384)]
+)
+@pytest.mark.parametrize("nt", [1, 3])
+def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, monkeypatch):
+    """y_scratch on: y stays poisoned (NaN in every element: the GEMM did not write it) and the int8
+    rows, scales and zero points are bit-identical to the path that writes y (off), which wrote
+    every element of y. M below / above the 64-row chunk and amx's 16-row tile path."""
+    monkeypatch.setenv("ZOI_AMX_MIN_M", "1")  # amx: every M on the tile kernel
+    rng = np.random.default_rng(M * 7 + N)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = rng.integers(-127, 128, (N, K)).astype(np.int8)
+    ws = (rng.random(N).astype(np.float32) + 0.5) * 1e-3
+    b = rng.standard_normal(N).astype(np.float32)
+    for asym in (False, True):
+        y0, q0, s0, z0 = _fusedq(isa, x, w, ws, b, "gelu", False, nt, asym=asym)
+        assert np.isfinite(y0).all() and np.isfinite(s0).all() and (q0 != -999).all()
+        y1, q1, s1, z1 = _fusedq(isa, x, w, ws, b, "gelu", True, nt, asym=asym)
+        assert np.isnan(y1).all(), "y_scratch on: the float output must not be written"
+        np.testing.assert_array_equal(q1, q0)
+        np.testing.assert_array_equal(s1.view(np.int32), s0.view(np.int32))
+        np.testing.assert_array_equal(z1, z0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(
+    "lengths", [[80, 79, 80, 3, 80, 1], [80, 53]]
+)  # 323 tokens (fused), 133 (not)
+def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypatch):
+    """The engine with the FFN1 float rows in scratch (default where the plan allows it) against
+    ZOI_I8_YSCRATCH=0 (into the arena): the same bits, above and below q_min_m (256), 2 threads;
+    the FFN1 GEMMs are marked (steps_info y_scratch) only when on, and only those writing a copy."""
+    m = make_model(small_spec(intermediate=300), "int8", max_tokens=400, max_batch=8)
+    ids, pos, cu = batch(lengths, m.spec.vocab_size, 5)
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("ZOI_I8_YSCRATCH", flag)
+        be = CpuBackend(m, isa=isa, nthreads=2)
+        info = be.engine.steps_info()
+        marked = [s for s in info if s.get("y_scratch")]
+        if flag == "0":
+            assert not marked
+        else:
+            assert marked and all(s["kind"] == "gemm_i8" and s["writes_copy"] for s in marked)
+            assert len(marked) == sum(
+                1 for s in info if s["kind"] == "gemm_i8" and s["writes_copy"]
+            )
+        out = be.run(ids, pos, cu, False)
+        assert np.isfinite(out).all()
+        outs[flag] = out
+    np.testing.assert_array_equal(outs["1"], outs["0"])
+
+
+@pytest.mark.parametrize("reader", ["none", "layernorm", "overwritten_then_read", "output"])
+def test_engine_scratch_rows_only_where_nothing_reads_the_float_output(reader, monkeypatch):
+    """Engine::mark_dead_outputs on hand-built plans: a GEMM (arena bytes 0..) writing FFN2's copy
+    gets the scratch unless a later step reads its float output (a LayerNorm on it), or it is the
+    run's output; a later step that first overwrites that buffer (another LayerNorm writing at
+    its start) makes a read after it harmless."""
+    from zoi import _cpu
+
+    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
+    H, T = 8, 8
+    e = _cpu.Engine(1 << 20, T, 2, "", 1)
+    wq = np.ones((H, H), np.int8)
+    ws = np.ones(H, np.float32)
+    one, zero = np.ones(H, np.float32), np.zeros(H, np.float32)
+    X, Y, Z, W = 0, 4096, 8192, 12288  # byte offsets of [T, H] buffers
+    e.add_linear_i8(W, X, wq, ws, None, "gelu", q_from=0)  # FFN1: X
+    e.add_linear_i8(X, Y, wq, ws, None, "none", q_from=1, q_min_m=4)  # FFN2 reads X's copy
+    out = Y
+    if reader == "layernorm":
+        e.add_layernorm(X, -1, Z, one, zero, 1e-5)
+        out = Z
+    elif reader == "overwritten_then_read":
+        e.add_layernorm(Y, -1, X, one, zero, 1e-5)  # writes at X: FFN1's output is gone
+        e.add_layernorm(X, -1, Z, one, zero, 1e-5)
+        out = Z
+    elif reader == "output":
+        out = X
+    e.set_output(out, H, True)
+    e.finalize()
+    info = e.steps_info()
+    assert [s["kind"] for s in info[:4]] == ["quantize", "gemm_i8", "quantize", "gemm_i8"]
+    assert info[1]["writes_copy"] and info[2]["fused"]
+    assert info[1]["y_scratch"] == (reader in ("none", "overwritten_then_read")), info
+    assert not any(s.get("y_scratch") for i, s in enumerate(info) if i != 1)
+
+
+def test_a_tap_of_a_scratch_output_is_refused(monkeypatch):
+    """A tap (run_outputs) of an FFN1 output whose rows went to scratch would read stale arena
+    bytes: refused with the fix in the message; with ZOI_I8_YSCRATCH=0 the tap reads the rows."""
+    m = make_model(small_spec(intermediate=300), "int8", max_tokens=400, max_batch=8)
+    ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 5)
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "1")
+    be = CpuBackend(m, nthreads=1)
+    lin = {o.output: o for o in m.graph.ops if o.kind == "linear"}
+    name = next(n for n, o in lin.items() if o.attrs.get("quant_out"))
+    with pytest.raises(ValueError, match="ZOI_I8_YSCRATCH=0"):
+        be.run_outputs(ids, pos, cu, taps=(name,))
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "0")
+    out = CpuBackend(m, nthreads=1).run_outputs(ids, pos, cu, taps=(name,))
+    assert np.isfinite(out[name]).all()

@@ -1,0 +1,121 @@
+"""MiniLM forward (random weights, INT8, 6 layers): the fused FFN1 -> FFN2 quantisation with the
+FFN1 float rows in per-thread scratch (Engine::mark_dead_outputs, the default) against the same
+rows written to the arena (ZOI_I8_YSCRATCH=0), per ISA, in one process, rounds interleaved.
+Per call: the calling thread's CPU time of the whole forward (1 thread: all of it runs there) and
+wall; and, from Engine.profile, the thread CPU time summed over the FFN1 GEMMs (the steps marked
+y_scratch), median of `--rounds` profiles.
+
+    python lab/cpu/yscratch_ab.py [--isas amx,vnni] [--shapes 32x128,8x128] [--threads 1] [--rounds 5] [--json f]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "cpu"))
+from helpers import batch, make_model, minilm_spec  # noqa: E402
+
+from zoi import _cpu  # noqa: E402
+from zoi.backends.cpu import CpuBackend  # noqa: E402
+
+
+def _backend(model, isa, threads, flag):
+    os.environ["ZOI_I8_YSCRATCH"] = flag  # read at Engine finalize
+    try:
+        return CpuBackend(model, isa=isa, nthreads=threads)
+    finally:
+        del os.environ["ZOI_I8_YSCRATCH"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--isas", default="amx,vnni")
+    ap.add_argument("--shapes", default="32x128,8x128")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    spec = minilm_spec()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    model = make_model(
+        spec, "int8", max_tokens=max(b * s for b, s in shapes), max_batch=max(b for b, _ in shapes)
+    )
+    isas = a.isas.split(",")
+    bes = {(i, f): _backend(model, i, a.threads, f) for i in isas for f in ("0", "1")}
+    ffn1 = {}
+    for k, be in bes.items():
+        ffn1[k] = [
+            j
+            for j, s in enumerate(be.engine.steps_info())
+            if s["kind"] == "gemm_i8" and s["writes_copy"]
+        ]
+        assert any(s["y_scratch"] for s in be.engine.steps_info()) == (k[1] == "1"), k
+    load0 = os.getloadavg()
+    print(f"cpu {_cpu.cpu_info()['brand']} threads={a.threads} load {load0}", flush=True)
+    rows = []
+    for b, s in shapes:
+        ids, pos, cu = batch([s] * b, spec.vocab_size, seed=1)
+        outs = {}
+        for k, be in bes.items():
+            outs[k] = np.empty((b, spec.hidden), np.float32)
+            be.engine.run_repeat(ids, pos, cu, True, outs[k], 2)
+        n = max(3, int(round(400 / (b * s) * 3)))
+        res = {k: {"wall": [], "thread": [], "ffn1": []} for k in bes}
+        for _ in range(a.rounds):
+            for k, be in bes.items():
+                w0, t0 = time.perf_counter(), time.thread_time()
+                be.engine.run_repeat(ids, pos, cu, True, outs[k], n)
+                w1, t1 = time.perf_counter(), time.thread_time()
+                res[k]["wall"].append((w1 - w0) / n * 1e3)
+                res[k]["thread"].append((t1 - t0) / n * 1e3)
+                prof = be.engine.profile(ids, pos, cu)
+                res[k]["ffn1"].append(sum(prof[j][2] for j in ffn1[k]) * 1e3)
+        for isa in isas:
+            off, on = (isa, "0"), (isa, "1")
+            row = {
+                "isa": isa,
+                "shape": f"{b}x{s}",
+                "threads": a.threads,
+                "calls_per_round": n,
+                "rounds": a.rounds,
+                "identical_outputs": bool(np.array_equal(outs[on], outs[off])),
+                "load_after": os.getloadavg()[0],
+            }
+            for tag, k in (("arena", off), ("scratch", on)):
+                for m in ("wall", "thread", "ffn1"):
+                    row[f"{tag}_{m}_ms"] = statistics.median(res[k][m])
+            row["scratch_over_arena_thread"] = row["scratch_thread_ms"] / row["arena_thread_ms"]
+            row["scratch_over_arena_ffn1"] = row["scratch_ffn1_ms"] / row["arena_ffn1_ms"]
+            rows.append(row)
+            print(
+                f"  {isa} {b}x{s}: forward thread arena {row['arena_thread_ms']:.2f} scratch {row['scratch_thread_ms']:.2f} ms "
+                f"({row['scratch_over_arena_thread']:.3f}x) | FFN1 GEMMs thread arena {row['arena_ffn1_ms']:.2f} "
+                f"scratch {row['scratch_ffn1_ms']:.2f} ms ({row['scratch_over_arena_ffn1']:.3f}x) | "
+                f"identical={row['identical_outputs']} load {row['load_after']:.1f}",
+                flush=True,
+            )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(
+                {
+                    "cpu": _cpu.cpu_info()["brand"],
+                    "model": "minilm-shape int8 random weights, 6 layers",
+                    "what": "FFN1 float rows in per-thread scratch (ZOI_I8_YSCRATCH default) vs arena (=0)",
+                    "load_before": list(load0),
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
