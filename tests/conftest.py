@@ -219,7 +219,8 @@ def small_vocab_size(words=SMALL_VOCAB_WORDS) -> int:
 # search over 160 texts (~20x less CPU: 1.5 s instead of 22 s for a 4-layer arch model). The
 # artifacts use the same schemes (dynamic_asym, act_mul) as the default's on these models;
 # int8_features() lets a test assert that. The quantiser's own quality is tested with its
-# defaults (tests/quant, tests/archs/test_vs_transformers.py, tests/heads).
+# defaults (tests/quant, tests/archs/test_vs_transformers.py, tests/heads). Also for tests of
+# what an INT8 artifact holds (bytes, saved tensors), where the calibration does not matter.
 KERNEL_TEST_QUANT = dict(smoothquant="on", smooth_alpha=0.5, search_texts=16, sqnr_texts=32)
 
 
