@@ -332,8 +332,9 @@ NB_MODULE(_cpu, m) {
      "ln_w"_a, "ln_b"_a, "eps"_a, "y"_a, "isa"_a = "", "nt"_a = 1);
 
   m.def("k_attention", [](Arr<const float> qkv, Arr<const int32_t> cu, int heads, int d, float scale, Arr<float> out,
-                          const std::string& isa, int nt) {
+                          const std::string& isa, int nt, int prec) {
     const auto& kt = table_for(isa);
+    if (prec < 0 || prec > 3) throw nb::value_error("prec must be 0, 1, 2 or 3");
     const int T = qkv.shape(0), H = heads * d;
     need(qkv, 2, {T, 3 * H}, "qkv");
     need(out, 2, {T, H}, "out");
@@ -350,9 +351,9 @@ NB_MODULE(_cpu, m) {
     std::vector<float> scratch(stride * nt + 16);
     zoi::AttnArgs a;
     a.qkv = qkv.data(); a.ldqkv = 3 * H; a.cu = cu.data(); a.B = B; a.heads = heads; a.d = d; a.scale = scale;
-    a.out = out.data(); a.ldo = H; a.scratch = scratch.data(); a.scratch_stride = stride;
+    a.out = out.data(); a.ldo = H; a.scratch = scratch.data(); a.scratch_stride = stride; a.prec = prec;
     for_threads(nt, [&](int t, int n) { kt.attention(a, t, n); });
-  }, "qkv"_a, "cu"_a, "heads"_a, "d"_a, "scale"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
+  }, "qkv"_a, "cu"_a, "heads"_a, "d"_a, "scale"_a, "out"_a, "isa"_a = "", "nt"_a = 1, "prec"_a = 0);
 
   m.def("k_attention_ext", [](Arr<const float> qkv, Arr<const int32_t> cu, int heads, int d, float scale,
                               Arr<float> out, Opt<const float> bias, int window, Opt<const float> cos,
@@ -566,6 +567,9 @@ NB_MODULE(_cpu, m) {
          "q_from (the plan's decision, zoi.graph.fusion): 0 a quantise step makes the int8 input copy, 1 the "
          "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot")
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
+      .def("set_attention_precision", &zoi::Engine::set_attention_precision, "mode"_a,
+           "issue 22, opt-in: 0 FP32 attention, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v (VNNI / AMX tables), "
+           "3 AMX-BF16 q.k^T and p.v (AMX-BF16 CPUs, head dim 32 / 64); FP32 where a mode does not apply")
       .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
                                    float scale, Opt<const float> bias, int window, Opt<const float> cos,
                                    Opt<const float> sin) {

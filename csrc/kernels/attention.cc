@@ -14,6 +14,13 @@
 // pairwise sum, p = e / sum before p.v; that softmax cost ~27% of the kernel). Against the
 // float64 reference the error stays within 4x the float32 numpy reference's own
 // (tests/cpu/test_attention_fast.py, tests/ops/test_attention*.py).
+// Opt-in (issue 22, AttnArgs::prec, VNNI builds): q.k^T, and optionally p.v, in INT8 with
+// vpdpbusd (attention_i8.h), or both in BF16 on AMX tiles (attention_amx.h);
+// tests/cpu/test_attention_i8.py, lab/cpu/README.md for the figures.
+#if defined(ZOI_ISA_VNNI)
+#include <cpuid.h>  // attention_amx.h: AMX-BF16 / AVX512-BF16 bits
+#endif
+
 #include "kernels.h"
 #include "np_sum.h"
 #include "simd.h"
@@ -24,14 +31,21 @@ namespace {
 
 using T = V::T;
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
-constexpr int NQMAX = 4;  // query rows per pass (32 zmm registers)
+constexpr int NQMAX_ISA = 4;  // query rows per pass (32 zmm registers)
 constexpr int kVRegs = 32;
 #elif defined(ZOI_ISA_AVX2)
-constexpr int NQMAX = 4;  // 16 ymm: the scores of 4 rows go 2 vectors at a time (4 x 2 + 2 + 1)
+constexpr int NQMAX_ISA = 4;  // 16 ymm: the scores of 4 rows go 2 vectors at a time (4 x 2 + 2 + 1)
 constexpr int kVRegs = 16;
 #else
-constexpr int NQMAX = 2;
+constexpr int NQMAX_ISA = 2;
 constexpr int kVRegs = 1 << 20;
+#endif
+// lab/cpu/attn_ab.sh EXTRA=-DZOI_ATTN_NQ=8: the blocking experiment of issue 22 (at most 8: the
+// scratch holds 8 score rows)
+#ifdef ZOI_ATTN_NQ
+constexpr int NQMAX = ZOI_ATTN_NQ;
+#else
+constexpr int NQMAX = NQMAX_ISA;
 #endif
 // key vectors per scores block: as many as the accumulators NQ x NV + NV keys + 1 fit registers
 template <int NQ>
@@ -167,78 +181,78 @@ inline void rope_row(const float* x, int d, const float* cs, const float* sn, fl
   }
 }
 
-// kt[c * lp + j] = kb[j * ld + c] for j < L, c < d, and 0 for L <= j < lp (lp a multiple of 16):
-// K^T of one head, 16 x 16 (zmm) / 8 x 8 (ymm) blocks transposed in registers (the strided
-// scalar loop cost ~18% of the attention at MiniLM 32x128)
-inline void transpose_k(const float* kb, size_t ld, int L, int d, int lp, float* kt) {
+// The register transpose of transpose_k, written once over the vector width (zmm: 16 x 16, ymm:
+// 8 x 8). Stages 1 and 2 are the same instructions at either width (they act within 128-bit
+// lanes); stage 3 transposes the 128-bit lanes: 4 x 4 of them (zmm), 2 x 2 (ymm).
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
-  for (int j0 = 0; j0 < lp; j0 += 16) {
-    for (int c0 = 0; c0 < d; c0 += 16) {
-      const int nc = d - c0 < 16 ? d - c0 : 16;
-      const __mmask16 mc = V::mask(nc);
-      __m512 r[16], t[16];
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < L ? _mm512_maskz_loadu_ps(mc, kb + static_cast<size_t>(j0 + i) * ld + c0) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-      }
-      // r[4g + m], 128-bit lane k: column 4k + m of rows 4g .. 4g + 3
+ZOI_INLINE __m512 unpacklo(__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); }
+ZOI_INLINE __m512 unpackhi(__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); }
+template <int IMM>
+ZOI_INLINE __m512 shuf(__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, IMM); }
+// r[4g + m], 128-bit lane k: column 4k + m of rows 4g .. 4g + 3  ->  t[c]: column c
+ZOI_INLINE void lanes(const __m512* r, __m512* t) {
 #pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) {
-        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-      }
-      // 4 x 4 transpose of the 128-bit lanes of r[m], r[4 + m], r[8 + m], r[12 + m]
-#pragma GCC unroll 4
-      for (int m = 0; m < 4; ++m) {
-        const __m512 x0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88), x1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);
-        const __m512 y0 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88), y1 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
-        t[m] = _mm512_shuffle_f32x4(x0, y0, 0x88);       // column m
-        t[4 + m] = _mm512_shuffle_f32x4(x1, y1, 0x88);   // column 4 + m
-        t[8 + m] = _mm512_shuffle_f32x4(x0, y0, 0xDD);   // column 8 + m
-        t[12 + m] = _mm512_shuffle_f32x4(x1, y1, 0xDD);  // column 12 + m
-      }
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c)
-        if (c < nc) _mm512_storeu_ps(kt + static_cast<size_t>(c0 + c) * lp + j0, t[c]);
-    }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 x0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88), x1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);
+    const __m512 y0 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88), y1 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
+    t[m] = _mm512_shuffle_f32x4(x0, y0, 0x88);       // column m
+    t[4 + m] = _mm512_shuffle_f32x4(x1, y1, 0x88);   // column 4 + m
+    t[8 + m] = _mm512_shuffle_f32x4(x0, y0, 0xDD);   // column 8 + m
+    t[12 + m] = _mm512_shuffle_f32x4(x1, y1, 0xDD);  // column 12 + m
   }
+}
 #elif defined(ZOI_ISA_AVX2)
-  for (int j0 = 0; j0 < lp; j0 += 8) {
-    for (int c0 = 0; c0 < d; c0 += 8) {
-      const int nc = d - c0 < 8 ? d - c0 : 8;
-      const __m256i mc = V::mask(nc);
-      __m256 r[8], t[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i)
-        r[i] = j0 + i < L ? _mm256_maskload_ps(kb + static_cast<size_t>(j0 + i) * ld + c0, mc) : _mm256_setzero_ps();
+ZOI_INLINE __m256 unpacklo(__m256 a, __m256 b) { return _mm256_unpacklo_ps(a, b); }
+ZOI_INLINE __m256 unpackhi(__m256 a, __m256 b) { return _mm256_unpackhi_ps(a, b); }
+template <int IMM>
+ZOI_INLINE __m256 shuf(__m256 a, __m256 b) { return _mm256_shuffle_ps(a, b, IMM); }
+// r[4g + m], 128-bit lane k: column 4k + m of rows 4g .. 4g + 3  ->  t[c]: column c
+ZOI_INLINE void lanes(const __m256* r, __m256* t) {
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-      }
-#pragma GCC unroll 2
-      for (int g = 0; g < 2; ++g) {
-        r[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        r[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        r[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        r[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  for (int m = 0; m < 4; ++m) {
+    t[m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x20);      // column m
+    t[4 + m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x31);  // column 4 + m
+  }
+}
+#endif
+
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
+// kt[c * lp + j] = kb[j * ld + c] for j < L, c < d, and 0 for L <= j < lp (lp a multiple of 16):
+// K^T of one head, W::N x W::N blocks transposed in registers (the strided scalar loop cost ~18%
+// of the attention at MiniLM 32x128)
+template <class W>
+inline void transpose_k_simd(const float* kb, size_t ld, int L, int d, int lp, float* kt) {
+  constexpr int N = W::N;
+  for (int j0 = 0; j0 < lp; j0 += N) {
+    for (int c0 = 0; c0 < d; c0 += N) {
+      const int nc = d - c0 < N ? d - c0 : N;
+      typename W::T r[N], t[N];
+#pragma GCC unroll 16
+      for (int i = 0; i < N; ++i) r[i] = j0 + i < L ? W::load_n(kb + static_cast<size_t>(j0 + i) * ld + c0, nc) : W::zero();
+#pragma GCC unroll 8
+      for (int i = 0; i < N / 2; ++i) {
+        t[2 * i] = unpacklo(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = unpackhi(r[2 * i], r[2 * i + 1]);
       }
 #pragma GCC unroll 4
-      for (int m = 0; m < 4; ++m) {
-        t[m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x20);      // column m
-        t[4 + m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x31);  // column 4 + m
+      for (int g = 0; g < N / 4; ++g) {
+        r[4 * g + 0] = shuf<0x44>(t[4 * g], t[4 * g + 2]);
+        r[4 * g + 1] = shuf<0xEE>(t[4 * g], t[4 * g + 2]);
+        r[4 * g + 2] = shuf<0x44>(t[4 * g + 1], t[4 * g + 3]);
+        r[4 * g + 3] = shuf<0xEE>(t[4 * g + 1], t[4 * g + 3]);
       }
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c)
-        if (c < nc) _mm256_storeu_ps(kt + static_cast<size_t>(c0 + c) * lp + j0, t[c]);
+      lanes(r, t);
+#pragma GCC unroll 16
+      for (int c = 0; c < N; ++c)
+        if (c < nc) W::store(kt + static_cast<size_t>(c0 + c) * lp + j0, t[c]);
     }
   }
+}
+#endif
+
+inline void transpose_k(const float* kb, size_t ld, int L, int d, int lp, float* kt) {
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
+  transpose_k_simd<V>(kb, ld, L, d, lp, kt);
 #else
   for (int j = 0; j < L; ++j)
     for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = kb[static_cast<size_t>(j) * ld + c];
@@ -365,6 +379,9 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt0, 
   if (i < L) query_rows<1>(a, i, qb, ldq, vc, d, kt, lp, L, t0, h, s);
 }
 
+#include "attention_i8.h"   // issue 22: the opt-in INT8 item (AttnArgs::prec 1, 2)
+#include "attention_amx.h"  // issue 22: the opt-in AMX-BF16 item (AttnArgs::prec 3)
+
 // keys a query sees (the cost of an item is L * (keys + 8))
 inline double keys(const AttnArgs& a, double L) {
   return a.window > 0 && 2.0 * a.window + 1 < L ? 2.0 * a.window + 1 : L;
@@ -382,6 +399,15 @@ void attention(const AttnArgs& a, int tid, int nt) {
   if (total <= 0) return;
   float* scratch = a.scratch + static_cast<size_t>(tid) * a.scratch_stride;
   double before = 0;
+  const int path = kAttnI8 && attn_i8_ok(a) ? 1 : attn_amx_ok(a) ? 2 : 0;
+  auto item = [&](int t0, int L, int h, int nt0, int nL, int nh) {
+    if (path == 1)
+      one_head_i8(a, t0, L, h, scratch, nt0, nL, nh);
+    else if (path == 2)
+      one_head_bf16(a, t0, L, h, scratch, nt0, nL, nh);
+    else
+      one_head(a, t0, L, h, scratch, nt0, nL, nh);
+  };
   int pt0 = 0, pL = 0, ph = 0;  // this thread's previous item, run once the next one is known
   for (int b = 0; b < a.B; ++b) {
     const int t0 = a.cu[b], L = a.cu[b + 1] - a.cu[b];
@@ -391,11 +417,11 @@ void attention(const AttnArgs& a, int tid, int nt) {
       if (owner >= nt) owner = nt - 1;
       before += c;
       if (owner != tid || L <= 0) continue;
-      if (pL > 0) one_head(a, pt0, pL, ph, scratch, t0, L, h);
+      if (pL > 0) item(pt0, pL, ph, t0, L, h);
       pt0 = t0, pL = L, ph = h;
     }
   }
-  if (pL > 0) one_head(a, pt0, pL, ph, scratch, 0, 0, 0);
+  if (pL > 0) item(pt0, pL, ph, 0, 0, 0);
 }
 
 }  // namespace ZOI_NS

@@ -184,6 +184,9 @@ inline void block(const GemmI8Args& p, int m, int mr, int pn, bool nt_store = fa
     for (int r = 0; r < mr; ++r) std::memcpy(s.apad.data() + static_cast<size_t>(r) * p.Kp, a + r * lda, p.Kp);
     a = s.apad.data();
     lda = p.Kp;
+    // the tile loads are asm without a memory operand (GCC's amxtileintrin.h): a compiler barrier so
+    // the stores of the copy cannot be sunk past them
+    __asm__ volatile("" ::: "memory");
   }
   tile_sums(a, lda, panel, p.Kp, s.c);
   epilogue(p, m, mr, pn * PW, s.c, s.t, nt_store);

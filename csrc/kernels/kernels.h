@@ -122,6 +122,12 @@ struct AttnArgs {
   const float* bias = nullptr; int bias_span = 0;
   int window = 0;
   const float* rope_cos = nullptr; const float* rope_sin = nullptr; int rope_rows = 0;
+  // issue 22, opt-in precision of q.k^T and p.v: 0 FP32; 1 q.k^T in INT8 (q, k rows quantised
+  // per token and head, s32 sums), softmax and p.v in FP32; 2 also p.v in INT8 (p as u8 0..255 of
+  // the row max, v per channel) (csrc/kernels/attention_i8.h, VNNI / AMX tables); 3 both in BF16
+  // on AMX tiles (tdpbf16ps, attention_amx.h; CPUs with AMX-BF16, head dim 32 / 64). Plain
+  // attention only (no bias, window or RoPE); where a mode does not apply the FP32 kernel runs.
+  int prec = 0;
 };
 
 struct PoolArgs {
@@ -172,8 +178,9 @@ const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by 
 constexpr int kMaxLnH = 8192;  // widest LayerNorm row (a stack row of scratch per call)
 
 inline size_t attn_scratch_floats(int maxlen, int d) {
-  size_t lp = (static_cast<size_t>(maxlen) + 15) / 16 * 16;
-  return 3 * lp * static_cast<size_t>(d) + 8 * lp + 64;  // K^T, V copy, rotated Q (RoPE), <= 8 score rows
+  size_t lp = (static_cast<size_t>(maxlen) + 31) / 32 * 32;  // 32: AMX-BF16 key blocks (attention_amx.h)
+  // K^T, V copy, rotated Q (RoPE), <= 8 score rows; + 16 score rows and a [16][d] tile (AMX-BF16)
+  return 3 * lp * static_cast<size_t>(d) + 24 * lp + 16 * static_cast<size_t>(d) + 64;
 }
 
 inline void split_range(long total, int tid, int nt, long* lo, long* hi) {

@@ -7,6 +7,8 @@
 //               zp = clip(rint(-lo * inv), 0, 255), q = clip(rint(x' * inv) + zp, 0, 255),
 //               scale = r / 255
 #pragma once
+#include <limits>
+
 #include "kernels.h"
 #include "simd.h"
 
@@ -83,18 +85,63 @@ inline void q_store(void* qrow, int ldq, int k, V::T t, int n) {
 #endif
 }
 
-// x [K] -> stored row (ldq >= round_up(K, KG) elements, padding written); returns a_scale, *zp_out
-inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo, int32_t* zp_out) {
-  using T = V::T;
-  float inv, scale, zpf, lo_clip, hi_clip, off;
-  if (qo.asym) {
-    T mn = V::zero(), mx = V::zero();  // the range always includes 0
-    for (int k = 0; k < K; k += V::N) {
-      T v = qx_load<V>(x, qo, k, K - k);  // masked lanes are 0: harmless here
+#if defined(ZOI_ISA_AVX2)
+// 32 stored values (and their |a| at +ldq) from 4 vectors of integer-valued floats in the stored
+// range, lanes in order: 4 conversions, 3 packs and one lane permutation per 32 bytes instead of a
+// conversion, 2 packs and 64-bit stores per 8 (q_store)
+ZOI_INLINE void q_store32(void* qrow, int ldq, int k, V::T t0, V::T t1, V::T t2, V::T t3) {
+  uint8_t* q = static_cast<uint8_t*>(qrow) + k;
+  // packs work within 128-bit lanes: dwords come out as t0[0:4] t1[0:4] t2[0:4] t3[0:4] | t0[4:8] ...
+  const __m256i w01 = _mm256_packs_epi32(_mm256_cvttps_epi32(t0), _mm256_cvttps_epi32(t1));
+  const __m256i w23 = _mm256_packs_epi32(_mm256_cvttps_epi32(t2), _mm256_cvttps_epi32(t3));
+  const __m256i b = _mm256_permutevar8x32_epi32(kASigned ? _mm256_packs_epi16(w01, w23) : _mm256_packus_epi16(w01, w23),
+                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
+  if (kAAbs) _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + ldq), _mm256_abs_epi8(b));  // |-128| = 128 as u8
+}
+#endif
+
+// The range of a row x' as quantize_row gathers it, vector by vector in row order (masked tail
+// lanes 0): symmetric: mx = max |x'|; asymmetric: mn = min x', mx = max x' (both from 0). A producer
+// that holds the row's values (LayerNorm's last pass) gathers it, so quantize_row reads the row once.
+// chk: the sum of x' - x' (0, or NaN once a NaN or an infinity was seen). maxps / minps return their
+// second operand when one is NaN, so a NaN inside a row could drop out of mx (the row then
+// quantised with a finite scale: a NaN input made finite); with chk the scale becomes NaN, as the
+// reference's np.max gives it.
+struct QAcc {
+  V::T mn, mx, chk;
+  QAcc() : mn(V::zero()), mx(V::zero()), chk(V::zero()) {}
+  ZOI_INLINE void add(int asym, V::T v) {
+    if (asym) {
       mn = V::min(mn, v);
       mx = V::max(mx, v);
+    } else {
+      mx = V::max(mx, V::abs(v));
     }
-    const float lo = -V::hmax(V::sub(V::zero(), mn)), hi = V::hmax(mx);
+    chk = V::add(chk, V::sub(v, v));
+  }
+  // a NaN seen (or an infinity: then the range is infinite already, and kept)
+  bool nonfinite() const { const float c = V::hsum(chk); return c != c; }
+};
+
+// whether quantize_row needs the row's range (not for a calibrated static amax)
+inline bool q_needs_range(const QuantOut& qo) { return qo.asym || qo.static_amax < 0.f; }
+
+// x [K] -> stored row (ldq >= round_up(K, KG) elements, padding written); returns a_scale, *zp_out.
+// acc: the row's range gathered by the caller (QAcc), else a pass over x here.
+inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo, int32_t* zp_out,
+                          const QAcc* acc = nullptr) {
+  using T = V::T;
+  QAcc own;
+  if (!acc && q_needs_range(qo)) {
+    for (int k = 0; k < K; k += V::N) own.add(qo.asym, qx_load<V>(x, qo, k, K - k));
+    acc = &own;
+  }
+  float inv, scale, zpf, lo_clip, hi_clip, off;
+  if (qo.asym) {
+    const float lo = -V::hmax(V::sub(V::zero(), acc->mn));
+    float hi = V::hmax(acc->mx);
+    if (acc->nonfinite() && hi - lo != std::numeric_limits<float>::infinity()) hi = std::numeric_limits<float>::quiet_NaN();
     const float r = hi - lo;
     inv = r > 0.f ? 255.f / r : 0.f;
     zpf = S1::min(S1::max(S1::round(-lo * inv), 0.f), 255.f);
@@ -106,9 +153,8 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
   } else {
     float amax = qo.static_amax;
     if (amax < 0.f) {
-      T m = V::zero();
-      for (int k = 0; k < K; k += V::N) m = V::max(m, V::abs(qx_load<V>(x, qo, k, K - k)));
-      amax = V::hmax(m);
+      amax = V::hmax(acc->mx);
+      if (acc->nonfinite() && amax != std::numeric_limits<float>::infinity()) amax = std::numeric_limits<float>::quiet_NaN();
     }
     inv = amax > 0.f ? 127.f / amax : 0.f;
     scale = amax / 127.f;
@@ -119,15 +165,19 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
     *zp_out = kAOffSym;
   }
   const T vinv = V::set(inv), vzp = V::set(zpf), vlo = V::set(lo_clip), vhi = V::set(hi_clip), voff = V::set(off);
-  for (int k = 0; k < K; k += V::N) {
-    const int n = K - k;
-    T t = V::add(V::round(V::mul(qx_load<V>(x, qo, k, n), vinv)), vzp);
-    t = V::add(V::min(V::max(t, vlo), vhi), voff);
-    q_store(qrow, qo.ldq, k, t, n);
-  }
+  auto qv = [&](int k, int n) __attribute__((always_inline)) {
+    const T t = V::add(V::round(V::mul(qx_load<V>(x, qo, k, n), vinv)), vzp);
+    return V::add(V::min(V::max(t, vlo), vhi), voff);
+  };
+  int k = 0;
+#if defined(ZOI_ISA_AVX2)
+  for (; k + 4 * V::N <= K; k += 4 * V::N)
+    q_store32(qrow, qo.ldq, k, qv(k, V::N), qv(k + V::N, V::N), qv(k + 2 * V::N, V::N), qv(k + 3 * V::N, V::N));
+#endif
+  for (; k < K; k += V::N) q_store(qrow, qo.ldq, k, qv(k, K - k), K - k);
   // padding: the stored value of a zero (its weight is 0 anyway)
   const int pad = static_cast<int>(off + zpf);
-  for (int k = K; k < qo.ldq; ++k) a_set(qrow, qo.ldq, 0, k, pad);
+  for (int kk = K; kk < qo.ldq; ++kk) a_set(qrow, qo.ldq, 0, kk, pad);
   return scale;
 }
 
@@ -135,8 +185,8 @@ inline void* qrow_ptr(const QuantOut& qo, int row) {
   return static_cast<uint8_t*>(qo.q) + static_cast<size_t>(row) * qo.ldq * kABytes;
 }
 
-inline void quantize_into(const float* x, int K, const QuantOut& qo, int row) {
-  qo.scale[row] = quantize_row(x, K, qrow_ptr(qo, row), qo, qo.zp + row);
+inline void quantize_into(const float* x, int K, const QuantOut& qo, int row, const QAcc* acc = nullptr) {
+  qo.scale[row] = quantize_row(x, K, qrow_ptr(qo, row), qo, qo.zp + row, acc);
 }
 
 }  // namespace ZOI_NS

@@ -37,8 +37,9 @@ struct S1 {  // one float lane: scalar fallback and loop tails
   static T abs(T a) { return std::fabs(a); }
   static T sel_lt(T a, T b, T x, T y) { return a < b ? x : y; }  // a < b ? x : y
   static T round(T a) { return std::nearbyint(a); }               // to nearest even
-  static T pow2n(T n) {  // 2^n for integral n in [-126, 127]
-    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  static T pow2n(T n) {  // 2^n for integral n in [-126, 127]; NaN stays NaN
+    if (!(n == n)) return n;  // (casting NaN to int and shifting a negative int are undefined: UBSan)
+    uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
@@ -88,8 +89,13 @@ struct V8 {
   static T set(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
-  static T load_n(const float* p, int n) { return _mm256_maskload_ps(p, mask(n)); }
-  static void store_n(float* p, T x, int n) { _mm256_maskstore_ps(p, mask(n), x); }
+  // n >= 8: a plain load / store (every full vector of a row goes through here); vmaskmovps only
+  // for a tail (masked stores cost several uops on Intel, more on some AMD cores)
+  static T load_n(const float* p, int n) { return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask(n)); }
+  static void store_n(float* p, T x, int n) {
+    if (n >= 8) _mm256_storeu_ps(p, x);
+    else _mm256_maskstore_ps(p, mask(n), x);
+  }
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
   static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
@@ -289,14 +295,16 @@ ZOI_INLINE typename W::T vact(typename W::T x, int act) {
   }
 }
 
-// act over p[0:n) in place (4 vectors at a time, then single vectors, then a scalar tail);
-// one loop per activation so the math is inlined with its constants hoisted
+// act over p[0:n) in place (4 vectors at a time, then single vectors, then the tail as one masked
+// vector: the same fused operations as the other lanes, so an element's result does not depend on
+// its position; S1's multiply-adds are not fused); one loop per activation so the math is inlined
+// with its constants hoisted
 template <int ACT>
 inline void act_loop(float* p, int n) {
   int k = 0;
   for (; k + 4 * V::N <= n; k += 4 * V::N) X4<V>::store(p + k, vact<X4<V>>(X4<V>::load(p + k), ACT));
   for (; k + V::N <= n; k += V::N) V::store(p + k, vact<V>(V::load(p + k), ACT));
-  for (; k < n; ++k) p[k] = vact<S1>(p[k], ACT);
+  if (k < n) V::store_n(p + k, vact<V>(V::load_n(p + k, n - k), ACT), n - k);
 }
 
 inline void vact_inplace(float* p, int n, int act) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,13 @@ class Engine {
   // window (0: none), rope cos / sin [rows, head_dim / 2] or null
   void add_attention_ext(size_t in_off, size_t out_off, int heads, int head_dim, float scale, const float* bias,
                          int span, int window, const float* cos, const float* sin, int rows);
+  // issue 22, opt-in: attention steps added so far use AttnArgs::prec = mode (0 FP32, 1 INT8 q.k^T,
+  // 2 INT8 q.k^T and p.v, 3 AMX-BF16 q.k^T and p.v; where a mode does not apply: FP32)
+  void set_attention_precision(int mode) {
+    if (mode < 0 || mode > 3) throw std::invalid_argument("attention precision mode must be 0, 1, 2 or 3");
+    for (auto& st : steps_)
+      if (st.kind == ATTN) st.at.prec = mode;
+  }
   // y [T, n] = act(x[:, :n]) * x[:, n:] (x [T, 2n])
   void add_glu(size_t in_off, size_t out_off, int n, int act);
   void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps);

@@ -1,9 +1,12 @@
 // Standalone A/B of two builds of csrc/kernels/attention.cc (thread CPU time, interleaved):
 // lab/cpu/attn_ab.sh compiles the committed version (git show REV:...) into namespace zoi::olda
 // and the working copy into zoi::newa, with the same ISA flags, and links this driver.
-// Usage: attn_ab [B] [L] [heads] [d] [reps] [rounds]   (default MiniLM 32x128: 32 128 12 32)
-// Prints per round the CPU ms of one call of each (one thread, all items), and the max
-// abs difference between the two outputs and a float64 reference-free check (finite).
+// Usage: attn_ab [B] [L] [heads] [d] [reps] [rounds] [prec]   (default MiniLM 32x128: 32 128 12 32)
+// prec (issue 22): AttnArgs::prec of the new build's calls (0 FP32, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v,
+// 3 AMX-BF16); the old build always runs with prec = 0 (a revision without the field ignores it).
+// Prints per round the CPU ms of one call of each (one thread, all items), the max abs
+// difference between the two outputs, each one's max error against a float64 reference on the
+// first sequence (all heads), and a last line of JSON.
 #include <time.h>
 
 #include <cmath>
@@ -29,6 +32,7 @@ int main(int argc, char** argv) {
   const int B = argc > 1 ? atoi(argv[1]) : 32, L = argc > 2 ? atoi(argv[2]) : 128;
   const int heads = argc > 3 ? atoi(argv[3]) : 12, d = argc > 4 ? atoi(argv[4]) : 32;
   const int reps = argc > 5 ? atoi(argv[5]) : 3, rounds = argc > 6 ? atoi(argv[6]) : 7;
+  const int prec = argc > 7 ? atoi(argv[7]) : 0;
   const int T = B * L, H = heads * d;
   std::vector<float> qkv(static_cast<size_t>(T) * 3 * H), o1(static_cast<size_t>(T) * H), o2(o1.size());
   std::mt19937 g(1);
@@ -49,9 +53,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < reps; ++i) zoi::olda::attention(a, 0, 1);
     double t1 = (cpu_ms() - t0) / reps;
     a.out = o2.data();
+    a.prec = prec;
     t0 = cpu_ms();
     for (int i = 0; i < reps; ++i) zoi::newa::attention(a, 0, 1);
     double t2 = (cpu_ms() - t0) / reps;
+    a.prec = 0;
     best1 = t1 < best1 ? t1 : best1;
     best2 = t2 < best2 ? t2 : best2;
     printf("round %d: old %.3f ms  new %.3f ms  (%.3fx)\n", r, t1, t2, t2 / t1);
@@ -63,7 +69,37 @@ int main(int argc, char** argv) {
     md = std::fmax(md, std::fabs(o1[i] - o2[i]));
     mx = std::fmax(mx, std::fabs(o1[i]));
   }
-  printf("B=%d L=%d heads=%d d=%d: best old %.3f ms, new %.3f ms (%.3fx); max|old-new| %.3g (max|old| %.3g) finite %d\n",
-         B, L, heads, d, best1, best2, best2 / best1, md, mx, fin);
+  // float64 reference of sequence 0, every head
+  double e1 = 0, e2 = 0, rmax = 0;
+  std::vector<double> sc(L);
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < L; ++i) {
+      const float* q = &qkv[static_cast<size_t>(i) * 3 * H + h * d];
+      double m = -1e300, sum = 0;
+      for (int j = 0; j < L; ++j) {
+        const float* k = &qkv[static_cast<size_t>(j) * 3 * H + H + h * d];
+        double t = 0;
+        for (int c = 0; c < d; ++c) t += static_cast<double>(q[c]) * k[c];
+        sc[j] = t * a.scale;
+        m = sc[j] > m ? sc[j] : m;
+      }
+      for (int j = 0; j < L; ++j) sum += (sc[j] = std::exp(sc[j] - m));
+      for (int c = 0; c < d; ++c) {
+        double o = 0;
+        for (int j = 0; j < L; ++j) o += sc[j] * qkv[static_cast<size_t>(j) * 3 * H + 2 * H + h * d + c];
+        o /= sum;
+        const size_t at = static_cast<size_t>(i) * H + h * d + c;
+        e1 = std::fmax(e1, std::fabs(o1[at] - o));
+        e2 = std::fmax(e2, std::fabs(o2[at] - o));
+        rmax = std::fmax(rmax, std::fabs(o));
+      }
+    }
+  printf("B=%d L=%d heads=%d d=%d prec=%d: best old %.3f ms, new %.3f ms (%.3fx); max|old-new| %.3g (max|old| %.3g) finite %d\n",
+         B, L, heads, d, prec, best1, best2, best2 / best1, md, mx, fin);
+  printf("seq 0 vs float64: max err old %.3g, new %.3g (max|ref| %.3g)\n", e1, e2, rmax);
+  printf("{\"B\": %d, \"L\": %d, \"heads\": %d, \"d\": %d, \"prec\": %d, \"rounds\": %d, \"reps\": %d, "
+         "\"old_ms\": %.4f, \"new_ms\": %.4f, \"ratio\": %.4f, \"max_abs_old_new\": %.4g, "
+         "\"err64_old\": %.4g, \"err64_new\": %.4g, \"ref_max\": %.4g}\n",
+         B, L, heads, d, prec, rounds, reps, best1, best2, best2 / best1, md, e1, e2, rmax);
   return fin ? 0 : 1;
 }

@@ -5,7 +5,6 @@ missing must be reported as skipped with a reason, never silently dropped."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -15,6 +14,8 @@ from zoi.bench import harness
 from zoi.bench.providers import BY_NAME, SPECS, missing
 from zoi.bench.text import Tok, exact_length_batch, natural_set, pack, padded_batches
 
+from .bench_helpers import quick_config, run_harness
+
 pytest.importorskip("rich")
 
 NUM = (int, float)
@@ -22,16 +23,6 @@ NUM = (int, float)
 
 def _finite(x) -> bool:
     return isinstance(x, NUM) and not isinstance(x, bool) and math.isfinite(x)
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    from zoi.bench.models import minilm_path
-
-    try:
-        return minilm_path()
-    except RuntimeError as e:
-        pytest.skip(str(e))
 
 
 def test_exact_length_real_text(model_dir):
@@ -87,24 +78,9 @@ def test_quick_run_schema(tmp_path, model_dir):
     peers = [
         s.name for s in SPECS if s.device == "cpu" and s.default and not s.name.startswith("zoi")
     ]
-    cfg = harness.Config(
-        providers=zoi_names + peers,
-        quick=True,
-        device="cpu",
-        workloads=["minilm-1x16", "minilm-mixed"],
-        calls=3,
-        calls_slow=2,
-        rounds=2,
-        warmup_s=0.0,
-        warmup_min_calls=1,
-        accuracy_n=24,
-        rss=True,
-        load_threshold=100.0,
-        load_wait_s=0.0,
-        out_file=out,
-    )
-    assert harness.main(cfg) == 0
-    res = json.loads(out.read_text())
+    wl = ["minilm-1x16", "minilm-mixed"]
+    cfg = quick_config(out, zoi_names + peers, wl, quick=True, accuracy_n=24, rss=True)
+    res = run_harness(cfg)
     assert res["schema"] == harness.SCHEMA
     for key in (
         "created_utc",

@@ -16,6 +16,8 @@ from zoi.bench import models as M
 from zoi.bench import workloads as W
 from zoi.bench.providers import BY_NAME
 
+from .bench_helpers import quick_config, run_harness
+
 pytest.importorskip("rich")
 pytest.importorskip("transformers")
 
@@ -49,12 +51,9 @@ def test_real_shapes_and_workloads():
 
 
 @pytest.fixture(scope="module")
-def tiny_cache(tmp_path_factory):
-    """The bench cache with tiny MPNet / ModernBERT stand-ins under the workloads' names."""
-    try:
-        M.minilm_path()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+def tiny_cache(tmp_path_factory, model_dir):
+    """The bench cache with tiny MPNet / ModernBERT stand-ins under the workloads' names (their
+    tokenizer is MiniLM's: `model_dir` skips without it)."""
     mp = pytest.MonkeyPatch()
     for a, kw in TINY.items():
         cname, mname, real = M._RANDOM_ARCHS[a]
@@ -163,25 +162,8 @@ def test_harness_runs_the_new_workloads(tiny_cache, tmp_path):
     cache, _ = tiny_cache
     names = ["zoi-cpu-fp32", "zoi-cpu-int8", "onnxruntime-int8", "ctranslate2-int8"]
     names = [n for n in names if not missing(BY_NAME[n])]
-    out = tmp_path / "run.json"
-    cfg = harness.Config(
-        providers=names,
-        device="cpu",
-        workloads=["mpnet-base-1x128", "modernbert-base-1x128"],
-        calls=3,
-        calls_slow=2,
-        rounds=2,
-        warmup_s=0.0,
-        warmup_min_calls=1,
-        accuracy_n=0,
-        rss=False,
-        load_threshold=100.0,
-        load_wait_s=0.0,
-        cache_dir=cache,
-        out_file=out,
-    )
-    assert harness.main(cfg) == 0
-    res = json.loads(out.read_text())
+    wl = ["mpnet-base-1x128", "modernbert-base-1x128"]
+    res = run_harness(quick_config(tmp_path / "run.json", names, wl, cache_dir=cache))
     rows = [r for r in res["results"] if "p50_ms" in r]
     ran = {(r["provider"], r["workload"]) for r in rows}
     for n in names:

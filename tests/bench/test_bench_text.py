@@ -8,21 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from zoi.bench import harness
 from zoi.bench import workloads as W
 from zoi.bench.text import Tok, exact_length_texts, natural_texts
 
+from .bench_helpers import quick_config, run_harness
+
 pytest.importorskip("rich")
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    from zoi.bench.models import minilm_path
-
-    try:
-        return minilm_path()
-    except RuntimeError as e:
-        pytest.skip(str(e))
 
 
 def test_texts_of_exact_length(model_dir):
@@ -59,25 +50,9 @@ def test_text_providers_in_process(model_dir):
 
 @pytest.mark.slow
 def test_harness_text_workload(tmp_path, model_dir):
-    out = tmp_path / "run.json"
     names = ["zoi-cpu-fp32", "tokenizer-zoi", "tokenizer-hf", "st-fp32"]
-    cfg = harness.Config(
-        providers=names,
-        device="cpu",
-        workloads=["minilm-text-1x16", "minilm-1x16"],
-        calls=3,
-        calls_slow=2,
-        rounds=2,
-        warmup_s=0.0,
-        warmup_min_calls=1,
-        accuracy_n=0,
-        rss=False,
-        load_threshold=100.0,
-        load_wait_s=0.0,
-        out_file=out,
-    )
-    assert harness.main(cfg) == 0
-    res = json.loads(out.read_text())
+    wl = ["minilm-text-1x16", "minilm-1x16"]
+    res = run_harness(quick_config(tmp_path / "run.json", names, wl))
     rows = {(r["provider"], r["workload"]): r for r in res["results"]}
     assert not [r for r in rows.values() if "error" in r], [r.get("error") for r in rows.values()]
     for n in names:

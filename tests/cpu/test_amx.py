@@ -16,9 +16,10 @@ import zlib
 
 import numpy as np
 import pytest
-from helpers import supported_isas
+from helpers import batch, make_model, small_spec, supported_isas
 
 from zoi import _cpu
+from zoi.backends.cpu import CpuBackend
 
 HAS_AMX = "amx" in supported_isas()
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason="no AMX-INT8 on this CPU (refusal tested below)")
@@ -36,6 +37,15 @@ SHAPES = [
     (3, 33, 37),
     (16, 48, 64),  # exactly one tile step, no tails
     (33, 97, 100),  # K tail of 36, two row tails
+    # the 2 x 2 blocks (32 rows x 2 column groups of 16): a lone last row tile (48), a lone last
+    # group (N 80: 5 groups; N 17: a 1-column group), pairs straddling the 48-column panels, K tail
+    # on every block kind, the row tail inside a row pair (31, 47)
+    (32, 64, 128),
+    (48, 80, 192),
+    (31, 49, 260),
+    (47, 17, 64),
+    (64, 144, 1536),
+    (1024, 1152, 384),
 ]
 
 
@@ -179,3 +189,49 @@ def test_amx_streaming_stores_bit_identical(M, N, K, act, monkeypatch):
         y = _aligned((M, N))
         _cpu.k_linear_i8(x, w, ws, b, act, res, -1.0, y, "amx", nt)
         np.testing.assert_array_equal(y, y_ref, err_msg=f"nt={nt}")
+
+
+@needs_amx
+@pytest.mark.parametrize("lengths", [[100, 100, 100], [77, 131, 49, 3], [128] * 8])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_amx_engine_bit_identical_to_vnni(lengths, nt, monkeypatch):
+    """A whole INT8 forward through the engine, amx (the tile kernel from 16 rows, its fused row
+    quantisation of the GELU output from the plan's 256 rows: T = 300, 260, 1024) against vnni:
+    the same bits. Awkward widths: K 96 (one tile step + a 32-byte K tail), FFN 200 (13 column
+    groups: a lone last group; K tail 8), T % 32 = 12 / 4 / 0."""
+    monkeypatch.delenv("ZOI_AMX_MIN_M", raising=False)
+    spec = small_spec(hidden=96, heads=4, intermediate=200, layers=2, max_positions=160)
+    T = sum(lengths)
+    m = make_model(spec, "int8", max_tokens=T, max_batch=len(lengths), seed=3)
+    ids, pos, cu = batch(lengths, spec.vocab_size, seed=len(lengths))
+    outs = {}
+    for isa in ("vnni", "amx"):
+        be = CpuBackend(m, isa=isa, nthreads=nt)
+        assert be.isa == isa
+        # the FFN2 input copy is made by the FFN1 GEMM's epilogue at these T (the fused path)
+        assert any(who == "linear" for _, _, who in be.describe(T)), be.describe(T)
+        out = be.run(ids, pos, cu, False)
+        assert np.isfinite(out).all(), isa
+        outs[isa] = out
+    np.testing.assert_array_equal(outs["amx"], outs["vnni"])
+
+
+@needs_amx
+@pytest.mark.parametrize("M,N,K", [(1024, 1536, 384), (256, 384, 1536), (300, 200, 96)])
+def test_amx_gelu_residual_bit_identical_to_vnni_large(M, N, K):
+    """MiniLM-sized GEMMs at the engine's M (the 2 x 2 pipeline over many blocks), GELU and
+    residual epilogues, 1 and 2 threads, poisoned outputs, NaN never passes."""
+    rng = _rng("amx-large", M, N, K)
+    x = (rng.standard_normal((M, K)) * 2).astype(np.float32)
+    w = _w(N, K, rng)
+    ws = (rng.random(N) * 0.02 + 1e-3).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((M, N)).astype(np.float32)
+    for act, r in (("gelu", None), ("none", res), ("gelu", res)):
+        ref = np.full((M, N), np.nan, np.float32)
+        _cpu.k_linear_i8(x, w, ws, b, act, r, -1.0, ref, "vnni", 1)
+        assert np.isfinite(ref).all()
+        for nt in (1, 2):
+            y = np.full((M, N), np.nan, np.float32)
+            _cpu.k_linear_i8(x, w, ws, b, act, r, -1.0, y, "amx", nt)
+            np.testing.assert_array_equal(y, ref, err_msg=f"{act} res={r is not None} nt={nt}")

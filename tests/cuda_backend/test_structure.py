@@ -91,3 +91,17 @@ def test_arena_offsets_come_from_the_graph_planner():
                 if a < b and spans[a][0] <= spans[b][1] and spans[b][0] <= spans[a][1]:
                     assert offs[a] + size[a] <= offs[b] or offs[b] + size[b] <= offs[a], (a, b)
         assert total >= max(offs[n] + size[n] for n in offs)
+
+
+def test_attention_and_its_step_written_once():
+    """One varlen attention kernel (the extras: its constexpr switches, kernels/attention.py),
+    one tile -> sequence prologue, one step builder in steps.py; NaN-keeping amax everywhere
+    (kernels/common.py amax_rows, not a plain tl.max of |y|)."""
+    kernels = CUDA / "kernels"
+    assert "@triton.jit" not in (kernels / "attention_ext.py").read_text()
+    for p in kernels.glob("*.py"):
+        src = p.read_text()
+        if p.name != "attention.py":
+            assert "tcum_ptr + tl.maximum(b - 1, 0)" not in src, p.name
+        assert not re.search(r"tl\.max\(tl\.where\([^)]*tl\.abs\(", src), p.name
+    assert (CUDA / "steps.py").read_text().count("launch_attention(") == 1

@@ -75,13 +75,7 @@ class CpuBackend(PagedBackend):
             raise InputError(
                 f"precision {precision!r}: the CPU decoder runs 'fp32', 'int8' or 'w8a8'"
             )
-        super().__init__(
-            spec,
-            num_blocks,
-            block_size,
-            max_batch,
-            max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size),
-        )
+        super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         self.precision = precision
         self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
         int8 = precision in ("int8", "w8a8")

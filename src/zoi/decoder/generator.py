@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -87,46 +88,6 @@ class Generator:
         )
 
     # ---- inputs ----
-    def _params(
-        self,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        stop,
-        seed,
-        stop_token_ids=(),
-        ignore_eos=False,
-    ) -> tuple[SamplingParams, tuple[str, ...]]:
-        if isinstance(stop, str):
-            stop = (stop,)
-        stop = tuple(stop or ())
-        if not all(isinstance(s, str) for s in stop):
-            raise InputError("stop must be a string or a list of strings")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if not (
-            isinstance(temperature, (int, float)) and temperature >= 0 and np.isfinite(temperature)
-        ):
-            raise InputError(f"temperature must be a number >= 0, got {temperature!r}")
-        if not isinstance(top_k, int) or top_k < 0:
-            raise InputError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
-        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-            raise InputError(f"top_p must lie in (0, 1], got {top_p!r}")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise InputError(f"seed must be an integer, got {seed!r}")
-        p = SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=float(temperature),
-            top_k=top_k,
-            top_p=float(top_p),
-            seed=seed,
-            stop=stop,
-            stop_token_ids=tuple(stop_token_ids),
-            ignore_eos=ignore_eos,
-        )
-        return p, stop
-
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
@@ -149,10 +110,57 @@ class Generator:
     def _clamp(self, ids: list[int], p: SamplingParams) -> SamplingParams:
         room = self.backend.max_seq_len - len(ids)
         if p.max_new_tokens > room:
-            from dataclasses import replace
-
             p = replace(p, max_new_tokens=room)
         return p
+
+    def _requests(
+        self,
+        prompts: list,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        stop,
+        seed,
+        stop_token_ids,
+        ignore_eos,
+    ) -> list[_Req]:
+        """The checked requests of generate() and stream(): the sampling options first, then
+        each prompt (encoded, its max_new_tokens clamped to the context). With a seed, prompt i
+        draws with seed + i."""
+        if isinstance(stop, str):
+            stop = (stop,)
+        stop = tuple(stop or ())
+        if not all(isinstance(s, str) for s in stop):
+            raise InputError("stop must be a string or a list of strings")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not (
+            isinstance(temperature, (int, float)) and temperature >= 0 and np.isfinite(temperature)
+        ):
+            raise InputError(f"temperature must be a number >= 0, got {temperature!r}")
+        if not isinstance(top_k, int) or top_k < 0:
+            raise InputError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
+        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise InputError(f"top_p must lie in (0, 1], got {top_p!r}")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise InputError(f"seed must be an integer, got {seed!r}")
+        base = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=float(temperature),
+            top_k=top_k,
+            top_p=float(top_p),
+            seed=seed,
+            stop=stop,
+            stop_token_ids=tuple(stop_token_ids),
+            ignore_eos=ignore_eos,
+        )
+        reqs = []
+        for j, pr in enumerate(prompts):
+            ids = self._encode(pr)
+            p = self._clamp(ids, base if seed is None else replace(base, seed=seed + j))
+            reqs.append(_Req(self, ids, p, stop))
+        return reqs
 
     # ---- the loop ----
     def _run(self, reqs: list[_Req], on_delta=None) -> None:
@@ -206,16 +214,9 @@ class Generator:
         plist = [prompts] if single else list(prompts)
         if not plist:
             return []
-        base, stops = self._params(
-            max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos
+        reqs = self._requests(
+            plist, max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos
         )
-        from dataclasses import replace
-
-        reqs = []
-        for j, pr in enumerate(plist):
-            ids = self._encode(pr)
-            p = self._clamp(ids, base if seed is None else replace(base, seed=seed + j))
-            reqs.append(_Req(self, ids, p, stops))
         self._run(reqs)
         return [Completion("".join(r.text), r.tokens, r.ids, r.finish or "length") for r in reqs]
 
@@ -232,14 +233,13 @@ class Generator:
         ignore_eos: bool = False,
     ) -> Iterator[str]:
         """Text deltas of one prompt as they are generated (closing the iterator cancels it)."""
-        p, stops = self._params(
-            max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos
+        plist = [prompt]
+        (r,) = self._requests(
+            plist, max_new_tokens, temperature, top_k, top_p, stop, seed, stop_token_ids, ignore_eos
         )
-        ids = self._encode(prompt)
-        r = _Req(self, ids, self._clamp(ids, p), stops)
         be = self.backend
         sid = next(self._ids)
-        be.add(sid, np.asarray(ids, np.int32), r.params)
+        be.add(sid, np.asarray(r.ids, np.int32), r.params)
         done = False
         try:
             while not done:

@@ -44,8 +44,15 @@ class PagedBackend:
     """Base of the reference and CPU backends (see the module docstring)."""
 
     def __init__(
-        self, spec: DecoderSpec, num_blocks: int, block_size: int, max_batch: int, max_seq_len: int
+        self,
+        spec: DecoderSpec,
+        num_blocks: int,
+        block_size: int,
+        max_batch: int,
+        max_seq_len: int | None = None,
     ):
+        """max_seq_len None: the model's max_position_embeddings, at most the pool's tokens."""
+        max_seq_len = max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size)
         for name, v in (
             ("num_blocks", num_blocks),
             ("block_size", block_size),

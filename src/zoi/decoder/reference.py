@@ -250,13 +250,7 @@ class ReferenceBackend(PagedBackend):
         dtype=np.float32,
         w8a8: bool = False,
     ):
-        super().__init__(
-            spec,
-            num_blocks,
-            block_size,
-            max_batch,
-            max_seq_len or min(spec.max_position_embeddings, num_blocks * block_size),
-        )
+        super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         self.model = ReferenceModel(spec, weights, dtype, w8a8=w8a8)
         self.kv = PagedKV(spec, num_blocks, block_size, dtype)
         self.last_logits: np.ndarray | None = None

@@ -94,6 +94,8 @@ class Batcher:
         self._queued_seqs = 0
         self._queued_tokens = 0
         self._cond = threading.Condition()
+        self._jlock = threading.Lock()  # a job's rows / counters (with several workers, its
+        # pieces may run in parallel; zoi.serve.replicas)
         self._closing = False
         self.batches = 0
         self.sequences = 0
@@ -160,9 +162,11 @@ class Batcher:
             job.seqs = []
             self._set_queue_gauges()
 
-    def _take(self) -> list[tuple[Job, int, int]]:
-        """Under the lock: take (job, start, stop) pieces from the queue head by the budgets."""
-        pieces: list[tuple[Job, int, int]] = []
+    def _take(self) -> list[tuple[Job, int, int, list]]:
+        """Under the lock: take (job, start, stop, seqs) pieces from the queue head by the
+        budgets; each piece's sequences are kept with it (a job's `seqs` is cleared once it is
+        answered, perhaps while another worker still runs a piece of it), its `out` allocated."""
+        pieces: list[tuple[Job, int, int, list]] = []
         tokens = 0
         count = 0
         while self._queue and count < self.max_batch_requests:
@@ -179,7 +183,9 @@ class Batcher:
                 count += 1
                 i += 1
             if i > start:
-                pieces.append((job, start, i))
+                pieces.append((job, start, i, job.seqs[start:i]))
+                if job.out is None:  # allocated while its sequences are surely there
+                    job.out = np.empty((len(job.seqs), self.hidden), np.float32)
                 job.next = i
                 self._queued_seqs -= i - start
                 self._queued_tokens -= sum(len(s) for s in job.seqs[start:i])
@@ -198,19 +204,26 @@ class Batcher:
             if self._closing:
                 return False
             self._cond.wait()
-        if self.max_delay > 0 and not self._closing:
-            # Let the batch fill for up to max_delay after the oldest job arrived.
-            deadline = self._queue[0].t_enqueue + self.max_delay
-            while (
-                self._queued_tokens < self.max_batch_tokens
-                and self._queued_seqs < self.max_batch_requests
-                and not self._closing
-            ):
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
+        self._fill_wait(self._cond)
         return True
+
+    def _fill_wait(self, cond: threading.Condition) -> None:
+        """Under the lock, with work queued: let the batch fill for up to max_delay after the
+        oldest job arrived, until a budget is full or the batcher closes. `cond`: the waiting
+        worker's condition (on the batcher's lock)."""
+        if self.max_delay <= 0 or self._closing:
+            return
+        deadline = self._queue[0].t_enqueue + self.max_delay
+        while (
+            self._queued_tokens < self.max_batch_tokens
+            and self._queued_seqs < self.max_batch_requests
+            and not self._closing
+        ):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            cond.wait(left)
+        self._drop_cancelled_head()
 
     def _worker(self) -> None:
         while True:
@@ -218,27 +231,45 @@ class Batcher:
                 if not self._wait_for_work():
                     return
                 pieces = self._take()
-            if pieces:
-                try:
-                    self._run_batch(pieces)
-                except BaseException as e:  # never let the worker die
-                    log.exception("batcher: unexpected error")
-                    for job, _, _ in pieces:
-                        self._fail(job, e)
+            self._run_guarded(pieces, self._run_batch)
 
-    def _run_batch(self, pieces: list[tuple[Job, int, int]]) -> None:
-        t0 = time.perf_counter()
-        seqs = [s for job, a, b in pieces for s in job.seqs[a:b]]
-        for job, _, _ in pieces:
-            if job.t_first_run is None:
-                job.t_first_run = t0
-                job.queue_s = t0 - job.t_enqueue
-                if self.metrics is not None:
-                    self.metrics.queue_duration.observe(job.queue_s)
+    def _run_guarded(self, pieces: list, run: Callable[[list], object], where: str = "") -> None:
+        """`run(pieces)`; an unexpected error fails the batch's jobs (a worker never dies)."""
+        if not pieces:
+            return
         try:
-            out = self._run(seqs)
+            run(pieces)
+        except BaseException as e:
+            log.exception("batcher: unexpected error%s", where)
+            for job, *_ in pieces:
+                self._fail(job, e)
+
+    def _run_batch(self, pieces: list[tuple[Job, int, int, list]]) -> None:
+        self._run_pieces(pieces, self._run)
+
+    def _run_pieces(
+        self,
+        pieces: list[tuple[Job, int, int, list]],
+        call: Callable[[list], np.ndarray],
+        errors: type[BaseException] = Exception,
+    ) -> int | None:
+        """One batch: `call(seqs) -> rows` over the sequences of all pieces, each job's rows
+        delivered. When the call raises `errors`, each job's piece is retried alone, so only the
+        jobs that fail by themselves get the error. Returns None when the batch ran whole, else
+        how many pieces then ran alone."""
+        t0 = time.perf_counter()
+        seqs = [s for _, _, _, part in pieces for s in part]
+        with self._jlock:
+            for job, _, _, _ in pieces:
+                if job.t_first_run is None:
+                    job.t_first_run = t0
+                    job.queue_s = t0 - job.t_enqueue
+                    if self.metrics is not None:
+                        self.metrics.queue_duration.observe(job.queue_s)
+        try:
+            out = call(seqs)
             failed = None
-        except Exception as e:  # isolate: retry each job's piece alone
+        except errors as e:  # isolate: retry each job's piece alone
             failed = e
             log.warning(
                 "batcher: engine call over %d sequences failed (%s); retrying each request alone",
@@ -246,38 +277,42 @@ class Batcher:
                 e,
             )
         dt = time.perf_counter() - t0
-        self.batches += 1
-        self.sequences += len(seqs)
+        with self._cond:
+            self.batches += 1
+            self.sequences += len(seqs)
         if self.metrics is not None:
             self.metrics.batch_size.observe(len(seqs))
             self.metrics.batch_tokens.observe(sum(len(s) for s in seqs))
             self.metrics.inference_duration.observe(dt)
         if failed is None:
             row = 0
-            for job, a, b in pieces:
+            for job, a, b, _ in pieces:
                 self._deliver(job, a, out[row : row + b - a], dt)
                 row += b - a
-            return
-        for job, a, b in pieces:
+            return None
+        ok = 0
+        for job, a, _b, part in pieces:
             if job.error is not None:
                 continue
             t1 = time.perf_counter()
             try:
-                part = self._run(job.seqs[a:b])
-            except Exception as e:
+                rows = call(part)
+            except errors as e:
                 self._fail(job, e)
                 continue
-            self._deliver(job, a, part, dt + time.perf_counter() - t1)
+            ok += 1
+            self._deliver(job, a, rows, dt + time.perf_counter() - t1)
+        return ok
 
     def _deliver(self, job: Job, start: int, rows: np.ndarray, dt: float) -> None:
-        if job.error is not None:
-            return
-        if job.out is None:
-            job.out = np.empty((len(job.seqs), self.hidden), np.float32)
-        job.out[start : start + len(rows)] = rows
-        job.infer_s += dt
-        job.left -= len(rows)
-        if job.left == 0:
+        with self._jlock:
+            if job.error is not None or job.out is None:
+                return
+            job.out[start : start + len(rows)] = rows
+            job.infer_s += dt
+            job.left -= len(rows)
+            done = job.left == 0
+        if done:
             out = job.out
             if job.normalize:
                 norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -287,9 +322,10 @@ class Batcher:
             _post(job.loop, _set_result, job.future, out)
 
     def _fail(self, job: Job, e: BaseException) -> None:
-        if job.error is not None or job.future.done():
-            return
-        job.error = e
+        with self._jlock:
+            if job.error is not None or job.future.done():
+                return
+            job.error = e
         with self._cond:  # drop what is still queued of it
             if job.next < len(job.seqs) and job in self._queue:
                 self._queue.remove(job)

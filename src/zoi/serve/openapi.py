@@ -355,20 +355,26 @@ def document(
     vocab: int | None = None,
     head: str = "",
 ) -> dict:
-    ops = operations(model, hidden, vocab, head)
+    return _document(
+        model,
+        version,
+        f"Sentence embeddings of {model} ({hidden} dimensions) through "
+        "OpenAI-, TEI- and KServe-v2-compatible routes. Options, limits and errors: "
+        "docs/SERVE.md.",
+        operations(model, hidden, vocab, head),
+        route_paths,
+    )
+
+
+def _document(model: str, version: str, description: str, ops: dict, route_paths) -> dict:
+    """The OpenAPI document of the served routes (one not in `ops`: undocumented)."""
     paths = {}
     for rp in route_paths:
         p = openapi_path(rp)
         paths[p] = ops.get(p) or _get("(undocumented route)", "zoi")
     return {
         "openapi": "3.1.0",
-        "info": {
-            "title": f"zoi serve: {model}",
-            "version": version,
-            "description": f"Sentence embeddings of {model} ({hidden} dimensions) through "
-            "OpenAI-, TEI- and KServe-v2-compatible routes. Options, limits and errors: "
-            "docs/SERVE.md.",
-        },
+        "info": {"title": f"zoi serve: {model}", "version": version, "description": description},
         "paths": paths,
     }
 
@@ -642,19 +648,12 @@ def decoder_operations(model: str) -> dict[str, dict]:
 
 
 def decoder_document(model: str, version: str, route_paths: list[str]) -> dict:
-    ops = decoder_operations(model)
-    paths = {}
-    for rp in route_paths:
-        p = openapi_path(rp)
-        paths[p] = ops.get(p) or _get("(undocumented route)", "zoi")
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": f"zoi serve: {model}",
-            "version": version,
-            "description": f"Text generation by {model} through OpenAI-compatible routes "
-            "(in-flight batching over a paged KV cache). Options, limits and errors: "
-            "docs/SERVE.md.",
-        },
-        "paths": paths,
-    }
+    return _document(
+        model,
+        version,
+        f"Text generation by {model} through OpenAI-compatible routes "
+        "(in-flight batching over a paged KV cache). Options, limits and errors: "
+        "docs/SERVE.md.",
+        decoder_operations(model),
+        route_paths,
+    )

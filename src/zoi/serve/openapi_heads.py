@@ -20,6 +20,11 @@ def head_operations(head: str, hidden: int) -> dict[str, dict]:
     inputs = {"oneOf": [text, texts]}
     pair = {"type": "array", "items": text, "minItems": 2, "maxItems": 2}
     flag = {"type": "boolean"}
+    texts_body = {  # /embed_all, /embed_sparse
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {"inputs": inputs, "truncate": flag},
+    }
 
     def post(summary, body, example, resp, tag="TEI"):
         return _post(summary, tag, body, example, resp)
@@ -31,11 +36,7 @@ def head_operations(head: str, hidden: int) -> dict[str, dict]:
     ops = {
         "/embed_all": post(
             "TEI embed_all: the last hidden state of every token of each input",
-            {
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {"inputs": inputs, "truncate": flag},
-            },
+            texts_body,
             {"inputs": ["hello world"]},
             {
                 "type": "array",
@@ -152,11 +153,7 @@ def head_operations(head: str, hidden: int) -> dict[str, dict]:
         ),
         "/embed_sparse": post(
             "TEI embed_sparse: the SPLADE vector of each input (nonzero entries)",
-            {
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {"inputs": inputs, "truncate": flag},
-            },
+            texts_body,
             {"inputs": ["hello world"]},
             {
                 "type": "array",

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zoi.serve.batcher import Batcher, Job, _post, _set_exception, _set_result
+from zoi.serve.batcher import Batcher, Job
 
 log = logging.getLogger("zoi.serve")
 
@@ -111,7 +111,6 @@ class ReplicaBatcher(Batcher):
         if len(names) != len(runs):
             raise ValueError(f"{len(runs)} engines but {len(names)} names")
         self._runs, self._names = list(runs), names
-        self._jlock = threading.Lock()  # a job's rows / counters (its pieces may run in parallel)
         if metrics is not None:
             metrics.engine_metrics()
         super().__init__(
@@ -189,18 +188,7 @@ class ReplicaBatcher(Batcher):
                 ln.state = IDLE  # nothing queued (another lane took it): wait to be woken
             ln.cond.wait()
         ln.state = WOKEN
-        if self.max_delay > 0 and not self._closing:
-            deadline = self._queue[0].t_enqueue + self.max_delay
-            while (
-                self._queued_tokens < self.max_batch_tokens
-                and self._queued_seqs < self.max_batch_requests
-                and not self._closing
-            ):
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                ln.cond.wait(left)
-            self._drop_cancelled_head()
+        self._fill_wait(ln.cond)
         return True
 
     def _rest(self, ln: Lane) -> None:
@@ -226,24 +214,13 @@ class ReplicaBatcher(Batcher):
                     return
                 pieces = self._take()
                 ln.state = BUSY
-                ln.queued_tokens = 0
-                for job, a, b in pieces:
-                    ln.queued_tokens += sum(len(s) for s in job.seqs[a:b])
-                    if job.out is None:  # allocated while its sequences are surely there
-                        job.out = np.empty((len(job.seqs), self.hidden), np.float32)
-                pieces = [(job, a, b, job.seqs[a:b]) for job, a, b in pieces]
+                ln.queued_tokens = sum(len(s) for _, _, _, part in pieces for s in part)
                 if self._queue and not any(x.state == WOKEN for x in self.lanes):
                     nxt = self._pick_idle()  # more than one batch queued: wake another engine
                     if nxt is not None:
                         nxt.state = WOKEN
                         nxt.cond.notify()
-            if pieces:
-                try:
-                    self._run_lane(ln, pieces)
-                except BaseException as e:  # never let a lane die
-                    log.exception("batcher: unexpected error on %s", ln.name)
-                    for job, _, _, _ in pieces:
-                        self._fail(job, e)
+            self._run_guarded(pieces, lambda p: self._run_lane(ln, p), f" on {ln.name}")
             with self._cond:
                 ln.queued_tokens = 0
             self._rest(ln)
@@ -293,85 +270,9 @@ class ReplicaBatcher(Batcher):
         return out
 
     def _run_lane(self, ln: Lane, pieces: list[tuple[Job, int, int, list]]) -> None:
-        t0 = time.perf_counter()
-        seqs = [s for _, _, _, part in pieces for s in part]
-        with self._jlock:
-            for job, _, _, _ in pieces:
-                if job.t_first_run is None:
-                    job.t_first_run = t0
-                    job.queue_s = t0 - job.t_enqueue
-                    if self.metrics is not None:
-                        self.metrics.queue_duration.observe(job.queue_s)
-        try:
-            out = self._call(ln, seqs)
-            failed = None
-        except EngineError as e:
-            failed = e
-            log.warning(
-                "batcher: %s, over %d sequences; retrying each request alone on it",
-                e,
-                len(seqs),
-            )
-        dt = time.perf_counter() - t0
-        with self._cond:
-            self.batches += 1
-            self.sequences += len(seqs)
-        if self.metrics is not None:
-            self.metrics.batch_size.observe(len(seqs))
-            self.metrics.batch_tokens.observe(sum(len(s) for s in seqs))
-            self.metrics.inference_duration.observe(dt)
-        if failed is None:
-            row = 0
-            for job, a, b, _ in pieces:
-                self._deliver(job, a, out[row : row + b - a], dt)
-                row += b - a
-            with self._cond:
-                ln.consecutive_failures = 0
-            return
-        ok = 0
-        for job, a, _b, part in pieces:
-            if job.error is not None:
-                continue
-            t1 = time.perf_counter()
-            try:
-                rows = self._call(ln, part)
-            except EngineError as e:
-                self._fail(job, e)
-                continue
-            ok += 1
-            self._deliver(job, a, rows, dt + time.perf_counter() - t1)
+        ok = self._run_pieces(pieces, lambda seqs: self._call(ln, seqs), EngineError)
         with self._cond:  # the engine itself is suspect when nothing ran on it
-            ln.consecutive_failures = 0 if ok else ln.consecutive_failures + 1
-
-    def _deliver(self, job: Job, start: int, rows: np.ndarray, dt: float) -> None:
-        with self._jlock:
-            if job.error is not None or job.out is None:
-                return
-            job.out[start : start + len(rows)] = rows
-            job.infer_s += dt
-            job.left -= len(rows)
-            done = job.left == 0
-        if done:
-            out = job.out
-            if job.normalize:
-                norms = np.linalg.norm(out, axis=1, keepdims=True)
-                np.maximum(norms, 1e-12, out=norms)
-                out /= norms
-            job.seqs = []
-            _post(job.loop, _set_result, job.future, out)
-
-    def _fail(self, job: Job, e: BaseException) -> None:
-        with self._jlock:
-            if job.error is not None or job.future.done():
-                return
-            job.error = e
-        with self._cond:  # drop what is still queued of it
-            if job.next < len(job.seqs) and job in self._queue:
-                self._queue.remove(job)
-                self._queued_seqs -= len(job.seqs) - job.next
-                self._queued_tokens -= sum(len(s) for s in job.seqs[job.next :])
-                self._set_queue_gauges()
-        _post(job.loop, _set_exception, job.future, e)
+            ln.consecutive_failures = 0 if ok is None or ok else ln.consecutive_failures + 1
 
 
 # ---- engines from the options ------------------------------------------------------------------

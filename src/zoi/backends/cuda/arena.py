@@ -9,10 +9,12 @@ from zoi.graph.planner import place_buffers
 
 
 def place(launches, T) -> tuple[dict, dict, int]:
-    """Liveness over one launch list (fp16 rows of T tokens, int8 for the "#q" copies), placed
-    by the graph's planner (zoi.graph.planner.place_buffers): (offsets, columns, bytes)."""
+    """Liveness over one launch list (fp16 rows of T tokens, int8 for the "#q" copies; a launch
+    whose extra says "out_bytes": that many, e.g. SPLADE's fp32 [max_batch, V]), placed by the
+    graph's planner (zoi.graph.planner.place_buffers): (offsets, columns, bytes)."""
     cols: dict[str, int] = {}
     live: dict[str, list[int]] = {}
+    fixed: dict[str, int] = {}
     for i, L in enumerate(launches):
         reads = L.ins + ([L.res] if L.res else [])
         if L.kind == "linear" and L.prequant:
@@ -23,10 +25,15 @@ def place(launches, T) -> tuple[dict, dict, int]:
         if L.kind != "pool":
             cols[L.out] = L.n
             live[L.out] = [i, i]
+            if L.extra.get("out_bytes"):
+                fixed[L.out] = int(L.extra["out_bytes"])
             if L.kind != "quantize" and L.extra.get("q"):  # the int8 copy it also writes
                 cols[L.extra["q"]] = L.n
                 live[L.extra["q"]] = [i, i]
-    sizes = {n: align(T * c * (1 if n.endswith("#q") else 2)) for n, c in cols.items()}
+    sizes = {
+        n: align(fixed[n] if n in fixed else T * c * (1 if n.endswith("#q") else 2))
+        for n, c in cols.items()
+    }
     offs, total = place_buffers({n: tuple(v) for n, v in live.items()}, sizes)
     return offs, cols, total
 
@@ -75,6 +82,15 @@ class Arena:
         self.d_in = self.buf[roff["in"] : roff["in"] + self.in_ints * 4].view(torch.int32)
         d_out = self.buf[roff["out"] : roff["out"] + Bmax * hidden * 4].view(torch.float32)
         self.d_out = d_out.view(Bmax, hidden)
+
+    def f32(self, plan: dict, name: str, rows: int, cols: int):
+        """The fp32 [rows, cols] view of a buffer placed by its byte size (SPLADE's pooled
+        [B, V]); an error past the bytes placed for it."""
+        o, nb = plan["offs"][name], rows * cols * 4
+        have = next(int(L.extra.get("out_bytes", 0)) for L in plan["launches"] if L.out == name)
+        if nb > have:
+            raise ValueError(f"{name}: fp32 [{rows}, {cols}] exceeds the {have} bytes placed")
+        return self.buf[o : o + nb].view(self.torch.float32).view(rows, cols)
 
     def act(self, plan: dict, name: str, rows: int):
         """The [rows, cols] view of one activation (fp16, or int8 for a "#q" copy, fp8 for

@@ -1,6 +1,7 @@
 """CudaBackend.run_outputs (zoi.backends.base.HeadRunner, issue 20): one forward, then the
 graph's output and taps copied from the arena: per-token logits (token classification),
-SPLADE's fp32 [B, V] rows (pooled on the GPU by kernels/sparse_pool.py), token embeddings;
+SPLADE's fp32 [B, V] rows (pooled on the GPU in the decoder's epilogue: kernels/sparse_pool.py),
+token embeddings;
 and CudaBackend.memory's report."""
 
 from __future__ import annotations
@@ -59,10 +60,9 @@ def run_outputs(be, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
         for name in names:
             if name == g.output and g.ops[-1].kind == "pool" and name not in plan["cols"]:
                 out[name] = pooled
-            elif plan["launches"][-1].kind == "sparse_pool" and name == g.output:
-                V = int(g.buffers[name].cols)
-                v = be.mem.act(plan, name, tb).view(-1).view(torch.float32).view(tb, V)
-                out[name] = v[:B].cpu().numpy().copy()
+            elif name == g.output and g.ops[-1].attrs.get("mode") == "splade":  # fp32 [B, V]
+                v = be.mem.f32(plan, name, B, int(g.buffers[name].cols))
+                out[name] = v.cpu().numpy().copy()
             else:
                 out[name] = be.mem.act(plan, name, tb)[:T].float().cpu().numpy()
     return out

@@ -28,6 +28,7 @@ from zoi.graph.quantmode import QuantMode
 @dataclass
 class Launch:
     kind: str  # embed | linear | attention | add_layernorm | quantize | pool | glu | sparse_pool
+    # (a linear with extra["splade"]: the MLM decoder fused with SPLADE's pool, out = the pool's)
     op: object
     out: str
     ins: list[str]
@@ -123,6 +124,13 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
                 fallbacks[ln_out] = (
                     f"LayerNorm unfused (buckets < fuse_min_tokens {opts.fuse_min_tokens})"
                 )
+            nxt = ops[i + 1] if i + 1 < len(ops) else None
+            if _splade_of(nxt, op, ops) and L.ln is None and L.res is None:
+                # the MLM decoder with SPLADE's max over tokens in its epilogue
+                # (kernels/sparse_pool.py GEMM): [B, V] fp32 in the arena, no [T, V] logits
+                L.out, L.n = nxt.output, int(N)
+                L.extra.update(splade=True, out_bytes=_max_batch(model) * int(N) * 4)
+                i += 1
             out.append(L)
         elif op.kind == "attention":
             out.append(
@@ -148,10 +156,13 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         elif op.kind == "glu":  # kernels/glu.py (ModernBERT's GeGLU)
             out.append(Launch("glu", op, op.output, [op.inputs[0]], n=g.buffers[op.output].cols))
         elif op.kind == "pool" and op.attrs["mode"] == "splade":
-            # kernels/sparse_pool.py: fp32 [B, V] into the arena (n = 2V fp16 columns of T rows
-            # hold the fp32 [<= T, V] result), copied back by run_outputs
+            # not after its decoder linear: kernels/sparse_pool.py over stored fp16 logits,
+            # fp32 [max_batch, V] into the arena, copied back by run_outputs
             V = g.buffers[op.output].cols
-            out.append(Launch("sparse_pool", op, op.output, [op.inputs[0]], n=2 * V))
+            la = Launch("sparse_pool", op, op.output, [op.inputs[0]], n=V)
+            la.extra["out_bytes"] = _max_batch(model) * V * 4
+            out.append(la)
+            fallbacks[op.inputs[0]] = "SPLADE logits stored: no decoder linear fused with the pool"
         elif op.kind == "pool":
             out.append(Launch("pool", op, op.output, [op.inputs[0]], n=model.spec.hidden))
         else:
@@ -159,6 +170,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         i += 1
     tail_ok = out and (
         out[-1].kind in ("pool", "sparse_pool")
+        or out[-1].extra.get("splade")
         or (out[-1].kind == "linear" and g.buffers[out[-1].out].rows == "T")  # token logits
     )
     if not out or out[0].kind != "embed" or not tail_ok:
@@ -174,8 +186,10 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
     # (quant_in_loop: QUANT 1 / 2), else by a quantize launch of its own before it.
     producer = {L.out: L for L in out}
 
-    def whole(P):
-        return P.kind in ("embed", "add_layernorm") or (P.kind == "linear" and P.ln is not None)
+    def whole(P):  # its kernel sees whole rows: it writes the int8 copy / a plain amax
+        return P.kind in ("embed", "add_layernorm", "glu") or (
+            P.kind == "linear" and P.ln is not None
+        )
 
     def can_write(P, why: dict) -> bool:
         if whole(P):
@@ -260,6 +274,22 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         "fallbacks": fallbacks,
         "notes": notes,
     }
+
+
+def _max_batch(model) -> int:
+    """Sequences per call at most: the rows of a [B, ...] output (CudaBackend.max_batch)."""
+    return int(min(model.plan.max_batch, model.plan.max_tokens))
+
+
+def _splade_of(nxt, op, ops) -> bool:
+    """Whether nxt is SPLADE's pool of op's output and nothing else reads that output."""
+    return (
+        nxt is not None
+        and nxt.kind == "pool"
+        and nxt.attrs.get("mode") == "splade"
+        and nxt.inputs[0] == op.output
+        and sum(op.output in o.inputs for o in ops) == 1
+    )
 
 
 def describe(plan: dict) -> list[tuple[str, str, str]]:

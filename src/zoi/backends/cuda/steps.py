@@ -10,7 +10,6 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
     import torch
 
     from zoi.backends.cuda.kernels import attention as k_attn
-    from zoi.backends.cuda.kernels import attention_ext as k_ext
     from zoi.backends.cuda.kernels import embed as k_embed
     from zoi.backends.cuda.kernels import glu as k_glu
     from zoi.backends.cuda.kernels import layernorm as k_ln
@@ -86,14 +85,17 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             )
         elif L.kind == "linear":
             p = L.extra["prefix"]
-            a, y = act(L.extra["qname"] if L.prequant else L.ins[0]), act(L.out)
-            r = act(L.res) if L.res else None
+            a = act(L.extra["qname"] if L.prequant else L.ins[0])
+            a_sc, a_zp = qrow(L.extra["qname"]) if L.prequant else (amx(L.ins[0]), None)
+            if L.extra.get("splade"):  # the decoder with SPLADE's pooling in its epilogue
+                steps.append(_splade_step(L, a, a_sc, a_zp, w, arena, plan, cu, hdr, tb, nseq, pdl))
+                continue
+            y, r = act(L.out), act(L.res) if L.res else None
             ln = L.ln is not None
             rowq = bool(L.extra.get("q")) and not ln
             cfg = k_lin.pick_config(
                 tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
             )
-            a_sc, a_zp = qrow(L.extra["qname"]) if L.prequant else (amx(L.ins[0]), None)
             steps.append(
                 lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L): (
                     k_lin.launch_linear(
@@ -142,8 +144,9 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     pdl=pdl,
                 )
             )
-        elif L.kind == "attention" and (L.op.weights or L.op.attrs.get("window", 0)):
-            # MPNet's relative bias, ModernBERT's RoPE / local window: kernels/attention_ext.py
+        elif L.kind == "attention":
+            # the extras (MPNet's relative bias, ModernBERT's RoPE / local window): constexpr
+            # switches of the one kernel (kernels/attention.py); none: the plain kernel
             qkv, o = act(L.ins[0]), act(L.out)
             at, wn = L.op.attrs, L.op.weights
             ext = dict(
@@ -153,7 +156,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 window=int(at.get("window", 0)),
             )
             steps.append(
-                lambda qkv=qkv, o=o, L=L, at=at, ext=ext: k_ext.launch_attention_ext(
+                lambda qkv=qkv, o=o, L=L, at=at, ext=ext: k_attn.launch_attention(
                     qkv,
                     hdr,
                     cu,
@@ -170,38 +173,24 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     **ext,
                 )
             )
-        elif L.kind == "glu":
+        elif L.kind == "glu":  # whole rows: the int8 copy the plan asks for (qout), or amax
             x, y = act(L.ins[0]), act(L.out)
             steps.append(
-                lambda x=x, y=y, L=L: k_glu.launch_glu(
-                    x, y, amx(L.out) if L.amax_out else None, tb, L.n, L.op.attrs["act"], pdl=pdl
-                )
-            )
-        elif L.kind == "sparse_pool":
-            x, V = act(L.ins[0]), L.n // 2
-            y = act(L.out).view(-1).view(arena.torch.float32).view(tb, V)  # fp32 [<= tb, V]
-            steps.append(
-                lambda x=x, y=y, V=V: k_sp.launch_sparse_pool(x, cu, hdr, y, nseq, V, pdl=pdl)
-            )
-        elif L.kind == "attention":
-            qkv, o = act(L.ins[0]), act(L.out)
-            at = L.op.attrs
-            steps.append(
-                lambda qkv=qkv, o=o, L=L, at=at: k_attn.launch_attention(
-                    qkv,
-                    hdr,
-                    cu,
-                    arena.tcum,
-                    o,
+                lambda x=x, y=y, L=L, qo=qout(L): k_glu.launch_glu(
+                    x,
+                    y,
                     amx(L.out) if L.amax_out else None,
                     tb,
-                    nseq,
-                    at["heads"],
-                    at["head_dim"],
-                    at["scale"],
-                    cfg=acfg,
+                    L.n,
+                    L.op.attrs["act"],
                     pdl=pdl,
+                    **qo,
                 )
+            )
+        elif L.kind == "sparse_pool":  # the unfused SPLADE pooling of stored logits
+            x, p = act(L.ins[0]), arena.f32(plan, L.out, nseq, L.n)
+            steps.append(
+                lambda x=x, p=p, V=L.n: k_sp.launch_sparse_pool(x, cu, hdr, p, nseq, V, pdl=pdl)
             )
         elif L.kind == "add_layernorm":
             x, r, y = act(L.ins[0]), act(L.res) if L.res else None, act(L.out)
@@ -228,3 +217,32 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 )
             )
     return steps
+
+
+def _splade_step(L, a, a_sc, a_zp, w, arena, plan, cu, hdr, tb, nseq, pdl):
+    """The launch of a decoder linear fused with SPLADE's pooling (kernels/sparse_pool.py):
+    fp32 [nseq, V] into its arena buffer, no [T, V] logits."""
+    from zoi.backends.cuda.kernels import sparse_pool as k_sp
+
+    p, q = L.extra["prefix"], L.mode.quantized
+    out = arena.f32(plan, L.out, nseq, L.n)
+    return lambda: k_sp.launch_splade_linear(
+        a,
+        a_sc,
+        w[f"{p}.w_q"] if q else w[f"{p}.w"],
+        w[f"{p}.w_scale"] if q else None,
+        w[f"{p}.b"],
+        cu,
+        hdr,
+        out,
+        tb,
+        nseq,
+        L.n,
+        L.k,
+        quant=L.quant,
+        act=L.op.attrs.get("act", "none"),
+        static_amax=L.static_amax,
+        a_zp=a_zp,
+        colsum=w.get(f"{p}.colsum") if a_zp is not None else None,
+        pdl=pdl,
+    )

@@ -1,4 +1,15 @@
-"""attention: varlen softmax(q k^T * scale) v over packed sequences, one kernel.
+"""attention: varlen softmax(q k^T * scale [+ bias]) v over packed sequences, one kernel, with
+the extras of MPNet and ModernBERT (issue 20) as constexpr switches of the same kernel (off: the
+plain BERT attention, unchanged):
+
+* ``REL_BIAS``: an additive relative-position bias gathered per head from the model's table
+  ``bias[h, j - i + P - 1]`` (fp32 [heads, 2P-1], MPNet's bucketed bias computed once at load
+  time by zoi.frontend.archs), added to the scores before the softmax;
+* ``ROPE``: q and k rotated in the prologue (transformers' rotate_half form, at the position
+  of the token in its sequence), from fp32 cos / sin tables [P, d/2]: each head is loaded as
+  its two halves, rotated in fp32, and the scores are the sum of the two half dots;
+* ``WINDOW`` > 0: key j is seen by query i only when |i - j| <= WINDOW (ModernBERT's local
+  layers); the key loop runs over the window's blocks only.
 
 A tile is BLOCK_M query rows of one sequence. The tile table (inclusive cumsum of tiles
 per sequence, ``tcum``) is built on the device once per forward, by ``tile_table`` (run by
@@ -9,8 +20,9 @@ tile count, read from device memory), and each finds its sequence by counting tc
 
 Online softmax (flash attention) in fp32 with exp2; q/k/v and p enter ``tl.dot`` as fp16.
 Rows of the output are written only for real tokens; with ``AMAX_OUT`` each program maxes
-|ctx| of its head slice into ``amax_ptr`` (zeroed earlier in the same forward) for the
-INT8 projection that follows.
+|ctx| of its head slice into ``amax_ptr`` (zeroed earlier in the same forward; NaN-keeping:
+``common.amax_rows``) for the INT8 projection that follows. The numpy reference is
+zoi.numerics.reference.attention; kernels/attention_ext.py is the extras' launcher.
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.common import softmax_step
+from zoi.backends.cuda.kernels.common import amax_rows, softmax_step, softmax_step2
 
 
 @triton.jit
@@ -51,6 +63,12 @@ def attention_tiles_kernel(hdr_ptr, cu_ptr, tcum_ptr, BLOCK_M: tl.constexpr, BLO
 
 
 @triton.jit
+def _rot(x1, x2, c, s):
+    """rotate_half RoPE of the two halves: (x1 c - x2 s, x2 c + x1 s), fp32 in, fp16 out."""
+    return (x1 * c - x2 * s).to(tl.float16), (x2 * c + x1 * s).to(tl.float16)
+
+
+@triton.jit
 def attention_kernel(
     qkv_ptr,  # [T, 3*H] fp16: q | k | v, head h at cols [h*D, (h+1)*D) of each third
     hdr_ptr,  # [>=3] int32 call header: [normalize flag, B, T]
@@ -58,17 +76,24 @@ def attention_kernel(
     tcum_ptr,  # [B] int32 tile table (tile_table)
     o_ptr,  # [T, H] fp16 context, row stride ldo
     amax_ptr,  # [T] fp32 (AMAX_OUT)
+    bias_ptr,  # [heads, 2P-1] fp32 relative bias (REL_BIAS)
+    cos_ptr,  # [P, D/2] fp32 (ROPE)
+    sin_ptr,  # [P, D/2] fp32 (ROPE)
     H,  # hidden = heads * D
     ldq,
     ldo,
     qk_scale,  # scale * log2(e)
+    P,  # rows of the bias / RoPE tables (max positions; REL_BIAS, ROPE)
     D: tl.constexpr,  # head dim
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # >= D (no RoPE) / >= D/2 (RoPE: the halves)
     BLOCK_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     AMAX_OUT: tl.constexpr,
     PDL: tl.constexpr,
+    REL_BIAS: tl.constexpr = False,
+    ROPE: tl.constexpr = False,
+    WINDOW: tl.constexpr = 0,  # 0: global
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -80,7 +105,11 @@ def attention_kernel(
     n_tiles = tl.load(tcum_ptr + B - 1)
     sb = tl.arange(0, BLOCK_B)
     rd = tl.arange(0, BLOCK_D)
-    d_ok = rd < D
+    HALF: tl.constexpr = D // 2
+    if ROPE:
+        d_ok = rd < HALF
+    else:
+        d_ok = rd < D
     rn = tl.arange(0, BLOCK_N)
     for j in range(pid, n_tiles, G):
         # my sequence: b = #{c : tcum[c] <= j}
@@ -97,32 +126,86 @@ def attention_kernel(
         rm = q0 + tl.arange(0, BLOCK_M)
         m_ok = rm < seq_end
         rm_c = tl.where(m_ok, rm, 0)
-        q = tl.load(
-            qkv_ptr + rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :],
-            mask=m_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
+        qm = m_ok[:, None] & d_ok[None, :]
+        q_off = rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
+        if ROPE:  # the two halves, rotated at the query's position in its sequence
+            ipos = tl.minimum(rm_c - seq_start, P - 1)
+            q1 = tl.load(qkv_ptr + q_off, mask=qm, other=0.0).to(tl.float32)
+            q2 = tl.load(qkv_ptr + q_off + HALF, mask=qm, other=0.0).to(tl.float32)
+            cs_off = ipos[:, None] * HALF + rd[None, :]
+            cq = tl.load(cos_ptr + cs_off, mask=qm, other=0.0)
+            sq = tl.load(sin_ptr + cs_off, mask=qm, other=0.0)
+            q1, q2 = _rot(q1, q2, cq, sq)
+            acc1 = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+            acc2 = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        else:
+            q = tl.load(qkv_ptr + q_off, mask=qm, other=0.0)
+            acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         m_i = tl.zeros((BLOCK_M,), tl.float32) - float("inf")
         l_i = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        for n0 in range(seq_start, seq_end, BLOCK_N):
+        lo = seq_start
+        hi = seq_end
+        if WINDOW > 0:  # only the key blocks that meet the window of some query of the tile
+            lo = tl.maximum(seq_start, q0 - WINDOW)
+            hi = tl.minimum(seq_end, q0 + BLOCK_M + WINDOW)
+        for n0 in range(lo, hi, BLOCK_N):
             kn = n0 + rn
-            n_ok = kn < seq_end
+            if WINDOW > 0:
+                n_ok = (kn < hi) & (kn >= lo)
+            else:
+                n_ok = kn < seq_end
             kn_c = tl.where(n_ok, kn, 0)
             kv_off = kn_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
             kv_m = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0)
-            v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(n_ok[None, :], s, float("-inf"))
-            m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)
+            if ROPE:
+                k1 = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0).to(tl.float32)
+                k2 = tl.load(qkv_ptr + kv_off + H + HALF, mask=kv_m, other=0.0).to(tl.float32)
+                ck_off = tl.minimum(kn_c - seq_start, P - 1)[:, None] * HALF + rd[None, :]
+                ck = tl.load(cos_ptr + ck_off, mask=kv_m, other=0.0)
+                sk = tl.load(sin_ptr + ck_off, mask=kv_m, other=0.0)
+                k1, k2 = _rot(k1, k2, ck, sk)
+                s = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * qk_scale
+            else:
+                k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0)
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+            if REL_BIAS or WINDOW > 0:
+                rel = kn_c[None, :] - rm_c[:, None]  # j - i
+                ok2 = m_ok[:, None] & n_ok[None, :]
+                if REL_BIAS:
+                    bm = ok2 & (rel > -P) & (rel < P)
+                    bv = tl.load(bias_ptr + h * (2 * P - 1) + rel + P - 1, mask=bm, other=0.0)
+                    s = s + bv * 1.4426950408889634
+                if WINDOW > 0:
+                    ok2 = ok2 & (rel <= WINDOW) & (rel >= -WINDOW)
+                s = tl.where(ok2, s, float("-inf"))
+            else:
+                s = tl.where(n_ok[None, :], s, float("-inf"))
+            if ROPE:
+                v1 = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
+                v2 = tl.load(qkv_ptr + kv_off + 2 * H + HALF, mask=kv_m, other=0.0)
+                m_i, l_i, acc1, acc2 = softmax_step2(m_i, l_i, acc1, acc2, s, v1, v2)
+            else:
+                v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
+                m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        out = (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty)
         om = m_ok[:, None] & d_ok[None, :]
-        tl.store(o_ptr + rm_c[:, None].to(tl.int64) * ldo + h * D + rd[None, :], out, mask=om)
-        if AMAX_OUT:
-            am = tl.max(tl.where(om, tl.abs(out.to(tl.float32)), 0.0), axis=1)
-            tl.atomic_max(amax_ptr + rm_c, am, mask=m_ok)
+        o_off = rm_c[:, None].to(tl.int64) * ldo + h * D + rd[None, :]
+        if ROPE:
+            out1 = (acc1 / l_safe[:, None]).to(o_ptr.dtype.element_ty)
+            out2 = (acc2 / l_safe[:, None]).to(o_ptr.dtype.element_ty)
+            tl.store(o_ptr + o_off, out1, mask=om)
+            tl.store(o_ptr + o_off + HALF, out2, mask=om)
+            if AMAX_OUT:
+                a1 = amax_rows(tl.where(om, out1.to(tl.float32), 0.0))
+                a2 = amax_rows(tl.where(om, out2.to(tl.float32), 0.0))
+                am = tl.maximum(a1, a2, propagate_nan=tl.PropagateNan.ALL)
+                tl.atomic_max(amax_ptr + rm_c, am, mask=m_ok)
+        else:
+            out = (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty)
+            tl.store(o_ptr + o_off, out, mask=om)
+            if AMAX_OUT:  # NaN-keeping: a positive NaN wins the float atomic max
+                am = amax_rows(tl.where(om, out.to(tl.float32), 0.0))
+                tl.atomic_max(amax_ptr + rm_c, am, mask=m_ok)
 
 
 # lab/gpu/sweep_linear.py on the H200 (bench/results/gpu_sweep_20261201T0959Z.json), 128-token
@@ -163,11 +246,43 @@ def launch_tiles(hdr, cu, tcum, n_seq, cfg):
     attention_tiles_kernel[(1,)](hdr, cu, tcum, BLOCK_M=cfg["BLOCK_M"], BLOCK_B=block_b(n_seq))
 
 
+LOG2E = 1.4426950408889634
+
+
 def launch_attention(
-    qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale, cfg=None, pdl=False
+    qkv,
+    hdr,
+    cu,
+    tcum,
+    o,
+    amax,
+    T_bucket,
+    n_seq,
+    heads,
+    head_dim,
+    scale,
+    cfg=None,
+    pdl=False,
+    bias=None,
+    cos=None,
+    sin=None,
+    window=0,
 ):
-    cfg = cfg or pick_config(T_bucket, head_dim)
-    H = heads * head_dim
+    """cfg: pick_config's dict for the bucket (its BLOCK_M built the tile table). The extras:
+    bias fp32 [heads, 2P-1] (REL_BIAS), cos / sin fp32 [P, head_dim/2] (ROPE), window
+    (WINDOW); none of them: the plain kernel."""
+    rope = cos is not None
+    if rope and head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    if rope != (sin is not None):
+        raise ValueError("RoPE needs both the cos and the sin table")
+    cfg = dict(cfg or pick_config(T_bucket, head_dim))
+    if rope:
+        cfg["BLOCK_D"] = max(16, triton.next_power_of_2(head_dim // 2))
+    P = int(bias.shape[1] + 1) // 2 if bias is not None else (int(cos.shape[0]) if rope else 1)
+    if bias is not None and rope and int(cos.shape[0]) != P:
+        raise ValueError("the bias and RoPE tables disagree on the positions")
+    dummy = bias if bias is not None else (cos if rope else o)
     attention_kernel[(grid_tiles(T_bucket, n_seq, heads, cfg), heads)](
         qkv,
         hdr,
@@ -175,14 +290,21 @@ def launch_attention(
         tcum,
         o,
         amax if amax is not None else o,
-        H,
+        dummy,
+        cos if rope else dummy,
+        sin if rope else dummy,
+        heads * head_dim,
         qkv.stride(0),
         o.stride(0),
-        float(scale) * 1.4426950408889634,
+        float(scale) * LOG2E,
+        P,
         D=head_dim,
         BLOCK_B=block_b(n_seq),
         AMAX_OUT=amax is not None,
         PDL=pdl,
+        REL_BIAS=bias is not None,
+        ROPE=rope,
+        WINDOW=int(window),
         launch_pdl=pdl,
         **cfg,
     )

@@ -1,170 +1,12 @@
-"""attention with the extras of MPNet and ModernBERT (issue 20): the varlen packed attention of
-kernels/attention.py (same tile table, grid and online softmax) plus, each a constexpr,
-
-* ``REL_BIAS``: an additive relative-position bias gathered per head from the model's table
-  ``bias[h, j - i + P - 1]`` (fp32 [heads, 2P-1], MPNet's bucketed bias computed once at load
-  time by zoi.frontend.archs), added to the scores before the softmax;
-* ``ROPE``: q and k rotated in the prologue (transformers' rotate_half form, at the position
-  of the token in its sequence), from fp32 cos / sin tables [P, d/2]: each head is loaded as
-  its two halves, rotated in fp32, and the scores are the sum of the two half dots;
-* ``WINDOW`` > 0: key j is seen by query i only when |i - j| <= WINDOW (ModernBERT's local
-  layers); the key loop runs over the window's blocks only.
-
-Numerics as attention.py: fp16 into ``tl.dot``, fp32 accumulation and softmax (exp2), rows
-written only for real tokens. The numpy reference is zoi.numerics.reference.attention.
+"""attention_ext: the entry point of the attention extras of MPNet and ModernBERT (issue 20):
+relative-position bias, RoPE, local window. They are constexpr switches of the one varlen
+attention kernel (kernels/attention.py: same tile table, grid, online softmax and numerics);
+this is its launch with the tables required.
 """
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-from zoi.backends.cuda.kernels.attention import block_b, grid_tiles, pick_config
-from zoi.backends.cuda.kernels.common import softmax_step, softmax_step2
-
-LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _rot(x1, x2, c, s):
-    """rotate_half RoPE of the two halves: (x1 c - x2 s, x2 c + x1 s), fp32 in, fp16 out."""
-    return (x1 * c - x2 * s).to(tl.float16), (x2 * c + x1 * s).to(tl.float16)
-
-
-@triton.jit
-def attention_ext_kernel(
-    qkv_ptr,  # [T, 3*H] fp16: q | k | v, head h at cols [h*D, (h+1)*D) of each third
-    hdr_ptr,  # [>=3] int32 call header: [normalize flag, B, T]
-    cu_ptr,  # [B + 1] int32 cu_seqlens
-    tcum_ptr,  # [B] int32 tile table (attention.tile_table)
-    o_ptr,  # [T, H] fp16 context, row stride ldo
-    amax_ptr,  # [T] fp32 (AMAX_OUT)
-    bias_ptr,  # [heads, 2P-1] fp32 relative bias (REL_BIAS)
-    cos_ptr,  # [P, D/2] fp32 (ROPE)
-    sin_ptr,  # [P, D/2] fp32 (ROPE)
-    H,  # hidden = heads * D
-    ldq,
-    ldo,
-    qk_scale,  # scale * log2(e)
-    P,  # rows of the bias / RoPE tables (max positions)
-    D: tl.constexpr,  # head dim
-    BLOCK_D: tl.constexpr,  # >= D (no RoPE) / >= D/2 (RoPE: the halves)
-    BLOCK_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    REL_BIAS: tl.constexpr,
-    ROPE: tl.constexpr,
-    WINDOW: tl.constexpr,  # 0: global
-    AMAX_OUT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    G = tl.num_programs(0)
-    B = tl.load(hdr_ptr + 1)
-    n_tiles = tl.load(tcum_ptr + B - 1)
-    sb = tl.arange(0, BLOCK_B)
-    rd = tl.arange(0, BLOCK_D)
-    HALF: tl.constexpr = D // 2
-    if ROPE:
-        d_ok = rd < HALF
-    else:
-        d_ok = rd < D
-    rn = tl.arange(0, BLOCK_N)
-    for j in range(pid, n_tiles, G):
-        b = 0
-        for c0 in range(0, B, BLOCK_B):
-            cum = tl.load(tcum_ptr + c0 + sb, mask=(c0 + sb) < B, other=2147483647)
-            b += tl.sum((cum <= j).to(tl.int32), 0)
-        prev = tl.load(tcum_ptr + tl.maximum(b - 1, 0))
-        prev = tl.where(b > 0, prev, 0)
-        seq_start = tl.load(cu_ptr + b)
-        seq_end = tl.load(cu_ptr + b + 1)
-        q0 = seq_start + (j - prev) * BLOCK_M
-
-        rm = q0 + tl.arange(0, BLOCK_M)
-        m_ok = rm < seq_end
-        rm_c = tl.where(m_ok, rm, 0)
-        qm = m_ok[:, None] & d_ok[None, :]
-        q_off = rm_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
-        ipos = tl.minimum(rm_c - seq_start, P - 1)  # position of the query in its sequence
-        if ROPE:
-            q1 = tl.load(qkv_ptr + q_off, mask=qm, other=0.0).to(tl.float32)
-            q2 = tl.load(qkv_ptr + q_off + HALF, mask=qm, other=0.0).to(tl.float32)
-            cs_off = ipos[:, None] * HALF + rd[None, :]
-            cq = tl.load(cos_ptr + cs_off, mask=qm, other=0.0)
-            sq = tl.load(sin_ptr + cs_off, mask=qm, other=0.0)
-            q1, q2 = _rot(q1, q2, cq, sq)
-        else:
-            q = tl.load(qkv_ptr + q_off, mask=qm, other=0.0)
-        m_i = tl.zeros((BLOCK_M,), tl.float32) - float("inf")
-        l_i = tl.zeros((BLOCK_M,), tl.float32)
-        if ROPE:
-            acc1 = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-            acc2 = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-        lo = seq_start
-        hi = seq_end
-        if WINDOW > 0:  # only the key blocks that meet the window of some query of the tile
-            lo = tl.maximum(seq_start, q0 - WINDOW)
-            hi = tl.minimum(seq_end, q0 + BLOCK_M + WINDOW)
-        for n0 in range(lo, hi, BLOCK_N):
-            kn = n0 + rn
-            n_ok = (kn < hi) & (kn >= lo)
-            kn_c = tl.where(n_ok, kn, 0)
-            kv_off = kn_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
-            kv_m = n_ok[:, None] & d_ok[None, :]
-            if ROPE:
-                k1 = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0).to(tl.float32)
-                k2 = tl.load(qkv_ptr + kv_off + H + HALF, mask=kv_m, other=0.0).to(tl.float32)
-                ck_off = tl.minimum(kn_c - seq_start, P - 1)[:, None] * HALF + rd[None, :]
-                ck = tl.load(cos_ptr + ck_off, mask=kv_m, other=0.0)
-                sk = tl.load(sin_ptr + ck_off, mask=kv_m, other=0.0)
-                k1, k2 = _rot(k1, k2, ck, sk)
-                s = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
-            else:
-                k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0)
-                s = tl.dot(q, tl.trans(k))
-            s = s * qk_scale
-            rel = kn_c[None, :] - rm_c[:, None]  # j - i
-            ok2 = m_ok[:, None] & n_ok[None, :]
-            if REL_BIAS:
-                bm = ok2 & (rel > -P) & (rel < P)
-                bv = tl.load(bias_ptr + h * (2 * P - 1) + rel + P - 1, mask=bm, other=0.0)
-                s = s + bv * 1.4426950408889634
-            if WINDOW > 0:
-                ok2 = ok2 & (rel <= WINDOW) & (rel >= -WINDOW)
-            s = tl.where(ok2, s, float("-inf"))
-            if ROPE:
-                v1 = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
-                v2 = tl.load(qkv_ptr + kv_off + 2 * H + HALF, mask=kv_m, other=0.0)
-                m_i, l_i, acc1, acc2 = softmax_step2(m_i, l_i, acc1, acc2, s, v1, v2)
-            else:
-                v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
-                m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        om = m_ok[:, None] & d_ok[None, :]
-        o_off = rm_c[:, None].to(tl.int64) * ldo + h * D + rd[None, :]
-        if ROPE:
-            out1 = (acc1 / l_safe[:, None]).to(o_ptr.dtype.element_ty)
-            out2 = (acc2 / l_safe[:, None]).to(o_ptr.dtype.element_ty)
-            tl.store(o_ptr + o_off, out1, mask=om)
-            tl.store(o_ptr + o_off + HALF, out2, mask=om)
-            if AMAX_OUT:
-                a1 = tl.max(tl.where(om, tl.abs(out1.to(tl.float32)), 0.0), axis=1)
-                a2 = tl.max(tl.where(om, tl.abs(out2.to(tl.float32)), 0.0), axis=1)
-                tl.atomic_max(amax_ptr + rm_c, tl.maximum(a1, a2), mask=m_ok)
-        else:
-            out = (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty)
-            tl.store(o_ptr + o_off, out, mask=om)
-            if AMAX_OUT:
-                am = tl.max(tl.where(om, tl.abs(out.to(tl.float32)), 0.0), axis=1)
-                tl.atomic_max(amax_ptr + rm_c, am, mask=m_ok)
+from zoi.backends.cuda.kernels.attention import launch_attention
 
 
 def launch_attention_ext(
@@ -186,40 +28,9 @@ def launch_attention_ext(
     cfg=None,
     pdl=False,
 ):
-    """cfg: attention.pick_config's dict for the bucket (its BLOCK_M built the tile table)."""
-    rope = cos is not None
-    if rope and head_dim % 2:
-        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
-    cfg = dict(cfg or pick_config(T_bucket, head_dim))
-    if rope:
-        cfg["BLOCK_D"] = max(16, triton.next_power_of_2(head_dim // 2))
-    P = int(bias.shape[1] + 1) // 2 if bias is not None else (int(cos.shape[0]) if rope else 1)
-    if bias is not None and rope and int(cos.shape[0]) != P:
-        raise ValueError("the bias and RoPE tables disagree on the positions")
-    H = heads * head_dim
-    dummy = bias if bias is not None else (cos if rope else o)
-    attention_ext_kernel[(grid_tiles(T_bucket, n_seq, heads, cfg), heads)](
-        qkv,
-        hdr,
-        cu,
-        tcum,
-        o,
-        amax if amax is not None else o,
-        bias if bias is not None else dummy,
-        cos if rope else dummy,
-        sin if rope else dummy,
-        H,
-        qkv.stride(0),
-        o.stride(0),
-        float(scale) * LOG2E,
-        P,
-        D=head_dim,
-        BLOCK_B=block_b(n_seq),
-        REL_BIAS=bias is not None,
-        ROPE=rope,
-        WINDOW=int(window),
-        AMAX_OUT=amax is not None,
-        PDL=pdl,
-        launch_pdl=pdl,
-        **cfg,
-    )
+    """attention.launch_attention with the extras: bias fp32 [heads, 2P-1], cos / sin fp32
+    [P, head_dim/2], window (0: global). cfg: attention.pick_config's dict for the bucket."""
+    launch_attention(
+        qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale,
+        cfg=cfg, pdl=pdl, bias=bias, cos=cos, sin=sin, window=window,
+    )  # fmt: skip

@@ -1,5 +1,13 @@
 """Triton helpers every kernel shares, written once: LayerNorm of whole rows, the online
-softmax step of flash attention, round-half-even, the activations.
+softmax step of flash attention, round-half-even, the activations, and the max reductions that
+keep a NaN (the engine's rule: a NaN never passes; the engine refuses non-finite outputs).
+
+NaN and the GPU: ``tl.maximum`` / ``tl.minimum`` (default ``PropagateNan.NONE``: PTX
+``max.f32``) and the ``tl.max`` / ``tl.min`` reductions return the other operand when one is
+NaN, so a NaN row can clamp / reduce to a finite value (the interpreter's reductions drop it too:
+``np.nanmax``). Row statistics that decide a scale therefore use ``amax_rows`` (or
+``colmax_nan``); a quantiser poisons the row's a_scale with the NaN (an int8 code cannot hold
+one), so every output computed from the copy comes out NaN.
 
 They are ``triton.jit`` functions (inlined into their callers at compile time), so using
 them costs nothing at run time; the numerics are the ones the kernels had when each wrote
@@ -20,6 +28,25 @@ def rint(s):
     """Round half to even for |s| < 2**22 (callers clamp first, which also keeps the add
     from contracting with a preceding multiply into an FMA)."""
     return (s + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def amax_rows(x):
+    """max |x| of each row of x [R, C] fp32, NaN when the row holds a NaN: an integer max of
+    the bits of |x| (the sign bit cleared by an integer AND, whatever the NaN's sign;
+    non-negative floats order as their bits, and every NaN lies above +inf), so no NaN is
+    dropped the way tl.max drops it, and a NaN comes out positive (it wins a float atomic max).
+    Masked entries must be 0 (callers' where)."""
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(bits, axis=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def colmax_nan(acc):
+    """Column max of acc [R, C] fp32 that keeps a NaN (tl.max may drop it); -inf stays -inf."""
+    bad = tl.max((acc != acc).to(tl.int32), 0)
+    m = tl.max(tl.where(acc != acc, float("-inf"), acc), 0)
+    return tl.where(bad > 0, float("nan"), m)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
-from zoi.backends.cuda.kernels.common import layernorm_rows
+from zoi.backends.cuda.kernels.common import amax_rows, layernorm_rows
 from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
@@ -90,7 +90,7 @@ def embed_kernel(
     y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + rows[:, None].to(tl.int64) * ldx + cols[None, :], y, mask=m2)
     if AMAX_OUT:
-        am = tl.max(tl.where(m2, tl.abs(y.to(tl.float32)), 0.0), axis=1)
+        am = amax_rows(tl.where(m2, y.to(tl.float32), 0.0))  # NaN-keeping
         tl.store(amax_ptr + rows, am, mask=r_ok)
     if Q_OUT != 0:
         q, qs, qz = quant_rows(

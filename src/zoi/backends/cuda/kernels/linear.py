@@ -11,13 +11,17 @@ One Triton kernel, specialised by constexpr flags:
   ``y = float(sum_k q*w_q) * (amax/127 * w_scale[n]) + b[n]``; the sum is int32, exact.
   rint is done as clamp-then-(x + 1.5*2^23) - 1.5*2^23 (round-half-even for |x| < 2^22,
   identical on the GPU and in the interpreter; the clamp sits between the multiply and the
-  add, so no FMA contraction can change it).
+  add, so no FMA contraction can change it). NaN: the clamp makes a NaN a finite code, so the
+  row's a_scale carries it instead (QUANT 1: the producer's NaN-keeping amax; QUANT 2: a check
+  of A's bits in the loop; QUANT 4 / 8: the a_scale the quantiser poisoned, kernels/quantize.py).
 * ``ACT`` 0 none, 1 gelu (erf), 2 gelu_tanh, 3 relu, 4 sigmoid; applied before the residual.
 * ``HAS_RES``: ``+ r`` after the activation (fp32).
 * ``LN``: the program owns whole rows (``BLOCK_N >= N``, grid_n == 1); the epilogue
   computes ``LayerNorm(y) * ln_w + ln_b`` in fp32 (two-pass on the tile in registers).
 * ``AMAX_OUT`` 0 none; 1 atomic max of |y| per row into ``amax_out_ptr`` (the buffer
-  must be zero beforehand; amax >= 0 so a float atomic max is exact); 2 plain store
+  must be zero beforehand; amax >= 0 so a float atomic max is exact, and a NaN amax, a
+  positive NaN, wins it: Triton's float atomic max is an integer max for values >= 0 by sign
+  bit, and NaN's bits lie above every float's); 2 plain store
   (LN mode only, the program sees the whole row). The next INT8 linear reads it (QUANT 1).
 * ``QUANT`` 4: A already int8 (written by its producer or by ``quantize.quantize_kernel``)
   with the per-row ``a_scale`` itself in ``a_amax_ptr``; with ``ASYM`` the copy is the
@@ -49,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.common import ACTS, activation, layernorm_rows, rint
+from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, layernorm_rows, rint
 from zoi.backends.cuda.kernels.quantize import (
     QMODES,
     act_tf,
@@ -61,7 +65,7 @@ from zoi.backends.cuda.kernels.quantize import (
 
 
 @triton.jit
-def _gemm_tile(
+def gemm_tile(
     a_ptr,
     a_amax_ptr,
     a_zp_ptr,
@@ -119,12 +123,15 @@ def _gemm_tile(
             amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
         )
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        a_bits = tl.zeros((BLOCK_M,), dtype=tl.int32)  # QUANT 2: max bits of |a| (NaN check)
         for k in range(0, K, BLOCK_K):
             k_ok = (k + rk) < K
             if QUANT == 4:
                 q = tl.load(a_ptrs, mask=k_ok[None, :], other=0)
             else:
                 a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
+                if QUANT == 2:  # the static amax says nothing of a NaN in A: look for one
+                    a_bits = tl.maximum(a_bits, amax_rows(a).to(tl.int32, bitcast=True))
                 s = tl.minimum(tl.maximum(a * inv[:, None], -127.0), 127.0)
                 s = rint(s)
                 q = s.to(tl.int8)
@@ -138,8 +145,10 @@ def _gemm_tile(
                 cs = tl.load(colsum_ptr + rn_c)
                 acc += (128 - zp)[:, None] * cs[None, :]
             a_scale = amax
-        else:
+        else:  # QUANT 1: a NaN in A made the producer's amax NaN, so a_scale is NaN
             a_scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
+            if QUANT == 2:  # bits above +inf's: a NaN (the clamp made it a finite code)
+                a_scale = tl.where(a_bits > 0x7F800000, float("nan"), a_scale)
         ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
@@ -206,7 +215,7 @@ def linear_kernel(
         for n0 in range(0, N, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             n_mask = rn < N
-            y = _gemm_tile(
+            y = gemm_tile(
                 a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
                 K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
@@ -247,7 +256,7 @@ def linear_kernel(
         # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
         # stores: 121 GB/s, measured on the H200, 2026-11-30).
         rm_c = tl.where(m_mask, rm, 0)
-        y = _gemm_tile(
+        y = gemm_tile(
             a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
             K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
@@ -261,9 +270,8 @@ def linear_kernel(
             y = layernorm_rows(y, n_mask, lw, lb, N, eps)
         out = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
-        if AMAX_OUT != 0:
-            ay = tl.where(mask2, tl.abs(out.to(tl.float32)), 0.0)
-            row_amax = tl.max(ay, axis=1)
+        if AMAX_OUT != 0:  # NaN-keeping (a NaN row's amax is NaN: its consumer's scale too)
+            row_amax = amax_rows(tl.where(mask2, out.to(tl.float32), 0.0))
             if AMAX_OUT == 1:
                 tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
             else:

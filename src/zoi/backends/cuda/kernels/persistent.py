@@ -70,7 +70,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from zoi.backends.cuda.kernels.common import activation, layernorm_rows, softmax_step
+from zoi.backends.cuda.kernels.common import activation, colmax_nan, layernorm_rows, softmax_step
 
 # per-layer row of the offset table (int64): fp16 element offsets for matrices, fp32 element
 # offsets for vectors, both into the one weight buffer
@@ -468,7 +468,8 @@ def _pool_stage(
                 y_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg"
             ).to(tl.float32)
             if MODE == 2:
-                acc = tl.maximum(acc, tl.max(tl.where(m2, y, float("-inf")), 0))
+                m = colmax_nan(tl.where(m2, y, float("-inf")))  # NaN-keeping
+                acc = tl.maximum(acc, m, propagate_nan=tl.PropagateNan.ALL)
             else:
                 acc += tl.sum(tl.where(m2, y, 0.0), 0)
         if MODE == 2:

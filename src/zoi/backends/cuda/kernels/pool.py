@@ -1,7 +1,7 @@
 """pool (+ normalize): p[b] = mean / cls / max of x over the rows of sequence b, then
 optionally p / max(||p||_2, 1e-12), written as fp32 [B, H]. The call header in device memory holds B and the
 normalise flag, so that one captured graph serves every batch size and both settings;
-programs stride over the B sequences.
+programs stride over the B sequences. Max pooling keeps a NaN (NaN-propagating maxima).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from zoi.backends.cuda.kernels.common import colmax_nan
 
 
 @triton.jit
@@ -71,12 +73,13 @@ def _pool_one(
             if MODE == 0:
                 acc += x
             else:
-                acc = tl.maximum(acc, tl.where(m2, x, float("-inf")))
+                x = tl.where(m2, x, float("-inf"))
+                acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
         if MODE == 0:
             n = tl.maximum(e - s, 1).to(tl.float32)
             p = tl.sum(acc, 0) / n
         else:
-            p = tl.max(acc, 0)
+            p = colmax_nan(acc)  # a NaN token keeps the column NaN (tl.max would drop it)
             p = tl.where(e > s, p, 0.0)
     p = tl.where(c_ok, p, 0.0)
     nrm = tl.sqrt(tl.sum(p * p, 0))

@@ -13,6 +13,13 @@ rounded by ``e4m3_round`` in fp32 first, so the conversion itself is exact).
 Before the statistics, the consumer's SmoothQuant transform ``x' = (x - act_shift) * act_mul``
 (float32, two roundings: a subtract then a multiply cannot contract into an FMA).
 
+NaN (the engine's rule: a NaN never passes): a row holding a NaN gets a NaN ``a_scale`` in
+every mode (the row statistics keep the NaN: ``common.amax_rows``, folded with NaN-propagating
+maxima; static: the NaN check alone), so every GEMM output of that row is NaN and the engine's
+non-finite check refuses the result; the row's int8 codes are then meaningless (an int8 cannot
+hold a NaN, and the clamps return a bound for it on the GPU). Inf is unchanged: dynamic modes
+give an infinite scale (a non-finite output), static saturates it as zoi.numerics.primitives.
+
 Output per row: the int8 copy, ``a_scale`` (float32: amax/127 or range/255, IEEE division)
 and, asymmetric, the zero point (int32). The asymmetric copy is stored as signed int8,
 ``q_s = q_u8 - 128``, so the GEMM stays an int8 x int8 ``tl.dot``; the linear kernel adds
@@ -28,7 +35,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.common import rint
+from zoi.backends.cuda.kernels.common import amax_rows, rint
 from zoi.graph.quantmode import QuantMode
 
 # the kernels' QMODE of each INT8 / FP8 QuantMode (zoi.graph.quantmode: one name per scheme)
@@ -61,7 +68,8 @@ def e4m3_round(v):
 @triton.jit
 def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
     """Row statistics -> (inv, z (float), a_scale, zp int32). QMODE 3: lo = min(row, 0),
-    hi = max(row, 0); QMODE 1: hi = max |row| (lo unused); QMODE 2: static_amax."""
+    hi = max(row, 0); QMODE 1, 5: hi = max |row| (lo unused); QMODE 2: static_amax (hi only
+    says NaN). hi NaN (q_stats: the row holds a NaN) -> inv 0, a_scale NaN."""
     if QMODE == 3:
         r = hi - lo
         inv = tl.where(r > 0.0, tl.math.div_rn(255.0 + tl.zeros_like(r), tl.maximum(r, 1e-30)), 0.0)
@@ -85,6 +93,8 @@ def q_params(lo, hi, static_amax, QMODE: tl.constexpr):
         )
         z = tl.zeros_like(amax)
         scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
+        if QMODE == 2:  # hi = max |row| (NaN-keeping): a NaN row's scale is NaN
+            scale = tl.where(hi != hi, hi, scale)
         zp = z.to(tl.int32)
     return inv, z, scale, zp
 
@@ -108,12 +118,15 @@ def q_apply(x, inv, z, QMODE: tl.constexpr):
 @triton.jit
 def q_stats(x, lo, hi, QMODE: tl.constexpr):
     """Fold a tile of x' rows into the running statistics (start both at 0): exact, so a row
-    seen in tiles gives the statistics of the whole row."""
+    seen in tiles gives the statistics of the whole row. A NaN in the row makes hi NaN (kept by
+    the NaN-propagating fold over later tiles): tl.max / tl.maximum alone would drop it."""
+    a = amax_rows(x)  # max |x|, NaN if the row holds one
     if QMODE == 3:
         lo = tl.minimum(lo, tl.min(x, axis=1))
-        hi = tl.maximum(hi, tl.max(x, axis=1))
+        m = tl.where(a != a, a, tl.max(x, axis=1))
+        hi = tl.maximum(hi, m, propagate_nan=tl.PropagateNan.ALL)
     else:
-        hi = tl.maximum(hi, tl.max(tl.abs(x), axis=1))
+        hi = tl.maximum(hi, a, propagate_nan=tl.PropagateNan.ALL)
     return lo, hi
 
 
