@@ -10,8 +10,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 B=build/sanitize
+# ccache, where installed, makes a fresh clone's ASan build (77 objects, ~5 min on 2 cores) a
+# cache hit when the sources did not change; the objects are the same either way
+LAUNCHER=()
+command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B "$B" -G Ninja -DZOI_SANITIZE=ON -DCMAKE_BUILD_TYPE=Release \
-  -DPython_EXECUTABLE="$(command -v python)" >/dev/null
+  -DPython_EXECUTABLE="$(command -v python)" "${LAUNCHER[@]}" >/dev/null
 cmake --build "$B" -j "${JOBS:-2}"
 SO=$(ls "$PWD/$B"/_cpu*.so)
 SITE=$(mktemp -d)

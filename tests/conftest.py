@@ -115,8 +115,10 @@ def save_checkpoint(
     max_shard_size=None,
     pooling: str | None = None,
     normalize: bool = False,
+    tokenizer_json: str | None = None,
 ) -> Path:
-    """save_pretrained + the real MiniLM tokenizer.json (+ sentence-transformers modules)."""
+    """save_pretrained + the real MiniLM tokenizer.json, or `tokenizer_json` (the text of one,
+    e.g. small_vocab_tokenizer()'s) (+ sentence-transformers modules)."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -125,7 +127,10 @@ def save_checkpoint(
     m.save_pretrained(str(folder), safe_serialization=True, **kw)
     if dtype is not None:
         model.to(torch.float32)
-    shutil.copy(minilm_path() / "tokenizer.json", folder / "tokenizer.json")
+    if tokenizer_json is not None:
+        (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    else:
+        shutil.copy(minilm_path() / "tokenizer.json", folder / "tokenizer.json")
     if pooling:
         mods = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -171,3 +176,69 @@ def small_bert(tmp_path_factory) -> Path:
 
 def rng(seed: int | None = None) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+SMALL_VOCAB_WORDS = (
+    "john smith lives in new york and works for acme corporation hello world the quick brown "
+    "fox token splade max pools what is capital of france paris how do plants make food a b"
+).split()
+
+
+def small_vocab_tokenizer(words=SMALL_VOCAB_WORDS) -> str:
+    """MiniLM's tokenizer.json cut down to a small WordPiece vocab, ids renumbered densely:
+    the five specials, every printable ASCII character alone and as a ##continuation (any
+    ASCII text still tokenises, without [UNK]) and `words` whole. For the tests whose cost
+    grows with the vocab under the Triton interpreter (the MLM decoder [T, vocab] of SPLADE,
+    one program per 128 columns): len(vocab) is odd and not a power of two on purpose
+    (small_vocab_size()). Everything else (normalizer, pre-tokenizer, template) is MiniLM's."""
+    tj = json.loads((minilm_path() / "tokenizer.json").read_text(encoding="utf-8"))
+    old = tj["model"]["vocab"]
+    chars = [chr(c) for c in range(33, 127)]
+    keep = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)}
+    keep |= {w for w in words if w in old}
+    toks = sorted((t for t in keep if t in old), key=old.__getitem__)  # MiniLM's order
+    new = {t: i for i, t in enumerate(toks)}
+    tj["model"]["vocab"] = new
+    for a in tj.get("added_tokens", []):
+        a["id"] = new[a["content"]]
+    tj["added_tokens"] = [a for a in tj.get("added_tokens", []) if a["content"] in new]
+    if tj.get("padding"):
+        tj["padding"]["pad_id"] = new[tj["padding"]["pad_token"]]
+    for st in (tj.get("post_processor") or {}).get("special_tokens", {}).values():
+        st["ids"] = [new[t] for t in st["tokens"]]
+    return json.dumps(tj, ensure_ascii=False)
+
+
+def small_vocab_size(words=SMALL_VOCAB_WORDS) -> int:
+    return len(json.loads(small_vocab_tokenizer(words))["model"]["vocab"])
+
+
+# INT8 models for the tests of a backend's kernels (the CUDA backend under the Triton
+# interpreter, against the reference backend's emulation of the same model): zoi.quant's
+# pipeline with a small calibration set and a fixed SmoothQuant alpha instead of the alpha
+# search over 160 texts (~20x less CPU: 1.5 s instead of 22 s for a 4-layer arch model). The
+# artifacts use the same schemes (dynamic_asym, act_mul) as the default's on these models;
+# int8_features() lets a test assert that. The quantiser's own quality is tested with its
+# defaults (tests/quant, tests/archs/test_vs_transformers.py, tests/heads). Also for tests of
+# what an INT8 artifact holds (bytes, saved tensors), where the calibration does not matter.
+KERNEL_TEST_QUANT = dict(smoothquant="on", smooth_alpha=0.5, search_texts=16, sqnr_texts=32)
+
+
+def compile_int8_for_kernels(folder, **compile_kw):
+    import zoi
+    from zoi.quant import QuantConfig
+
+    return zoi.compile(
+        folder,
+        precision="int8",
+        calibration=real_sentences(64),
+        quant_config=QuantConfig(**KERNEL_TEST_QUANT),
+        **{"device": "cpu", **compile_kw},
+    )
+
+
+def int8_features(model) -> set[str]:
+    """The INT8 schemes of the model's linears, plus "act_mul" / "act_shift" when used."""
+    out = {str(q.scheme) for q in model.quant.values()}
+    out |= {k.rsplit(".", 1)[1] for k in model.weights if k.endswith((".act_mul", ".act_shift"))}
+    return out

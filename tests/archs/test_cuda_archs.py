@@ -10,12 +10,13 @@ import math
 
 import numpy as np
 import pytest
-from tests.archs.helpers import TEXTS, checkpoint, cosine
+from tests.archs.helpers import TEXTS, cosine
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from tests import triton_mode  # noqa: E402
+from tests.conftest import compile_int8_for_kernels, int8_features  # noqa: E402
 from tests.ops.helpers import DEV, f16, poison, rel, t  # noqa: E402
 
 import zoi  # noqa: E402
@@ -152,40 +153,62 @@ def test_glu_kernel(act, T, n):
 
 
 # ---- whole models -----------------------------------------------------------------------------
-def _models(arch, precision, tmp_path, seed=11):
-    """(the model the cuda backend runs, the folder): INT8 quantised by zoi.quant, FP16 the
-    reference's FP32 weights."""
-    _, folder = checkpoint(arch, tmp_path / arch, seed=seed)
-    if precision == "int8":
-        model = zoi.compile(folder, device="cpu", precision="int8", max_tokens=512).model
-    else:
-        ref_eng = zoi.compile(folder, device="reference", max_tokens=512)
-        model = CompiledModel.build(ref_eng.spec, ref_eng.model.weights, "fp16", 512, 64)
-    return model, folder
+COMPILED = not triton_mode.interpreted()
+if COMPILED:
+    # 1 to ~30 tokens, past ModernBERT's window of 8; batched: bucket 96 (attention's 64-row
+    # tiles), one at a time: bucket 32
+    SHORT = [
+        "x",
+        "Hello world!",
+        " ".join(["tokens"] * 15),
+        "a b c d e f g h i j k l m n o p q r s t u v w",
+    ]
+    SIZE, BUCKETS, LONG_BUCKETS = dict(max_tokens=512, max_batch=64), [32, 96], [128]
+else:
+    # the interpreter runs every Triton program in Python: its cost is the number of programs,
+    # so 29 tokens (batched: bucket 32; one at a time: buckets 16 and 32), max_batch 8 (the
+    # attention grid has ~min(max_batch, bucket) + tiles programs per head, 98 at max_batch 64)
+    SHORT = ["x", "Hello world!", "a b c d e f g h i j k l m n o p q r s"]
+    SIZE, BUCKETS, LONG_BUCKETS = dict(max_tokens=512, max_batch=8), [16, 32], [96]
 
 
-# short on purpose (the interpreter is slow): 1 to ~30 tokens, past ModernBERT's window of 8
-SHORT = [
-    "x",
-    "Hello world!",
-    " ".join(["tokens"] * 15),
-    "a b c d e f g h i j k l m n o p q r s t u v w",
-]
+@pytest.fixture(scope="module")
+def cuda_models(arch_ckpts):
+    """(arch, precision) -> (the model the cuda backend runs, the reference engine of the
+    folder), built once per module: INT8 quantised by zoi.quant (small calibration:
+    tests.conftest.compile_int8_for_kernels), FP16 the reference's FP32 weights."""
+    cache: dict = {}
+
+    def get(arch, precision):
+        if (arch, precision) not in cache:
+            _, folder = arch_ckpts(arch, seed=11)
+            if arch not in cache:
+                cache[arch] = zoi.compile(folder, device="reference", **SIZE)
+            ref_eng = cache[arch]
+            if precision == "int8":
+                model = compile_int8_for_kernels(folder, **SIZE).model
+                assert {"dynamic_asym", "act_mul"} <= int8_features(model)
+            else:
+                model = CompiledModel.build(ref_eng.spec, ref_eng.model.weights, "fp16", **SIZE)
+            cache[arch, precision] = model, ref_eng
+        return cache[arch, precision]
+
+    return get
 
 
 @pytest.mark.parametrize("arch", ["electra", "albert", "mpnet", "modernbert"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_arch_on_cuda(arch, precision, tmp_path):
+def test_arch_on_cuda(arch, precision, cuda_models):
     from zoi.backends.arch_support import cuda_missing
     from zoi.backends.cuda import CudaBackend
 
-    model, folder = _models(arch, precision, tmp_path)
+    model, eng = cuda_models(arch, precision)
     assert cuda_missing(model.graph) == []
-    eng = zoi.compile(folder, device="reference", max_tokens=512)
     ids, pos, cu = pack(eng.tokenize(SHORT), eng.spec.position_offset)
     assert np.diff(cu).max() > 20 and np.diff(cu).min() <= 3
+    assert len(ids) <= BUCKETS[-1] < 2 * len(ids)
     want = ReferenceBackend(model).run(ids, pos, cu, True)  # INT8: the emulation
-    be = CudaBackend(model, buckets=[32, 96])
+    be = CudaBackend(model, buckets=BUCKETS)
     if arch in ("mpnet", "modernbert"):  # the one-launch forward is BERT-only: refused, per-op
         from zoi.backends.cuda.persistent import PersistentUnsupported, _layers
 
@@ -202,14 +225,14 @@ def test_arch_on_cuda(arch, precision, tmp_path):
         assert cosine(one, got).min() > 0.9999
 
 
-def test_modernbert_long_sequence_on_cuda(tmp_path):
-    """ModernBERT past its window on many tiles: one sequence of the long text (FP16)."""
+def test_modernbert_long_sequence_on_cuda(cuda_models):
+    """ModernBERT past its window on many tiles: one sequence of the long text (FP16), rows
+    past it in the bucket."""
     from zoi.backends.cuda import CudaBackend
 
-    model, folder = _models("modernbert", "fp16", tmp_path)
-    eng = zoi.compile(folder, device="reference", max_tokens=512)
+    model, eng = cuda_models("modernbert", "fp16")
     ids, pos, cu = pack(eng.tokenize([TEXTS[2]]), eng.spec.position_offset)
-    assert len(ids) > 64
+    assert 64 < len(ids) < LONG_BUCKETS[0]  # 2 tiles of 64 rows, 2 key blocks of 64
     want = ReferenceBackend(model).run(ids, pos, cu, False)
-    got = CudaBackend(model, buckets=[128]).run(ids, pos, cu, False)
+    got = CudaBackend(model, buckets=LONG_BUCKETS).run(ids, pos, cu, False)
     assert cosine(got, want).min() > 0.999

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tests.archs.helpers import TEXTS, checkpoint, cosine, hf_hidden
+from tests.conftest import compile_int8_for_kernels
 from tests.fixtures import supported_isas
 
 import zoi
@@ -55,9 +56,9 @@ def test_engine_holds_no_position_table(modernbert, tmp_path):
     # 4x the positions: the held weights grow by the RoPE tables (held once each, not once
     # per layer) and by no zero position table of P x H floats
     _, folder4 = checkpoint("modernbert", tmp_path / "p4", seed=7, max_position_embeddings=1600)
-    for prec in ("fp32", "int8"):
-        a = zoi.compile(folder, device="cpu", precision=prec)
-        b = zoi.compile(folder4, device="cpu", precision=prec)
+    for prec in ("fp32", "int8"):  # INT8: the quantiser's small calibration (the bytes matter)
+        build = compile_int8_for_kernels if prec == "int8" else zoi.compile
+        a, b = build(folder, device="cpu"), build(folder4, device="cpu")
         rope = {n: w.nbytes for n, w in b.model.weights.items() if n.startswith("rope.")}
         assert len(rope) == 4  # global and local cos / sin
         grown = b.backend.memory()["weights_bytes"] - a.backend.memory()["weights_bytes"]
@@ -91,7 +92,7 @@ def test_positions_still_bounded_without_a_table(modernbert):
 
 def test_int8_artifact_round_trips_without_table(modernbert, tmp_path):
     _, folder = modernbert
-    eng = zoi.compile(folder, device="cpu", precision="int8")
+    eng = compile_int8_for_kernels(folder)  # what is saved matters, not the calibration
     art = eng.save(tmp_path / "art")
     from safetensors.numpy import load_file
 

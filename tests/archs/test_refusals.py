@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from tests.archs.helpers import checkpoint
 
 from zoi.errors import UnsupportedModelError
 from zoi.frontend import load_checkpoint
@@ -21,11 +20,8 @@ def _edit(folder, **kw):
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return {
-        a: checkpoint(a, tmp_path_factory.mktemp(a))[1]
-        for a in ("mpnet", "modernbert", "albert", "electra")
-    }
+def folders(arch_ckpts):  # shared by the session: the tests edit copies
+    return {a: arch_ckpts(a)[1] for a in ("mpnet", "modernbert", "albert", "electra")}
 
 
 @pytest.mark.parametrize(

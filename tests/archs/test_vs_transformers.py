@@ -14,9 +14,9 @@ from zoi.frontend.tokenizer import pack
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def arch_ckpt(request, tmp_path_factory):
+def arch_ckpt(request, arch_ckpts):
     arch = request.param
-    model, folder = checkpoint(arch, tmp_path_factory.mktemp(arch), seed=ARCHS.index(arch))
+    model, folder = arch_ckpts(arch, seed=ARCHS.index(arch))
     return arch, model, folder
 
 

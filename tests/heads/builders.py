@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.conftest import HF_PREFIX, random_hf_model, save_checkpoint
+from tests.conftest import (
+    HF_PREFIX,
+    random_hf_model,
+    save_checkpoint,
+    small_vocab_size,
+    small_vocab_tokenizer,
+)
 
 # hidden 40, 5 heads (head_dim 8), odd vocab (the MiniLM tokenizer's 30522 ids + 7)
 HEAD_CONFIGS = {
@@ -38,6 +44,7 @@ HEAD_CONFIGS = {
     "distilbert": dict(dim=40, n_layers=2, n_heads=5, hidden_dim=70, max_position_embeddings=48),
 }
 VOCAB = 30529
+SMALL_VOCAB = small_vocab_size() + 6  # 177: rows no token id reaches, odd, not a power of 2
 TASKS = {
     "seq": "ForSequenceClassification",
     "tok": "ForTokenClassification",
@@ -54,12 +61,20 @@ def build_head_model(arch: str, task: str, num_labels: int = 3, seed: int = 0, *
             kw["id2label"] = dict(enumerate(names))
             kw["label2id"] = {v: k for k, v in kw["id2label"].items()}
     p = HF_PREFIX[arch]
-    return random_hf_model(p + "Config", p + TASKS[task], seed, 0.05, vocab_size=VOCAB, **kw)
+    return random_hf_model(p + "Config", p + TASKS[task], seed, 0.05, **{"vocab_size": VOCAB, **kw})
 
 
-def head_checkpoint(folder: Path, arch: str, task: str, num_labels: int = 3, seed: int = 0, **kw):
+def head_checkpoint(
+    folder: Path, arch: str, task: str, num_labels: int = 3, seed: int = 0, vocab="minilm", **kw
+):
+    """vocab "minilm": the MiniLM tokenizer (30522 ids, VOCAB rows); "small": its cut-down
+    copy (tests.conftest.small_vocab_tokenizer: 171 ids, SMALL_VOCAB rows), for the MLM
+    decoder [T, vocab] under the Triton interpreter."""
+    tj = None
+    if vocab == "small":
+        tj, kw = small_vocab_tokenizer(), {"vocab_size": SMALL_VOCAB, **kw}
     model = build_head_model(arch, task, num_labels, seed, **kw)
-    save_checkpoint(model, folder)
+    save_checkpoint(model, folder, tokenizer_json=tj)
     return folder, model
 
 

@@ -9,14 +9,15 @@ from tests.heads.builders import head_checkpoint
 
 @pytest.fixture(scope="session")
 def head_ckpts(tmp_path_factory):
-    """(arch, task, labels) -> (folder, transformers model), built once per session."""
+    """(arch, task, labels, seed, vocab) -> (folder, transformers model), built once per
+    session (vocab: "minilm" or "small", tests.heads.builders.head_checkpoint)."""
     cache: dict = {}
 
-    def get(arch: str, task: str, num_labels: int = 3, seed: int = 0):
-        key = (arch, task, num_labels, seed)
+    def get(arch: str, task: str, num_labels: int = 3, seed: int = 0, vocab: str = "minilm"):
+        key = (arch, task, num_labels, seed, vocab)
         if key not in cache:
-            d = tmp_path_factory.mktemp(f"{arch}-{task}-{num_labels}")
-            cache[key] = head_checkpoint(d, arch, task, num_labels, seed)
+            d = tmp_path_factory.mktemp(f"{arch}-{task}-{num_labels}-{vocab}")
+            cache[key] = head_checkpoint(d, arch, task, num_labels, seed, vocab)
         return cache[key]
 
     return get

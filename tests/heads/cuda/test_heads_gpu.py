@@ -14,20 +14,39 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 pytest.importorskip("transformers")  # the random checkpoints
 
+from tests import triton_mode  # noqa: E402
+from tests.conftest import compile_int8_for_kernels, int8_features  # noqa: E402
+from tests.heads.builders import SMALL_VOCAB, VOCAB  # noqa: E402
 from tests.heads.helpers import hf_logits, hf_tokenizer, max_len  # noqa: E402
 
 import zoi  # noqa: E402
 from zoi.backends.cuda import CudaBackend  # noqa: E402
 
-TEXTS = ["John Smith lives in New York.", "a", "tokens " * 19, ""]
+COMPILED = not triton_mode.interpreted()
+if COMPILED:
+    TEXTS = ["John Smith lives in New York.", "a", "tokens " * 19, ""]  # 35 tokens: bucket 64
+    MAX_BATCH = None  # the engine's default
+    SPLADE_VOCAB = "minilm"  # the MLM decoder over MiniLM's 30522 ids (+ 7 rows)
+else:
+    # the interpreter runs every Triton program in Python, so the cost is the number of
+    # programs: 29 tokens (bucket 32; one at a time: bucket 16, the long text crosses no
+    # other bucket), max_batch 8 (the attention grid has ~min(max_batch, bucket) + tiles
+    # programs per head), SPLADE's decoder over a 177-id vocab (one program per 128 columns:
+    # 2 instead of 239; sparse_pool's several V blocks are tests/heads/cuda/test_kernels.py's)
+    TEXTS = ["John Smith lives in New York.", "a", "tokens " * 13, ""]
+    MAX_BATCH = 8
+    SPLADE_VOCAB = "small"
 
 
 def _engines(folder, precision, max_tokens=128):
-    """(cuda engine, reference engine) on the same compiled model (INT8: zoi.quant's)."""
+    """(cuda engine, reference engine) on the same compiled model (INT8: zoi.quant's, with a
+    small calibration set: tests.conftest.compile_int8_for_kernels)."""
+    size = dict(max_tokens=max_tokens, max_batch=MAX_BATCH)
     if precision == "int8":
-        base = zoi.compile(folder, device="cpu", precision="int8", max_tokens=max_tokens)
+        base = compile_int8_for_kernels(folder, **size)
+        assert {"dynamic_asym", "act_mul"} <= int8_features(base.model)
     else:
-        base = zoi.compile(folder, device="reference", max_tokens=max_tokens)
+        base = zoi.compile(folder, device="reference", **size)
         base.model = dataclasses.replace(base.model, precision="fp16")
     eng = zoi.Engine(base.model, base.tokenizer, "cuda")
     return eng, zoi.Engine(base.model, base.tokenizer, "reference")
@@ -57,8 +76,9 @@ def test_token_classification_on_cuda(head_ckpts, precision):
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_splade_on_cuda(head_ckpts, precision):
-    folder, _ = head_ckpts("bert", "mlm")
+    folder, _ = head_ckpts("bert", "mlm", vocab=SPLADE_VOCAB)
     eng, ref = _engines(folder, precision, max_tokens=64)
+    assert eng.spec.vocab_size == (VOCAB if SPLADE_VOCAB == "minilm" else SMALL_VOCAB)
     assert isinstance(eng.backend, CudaBackend)
     texts = TEXTS[:2]  # short: the [T, vocab] decoder is slow in the interpreter
     got = eng.encode_sparse(texts, dense=True)
