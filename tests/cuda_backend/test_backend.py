@@ -43,8 +43,9 @@ NEEDS = {  # the quantiser config -> the INT8 features its artifact uses
     # static: the GPTQ Gram pinned to "token", the artifact the fp16-storage bound of _check was
     # derived for. With the pooled Gram (the default since 2026-12-02) this 24-wide static tiny
     # artifact gives rel 0.070 at [20, 20, 20] in the interpreter while the naive fp16-storage
-    # emulation predicts < 0.015: OPEN (session notes), to be split on the H200 / with the CPU
-    # backend; the default / shift / dynamic cases run the pooled default and pass.
+    # emulation (attention output only) predicts 0.0042 and the CPU backend gives 0.0000 (both
+    # Grams): OPEN (session notes): fp16 storage at every site, or a static-quant difference of
+    # the CUDA path; the default / shift / dynamic cases run the pooled default and pass.
     "static": (
         {"activations": "static", "smooth_shift": True, "gptq_weighting": "token"},
         {"static", "act_mul", "act_shift"},
