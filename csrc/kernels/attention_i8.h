@@ -34,6 +34,12 @@ inline float quant_row_i8(const float* x, int d, uint8_t* q, int off, int32_t* s
     bad = _mm512_add_ps(bad, _mm512_mul_ps(v, _mm512_setzero_ps()));
   }
   const float amax = _mm512_reduce_max_ps(am);
+  const float bads = _mm512_reduce_add_ps(bad);  // 0 unless x has a NaN or inf
+  if (!(bads == 0.f)) {  // codes of a NaN row are meaningless (and summing INT_MIN lanes overflows: UBSan)
+    std::memset(q, off, static_cast<size_t>(d));
+    *sum = 0;
+    return amax / 127.f + bads;  // NaN
+  }
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
   __m512i isum = _mm512_setzero_si512();
   const __m512 vi = _mm512_set1_ps(inv);
@@ -44,7 +50,7 @@ inline float quant_row_i8(const float* x, int d, uint8_t* q, int off, int32_t* s
     _mm_mask_storeu_epi8(q + c, V::mask(d - c), _mm512_cvtepi32_epi8(_mm512_add_epi32(v, vo)));
   }
   *sum = _mm512_reduce_add_epi32(isum);
-  return amax / 127.f + _mm512_reduce_add_ps(bad);
+  return amax / 127.f;
 }
 
 // s_r[j : j + 16 NV) = float(q8_r . k8_j) sk_j sqs_r for NQ rows; kt: [d4][lp] dwords of 4 codes
