@@ -224,6 +224,7 @@ QWEN = [("qkv", 1152, 896, False), ("o", 896, 896, False), ("gu", 4864, 896, Tru
 def test_decode_picks_the_new_kernels(wb):
     """The rule (shapes without a table entry): gemv up to M = 4, mma up to 32, dot beyond;
     split-K until ~2 programs per SM."""
+    assert lt.NEW_DECODE, "linear_table.NEW_DECODE is off: decode runs the old dot kernel"
     for site, N, K, sw in LLAMA + QWEN:
         for M in lt.DECODE_BUCKETS:
             c = kl.pick_config(M, N, K, 132, wbytes=wb, swiglu=sw, site=site)
@@ -234,6 +235,12 @@ def test_decode_picks_the_new_kernels(wb):
             tiles = kl.counters(M, N, c)
             assert tiles * c.split_k >= 264 or c.split_k in (lt.cdiv(K, c.block_k), 16), (site, M)
         assert kl.pick_config(300, N, K, 132, wbytes=wb, swiglu=sw, site=site).kind == "dot"
+
+
+def test_switch_back_to_the_dot_kernel(monkeypatch):
+    monkeypatch.setattr(lt, "NEW_DECODE", False)
+    for M in lt.DECODE_BUCKETS:
+        assert kl.pick_config(M, 2048, 8192, 132, site="down") == lt.pick_dot(M, 2048, 8192, 132)
 
 
 def test_table_entry_wins_and_entries_valid(monkeypatch):

@@ -34,6 +34,7 @@ class LinearConfig:
 KINDS = ("dot", "gemv", "mma")
 SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (H100 / H200: 227 KB per block)
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32)
+NEW_DECODE = True  # False: decode on the dot kernel (pick_dot), as before the GEMV
 WDT = {1: "int8", 2: "fp16", 4: "fp32"}
 
 # (site, M bucket, N, K, weight dtype) -> config. Sites: qkv (+RMS, +bias on qwen2), o (+residual),
@@ -130,7 +131,7 @@ def pick_config(
     decode_rule for M <= 32, else the prefill tiles of the dot kernel."""
     if interpret:
         return pick_interpret(M, N, K)
-    if M <= DECODE_BUCKETS[-1]:
+    if M <= DECODE_BUCKETS[-1] and NEW_DECODE:
         hit = DECODE_TABLE.get((site, bucket(M), N, K, WDT.get(wbytes, "?")))
         if hit is not None:
             return hit
