@@ -339,9 +339,11 @@ def gemv_kernel(
     n_ok = rn < N
     m0 = pid_m * BLOCK_M
     xp0 = _row_ptr(x_ptr, rows_ptr, m0, M, ldx, GATHER)
-    xp1 = _row_ptr(x_ptr, rows_ptr, m0 + 1, M, ldx, GATHER)
-    xp2 = _row_ptr(x_ptr, rows_ptr, m0 + 2, M, ldx, GATHER)
-    xp3 = _row_ptr(x_ptr, rows_ptr, m0 + 3, M, ldx, GATHER)
+    if BLOCK_M > 1:
+        xp1 = _row_ptr(x_ptr, rows_ptr, m0 + 1, M, ldx, GATHER)
+    if BLOCK_M > 2:
+        xp2 = _row_ptr(x_ptr, rows_ptr, m0 + 2, M, ldx, GATHER)
+        xp3 = _row_ptr(x_ptr, rows_ptr, m0 + 3, M, ldx, GATHER)
     a0 = tl.zeros([BLOCK_N], dtype=tl.float32)  # row i's sums: a (gate), u (up), s (x*x lanes)
     a1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     a2 = tl.zeros([BLOCK_N], dtype=tl.float32)
