@@ -98,10 +98,12 @@ def test_attention_and_its_step_written_once():
     one tile -> sequence prologue, one step builder in steps.py; NaN-keeping amax everywhere
     (kernels/common.py amax_rows, not a plain tl.max of |y|)."""
     kernels = CUDA / "kernels"
-    assert "@triton.jit" not in (kernels / "attention_ext.py").read_text()
     for p in kernels.glob("*.py"):
         src = p.read_text()
         if p.name != "attention.py":
             assert "tcum_ptr + tl.maximum(b - 1, 0)" not in src, p.name
+            # the extras (bias, RoPE, window) are launch_attention's arguments: no second launcher
+            assert not re.search(r"def launch_attention\w*\(", src), p.name
         assert not re.search(r"tl\.max\(tl\.where\([^)]*tl\.abs\(", src), p.name
     assert (CUDA / "steps.py").read_text().count("launch_attention(") == 1
+
