@@ -3,7 +3,7 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|multigpu|multibench|fp8] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|multigpu|multibench|fp8] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
 #   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
 #   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
@@ -68,6 +68,18 @@ if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): lab/
   log "decoder benchmark" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${DECBENCH_TIMEOUT:-580}" $PY lab/gpu/decode_bench.py ${DECBENCH_ARGS:-} --out "$OUT/gpu_decode_bench_${STAMP}.json" 2>&1 \
     | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: issue 14's decode linears
+  log "gemv: decode linear sweep (lab/gpu/sweep_gemv.py), winners into DECODE_TABLE, compiled decoder tests" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${GEMV_SWEEP_TIMEOUT:-235}" $PY lab/gpu/sweep_gemv.py --out "$OUT/gpu_gemv_sweep_${STAMP}.json" 2>&1 \
+    | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  $PY scripts/apply_gemv_table.py "$OUT/gpu_gemv_sweep_${STAMP}.json" 2>&1 | tee -a "$OUT/gpu_check_${STAMP}.log" \
+    && cp src/zoi/decoder/cuda/linear_table.py "$OUT/linear_table_${STAMP}.py"
+  par=(); $PY -c "import xdist" 2>/dev/null && par=(-n "${TEST_PROCS:-8}")
+  ZOI_TRITON_COMPILED=1 timeout "${GEMV_TEST_TIMEOUT:-200}" $PY -m pytest tests/decoder/cuda -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
+    | grep -v "^PASSED" | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  grc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$grc
+  echo "gemv decoder tests exit code $grc" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if [[ " $STAGES " == *" fp8 "* ]]; then  # explicit only (an sm_89+ GPU), ~8 min: issue 21's FP8
   log "fp8: tests compiled (kernels vs zoi.numerics.fp8, engine vs the FP8 emulation, real MiniLM)" | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -237,7 +237,7 @@ class CudaDecoderBackend(PagedBackend):
         self.cfg = {}
         for b in sorted(set(self.buckets) | set(BUCKETS[: BUCKETS.index(32) + 1])):
             for site, (n, k, sw) in self._sites().items():
-                c = kl.pick_config(b, n, k, self.sm, self.eager, self.wbytes, sw)
+                c = kl.pick_config(b, n, k, self.sm, self.eager, self.wbytes, sw, site)
                 self.cfg[b, site] = c
                 ws = max(ws, kl.workspace_floats(b, n, c, sw))
                 cnt = max(cnt, kl.counters(b, n, c))
@@ -645,7 +645,7 @@ class CudaDecoderBackend(PagedBackend):
             n_, k_, sw = self._sites()[site]
             if (M, site) in self.cfg:
                 return self.cfg[M, site]
-            return kl.pick_config(M, n_, k_, self.sm, self.eager, self.wbytes, sw)
+            return kl.pick_config(M, n_, k_, self.sm, self.eager, self.wbytes, sw, site)
 
         def attn(qkv, kc, vc, att):
             ka.prefill_attention(
@@ -655,7 +655,9 @@ class CudaDecoderBackend(PagedBackend):
         steps = [lambda: ks.embed(d_ids, self.emb, self.h[:T], T)]
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (d_pos, d_slot), T, cfg, attn)
-        lm_cfg = kl.pick_config(n, sp.vocab_size, sp.hidden_size, self.sm, self.eager, self.wbytes)
+        lm_cfg = kl.pick_config(
+            n, sp.vocab_size, sp.hidden_size, self.sm, self.eager, self.wbytes, site="lm"
+        )
         steps.append(
             lambda: kl.linear(
                 self.h[:T],

@@ -1,5 +1,14 @@
-"""The decoder's linear: out[M, N] = epilogue(x[M, K] @ W[N, K]^T), one Triton kernel for decode
-(M = batch, 1..32: a GEMV padded to a 16-row tile) and prefill (M = packed tokens).
+"""The decoder's linear: out[M, N] = epilogue(x[M, K] @ W[N, K]^T). Three kernels with the same
+arguments, epilogues and split-K (the config's ``kind``, picked per call site in linear_table.py):
+
+* ``linear_kernel`` ("dot"): prefill (M = packed tokens); W tiles read as [BLOCK_K, BLOCK_N].
+* ``gemv_kernel`` ("gemv"): decode at M <= 4 (issue 14): no tl.dot; W tiles [BLOCK_N, BLOCK_K]
+  with K contiguous (16-byte loads of the checkpoint layout), fp32 FMA and a tl.sum over K.
+* ``mma_kernel`` ("mma"): decode at M <= 32: tl.dot on W tiles loaded K-contiguous and transposed.
+
+INT8 weights reach the gemv / mma arithmetic through exponent-bit tricks (an integer add and a
+float add per weight: _w_f32 / _w_op), not I2F, whose 16 per clock per SM is below what the HBM
+delivers to an SM at batch 1.
 
 Weights stay in the checkpoint's [N, K] layout: INT8 weight-only (symmetric, one fp32 scale per
 output channel, dequantised in the epilogue: acc * scale[n]), FP16, or FP32 (tests: exact IEEE
@@ -22,10 +31,16 @@ Fusions, chosen per call site by constexpr flags:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import triton
 import triton.language as tl
+
+from zoi.decoder.cuda.linear_table import (  # noqa: F401 - re-exported: kl.pick_config, ...
+    SMEM_BUDGET,
+    LinearConfig,
+    counters,
+    pick_config,
+    workspace_floats,
+)
 
 
 @triton.jit
@@ -94,7 +109,7 @@ def _split_k_reduce(
     cnt_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K,  # slices (a constexpr from the dot kernel, a runtime int from gemv / mma)
     SWIGLU: tl.constexpr,
 ):
     """Write this K slice's partial tile (acc, acc_u, ss) and bump the tile's counter; the last
@@ -220,52 +235,295 @@ def linear_kernel(
         )
 
 
-@dataclass(frozen=True)
-class LinearConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
+# ---------------------------------------------------------------------------------------- decode
+# gemv_kernel (M <= 4) and mma_kernel (M <= 32): W tiles loaded [BLOCK_N, BLOCK_K] with K
+# contiguous (the checkpoint's [N, K]: 16-byte loads along K), the same epilogues and split-K
+# reduce as linear_kernel, the split count a runtime argument (one compile serves every split).
 
 
-SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (H100 / H200: 227 KB per block)
+@triton.jit
+def _w_f32(w, W_INT8: tl.constexpr, FAST_CVT: tl.constexpr):
+    """A weight tile as fp32. INT8 with FAST_CVT: the bits 0x4B000080 + q are the float
+    2**23 + 128 + q (exact for |q| <= 128), so q = that - 8388736: an integer add and a float add
+    instead of I2F, which issues 16 per clock per SM on sm_90 (HBM feeds ~18 bytes per clock)."""
+    if W_INT8 and FAST_CVT:
+        v = (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+    else:
+        v = w.to(tl.float32)
+    return v
 
 
-def pick_config(
-    M: int, N: int, K: int, sms: int, interpret: bool = False, wbytes: int = 1, swiglu: bool = False
-) -> LinearConfig:
-    """Tiles for one call site: decode (M <= 32) gets narrow N tiles and split-K until the grid
-    covers ~2 programs per SM; prefill gets 64x64 tiles. The pipeline depth is what fits the
-    shared-memory budget (x is staged as fp32 at the RMS sites; wbytes: weight element size)."""
-    if interpret:  # the interpreter runs programs one by one: few, big programs
-        bm = 16 if M <= 16 else 32 if M <= 32 else 64
-        return LinearConfig(bm, 32 if N <= 32 else 64, 64 if K >= 64 else 32, 1, 4, 1)
-    nw = 2 if swiglu else 1
-    if M <= 32:
-        bm, bn = (16 if M <= 16 else 32), 32
-        bk = 256 if K >= 256 else 64
-        while bk > 64 and 2 * (bm * bk * 4 + bk * bn * wbytes * nw) > SMEM_BUDGET:
-            bk //= 2
-        stages = int(max(2, min(4, SMEM_BUDGET // (bm * bk * 4 + bk * bn * wbytes * nw))))
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        kblocks = triton.cdiv(K, bk)
-        split = max(1, min(kblocks, triton.cdiv(2 * sms, tiles), 16))
-        return LinearConfig(bm, bn, bk, split, 4, stages)
-    per = 64 * 64 * 4 + 64 * 64 * wbytes * nw
-    return LinearConfig(64, 64, 64, 1, 4, int(max(2, min(3, SMEM_BUDGET // per))))
+@triton.jit
+def _w_op(w, W_INT8: tl.constexpr, FAST_CVT: tl.constexpr, IEEE: tl.constexpr):
+    """A weight tile as a dot operand: fp32 when IEEE, else fp16; INT8 with FAST_CVT by the half
+    trick: the bits 0x6480 + q are the half 1152 + q (exact), so q = that - 1152."""
+    if IEEE:
+        v = w.to(tl.float32)
+    elif W_INT8 and FAST_CVT:
+        v = (w.to(tl.int16) + 0x6480).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
+    else:
+        v = w.to(tl.float16)
+    return v
 
 
-def workspace_floats(M: int, N: int, cfg: LinearConfig, swiglu: bool = False) -> int:
-    if cfg.split_k == 1:
-        return 0
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    return tiles * cfg.split_k * (cfg.block_m * cfg.block_n * (2 if swiglu else 1) + cfg.block_m)
+@triton.jit
+def _row_ptr(x_ptr, rows_ptr, m, M, ldx, GATHER: tl.constexpr):
+    """Row m's x (rows[m] with GATHER; row 0 when m >= M, whose loads are masked off)."""
+    if GATHER:
+        r = tl.load(rows_ptr + m, mask=m < M, other=0)
+    else:
+        r = m
+    return x_ptr + r.to(tl.int64) * ldx
 
 
-def counters(M: int, N: int, cfg: LinearConfig) -> int:
-    return triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+@triton.jit
+def _gemv_row(w, wu, xp, ok, k, k_ok, acc, acc_u, ssv, SWIGLU: tl.constexpr, RMS: tl.constexpr):
+    """One row's step: acc[n] += sum_k w[n, k] x[k] (fp32 FMA); x*x kept per lane for the RMS."""
+    x = tl.load(xp + k, mask=k_ok & ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    acc = acc + tl.sum(w * x[None, :], 1)
+    if SWIGLU:
+        acc_u = acc_u + tl.sum(wu * x[None, :], 1)
+    if RMS:
+        ssv = ssv + x * x
+    return acc, acc_u, ssv
+
+
+@triton.jit
+def _put(acc, acc_u, ss, rmi, i, a, u, s):
+    """Row i of the [BLOCK_M, BLOCK_N] tiles from the per-row vectors (after the K loop)."""
+    sel = rmi == i
+    acc = tl.where(sel[:, None], a[None, :], acc)
+    acc_u = tl.where(sel[:, None], u[None, :], acc_u)
+    ss = tl.where(sel, tl.sum(s, 0), ss)
+    return acc, acc_u, ss
+
+
+@triton.jit
+def gemv_kernel(
+    x_ptr,  # [*, K] activations (fp16 / fp32), row stride ldx
+    rows_ptr,  # [M] int32 (GATHER)
+    w_ptr,  # [N (2N with SWIGLU), K] int8 / fp16 / fp32
+    s_ptr,  # [N (2N)] fp32 per-channel scales (W_INT8)
+    b_ptr,  # [N] fp32 bias (HAS_BIAS)
+    res_ptr,  # [M, N] residual, row stride ldo (RESIDUAL; may alias out)
+    out_ptr,  # [M, N], row stride ldo
+    ws_ptr,  # fp32 split-K workspace (HAS_SPLIT)
+    cnt_ptr,  # int32 split-K tile counters (zero, and left zero)
+    M,
+    N,
+    K,
+    ldx,
+    ldo,
+    k_split,  # K columns per split (a multiple of BLOCK_K)
+    n_split,  # K slices (grid dim 2)
+    eps,
+    BLOCK_M: tl.constexpr,  # rows per program: 1, 2 or 4 (each W tile feeds all of them)
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_SPLIT: tl.constexpr,
+    FAST_CVT: tl.constexpr,
+    W_INT8: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    """Decode GEMV without tl.dot: fp32 products of the exact weight (INT8 q, FP16, FP32) and the
+    exact x, fp32 sums (per K step: a tree over the tile's K lanes, then into the row's acc)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    m0 = pid_m * BLOCK_M
+    xp0 = _row_ptr(x_ptr, rows_ptr, m0, M, ldx, GATHER)
+    if BLOCK_M > 1:
+        xp1 = _row_ptr(x_ptr, rows_ptr, m0 + 1, M, ldx, GATHER)
+    if BLOCK_M > 2:
+        xp2 = _row_ptr(x_ptr, rows_ptr, m0 + 2, M, ldx, GATHER)
+        xp3 = _row_ptr(x_ptr, rows_ptr, m0 + 3, M, ldx, GATHER)
+    a0 = tl.zeros([BLOCK_N], dtype=tl.float32)  # row i's sums: a (gate), u (up), s (x*x lanes)
+    a1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    a3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    u0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    u1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    u2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    u3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s0 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    s1 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    s3 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * K
+    wu_rows = w_ptr + (rn + N)[:, None].to(tl.int64) * K
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + rk
+        k_ok = k < k_hi
+        wm = n_ok[:, None] & k_ok[None, :]
+        wt = tl.load(w_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
+        w = _w_f32(wt, W_INT8, FAST_CVT)
+        wu = w
+        if SWIGLU:  # the up rows: the same products on the second half of W
+            wt = tl.load(wu_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
+            wu = _w_f32(wt, W_INT8, FAST_CVT)
+        a0, u0, s0 = _gemv_row(w, wu, xp0, m0 < M, k, k_ok, a0, u0, s0, SWIGLU, RMS)
+        if BLOCK_M > 1:
+            a1, u1, s1 = _gemv_row(w, wu, xp1, m0 + 1 < M, k, k_ok, a1, u1, s1, SWIGLU, RMS)
+        if BLOCK_M > 2:
+            a2, u2, s2 = _gemv_row(w, wu, xp2, m0 + 2 < M, k, k_ok, a2, u2, s2, SWIGLU, RMS)
+            a3, u3, s3 = _gemv_row(w, wu, xp3, m0 + 3 < M, k, k_ok, a3, u3, s3, SWIGLU, RMS)
+    rmi = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, acc_u, ss = _put(acc, acc_u, ss, rmi, 0, a0, u0, s0)
+    if BLOCK_M > 1:
+        acc, acc_u, ss = _put(acc, acc_u, ss, rmi, 1, a1, u1, s1)
+    if BLOCK_M > 2:
+        acc, acc_u, ss = _put(acc, acc_u, ss, rmi, 2, a2, u2, s2)
+        acc, acc_u, ss = _put(acc, acc_u, ss, rmi, 3, a3, u3, s3)
+    last = True
+    if HAS_SPLIT:
+        acc, acc_u, ss, last = _split_k_reduce(
+            acc, acc_u, ss, pid_m, pid_n, pid_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, n_split, SWIGLU
+        )
+    if last:
+        _epilogue(
+            acc,
+            acc_u,
+            ss,
+            m0 + rmi,
+            rn,
+            M,
+            N,
+            K,
+            eps,
+            s_ptr,
+            b_ptr,
+            res_ptr,
+            out_ptr,
+            ldo,
+            W_INT8,
+            HAS_BIAS,
+            RMS,
+            SWIGLU,
+            RESIDUAL,
+        )
+
+
+@triton.jit
+def mma_kernel(
+    x_ptr,  # [*, K] activations (fp16 / fp32), row stride ldx
+    rows_ptr,  # [M] int32 (GATHER)
+    w_ptr,  # [N (2N with SWIGLU), K] int8 / fp16 / fp32
+    s_ptr,  # [N (2N)] fp32 per-channel scales (W_INT8)
+    b_ptr,  # [N] fp32 bias (HAS_BIAS)
+    res_ptr,  # [M, N] residual, row stride ldo (RESIDUAL; may alias out)
+    out_ptr,  # [M, N], row stride ldo
+    ws_ptr,  # fp32 split-K workspace (HAS_SPLIT)
+    cnt_ptr,  # int32 split-K tile counters (zero, and left zero)
+    M,
+    N,
+    K,
+    ldx,
+    ldo,
+    k_split,  # K columns per split (a multiple of BLOCK_K)
+    n_split,  # K slices (grid dim 2)
+    eps,
+    BLOCK_M: tl.constexpr,  # >= 16 (tl.dot)
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_SPLIT: tl.constexpr,
+    SWAP: tl.constexpr,  # acc^T = W x^T: BLOCK_N is the MMA's M (wgmma wants 64)
+    FAST_CVT: tl.constexpr,
+    W_INT8: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Skinny GEMM on tl.dot with W read as stored (K contiguous) and transposed in registers:
+    fp16 operands (fp32 IEEE), fp32 accumulation, as linear_kernel."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    if GATHER:
+        xrow = tl.load(rows_ptr + rm, mask=m_ok, other=0)
+    else:
+        xrow = rm
+    x_rows = x_ptr + xrow[:, None].to(tl.int64) * ldx
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * K
+    wu_rows = w_ptr + (rn + N)[:, None].to(tl.int64) * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_tu = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + rk
+        k_ok = k < k_hi
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if RMS:
+            ss += tl.sum(x * x, 1)
+        if not IEEE:
+            x = x.to(tl.float16)
+        wm = n_ok[:, None] & k_ok[None, :]
+        w = _w_op(tl.load(w_rows + k[None, :], mask=wm, other=0), W_INT8, FAST_CVT, IEEE)
+        if SWAP:
+            acc_t = _dot(w, tl.trans(x), acc_t, IEEE)
+        else:
+            acc = _dot(x, tl.trans(w), acc, IEEE)
+        if SWIGLU:
+            wu = _w_op(tl.load(wu_rows + k[None, :], mask=wm, other=0), W_INT8, FAST_CVT, IEEE)
+            if SWAP:
+                acc_tu = _dot(wu, tl.trans(x), acc_tu, IEEE)
+            else:
+                acc_u = _dot(x, tl.trans(wu), acc_u, IEEE)
+    if SWAP:
+        acc = tl.trans(acc_t)
+        if SWIGLU:
+            acc_u = tl.trans(acc_tu)
+    last = True
+    if HAS_SPLIT:
+        acc, acc_u, ss, last = _split_k_reduce(
+            acc, acc_u, ss, pid_m, pid_n, pid_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, n_split, SWIGLU
+        )
+    if last:
+        _epilogue(
+            acc,
+            acc_u,
+            ss,
+            rm,
+            rn,
+            M,
+            N,
+            K,
+            eps,
+            s_ptr,
+            b_ptr,
+            res_ptr,
+            out_ptr,
+            ldo,
+            W_INT8,
+            HAS_BIAS,
+            RMS,
+            SWIGLU,
+            RESIDUAL,
+        )
 
 
 def linear(
@@ -294,8 +552,21 @@ def linear(
         raise ValueError("split-K needs a workspace and counters")
     kb = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
     split = triton.cdiv(K, kb)
+    if split > 1 and (
+        ws.numel() < workspace_floats(M, N, cfg, swiglu) or cnt.numel() < counters(M, N, cfg)
+    ):
+        raise ValueError(
+            f"split-K workspace {ws.numel()} floats / {cnt.numel()} counters is under what {cfg} "
+            f"needs at M={M} N={N}: size them with workspace_floats() / counters()"
+        )
     dummy = out
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split)
+    if cfg.kind != "dot":
+        _launch_decode(
+            x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu,
+            ws, cnt, ieee, ldx,
+        )  # fmt: skip
+        return
     linear_kernel[grid](
         x,
         rows if rows is not None else dummy,
@@ -326,4 +597,54 @@ def linear(
         IEEE=ieee,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+    )
+
+
+def _launch_decode(
+    x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu, ws, cnt,
+    ieee, ldx,
+):  # fmt: skip
+    if cfg.kind == "gemv":
+        if cfg.block_m not in (1, 2, 4):
+            raise ValueError(f"gemv config {cfg}: block_m must be 1, 2 or 4")
+        kern, extra = gemv_kernel, {}
+    elif cfg.kind == "mma":
+        if min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
+            raise ValueError(f"mma config {cfg}: tl.dot needs block_m/n/k >= 16")
+        kern, extra = mma_kernel, dict(SWAP=cfg.swap, IEEE=ieee)
+    else:
+        raise ValueError(f"config kind {cfg.kind!r}: use dot, gemv or mma")
+    dummy = out
+    kern[grid](
+        x,
+        rows if rows is not None else dummy,
+        w,
+        scale if scale is not None else dummy,
+        bias if bias is not None else dummy,
+        res if res is not None else dummy,
+        out,
+        ws if ws is not None else dummy,
+        cnt if cnt is not None else dummy,
+        M,
+        N,
+        K,
+        x.stride(0) if ldx is None else ldx,
+        out.stride(0),
+        kb,
+        split,
+        float(rms_eps or 0.0),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        HAS_SPLIT=split > 1,
+        FAST_CVT=cfg.fast_cvt,
+        W_INT8=scale is not None,
+        HAS_BIAS=bias is not None,
+        RMS=rms_eps is not None,
+        GATHER=rows is not None,
+        SWIGLU=swiglu,
+        RESIDUAL=res is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **extra,
     )
