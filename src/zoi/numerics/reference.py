@@ -296,6 +296,7 @@ def execute(
     override=None,
     matmul_exact: bool = True,
     types=None,
+    store=None,
 ) -> dict[str, np.ndarray]:
     """Run the op list; returns every buffer by name.
 
@@ -304,6 +305,8 @@ def execute(
     quant: {linear prefix: LinearQuant}; a linear without an entry runs in float.
     tap(prefix, x, y) sees each linear's input and output (before activation and residual);
     override(prefix, x) may return a replacement output for a linear (None: normal path).
+    store(op, y) -> what the later ops read of op's output y (a backend's activation storage,
+    e.g. fp16 rounding: the tests' fp16-storage emulation); None: y as computed.
     """
     W = weights
     quant = quant or {}
@@ -352,4 +355,6 @@ def execute(
             env[op.output] = pool(ins[0], ins[1], a["mode"])
         else:
             raise ValueError(f"unknown op kind {op.kind!r}")
+        if store is not None:
+            env[op.output] = store(op, env[op.output])
     return env
