@@ -219,8 +219,8 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
-    if auto_tokens and spec.head:  # SPLADE on the CPU: [T, vocab] logits in the arena (zoi.heads)
-        max_tokens = default_max_tokens(spec, max_tokens, device)
+    if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
+        max_tokens = default_max_tokens(spec, max_tokens)
         max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
     if max_tokens < spec.max_positions:
         raise ValueError(

@@ -166,35 +166,3 @@ def test_splade_plan_holds_no_logits(tmp_path):
         assert not any(c >= V and n != "sparse" for n, c in cols.items())
         assert total - Bmax * V * 4 < T * V * 2  # the rest: less than the fp16 logits alone
         assert not plan["fallbacks"].get("mlm_logits")
-
-
-def test_splade_arena_at_the_cuda_default(tmp_path):
-    """device='cuda' keeps the default max_tokens for SPLADE (zoi.heads.default_max_tokens: the
-    cap is for the cpu / reference arenas, which hold [T, V] fp32 logits): the CUDA backend at
-    32768 tokens holds fp32 [max_batch, V] and less than the fp16 logits alone would take."""
-    pytest.importorskip("transformers")
-    from tests.heads.builders import head_checkpoint
-
-    import zoi
-    from zoi.backends.cuda import CudaBackend
-    from zoi.engine import DEFAULT_MAX_BATCH, DEFAULT_MAX_TOKENS
-    from zoi.graph.compiled import CompiledModel
-    from zoi.heads.api import SPLADE_ARENA_BYTES, default_max_tokens
-
-    folder, _ = head_checkpoint(tmp_path / "mlm", "bert", "mlm")
-    small = zoi.compile(folder, device="reference", max_tokens=64).model
-    spec, V = small.spec, small.spec.vocab_size
-    T = DEFAULT_MAX_TOKENS["cuda"]
-    assert default_max_tokens(spec, T, "cuda") == T
-    for dev in ("cpu", "reference"):
-        n = default_max_tokens(spec, DEFAULT_MAX_TOKENS[dev], dev)
-        assert spec.max_positions <= n < DEFAULT_MAX_TOKENS[dev]
-        assert n * V * 4 <= SPLADE_ARENA_BYTES
-    model = CompiledModel.build(spec, small.weights, "fp16", T, min(T, DEFAULT_MAX_BATCH))
-    assert model.plan.arena_bytes >= T * V * 4  # the cpu arena would hold the logits
-    be = CudaBackend(model, buckets=[16])
-    assert be.max_tokens == T and be.max_batch == DEFAULT_MAX_BATCH
-    sparse = be.launches[-1]
-    assert sparse.extra["splade"] and sparse.extra["out_bytes"] == be.max_batch * V * 4
-    assert be.max_batch * V * 4 < be.arena_bytes < T * V * 2
-    assert be.memory()["arena_bytes"] == be.arena_bytes

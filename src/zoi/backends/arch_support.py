@@ -3,7 +3,7 @@ naming the missing piece, instead of being run wrong (an attention without its b
 RoPE would still give plausible vectors).
 
 The CUDA backend runs (issue 20) BERT-family encoders, Electra / ALBERT (a projection of
-narrower embeddings), MPNet (relative position bias: kernels/attention.py), ModernBERT
+narrower embeddings), MPNet (relative position bias: kernels/attention_ext.py), ModernBERT
 (RoPE, sliding-window local layers, GeGLU: kernels/glu.py, no position table, pre-norm LNs
 without a residual, residual adds on the linears), and the per-token heads (token
 classification logits [T, labels], SPLADE: the MLM head + kernels/sparse_pool.py) plus the

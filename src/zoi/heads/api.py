@@ -27,15 +27,13 @@ HEAD_NAMES = {
     "splade": "SPLADE sparse (masked-LM)",
 }
 ACTIVATIONS = ("sigmoid", "softmax", "identity")
-SPLADE_ARENA_BYTES = 256 << 20  # default cap of the [max_tokens, vocab] logits buffer (cpu)
+SPLADE_ARENA_BYTES = 256 << 20  # default cap of the [max_tokens, vocab] logits buffer
 
 
-def default_max_tokens(spec, max_tokens: int, device: str = "cpu") -> int:
-    """SPLADE's [T, vocab] logits live in the cpu / reference arena: by default fewer tokens
-    per call, so the buffer stays near SPLADE_ARENA_BYTES (at least one full sequence). cuda
-    keeps max_tokens: its decoder linear pools in its epilogue (kernels/sparse_pool.py), the
-    arena holds fp32 [max_batch, vocab], no [T, vocab] logits."""
-    if spec.head != "splade" or device == "cuda":
+def default_max_tokens(spec, max_tokens: int) -> int:
+    """SPLADE's [T, vocab] logits live in the arena: by default fewer tokens per call, so the
+    buffer stays near SPLADE_ARENA_BYTES (at least one full sequence)."""
+    if spec.head != "splade":
         return max_tokens
     return min(max_tokens, max(spec.max_positions, SPLADE_ARENA_BYTES // (4 * spec.vocab_size)))
 

@@ -306,23 +306,17 @@ class CudaBackend:
             )
         return ids, next(b for b in self.buckets if b >= T)
 
-    def _run_eager(self, h_in, n: int, tb: int, check_barrier: bool = True) -> None:
-        """The interpreter's forward: the n staged ints of h_in in, the bucket's launches one
-        after another; then a persistent forward's barrier flag (check_barrier) checked."""
-        self.d_in[:n] = self.torch.from_numpy(h_in[:n].copy())
-        for s in self._steps[tb]:
-            s()
-        plan = self._pplans.get(tb)
-        if check_barrier and plan is not None and plan.barrier_timed_out():
-            self._barrier_failed(tb)
-
     def run(self, ids, positions, cu_seqlens, normalize: bool) -> np.ndarray:
         ids, tb = self._bucket(ids, cu_seqlens)
         with self._lock:
             n, B = self._stage(ids, positions, cu_seqlens, normalize, tb)
             plan = self._pplans.get(tb)
             if self.eager:
-                self._run_eager(self.h_in, n, tb)
+                self.d_in[:n] = self.torch.from_numpy(self.h_in[:n].copy())
+                for s in self._steps[tb]:
+                    s()
+                if plan is not None and plan.barrier_timed_out():
+                    self._barrier_failed(tb)
                 return self.d_out[:B].numpy().copy()
             flag = plan.bar[1:] if plan is not None else None
             if self.call.run(self.staging, self._graphs[tb][1], n, B, flag):

@@ -22,7 +22,7 @@ Online softmax (flash attention) in fp32 with exp2; q/k/v and p enter ``tl.dot``
 Rows of the output are written only for real tokens; with ``AMAX_OUT`` each program maxes
 |ctx| of its head slice into ``amax_ptr`` (zeroed earlier in the same forward; NaN-keeping:
 ``common.amax_rows``) for the INT8 projection that follows. The numpy reference is
-zoi.numerics.reference.attention; ``launch_attention`` takes the extras' tables.
+zoi.numerics.reference.attention; kernels/attention_ext.py is the extras' launcher.
 """
 
 from __future__ import annotations

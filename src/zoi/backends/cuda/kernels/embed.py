@@ -2,8 +2,8 @@
 (posemb None: no position table, as ModernBERT).
 
 Also writes, for the first INT8 linear, the per-row amax of x or its int8 copy (with a_scale /
-zero point, after that linear's act_shift / act_mul: ``quantize.store_q_rows``), and zeroes the
-rows of the atomic amax buffers that later kernels of the same forward max into (one region
+zero point, after that linear's act_shift / act_mul: ``quantize.quant_rows``), and zeroes the rows of the
+atomic amax buffers that later kernels of the same forward max into (one region
 ``[n_zero, zero_stride]``), so no separate memset node is needed in the graph.
 """
 
@@ -15,7 +15,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
 from zoi.backends.cuda.kernels.common import amax_rows, layernorm_rows
-from zoi.backends.cuda.kernels.quantize import q_copy, store_q_rows
+from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
 @triton.jit
@@ -93,10 +93,13 @@ def embed_kernel(
         am = amax_rows(tl.where(m2, y.to(tl.float32), 0.0))  # NaN-keeping
         tl.store(amax_ptr + rows, am, mask=r_ok)
     if Q_OUT != 0:
-        store_q_rows(
-            y.to(tl.float32), rows, r_ok, cols, c_ok, xq_ptr, ldxq, xqs_ptr, xqz_ptr, qshift_ptr,
-            qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL,
-        )  # fmt: skip
+        q, qs, qz = quant_rows(
+            y.to(tl.float32), cols, c_ok, qshift_ptr, qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL
+        )
+        tl.store(xq_ptr + rows[:, None].to(tl.int64) * ldxq + cols[None, :], q, mask=m2)
+        tl.store(xqs_ptr + rows, qs, mask=r_ok)
+        if Q_OUT == 3:
+            tl.store(xqz_ptr + rows, qz, mask=r_ok)
     for z in range(0, n_zero):
         tl.store(zero_ptr + z * zero_stride + rows, tl.zeros((BLOCK_R,), tl.float32), mask=r_ok)
 
@@ -135,9 +138,11 @@ def launch_embed(
     q_static_amax=0.0,
 ):
     """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table.
-    xq: also write the int8 copy of x for the first linear (quantize.q_copy, q_mode)."""
+    xq: also write the int8 copy of x for the first linear (quantize.quant_rows, q_mode)."""
     cfg = cfg or pick_config(H)
-    qc = q_copy("embed", x, lnw, xq, xq_scale, xq_zp, q_mode, q_shift, q_mul, q_static_amax)
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if xq is not None else 0
+    assert qmode == 0 or xq_scale is not None
+    assert qmode != 3 or xq_zp is not None
     hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
     embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         ids,
@@ -150,7 +155,11 @@ def launch_embed(
         lnb,
         x,
         amax if amax is not None else lnw,
-        *qc.ptrs,
+        xq if xq is not None else x,
+        xq_scale if xq_scale is not None else lnw,
+        xq_zp if xq_zp is not None else lnw,
+        q_shift if q_shift is not None else lnw,
+        q_mul if q_mul is not None else lnw,
         zero if zero is not None else lnw,
         hdr,
         cu,
@@ -158,15 +167,17 @@ def launch_embed(
         T,
         H,
         x.stride(0),
-        qc.ld,
+        xq.stride(0) if xq is not None else 0,
         n_zero,
         zero_stride,
         float(eps),
-        qc.static_amax,
+        float(q_static_amax),
         WORD_Q=word_scale is not None,
         HAS_TYPE=type0 is not None,
         AMAX_OUT=amax is not None,
-        **qc.flags,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         TILES=tiles is not None,
         HAS_POS=posemb is not None,
         TILE_M=tile_m,

@@ -7,8 +7,8 @@ rows, so it writes the copy, ``quant_out``):
 * ``Q_OUT``: y's int8 copy (``quantize`` numerics, the consumer's act_shift / act_mul first)
   with its a_scale (and zero point) per row, so that ffn2 runs as a pure int8 GEMM (QUANT 4).
   The row statistics are folded over the chunks while y is stored (``quantize.q_stats``),
-  then the program reads its stored rows back and quantises them (``quantize.
-  store_q_stored_rows``): the copy is that of the stored fp16 y, as a quantize launch makes it;
+  then the program reads its stored rows back (after a CTA barrier; L2 loads) and quantises
+  them: the copy is that of the stored fp16 y, exactly what a quantize launch would make;
 * ``AMAX_OUT``: the per-row max |y| (NaN-keeping) for a linear that quantises y while loading
   it (kernels/linear.py QUANT 1); stored (the program owns its rows: no atomics).
 """
@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows
-from zoi.backends.cuda.kernels.quantize import act_tf, q_copy, q_stats, store_q_stored_rows
+from zoi.backends.cuda.kernels.quantize import QMODES, act_tf, q_apply, q_params, q_stats
 
 
 @triton.jit
@@ -74,10 +74,18 @@ def glu_kernel(
     if AMAX_OUT:
         tl.store(amax_ptr + rows, am, mask=r_ok)
     if Q_OUT != 0:
-        store_q_stored_rows(
-            y_ptr, ldy, rows, r_ok, n, lo, hi, yq_ptr, ldyq, yqs_ptr, yqz_ptr, qshift_ptr,
-            qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL, BLOCK_C,
-        )  # fmt: skip
+        inv, z, qs, qz = q_params(lo, hi, q_static_amax, Q_OUT)
+        tl.debug_barrier()  # the stored chunks are read back by other threads of this program
+        for c0 in range(0, n, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            c_ok = cols < n
+            m2 = r_ok[:, None] & c_ok[None, :]
+            y = tl.load(y_ptr + r64 * ldy + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+            xq = act_tf(y.to(tl.float32), cols, c_ok, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
+            tl.store(yq_ptr + r64 * ldyq + cols[None, :], q_apply(xq, inv, z, Q_OUT), mask=m2)
+        tl.store(yqs_ptr + rows, qs, mask=r_ok)
+        if Q_OUT == 3:
+            tl.store(yqz_ptr + rows, qz, mask=r_ok)
 
 
 def pick_config(n: int) -> dict:
@@ -108,23 +116,31 @@ def launch_glu(
     q_mul (kernels/quantize.py numerics)."""
     if act not in ACTS:
         raise ValueError(f"glu: no kernel activation {act!r} (have {sorted(ACTS)})")
-    dummy = amax if amax is not None else (yq_scale if yq_scale is not None else y)
-    qc = q_copy("glu", y, dummy, yq, yq_scale, yq_zp, q_mode, q_shift, q_mul, q_static_amax)
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
+    if (qmode and yq_scale is None) or (qmode == 3 and yq_zp is None):
+        raise ValueError("glu: an int8 copy needs yq_scale (and yq_zp when asymmetric)")
     cfg = cfg or pick_config(n)
+    dummy = amax if amax is not None else (yq_scale if yq_scale is not None else y)
     glu_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         x,
         y,
         dummy,
-        *qc.ptrs,
+        yq if yq is not None else y,
+        yq_scale if yq_scale is not None else dummy,
+        yq_zp if yq_zp is not None else dummy,
+        q_shift if q_shift is not None else dummy,
+        q_mul if q_mul is not None else dummy,
         T,
         n,
         x.stride(0),
         y.stride(0),
-        qc.ld,
-        qc.static_amax,
+        yq.stride(0) if yq is not None else 0,
+        float(q_static_amax),
         ACT=ACTS[act],
         AMAX_OUT=amax is not None,
-        **qc.flags,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         PDL=pdl,
         launch_pdl=pdl,
         **cfg,

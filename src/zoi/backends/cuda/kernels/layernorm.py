@@ -3,7 +3,7 @@
 Used where the LN could not be fused into the preceding linear's epilogue (a linear whose N
 is too wide for one program). Also writes, for an INT8 consumer, the per-row amax of y or its
 int8 copy (with a_scale / zero point, after the consumer's act_shift / act_mul:
-``quantize.store_q_rows``).
+``quantize.quant_rows``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import amax_rows, layernorm_rows
-from zoi.backends.cuda.kernels.quantize import q_copy, store_q_rows
+from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
 @triton.jit
@@ -69,10 +69,13 @@ def add_layernorm_kernel(
         am = amax_rows(tl.where(m2, y.to(tl.float32), 0.0))  # NaN-keeping
         tl.store(amax_ptr + rows, am, mask=r_ok)
     if Q_OUT != 0:
-        store_q_rows(
-            y.to(tl.float32), rows, r_ok, cols, c_ok, yq_ptr, ldyq, yqs_ptr, yqz_ptr, qshift_ptr,
-            qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL,
-        )  # fmt: skip
+        q, qs, qz = quant_rows(
+            y.to(tl.float32), cols, c_ok, qshift_ptr, qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL
+        )
+        tl.store(yq_ptr + r64 * ldyq + cols[None, :], q, mask=m2)
+        tl.store(yqs_ptr + rows, qs, mask=r_ok)
+        if Q_OUT == 3:
+            tl.store(yqz_ptr + rows, qz, mask=r_ok)
 
 
 # lab/gpu/sweep_linear.py on the H200 (gpu_sweep_20261201T0959Z.json): (BLOCK_R, num_warps) per
@@ -117,9 +120,11 @@ def launch_add_layernorm(
     q_mul=None,
     q_static_amax=0.0,
 ):
-    """yq: also write the int8 copy of y for the next linear (quantize.q_copy, q_mode)."""
-    qc = q_copy("add_layernorm", y, w, yq, yq_scale, yq_zp, q_mode, q_shift, q_mul, q_static_amax)
-    cfg = cfg or pick_config(H, T, qc.mode != 0)
+    """yq: also write the int8 copy of y for the next linear (quantize.quant_rows, q_mode)."""
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
+    cfg = cfg or pick_config(H, T, qmode != 0)
+    assert qmode == 0 or yq_scale is not None
+    assert qmode != 3 or yq_zp is not None
     add_layernorm_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         x,
         r if r is not None else x,
@@ -127,17 +132,23 @@ def launch_add_layernorm(
         b,
         y,
         amax if amax is not None else w,
-        *qc.ptrs,
+        yq if yq is not None else y,
+        yq_scale if yq_scale is not None else w,
+        yq_zp if yq_zp is not None else w,
+        q_shift if q_shift is not None else w,
+        q_mul if q_mul is not None else w,
         T,
         H,
         x.stride(0),
         r.stride(0) if r is not None else 0,
         y.stride(0),
-        qc.ld,
+        yq.stride(0) if yq is not None else 0,
         float(eps),
-        qc.static_amax,
+        float(q_static_amax),
         AMAX_OUT=amax is not None,
-        **qc.flags,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         HAS_RES=r is not None,
         PDL=pdl,
         launch_pdl=pdl,

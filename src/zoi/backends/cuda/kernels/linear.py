@@ -35,12 +35,12 @@ One Triton kernel, specialised by constexpr flags:
   wgmma keeps fewer bits internally), ``y = acc * (a_scale[t] * ws[n]) + b[n]`` as INT8 ==
   ``zoi.numerics.fp8.linear_fp8_emulated`` up to fp32 summation order.
 * ``ROWQ``: no LN, but each program owns BLOCK_M whole rows (loops over the N tiles, storing
-  y), then reads its rows back and writes their int8 copy (``quantize.q_stats``, then
-  ``store_q_stored_rows``: the same numerics as ``quant_rows`` on the stored fp16 y), so
+  y), then reads its rows back and writes their int8 copy (``quantize.q_stats`` /
+  ``q_params`` / ``q_apply``: the same numerics as ``quant_rows`` on the stored fp16 y), so
   that ffn2 needs no quantize launch. Measured slower than ffn1 + quantize on the H200 (the
   N tiles run one after another in a program): the backend keeps it off (``ROWQ``).
 * ``Q_OUT`` (LN mode, or ROWQ): also write y quantised per token for the next INT8 linear
-  (``quantize.store_q_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
+  (``quantize.quant_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
   act_shift / act_mul applied first), with a_scale (and zp) per row, so that it runs as
   QUANT 4 (a pure int8 GEMM, no conversion in its main loop).
 """
@@ -55,11 +55,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, layernorm_rows, rint
 from zoi.backends.cuda.kernels.quantize import (
+    QMODES,
     act_tf,
-    q_copy,
+    q_apply,
+    q_params,
     q_stats,
-    store_q_rows,
-    store_q_stored_rows,
+    quant_rows,
 )
 
 
@@ -222,10 +223,19 @@ def linear_kernel(
             tl.store(y_rows + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
             x = act_tf(out.to(tl.float32), rn, n_mask, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
             lo, hi = q_stats(x, lo, hi, Q_OUT)
-        store_q_stored_rows(
-            y_ptr, ldy, rm, m_mask, N, lo, hi, yq_ptr, ldyq, yqs_ptr, yqz_ptr, qshift_ptr,
-            qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL, BLOCK_N,
-        )  # fmt: skip
+        inv, z, qs, qz = q_params(lo, hi, q_static_amax, Q_OUT)
+        tl.debug_barrier()  # the stored tiles are read back by other threads of this program
+        for n0 in range(0, N, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            n_mask = rn < N
+            mask2 = m_mask[:, None] & n_mask[None, :]
+            out = tl.load(y_rows + rn[None, :], mask=mask2, other=0.0, cache_modifier=".cg")
+            x = act_tf(out.to(tl.float32), rn, n_mask, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
+            yq = q_apply(x, inv, z, Q_OUT)
+            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+        tl.store(yqs_ptr + rm, qs, mask=m_mask)
+        if Q_OUT == 3:
+            tl.store(yqz_ptr + rm, qz, mask=m_mask)
     else:
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
@@ -267,10 +277,21 @@ def linear_kernel(
             else:
                 tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
         if Q_OUT != 0:  # LN mode: the program owns whole rows
-            store_q_rows(
-                out.to(tl.float32), rm, m_mask, rn, n_mask, yq_ptr, ldyq, yqs_ptr, yqz_ptr,
-                qshift_ptr, qmul_ptr, q_static_amax, Q_OUT, Q_SHIFT, Q_MUL,
-            )  # fmt: skip
+            yq, qs, qz = quant_rows(
+                out.to(tl.float32),
+                rn,
+                n_mask,
+                qshift_ptr,
+                qmul_ptr,
+                q_static_amax,
+                Q_OUT,
+                Q_SHIFT,
+                Q_MUL,
+            )
+            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+            tl.store(yqs_ptr + rm, qs, mask=m_mask)
+            if Q_OUT == 3:
+                tl.store(yqz_ptr + rm, qz, mask=m_mask)
 
 
 # Winners of lab/gpu/sweep_linear.py on the H200 (bench/results/gpu_sweep_20261201T0959Z.json:
@@ -604,10 +625,12 @@ def launch_linear(
     cfg = cfg or pick_config(M, N, K, quant != 0, ln, prequant=quant in (4, 8), rowq=rowq)
     if ln:
         assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
+    assert yq is None or yq_scale is not None, "Q_OUT needs yq_scale"
     asym = quant == 4 and a_zp is not None
     assert not asym or colsum is not None
+    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
+    assert qmode != 3 or yq_zp is not None
     dummy = b
-    qc = q_copy("linear", y, dummy, yq, yq_scale, yq_zp, q_mode, q_shift, q_mul, q_static_amax)
     linear_kernel[(grid_size(M, N, cfg, rowq),)](
         a,
         a_amax if a_amax is not None else dummy,
@@ -621,24 +644,30 @@ def launch_linear(
         lnb if lnb is not None else dummy,
         y,
         amax_out if amax_out is not None else dummy,
-        *qc.ptrs,
+        yq if yq is not None else y,
+        yq_scale if yq_scale is not None else dummy,
+        yq_zp if yq_zp is not None else dummy,
+        q_shift if q_shift is not None else dummy,
+        q_mul if q_mul is not None else dummy,
         M,
         N,
         K,
         a.stride(0),
         r.stride(0) if r is not None else 0,
         y.stride(0),
-        qc.ld,
+        yq.stride(0) if yq is not None else 0,
         float(static_amax),
         float(eps),
-        qc.static_amax,
+        float(q_static_amax),
         QUANT=quant,
         ASYM=asym,
         ACT=ACTS[act] if isinstance(act, str) else act,
         HAS_RES=r is not None,
         LN=ln,
         AMAX_OUT=amax_out_mode,
-        **qc.flags,
+        Q_OUT=qmode,
+        Q_SHIFT=q_shift is not None,
+        Q_MUL=q_mul is not None,
         PDL=pdl,
         ROWQ=rowq,
         launch_pdl=pdl,

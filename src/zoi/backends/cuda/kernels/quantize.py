@@ -1,14 +1,10 @@
 """Per-token INT8 quantisation of whole activation rows: the numerics of zoi.numerics.primitives.
 
-The int8-copy writer is written here once: ``store_q_rows`` (``triton.jit``: ``quant_rows``
-and the stores of the codes, a_scale and zero point) is what every producer that sees whole
-rows calls in its epilogue (embed, add_layernorm, linear + LayerNorm) to write the int8 copy
-its INT8 consumer reads; ``store_q_stored_rows`` the same for a producer that stored its rows
-in column chunks (glu, linear ROWQ: ``q_stats`` folded meanwhile, the rows read back);
-``quantize_kernel`` is ``store_q_rows`` as a launch of its own, for consumers whose producer
-sees only tiles of a row (attention -> o, ffn1 -> ffn2) when the in-loop path of the linear
-kernel cannot serve them (asymmetric scheme, or an act_mul / act_shift). On the host,
-``q_copy`` turns a launcher's copy arguments (yq, yq_scale, ...) into the kernels' ones.
+``quant_rows`` (a ``triton.jit`` helper) is what every producer that sees whole rows calls
+in its epilogue (embed, add_layernorm, linear + LayerNorm) to write the int8 copy its INT8
+consumer reads; ``quantize_kernel`` is the same as a launch of its own, for consumers whose
+producer sees only tiles of a row (attention -> o, ffn1 -> ffn2) when the in-loop path of
+the linear kernel cannot serve them (asymmetric scheme, or an act_mul / act_shift).
 
 Modes (``QMODE``): 1 symmetric per token (``quantize_act``), 2 static (per tensor,
 ``quantize_act(x, amax)``), 3 asymmetric per token (``quantize_act_asym``), 5 FP8 E4M3 per
@@ -34,7 +30,6 @@ and, asymmetric, the zero point (int32). The asymmetric copy is stored as signed
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -156,80 +151,6 @@ def quant_rows(
 
 
 @triton.jit
-def store_q_scale(qs_ptr, qz_ptr, rows, r_ok, qs, qz, QMODE: tl.constexpr):
-    """The per-row a_scale of an int8 copy (and, QMODE 3, its zero point)."""
-    tl.store(qs_ptr + rows, qs, mask=r_ok)
-    if QMODE == 3:
-        tl.store(qz_ptr + rows, qz, mask=r_ok)
-
-
-@triton.jit
-def store_q_rows(
-    x,  # [R, C] fp32 whole rows (columns outside c_ok are ignored)
-    rows,  # [R] row indices (rows outside r_ok are not stored)
-    r_ok,
-    cols,
-    c_ok,
-    q_ptr,  # [T, C] the int8 copy (QMODE 5: float8e4nv), row stride ldq
-    ldq,
-    qs_ptr,  # [T] fp32 a_scale
-    qz_ptr,  # [T] int32 zero point (QMODE 3)
-    shift_ptr,
-    mul_ptr,
-    static_amax,
-    QMODE: tl.constexpr,
-    HAS_SHIFT: tl.constexpr,
-    HAS_MUL: tl.constexpr,
-):
-    """The int8-copy writer of a program that holds whole rows (embed, add_layernorm, linear +
-    LayerNorm, quantize_kernel): quant_rows of x, stored with its a_scale (and zero point)."""
-    q, qs, qz = quant_rows(
-        x, cols, c_ok, shift_ptr, mul_ptr, static_amax, QMODE, HAS_SHIFT, HAS_MUL
-    )
-    m2 = r_ok[:, None] & c_ok[None, :]
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * ldq + cols[None, :], q, mask=m2)
-    store_q_scale(qs_ptr, qz_ptr, rows, r_ok, qs, qz, QMODE)
-
-
-@triton.jit
-def store_q_stored_rows(
-    y_ptr,  # [T, N] the rows this program stored, row stride ldy
-    ldy,
-    rows,
-    r_ok,
-    N,
-    lo,  # [R] q_stats of the stored rows (after the transform)
-    hi,
-    q_ptr,
-    ldq,
-    qs_ptr,
-    qz_ptr,
-    shift_ptr,
-    mul_ptr,
-    static_amax,
-    QMODE: tl.constexpr,
-    HAS_SHIFT: tl.constexpr,
-    HAS_MUL: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """The int8-copy writer of a program that stored its rows in column chunks (glu, linear
-    ROWQ), its statistics folded by q_stats meanwhile: reads the rows back (after a CTA
-    barrier; L2 loads) and quantises them, so the copy is that of the stored y, as a quantize
-    launch would make it (quant_rows' numerics)."""
-    inv, z, qs, qz = q_params(lo, hi, static_amax, QMODE)
-    tl.debug_barrier()  # the stored chunks are read back by other threads of this program
-    r64 = rows[:, None].to(tl.int64)
-    for c0 in range(0, N, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
-        c_ok = cols < N
-        m2 = r_ok[:, None] & c_ok[None, :]
-        y = tl.load(y_ptr + r64 * ldy + cols[None, :], mask=m2, other=0.0, cache_modifier=".cg")
-        x = act_tf(y.to(tl.float32), cols, c_ok, shift_ptr, mul_ptr, HAS_SHIFT, HAS_MUL)
-        tl.store(q_ptr + r64 * ldq + cols[None, :], q_apply(x, inv, z, QMODE), mask=m2)
-    store_q_scale(qs_ptr, qz_ptr, rows, r_ok, qs, qz, QMODE)
-
-
-@triton.jit
 def quantize_kernel(
     x_ptr,  # [T, K] fp16 activations, row stride ldx
     shift_ptr,  # [K] fp32 (HAS_SHIFT)
@@ -260,43 +181,13 @@ def quantize_kernel(
     m2 = r_ok[:, None] & c_ok[None, :]
     r64 = rows[:, None].to(tl.int64)
     x = tl.load(x_ptr + r64 * ldx + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    store_q_rows(
-        x, rows, r_ok, cols, c_ok, q_ptr, ldq, scale_ptr, zp_ptr, shift_ptr, mul_ptr,
-        static_amax, QMODE, HAS_SHIFT, HAS_MUL,
-    )  # fmt: skip
-
-
-class QCopy(NamedTuple):
-    """The int8-copy arguments of a producer's launch (q_copy): ``ptrs`` the five pointers
-    (copy, a_scale, zero point, act_shift, act_mul: the kernels take them in this order),
-    ``ld`` the copy's row stride, ``static_amax``, ``flags`` the constexprs Q_OUT / Q_SHIFT /
-    Q_MUL; ``mode`` is Q_OUT (0: no copy)."""
-
-    ptrs: tuple
-    ld: int
-    static_amax: float
-    flags: dict
-
-    @property
-    def mode(self) -> int:
-        return self.flags["Q_OUT"]
-
-
-def q_copy(who, out, dummy, yq, yq_scale, yq_zp, q_mode, q_shift, q_mul, q_static_amax) -> QCopy:
-    """A producer's int8 copy of its output `out` (yq None: none), in q_mode ("dynamic",
-    "static", "dynamic_asym", "fp8" or a QMODES code); `dummy` stands in for the pointers
-    not given (yq's stand-in is out)."""
-    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
-    if (qmode and yq_scale is None) or (qmode == 3 and yq_zp is None):
-        raise ValueError(
-            f"{who}: an int8 copy needs its a_scale buffer (and the zero point's when asymmetric)"
-        )
-    ptrs = tuple(
-        p if p is not None else d
-        for p, d in ((yq, out), (yq_scale, dummy), (yq_zp, dummy), (q_shift, dummy), (q_mul, dummy))
+    q, scale, zp = quant_rows(
+        x, cols, c_ok, shift_ptr, mul_ptr, static_amax, QMODE, HAS_SHIFT, HAS_MUL
     )
-    flags = dict(Q_OUT=qmode, Q_SHIFT=q_shift is not None, Q_MUL=q_mul is not None)
-    return QCopy(ptrs, yq.stride(0) if yq is not None else 0, float(q_static_amax), flags)
+    tl.store(q_ptr + r64 * ldq + cols[None, :], q, mask=m2)
+    tl.store(scale_ptr + rows, scale, mask=r_ok)
+    if QMODE == 3:
+        tl.store(zp_ptr + rows, zp, mask=r_ok)
 
 
 # lab/gpu/sweep_linear.py on the H200 (gpu_sweep_20261201T0959Z.json): (BLOCK_R, num_warps) per

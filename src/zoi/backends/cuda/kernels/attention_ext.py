@@ -1,0 +1,36 @@
+"""attention_ext: the entry point of the attention extras of MPNet and ModernBERT (issue 20):
+relative-position bias, RoPE, local window. They are constexpr switches of the one varlen
+attention kernel (kernels/attention.py: same tile table, grid, online softmax and numerics);
+this is its launch with the tables required.
+"""
+
+from __future__ import annotations
+
+from zoi.backends.cuda.kernels.attention import launch_attention
+
+
+def launch_attention_ext(
+    qkv,
+    hdr,
+    cu,
+    tcum,
+    o,
+    amax,
+    T_bucket,
+    n_seq,
+    heads,
+    head_dim,
+    scale,
+    bias=None,
+    cos=None,
+    sin=None,
+    window=0,
+    cfg=None,
+    pdl=False,
+):
+    """attention.launch_attention with the extras: bias fp32 [heads, 2P-1], cos / sin fp32
+    [P, head_dim/2], window (0: global). cfg: attention.pick_config's dict for the bucket."""
+    launch_attention(
+        qkv, hdr, cu, tcum, o, amax, T_bucket, n_seq, heads, head_dim, scale,
+        cfg=cfg, pdl=pdl, bias=bias, cos=cos, sin=sin, window=window,
+    )  # fmt: skip
