@@ -23,11 +23,12 @@ def main(argv: list[str]) -> int:
         return 1
     src = TABLE.read_text()
     head = "DECODE_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {"
-    m = re.search(re.escape(head) + r".*?\n?}\n", src, re.S)
+    m = re.search(r"(# fmt: off\n)?" + re.escape(head) + r".*?\n?}\n(# fmt: on\n)?", src, re.S)
     if m is None:
         print(f"{TABLE}: DECODE_TABLE declaration not found")
         return 1
-    body = head + "\n" + "".join(f"    {ln.strip()}\n" for ln in lines) + "}\n"
+    rows = "".join(f"    {ln.strip()}\n" for ln in lines)
+    body = "# fmt: off\n" + head + "\n" + rows + "}\n# fmt: on\n"  # one line per entry
     TABLE.write_text(src[: m.start()] + body + src[m.end() :])
     print(f"DECODE_TABLE: {len(lines)} entries from {argv[0]}")
     return 0

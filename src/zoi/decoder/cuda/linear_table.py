@@ -40,7 +40,30 @@ WDT = {1: "int8", 2: "fp16", 4: "fp32"}
 # (site, M bucket, N, K, weight dtype) -> config. Sites: qkv (+RMS, +bias on qwen2), o (+residual),
 # gu (SwiGLU gate|up, +RMS; N is the gate width), down (+residual), lm (+RMS).
 # Paste lab/gpu/sweep_gemv.py's "table" lines here; None of the shapes here are required.
-DECODE_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {}
+# fmt: off
+DECODE_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {
+    ("down", 1, 2048, 8192, "fp16"): LinearConfig(1, 32, 256, 7, 8, 1, "gemv", swap=False, fast_cvt=True),  # 11.68 us, 2875.7 GB/s
+    ("down", 1, 2048, 8192, "int8"): LinearConfig(1, 64, 512, 13, 8, 1, "gemv", swap=False, fast_cvt=True),  # 8.41 us, 2000.6 GB/s
+    ("down", 32, 896, 4864, "fp16"): LinearConfig(32, 32, 256, 10, 4, 3, "dot", swap=False, fast_cvt=True),  # 7.57 us, 1223.2 GB/s
+    ("down", 32, 896, 4864, "int8"): LinearConfig(32, 32, 128, 15, 4, 3, "mma", swap=True, fast_cvt=True),  # 7.86 us, 624.0 GB/s
+    ("gu", 1, 8192, 2048, "fp16"): LinearConfig(1, 32, 256, 1, 8, 1, "gemv", swap=False, fast_cvt=True),  # 18.03 us, 3724.0 GB/s
+    ("gu", 1, 8192, 2048, "int8"): LinearConfig(1, 32, 256, 2, 8, 1, "gemv", swap=False, fast_cvt=True),  # 12.64 us, 2662.1 GB/s
+    ("gu", 32, 4864, 896, "fp16"): LinearConfig(32, 64, 64, 2, 4, 3, "mma", swap=True, fast_cvt=True),  # 12.11 us, 1475.0 GB/s
+    ("gu", 32, 4864, 896, "int8"): LinearConfig(32, 64, 128, 2, 4, 3, "mma", swap=False, fast_cvt=True),  # 13.52 us, 679.3 GB/s
+    ("lm", 1, 128256, 2048, "fp16"): LinearConfig(1, 128, 256, 1, 4, 1, "gemv", swap=False, fast_cvt=True),  # 119.31 us, 4407.4 GB/s
+    ("lm", 1, 128256, 2048, "int8"): LinearConfig(1, 32, 256, 1, 4, 1, "gemv", swap=False, fast_cvt=True),  # 67.34 us, 3915.9 GB/s
+    ("lm", 32, 151936, 896, "fp16"): LinearConfig(32, 128, 64, 1, 4, 3, "mma", swap=True, fast_cvt=True),  # 77.45 us, 3767.8 GB/s
+    ("lm", 32, 151936, 896, "int8"): LinearConfig(32, 128, 128, 1, 4, 3, "mma", swap=True, fast_cvt=True),  # 75.48 us, 2070.8 GB/s
+    ("o", 1, 2048, 2048, "fp16"): LinearConfig(1, 32, 256, 7, 8, 1, "gemv", swap=False, fast_cvt=True),  # 5.53 us, 1520.1 GB/s
+    ("o", 1, 2048, 2048, "int8"): LinearConfig(1, 32, 512, 4, 8, 1, "gemv", swap=False, fast_cvt=True),  # 4.77 us, 884.5 GB/s
+    ("o", 32, 896, 896, "fp16"): LinearConfig(32, 32, 256, 4, 4, 3, "dot", swap=False, fast_cvt=True),  # 4.28 us, 442.1 GB/s
+    ("o", 32, 896, 896, "int8"): LinearConfig(32, 32, 128, 5, 4, 3, "mma", swap=True, fast_cvt=True),  # 4.74 us, 230.4 GB/s
+    ("qkv", 1, 3072, 2048, "fp16"): LinearConfig(1, 32, 256, 5, 4, 1, "gemv", swap=False, fast_cvt=True),  # 6.39 us, 1971.5 GB/s
+    ("qkv", 1, 3072, 2048, "int8"): LinearConfig(1, 32, 256, 5, 4, 1, "gemv", swap=False, fast_cvt=True),  # 5.53 us, 1142.9 GB/s
+    ("qkv", 32, 1152, 896, "fp16"): LinearConfig(32, 64, 128, 7, 4, 3, "mma", swap=True, fast_cvt=True),  # 6.47 us, 348.1 GB/s
+    ("qkv", 32, 1152, 896, "int8"): LinearConfig(32, 64, 128, 7, 4, 3, "mma", swap=True, fast_cvt=True),  # 6.13 us, 199.8 GB/s
+}
+# fmt: on
 
 
 def cdiv(a: int, b: int) -> int:
