@@ -597,7 +597,7 @@ NB_MODULE(_cpu, m) {
       .def("add_linear_i8", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const int8_t> w_q,
                                Arr<const float> w_scale, Opt<const float> b, const std::string& act, long res_off,
                                float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul,
-                               int q_from, int q_min_m) {
+                               int q_from, int q_min_m, bool y_dead) {
         need(w_q, 2, {-1, -1}, "w_q");
         const int N = w_q.shape(0), K = w_q.shape(1);
         need(w_scale, 1, {N}, "w_scale");
@@ -606,16 +606,18 @@ NB_MODULE(_cpu, m) {
         if (act_mul) need(*act_mul, 1, {K}, "act_mul");
         e.add_linear_i8(in_off, K, out_off, N, w_q.data(), w_scale.data(), b ? b->data() : nullptr, parse_act(act),
                         res_off, static_amax, asym, act_shift ? act_shift->data() : nullptr,
-                        act_mul ? act_mul->data() : nullptr, q_from, q_min_m);
+                        act_mul ? act_mul->data() : nullptr, q_from, q_min_m, y_dead);
       }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
          "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none(),
-         "q_from"_a, "q_min_m"_a = 0,
+         "q_from"_a, "q_min_m"_a = 0, "y_dead"_a = false,
          "q_from (the plan's decision, zoi.graph.fusion): 0 a quantise step makes the int8 input copy, 1 the "
-         "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot")
+         "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot. "
+         "y_dead (the plan's quant_out_only): nothing but the next INT8 linear's copy reads this GEMM's float "
+         "output, whose rows then go to per-thread scratch; finalize refuses it when the steps contradict it")
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
       .def("set_attention_precision", &zoi::Engine::set_attention_precision, "mode"_a,
            "issue 22, opt-in: 0 FP32 attention, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v (VNNI / AMX tables), "
-           "3 AMX-BF16 q.k^T and p.v (AMX-BF16 CPUs, head dim 32 / 64); FP32 where a mode does not apply")
+           "3 AMX-BF16 q.k^T and p.v (the amx ISA on AMX-BF16 CPUs, head dim 32 / 64); FP32 where a mode does not apply")
       .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
                                    float scale, Opt<const float> bias, int window, Opt<const float> cos,
                                    Opt<const float> sin) {
@@ -724,7 +726,7 @@ NB_MODULE(_cpu, m) {
           l.append(d);
         }
         return l;
-      }, "per step: {kind, writes_copy, fused, min_m, slot}: what it does with int8 copies (the plan realised)")
+      }, "per step: {kind, writes_copy, fused, min_m, slot, y_scratch}: what it does with int8 copies (the plan realised)")
       .def_prop_ro("weights_bytes", &zoi::Engine::weights_bytes)
       .def_prop_ro("arena_bytes", &zoi::Engine::arena_bytes)
       .def_prop_ro("scratch_bytes", &zoi::Engine::scratch_bytes)

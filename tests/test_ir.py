@@ -184,6 +184,60 @@ def test_policy_sets_the_linear_threshold_and_head_rows():
     assert [w for *_, w in fusion.decisions(g, 31)][3] == "loop"
 
 
+def test_quant_out_only_marks_the_linears_whose_float_output_only_the_copy_reads(monkeypatch):
+    """quant_out_only: on the linear writers of a copy (the FFN1s) whose float output nothing
+    else reads; never on the other writers (embed / LayerNorm) or non-writers; off everywhere by
+    FusionPolicy(quant_out_only=False) and by ZOI_I8_YSCRATCH=0 (FusionPolicy.from_env, which
+    annotate uses when it gets no policy); a value that is not an integer is refused."""
+    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
+    m = _model(default="dynamic")
+    g = fusion.annotate(m)
+    lin = _by_prefix(g)
+    assert {p for p, o in lin.items() if o.attrs.get("quant_out_only")} == {"l0.ffn1", "l1.ffn1"}
+    assert all(lin[f"l{i}.ffn1"].attrs["quant_out_only"] is True for i in range(2))
+    assert not any("quant_out_only" in o.attrs for o in g.ops if "quant_out" not in o.attrs)
+    assert not any("quant_out_only" in o.attrs for o in g.ops if o.kind != "linear")
+    writers = [o for o in g.linears() if "quant_out" in o.attrs]
+    for policy, env, want in [
+        (fusion.FusionPolicy(quant_out_only=False), None, False),
+        (fusion.FusionPolicy(), "0", True),  # an explicit policy: the environment is not read
+        (None, "0", False),
+        (None, " 0 ", False),
+        (None, "1", True),
+        (None, "", True),
+    ]:
+        if env is None:
+            monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
+        else:
+            monkeypatch.setenv("ZOI_I8_YSCRATCH", env)
+        fusion.annotate(m, policy)
+        assert [o.attrs["quant_out_only"] for o in writers] == [want, want], (policy, env)
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "off")
+    with pytest.raises(ValueError, match="ZOI_I8_YSCRATCH must be an integer"):
+        fusion.annotate(m)
+    assert not fusion.FusionPolicy.from_env({"ZOI_I8_YSCRATCH": "0"}).quant_out_only
+    assert fusion.FusionPolicy.from_env({}).quant_out_only
+
+
+@pytest.mark.parametrize("other", ["residual", "output"])
+def test_quant_out_only_is_off_where_something_else_reads_the_float_output(other, monkeypatch):
+    """The FFN1 still writes FFN2's copy, but its float output is read by more than the copy's
+    quantisation: as FFN2's residual too, or as the graph's output (the host reads it)."""
+    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
+    m = _model(default="dynamic")
+    lin = _by_prefix(m.graph)
+    if other == "residual":
+        f2 = lin["l0.ffn2"]
+        f2.inputs = [f2.inputs[0], f2.inputs[0]]
+    else:
+        m.graph.output = lin["l0.ffn1"].output
+    g = fusion.annotate(m)
+    lin = _by_prefix(g)
+    assert lin["l0.ffn1"].attrs["quant_out"] == lin["l0.ffn2"].attrs["quant_in"]
+    assert lin["l0.ffn1"].attrs["quant_out_only"] is False
+    assert lin["l1.ffn1"].attrs["quant_out_only"] is True
+
+
 def test_the_threshold_is_the_cpu_cores():
     cpu = pytest.importorskip("zoi._cpu")
     assert fusion.LINEAR_QUANT_MIN_TOKENS == cpu.I8_FUSE_QUANT_MIN_M
@@ -198,13 +252,14 @@ CPU_CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(CPU_CASES)))
-def test_the_cpu_engine_runs_the_irs_decisions(case):
+def test_the_cpu_engine_runs_the_irs_decisions(case, monkeypatch):
     """The native plan, read back from the engine's steps, is the IR's: the writer of every
     copy, by bucket; what the CPU cannot do (quantise while loading, an FP32 GEMM's int8
     epilogue, LN epilogues) is a quantise step / its own step, listed in its fallbacks."""
     pytest.importorskip("zoi._cpu")
     from zoi.backends.cpu import CpuBackend
 
+    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
     m = _model(**CPU_CASES[case], hidden=48, heads=3, inter=80)
     be = CpuBackend(m, nthreads=1)
     g = m.graph
@@ -214,6 +269,11 @@ def test_the_cpu_engine_runs_the_irs_decisions(case):
             for p, c, w in fusion.decisions(g, T)
         ]
         assert be.describe(T) == want, T
+    # the float rows kept in scratch: exactly the INT8 linears the IR marks quant_out_only
+    gemms = [s for s in be.engine.steps_info() if s["kind"] in ("gemm_i8", "gemm_f32")]
+    want = [bool(o.attrs.get("quant_out_only")) and o.attrs["quant"].is_int8 for o in g.linears()]
+    assert [s["y_scratch"] for s in gemms] == want
+    assert any(want)  # an INT8 FFN1 in every case
     for o in g.linears():
         a = o.attrs
         if a.get("quant_in_loop") and a["quant_in_by"] is None:

@@ -15,7 +15,8 @@
 // float64 reference the error stays within 4x the float32 numpy reference's own
 // (tests/cpu/test_attention_fast.py, tests/ops/test_attention*.py).
 // Opt-in (issue 22, AttnArgs::prec, VNNI builds): q.k^T, and optionally p.v, in INT8 with
-// vpdpbusd (attention_i8.h), or both in BF16 on AMX tiles (attention_amx.h);
+// vpdpbusd (attention_i8.h, vnni / amx tables), or both in BF16 on AMX tiles (attention_amx.h,
+// the amx table only: attention_amx);
 // tests/cpu/test_attention_i8.py, lab/cpu/README.md for the figures.
 #if defined(ZOI_ISA_VNNI)
 #include <cpuid.h>  // attention_amx.h: AMX-BF16 / AVX512-BF16 bits
@@ -387,9 +388,11 @@ inline double keys(const AttnArgs& a, double L) {
   return a.window > 0 && 2.0 * a.window + 1 < L ? 2.0 * a.window + 1 : L;
 }
 
-}  // namespace
-
-void attention(const AttnArgs& a, int tid, int nt) {
+// kBf16: prec 3 may run on AMX-BF16 tiles (the amx table's entry, attention_amx below); the
+// other tables' entry (attention) never touches tiles, so a forced ISA (ZOI_CPU_ISA=vnni)
+// runs the FP32 kernel for prec 3, as every ISA without a mode's kernel does
+template <bool kBf16>
+void attention_items(const AttnArgs& a, int tid, int nt) {
   // cost-balanced split: item k (sequence-major) goes to the thread owning its cost midpoint
   double total = 0;
   for (int b = 0; b < a.B; ++b) {
@@ -399,7 +402,7 @@ void attention(const AttnArgs& a, int tid, int nt) {
   if (total <= 0) return;
   float* scratch = a.scratch + static_cast<size_t>(tid) * a.scratch_stride;
   double before = 0;
-  const int path = kAttnI8 && attn_i8_ok(a) ? 1 : attn_amx_ok(a) ? 2 : 0;
+  const int path = kAttnI8 && attn_i8_ok(a) ? 1 : kBf16 && attn_amx_ok(a) ? 2 : 0;
   auto item = [&](int t0, int L, int h, int nt0, int nL, int nh) {
     if (path == 1)
       one_head_i8(a, t0, L, h, scratch, nt0, nL, nh);
@@ -423,6 +426,15 @@ void attention(const AttnArgs& a, int tid, int nt) {
   }
   if (pL > 0) item(pt0, pL, ph, 0, 0, 0);
 }
+
+}  // namespace
+
+void attention(const AttnArgs& a, int tid, int nt) { attention_items<false>(a, tid, nt); }
+
+#if defined(ZOI_ISA_VNNI)
+// the amx table's attention (gemm_amx.cc): vnni's, with prec 3 on AMX-BF16 where the CPU has it
+void attention_amx(const AttnArgs& a, int tid, int nt) { attention_items<true>(a, tid, nt); }
+#endif
 
 }  // namespace ZOI_NS
 }  // namespace zoi

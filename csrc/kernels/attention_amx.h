@@ -1,8 +1,10 @@
 // AMX-BF16 attention of one (sequence, head) item (issue 22, opt-in: AttnArgs::prec = 3).
 // Included by attention.cc (vnni build, which the amx table shares) inside its namespace. The
 // vnni build's flags have no AMX / BF16, so these functions carry target attributes, and they
-// run only where the CPU has AMX-BF16 and AVX512-BF16 and Linux granted the tile data
-// (amx_bf16_ok(); otherwise the FP32 kernel runs). Head dim 32 or 64, scale > 0.
+// run only from the amx table's entry (attention_amx: the ISA picked or forced is amx, as for
+// the AMX-INT8 GEMM; ZOI_CPU_ISA=vnni runs the FP32 kernel for prec 3) where the CPU has
+// AMX-BF16 and AVX512-BF16 and Linux granted the tile data (amx_bf16_ok(); otherwise the FP32
+// kernel runs). Head dim 32 or 64, scale > 0.
 //   q, k, v rounded to BF16 (round to nearest even, `vcvtneps2bf16`); s = q.k^T by `tdpbf16ps`
 //   (16 query rows x 16 keys per tile, FP32 accumulation); e = exp(scale (s - max)) in FP32 (vexp2,
 //   as the FP32 kernel) rounded to BF16 for p.v (`tdpbf16ps`, 16 rows x 16 channels per tile,

@@ -53,38 +53,44 @@ inline float quant_row_i8(const float* x, int d, uint8_t* q, int off, int32_t* s
   return amax / 127.f;
 }
 
-// s_r[j : j + 16 NV) = float(q8_r . k8_j) sk_j sqs_r for NQ rows; kt: [d4][lp] dwords of 4 codes
+// The one u8 x s8 block of both products, NQ rows r, columns c .. c + 16 NV:
+//   o_r[c + i] = float(init[c + i] + sum_{g < n4} a_r[4g .. 4g+3] . b[g][c + i][0 .. 3]) bs[c + i] rs_r
+// a_r: u8 rows (4 consecutive bytes per group g); b: [n4][ldb] dwords of 4 s8 codes; init: s32
+// column starts (null: 0); n: the columns of o_r from c that exist (from 16 NV on, all stored).
+//   q.k^T: a = q8 (u8 = q8 + 128), b = kt [d4][lp], init = kc (-128 sum k8), bs = sk, rs = sq scale
+//   p.v:   a = p8 (u8 0..255),    b = v8 [lp/4][dv], init = null,         bs = sv, rs = 1 / sum p8
 template <int NQ, int NV>
-inline void scores_block_i8(const uint8_t* const* q, const int32_t* kt, int lp, int d4, int j, const float* sk,
-                            const int32_t* kc, const float* sqs, float* const* s) {
+inline void u8s8_block(const uint8_t* const* a, const int32_t* b, int ldb, int n4, int c, const int32_t* init,
+                       const float* bs, const float* rs, float* const* o, int n) {
   __m512i acc[NQ][NV];
 #pragma GCC unroll 4
   for (int u = 0; u < NV; ++u) {
-    const __m512i c0 = _mm512_loadu_si512(kc + j + 16 * u);
+    const __m512i c0 = init ? _mm512_loadu_si512(init + c + 16 * u) : _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int r = 0; r < NQ; ++r) acc[r][u] = c0;
   }
-  for (int c4 = 0; c4 < d4; ++c4) {
-    const int32_t* kr = kt + static_cast<size_t>(c4) * lp + j;
-    __m512i k[NV];
+  for (int g = 0; g < n4; ++g) {
+    const int32_t* br = b + static_cast<size_t>(g) * ldb + c;
+    __m512i bv[NV];
 #pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u) k[u] = _mm512_loadu_si512(kr + 16 * u);
+    for (int u = 0; u < NV; ++u) bv[u] = _mm512_loadu_si512(br + 16 * u);
 #pragma GCC unroll 8
     for (int r = 0; r < NQ; ++r) {
       int32_t w;
-      std::memcpy(&w, q[r] + 4 * c4, 4);
-      const __m512i qb = _mm512_set1_epi32(w);
+      std::memcpy(&w, a[r] + 4 * g, 4);
+      const __m512i ab = _mm512_set1_epi32(w);
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[r][u] = dpbusd(acc[r][u], qb, k[u]);
+      for (int u = 0; u < NV; ++u) acc[r][u] = dpbusd(acc[r][u], ab, bv[u]);
     }
   }
 #pragma GCC unroll 4
   for (int u = 0; u < NV; ++u) {
-    const __m512 kv = _mm512_loadu_ps(sk + j + 16 * u);
+    const __m512 sc = _mm512_loadu_ps(bs + c + 16 * u);
 #pragma GCC unroll 8
     for (int r = 0; r < NQ; ++r)
-      _mm512_storeu_ps(s[r] + j + 16 * u, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][u]), kv),
-                                                        _mm512_set1_ps(sqs[r])));
+      V::store_n(o[r] + c + 16 * u,
+                 _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][u]), sc), _mm512_set1_ps(rs[r])),
+                 n - 16 * u);
   }
 }
 
@@ -104,40 +110,6 @@ inline float softmax_row_u8(const float* s, int L, int lp, uint8_t* p8) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p8 + j), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(r)));
   }
   return 1.f / _mm512_reduce_add_ps(sum);
-}
-
-// o_r[c0 : c0 + 16 NV) = float(sum_j p8_r[j] v8_j) sv inv_r; v8: [lp/4][dv] dwords of 4 keys
-template <int NQ, int NV>
-inline void pv_block_i8(const uint8_t* const* p8, const int32_t* v8, int dv, int lp, int c0, int d, const float* sv,
-                        float* const* o, const float* inv) {
-  __m512i acc[NQ][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < NQ; ++r)
-#pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_setzero_si512();
-  for (int j4 = 0; j4 < lp / 4; ++j4) {
-    const int32_t* vr = v8 + static_cast<size_t>(j4) * dv + c0;
-    __m512i vv[NV];
-#pragma GCC unroll 4
-    for (int u = 0; u < NV; ++u) vv[u] = _mm512_loadu_si512(vr + 16 * u);
-#pragma GCC unroll 8
-    for (int r = 0; r < NQ; ++r) {
-      int32_t w;
-      std::memcpy(&w, p8[r] + 4 * j4, 4);
-      const __m512i pb = _mm512_set1_epi32(w);
-#pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[r][u] = dpbusd(acc[r][u], pb, vv[u]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int u = 0; u < NV; ++u) {
-    const __m512 sc = _mm512_loadu_ps(sv + c0 + 16 * u);
-#pragma GCC unroll 8
-    for (int r = 0; r < NQ; ++r)
-      V::store_n(o[r] + c0 + 16 * u,
-                 _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][u]), sc), _mm512_set1_ps(inv[r])),
-                 d - c0 - 16 * u);
-  }
 }
 
 // v rows [L][ld] of the head -> sv [dv] (per channel amax / 127, NaN for a channel with a NaN /
@@ -241,8 +213,9 @@ void one_head_i8(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt
       sqs[r] = sq[ri];
     }
     int j = 0;
-    for (; j + 64 <= lp; j += 64) scores_block_i8<NQ, 4>(qr, kt, lp, d4, j, sk, kc, sqs, sr);
-    for (; j < lp; j += 16) scores_block_i8<NQ, 1>(qr, kt, lp, d4, j, sk, kc, sqs, sr);
+    // s_r[j : j + 16 NV) = float(q8_r . k8_j) sk_j sqs_r (lp columns, kt: [d4][lp])
+    for (; j + 64 <= lp; j += 64) u8s8_block<NQ, 4>(qr, kt, lp, d4, j, kc, sk, sqs, sr, 64);
+    for (; j < lp; j += 16) u8s8_block<NQ, 1>(qr, kt, lp, d4, j, kc, sk, sqs, sr, 16);
     if (a.prec == 1) {
       for (int r = 0; r < NQ; ++r) inv[r] = softmax_row(sr[r], L);
       int c = 0;
@@ -252,8 +225,9 @@ void one_head_i8(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt
     } else {
       for (int r = 0; r < NQ; ++r) inv[r] = softmax_row_u8(sr[r], L, lp, pr[r]);
       int c = 0;
-      for (; c + 32 <= dv; c += 32) pv_block_i8<NQ, 2>(pr, v8, dv, lp, c, d, sv, o, inv);
-      if (c < dv) pv_block_i8<NQ, 1>(pr, v8, dv, lp, c, d, sv, o, inv);
+      // o_r[c : c + 16 NV) = float(sum_j p8_r[j] v8_j) sv inv_r (d columns, v8: [lp/4][dv])
+      for (; c + 32 <= dv; c += 32) u8s8_block<NQ, 2>(pr, v8, dv, lp / 4, c, nullptr, sv, inv, o, d - c);
+      if (c < dv) u8s8_block<NQ, 1>(pr, v8, dv, lp / 4, c, nullptr, sv, inv, o, d - c);
     }
   }
   prefetch_rows(a, nt0, nh, pf, nL);

@@ -1,4 +1,5 @@
-// AMX-INT8 GEMM (tdpbusd) for the `amx` ISA: vnni's kernel table with this gemm_i8. Compiled once,
+// AMX-INT8 GEMM (tdpbusd) for the `amx` ISA: vnni's kernel table with this gemm_i8 (and vnni's
+// attention entry that may run prec 3 on AMX-BF16 tiles, attention_amx.h). Compiled once,
 // with the vnni flags + -mamx-tile -mamx-int8 and ZOI_ISA_VNNI (so qrow.h / simd.h are vnni's:
 // A rows u8 = q + 128 (symmetric) / q (asymmetric), zp' = zp + off, and the same epilogue maths).
 //
@@ -33,6 +34,7 @@ void pack_i8(const int8_t* w, int N, int K, void* dst, int32_t* colsum);
 void gemm_i8(const GemmI8Args& a, int tid, int nt);
 int i8_panel();
 double peak_i8(long iters);
+void attention_amx(const AttnArgs& a, int tid, int nt);  // attention.cc: prec 3 on AMX-BF16 tiles too
 }  // namespace vnni
 
 namespace ZOI_NS {
@@ -269,6 +271,7 @@ const KernelTable& table() {
     k.isa = Isa::Amx;
     k.gemm_i8 = gemm;
     k.peak_i8 = peak;
+    k.attention = vnni::attention_amx;  // the only table whose attention runs AMX-BF16 (prec 3)
     return k;
   }();
   return t;

@@ -146,8 +146,9 @@ struct AttnArgs {
   // issue 22, opt-in precision of q.k^T and p.v: 0 FP32; 1 q.k^T in INT8 (q, k rows quantised
   // per token and head, s32 sums), softmax and p.v in FP32; 2 also p.v in INT8 (p as u8 0..255 of
   // the row max, v per channel) (csrc/kernels/attention_i8.h, VNNI / AMX tables); 3 both in BF16
-  // on AMX tiles (tdpbf16ps, attention_amx.h; CPUs with AMX-BF16, head dim 32 / 64). Plain
-  // attention only (no bias, window or RoPE); where a mode does not apply the FP32 kernel runs.
+  // on AMX tiles (tdpbf16ps, attention_amx.h; the AMX table on CPUs with AMX-BF16, head dim 32 /
+  // 64). Plain attention only (no bias, window or RoPE); where a mode does not apply (the table's
+  // ISA, as picked or forced by ZOI_CPU_ISA, has no kernel for it, too) the FP32 kernel runs.
   int prec = 0;
 };
 

@@ -179,7 +179,7 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params, int 
 
 void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                            const float* b, int act, long res_off, float static_amax, bool asym,
-                           const float* act_shift, const float* act_mul, int q_from, int q_min_m) {
+                           const float* act_shift, const float* act_mul, int q_from, int q_min_m, bool y_dead) {
   const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
   check_off(in_off, rows * K * 4);
   check_off(out_off, rows * N * 4);
@@ -194,6 +194,7 @@ void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const in
   Step s{};
   s.kind = GEMM_I8;
   s.rows_b = rows_b_;
+  s.ydead = y_dead;  // verified at finalize (check_dead_outputs)
   s.qslot = steps_.back().kind == QUANT ? steps_.back().qslot : 0;
   GemmI8Args& g = s.gi;
   const int np = round_up(N, kt_->i8_panel);
@@ -364,7 +365,7 @@ void Engine::finalize() {
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
   scratch_bytes_ = (qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8) * (fused_q_ ? 2 : 1) + attn_stride_ * 4 * nthreads_;
-  mark_dead_outputs();
+  check_dead_outputs();
   scratch_bytes_ += yscr_stride_ * 4 * nthreads_;
   // work parts per step, handed out dynamically: a few per thread, so a thread that other load
   // delays holds up at most one part, and the others take the rest
@@ -405,13 +406,14 @@ void Engine::finalize() {
 // rows) writes the float rows of each row chunk to a per-thread scratch instead of y when nothing
 // reads y after it (at M >= qmin the QUANT step skips and the consumer reads the int8 copy):
 // 1.5-3x less time in that GEMM's output traffic (lab/cpu/README.md "FFN1 output in scratch").
-// Who reads y: the float inputs of the later steps, each the start of one of the planner's
-// buffers (zoi.graph.planner: a live buffer's bytes are never reused, so a read at y's start
-// before another step writes at y's start reads this GEMM's output), and the host (the output).
-// ZOI_I8_YSCRATCH=0 turns it off (tests compare both).
-void Engine::mark_dead_outputs() {
-  const char* e = std::getenv("ZOI_I8_YSCRATCH");
-  if (e && *e && std::atoi(e) == 0) return;
+// Whether nothing reads y is the plan's decision (zoi.graph.fusion quant_out_only, passed as
+// add_linear_i8's y_dead; ZOI_I8_YSCRATCH=0 turns it off there); here it is only checked against
+// the steps, and a contradiction refused: the GEMM must write a copy (qmin >= 1) that the next,
+// fused QUANT step reads from y, and no later step may read a float input at y before some step
+// writes at y (every input is the start of one of the planner's buffers, and a live buffer's
+// bytes are never reused), nor the host read y as the run's output.
+void Engine::check_dead_outputs() {
+  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
   auto reads = [](const Step& s, const float* r[2]) -> int {
     switch (s.kind) {
       case EMBED: return 0;
@@ -438,21 +440,29 @@ void Engine::mark_dead_outputs() {
     }
   };
   int maxn = 0;
-  for (size_t i = 0; i + 1 < steps_.size(); ++i) {
+  for (size_t i = 0; i < steps_.size(); ++i) {
     Step& g = steps_[i];
-    if (g.kind != GEMM_I8 || g.gi.qo.ldq == 0 || g.qmin < 1) continue;
-    const Step& q = steps_[i + 1];  // its QUANT step: skipped from qmin rows
-    if (!(q.kind == QUANT && q.fusedq && q.qx == g.gi.y && q.qmin == g.qmin)) continue;
+    if (g.kind != GEMM_I8 || !g.ydead) continue;
+    auto refuse = [&](const std::string& why) {
+      throw std::invalid_argument("the plan marks the float output of INT8 GEMM step " + std::to_string(i) +
+                                  " as read only by its int8 copy (zoi.graph.fusion quant_out_only, y_dead), but " +
+                                  why + "; fix the plan's attribute (or set ZOI_I8_YSCRATCH=0)");
+    };
+    const Step* q = i + 1 < steps_.size() ? &steps_[i + 1] : nullptr;  // its QUANT step: skipped from qmin rows
+    if (g.gi.qo.ldq == 0 || g.qmin < 1 || !q ||
+        !(q->kind == QUANT && q->fusedq && q->qx == g.gi.y && q->qmin == g.qmin))
+      refuse("it writes no int8 copy of its output for the next INT8 linear");
     const float* y = g.gi.y;
-    bool read = y == buf(out_off_);  // the host reads the output
-    for (size_t j = i + 2; j < steps_.size(); ++j) {
+    bool overwritten = false;
+    for (size_t j = i + 2; j < steps_.size() && !overwritten; ++j) {
       const float* r[2] = {nullptr, nullptr};
       const int n = reads(steps_[j], r);
-      if (n < 0 || (n > 0 && r[0] == y) || (n > 1 && r[1] == y)) { read = true; break; }
-      if (writes(steps_[j]) == y) { read = false; break; }  // overwritten: the output seen above is not read
+      if (n < 0 || (n > 0 && r[0] == y) || (n > 1 && r[1] == y))
+        refuse("step " + std::to_string(j) + " (" + names[steps_[j].kind] + ") reads it");
+      overwritten = writes(steps_[j]) == y;  // the output seen below is the later step's
     }
-    g.ydead = !read;
-    if (g.ydead && g.gi.N > maxn) maxn = g.gi.N;
+    if (!overwritten && y == buf(out_off_)) refuse("it is the run's output");
+    if (g.gi.N > maxn) maxn = g.gi.N;
   }
   if (maxn == 0) return;
   yscr_stride_ = (i8_qchunk_floats(maxn) + 15) / 16 * 16;
@@ -627,7 +637,7 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
   }
   if (tap_out) check_off(tap_off, static_cast<size_t>(T) * tap_cols * 4);
   if (tap_out)
-    for (const Step& s : steps_)  // mark_dead_outputs: that GEMM's float rows went to scratch
+    for (const Step& s : steps_)  // the plan's y_dead: that GEMM's float rows went to scratch
       if (s.ydead && s.gi.y == buf(tap_off))
         throw std::invalid_argument("the tap reads the float output of an INT8 GEMM that only quantises it "
                                     "for the next GEMM (not written to the arena); set ZOI_I8_YSCRATCH=0");

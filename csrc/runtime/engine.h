@@ -41,10 +41,13 @@ class Engine {
   // static_amax >= 0: static scheme; asym: dynamic_asym; act_shift / act_mul [K] (optional):
   // the per-channel transform of x before it is quantised. q_from: who writes the int8 copy of
   // x, as the plan decided it (zoi.graph.fusion): QFROM_STEP a quantise step, QFROM_PRODUCER the
-  // previous step's epilogue (an INT8 GEMM from q_min_m rows on); refused if it cannot
+  // previous step's epilogue (an INT8 GEMM from q_min_m rows on); refused if it cannot.
+  // y_dead: the plan's quant_out_only (zoi.graph.fusion): this GEMM will quantise its output for
+  // the next INT8 linear and nothing else reads its float rows, which then go to per-thread
+  // scratch from q_min_m rows on; finalize refuses it when the steps contradict it
   void add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                      const float* b, int act, long res_off, float static_amax, bool asym, const float* act_shift,
-                     const float* act_mul, int q_from, int q_min_m);
+                     const float* act_mul, int q_from, int q_min_m, bool y_dead = false);
   static constexpr int QFROM_STEP = 0, QFROM_PRODUCER = 1;
   void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale);
   // with the optional inputs of AttnArgs (tables copied): bias [heads, 2 * span - 1] or null,
@@ -52,7 +55,8 @@ class Engine {
   void add_attention_ext(size_t in_off, size_t out_off, int heads, int head_dim, float scale, const float* bias,
                          int span, int window, const float* cos, const float* sin, int rows);
   // issue 22, opt-in: attention steps added so far use AttnArgs::prec = mode (0 FP32, 1 INT8 q.k^T,
-  // 2 INT8 q.k^T and p.v, 3 AMX-BF16 q.k^T and p.v; where a mode does not apply: FP32)
+  // 2 INT8 q.k^T and p.v (vnni / amx ISA), 3 AMX-BF16 q.k^T and p.v (amx ISA); where a mode
+  // does not apply, the ISA forced by ZOI_CPU_ISA included: FP32)
   void set_attention_precision(int mode) {
     if (mode < 0 || mode > 3) throw std::invalid_argument("attention precision mode must be 0, 1, 2 or 3");
     for (auto& st : steps_)
@@ -125,7 +129,7 @@ class Engine {
     bool fusedq = false;  // QUANT of a GEMM_I8's output: the GEMM does it when M >= qmin
     int qslot = 0;        // QUANT / GEMM_I8: which quantised-activation buffer it writes / reads
     int qmin = 0;         // QUANT (fusedq) / GEMM_I8 writing a copy: rows from which the GEMM does it
-    bool ydead = false;   // GEMM_I8 writing a copy: nothing reads its float y after it (finalize): scratch rows
+    bool ydead = false;   // GEMM_I8 writing a copy: nothing reads its float y after it (the plan's y_dead): scratch rows
   };
   // per step: parts handed out dynamically (next) and parts finished (done)
   struct alignas(64) StepSync {
@@ -135,7 +139,7 @@ class Engine {
   static void job(void* self, int tid, int nt);
   // computes part `part` of `parts` of step s on pool thread `tid`
   void exec(const Step& s, int part, int parts, int tid);
-  void mark_dead_outputs();  // sets Step::ydead and the scratch for it (finalize)
+  void check_dead_outputs();  // verifies the plan's Step::ydead, sizes the scratch for it (finalize)
   float* buf(size_t off) { return reinterpret_cast<float*>(static_cast<char*>(arena_.get()) + off); }
   void* keep(size_t bytes);  // owned, aligned, counted in weights_bytes_
   // an owned copy of src[0, n), shared with an earlier identical one (per-layer RoPE / bias tables)

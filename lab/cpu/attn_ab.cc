@@ -1,9 +1,12 @@
 // Standalone A/B of two builds of csrc/kernels/attention.cc (thread CPU time, interleaved):
 // lab/cpu/attn_ab.sh compiles the committed version (git show REV:...) into namespace zoi::olda
 // and the working copy into zoi::newa, with the same ISA flags, and links this driver.
-// Usage: attn_ab [B] [L] [heads] [d] [reps] [rounds] [prec]   (default MiniLM 32x128: 32 128 12 32)
+// Usage: attn_ab [B] [L] [heads] [d] [reps] [rounds] [prec] [same]   (default MiniLM 32x128: 32 128 12 32)
 // prec (issue 22): AttnArgs::prec of the new build's calls (0 FP32, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v,
-// 3 AMX-BF16); the old build always runs with prec = 0 (a revision without the field ignores it).
+// 3 AMX-BF16: the new build's attention_amx, the amx table's entry, where it has one); the old build
+// runs with prec = 0 (a revision without the field ignores it), or with prec too when `same` is 1
+// (a refactor of a low-precision path: max|old-new| must be 0; prec 3: the old build's attention,
+// which ran AMX-BF16 before the amx table got its own entry).
 // Prints per round the CPU ms of one call of each (one thread, all items), the max abs
 // difference between the two outputs, each one's max error against a float64 reference on the
 // first sequence (all heads), and a last line of JSON.
@@ -19,7 +22,10 @@
 
 namespace zoi {
 namespace olda { void attention(const AttnArgs& a, int tid, int nt); }
-namespace newa { void attention(const AttnArgs& a, int tid, int nt); }
+namespace newa {
+void attention(const AttnArgs& a, int tid, int nt);
+__attribute__((weak)) void attention_amx(const AttnArgs& a, int tid, int nt);  // vnni builds only
+}  // namespace newa
 }  // namespace zoi
 
 static double cpu_ms() {
@@ -33,6 +39,8 @@ int main(int argc, char** argv) {
   const int heads = argc > 3 ? atoi(argv[3]) : 12, d = argc > 4 ? atoi(argv[4]) : 32;
   const int reps = argc > 5 ? atoi(argv[5]) : 3, rounds = argc > 6 ? atoi(argv[6]) : 7;
   const int prec = argc > 7 ? atoi(argv[7]) : 0;
+  const bool same = argc > 8 && atoi(argv[8]) != 0;
+  auto* newf = prec == 3 && zoi::newa::attention_amx ? zoi::newa::attention_amx : zoi::newa::attention;
   const int T = B * L, H = heads * d;
   std::vector<float> qkv(static_cast<size_t>(T) * 3 * H), o1(static_cast<size_t>(T) * H), o2(o1.size());
   std::mt19937 g(1);
@@ -49,13 +57,14 @@ int main(int argc, char** argv) {
   double best1 = 1e30, best2 = 1e30;
   for (int r = 0; r < rounds; ++r) {
     a.out = o1.data();
+    a.prec = same ? prec : 0;
     double t0 = cpu_ms();
     for (int i = 0; i < reps; ++i) zoi::olda::attention(a, 0, 1);
     double t1 = (cpu_ms() - t0) / reps;
     a.out = o2.data();
     a.prec = prec;
     t0 = cpu_ms();
-    for (int i = 0; i < reps; ++i) zoi::newa::attention(a, 0, 1);
+    for (int i = 0; i < reps; ++i) newf(a, 0, 1);
     double t2 = (cpu_ms() - t0) / reps;
     a.prec = 0;
     best1 = t1 < best1 ? t1 : best1;

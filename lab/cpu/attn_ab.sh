@@ -1,6 +1,6 @@
 #!/bin/sh
 # A/B of csrc/kernels/attention.cc: REV's version (default HEAD) against the working copy.
-# lab/cpu/attn_ab.sh [vnni|avx512|avx2|scalar] [REV] -- [attn_ab args: B L heads d reps rounds prec]
+# lab/cpu/attn_ab.sh [vnni|avx512|avx2|scalar] [REV] -- [attn_ab args: B L heads d reps rounds prec same]
 # EXTRA (env): more compiler flags for the working copy (e.g. EXTRA=-DZOI_ATTN_NQ=8)
 set -e
 cd "$(dirname "$0")/../.."

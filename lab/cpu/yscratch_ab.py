@@ -1,34 +1,32 @@
 """MiniLM forward (random weights, INT8, 6 layers): the fused FFN1 -> FFN2 quantisation with the
-FFN1 float rows in per-thread scratch (Engine::mark_dead_outputs, the default) against the same
-rows written to the arena (ZOI_I8_YSCRATCH=0), per ISA, in one process, rounds interleaved.
-Per call: the calling thread's CPU time of the whole forward (1 thread: all of it runs there) and
-wall; and, from Engine.profile, the thread CPU time summed over the FFN1 GEMMs (the steps marked
-y_scratch), median of `--rounds` profiles.
+FFN1 float rows in per-thread scratch (the plan's quant_out_only, zoi.graph.fusion: the default)
+against the same rows written to the arena (ZOI_I8_YSCRATCH=0), per ISA, in one process, rounds
+interleaved. Per call: the calling thread's CPU time of the whole forward (1 thread: all of it runs
+there) and wall; and, from Engine.profile, the thread CPU time summed over the FFN1 GEMMs (the
+steps marked y_scratch), median of `--rounds` profiles. Setup shared with amx_engine_ab.py:
+engine_ab_common.py.
 
     python lab/cpu/yscratch_ab.py [--isas amx,vnni] [--shapes 32x128,8x128] [--threads 1] [--rounds 5] [--json f]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "cpu"))
-from helpers import batch, make_model, minilm_spec  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_ab_common as ab  # noqa: E402
 
-from zoi import _cpu  # noqa: E402
 from zoi.backends.cpu import CpuBackend  # noqa: E402
 
 
 def _backend(model, isa, threads, flag):
-    os.environ["ZOI_I8_YSCRATCH"] = flag  # read at Engine finalize
+    # read by the fusion pass (FusionPolicy.from_env) when the backend annotates the graph
+    os.environ["ZOI_I8_YSCRATCH"] = flag
     try:
         return CpuBackend(model, isa=isa, nthreads=threads)
     finally:
@@ -36,18 +34,11 @@ def _backend(model, isa, threads, flag):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = ab.parser("32x128,8x128")
     ap.add_argument("--isas", default="amx,vnni")
-    ap.add_argument("--shapes", default="32x128,8x128")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", default="")
     a = ap.parse_args()
-    spec = minilm_spec()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    model = make_model(
-        spec, "int8", max_tokens=max(b * s for b, s in shapes), max_batch=max(b for b, _ in shapes)
-    )
+    shapes = ab.parse_shapes(a.shapes)
+    spec, model = ab.minilm_int8(shapes)
     isas = a.isas.split(",")
     bes = {(i, f): _backend(model, i, a.threads, f) for i in isas for f in ("0", "1")}
     ffn1 = {}
@@ -59,23 +50,18 @@ def main() -> None:
         ]
         assert any(s["y_scratch"] for s in be.engine.steps_info()) == (k[1] == "1"), k
     load0 = os.getloadavg()
-    print(f"cpu {_cpu.cpu_info()['brand']} threads={a.threads} load {load0}", flush=True)
+    print(f"cpu {ab.cpu_brand()} threads={a.threads} load {load0}", flush=True)
     rows = []
     for b, s in shapes:
-        ids, pos, cu = batch([s] * b, spec.vocab_size, seed=1)
-        outs = {}
-        for k, be in bes.items():
-            outs[k] = np.empty((b, spec.hidden), np.float32)
-            be.engine.run_repeat(ids, pos, cu, True, outs[k], 2)
-        n = max(3, int(round(400 / (b * s) * 3)))
+        ids, pos, cu = ab.shape_batch(spec, b, s)
+        outs = ab.warm(bes, ids, pos, cu, b, spec.hidden)
+        n = ab.calls_per_round(b, s)
         res = {k: {"wall": [], "thread": [], "ffn1": []} for k in bes}
         for _ in range(a.rounds):
             for k, be in bes.items():
-                w0, t0 = time.perf_counter(), time.thread_time()
-                be.engine.run_repeat(ids, pos, cu, True, outs[k], n)
-                w1, t1 = time.perf_counter(), time.thread_time()
-                res[k]["wall"].append((w1 - w0) / n * 1e3)
-                res[k]["thread"].append((t1 - t0) / n * 1e3)
+                t = ab.timed(be, ids, pos, cu, outs[k], n)
+                res[k]["wall"].append(t["wall"])
+                res[k]["thread"].append(t["thread"])
                 prof = be.engine.profile(ids, pos, cu)
                 res[k]["ffn1"].append(sum(prof[j][2] for j in ffn1[k]) * 1e3)
         for isa in isas:
@@ -102,19 +88,12 @@ def main() -> None:
                 f"identical={row['identical_outputs']} load {row['load_after']:.1f}",
                 flush=True,
             )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "cpu": _cpu.cpu_info()["brand"],
-                    "model": "minilm-shape int8 random weights, 6 layers",
-                    "what": "FFN1 float rows in per-thread scratch (ZOI_I8_YSCRATCH default) vs arena (=0)",
-                    "load_before": list(load0),
-                    "rows": rows,
-                },
-                f,
-                indent=1,
-            )
+    ab.write_json(
+        a.json,
+        rows,
+        what="FFN1 float rows in per-thread scratch (ZOI_I8_YSCRATCH default) vs arena (=0)",
+        load_before=list(load0),
+    )
 
 
 if __name__ == "__main__":

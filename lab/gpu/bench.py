@@ -124,6 +124,10 @@ def zoi_model(folder, precision, max_tokens, max_batch, scheme="dynamic_asym"):
     quant = {}
     if precision == "int8":
         w, quant = quantize_linears(w, scheme)
+    elif precision == "fp8":  # nothing to calibrate: both scales dynamic (zoi.quant.fp8)
+        from zoi.quant.fp8 import fp8_quant
+
+        quant = fp8_quant(spec)
     return CompiledModel.build(spec, w, precision, max_tokens, max_batch, quant)
 
 
@@ -377,6 +381,9 @@ def main(argv=None):
         default=0,
         help="cap the engines' max_tokens (bigger calls run in chunks): the memory/speed trade",
     )
+    ap.add_argument(
+        "--precisions", default="int8,fp16", help="zoi engines to time: int8, fp16, fp8 (sm_89+)"
+    )
     ap.add_argument("--no-gemm", action="store_true")
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument(
@@ -424,7 +431,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as d:
             hf = build_hf(name, d)
             engines = {}
-            variants = [("int8", "int8", {}), ("fp16", "fp16", {})]
+            variants = [(p_, p_, {}) for p_ in args.precisions.split(",")]
             if name == "minilm" and not args.no_variants:
                 variants += [
                     ("int8 sym", "int8", dict(scheme="dynamic")),

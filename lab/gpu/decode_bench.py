@@ -144,7 +144,11 @@ def hf_peer(name: str, n: int, prompt: int, new: int) -> dict:
         .eval()
     )
     model.generation_config.cache_implementation = "static"
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    # generate compiles the forward itself when the cache is compileable (static): wrapping
+    # model.forward in torch.compile(mode="reduce-overhead") by hand made the H200 run fail
+    # ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run":
+    # generate keeps step i's logits past step i+1); transformers' own compiled call marks
+    # the CUDA-graph steps
     ids = torch.randint(0, s["vocab"], (n, prompt), device="cuda")
     kw = dict(
         max_new_tokens=new,

@@ -2,8 +2,9 @@
 quantised per token and head) with softmax and p.v in FP32, prec = 2 also p.v in INT8 (p as u8
 of the row max, v per channel) (csrc/kernels/attention_i8.h, the VNNI builds: vnni, amx);
 prec = 3 is q.k^T and p.v in BF16 on AMX tiles (attention_amx.h; CPUs with AMX-BF16, head dim
-32 / 64, from the vnni / amx tables). Everywhere else (other ISAs, head dims that do not fit)
-the FP32 kernel runs, checked bit for bit.
+32 / 64, from the amx table only: ZOI_CPU_ISA=vnni runs FP32 for it, as the AMX-INT8 GEMM does
+not run there either). Everywhere else (other ISAs, head dims that do not fit) the FP32 kernel
+runs, checked bit for bit.
 
 Against a numpy emulation of the same quantisation (codes computed in float32 exactly as the
 kernel does, the rest in float64) and against the exact float64 attention, on fresh random
@@ -22,7 +23,8 @@ from zoi import _cpu
 from zoi.numerics import reference as ref
 
 ISAS = supported_isas()
-I8_ISAS = ("vnni", "amx")  # the builds with the INT8 kernel (and the AMX-BF16 one)
+I8_ISAS = ("vnni", "amx")  # the builds with the INT8 kernel
+BF16_ISAS = ("amx",)  # the table whose attention runs the AMX-BF16 kernel
 
 
 def _amx_bf16() -> bool:
@@ -40,7 +42,7 @@ def _active(isa: str, prec: int, d: int = 32) -> bool:
     """Whether the low-precision path of `prec` runs (else the FP32 kernel)."""
     if prec in (1, 2):
         return isa in I8_ISAS and d % 4 == 0
-    return isa in I8_ISAS and AMX_BF16 and d in (32, 64)
+    return isa in BF16_ISAS and AMX_BF16 and d in (32, 64)
 
 
 LENGTHS = [[1], [7], [17], [129], [513], [1, 129, 7, 17], "ragged"]
@@ -252,3 +254,34 @@ def test_engine_attention_precision_opt_in(isa):
     np.testing.assert_array_equal(be.run(ids, pos, cu, False), base)
     with pytest.raises(ValueError, match="0, 1, 2 or 3"):
         be.engine.set_attention_precision(4)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_attention_precision_follows_the_forced_isa(isa, monkeypatch):
+    """An engine of the ISA ZOI_CPU_ISA forces (the backend's default isa) runs a mode only where
+    that ISA has its kernel: INT8 (1, 2) on vnni / amx, AMX-BF16 (3) on amx (not on vnni, even on
+    a CPU with AMX-BF16: the CPU's features are not the ISA's); elsewhere the FP32 kernel, bit for
+    bit. The kernel entry of that ISA (k_attention) agrees with the engine."""
+    from zoi.backends.cpu import CpuBackend
+
+    monkeypatch.setenv("ZOI_CPU_ISA", isa)
+    spec = small_spec(hidden=64, heads=2)  # head dim 32
+    model = make_model(spec, "int8", max_tokens=128)
+    be = CpuBackend(model, nthreads=2)
+    assert be.isa == isa
+    ids, pos, cu = batch([40, 9, 33], spec.vocab_size, 3)
+    base = be.run(ids, pos, cu, False).copy()
+    rng = np.random.default_rng(9)
+    qkv, kcu = _inputs(rng, [33, 8], 2, 32)
+    k_fp32 = _run(qkv, kcu, 2, 32, 0.2, isa, 2, 0)
+    for mode in (1, 2, 3):
+        be.engine.set_attention_precision(mode)
+        got = be.run(ids, pos, cu, False)
+        k_out = _run(qkv, kcu, 2, 32, 0.2, isa, 2, mode)
+        if _active(isa, mode):
+            assert not np.array_equal(got, base), (isa, mode)
+            assert not np.array_equal(k_out, k_fp32), (isa, mode)
+        else:
+            np.testing.assert_array_equal(got, base)
+            np.testing.assert_array_equal(k_out, k_fp32)
+    assert _active("amx", 3) == AMX_BF16 and not _active("vnni", 3)

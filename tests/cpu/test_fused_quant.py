@@ -49,8 +49,9 @@ def test_fused_output_quantisation_is_the_quantise_step(isa, default_scheme, sch
     assert np.abs(full - want).max() <= 1e-3 * max(1.0, float(np.abs(want).max()))
 
 
-# ---- the float rows of the fused path in per-thread scratch (GemmI8Args::y_scratch; the engine
-# sets it where nothing reads the FFN1 output after its quantisation: Engine::mark_dead_outputs)
+# ---- the float rows of the fused path in per-thread scratch (GemmI8Args::y_scratch): where the
+# plan says nothing reads the FFN1 output but its quantisation (zoi.graph.fusion quant_out_only,
+# add_linear_i8's y_dead; ZOI_I8_YSCRATCH=0 turns it off); Engine::check_dead_outputs verifies it
 
 
 def _fusedq(isa, x, w, ws, b, act, y_scratch, nt, static_amax=-1.0, asym=False):
@@ -97,7 +98,8 @@ def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, 
 def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypatch):
     """The engine with the FFN1 float rows in scratch (default where the plan allows it) against
     ZOI_I8_YSCRATCH=0 (into the arena): the same bits, above and below q_min_m (256), 2 threads;
-    the FFN1 GEMMs are marked (steps_info y_scratch) only when on, and only those writing a copy."""
+    the IR marks the FFN1s (quant_out_only) only when on, and the engine's GEMM steps marked
+    (steps_info y_scratch) are exactly those of the marked linears, each writing a copy."""
     m = make_model(small_spec(intermediate=300), "int8", max_tokens=400, max_batch=8)
     ids, pos, cu = batch(lengths, m.spec.vocab_size, 5)
     outs = {}
@@ -106,6 +108,11 @@ def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypat
         be = CpuBackend(m, isa=isa, nthreads=2)
         info = be.engine.steps_info()
         marked = [s for s in info if s.get("y_scratch")]
+        ir = {_prefix(o): bool(o.attrs.get("quant_out_only")) for o in m.graph.linears()}
+        assert {p for p, on in ir.items() if on} == (
+            set() if flag == "0" else {"l0.ffn1", "l1.ffn1"}
+        )
+        assert _scratch_steps(be) == ir
         if flag == "0":
             assert not marked
         else:
@@ -119,23 +126,31 @@ def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypat
     np.testing.assert_array_equal(outs["1"], outs["0"])
 
 
-@pytest.mark.parametrize("reader", ["none", "layernorm", "overwritten_then_read", "output"])
-def test_engine_scratch_rows_only_where_nothing_reads_the_float_output(reader, monkeypatch):
-    """Engine::mark_dead_outputs on hand-built plans: a GEMM (arena bytes 0..) writing FFN2's copy
-    gets the scratch unless a later step reads its float output (a LayerNorm on it), or it is the
-    run's output; a later step that first overwrites that buffer (another LayerNorm writing at
-    its start) makes a read after it harmless."""
+def _prefix(op) -> str:
+    return op.weights["w"].rsplit(".", 1)[0]
+
+
+def _scratch_steps(be) -> dict[str, bool]:
+    """{linear prefix: its GEMM step's y_scratch} read back from the engine (steps in op order)."""
+    gemms = [s for s in be.engine.steps_info() if s["kind"] in ("gemm_i8", "gemm_f32")]
+    lin = be.model.graph.linears()
+    assert len(gemms) == len(lin)
+    return {_prefix(o): bool(s["y_scratch"]) for o, s in zip(lin, gemms, strict=True)}
+
+
+def _hand_plan(reader, y_dead, copy=True):
+    """A GEMM (FFN1, arena bytes 0..) and the INT8 GEMM after it that reads its copy (written by
+    FFN1 from 4 rows when `copy`, else by a quantise step), then `reader`'s steps."""
     from zoi import _cpu
 
-    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
     H, T = 8, 8
     e = _cpu.Engine(1 << 20, T, 2, "", 1)
     wq = np.ones((H, H), np.int8)
     ws = np.ones(H, np.float32)
     one, zero = np.ones(H, np.float32), np.zeros(H, np.float32)
     X, Y, Z, W = 0, 4096, 8192, 12288  # byte offsets of [T, H] buffers
-    e.add_linear_i8(W, X, wq, ws, None, "gelu", q_from=0)  # FFN1: X
-    e.add_linear_i8(X, Y, wq, ws, None, "none", q_from=1, q_min_m=4)  # FFN2 reads X's copy
+    e.add_linear_i8(W, X, wq, ws, None, "gelu", q_from=0, y_dead=y_dead)  # FFN1: X
+    e.add_linear_i8(X, Y, wq, ws, None, "none", q_from=int(copy), q_min_m=4 if copy else 0)
     out = Y
     if reader == "layernorm":
         e.add_layernorm(X, -1, Z, one, zero, 1e-5)
@@ -144,15 +159,63 @@ def test_engine_scratch_rows_only_where_nothing_reads_the_float_output(reader, m
         e.add_layernorm(Y, -1, X, one, zero, 1e-5)  # writes at X: FFN1's output is gone
         e.add_layernorm(X, -1, Z, one, zero, 1e-5)
         out = Z
+    elif reader == "overwritten_output":
+        e.add_layernorm(Y, -1, X, one, zero, 1e-5)  # writes the run's output at FFN1's bytes
+        out = X
     elif reader == "output":
         out = X
     e.set_output(out, H, True)
+    return e
+
+
+@pytest.mark.parametrize(
+    "reader", ["none", "layernorm", "overwritten_then_read", "overwritten_output", "output"]
+)
+def test_engine_realises_y_dead_and_refuses_it_where_the_float_output_is_read(reader, monkeypatch):
+    """The plan's y_dead (zoi.graph.fusion quant_out_only) on hand-built plans: realised (that
+    GEMM's rows in scratch, steps_info y_scratch) where nothing reads its float output; refused at
+    finalize, naming the reader, where a later step reads it (a LayerNorm on it) or it is the run's
+    output; a later step that first overwrites that buffer (another LayerNorm writing at its start)
+    makes a read after it, or the output there, harmless. Without y_dead the engine decides
+    nothing (no scratch anywhere); the environment is the plan's business, not the engine's."""
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "1")
+    ok = reader in ("none", "overwritten_then_read", "overwritten_output")
+    e = _hand_plan(reader, True)
+    if not ok:
+        why = "step 4 \\(layernorm\\) reads it" if reader == "layernorm" else "the run's output"
+        with pytest.raises(ValueError, match=f"quant_out_only.*{why}"):
+            e.finalize()
+    else:
+        e.finalize()
+        info = e.steps_info()
+        assert [s["kind"] for s in info[:4]] == ["quantize", "gemm_i8", "quantize", "gemm_i8"]
+        assert info[1]["writes_copy"] and info[2]["fused"]
+        assert info[1]["y_scratch"], info
+        assert not any(s.get("y_scratch") for i, s in enumerate(info) if i != 1)
+        assert e.scratch_bytes > 0
+    monkeypatch.setenv("ZOI_I8_YSCRATCH", "0")  # read by the fusion pass only
+    e = _hand_plan(reader, ok)
     e.finalize()
-    info = e.steps_info()
-    assert [s["kind"] for s in info[:4]] == ["quantize", "gemm_i8", "quantize", "gemm_i8"]
-    assert info[1]["writes_copy"] and info[2]["fused"]
-    assert info[1]["y_scratch"] == (reader in ("none", "overwritten_then_read")), info
-    assert not any(s.get("y_scratch") for i, s in enumerate(info) if i != 1)
+    assert e.steps_info()[1]["y_scratch"] == ok
+    e = _hand_plan(reader, False)
+    e.finalize()
+    assert not any(s["y_scratch"] for s in e.steps_info())
+
+
+def test_engine_refuses_y_dead_on_a_gemm_that_writes_no_copy():
+    """y_dead on a GEMM whose output the next linear's quantise step reads (no fused copy), or on
+    the last GEMM: refused at finalize with the reason."""
+    e = _hand_plan("none", True, copy=False)
+    with pytest.raises(ValueError, match="writes no int8 copy of its output"):
+        e.finalize()
+    from zoi import _cpu
+
+    e = _cpu.Engine(1 << 20, 8, 2, "", 1)
+    wq, ws = np.ones((8, 8), np.int8), np.ones(8, np.float32)
+    e.add_linear_i8(0, 4096, wq, ws, None, "none", q_from=0, y_dead=True)
+    e.set_output(4096, 8, True)
+    with pytest.raises(ValueError, match="writes no int8 copy of its output"):
+        e.finalize()
 
 
 def test_a_tap_of_a_scratch_output_is_refused(monkeypatch):

@@ -260,6 +260,12 @@ def test_real_minilm_fp8_on_gpu():
     assert np.isfinite(e_q).all()
     c_qf = (e_q * e_f).sum(axis=1)
     c_ef = (e_e * e_f).sum(axis=1)
-    # GPU FP8 vs FP32 within a little of the emulation's FP8 vs FP32 (fp16 activations)
+    c_qe = (e_q * e_e).sum(axis=1)
+    print({"gpu_vs_fp32": [float(c_qf.mean()), float(c_qf.min())],
+           "emulation_vs_fp32": [float(c_ef.mean()), float(c_ef.min())],
+           "gpu_vs_emulation": [float(c_qe.mean()), float(c_qe.min())]})
+    # GPU FP8 vs FP32 within a little of the emulation's FP8 vs FP32 (fp16 activations move
+    # single E4M3 roundings, 3 mantissa bits: the two FP8 results are not each other's
+    # reference, both are measured against FP32 (as in the tiny-model test above)
     assert c_qf.mean() > c_ef.mean() - 3e-4, (c_qf.mean(), c_ef.mean())
-    assert (e_q * e_e).sum(axis=1).min() > 0.995
+    assert 1 - c_qf.min() < 2 * (1 - c_ef.min()) + 1e-4, (c_qf.min(), c_ef.min())

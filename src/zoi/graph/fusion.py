@@ -23,6 +23,15 @@ an INT8 ``linear`` (reads an INT8 copy of its input)
 the writer of a copy
     ``quant_out``: the copy's name; ``quant_out_min_tokens``: from this many tokens in a call
     on (0: always); below it the copy is made at the consumer, as if ``quant_in_by`` were None.
+a ``linear`` writing a copy
+    ``quant_out_only``: whether, from ``quant_out_min_tokens`` on, nothing reads its float
+    output but that quantisation (the copy's one consumer, right after it, reads only the
+    copy; the output is not the graph's): then a backend may keep those float rows in scratch
+    instead of its arena (the CPU core: per-thread rows, ``Engine.add_linear_i8(y_dead=...)``).
+    Below that many tokens the consumer's quantise step reads the float rows as usual.
+    ``FusionPolicy.quant_out_only`` False (``ZOI_I8_YSCRATCH=0``) sets it False everywhere.
+    A permission, not a data flow: a backend that writes the rows anyway (the CUDA backend)
+    changes only its memory traffic, and records no fallback for it.
 a ``linear`` followed by the residual ``add_layernorm`` that alone reads it (no residual of its own)
     ``fuse_ln``: that LayerNorm's output (the LN may run in the linear's epilogue, where the
     backend's kernel sees whole rows); the LayerNorm gets ``fuse_into``: the linear's output.
@@ -42,6 +51,7 @@ copy at the consumer / running the LayerNorm on its own, and records that in its
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from zoi.graph.ir import Buffer, Graph, Op
@@ -55,9 +65,24 @@ WHOLE_ROWS = ("embed", "add_layernorm", "glu")  # ops whose epilogue sees whole 
 
 @dataclass(frozen=True)
 class FusionPolicy:
-    """The tunables of the pass (compile arguments, not environment variables)."""
+    """The tunables of the pass (compile arguments; ``from_env`` is the one edge that reads the
+    environment, used when ``annotate`` gets no policy)."""
 
     linear_quant_min_tokens: int = LINEAR_QUANT_MIN_TOKENS
+    quant_out_only: bool = True  # False: no linear's float output is marked dead (A/B, taps)
+
+    @classmethod
+    def from_env(cls, env=None) -> FusionPolicy:
+        """The defaults, with ZOI_I8_YSCRATCH=0 (a non-empty value that is the integer 0) turning
+        quant_out_only off: every float output is written to the arena (lab/cpu/yscratch_ab.py,
+        taps of an FFN1 output)."""
+        env = os.environ if env is None else env
+        v = (env.get("ZOI_I8_YSCRATCH") or "").strip()
+        try:
+            off = v != "" and int(v) == 0
+        except ValueError:
+            raise ValueError(f"ZOI_I8_YSCRATCH must be an integer (0: off), got {v!r}") from None
+        return cls(quant_out_only=not off)
 
 
 def linear_quant(model, prefix: str) -> tuple[QuantMode, float]:
@@ -86,6 +111,7 @@ _KEYS = (
     "quant_in_loop",
     "quant_out",
     "quant_out_min_tokens",
+    "quant_out_only",
     "fuse_ln",
     "fuse_into",
 )
@@ -93,8 +119,9 @@ _KEYS = (
 
 def annotate(model, policy: FusionPolicy | None = None) -> Graph:
     """Write the fusion attributes (module docstring) on model.graph's ops; returns the graph.
-    Raises ValueError for a linear with an unknown INT8 scheme."""
-    policy = policy or FusionPolicy()
+    policy None: FusionPolicy.from_env(). Raises ValueError for a linear with an unknown INT8
+    scheme."""
+    policy = policy or FusionPolicy.from_env()
     g: Graph = model.graph
     ops = g.ops
     for op in ops:
@@ -158,9 +185,29 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
             if who is not None:
                 P.attrs["quant_out"] = qname
                 P.attrs["quant_out_min_tokens"] = min_t
+                if P.kind == "linear":
+                    P.attrs["quant_out_only"] = policy.quant_out_only and _only_copy_read(
+                        g, ops, readers, j, qname
+                    )
             copy_writer[qname] = who
         op.attrs["quant_in_by"] = copy_writer[qname]
     return g
+
+
+def _only_copy_read(
+    g: Graph, ops: list[Op], readers: dict[str, list[int]], j: int, qname: str
+) -> bool:
+    """Whether the float output of ops[j] is read by nothing but the quantisation into its copy
+    qname: its one reader is ops[j + 1], reading it once (as the input of that INT8 linear, not
+    as its residual too) through qname, and it is not the graph's output."""
+    Y = ops[j].output
+    return (
+        Y != g.output
+        and readers.get(Y) == [j + 1]
+        and ops[j + 1].kind == "linear"
+        and ops[j + 1].inputs[0] == Y
+        and ops[j + 1].attrs.get("quant_in") == qname
+    )
 
 
 def _reads_linear_copy(op: Op, ops: list[Op], writer_of: dict[str, int]) -> bool:

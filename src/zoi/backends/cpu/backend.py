@@ -161,6 +161,8 @@ class CpuBackend(SyncSubmit):
                         mul,
                         q_from,
                         q_min,
+                        # the IR's: nothing reads the float rows but the copy's quantisation
+                        y_dead=bool(op.attrs.get("quant_out_only", False)),
                     )
                     self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
                     self.linear_kinds[p] = (
