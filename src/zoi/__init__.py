@@ -9,8 +9,17 @@ __version__ = "0.1.0"
 __all__ = ["ZoiError", "Engine", "compile", "load", "__version__"]
 
 
-def compile(path=None, device: str = "cpu", precision: str = "fp32", max_tokens=None, max_batch=None,  # noqa: A001
-            calibration=None, quant_config=None, progress: bool = False, **decoder_options):
+def compile(  # noqa: A001
+    path=None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    max_tokens=None,
+    max_batch=None,
+    calibration=None,
+    quant_config=None,
+    progress: bool = False,
+    **decoder_options,
+):
     """zoi.engine.compile (encoders: an Engine); a decoder folder (Llama / Qwen2 / Qwen3) gives a
     zoi.decoder Generator instead (decoder_options: max_seq_len, kv_blocks, block_size, threads,
     isa; docs/DECODERS.md); for an encoder they are engine.compile's (truncate_dim)."""
@@ -21,15 +30,30 @@ def compile(path=None, device: str = "cpu", precision: str = "fp32", max_tokens=
         if folder is not None:
             from zoi.decoder.compile import compile_decoder
 
-            return compile_decoder(folder, device=device, precision=precision, max_batch=max_batch,
-                                   max_tokens=max_tokens, calibration=calibration, quant_config=quant_config,
-                                   **decoder_options)
+            return compile_decoder(
+                folder,
+                device=device,
+                precision=precision,
+                max_batch=max_batch,
+                max_tokens=max_tokens,
+                calibration=calibration,
+                quant_config=quant_config,
+                **decoder_options,
+            )
     from zoi import engine
 
     # encoder options (truncate_dim, ...) go on to engine.compile, which refuses unknown ones
-    return engine.compile(path, device=device, precision=precision, max_tokens=max_tokens, max_batch=max_batch,
-                          calibration=calibration, quant_config=quant_config, progress=progress,
-                          **decoder_options)
+    return engine.compile(
+        path,
+        device=device,
+        precision=precision,
+        max_tokens=max_tokens,
+        max_batch=max_batch,
+        calibration=calibration,
+        quant_config=quant_config,
+        progress=progress,
+        **decoder_options,
+    )
 
 
 def __getattr__(name: str):  # lazy: `import zoi` stays cheap

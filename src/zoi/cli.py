@@ -543,7 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
-    for mod in ("zoi.tools.cli", "zoi.bench.cli", "zoi.serve.cli", "zoi.integrations.cli", "zoi.decoder.cli"):
+    for mod in (
+        "zoi.tools.cli",
+        "zoi.bench.cli",
+        "zoi.serve.cli",
+        "zoi.integrations.cli",
+        "zoi.decoder.cli",
+    ):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

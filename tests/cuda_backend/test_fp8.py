@@ -261,9 +261,13 @@ def test_real_minilm_fp8_on_gpu():
     c_qf = (e_q * e_f).sum(axis=1)
     c_ef = (e_e * e_f).sum(axis=1)
     c_qe = (e_q * e_e).sum(axis=1)
-    print({"gpu_vs_fp32": [float(c_qf.mean()), float(c_qf.min())],
-           "emulation_vs_fp32": [float(c_ef.mean()), float(c_ef.min())],
-           "gpu_vs_emulation": [float(c_qe.mean()), float(c_qe.min())]})
+    print(
+        {
+            "gpu_vs_fp32": [float(c_qf.mean()), float(c_qf.min())],
+            "emulation_vs_fp32": [float(c_ef.mean()), float(c_ef.min())],
+            "gpu_vs_emulation": [float(c_qe.mean()), float(c_qe.min())],
+        }
+    )
     # GPU FP8 vs FP32 within a little of the emulation's FP8 vs FP32 (fp16 activations move
     # single E4M3 roundings, 3 mantissa bits: the two FP8 results are not each other's
     # reference, both are measured against FP32 (as in the tiny-model test above)

@@ -78,3 +78,19 @@ def test_length_cap_and_truncation(engine):
     assert isinstance(e, RequestError)
     raw = BatchRunner(engine, normalize=False).run([["a man eats"]])[0]
     assert abs(float(np.linalg.norm(raw)) - 1.0) > 1e-3  # not normalised when asked not to
+
+
+def test_retry_rule_is_the_servers_and_needs_no_web_stack():
+    """The Triton stub's Python may lack the serve extra: the shared retry rule
+    (zoi.serve.isolate) comes without starlette, uvicorn or prometheus_client."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, zoi.integrations.triton_runtime as t, zoi.serve.isolate as i\n"
+        "assert t.run_isolated is i.run_isolated\n"
+        "bad = sorted(m for m in ('starlette', 'uvicorn', 'prometheus_client', 'httpx') if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

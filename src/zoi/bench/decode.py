@@ -19,8 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-WORKLOADS = {"smollm2-135m-decode": "smollm2-135m", "qwen2.5-0.5b-decode": "qwen2.5-0.5b",
-             "llama-3.2-1b-decode": "llama-3.2-1b"}
+WORKLOADS = {
+    "smollm2-135m-decode": "smollm2-135m",
+    "qwen2.5-0.5b-decode": "qwen2.5-0.5b",
+    "llama-3.2-1b-decode": "llama-3.2-1b",
+}
 PROVIDERS = ("zoi-fp32", "zoi-int8", "zoi-w8a8", "transformers-fp32", "llamacpp-q8_0")
 
 
@@ -40,13 +43,21 @@ def _prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[np.ndarray]
     return [rng.integers(0, min(vocab, 20000), length).astype(np.int32) for _ in range(n)]
 
 
-def bench_zoi(folder: Path, precision: str, prompts, new_tokens: int, streams: int, threads: int) -> dict:
+def bench_zoi(
+    folder: Path, precision: str, prompts, new_tokens: int, streams: int, threads: int
+) -> dict:
     from zoi.decoder.api import SamplingParams
     from zoi.decoder.compile import compile_decoder
 
     L = len(prompts[0]) + new_tokens
-    g = compile_decoder(folder, precision=precision, max_seq_len=L + 1, max_batch=streams,
-                        kv_blocks=streams * (-(-L // 16)) + 1, threads=threads)
+    g = compile_decoder(
+        folder,
+        precision=precision,
+        max_seq_len=L + 1,
+        max_batch=streams,
+        kv_blocks=streams * (-(-L // 16)) + 1,
+        threads=threads,
+    )
     be = g.backend
     p = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     # warm-up
@@ -75,9 +86,15 @@ def bench_zoi(folder: Path, precision: str, prompts, new_tokens: int, streams: i
             break
         n += len(ev)
     dt = time.perf_counter() - t0
-    return {"ttft_ms": 1e3 * float(np.median(ttft)), "decode_ms_per_token": 1e3 * float(np.median(steps)),
-            "decode_ms_p90": 1e3 * float(np.percentile(steps, 90)), "streams": streams,
-            "tokens_per_s_streams": n / dt, "isa": be.isa, "threads": be.model.nthreads}
+    return {
+        "ttft_ms": 1e3 * float(np.median(ttft)),
+        "decode_ms_per_token": 1e3 * float(np.median(steps)),
+        "decode_ms_p90": 1e3 * float(np.percentile(steps, 90)),
+        "streams": streams,
+        "tokens_per_s_streams": n / dt,
+        "isa": be.isa,
+        "threads": be.model.nthreads,
+    }
 
 
 def bench_transformers(folder: Path, prompts, new_tokens: int, streams: int, threads: int) -> dict:
@@ -91,18 +108,29 @@ def bench_transformers(folder: Path, prompts, new_tokens: int, streams: int, thr
         ids = torch.tensor(np.stack(batch).astype(np.int64))
         with torch.no_grad():
             t0 = time.perf_counter()
-            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0)
+            m.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
             return time.perf_counter() - t0
 
     gen(prompts[:1], 2)
     t1 = [gen(prompts[:1], 1) for _ in range(3)]
     tn = [gen(prompts[:1], new_tokens) for _ in range(2)]
     ts = gen([prompts[i % len(prompts)] for i in range(streams)], new_tokens)
-    return {"ttft_ms": 1e3 * float(np.median(t1)),
-            "decode_ms_per_token": 1e3 * (float(np.median(tn)) - float(np.median(t1))) / (new_tokens - 1),
-            "streams": streams, "tokens_per_s_streams": streams * new_tokens / ts,
-            "torch": torch.__version__}
+    return {
+        "ttft_ms": 1e3 * float(np.median(t1)),
+        "decode_ms_per_token": 1e3
+        * (float(np.median(tn)) - float(np.median(t1)))
+        / (new_tokens - 1),
+        "streams": streams,
+        "tokens_per_s_streams": streams * new_tokens / ts,
+        "torch": torch.__version__,
+    }
 
 
 def bench_llamacpp(folder: Path, cache: Path, prompts, new_tokens: int, threads: int) -> dict:
@@ -114,8 +142,14 @@ def bench_llamacpp(folder: Path, cache: Path, prompts, new_tokens: int, threads:
     if not f.exists():
         write_gguf(folder, f.with_suffix(".tmp"), "Q8_0").rename(f)
     L = len(prompts[0]) + new_tokens
-    llm = llama_cpp.Llama(model_path=str(f), n_ctx=L + 8, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(f),
+        n_ctx=L + 8,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
     ttft, steps = [], []
     for r in range(4):
         llm.reset()
@@ -128,13 +162,27 @@ def bench_llamacpp(folder: Path, cache: Path, prompts, new_tokens: int, threads:
             llm.eval([tok])
             tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
             steps.append(time.perf_counter() - t0)
-    return {"ttft_ms": 1e3 * float(np.median(ttft[1:])), "decode_ms_per_token": 1e3 * float(np.median(steps)),
-            "decode_ms_p90": 1e3 * float(np.percentile(steps, 90)), "streams": None, "tokens_per_s_streams": None,
-            "llama_cpp_python": llama_cpp.__version__, "system": llama_cpp.llama_print_system_info().decode()}
+    return {
+        "ttft_ms": 1e3 * float(np.median(ttft[1:])),
+        "decode_ms_per_token": 1e3 * float(np.median(steps)),
+        "decode_ms_p90": 1e3 * float(np.percentile(steps, 90)),
+        "streams": None,
+        "tokens_per_s_streams": None,
+        "llama_cpp_python": llama_cpp.__version__,
+        "system": llama_cpp.llama_print_system_info().decode(),
+    }
 
 
-def run(workloads: list[str], providers: list[str] | None = None, threads: int = 2, prompt_len: int = 128,
-        new_tokens: int = 64, streams: int = 8, cache: Path | None = None, out: Path | None = None) -> dict:
+def run(
+    workloads: list[str],
+    providers: list[str] | None = None,
+    threads: int = 2,
+    prompt_len: int = 128,
+    new_tokens: int = 64,
+    streams: int = 8,
+    cache: Path | None = None,
+    out: Path | None = None,
+) -> dict:
     from zoi.bench.models import default_cache_dir
     from zoi.bench.sysinfo import cpu_info, loadavg
 
@@ -143,9 +191,17 @@ def run(workloads: list[str], providers: list[str] | None = None, threads: int =
     if bad:
         raise ValueError(f"unknown decode workload(s) {bad}; known: {sorted(WORKLOADS)}")
     provs = providers or list(PROVIDERS)
-    res = {"kind": "decode", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
-           "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens, "streams": streams,
-           "loadavg_before": loadavg(), "rows": []}
+    res = {
+        "kind": "decode",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpu": cpu_info(),
+        "threads": threads,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "streams": streams,
+        "loadavg_before": loadavg(),
+        "rows": [],
+    }
     for wl in workloads:
         folder = model_folder(WORKLOADS[wl], cache)
         cfg = json.loads((folder / "config.json").read_text())
@@ -166,10 +222,20 @@ def run(workloads: list[str], providers: list[str] | None = None, threads: int =
                 r = {"error": f"not installed: {e}"}
             except Exception as e:  # one provider failing does not end the run; the row says why
                 r = {"error": f"{type(e).__name__}: {e}"}
-            r.update(workload=wl, provider=pv, wall_s=round(time.time() - t0, 1), loadavg_at_start=la)
+            r.update(
+                workload=wl, provider=pv, wall_s=round(time.time() - t0, 1), loadavg_at_start=la
+            )
             res["rows"].append(r)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                              if k not in ("system",)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        k: (round(v, 3) if isinstance(v, float) else v)
+                        for k, v in r.items()
+                        if k not in ("system",)
+                    }
+                ),
+                flush=True,
+            )
     res["loadavg_after"] = loadavg()
     if out is not None:
         out = Path(out)

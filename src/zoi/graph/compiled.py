@@ -62,7 +62,11 @@ class CompiledModel:
     def position_rows(self) -> int:
         """Positions the model can take (the position table's rows; ModernBERT: its RoPE table's)."""
         w = self.weights.get("embed.pos")
-        return int(w.shape[0]) if w is not None else self.spec.max_positions + self.spec.position_offset
+        return (
+            int(w.shape[0])
+            if w is not None
+            else self.spec.max_positions + self.spec.position_offset
+        )
 
     def weight_bytes(self) -> int:
         return int(sum(w.nbytes for w in self.weights.values()))

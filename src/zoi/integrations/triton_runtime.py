@@ -4,7 +4,7 @@
 engine call over all of them (the engine itself splits it in chunks of its max_tokens). A
 request whose input is unusable gets its own error and the others still run; when the packed
 call fails, each request is retried alone so only the one that fails by itself gets the error
-(as the batcher of `zoi serve` does).
+(zoi.serve.isolate.run_isolated: the rule the batcher of `zoi serve` uses).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+from zoi.serve.isolate import run_isolated
 
 log = logging.getLogger("zoi.triton")
 
@@ -102,24 +104,20 @@ class BatchRunner:
         live = [r for r in range(len(batch)) if results[r] is None]
         if not live:
             return results
-        seqs = [s for r in live for s in seqs_of[r]]
-        try:
-            out = self._run(seqs)
-        except Exception as e:  # isolate: each request alone
-            log.warning(
-                "zoi: packed call over %d requests failed (%s); retrying each alone", len(live), e
-            )
-            for r in live:
-                try:
-                    results[r] = self._run(seqs_of[r])
-                except Exception as e2:
-                    results[r] = e2
-            return results
-        row = 0
-        for r in live:
-            n = len(seqs_of[r])
-            results[r] = out[row : row + n]
-            row += n
+
+        def after_packed(seqs: list, dt: float, failed: Exception | None) -> None:
+            if failed is not None:
+                log.warning(
+                    "zoi: packed call over %d requests failed (%s); retrying each alone",
+                    len(live),
+                    failed,
+                )
+
+        def deliver(i: int, rows, error, dt: float) -> None:
+            results[live[i]] = rows if error is None else error
+
+        # the server's rule: one packed call; when it fails, each request alone
+        run_isolated([seqs_of[r] for r in live], self._run, deliver, after_packed=after_packed)
         return results
 
 

@@ -347,7 +347,8 @@ def execute(
                 ins[0], ins[1], a["heads"], a["head_dim"], a["scale"], **attention_extras(op, W)
             )
         elif op.kind == "add_layernorm":
-            r = ins[1] if len(ins) > 1 else None  # one input: a plain LayerNorm (pre-norm, MLM head)
+            # one input: a plain LayerNorm (pre-norm, MLM head)
+            r = ins[1] if len(ins) > 1 else None
             env[op.output] = add_layernorm(ins[0], r, W[wn["w"]], W[wn["b"]], a["eps"])
         elif op.kind == "glu":
             env[op.output] = glu(ins[0], a["act"])

@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from zoi.serve.isolate import run_isolated
+
 log = logging.getLogger("zoi.serve")
 
 
@@ -255,10 +257,9 @@ class Batcher:
     ) -> int | None:
         """One batch: `call(seqs) -> rows` over the sequences of all pieces, each job's rows
         delivered. When the call raises `errors`, each job's piece is retried alone, so only the
-        jobs that fail by themselves get the error. Returns None when the batch ran whole, else
-        how many pieces then ran alone."""
+        jobs that fail by themselves get the error (zoi.serve.isolate.run_isolated). Returns
+        None when the batch ran whole, else how many pieces then ran alone."""
         t0 = time.perf_counter()
-        seqs = [s for _, _, _, part in pieces for s in part]
         with self._jlock:
             for job, _, _, _ in pieces:
                 if job.t_first_run is None:
@@ -266,43 +267,37 @@ class Batcher:
                     job.queue_s = t0 - job.t_enqueue
                     if self.metrics is not None:
                         self.metrics.queue_duration.observe(job.queue_s)
-        try:
-            out = call(seqs)
-            failed = None
-        except errors as e:  # isolate: retry each job's piece alone
-            failed = e
-            log.warning(
-                "batcher: engine call over %d sequences failed (%s); retrying each request alone",
-                len(seqs),
-                e,
-            )
-        dt = time.perf_counter() - t0
-        with self._cond:
-            self.batches += 1
-            self.sequences += len(seqs)
-        if self.metrics is not None:
-            self.metrics.batch_size.observe(len(seqs))
-            self.metrics.batch_tokens.observe(sum(len(s) for s in seqs))
-            self.metrics.inference_duration.observe(dt)
-        if failed is None:
-            row = 0
-            for job, a, b, _ in pieces:
-                self._deliver(job, a, out[row : row + b - a], dt)
-                row += b - a
-            return None
-        ok = 0
-        for job, a, _b, part in pieces:
-            if job.error is not None:
-                continue
-            t1 = time.perf_counter()
-            try:
-                rows = call(part)
-            except errors as e:
-                self._fail(job, e)
-                continue
-            ok += 1
-            self._deliver(job, a, rows, dt + time.perf_counter() - t1)
-        return ok
+
+        def after_packed(seqs: list, dt: float, failed: BaseException | None) -> None:
+            if failed is not None:
+                log.warning(
+                    "batcher: engine call over %d sequences failed (%s); retrying each request alone",
+                    len(seqs),
+                    failed,
+                )
+            with self._cond:
+                self.batches += 1
+                self.sequences += len(seqs)
+            if self.metrics is not None:
+                self.metrics.batch_size.observe(len(seqs))
+                self.metrics.batch_tokens.observe(sum(len(s) for s in seqs))
+                self.metrics.inference_duration.observe(dt)
+
+        def deliver(i: int, rows, error, dt: float) -> None:
+            job, start = pieces[i][0], pieces[i][1]
+            if error is not None:
+                self._fail(job, error)
+            else:
+                self._deliver(job, start, rows, dt)
+
+        return run_isolated(
+            [part for _, _, _, part in pieces],
+            call,
+            deliver,
+            errors=errors,
+            skip=lambda i: pieces[i][0].error is not None,
+            after_packed=after_packed,
+        )
 
     def _deliver(self, job: Job, start: int, rows: np.ndarray, dt: float) -> None:
         with self._jlock:

@@ -26,15 +26,20 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from zoi.serve.http import ApiError
+from zoi.serve.http import ApiError, read_body
 
 log = logging.getLogger("zoi.serve")
 
 
 class Admission:
-    """admit / release / can_admit for a service with `ready`, `in_flight`, `config`
-    (max_concurrent_requests), `metrics` (requests, in_flight) and `connections` (a
-    ConnectionTracker once serving, else None)."""
+    """admit / release / can_admit / read_request for a service with `ready`, `in_flight`,
+    `config` (max_concurrent_requests, payload_limit, body_timeout), `metrics` (requests,
+    in_flight) and `connections` (a ConnectionTracker once serving, else None). The routes take
+    them through one wrapper (zoi.serve.handler.admitted)."""
+
+    async def read_request(self, request) -> bytes:
+        """The whole body (payload limit, body timeout), read before a slot is taken."""
+        return await read_body(request, self.config.payload_limit, self.config.body_timeout)
 
     def queue_full(self) -> str:
         """Why the service's own queue takes no more ("" when it does): a hook."""

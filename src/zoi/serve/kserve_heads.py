@@ -10,8 +10,6 @@ the served model has a head). Input `TEXT` (BYTES) throughout:
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from starlette.responses import Response
 
@@ -118,8 +116,6 @@ async def infer(svc, request, req: dict, texts: list[str], params: dict, binary:
             out["data"] = a.reshape(-1)
         resp["outputs"].append(out)
     headers = timing_headers(timings) if timings else {}
-    svc.metrics.successes.labels("kserve").inc()
-    svc.metrics.request_duration.observe(time.perf_counter() - t0)
     if binary:
         head = dumps(resp)
         headers[HEADER] = str(len(head))

@@ -25,7 +25,8 @@ from zoi.decoder.api import SamplingParams
 from zoi.decoder.scheduler import AsyncSink, Delta, Finished, Queued, QueueFull, SchedulerClosed
 from zoi.errors import InputError
 from zoi.serve.decoder_service import DEFAULT_MAX_TOKENS, DecoderService
-from zoi.serve.http import ApiError, ClientGone, dumps, json_response, parse_json, read_body
+from zoi.serve.handler import Answers, OwnsSlot, admitted
+from zoi.serve.http import ApiError, ClientGone, dumps, json_response, parse_json
 from zoi.serve.routes_openai import _CODES, _TYPES
 
 log = logging.getLogger("zoi.serve")
@@ -52,6 +53,9 @@ def error_response(e: ApiError) -> Response:
     if e.kind == "timeout":
         headers = {"connection": "close"}
     return json_response(error_body(e), e.status, headers=headers)
+
+
+ANSWERS = Answers(error_response, {"error": {"message": "client went away"}})
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -350,9 +354,10 @@ async def _next(sink: AsyncSink, watcher: asyncio.Future):
     raise ClientGone()
 
 
-class _SSE:
+class _SSE(OwnsSlot):
     """The event stream of one generation, as a raw ASGI response (so that a client leaving is
-    seen at once, even while the request waits for the pool)."""
+    seen at once, even while the request waits for the pool). It owns the request's slot: it
+    releases it and counts the request's outcome when it ends."""
 
     def __init__(self, svc, gen, sink, watcher, chunks: _Chunks, route: str, t0: float):
         self.svc, self.gen, self.sink, self.watcher = svc, gen, sink, watcher
@@ -428,15 +433,11 @@ class _SSE:
 
 
 def make_routes(svc: DecoderService) -> list[Route]:
-    async def generate(request: Request, chat: bool) -> Response:
-        t0 = time.perf_counter()
+    async def generate(request: Request, raw: bytes, t0: float, chat: bool) -> Response:
         route = "chat" if chat else "completions"
-        admitted = handed_off = False
+        streaming = False
         gen = watcher = None
         try:
-            raw = await read_body(request, svc.config.payload_limit, svc.config.body_timeout)
-            svc.admit(route)
-            admitted = True
             try:
                 body = parse_json(raw)
             except ApiError as e:
@@ -486,7 +487,7 @@ def make_routes(svc: DecoderService) -> list[Route]:
             assert isinstance(first, Queued), first
             chunks = _Chunks(svc, chat, include_usage)
             if stream:
-                handed_off = True
+                streaming = True  # the stream owns the watcher and the slot now
                 return _SSE(svc, gen, sink, watcher, chunks, route, t0)
             parts = []
             while True:
@@ -497,31 +498,22 @@ def make_routes(svc: DecoderService) -> list[Route]:
                     break
             if item.reason == "error":
                 raise _finish_error(item)
-            svc.metrics.successes.labels(route).inc()
-            svc.metrics.request_duration.observe(time.perf_counter() - t0)
             return json_response(chunks.body("".join(parts), item))
-        except ApiError as e:
-            svc.metrics.failures.labels(route, str(e.status)).inc()
-            return error_response(e)
-        except (ClientGone, asyncio.CancelledError) as e:
+        except (ClientGone, asyncio.CancelledError):
             if gen is not None:
-                gen.cancel()
-            svc.metrics.failures.labels(route, "499").inc()
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            return json_response({"error": {"message": "client went away"}}, 499)
+                gen.cancel()  # its KV blocks are free before the next decode step
+            raise  # counted and answered 499 by zoi.serve.handler.admitted
         finally:
-            if not handed_off:
-                if watcher is not None:
-                    watcher.cancel()
-                if admitted:
-                    svc.release()
+            if not streaming and watcher is not None:
+                watcher.cancel()
 
-    async def completions(request: Request):
-        return await generate(request, chat=False)
+    @admitted(svc, "completions", ANSWERS, cancelled_is_499=True)
+    async def completions(request: Request, raw: bytes, t0: float):
+        return await generate(request, raw, t0, chat=False)
 
-    async def chat_completions(request: Request):
-        return await generate(request, chat=True)
+    @admitted(svc, "chat", ANSWERS, cancelled_is_499=True)
+    async def chat_completions(request: Request, raw: bytes, t0: float):
+        return await generate(request, raw, t0, chat=True)
 
     def _model_obj() -> dict:
         return {

@@ -9,18 +9,17 @@ thread. docs/SERVE.md documents every body.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from starlette.requests import Request
 from starlette.routing import Route
 
+from zoi.serve.handler import admitted
 from zoi.serve.heads import in_thread, need
 from zoi.serve.http import ApiError, json_response, parse_json, timing_headers
 from zoi.serve.openapi_heads import ALL, ROUTES_OF
+from zoi.serve.routes_tei import ANSWERS as TEI_ANSWERS
 from zoi.serve.routes_tei import _flag, _inputs
-from zoi.serve.routes_tei import error_response as tei_error
-from zoi.serve.service import ClientGone, Service
+from zoi.serve.service import Service
 
 ROUTE = "heads"
 
@@ -63,29 +62,13 @@ def _rank(scores: np.ndarray, top: int | None) -> list[int]:
 
 def make_routes(svc: Service) -> list[Route]:
     def handler(route_fn):
-        async def h(request: Request):
-            t0 = time.perf_counter()
-            admitted = False
-            try:
-                raw = await svc.read_request(request)
-                svc.admit(ROUTE)
-                admitted = True
-                body = parse_json(raw)
-                if not isinstance(body, dict):
-                    raise ApiError("validation", "request body should be a JSON object")
-                out, timings = await route_fn(request, body, t0)
-                svc.metrics.successes.labels(ROUTE).inc()
-                svc.metrics.request_duration.observe(time.perf_counter() - t0)
-                return json_response(out, headers=timing_headers(timings) if timings else None)
-            except ApiError as e:
-                svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-                return tei_error(e)
-            except ClientGone:
-                svc.metrics.failures.labels(ROUTE, "499").inc()
-                return json_response({"error": "client went away", "error_type": "Validation"}, 499)
-            finally:
-                if admitted:
-                    svc.release()
+        @admitted(svc, ROUTE, TEI_ANSWERS)
+        async def h(request: Request, raw: bytes, t0: float):
+            body = parse_json(raw)
+            if not isinstance(body, dict):
+                raise ApiError("validation", "request body should be a JSON object")
+            out, timings = await route_fn(request, body, t0)
+            return json_response(out, headers=timing_headers(timings) if timings else None)
 
         return h
 

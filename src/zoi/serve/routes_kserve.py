@@ -14,7 +14,6 @@ length before each element. An output is answered in binary when the request ask
 from __future__ import annotations
 
 import struct
-import time
 
 import numpy as np
 from starlette.requests import Request
@@ -22,8 +21,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from zoi.serve import kserve_heads
+from zoi.serve.handler import Answers, admitted
 from zoi.serve.http import ApiError, dumps, error_headers, json_response, parse_json, timing_headers
-from zoi.serve.service import ClientGone, Service
+from zoi.serve.service import Service
 
 ROUTE = "kserve"
 INPUT = "TEXT"
@@ -33,6 +33,9 @@ HEADER = "inference-header-content-length"
 
 def error_response(e: ApiError):
     return json_response({"error": e.message}, e.status, headers=error_headers(e))
+
+
+ANSWERS = Answers(error_response, {"error": "client went away"})
 
 
 def deserialize_bytes(buf: bytes, count: int, name: str) -> list[bytes]:
@@ -250,68 +253,50 @@ def make_routes(svc: Service) -> list[Route]:
             }
         )
 
-    async def infer(request: Request):
-        t0 = time.perf_counter()
-        admitted = False
-        try:
-            check_model(request)
-            # the whole body first: a client that stalls mid-body never holds a slot
-            body = await svc.read_request(request)
-            svc.admit(ROUTE)
-            admitted = True
-            req, texts = parse_infer_request(body, request.headers.get(HEADER))
-            params = req.get("parameters") or {}
-            if not isinstance(params, dict):
-                raise ApiError("validation", "parameters should be an object")
-            normalize = params.get("normalize", True)
-            truncate = params.get("truncate", svc.config.auto_truncate)
-            if not isinstance(normalize, bool) or not isinstance(truncate, bool):
-                raise ApiError("validation", "parameters normalize and truncate should be booleans")
-            binary = bool(params.get("binary_data_output", False))
-            if getattr(svc.engine, "head", ""):  # a task head (zoi.serve.kserve_heads)
-                return await kserve_heads.infer(svc, request, req, texts, params, binary, t0)
-            outs = req.get("outputs")
-            if outs is not None:
-                if not isinstance(outs, list):
-                    raise ApiError("validation", "outputs should be an array")
-                for o in outs:
-                    if not isinstance(o, dict) or o.get("name") != OUTPUT:
-                        raise ApiError(
-                            "validation",
-                            f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; "
-                            f"the only output is {OUTPUT}",
-                        )
-                    op = o.get("parameters") or {}
-                    if isinstance(op, dict) and "binary_data" in op:
-                        binary = bool(op["binary_data"])
-            texts = svc.check_texts(texts, INPUT)
-            seqs, tok_s = await svc.tokenize(texts, truncate)
-            res = await svc.embed(request, seqs, normalize, tok_s, t0)
-            emb = np.ascontiguousarray(res.embeddings, dtype="<f4")
-            out = {"name": OUTPUT, "datatype": "FP32", "shape": [len(texts), svc.hidden]}
-            resp = {"model_name": svc.model_name, "model_version": "1", "outputs": [out]}
-            if "id" in req:
-                resp["id"] = req["id"]
-            headers = timing_headers(res.timings)
-            svc.metrics.successes.labels(ROUTE).inc()
-            svc.metrics.request_duration.observe(time.perf_counter() - t0)
-            if binary:
-                raw = emb.tobytes()
-                out["parameters"] = {"binary_data_size": len(raw)}
-                head = dumps(resp)
-                headers[HEADER] = str(len(head))
-                return Response(head + raw, headers=headers, media_type="application/octet-stream")
-            out["data"] = emb.reshape(-1)
-            return json_response(resp, headers=headers)
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        except ClientGone:
-            svc.metrics.failures.labels(ROUTE, "499").inc()
-            return json_response({"error": "client went away"}, 499)
-        finally:
-            if admitted:
-                svc.release()
+    @admitted(svc, ROUTE, ANSWERS, before=check_model)
+    async def infer(request: Request, body: bytes, t0: float):
+        req, texts = parse_infer_request(body, request.headers.get(HEADER))
+        params = req.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise ApiError("validation", "parameters should be an object")
+        normalize = params.get("normalize", True)
+        truncate = params.get("truncate", svc.config.auto_truncate)
+        if not isinstance(normalize, bool) or not isinstance(truncate, bool):
+            raise ApiError("validation", "parameters normalize and truncate should be booleans")
+        binary = bool(params.get("binary_data_output", False))
+        if getattr(svc.engine, "head", ""):  # a task head (zoi.serve.kserve_heads)
+            return await kserve_heads.infer(svc, request, req, texts, params, binary, t0)
+        outs = req.get("outputs")
+        if outs is not None:
+            if not isinstance(outs, list):
+                raise ApiError("validation", "outputs should be an array")
+            for o in outs:
+                if not isinstance(o, dict) or o.get("name") != OUTPUT:
+                    raise ApiError(
+                        "validation",
+                        f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; "
+                        f"the only output is {OUTPUT}",
+                    )
+                op = o.get("parameters") or {}
+                if isinstance(op, dict) and "binary_data" in op:
+                    binary = bool(op["binary_data"])
+        texts = svc.check_texts(texts, INPUT)
+        seqs, tok_s = await svc.tokenize(texts, truncate)
+        res = await svc.embed(request, seqs, normalize, tok_s, t0)
+        emb = np.ascontiguousarray(res.embeddings, dtype="<f4")
+        out = {"name": OUTPUT, "datatype": "FP32", "shape": [len(texts), svc.hidden]}
+        resp = {"model_name": svc.model_name, "model_version": "1", "outputs": [out]}
+        if "id" in req:
+            resp["id"] = req["id"]
+        headers = timing_headers(res.timings)
+        if binary:
+            raw = emb.tobytes()
+            out["parameters"] = {"binary_data_size": len(raw)}
+            head = dumps(resp)
+            headers[HEADER] = str(len(head))
+            return Response(head + raw, headers=headers, media_type="application/octet-stream")
+        out["data"] = emb.reshape(-1)
+        return json_response(resp, headers=headers)
 
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import base64
-import time
 
 import numpy as np
 from starlette.requests import Request
 from starlette.routing import Route
 
+from zoi.serve.handler import Answers, admitted
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
-from zoi.serve.service import ClientGone, Service
+from zoi.serve.service import Service
 
 ROUTE = "openai"
 _TYPES = {
@@ -48,6 +48,9 @@ def error_response(e: ApiError):
     return json_response(body, e.status, headers=error_headers(e))
 
 
+ANSWERS = Answers(error_response, {"error": {"message": "client went away"}})
+
+
 def _parse_input(svc: Service, inp):
     """-> ("text", [str]) or ("ids", [[int]])."""
     if isinstance(inp, str):
@@ -73,81 +76,64 @@ def _parse_input(svc: Service, inp):
 
 
 def make_routes(svc: Service) -> list[Route]:
-    async def embeddings(request: Request):
-        t0 = time.perf_counter()
-        admitted = False
-        try:
-            # the whole body first: a client that stalls mid-body never holds a slot
-            raw = await svc.read_request(request)
-            svc.admit(ROUTE)
-            admitted = True
-            body = parse_json(raw)
-            if not isinstance(body, dict):
-                raise ApiError("validation", "request body should be a JSON object")
-            if "input" not in body:
-                raise ApiError("validation", "missing required field 'input'", "input")
-            model = body.get("model")
-            if model is not None and not isinstance(model, str):
-                raise ApiError("validation", "model should be a string", "model")
-            if model and model != svc.model_name:
-                raise ApiError(
-                    "not_found",
-                    f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
-                    "model",
-                )
-            fmt = body.get("encoding_format") or "float"
-            if fmt not in ("float", "base64"):
-                raise ApiError(
-                    "validation",
-                    f"encoding_format should be 'float' or 'base64', got {fmt!r}",
-                    "encoding_format",
-                )
-            dims = body.get("dimensions")
-            if dims is not None and (type(dims) is not int or not 1 <= dims <= svc.hidden):
-                raise ApiError(
-                    "invalid",
-                    f"dimensions={dims!r} is not supported: this model gives up to "
-                    f"{svc.hidden} dimensions (Matryoshka: the first `dimensions`, re-normalised)",
-                    "dimensions",
-                )
-            kind, items = _parse_input(svc, body["input"])
-            truncate = svc.config.auto_truncate
-            if kind == "text":
-                texts = svc.check_texts(items, "input")
-                seqs, tok_s = await svc.tokenize(texts, truncate)
-            else:
-                seqs, tok_s = svc.check_ids(items, truncate, "input"), 0.0
-            res = await svc.embed(request, seqs, True, tok_s, t0)
-            emb = res.embeddings
-            if dims is not None and dims < svc.hidden:  # Matryoshka: truncate, re-normalise
-                emb = emb[:, :dims]
-                n = np.sqrt((emb.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
-                emb = (emb / np.maximum(n, 1e-12)).astype(np.float32)
-            if fmt == "base64":
-                rows = [
-                    base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb
-                ]
-            else:
-                rows = list(emb)
-            data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
-            out = {
-                "object": "list",
-                "data": data,
-                "model": svc.model_name,
-                "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens},
-            }
-            svc.metrics.successes.labels(ROUTE).inc()
-            svc.metrics.request_duration.observe(time.perf_counter() - t0)
-            return json_response(out, headers=timing_headers(res.timings))
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        except ClientGone:
-            svc.metrics.failures.labels(ROUTE, "499").inc()
-            return json_response({"error": {"message": "client went away"}}, 499)
-        finally:
-            if admitted:
-                svc.release()
+    @admitted(svc, ROUTE, ANSWERS)
+    async def embeddings(request: Request, raw: bytes, t0: float):
+        body = parse_json(raw)
+        if not isinstance(body, dict):
+            raise ApiError("validation", "request body should be a JSON object")
+        if "input" not in body:
+            raise ApiError("validation", "missing required field 'input'", "input")
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ApiError("validation", "model should be a string", "model")
+        if model and model != svc.model_name:
+            raise ApiError(
+                "not_found",
+                f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
+                "model",
+            )
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError(
+                "validation",
+                f"encoding_format should be 'float' or 'base64', got {fmt!r}",
+                "encoding_format",
+            )
+        dims = body.get("dimensions")
+        if dims is not None and (type(dims) is not int or not 1 <= dims <= svc.hidden):
+            raise ApiError(
+                "invalid",
+                f"dimensions={dims!r} is not supported: this model gives up to "
+                f"{svc.hidden} dimensions (Matryoshka: the first `dimensions`, re-normalised)",
+                "dimensions",
+            )
+        kind, items = _parse_input(svc, body["input"])
+        truncate = svc.config.auto_truncate
+        if kind == "text":
+            texts = svc.check_texts(items, "input")
+            seqs, tok_s = await svc.tokenize(texts, truncate)
+        else:
+            seqs, tok_s = svc.check_ids(items, truncate, "input"), 0.0
+        res = await svc.embed(request, seqs, True, tok_s, t0)
+        emb = res.embeddings
+        if dims is not None and dims < svc.hidden:  # Matryoshka: truncate, re-normalise
+            emb = emb[:, :dims]
+            n = np.sqrt((emb.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
+            emb = (emb / np.maximum(n, 1e-12)).astype(np.float32)
+        if fmt == "base64":
+            rows = [
+                base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb
+            ]
+        else:
+            rows = list(emb)
+        data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
+        out = {
+            "object": "list",
+            "data": data,
+            "model": svc.model_name,
+            "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens},
+        }
+        return json_response(out, headers=timing_headers(res.timings))
 
     async def models(request: Request):
         return json_response(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from zoi.serve.handler import Answers, admitted
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
-from zoi.serve.service import ClientGone, Service
+from zoi.serve.service import Service
 
 ROUTE = "tei"
 _ERROR_TYPES = {
@@ -31,6 +30,9 @@ def error_response(e: ApiError):
         e.status,
         headers=error_headers(e),
     )
+
+
+ANSWERS = Answers(error_response, {"error": "client went away", "error_type": "Validation"})
 
 
 def _inputs(body) -> list:
@@ -56,86 +58,59 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 
 def make_routes(svc: Service) -> list[Route]:
-    async def embed(request: Request):
-        t0 = time.perf_counter()
-        admitted = False
-        try:
-            # the whole body first: a client that stalls mid-body never holds a slot
-            raw = await svc.read_request(request)
-            svc.admit(ROUTE)
-            admitted = True
-            body = parse_json(raw)
-            items = _inputs(body)
-            normalize = _flag(body, "normalize", True)
-            truncate = _flag(body, "truncate", svc.config.auto_truncate)
-            direction = body.get("truncation_direction", "Right")
-            if direction not in ("Right", "right"):
-                raise ApiError(
-                    "validation",
-                    "only truncation_direction 'Right' is supported",
-                    "truncation_direction",
+    @admitted(svc, ROUTE, ANSWERS)
+    async def embed(request: Request, raw: bytes, t0: float):
+        body = parse_json(raw)
+        items = _inputs(body)
+        normalize = _flag(body, "normalize", True)
+        truncate = _flag(body, "truncate", svc.config.auto_truncate)
+        direction = body.get("truncation_direction", "Right")
+        if direction not in ("Right", "right"):
+            raise ApiError(
+                "validation",
+                "only truncation_direction 'Right' is supported",
+                "truncation_direction",
+            )
+        if items and all(type(x) is int for x in items):
+            items = [items]  # one sequence of token ids
+        if items and all(isinstance(x, list) for x in items):
+            seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
+        else:
+            texts = svc.check_texts(items, "inputs")
+            seqs, tok_s = await svc.tokenize(texts, truncate)
+        res = await svc.embed(request, seqs, normalize, tok_s, t0)
+        return json_response(list(res.embeddings), headers=timing_headers(res.timings))
+
+    # it works on the shared tokenizer thread: bounded like /embed (its outcome is not counted)
+    @admitted(svc, ROUTE, ANSWERS, counted=False)
+    async def tokenize(request: Request, raw: bytes, t0: float):
+        body = parse_json(raw)
+        texts = svc.check_texts(_inputs(body), "inputs")
+        add_special = _flag(body, "add_special_tokens", True)
+
+        def work():
+            tok = svc.hf_tokenizer()
+            return tok.encode_batch(texts, add_special_tokens=add_special)
+
+        encs = await svc.run_in_tokenizer_thread(work)
+        out = []
+        for text, enc in zip(texts, encs, strict=True):
+            toks = []
+            for tid, tstr, (a, b), special in zip(
+                enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+            ):
+                sp = bool(special)
+                toks.append(
+                    {
+                        "id": tid,
+                        "text": tstr if sp else text[a:b],
+                        "special": sp,
+                        "start": None if sp else a,
+                        "stop": None if sp else b,
+                    }
                 )
-            if items and all(type(x) is int for x in items):
-                items = [items]  # one sequence of token ids
-            if items and all(isinstance(x, list) for x in items):
-                seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
-            else:
-                texts = svc.check_texts(items, "inputs")
-                seqs, tok_s = await svc.tokenize(texts, truncate)
-            res = await svc.embed(request, seqs, normalize, tok_s, t0)
-            svc.metrics.successes.labels(ROUTE).inc()
-            svc.metrics.request_duration.observe(time.perf_counter() - t0)
-            return json_response(list(res.embeddings), headers=timing_headers(res.timings))
-        except ApiError as e:
-            svc.metrics.failures.labels(ROUTE, str(e.status)).inc()
-            return error_response(e)
-        except ClientGone:
-            svc.metrics.failures.labels(ROUTE, "499").inc()
-            return json_response({"error": "client went away", "error_type": "Validation"}, 499)
-        finally:
-            if admitted:
-                svc.release()
-
-    async def tokenize(request: Request):
-        admitted = False
-        try:
-            raw = await svc.read_request(request)
-            svc.admit(ROUTE)  # it works on the shared tokenizer thread: bounded like /embed
-            admitted = True
-            body = parse_json(raw)
-            texts = svc.check_texts(_inputs(body), "inputs")
-            add_special = _flag(body, "add_special_tokens", True)
-
-            def work():
-                tok = svc.hf_tokenizer()
-                return tok.encode_batch(texts, add_special_tokens=add_special)
-
-            encs = await svc.run_in_tokenizer_thread(work)
-            out = []
-            for text, enc in zip(texts, encs, strict=True):
-                toks = []
-                for tid, tstr, (a, b), special in zip(
-                    enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
-                ):
-                    sp = bool(special)
-                    toks.append(
-                        {
-                            "id": tid,
-                            "text": tstr if sp else text[a:b],
-                            "special": sp,
-                            "start": None if sp else a,
-                            "stop": None if sp else b,
-                        }
-                    )
-                out.append(toks)
-            return json_response(out)
-        except ApiError as e:
-            return error_response(e)
-        except ClientGone:
-            return json_response({"error": "client went away", "error_type": "Validation"}, 499)
-        finally:
-            if admitted:
-                svc.release()
+            out.append(toks)
+        return json_response(out)
 
     async def health(request: Request):
         ok, why = svc.can_admit()

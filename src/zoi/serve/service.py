@@ -22,7 +22,7 @@ from zoi.frontend.tokenizer import pack
 from zoi.serve.batcher import Batcher, BatcherClosed
 from zoi.serve.config import ServeConfig
 from zoi.serve.guard import Admission
-from zoi.serve.http import ApiError, ClientGone, read_body
+from zoi.serve.http import ApiError, ClientGone
 from zoi.serve.metrics import Metrics
 
 log = logging.getLogger("zoi.serve")
@@ -189,10 +189,6 @@ class Service(Admission):
         self._tok_pool.shutdown(wait=True)
 
     # ---- the shared inference path ------------------------------------------------------------
-    async def read_request(self, request: Request) -> bytes:
-        """The whole body (payload limit, body timeout), read before a slot is taken."""
-        return await read_body(request, self.config.payload_limit, self.config.body_timeout)
-
     def check_count(self, n: int, param: str = "input") -> None:
         if n == 0:
             raise ApiError("empty", "input is empty; send at least one input", param)
