@@ -59,6 +59,37 @@ def test_static_activation_clips():
     assert q.tolist() == [[32, -127, 127]] and a[0] == np.float32(2.0 / 127)
 
 
+@pytest.mark.parametrize("amax", [None, 2.0])  # dynamic, static
+def test_nan_row_keeps_nan_in_both_modes(amax):
+    """A row holding a NaN gets a NaN a_scale, dynamic and static alike (a static amax says
+    nothing of the NaN: without the check its codes were finite and so was every output); the
+    other rows are those of the NaN-free input; an inf saturates in static mode (finite scale)."""
+    r = np.random.default_rng(7)
+    x = r.standard_normal((5, 33)).astype(np.float32)
+    q0, a0 = P.quantize_act(x, amax)
+    xn = x.copy()
+    xn[1, 4] = np.nan
+    xn[3, 0] = -np.nan
+    with np.errstate(invalid="ignore"):  # the NaN's int8 code (meaningless: its scale is NaN)
+        q, a = P.quantize_act(xn, amax)
+    assert np.isnan(a[[1, 3]]).all()
+    ok = [0, 2, 4]
+    np.testing.assert_array_equal(q[ok], q0[ok])
+    np.testing.assert_array_equal(a[ok], a0[ok])
+    wq, ws = P.quantize_weight(r.standard_normal((6, 33)).astype(np.float32))
+    with np.errstate(invalid="ignore"):
+        y = P.linear_int8_emulated(xn, wq, ws, None, amax)
+    assert np.isnan(y[[1, 3]]).all() and np.isfinite(y[ok]).all()
+    xi = x.copy()
+    xi[2, 5] = np.inf
+    with np.errstate(invalid="ignore"):  # dynamic: inf * 0 in the row's codes
+        qi, ai = P.quantize_act(xi, amax)
+    if amax is None:
+        assert ai[2] == np.inf
+    else:
+        assert qi[2, 5] == 127 and ai[2] == a0[2] and np.isfinite(ai).all()
+
+
 def test_emulated_linear_matches_manual():
     r = np.random.default_rng(2)
     x = r.standard_normal((7, 29)).astype(np.float32)
