@@ -33,7 +33,10 @@ def quantize_act(
 
     x: float32 [T, K]. amax None -> per token (dynamic): amax[t] = max|x[t, :]|.
     A scalar amax -> per tensor (static). Returns (q int8 [T, K], a_scale float32 [T]).
-    Rows with amax 0 quantise to 0 with scale 0.
+    Rows with amax 0 quantise to 0 with scale 0. A row holding a NaN gets a NaN a_scale in
+    both modes (dynamic: its amax is NaN; static: the calibrated amax says nothing of it, so
+    the row is checked), so everything computed from the row is NaN (its int8 codes cannot
+    hold the NaN); the kernels do the same (kernels/quantize.py q_params).
     """
     x = np.asarray(x, dtype=np.float32)
     if amax is None:
@@ -44,7 +47,10 @@ def quantize_act(
     with np.errstate(divide="ignore"):
         inv = np.where(am > 0, np.float32(QMAX) / np.where(am > 0, am, 1), 0).astype(np.float32)
     q = np.clip(np.rint(x * inv[:, None]), -QMAX, QMAX).astype(np.int8)
-    return q, (am / np.float32(QMAX)).astype(np.float32)
+    scale = (am / np.float32(QMAX)).astype(np.float32)
+    if amax is not None and x.shape[1]:  # static: a NaN in the row makes its scale NaN
+        scale[np.isnan(x).any(axis=1)] = np.float32(np.nan)
+    return q, scale
 
 
 def int8_matmul_exact(q: np.ndarray, w_q: np.ndarray) -> np.ndarray:
