@@ -165,8 +165,14 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
     *zp_out = kAOffSym;
   }
   const T vinv = V::set(inv), vzp = V::set(zpf), vlo = V::set(lo_clip), vhi = V::set(hi_clip), voff = V::set(off);
+  // static (a calibrated amax): no range pass saw the row, so this pass checks it for a NaN
+  // (the clamp below would turn one into a finite code): x - x is NaN for NaN and +-inf
+  const bool check = !q_needs_range(qo);
+  T chk = V::zero();
   auto qv = [&](int k, int n) __attribute__((always_inline)) {
-    const T t = V::add(V::round(V::mul(qx_load<V>(x, qo, k, n), vinv)), vzp);
+    const T xv = qx_load<V>(x, qo, k, n);
+    if (check) chk = V::add(chk, V::sub(xv, xv));
+    const T t = V::add(V::round(V::mul(xv, vinv)), vzp);
     return V::add(V::min(V::max(t, vlo), vhi), voff);
   };
   int k = 0;
@@ -175,6 +181,15 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
     q_store32(qrow, qo.ldq, k, qv(k, V::N), qv(k + V::N, V::N), qv(k + 2 * V::N, V::N), qv(k + 3 * V::N, V::N));
 #endif
   for (; k < K; k += V::N) q_store(qrow, qo.ldq, k, qv(k, K - k), K - k);
+  if (check) {  // an infinity saturates (the reference's clip); only a NaN makes the scale NaN
+    const float c = V::hsum(chk);
+    if (c != c)
+      for (int kk = 0; kk < K; ++kk)
+        if (x[kk] != x[kk]) {
+          scale = std::numeric_limits<float>::quiet_NaN();
+          break;
+        }
+  }
   // padding: the stored value of a zero (its weight is 0 anyway)
   const int pad = static_cast<int>(off + zpf);
   for (int kk = K; kk < qo.ldq; ++kk) a_set(qrow, qo.ldq, 0, kk, pad);

@@ -141,6 +141,13 @@ def test_quantize_nan_inside_a_row_is_not_dropped(isa, K):
         want = qp.quantize_act_asym(x[-1:]) if asym else qp.quantize_act(x[-1:])
         np.testing.assert_array_equal(q[-1:], want[0])
         np.testing.assert_array_equal(s[-1:], want[1])
+    # static (a calibrated amax: no range pass over the row): a NaN row's scale is NaN too
+    # (the reference's), an infinity saturates with the calibrated scale, other rows exact
+    q, s, _ = _quant(x, isa, False, 1.5)
+    q_ref, s_ref = qp.quantize_act(x, 1.5)
+    assert np.isnan(s[: len(pos)]).all() and np.isnan(s_ref[: len(pos)]).all(), s[: len(pos)]
+    np.testing.assert_array_equal(s[-2:], s_ref[-2:])
+    np.testing.assert_array_equal(q[-2:], q_ref[-2:])
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -183,6 +190,11 @@ def test_linear_i8_nan_row_stays_nan(isa, asym):
     _cpu.k_linear_i8(x, w_q, w_s, None, "gelu", None, -1.0, y, isa, 2, asym=asym)
     assert np.isnan(y[[2, 4]]).all()
     assert np.isfinite(y[[0, 1, 3, 5]]).all()
+    if not asym:  # static (calibrated amax 3.0): the same
+        y = np.zeros((M, N), np.float32)
+        _cpu.k_linear_i8(x, w_q, w_s, None, "gelu", None, 3.0, y, isa, 2)
+        assert np.isnan(y[[2, 4]]).all()
+        assert np.isfinite(y[[0, 1, 3, 5]]).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)
