@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=48)
     ap.add_argument("--docs", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--weights", default=None, help="what the model's weights are (recorded)")
     a = ap.parse_args(argv)
 
     import zoi
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         folder, what = ref.path, "minilm-ce: BertForSequenceClassification 6x384, random init"
     else:
         folder, what = a.model, str(a.model)
+    weights = a.weights or (
+        "random init (torch.manual_seed(0)): no real cross-encoder offline"
+        if a.model is None
+        else "as in the folder given"
+    )
     texts = query_doc_texts(a.queries, a.docs)
     load0 = list(os.getloadavg())
     t0 = time.perf_counter()
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "what": "INT8 vs FP32 rerank scores (zoi CPU), Spearman per query and over all pairs",
         "model": what,
-        "weights": "random init (torch.manual_seed(0)): no real cross-encoder offline",
+        "weights": weights,
         "queries_source": "zoi/data/eval_questions.txt (held out from calibration)",
         "docs_source": "zoi/data/eval.txt + eval_techdocs.txt, seeded draw per query",
         "report": rep,
