@@ -47,6 +47,30 @@ def config_io(svc) -> tuple[list[dict], list[dict]]:
     return conv(ins), conv(outs)
 
 
+def output_binary(outs, names: list[str], binary: bool) -> bool:
+    """Check a KServe request's `outputs` against the model's output names; returns whether the
+    answer is binary (an output's `binary_data` parameter overrides `binary`)."""
+    if outs is None:
+        return binary
+    if not isinstance(outs, list):
+        raise ApiError("validation", "outputs should be an array")
+    known = (
+        f"the only output is {names[0]}"
+        if len(names) == 1
+        else f"this model's outputs are {', '.join(names)}"
+    )
+    for o in outs:
+        if not isinstance(o, dict) or o.get("name") not in names:
+            raise ApiError(
+                "validation",
+                f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; {known}",
+            )
+        op = o.get("parameters") or {}
+        if isinstance(op, dict) and "binary_data" in op:
+            binary = bool(op["binary_data"])
+    return binary
+
+
 async def infer(svc, request, req: dict, texts: list[str], params: dict, binary: bool, t0: float):
     e = svc.engine
     shape = (req.get("inputs") or [{}])[0].get("shape") or [len(texts)]
@@ -56,19 +80,7 @@ async def infer(svc, request, req: dict, texts: list[str], params: dict, binary:
         raise ApiError("validation", "parameters raw_scores and truncate should be booleans")
     names = [o["name"] for o in signature(svc)[1]]
     outs = req.get("outputs")
-    if outs is not None:
-        if not isinstance(outs, list):
-            raise ApiError("validation", "outputs should be an array")
-        for o in outs:
-            if not isinstance(o, dict) or o.get("name") not in names:
-                raise ApiError(
-                    "validation",
-                    f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; this "
-                    f"model's outputs are {', '.join(names)}",
-                )
-            op = o.get("parameters") or {}
-            if isinstance(op, dict) and "binary_data" in op:
-                binary = bool(op["binary_data"])
+    binary = output_binary(outs, names, binary)
     timings = None
     if e.head == "seq_cls":
         pairs = len(shape) == 2 and shape[1] == 2

@@ -266,20 +266,7 @@ def make_routes(svc: Service) -> list[Route]:
         binary = bool(params.get("binary_data_output", False))
         if getattr(svc.engine, "head", ""):  # a task head (zoi.serve.kserve_heads)
             return await kserve_heads.infer(svc, request, req, texts, params, binary, t0)
-        outs = req.get("outputs")
-        if outs is not None:
-            if not isinstance(outs, list):
-                raise ApiError("validation", "outputs should be an array")
-            for o in outs:
-                if not isinstance(o, dict) or o.get("name") != OUTPUT:
-                    raise ApiError(
-                        "validation",
-                        f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; "
-                        f"the only output is {OUTPUT}",
-                    )
-                op = o.get("parameters") or {}
-                if isinstance(op, dict) and "binary_data" in op:
-                    binary = bool(op["binary_data"])
+        binary = kserve_heads.output_binary(req.get("outputs"), [OUTPUT], binary)
         texts = svc.check_texts(texts, INPUT)
         seqs, tok_s = await svc.tokenize(texts, truncate)
         res = await svc.embed(request, seqs, normalize, tok_s, t0)
