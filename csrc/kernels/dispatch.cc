@@ -20,4 +20,10 @@ const KernelTable& kernel_table(Isa isa) {
   return scalar::table();
 }
 
+void throw_weight_out_of_range(size_t row, size_t col) {
+  throw std::invalid_argument("INT8 weight -128 at row " + std::to_string(row) + ", column " +
+                              std::to_string(col) + ": zoi's weights are symmetric, in [-127, 127] "
+                              "(zoi.numerics.primitives.quantize_weight); re-quantise the model");
+}
+
 }  // namespace zoi

@@ -21,7 +21,7 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <new>
 
 #include "kernels.h"
 #include "qrow.h"
@@ -78,7 +78,12 @@ void load_cfg() {
 }
 
 struct Scratch {
-  std::vector<uint8_t> apad;  // [TR][Kp] u8: the M tail's rows, zero-padded
+  // [TR][Kp] u8: the M tail's rows, zero-padded; grow-only. Not a std::vector: its out-of-line
+  // members would be weak symbols compiled with AMX / AVX-512 flags that the linker may pick for
+  // baseline callers too (scripts/check_isa_symbols.py)
+  uint8_t* apad = nullptr;
+  size_t apad_cap = 0;
+  ~Scratch() { std::free(apad); }
   alignas(64) int32_t c[TR * PW];
   alignas(64) float t[TR * PW];
 };
@@ -183,9 +188,16 @@ inline void block(const GemmI8Args& p, int m, int mr, int pn, bool nt_store = fa
   const uint8_t* a = static_cast<const uint8_t*>(p.a) + static_cast<size_t>(m) * p.lda;
   size_t lda = static_cast<size_t>(p.lda);
   if (mr < TR) {
-    s.apad.assign(static_cast<size_t>(TR) * p.Kp, 0);
-    for (int r = 0; r < mr; ++r) std::memcpy(s.apad.data() + static_cast<size_t>(r) * p.Kp, a + r * lda, p.Kp);
-    a = s.apad.data();
+    const size_t need = static_cast<size_t>(TR) * p.Kp;
+    if (s.apad_cap < need) {
+      std::free(s.apad);
+      s.apad = static_cast<uint8_t*>(std::malloc(need));
+      if (!s.apad) { s.apad_cap = 0; throw std::bad_alloc(); }
+      s.apad_cap = need;
+    }
+    std::memset(s.apad, 0, need);
+    for (int r = 0; r < mr; ++r) std::memcpy(s.apad + static_cast<size_t>(r) * p.Kp, a + r * lda, p.Kp);
+    a = s.apad;
     lda = p.Kp;
     // the tile loads are asm without a memory operand (GCC's amxtileintrin.h): a compiler barrier so
     // the stores of the copy cannot be sunk past them

@@ -19,8 +19,6 @@
 #include "qrow.h"
 #include "simd.h"
 
-#include <stdexcept>
-#include <string>
 
 namespace zoi {
 namespace ZOI_NS {
@@ -286,9 +284,7 @@ void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
   const int Kp = round_up(K, KG), Np = round_up(N, PW);
   for (size_t i = 0; i < static_cast<size_t>(N) * K; ++i)  // the sign trick's bound (and the contract)
     if (w[i] == -128)
-      throw std::invalid_argument("INT8 weight -128 at row " + std::to_string(i / K) + ", column " +
-                                  std::to_string(i % K) + ": zoi's weights are symmetric, in [-127, 127] "
-                                  "(zoi.numerics.primitives.quantize_weight); re-quantise the model");
+      throw_weight_out_of_range(i / K, i % K);
   WE* d = static_cast<WE*>(dst);
   for (int p = 0; p < Np / PW; ++p)
     for (int g = 0; g < Kp / KG; ++g)
