@@ -570,7 +570,8 @@ class CudaDecoderBackend(PagedBackend):
         idx = np.asarray(dec)
         pos = starts[idx].astype(np.int64)
         r = rows[idx]
-        slot = np.array([self._slots(int(r[j]), pos[j : j + 1])[0] for j in range(n)], np.int32)
+        bs = self.block_size  # every sequence's slot in one gather (not a call per sequence)
+        slot = (self.block_tables[r, pos // bs].astype(np.int64) * bs + pos % bs).astype(np.int32)
         for name, arr in (
             ("ids", ids[offs[idx]]),
             ("pos", pos),
