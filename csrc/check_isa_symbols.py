@@ -37,14 +37,18 @@ def isa_of(path: str, forced: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def violations(objects: list[str], nm: str = "nm", forced_isa: str | None = None) -> list[tuple[str, str, str]]:
+def violations(
+    objects: list[str], nm: str = "nm", forced_isa: str | None = None
+) -> list[tuple[str, str, str]]:
     """(object, isa, demangled symbol) for every code symbol an ISA object defines outside zoi::<isa>."""
     bad = []
     for obj in objects:
         isa = isa_of(obj, forced_isa)
         if isa is None or isa == "scalar":
             continue
-        out = subprocess.run([nm, "-C", "--defined-only", obj], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [nm, "-C", "--defined-only", obj], capture_output=True, text=True, check=True
+        ).stdout
         for line in out.splitlines():
             parts = line.split(None, 2)
             if len(parts) == 3 and parts[1] in CODE_TYPES and f"zoi::{isa}::" not in parts[2]:
@@ -60,9 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     bad = violations(a.objects, a.nm, a.isa)
     for obj, isa, sym in bad:
-        print(f"check_isa_symbols: {obj} ({isa} flags) defines {sym!r} outside namespace zoi::{isa}: the "
-              f"linker may give this copy to callers on CPUs without {isa} (SIGILL). Move it into zoi::{isa} "
-              "or call code compiled with the base flags (see csrc/check_isa_symbols.py)", file=sys.stderr)
+        print(
+            f"check_isa_symbols: {obj} ({isa} flags) defines {sym!r} outside namespace zoi::{isa}: the "
+            f"linker may give this copy to callers on CPUs without {isa} (SIGILL). Move it into zoi::{isa} "
+            "or call code compiled with the base flags (see csrc/check_isa_symbols.py)",
+            file=sys.stderr,
+        )
     if not bad:
         print(f"check_isa_symbols: {len(a.objects)} objects, no ISA code outside its namespace")
     return 1 if bad else 0

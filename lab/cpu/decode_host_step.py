@@ -28,9 +28,15 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=2000)
     a = ap.parse_args(argv)
     spec = SimpleNamespace(vocab_size=1000, max_position_embeddings=1 << 20, eos_token_ids=(2,))
-    be = _NoDevice(spec, num_blocks=a.streams * (a.steps // 16 + 4), block_size=16, max_batch=a.streams)
+    be = _NoDevice(
+        spec, num_blocks=a.streams * (a.steps // 16 + 4), block_size=16, max_batch=a.streams
+    )
     for i in range(a.streams):
-        be.add(i, np.arange(1, 9, dtype=np.int32), SamplingParams(max_new_tokens=a.steps + 1, ignore_eos=True))
+        be.add(
+            i,
+            np.arange(1, 9, dtype=np.int32),
+            SamplingParams(max_new_tokens=a.steps + 1, ignore_eos=True),
+        )
     be.step()  # prefill
     t0 = time.perf_counter()
     for _ in range(a.steps):

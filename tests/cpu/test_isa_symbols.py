@@ -75,8 +75,13 @@ def test_accepts_code_inside_the_isa_namespace(tmp_path):
 
 def test_this_build_is_clean():
     """The objects this checkout's extension was linked from (pip's build-dir, pyproject.toml)."""
-    objs = [o for o in glob.glob(str(ROOT / "build" / "*" / "CMakeFiles" / "zoi_*k_*.dir" / "**" / "*.o"),
-                                 recursive=True) if "/sanitize/" not in o]
+    objs = [
+        o
+        for o in glob.glob(
+            str(ROOT / "build" / "*" / "CMakeFiles" / "zoi_*k_*.dir" / "**" / "*.o"), recursive=True
+        )
+        if "/sanitize/" not in o
+    ]
     if not objs:
         pytest.skip("no CMake build directory under build/ (zoi installed from a wheel)")
     assert {chk.isa_of(o, None) for o in objs} >= {"scalar", "avx2", "avx512", "vnni"}

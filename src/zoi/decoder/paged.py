@@ -149,12 +149,13 @@ class PagedBackend:
         # one numpy call per field, not one per sequence (the host work of a decode step is paid
         # between two graph launches: lab/cpu/decode_host_step.py)
         samp = np.array(  # temperature, top_k, top_p, draw index
-            [(s.params.temperature, s.params.top_k, s.params.top_p, s.generated) for s in seqs], np.float64
+            [(s.params.temperature, s.params.top_k, s.params.top_p, s.generated) for s in seqs],
+            np.float64,
         ).reshape(B, 4)
         seeds = np.fromiter((s.seed for s in seqs), np.uint64, B)
         nxt = self._run(rows, starts, counts, ids, samp, seeds)
         events = []
-        for s, tok, c in zip(seqs, np.asarray(nxt).tolist(), counts.tolist()):
+        for s, tok, c in zip(seqs, np.asarray(nxt).tolist(), counts.tolist(), strict=True):
             s.cached += c
             s.generated += 1
             s.pending = np.array([tok], np.int32)
