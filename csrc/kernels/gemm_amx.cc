@@ -80,7 +80,7 @@ void load_cfg() {
 struct Scratch {
   // [TR][Kp] u8: the M tail's rows, zero-padded; grow-only. Not a std::vector: its out-of-line
   // members would be weak symbols compiled with AMX / AVX-512 flags that the linker may pick for
-  // baseline callers too (scripts/check_isa_symbols.py)
+  // baseline callers too (csrc/check_isa_symbols.py)
   uint8_t* apad = nullptr;
   size_t apad_cap = 0;
   ~Scratch() { std::free(apad); }

@@ -19,7 +19,6 @@
 #include "qrow.h"
 #include "simd.h"
 
-
 namespace zoi {
 namespace ZOI_NS {
 namespace {

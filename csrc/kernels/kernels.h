@@ -215,7 +215,7 @@ inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 // Error paths of the per-ISA files, compiled once with the base flags (dispatch.cc): a std::string
 // built inside an ISA file would instantiate weak std:: code with that ISA's flags, and the linker
-// keeps one copy for every caller (scripts/check_isa_symbols.py fails the build on such symbols).
+// keeps one copy for every caller (csrc/check_isa_symbols.py fails the build on such symbols).
 [[noreturn]] void throw_weight_out_of_range(size_t row, size_t col);
 
 #define ZOI_DECLARE_TABLE(ns) namespace ns { const KernelTable& table(); }

@@ -146,17 +146,17 @@ class PagedBackend:
         starts = np.fromiter((s.cached for s in seqs), np.int32, B)
         counts = np.fromiter((len(s.pending) for s in seqs), np.int32, B)
         ids = np.concatenate([s.pending for s in seqs]).astype(np.int32)
-        # one numpy call per field, not one per sequence (the host work of a decode step is paid
-        # between two graph launches: lab/cpu/decode_host_step.py)
-        samp = np.array(  # temperature, top_k, top_p, draw index
-            [(s.params.temperature, s.params.top_k, s.params.top_p, s.generated) for s in seqs],
-            np.float64,
-        ).reshape(B, 4)
-        seeds = np.fromiter((s.seed for s in seqs), np.uint64, B)
+        samp = np.zeros((B, 4), np.float64)  # temperature, top_k, top_p, draw index
+        seeds = np.zeros(B, np.uint64)
+        for i, s in enumerate(seqs):
+            p = s.params
+            samp[i] = (p.temperature, p.top_k, p.top_p, s.generated)
+            seeds[i] = s.seed
         nxt = self._run(rows, starts, counts, ids, samp, seeds)
         events = []
-        for s, tok, c in zip(seqs, np.asarray(nxt).tolist(), counts.tolist(), strict=True):
-            s.cached += c
+        for i, s in enumerate(seqs):
+            tok = int(nxt[i])
+            s.cached += int(counts[i])
             s.generated += 1
             s.pending = np.array([tok], np.int32)
             finish = None

@@ -559,7 +559,8 @@ class CudaDecoderBackend(PagedBackend):
         super().add(seq_id, prompt_ids, params)
         self._dirty.add(int(self._seqs[seq_id].row))
 
-    def _slots(self, row: int, pos: np.ndarray) -> np.ndarray:
+    def _slots(self, row, pos: np.ndarray) -> np.ndarray:
+        """Pool slots of positions pos of block-table row(s) row (an int, or an array beside pos)."""
         bs = self.block_size
         return self.block_tables[row, pos // bs] * bs + pos % bs
 
@@ -570,8 +571,7 @@ class CudaDecoderBackend(PagedBackend):
         idx = np.asarray(dec)
         pos = starts[idx].astype(np.int64)
         r = rows[idx]
-        bs = self.block_size  # every sequence's slot in one gather (not a call per sequence)
-        slot = (self.block_tables[r, pos // bs].astype(np.int64) * bs + pos % bs).astype(np.int32)
+        slot = self._slots(r, pos).astype(np.int32)  # one gather for all rows, not a call per row
         for name, arr in (
             ("ids", ids[offs[idx]]),
             ("pos", pos),
