@@ -141,6 +141,10 @@ class PagedBackend:
         if not self._seqs:
             return []
         seqs = list(self._seqs.values())
+        return self._advance(seqs, self._run(*self._inputs(seqs)))
+
+    def _inputs(self, seqs: list[_Seq]) -> tuple:
+        """(rows, starts, counts, ids, samp, seeds) of one step over seqs, the arrays _run takes."""
         B = len(seqs)
         rows = np.fromiter((s.row for s in seqs), np.int32, B)
         starts = np.fromiter((s.cached for s in seqs), np.int32, B)
@@ -152,11 +156,15 @@ class PagedBackend:
             p = s.params
             samp[i] = (p.temperature, p.top_k, p.top_p, s.generated)
             seeds[i] = s.seed
-        nxt = self._run(rows, starts, counts, ids, samp, seeds)
+        return rows, starts, counts, ids, samp, seeds
+
+    def _advance(self, seqs: list[_Seq], nxt) -> list[StepEvent]:
+        """Book the step's next tokens nxt[i] of seqs[i] (their pending tokens are now cached),
+        finish and release the sequences that ended."""
         events = []
         for i, s in enumerate(seqs):
             tok = int(nxt[i])
-            s.cached += int(counts[i])
+            s.cached += len(s.pending)
             s.generated += 1
             s.pending = np.array([tok], np.int32)
             finish = None
@@ -169,6 +177,10 @@ class PagedBackend:
                 del self._seqs[s.seq_id]
                 self._release(s)
         return events
+
+    def _ends_by_length(self, s: _Seq) -> bool:
+        """Whether decoding sequence s finishes by length at its next step (_advance's rule)."""
+        return s.generated + 1 >= s.params.max_new_tokens or s.cached + 2 >= self.max_seq_len
 
     # ---- helpers ----
     def _release(self, s: _Seq) -> None:

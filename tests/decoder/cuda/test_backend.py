@@ -138,3 +138,58 @@ def test_compile_decoder_device_cuda(ckpt):
     assert type(g.backend).__name__ == "CudaDecoderBackend"
     out = g.generate("kazo mira te", max_new_tokens=3)[0]
     assert out.token_ids == hf_greedy(ckpt("qwen2"), out.prompt_ids, 3)
+
+
+@pytest.mark.skipif(not INTERP, reason="the interpreter has no programmatic dependent launch")
+def test_pdl_off_and_refused_under_the_interpreter(ckpt):
+    spec, w, be = make(ckpt, "qwen2")
+    assert not be.pdl and not be.prefetch and be.memory()["pdl"] is False
+    from zoi.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError, match="sm_90"):
+        CudaDecoderBackend(spec, w, precision="fp32", num_blocks=8, max_batch=2, pdl=True)
+
+
+def _scenario(be, ps, stop_tok):
+    """Stops, length ends, a join and a cancel while a step is in flight, one seeded sampler."""
+    sp = lambda n, **k: SamplingParams(max_new_tokens=n, ignore_eos=True, **k)  # noqa: E731
+    be.add(0, ps[0], sp(6, stop_token_ids=(stop_tok,)))
+    be.add(1, ps[1], sp(3))
+    be.add(2, ps[2], sp(8))
+    out, fin, k = {i: [] for i in range(4)}, {}, 0
+    while be.pool().running:
+        for e in be.step():
+            out[e.seq_id].append(e.token_id)
+            if e.finish is not None:
+                fin[e.seq_id] = e.finish
+        k += 1
+        if k == 2:  # joins while the next decode step is in flight
+            be.add(3, ps[3], sp(4, temperature=50.0, top_k=20, seed=7))
+        if k == 3:
+            be.cancel(2)
+    return out, fin
+
+
+def test_pipelined_steps_equal_plain_steps(ckpt):
+    """pipeline=True (the next decode step launched before this one's tokens are read, ids fed
+    back on the device) gives the plain loop's tokens and finishes, and leaves the pool free."""
+    spec, w, _ = load_decoder(ckpt("qwen2"))
+    ps = prompts(spec.vocab_size, [5, 9, 2, 4], seed=3)
+    kw = dict(precision="fp32", num_blocks=24, block_size=16, max_batch=4, max_seq_len=64)
+    probe, _ = drive(
+        CudaDecoderBackend(spec, w, pipeline=False, **kw),
+        ps[:1],
+        SamplingParams(max_new_tokens=2, ignore_eos=True),
+    )
+    stop_tok = probe[0][1]  # sequence 0 stops at its second token at the latest
+    plain_be = CudaDecoderBackend(spec, w, pipeline=False, **kw)
+    plain = _scenario(plain_be, ps, stop_tok)
+    be = CudaDecoderBackend(spec, w, pipeline=True, **kw)
+    piped = _scenario(be, ps, stop_tok)
+    assert piped == plain
+    assert plain[1][0] == FinishReason.STOP and plain[1][1] == FinishReason.LENGTH
+    assert len(plain[0][2]) < 8 and len(plain[0][3]) == 4
+    assert be.n_ahead > 0 and plain_be.n_ahead == 0
+    assert be.pool().free_blocks == be.pool().num_blocks
+    be.drain()
+    assert be.step() == []

@@ -99,9 +99,27 @@ def test_llama_1b_shape_int8_decode():
     )
 
 
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_pdl_equals_no_pdl(ckpt, precision):
+    """Programmatic dependent launch (and the L2 prefetch of W before the wait) changes when the
+    kernels start, never what they compute: the same tokens, step for step, graphs and eager."""
+    spec, w, _ = load_decoder(ckpt("llama_gqa"))
+    rng = np.random.default_rng(2)
+    ps = [rng.integers(0, spec.vocab_size, n).astype(np.int32) for n in (5, 33, 2, 70)]
+    kw = dict(precision=precision, num_blocks=64, block_size=16, max_batch=8, max_seq_len=128)
+    sp = SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=9, ignore_eos=True)
+    on = CudaDecoderBackend(spec, w, pdl=True, **kw)
+    assert on.pdl and on.prefetch and on.memory()["pdl"]
+    a = run(on, ps, sp)
+    assert a == run(CudaDecoderBackend(spec, w, pdl=False, **kw), ps, sp)
+    assert a == run(CudaDecoderBackend(spec, w, pdl=True, prefetch=False, **kw), ps, sp)
+    assert a == run(CudaDecoderBackend(spec, w, pdl=True, graphs=False, **kw), ps, sp)
+
+
 @pytest.mark.parametrize("M", [1, 32, 300])
 @pytest.mark.parametrize("wdt", ["int8", "fp16", "fp32"])
-def test_linear_real_configs(M, wdt):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_linear_real_configs(M, wdt, pdl):
     """The tile configs the backend picks on this GPU (split-K, 256-wide K, 4 stages) at the
     Llama-3.2-1B sites, against numpy."""
     from tests.decoder.cuda.test_kernels_linear import TOL, run_case
@@ -121,4 +139,4 @@ def test_linear_real_configs(M, wdt):
         (2048, 8192, dict(res=True)),
     ):
         cfg = kl.pick_config(M, N, K, sms, wbytes=wb, swiglu=kw.get("swiglu", False))
-        assert run_case(rng, M, N, K, wdt, cfg, reps=2, **kw) < TOL[wdt], (N, K, cfg)
+        assert run_case(rng, M, N, K, wdt, cfg, reps=2, pdl=pdl, **kw) < TOL[wdt], (N, K, cfg)

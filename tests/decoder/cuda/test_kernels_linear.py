@@ -16,8 +16,9 @@ def quantize(w):
 
 
 def run_case(
-    rng, M, N, K, wdt, cfg, *, rms=False, bias=False, res=False, swiglu=False, gather=False, reps=1
-):
+    rng, M, N, K, wdt, cfg, *, rms=False, bias=False, res=False, swiglu=False, gather=False, reps=1,
+    pdl=False,
+):  # fmt: skip
     rows_total = M + 5 if gather else M
     x = rng.standard_normal((rows_total, K)).astype(np.float32)
     nw = 2 * N if swiglu else N
@@ -80,6 +81,8 @@ def run_case(
             ws=ws,
             cnt=cnt,
             ieee=wdt == "fp32",
+            pdl=pdl,
+            prefetch=pdl,
             **kw,
         )
     if cnt is not None:

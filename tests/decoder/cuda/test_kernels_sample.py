@@ -101,6 +101,20 @@ def test_embed_gather(rng):
     assert DEV in ("cpu", "cuda")
 
 
+def test_embed_feedback(rng):
+    """Rows with fb >= 0 take the previous step's token prev[fb] (pipelined decode), the others
+    their staged id."""
+    V, Hd, T = 50, 33, 7
+    emb = rng.standard_normal((V, Hd)).astype(np.float16)
+    ids = rng.integers(0, V, T).astype(np.int32)
+    prev = rng.integers(0, V, 5).astype(np.int32)
+    fb = np.array([3, -1, 0, 4, -1, -1, 1], np.int32)
+    want = np.where(fb >= 0, prev[np.maximum(fb, 0)], ids)
+    h = poisoned((T, Hd), torch.float32)
+    ks.embed(dev(ids), dev(emb), h, T, fb=dev(fb), prev=dev(prev))
+    assert np.array_equal(host(h), emb[want].astype(np.float32))
+
+
 @pytest.mark.parametrize("V", [1, 2])
 def test_tiny_vocab(V):
     x = np.zeros((2, V), np.float32)

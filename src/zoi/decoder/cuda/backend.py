@@ -41,7 +41,7 @@ from zoi.errors import BackendUnavailableError, InputError
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 PRECISIONS = ("int8", "fp16", "fp32")
-_FIELDS = ("ids", "pos", "slot", "ctx", "rix", "seed", "step", "topk", "temp", "topp")
+_FIELDS = ("ids", "pos", "slot", "ctx", "rix", "seed", "step", "topk", "temp", "topp", "fb")
 PREFILL_BLOCK = 64  # prefill attention tile (query rows and key block)
 
 
@@ -67,7 +67,14 @@ class CudaDecoderBackend(PagedBackend):
         max_prefill_tokens: int | None = None,
         interpret: bool | None = None,
         graphs: bool = True,
+        pdl: bool | None = None,
+        prefetch: bool = True,
+        pipeline: bool = True,
     ):
+        """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; None:
+        on where the GPU has it, sm_90+); prefetch: with pdl, each linear brings its W slice into
+        L2 before it waits for the previous kernel; pipeline: launch the next decode step before
+        the host has read this one's tokens (``step``)."""
         if spec.arch not in ("llama", "qwen2", "qwen3"):
             raise InputError(f"the GPU decoder runs llama / qwen2 / qwen3, not {spec.arch!r}")
         if spec.hidden_act != "silu":
@@ -98,6 +105,17 @@ class CudaDecoderBackend(PagedBackend):
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.buckets = sorted(set(self.buckets))
         self._init_device(interpret)
+        has_pdl = not self.eager and self.capability >= (9, 0)
+        if pdl and not has_pdl:
+            raise BackendUnavailableError(
+                "pdl=True needs an sm_90+ GPU (programmatic dependent launch); "
+                f"this is {self.device_name}: leave pdl at None"
+            )
+        self.pdl = has_pdl if pdl is None else bool(pdl)
+        self.prefetch = bool(prefetch) and self.pdl
+        self.pipeline = bool(pipeline)
+        self._inflight: dict | None = None
+        self.n_ahead = 0  # decode steps launched ahead (pipeline)
         self.use_graphs = bool(graphs) and not self.eager
         self._upload(weights)
         self._alloc()
@@ -129,6 +147,7 @@ class CudaDecoderBackend(PagedBackend):
                     "interpret=True needs TRITON_INTERPRET=1 set before triton is imported"
                 )
             self.dev, self.sm, self.device_name = "cpu", 8, "triton interpreter (CPU)"
+            self.capability = (0, 0)
             return
         if env_interp:
             raise BackendUnavailableError("TRITON_INTERPRET=1 is set: unset it to run on the GPU")
@@ -143,7 +162,8 @@ class CudaDecoderBackend(PagedBackend):
         torch.cuda.init()
         torch.empty(1, device="cuda")
         self.cu_dev, self.ctx = drv.primary_context(torch.cuda.current_device())
-        if drv.capability(self.cu_dev) < (8, 0):
+        self.capability = drv.capability(self.cu_dev)
+        if self.capability < (8, 0):
             raise BackendUnavailableError("the GPU decoder needs compute capability >= 8.0")
         self.sm = drv.sm_count(self.cu_dev)
         self.device_name = drv.device_name(self.cu_dev)
@@ -227,7 +247,8 @@ class CudaDecoderBackend(PagedBackend):
         self.att = self._empty((T, H * D), self.act)
         self.mlp = self._empty((T, I), self.act)
         self.logits = self._empty((MB, V), torch.float32)
-        self.tok = self._empty((MB,), torch.int32)
+        self.tok = self._empty((MB,), torch.int32)  # the decode graphs' tokens (fed back)
+        self.tok_pre = self._empty((MB,), torch.int32)  # the prefill's first tokens
         # block tables: row max_batch is the trash row (padded decode entries)
         self.tab_host = np.full((MB + 1, self.max_blocks_per_seq), self.num_blocks, np.int32)
         self._dirty: set[int] = set()  # block-table rows changed since the last upload
@@ -257,6 +278,7 @@ class CudaDecoderBackend(PagedBackend):
         if self.eager:
             self.h_stage = np.zeros(self.n_dec + self.n_pre, np.int32)
             self.h_tok = np.zeros(MB, np.int32)
+            self.h_ahead = [np.zeros(self.n_dec, np.int32) for _ in range(2)]
         else:
             drv = self.drv
             self.p_stage = drv.Pinned((self.n_dec + self.n_pre) * 4)
@@ -268,6 +290,11 @@ class CudaDecoderBackend(PagedBackend):
                 self.tab_host.shape
             )
             self.h_tab[:] = self.tab_host
+            # the steps launched ahead (step): two staging blocks and token buffers, used in turn
+            self.p_ahead = [drv.Pinned((self.n_dec + MB) * 4) for _ in range(2)]
+            self.h_ahead = [p.view(np.int32, 0, self.n_dec) for p in self.p_ahead]
+            self.ev_ahead = [drv.new_event() for _ in range(2)]
+        self._parity = 0
         self.h_stage[:] = 0
 
     def _sites(self) -> dict:
@@ -311,6 +338,8 @@ class CudaDecoderBackend(PagedBackend):
                 ws=ws,
                 cnt=cnt,
                 ieee=ieee,
+                pdl=self.pdl,
+                prefetch=self.prefetch,
             ),
             lambda: ka.rope_kv(
                 qkv,
@@ -328,6 +357,7 @@ class CudaDecoderBackend(PagedBackend):
                 L["qn"],
                 L["kn"],
                 eps,
+                pdl=self.pdl,
             ),
             lambda: attn(qkv, kc, vc, att),
             lambda: kl.linear(
@@ -344,6 +374,8 @@ class CudaDecoderBackend(PagedBackend):
                 ws=ws,
                 cnt=cnt,
                 ieee=ieee,
+                pdl=self.pdl,
+                prefetch=self.prefetch,
             ),
             lambda: kl.linear(
                 h,
@@ -359,6 +391,8 @@ class CudaDecoderBackend(PagedBackend):
                 ws=ws,
                 cnt=cnt,
                 ieee=ieee,
+                pdl=self.pdl,
+                prefetch=self.prefetch,
             ),
             lambda: kl.linear(
                 mlp,
@@ -373,6 +407,8 @@ class CudaDecoderBackend(PagedBackend):
                 ws=ws,
                 cnt=cnt,
                 ieee=ieee,
+                pdl=self.pdl,
+                prefetch=self.prefetch,
             ),
         ]
 
@@ -402,9 +438,14 @@ class CudaDecoderBackend(PagedBackend):
                 self.aws,
                 self.acnt,
                 self.ieee,
+                pdl=self.pdl,
             )
 
-        steps = [lambda: ks.embed(f["ids"], self.emb, self.h[:B], B)]
+        steps = [
+            lambda: ks.embed(
+                f["ids"], self.emb, self.h[:B], B, pdl=self.pdl, fb=f["fb"], prev=self.tok
+            )
+        ]
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (f["pos"], f["slot"]), B, cfg, attn)
         steps.append(
@@ -421,6 +462,8 @@ class CudaDecoderBackend(PagedBackend):
                 ws=self.ws,
                 cnt=self.cnt,
                 ieee=self.ieee,
+                pdl=self.pdl,
+                prefetch=self.prefetch,
             )
         )
         steps.append(
@@ -434,6 +477,7 @@ class CudaDecoderBackend(PagedBackend):
                 f["seed"],
                 f["step"],
                 self.tok[:B],
+                pdl=self.pdl,
             )
         )
         return steps
@@ -496,9 +540,10 @@ class CudaDecoderBackend(PagedBackend):
         super()._release(s)
         self._dirty.add(int(s.row))
 
-    def _stage_pad(self, B: int, n: int, base: int = 0):
+    def _stage_pad(self, B: int, n: int, base: int = 0, h=None):
         """Padding entries n..B of the decode fields: token 0 at position 0 in the trash block."""
-        MB, h = self.max_batch, self.h_stage
+        MB = self.max_batch
+        h = self.h_stage if h is None else h
         for name, val in (
             ("ids", 0),
             ("pos", 0),
@@ -510,12 +555,14 @@ class CudaDecoderBackend(PagedBackend):
             ("topk", 0),
             ("temp", 0),
             ("topp", 0),
+            ("fb", -1),
         ):
             i = _FIELDS.index(name)
             h[base + i * MB + n : base + i * MB + B] = val
 
-    def _stage_sampling(self, base: int, idx, samp, seeds):
-        MB, h = self.max_batch, self.h_stage
+    def _stage_sampling(self, base: int, idx, samp, seeds, h=None):
+        MB = self.max_batch
+        h = self.h_stage if h is None else h
         n = len(idx)
 
         def put(name, arr):
@@ -565,30 +612,130 @@ class CudaDecoderBackend(PagedBackend):
         return self.block_tables[row, pos // bs] * bs + pos % bs
 
     def _decode(self, dec, rows, starts, ids, offs, samp, seeds, out):
-        n = len(dec)
-        B = next(b for b in self.buckets if b >= n)
-        MB, h = self.max_batch, self.h_stage
         idx = np.asarray(dec)
         pos = starts[idx].astype(np.int64)
-        r = rows[idx]
-        slot = self._slots(r, pos).astype(np.int32)  # one gather for all rows, not a call per row
+        fb = np.full(len(idx), -1, np.int32)
+        B = self._stage_decode(self.h_stage, ids[offs[idx]], pos, rows[idx], fb, idx, samp, seeds)
+        self._h2d(self.n_dec)
+        self._launch(B)
+        out[idx] = self._tokens(len(idx))
+
+    def _stage_decode(self, h, ids, pos, rows, fb, idx, samp, seeds) -> int:
+        """Fill the decode fields of staging block h for n = len(pos) rows; returns the bucket."""
+        n = len(pos)
+        B = next(b for b in self.buckets if b >= n)
+        MB = self.max_batch
+        slot = self._slots(rows, pos).astype(
+            np.int32
+        )  # one gather for all rows, not a call per row
         for name, arr in (
-            ("ids", ids[offs[idx]]),
+            ("ids", ids),
             ("pos", pos),
             ("slot", slot),
             ("ctx", pos + 1),
-            ("rix", r),
+            ("rix", rows),
+            ("fb", fb),
         ):
             i = _FIELDS.index(name)
             h[i * MB : i * MB + n] = arr
-        self._stage_sampling(0, idx, samp, seeds)
-        self._stage_pad(B, n)
-        self._h2d(self.n_dec)
+        self._stage_sampling(0, idx, samp, seeds, h)
+        self._stage_pad(B, n, 0, h)
+        return B
+
+    def _launch(self, B: int):
         if self.eager or not self.use_graphs:
             self._eager(self._steps[B])
         else:
             self.drv.check(self.cu.cuGraphLaunch(self._graphs[B][1], self.stream))
-        out[idx] = self._tokens(n)
+
+    # ------------------------------------------------------------------ pipelined steps
+    def step(self):
+        """One step, as PagedBackend.step; with ``pipeline`` the next decode step of the sequences
+        that can continue is launched before this one's tokens are read (each decode row's id
+        comes from the previous graph's token buffer on the device: the ``fb`` field), so the
+        host's bookkeeping of step t overlaps the GPU's step t + 1. A row launched ahead for a
+        sequence that then stops (eos, stop id, cancel) is dropped at the next call; its K/V
+        write lands in blocks it still held, before any later launch (one stream)."""
+        if not self.pipeline:
+            return super().step()
+        infl, self._inflight = self._inflight, None
+        if not self._seqs:
+            if infl is not None:
+                self._wait(infl)
+            return []
+        cont = []  # (row in the step launched ahead, sequence) still running
+        if infl is not None:
+            cont = [(i, s) for i, s in enumerate(infl["seqs"]) if self._seqs.get(s.seq_id) is s]
+        held = {id(s) for _, s in cont}
+        rest = [s for s in self._seqs.values() if id(s) not in held]
+        events = []
+        if infl is not None and (not cont or any(s.cached > 0 for s in rest)):
+            # a decode row the step launched ahead does not cover (or none left): book it first
+            toks = self._wait(infl)
+            events += self._advance([s for _, s in cont], toks[[i for i, _ in cont]])
+            infl, cont = None, []
+            rest = list(self._seqs.values())
+        if rest:  # new prompts (and, after the above, every decode row)
+            events += self._advance(rest, self._run(*self._inputs(rest)))
+        nxt = [s for _, s in cont if not self._ends_by_length(s)]
+        nxt += [s for s in rest if self._seqs.get(s.seq_id) is s]
+        if nxt:
+            self._inflight = self._launch_ahead(nxt, {id(s): i for i, s in cont})
+        if cont:
+            toks = self._wait(infl)
+            events += self._advance([s for _, s in cont], toks[[i for i, _ in cont]])
+        return events
+
+    def _launch_ahead(self, seqs, fb_rows: dict) -> dict:
+        """Stage and launch the decode step of seqs; a sequence in fb_rows (id -> row of the step
+        in flight) is one token further than its host state says and takes that row's token."""
+        n = len(seqs)
+        self.n_ahead += 1
+        ahead = np.fromiter((id(s) in fb_rows for s in seqs), bool, n)
+        pos = np.fromiter((s.cached for s in seqs), np.int64, n) + ahead
+        rows = np.fromiter((s.row for s in seqs), np.int64, n)
+        fb = np.fromiter((fb_rows.get(id(s), -1) for s in seqs), np.int32, n)
+        ids = np.fromiter(
+            (0 if a else int(s.pending[0]) for s, a in zip(seqs, ahead, strict=True)), np.int32, n
+        )
+        samp = np.empty((n, 4), np.float64)
+        seeds = np.empty(n, np.uint64)
+        for i, s in enumerate(seqs):
+            p = s.params
+            samp[i] = (p.temperature, p.top_k, p.top_p, s.generated + ahead[i])
+            seeds[i] = s.seed
+        p = self._parity
+        self._parity ^= 1
+        h = self.h_ahead[p]
+        B = self._stage_decode(h, ids, pos, rows, fb, np.arange(n), samp, seeds)
+        if self.eager:
+            self.d_stage[: self.n_dec] = self.torch.from_numpy(h.copy())
+            self._launch(B)
+            return {"seqs": seqs, "toks": self.tok[:n].numpy().copy()}
+        cu, chk, buf = self.cu, self.drv.check, self.p_ahead[p]
+        chk(cu.cuCtxSetCurrent(self.ctx))
+        dst = cu.CUdeviceptr(self.d_stage.data_ptr())
+        chk(cu.cuMemcpyHtoDAsync(dst, buf.ptr, self.n_dec * 4, self.stream))
+        self._launch(B)
+        src = cu.CUdeviceptr(self.tok.data_ptr())
+        chk(cu.cuMemcpyDtoHAsync(buf.ptr + self.n_dec * 4, src, n * 4, self.stream))
+        chk(cu.cuEventRecord(self.ev_ahead[p], self.stream))
+        return {"seqs": seqs, "p": p, "n": n}
+
+    def _wait(self, infl: dict) -> np.ndarray:
+        """The tokens of a step launched ahead (waits for it)."""
+        if "toks" in infl:
+            return infl["toks"]
+        p, n = infl["p"], infl["n"]
+        self.drv.check(self.cu.cuEventSynchronize(self.ev_ahead[p]))
+        return self.p_ahead[p].view(np.int32, self.n_dec * 4, n).copy()
+
+    def drain(self) -> None:
+        """Wait for and drop a step launched ahead: nothing of it was booked on the host, so the
+        next step() recomputes the same rows (their K/V writes land on the same slots)."""
+        infl, self._inflight = self._inflight, None
+        if infl is not None:
+            self._wait(infl)
 
     def _eager(self, steps):
         if self.eager:
@@ -599,11 +746,12 @@ class CudaDecoderBackend(PagedBackend):
             for s in steps:
                 s()
 
-    def _tokens(self, n: int) -> np.ndarray:
+    def _tokens(self, n: int, buf=None) -> np.ndarray:
+        buf = self.tok if buf is None else buf
         if self.eager:
-            return self.tok[:n].numpy().copy()
+            return buf[:n].numpy().copy()
         cu = self.cu
-        src = cu.CUdeviceptr(self.tok.data_ptr())
+        src = cu.CUdeviceptr(buf.data_ptr())
         self.drv.check(cu.cuMemcpyDtoHAsync(self.p_tok.ptr, src, n * 4, self.stream))
         self.drv.check(cu.cuStreamSynchronize(self.stream))
         return self.h_tok[:n].copy()
@@ -650,10 +798,20 @@ class CudaDecoderBackend(PagedBackend):
 
         def attn(qkv, kc, vc, att):
             ka.prefill_attention(
-                qkv, d_tiles, nt, att, sp.num_heads, sp.num_kv_heads, sp.head_dim, pb, pb, self.ieee
+                qkv,
+                d_tiles,
+                nt,
+                att,
+                sp.num_heads,
+                sp.num_kv_heads,
+                sp.head_dim,
+                pb,
+                pb,
+                self.ieee,
+                pdl=self.pdl,
             )
 
-        steps = [lambda: ks.embed(d_ids, self.emb, self.h[:T], T)]
+        steps = [lambda: ks.embed(d_ids, self.emb, self.h[:T], T, pdl=self.pdl)]
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (d_pos, d_slot), T, cfg, attn)
         lm_cfg = kl.pick_config(
@@ -674,6 +832,8 @@ class CudaDecoderBackend(PagedBackend):
                 ws=self.ws,
                 cnt=self.cnt,
                 ieee=self.ieee,
+                pdl=self.pdl,
+                prefetch=self.prefetch,
             )
         )
         steps.append(
@@ -686,11 +846,12 @@ class CudaDecoderBackend(PagedBackend):
                 fld["topp"],
                 fld["seed"],
                 fld["step"],
-                self.tok[:n],
+                self.tok_pre[:n],
+                pdl=self.pdl,
             )
         )
         self._eager(steps)
-        out[idx] = self._tokens(n)
+        out[idx] = self._tokens(n, self.tok_pre)
 
     # ------------------------------------------------------------------ info
     def time_decode_graph(self, B: int, ctx: int = 1, n: int = 50) -> float:
@@ -702,6 +863,7 @@ class CudaDecoderBackend(PagedBackend):
             raise BackendUnavailableError(
                 "time_decode_graph needs CUDA graphs (a GPU, graphs=True)"
             )
+        self.drain()
         B = next(b for b in self.buckets if b >= B)
         self._stage_pad(B, 0)
         i = _FIELDS.index("ctx")
@@ -737,6 +899,8 @@ class CudaDecoderBackend(PagedBackend):
             "activation_bytes": nb(t[2:]),
             "buckets": list(self.buckets),
             "graphs": self.use_graphs,
+            "pdl": self.pdl,
+            "prefetch": self.prefetch,
             "device": self.device_name,
         }
 

@@ -26,6 +26,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from zoi.decoder.cuda.pdl import pdl_begin
+
 LOG2E = 1.4426950408889634
 
 
@@ -81,7 +83,9 @@ def rope_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     t = tl.program_id(0)
     HALF: tl.constexpr = D // 2
     pos = tl.load(pos_ptr + t)
@@ -142,7 +146,9 @@ def decode_attn_kernel(
     BLOCK_D: tl.constexpr,
     SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -235,7 +241,9 @@ def prefill_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     tile = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
@@ -303,6 +311,7 @@ def rope_kv(
     qn=None,
     kn=None,
     eps: float = 1e-6,
+    pdl: bool = False,
 ):
     if D % 2:
         raise ValueError(f"head_dim {D}: RoPE needs an even head_dim")
@@ -326,7 +335,9 @@ def rope_kv(
         BLOCK_H=_p2(H),
         BLOCK_KV=_p2(KVH),
         NORM=qn is not None,
+        PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
 
 
@@ -356,6 +367,7 @@ def decode_attention(
     ws=None,
     cnt=None,
     ieee: bool = False,
+    pdl: bool = False,
 ):
     G = H // KVH
     if splits > 1 and (ws is None or cnt is None):
@@ -382,7 +394,9 @@ def decode_attention(
         BLOCK_D=_p2(D, 16),
         SPLITS=splits,
         IEEE=ieee,
+        PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
 
 
@@ -405,6 +419,7 @@ def prefill_attention(
     block_m: int,
     block_n: int,
     ieee: bool = False,
+    pdl: bool = False,
 ):
     """tiles: a device int32 [3, >= n_tiles] (prefill_tiles)."""
     prefill_attn_kernel[(n_tiles, H)](
@@ -424,6 +439,8 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         IEEE=ieee,
+        PDL=pdl,
         num_warps=4,
         num_stages=2,
+        launch_pdl=pdl,
     )

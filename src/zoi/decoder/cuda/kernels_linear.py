@@ -41,6 +41,7 @@ from zoi.decoder.cuda.linear_table import (  # noqa: F401 - re-exported: kl.pick
     pick_config,
     workspace_floats,
 )
+from zoi.decoder.cuda.pdl import can_prefetch, pdl_begin, prefetch_l2
 
 
 @triton.jit
@@ -173,7 +174,9 @@ def linear_kernel(
     SWIGLU: tl.constexpr,
     RESIDUAL: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -299,6 +302,16 @@ def _put(acc, acc_u, ss, rmi, i, a, u, s):
 
 
 @triton.jit
+def _prefetch_w(w_ptr, rn, N, K, k_lo, k_split, SWIGLU: tl.constexpr):
+    """The rows rn (clamped to N) of W, columns [k_lo, k_lo + k_split), and the up rows with SWIGLU."""
+    n = tl.minimum(rn, N - 1)
+    nb = (tl.minimum(k_lo + k_split, K) - k_lo) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    prefetch_l2(w_ptr + (n.to(tl.int64) * K + k_lo), nb)
+    if SWIGLU:
+        prefetch_l2(w_ptr + ((n + N).to(tl.int64) * K + k_lo), nb)
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr,  # [*, K] activations (fp16 / fp32), row stride ldx
     rows_ptr,  # [M] int32 (GATHER)
@@ -328,6 +341,8 @@ def gemv_kernel(
     GATHER: tl.constexpr,
     SWIGLU: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Decode GEMV without tl.dot: fp32 products of the exact weight (INT8 q, FP16, FP32) and the
     exact x, fp32 sums (per K step: a tree over the tile's K lanes, then into the row's acc)."""
@@ -335,6 +350,9 @@ def gemv_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH:  # this program's W slice into L2 while the previous kernel finishes (pdl.py)
+        _prefetch_w(w_ptr, rn, N, K, pid_k * k_split, k_split, SWIGLU)
+    pdl_begin(PDL)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m0 = pid_m * BLOCK_M
@@ -447,6 +465,8 @@ def mma_kernel(
     SWIGLU: tl.constexpr,
     RESIDUAL: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Skinny GEMM on tl.dot with W read as stored (K contiguous) and transposed in registers:
     fp16 operands (fp32 IEEE), fp32 accumulation, as linear_kernel."""
@@ -455,6 +475,9 @@ def mma_kernel(
     pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH:  # this program's W slice into L2 while the previous kernel finishes (pdl.py)
+        _prefetch_w(w_ptr, rn, N, K, pid_k * k_split, k_split, SWIGLU)
+    pdl_begin(PDL)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
@@ -545,6 +568,8 @@ def linear(
     cnt=None,
     ieee: bool = False,
     ldx: int | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
 ):
     """Launch one linear. x, w, out, ... are device tensors (torch, CPU ones under the
     interpreter); N is the output width (the gate width with swiglu)."""
@@ -564,7 +589,7 @@ def linear(
     if cfg.kind != "dot":
         _launch_decode(
             x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu,
-            ws, cnt, ieee, ldx,
+            ws, cnt, ieee, ldx, pdl, pdl and prefetch and can_prefetch(w, K),
         )  # fmt: skip
         return
     linear_kernel[grid](
@@ -595,14 +620,16 @@ def linear(
         SWIGLU=swiglu,
         RESIDUAL=res is not None,
         IEEE=ieee,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=pdl,
     )
 
 
 def _launch_decode(
     x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu, ws, cnt,
-    ieee, ldx,
+    ieee, ldx, pdl, prefetch,
 ):  # fmt: skip
     if cfg.kind == "gemv":
         if cfg.block_m not in (1, 2, 4):
@@ -644,7 +671,10 @@ def _launch_decode(
         GATHER=rows is not None,
         SWIGLU=swiglu,
         RESIDUAL=res is not None,
+        PDL=pdl,
+        PREFETCH=prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=pdl,
         **extra,
     )

@@ -23,11 +23,30 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from zoi.decoder.cuda.pdl import pdl_begin
+
 
 @triton.jit
-def embed_kernel(ids_ptr, emb_ptr, h_ptr, Hd, ldh, BLOCK: tl.constexpr):
+def embed_kernel(
+    ids_ptr,
+    fb_ptr,  # [T] int32 (FEEDBACK): >= 0: take row fb[t]'s token of the previous step instead
+    prev_ptr,  # [*] int32 the previous decode step's sampled tokens (FEEDBACK)
+    emb_ptr,
+    h_ptr,
+    Hd,
+    ldh,
+    BLOCK: tl.constexpr,
+    FEEDBACK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_begin(PDL)
     t = tl.program_id(0)
-    i = tl.load(ids_ptr + t).to(tl.int64)
+    i = tl.load(ids_ptr + t)
+    if FEEDBACK:
+        f = tl.load(fb_ptr + t)
+        if f >= 0:
+            i = tl.load(prev_ptr + f)
+    i = i.to(tl.int64)
     for c in range(0, Hd, BLOCK):
         o = c + tl.arange(0, BLOCK)
         m = o < Hd
@@ -35,9 +54,23 @@ def embed_kernel(ids_ptr, emb_ptr, h_ptr, Hd, ldh, BLOCK: tl.constexpr):
         tl.store(h_ptr + t.to(tl.int64) * ldh + o, x.to(h_ptr.dtype.element_ty), mask=m)
 
 
-def embed(ids, emb, h, T: int):
+def embed(ids, emb, h, T: int, pdl: bool = False, fb=None, prev=None):
+    """h[t] = emb[ids[t]]; with fb / prev (device int32): emb[prev[fb[t]]] where fb[t] >= 0 (a
+    decode step launched before the host has read the previous step's tokens)."""
     Hd = emb.shape[1]
-    embed_kernel[(T,)](ids, emb, h, Hd, h.stride(0), BLOCK=min(1024, triton.next_power_of_2(Hd)))
+    embed_kernel[(T,)](
+        ids,
+        fb if fb is not None else ids,
+        prev if prev is not None else ids,
+        emb,
+        h,
+        Hd,
+        h.stride(0),
+        BLOCK=min(1024, triton.next_power_of_2(Hd)),
+        FEEDBACK=fb is not None,
+        PDL=pdl,
+        launch_pdl=pdl,
+    )
 
 
 @triton.jit
@@ -81,7 +114,9 @@ def sample_kernel(
     out_ptr,  # [B] int32 tokens
     BLOCK_V: tl.constexpr,
     NOISE_IN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     b = tl.program_id(0)
     row = logits_ptr + b.to(tl.int64) * ldl
     best = float("-inf")
@@ -151,7 +186,18 @@ def sample_kernel(
 
 
 def sample(
-    logits, V: int, B: int, temp, topk, topp, seed, step, out, noise=None, block_v: int = 4096
+    logits,
+    V: int,
+    B: int,
+    temp,
+    topk,
+    topp,
+    seed,
+    step,
+    out,
+    noise=None,
+    block_v: int = 4096,
+    pdl: bool = False,
 ):
     sample_kernel[(B,)](
         logits,
@@ -166,5 +212,7 @@ def sample(
         out,
         BLOCK_V=min(block_v, triton.next_power_of_2(V)),
         NOISE_IN=noise is not None,
+        PDL=pdl,
         num_warps=8,
+        launch_pdl=pdl,
     )

@@ -1,0 +1,73 @@
+"""Per-kernel device time of one GPU decode step (issue 14): torch.profiler (CUPTI) over replays
+of a bucket's CUDA graph; kernels grouped by name (the site is in the launch order), the sum of
+kernel times against the graph's wall time (the rest: launch gaps and tails).
+
+    python lab/gpu/decode_kprof.py --model qwen2.5-0.5b --batch 32 [--pdl 0|1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=192)
+    ap.add_argument("--pdl", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args(argv)
+    from torch.profiler import ProfilerActivity, profile
+
+    from zoi.decoder.cuda import CudaDecoderBackend
+    from zoi.decoder.cuda.synth import random_weights, shape_spec
+
+    spec = shape_spec(a.model)
+    be = CudaDecoderBackend(
+        spec,
+        random_weights(spec, 0),
+        precision="int8",
+        max_batch=a.batch,
+        max_seq_len=a.ctx + 64,
+        pdl=bool(a.pdl),
+    )
+    wall = be.time_decode_graph(a.batch, a.ctx)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        be.time_decode_graph(a.batch, a.ctx, n=a.reps)
+    evs = sorted(
+        (e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start
+    )
+    reps = a.reps + 1  # time_decode_graph launches once before it times
+    per_step = len(evs) // reps
+    names = ["embed"] + ["qkv", "rope_kv", "attn", "o", "gate_up", "down"] * spec.num_layers
+    names += ["lm_head", "sample"]
+    site = defaultdict(lambda: [0.0, 0, ""])
+    for i, e in enumerate(evs[: per_step * reps]):
+        j = i % per_step
+        nm = names[j] if per_step == len(names) else str(j)
+        t = getattr(e, "device_time", None) or e.cuda_time
+        site[nm][0] += t / reps
+        site[nm][1] += 1.0 / reps
+        site[nm][2] = e.name.split("(")[0][:40]
+    rows = sorted(
+        (
+            {"site": k, "us_per_step": round(t, 1), "launches": round(c), "kernel": n}
+            for k, (t, c, n) in site.items()
+        ),
+        key=lambda r: -r["us_per_step"],
+    )
+    span = (evs[-1].time_range.end - evs[-per_step].time_range.start) if per_step else 0
+    total = sum(r["us_per_step"] for r in rows)
+    print(json.dumps({
+        "model": a.model, "batch": a.batch, "ctx": a.ctx, "pdl": bool(a.pdl),
+        "graph_wall_us": round(wall, 1), "kernels_per_step": per_step,
+        "last_step_span_us": round(span, 1), "kernel_sum_us": round(total, 1), "sites": rows,
+    }, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
