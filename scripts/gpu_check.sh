@@ -64,10 +64,13 @@ if has test || has quick; then
   drc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$drc
   echo "decoder tests exit code $drc" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
-if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): lab/gpu/decode_bench.py, ~5 min
-  log "decoder benchmark" | tee -a "$OUT/gpu_check_${STAMP}.log"
-  timeout "${DECBENCH_TIMEOUT:-580}" $PY lab/gpu/decode_bench.py ${DECBENCH_ARGS:-} --out "$OUT/gpu_decode_bench_${STAMP}.json" 2>&1 \
-    | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
+if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi bench --device cuda on the decode workloads (issue 14)
+  # zoi-cuda-int8 / -fp16 / transformers-cuda-fp16, 8 and 32 streams, the targets in the JSON (written after each row);
+  # DECBENCH_ARGS e.g. "--quick" or "--streams 32 --providers zoi-cuda-int8,transformers-cuda-fp16"
+  log "decoder benchmark (zoi bench --device cuda)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${DECBENCH_TIMEOUT:-580}" $PY -m zoi.bench.cli --device cuda \
+    --workloads "${DECBENCH_WORKLOADS:-qwen2.5-0.5b-decode,llama-3.2-1b-decode}" ${DECBENCH_ARGS:-} \
+    --out "$OUT/gpu_${STAMP}_cuda_decode.json" 2>&1 | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: issue 14's decode linears
   log "gemv: decode linear sweep (lab/gpu/sweep_gemv.py), winners into DECODE_TABLE, compiled decoder tests" | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -12,6 +12,11 @@
 Random-init weights in memory (zoi.decoder.cuda.synth); greedy with ignore_eos so every stream
 runs its full length. Prints one JSON document; writes it to --out, else to $OUT/ when set.
 A failing workload is recorded with its error and the script exits 1 at the end.
+
+The product benchmark is `zoi bench --device cuda --workloads qwen2.5-0.5b-decode,llama-3.2-1b-decode`
+(src/zoi/bench/decode.py: the same figures from checkpoint folders, 8 and 32 streams, the
+transformers peer on every workload, the same targets); `scripts/gpu_check.sh decbench` runs that.
+This script stays as the lab's quick look (in-memory weights, no folder written).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--device",
         default="auto",
         choices=["auto", "cpu", "cuda", "all"],
-        help="providers to run (auto: CPU, plus CUDA when torch sees a GPU)",
+        help="providers to run (auto: CPU, plus CUDA when torch sees a GPU); decode workloads: "
+        "cuda runs zoi-cuda-int8, zoi-cuda-fp16, transformers-cuda-fp16",
     )
     p.add_argument(
         "--providers",
@@ -67,6 +68,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="real sentences for accuracy (default 500; quick 100)",
+    )
+    p.add_argument(
+        "--streams",
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="decode workloads: concurrent stream counts, e.g. '--streams 8 32' or '8,32' "
+        "(default 8 on cpu, 8 and 32 on cuda)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        help="decode workloads: tokens generated per sequence (default 64 on cpu, 128 with cuda; "
+        "quick 32)",
+    )
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        default=None,
+        help="decode workloads: prompt tokens (default 128; quick 32)",
     )
     p.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS runs")
     p.add_argument(

@@ -43,11 +43,13 @@ def compile_decoder(
 
     device: "cpu" (native core), "reference" (numpy, slow) or "cuda" (zoi.decoder.cuda).
     precision: "fp32", "int8" (per-channel INT8 weights, FP32 activations) or "w8a8" (INT8 weights
-    and per-token INT8 activations, the INT8 GEMM of csrc/kernels); the last two on the CPU.
+    and per-token INT8 activations, the INT8 GEMM of csrc/kernels) on the CPU; "int8" (weight-only),
+    "fp16" or "fp32" on cuda.
     max_seq_len: prompt + generated tokens of one sequence (default min(2048, the model's limit)).
     max_batch: sequences one step carries; kv_blocks x block_size: the static KV pool (default:
     room for max_batch sequences of max_seq_len / 2 tokens each). max_tokens: tokens one native
-    call carries at most (longer prefills are cut into chunks; CPU).
+    call carries at most (longer prefills are cut into chunks; CPU), packed prefill tokens per
+    step on cuda (max_prefill_tokens).
     """
     bad = [k for k, v in unused.items() if v is not None and k not in ("progress",)]
     if bad:
@@ -56,9 +58,11 @@ def compile_decoder(
         )
     if device == "auto":
         device = "cpu"
-    if precision not in ("fp32", "int8", "w8a8"):
+    ok = ("int8", "fp16", "fp32") if device in ("cuda", "gpu") else ("fp32", "int8", "w8a8")
+    if precision not in ok:
         raise InputError(
-            f"precision {precision!r} is not supported for decoders; use 'fp32', 'int8' or 'w8a8'"
+            f"precision {precision!r} is not supported for decoders on device {device!r}; "
+            f"use {', '.join(map(repr, ok))}"
         )
     spec, weights, folder = load_decoder(path)
     tok = DecoderTokenizer(folder)
@@ -108,6 +112,7 @@ def compile_decoder(
             block_size=block_size,
             max_batch=max_batch,
             max_seq_len=max_seq_len,
+            max_prefill_tokens=max_tokens,
         )
     else:
         raise InputError(
