@@ -40,8 +40,10 @@ def main(argv=None) -> int:
     evs = sorted(
         (e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start
     )
-    reps = a.reps + 1  # time_decode_graph launches once before it times
-    per_step = len(evs) // reps
+    first = next(i for i, e in enumerate(evs) if e.name.startswith("embed_kernel"))
+    evs = evs[first:]  # a step begins with the embedding (CUPTI may list a kernel before it)
+    per_step = 3 + 6 * spec.num_layers
+    reps = len(evs) // per_step
     names = ["embed"] + ["qkv", "rope_kv", "attn", "o", "gate_up", "down"] * spec.num_layers
     names += ["lm_head", "sample"]
     site = defaultdict(lambda: [0.0, 0, ""])

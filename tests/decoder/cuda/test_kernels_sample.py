@@ -32,9 +32,19 @@ def sample_ref(x, temp, k, p, u):
     return int(np.argmax(np.where(keep, lx + g, -np.inf)))
 
 
-def launch(logits, temp, k, p, seed, step, noise=None, block_v=64):
+def launch(logits, temp, k, p, seed, step, noise=None, block_v=64, split=True):
+    """split: the greedy / plain-temperature rows argmax'ed over several programs per row
+    (block_v 64 gives V / 64 of them; counters checked back at zero)."""
     B, V = logits.shape
     out = poisoned((B,), torch.int32)
+    ws = None
+    if split:
+        S, _ = ks.sample_splits(V, block_v)
+        ws = (
+            poisoned((B * S,), torch.float32),
+            poisoned((B * S,), torch.int32),
+            torch.zeros(B, dtype=torch.int32, device=DEV),
+        )
     ks.sample(
         dev(logits),
         V,
@@ -47,21 +57,26 @@ def launch(logits, temp, k, p, seed, step, noise=None, block_v=64):
         out,
         None if noise is None else dev(noise),
         block_v,
+        ws=ws,
     )
+    if ws is not None:
+        assert int(ws[2].abs().sum()) == 0, "split counters not reset"
     return host(out)
 
 
-def test_greedy_lowest_id_on_ties(rng):
+@pytest.mark.parametrize("split", [True, False])
+def test_greedy_lowest_id_on_ties(rng, split):
     B, V = 4, 300
     x = rng.standard_normal((B, V)).astype(np.float32)
     x[1, [7, 150, 299]] = 9.0  # ties across BLOCK_V chunks: 7 wins
     x[2, [200, 130]] = 9.0
     x[3, :] = 1.0
-    got = launch(x, [0.0] * B, [0] * B, [1.0] * B, [0] * B, [0] * B)
+    got = launch(x, [0.0] * B, [0] * B, [1.0] * B, [0] * B, [0] * B, split=split)
     assert got.tolist() == [int(np.argmax(x[0])), 7, 130, 0]
 
 
-def test_sampling_matches_numpy_on_the_same_uniforms(rng):
+@pytest.mark.parametrize("split", [True, False])
+def test_sampling_matches_numpy_on_the_same_uniforms(rng, split):
     B, V = 12, 203
     x = (rng.standard_normal((B, V)) * 2).astype(np.float32)
     x[5, 10:14] = x[5].max() + 1  # ties at the top-k edge
@@ -70,9 +85,22 @@ def test_sampling_matches_numpy_on_the_same_uniforms(rng):
     p = [1.0, 1.0, 0.9, 0.8, 1.0, 1.0, 0.5, 0.95, 0.3, 0.05, 0.7, 1.0]
     for trial in range(1):
         u = rng.random((B, V)).astype(np.float32)
-        got = launch(x, temp, k, p, [1] * B, [trial] * B, noise=u)
+        got = launch(x, temp, k, p, [1] * B, [trial] * B, noise=u, split=split)
         want = [sample_ref(x[b], temp[b], k[b], p[b], u[b]) for b in range(B)]
         assert got.tolist() == want, trial
+
+
+def test_split_argmax_equals_one_program(rng):
+    """Greedy and plain-temperature rows over 11 programs per row (Philox noise keyed by the
+    column, so the chunks draw what one program draws), top-k / top-p rows beside them."""
+    B, V = 6, 700
+    x = rng.standard_normal((B, V)).astype(np.float32)
+    x[0, [3, 650]] = 9.0  # a tie across chunks
+    args = ([0.0, 0.8, 1.5, 0.0, 1.0, 0.9], [0, 0, 0, 0, 5, 0], [1.0, 1.0, 1.0, 1.0, 1.0, 0.7])
+    seeds, steps = [5, 6, 7, 8, 9, 10], [0, 1, 2, 3, 4, 5]
+    a = launch(x, *args, seeds, steps, split=True)
+    assert a.tolist() == launch(x, *args, seeds, steps, split=False).tolist()
+    assert a[0] == 3 and a[3] == int(np.argmax(x[3]))
 
 
 def test_philox_reproducible_and_distributed(rng):

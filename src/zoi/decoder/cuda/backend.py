@@ -67,14 +67,18 @@ class CudaDecoderBackend(PagedBackend):
         max_prefill_tokens: int | None = None,
         interpret: bool | None = None,
         graphs: bool = True,
-        pdl: bool | None = None,
-        prefetch: bool = True,
+        pdl: bool = False,
+        prefetch: bool = False,
         pipeline: bool = True,
     ):
-        """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; None:
-        on where the GPU has it, sm_90+); prefetch: with pdl, each linear brings its W slice into
-        L2 before it waits for the previous kernel; pipeline: launch the next decode step before
-        the host has read this one's tokens (``step``)."""
+        """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
+        prefetch: with pdl, each linear brings its W slice into L2 before it waits for the
+        previous kernel; pipeline: launch the next decode step before the host has read this
+        one's tokens (``step``). Off / off / on by default, as measured on the H200
+        (lab/gpu/decode_ab.py, bench/results/gpu_decode_ab_20261202T1530Z.json): pipeline took
+        Llama-3.2-1B INT8 b1 from 0.995 to 0.788 ms per token and Qwen2.5-0.5B x32 from 20.7k to
+        22.6k tokens/s; pdl gained 2% at b1 (graph 780 -> 762 us) and lost 5% at 32 streams
+        (1181 -> 1240 us: the kernels, not the gaps, fill that step); prefetch lost at both."""
         if spec.arch not in ("llama", "qwen2", "qwen3"):
             raise InputError(f"the GPU decoder runs llama / qwen2 / qwen3, not {spec.arch!r}")
         if spec.hidden_act != "silu":
@@ -105,13 +109,12 @@ class CudaDecoderBackend(PagedBackend):
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.buckets = sorted(set(self.buckets))
         self._init_device(interpret)
-        has_pdl = not self.eager and self.capability >= (9, 0)
-        if pdl and not has_pdl:
+        if pdl and (self.eager or self.capability < (9, 0)):
             raise BackendUnavailableError(
                 "pdl=True needs an sm_90+ GPU (programmatic dependent launch); "
-                f"this is {self.device_name}: leave pdl at None"
+                f"this is {self.device_name}: leave pdl off"
             )
-        self.pdl = has_pdl if pdl is None else bool(pdl)
+        self.pdl = bool(pdl)
         self.prefetch = bool(prefetch) and self.pdl
         self.pipeline = bool(pipeline)
         self._inflight: dict | None = None
@@ -249,6 +252,12 @@ class CudaDecoderBackend(PagedBackend):
         self.logits = self._empty((MB, V), torch.float32)
         self.tok = self._empty((MB,), torch.int32)  # the decode graphs' tokens (fed back)
         self.tok_pre = self._empty((MB,), torch.int32)  # the prefill's first tokens
+        S, _ = ks.sample_splits(V)  # the sampler's split argmax: S programs per row
+        self.sws = (
+            self._empty((MB * S,), torch.float32),
+            self._empty((MB * S,), torch.int32),
+            self._empty((MB,), torch.int32),
+        )
         # block tables: row max_batch is the trash row (padded decode entries)
         self.tab_host = np.full((MB + 1, self.max_blocks_per_seq), self.num_blocks, np.int32)
         self._dirty: set[int] = set()  # block-table rows changed since the last upload
@@ -478,6 +487,7 @@ class CudaDecoderBackend(PagedBackend):
                 f["step"],
                 self.tok[:B],
                 pdl=self.pdl,
+                ws=self.sws,
             )
         )
         return steps
@@ -848,6 +858,7 @@ class CudaDecoderBackend(PagedBackend):
                 fld["step"],
                 self.tok_pre[:n],
                 pdl=self.pdl,
+                ws=self.sws,
             )
         )
         self._eager(steps)

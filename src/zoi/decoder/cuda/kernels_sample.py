@@ -101,6 +101,20 @@ def _mass_ge(row, V, t, top, inv_t, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _scores(row, o, ok, temp, inv_t, seed64, noise_row, NOISE_IN: tl.constexpr):
+    """The values argmax'ed over columns o: x (greedy) or x / T + Gumbel noise."""
+    x = tl.load(row + o, mask=ok, other=float("-inf"))
+    if temp > 0:
+        if NOISE_IN:
+            u = tl.load(noise_row + o, mask=ok, other=0.5)
+        else:
+            u = tl.rand(seed64, o)
+        u = tl.maximum(u, 1e-30)
+        x = x * inv_t - tl.log(-tl.log(u))
+    return tl.where(ok, x, float("-inf"))
+
+
+@triton.jit
 def sample_kernel(
     logits_ptr,  # [B, V] fp32, row stride ldl
     ldl,
@@ -112,13 +126,69 @@ def sample_kernel(
     step_ptr,  # [B] int32 (the token's index in the sequence's output)
     noise_ptr,  # [B, V] fp32 uniforms (NOISE_IN)
     out_ptr,  # [B] int32 tokens
+    pv_ptr,  # [B, S] fp32 the chunks' best scores (S > 1)
+    pi_ptr,  # [B, S] int32 their columns
+    cnt_ptr,  # [B] int32 arrivals per row (zero, and left zero)
+    chunk,  # columns per program of a split row (a multiple of BLOCK_V)
     BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     NOISE_IN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_begin(PDL)
     b = tl.program_id(0)
+    sp = tl.program_id(1)
+    S = tl.num_programs(1)
     row = logits_ptr + b.to(tl.int64) * ldl
+    noise_row = noise_ptr + b.to(tl.int64) * V
+    temp = tl.load(temp_ptr + b)
+    k = tl.load(topk_ptr + b)
+    p = tl.load(topp_ptr + b)
+    inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
+    seed = tl.load(seed_ptr + b).to(tl.uint32).to(tl.uint64)
+    step = tl.load(step_ptr + b).to(tl.uint32).to(tl.uint64)
+    seed64 = (step << 32) | seed
+    if (temp <= 0) | (((k <= 0) | (k >= V)) & (p >= 1.0)):
+        # greedy or plain temperature: an argmax, split over S programs per row; per-lane
+        # running bests (no cross-lane reduction inside the loop), lowest column on ties
+        lo = sp * chunk
+        hi = tl.minimum(lo + chunk, V)
+        bv = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        bi = tl.full([BLOCK_V], 2147483647, tl.int32)
+        for v0 in range(lo, hi, BLOCK_V):
+            o = v0 + tl.arange(0, BLOCK_V)
+            sc = _scores(row, o, o < hi, temp, inv_t, seed64, noise_row, NOISE_IN)
+            up = sc > bv
+            bi = tl.where(up, o, bi)
+            bv = tl.where(up, sc, bv)
+        best = tl.max(bv, 0)
+        arg = tl.min(tl.where(bv == best, bi, 2147483647), 0)
+        if S == 1:
+            tl.store(out_ptr + b, tl.where(best == float("-inf"), 0, arg))
+        else:
+            tl.store(pv_ptr + b * S + sp, best)
+            tl.store(pi_ptr + b * S + sp, arg)
+            tl.debug_barrier()
+            seen = tl.atomic_add(cnt_ptr + b, 1)  # acq_rel, gpu scope
+            if seen == S - 1:  # the last chunk in merges the row's S bests
+                j = tl.arange(0, BLOCK_S)
+                v = tl.load(
+                    pv_ptr + b * S + j, mask=j < S, other=float("-inf"), cache_modifier=".cg"
+                )
+                c = tl.load(pi_ptr + b * S + j, mask=j < S, other=2147483647, cache_modifier=".cg")
+                best = tl.max(v, 0)
+                arg = tl.min(tl.where(v == best, c, 2147483647), 0)
+                tl.store(out_ptr + b, tl.where(best == float("-inf"), 0, arg))
+                tl.store(cnt_ptr + b, 0)
+    elif sp == 0:  # top-k / top-p: thresholds over the whole row, one program
+        tl.store(out_ptr + b, _sample_row(row, V, temp, k, p, seed64, noise_row, BLOCK_V, NOISE_IN))
+
+
+@triton.jit
+def _sample_row(
+    row, V, temp, k, p, seed64, noise_row, BLOCK_V: tl.constexpr, NOISE_IN: tl.constexpr
+):
+    """temperature + top-k / top-p thresholds (bisection over the int keys) + Gumbel-max."""
     best = float("-inf")
     low = float("inf")
     arg = 0
@@ -131,58 +201,55 @@ def sample_kernel(
             best = cm
             arg = v0 + ci
         low = tl.minimum(low, tl.min(tl.where(o < V, x, float("inf")), 0))
-    temp = tl.load(temp_ptr + b)
     tok = arg
-    if temp > 0:
-        inv_t = 1.0 / temp
-        k = tl.load(topk_ptr + b)
-        p = tl.load(topp_ptr + b)
-        top_key = _key(best)
-        tk = _key(low)
-        if (k > 0) & (k < V):
-            lo = tk
-            hi = top_key + 1
-            for _ in range(33):
-                if hi - lo > 1:
-                    mid = lo + (hi - lo) // 2
-                    if _count_ge(row, V, mid, BLOCK_V) >= k:
-                        lo = mid
-                    else:
-                        hi = mid
-            tk = lo
-        tp = tk
-        if p < 1.0:
-            goal = p * _mass_ge(row, V, tk, best, inv_t, BLOCK_V)
-            lo = tk
-            hi = top_key + 1
-            for _ in range(33):
-                if hi - lo > 1:
-                    mid = lo + (hi - lo) // 2
-                    if _mass_ge(row, V, mid, best, inv_t, BLOCK_V) >= goal:
-                        lo = mid
-                    else:
-                        hi = mid
-            tp = lo
-        seed = tl.load(seed_ptr + b).to(tl.uint32).to(tl.uint64)
-        step = tl.load(step_ptr + b).to(tl.uint32).to(tl.uint64)
-        seed64 = (step << 32) | seed
-        gbest = float("-inf")
-        for v0 in range(0, V, BLOCK_V):
-            o = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(row + o, mask=o < V, other=float("-inf"))
-            if NOISE_IN:
-                u = tl.load(noise_ptr + b.to(tl.int64) * V + o, mask=o < V, other=0.5)
-            else:
-                u = tl.rand(seed64, o)
-            u = tl.maximum(u, 1e-30)
-            sc = x * inv_t - tl.log(-tl.log(u))
-            sc = tl.where((_key(x) >= tp) & (o < V), sc, float("-inf"))
-            cm = tl.max(sc, 0)
-            ci = tl.argmax(sc, 0, tie_break_left=True)
-            if cm > gbest:
-                gbest = cm
-                tok = v0 + ci
-    tl.store(out_ptr + b, tok)
+    inv_t = 1.0 / temp
+    top_key = _key(best)
+    tk = _key(low)
+    if (k > 0) & (k < V):
+        lo = tk
+        hi = top_key + 1
+        for _ in range(33):
+            if hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                if _count_ge(row, V, mid, BLOCK_V) >= k:
+                    lo = mid
+                else:
+                    hi = mid
+        tk = lo
+    tp = tk
+    if p < 1.0:
+        goal = p * _mass_ge(row, V, tk, best, inv_t, BLOCK_V)
+        lo = tk
+        hi = top_key + 1
+        for _ in range(33):
+            if hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                if _mass_ge(row, V, mid, best, inv_t, BLOCK_V) >= goal:
+                    lo = mid
+                else:
+                    hi = mid
+        tp = lo
+    gbest = float("-inf")
+    for v0 in range(0, V, BLOCK_V):
+        o = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(row + o, mask=o < V, other=float("-inf"))
+        sc = _scores(row, o, o < V, temp, inv_t, seed64, noise_row, NOISE_IN)
+        sc = tl.where(_key(x) >= tp, sc, float("-inf"))
+        cm = tl.max(sc, 0)
+        ci = tl.argmax(sc, 0, tie_break_left=True)
+        if cm > gbest:
+            gbest = cm
+            tok = v0 + ci
+    return tok
+
+
+def sample_splits(V: int, block_v: int = 4096, max_splits: int = 64) -> tuple[int, int]:
+    """(programs per row, columns per program) of the split argmax: one BLOCK_V step each where
+    the vocabulary allows, at most max_splits."""
+    bv = min(block_v, triton.next_power_of_2(V))
+    steps = triton.cdiv(V, bv)
+    chunk = bv * triton.cdiv(steps, min(steps, max_splits))
+    return triton.cdiv(V, chunk), chunk
 
 
 def sample(
@@ -198,8 +265,16 @@ def sample(
     noise=None,
     block_v: int = 4096,
     pdl: bool = False,
+    ws=None,
 ):
-    sample_kernel[(B,)](
+    """ws: (fp32 [B * S], int32 [B * S], int32 [B] zeros) for the split argmax of greedy /
+    plain-temperature rows (S from sample_splits); None: one program per row."""
+    bv = min(block_v, triton.next_power_of_2(V))
+    S, chunk = sample_splits(V, bv) if ws is not None else (1, V)
+    if ws is not None and (ws[0].numel() < B * S or ws[2].numel() < B):
+        raise ValueError(f"sample workspace under B={B} x S={S}: size it with sample_splits()")
+    pv, pi, cnt = ws if ws is not None else (logits, out, out)
+    sample_kernel[(B, S)](
         logits,
         logits.stride(0),
         V,
@@ -210,7 +285,12 @@ def sample(
         step,
         noise if noise is not None else logits,
         out,
-        BLOCK_V=min(block_v, triton.next_power_of_2(V)),
+        pv,
+        pi,
+        cnt,
+        chunk,
+        BLOCK_V=bv,
+        BLOCK_S=triton.next_power_of_2(S),
         NOISE_IN=noise is not None,
         PDL=pdl,
         num_warps=8,
