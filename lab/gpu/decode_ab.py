@@ -67,8 +67,10 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--models", default="llama-3.2-1b,qwen2.5-0.5b")
+    ap.add_argument("--variants", default="base,pdl,pdl+prefetch")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    want = a.variants.split(",")
     import torch
 
     from zoi.decoder.cuda import CudaDecoderBackend
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
         spec = shape_spec(name)
         w = random_weights(spec, 0)
         n = 1 if name.startswith("llama") else a.streams
-        for label, pdl, pf in VARIANTS:
+        for label, pdl, pf in [v for v in VARIANTS if v[0] in want]:
             t0 = time.perf_counter()
             be = CudaDecoderBackend(
                 spec,
