@@ -108,12 +108,12 @@ def test_pdl_equals_no_pdl(ckpt, precision):
     ps = [rng.integers(0, spec.vocab_size, n).astype(np.int32) for n in (5, 33, 2, 70)]
     kw = dict(precision=precision, num_blocks=64, block_size=16, max_batch=8, max_seq_len=128)
     sp = SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=9, ignore_eos=True)
-    on = CudaDecoderBackend(spec, w, pdl=True, **kw)
+    on = CudaDecoderBackend(spec, w, pdl=True, prefetch=True, **kw)
     assert on.pdl and on.prefetch and on.memory()["pdl"]
     a = run(on, ps, sp)
     assert a == run(CudaDecoderBackend(spec, w, pdl=False, **kw), ps, sp)
-    assert a == run(CudaDecoderBackend(spec, w, pdl=True, prefetch=False, **kw), ps, sp)
-    assert a == run(CudaDecoderBackend(spec, w, pdl=True, graphs=False, **kw), ps, sp)
+    assert a == run(CudaDecoderBackend(spec, w, pdl=True, **kw), ps, sp)
+    assert a == run(CudaDecoderBackend(spec, w, pdl=True, prefetch=True, graphs=False, **kw), ps, sp)
 
 
 @pytest.mark.parametrize("M", [1, 32, 300])

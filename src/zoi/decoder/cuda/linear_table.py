@@ -65,6 +65,17 @@ DECODE_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {
 }
 # fmt: on
 
+# Prefill (M > 32, the "dot" kernel): (site, prefill bucket of M, N, K, weight dtype) -> config,
+# from lab/gpu/sweep_prefill.py on the H200; a shape not here takes pick_dot's 64x64x64 tiles.
+PREFILL_BUCKETS = (512, 4096)
+# fmt: off
+PREFILL_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {}
+# fmt: on
+
+
+def prefill_bucket(M: int) -> int:
+    return next((b for b in PREFILL_BUCKETS if b >= M), PREFILL_BUCKETS[-1])
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
@@ -150,8 +161,8 @@ def pick_config(
     swiglu: bool = False,
     site: str | None = None,
 ) -> LinearConfig:
-    """The config of one call site: the table's entry for (site, bucket(M), N, K, dtype), else
-    decode_rule for M <= 32, else the prefill tiles of the dot kernel."""
+    """The config of one call site: for M <= 32 the table's entry for (site, bucket(M), N, K,
+    dtype), else decode_rule; for prefill PREFILL_TABLE's entry, else pick_dot's tiles."""
     if interpret:
         return pick_interpret(M, N, K)
     if M <= DECODE_BUCKETS[-1] and NEW_DECODE:
@@ -159,7 +170,8 @@ def pick_config(
         if hit is not None:
             return hit
         return decode_rule(M, N, K, sms, wbytes, swiglu)
-    return pick_dot(M, N, K, sms, wbytes, swiglu)
+    hit = PREFILL_TABLE.get((site, prefill_bucket(M), N, K, WDT.get(wbytes, "?")))
+    return hit if hit is not None else pick_dot(M, N, K, sms, wbytes, swiglu)
 
 
 def workspace_floats(M: int, N: int, cfg: LinearConfig, swiglu: bool = False) -> int:
