@@ -113,7 +113,9 @@ def test_pdl_equals_no_pdl(ckpt, precision):
     a = run(on, ps, sp)
     assert a == run(CudaDecoderBackend(spec, w, pdl=False, **kw), ps, sp)
     assert a == run(CudaDecoderBackend(spec, w, pdl=True, **kw), ps, sp)
-    assert a == run(CudaDecoderBackend(spec, w, pdl=True, prefetch=True, graphs=False, **kw), ps, sp)
+    assert a == run(
+        CudaDecoderBackend(spec, w, pdl=True, prefetch=True, graphs=False, **kw), ps, sp
+    )
 
 
 @pytest.mark.parametrize("M", [1, 32, 300])
