@@ -66,10 +66,21 @@ DECODE_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {
 # fmt: on
 
 # Prefill (M > 32, the "dot" kernel): (site, prefill bucket of M, N, K, weight dtype) -> config,
-# from lab/gpu/sweep_prefill.py on the H200; a shape not here takes pick_dot's 64x64x64 tiles.
+# from lab/gpu/sweep_prefill.py on the H200 (bench/results/gpu_prefill_sweep_20261202T1556Z.json:
+# Qwen2.5-0.5B x32 time to first token 21.5 -> 17.6 ms, tokens/s 24.6k -> 25.2k with these
+# entries); a shape not here takes pick_dot's 64x64x64 tiles.
 PREFILL_BUCKETS = (512, 4096)
 # fmt: off
-PREFILL_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {}
+PREFILL_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {
+    ('qkv', 512, 1152, 896, 'int8'): LinearConfig(64, 128, 64, 1, 4, 3),  # qwen2.5-0.5b 24.8 us (64x64x64: 28.5)
+    ('qkv', 4096, 1152, 896, 'int8'): LinearConfig(128, 128, 64, 1, 8, 3),  # qwen2.5-0.5b 80.9 us (64x64x64: 97.6)
+    ('o', 512, 896, 896, 'int8'): LinearConfig(64, 64, 128, 1, 4, 3),  # qwen2.5-0.5b 9.3 us (64x64x64: 10.1)
+    ('o', 4096, 896, 896, 'int8'): LinearConfig(128, 64, 64, 1, 4, 3),  # qwen2.5-0.5b 31.3 us (64x64x64: 32.8)
+    ('gu', 512, 4864, 896, 'int8'): LinearConfig(64, 128, 64, 1, 4, 3),  # qwen2.5-0.5b 76.8 us (64x64x64: 78.1)
+    ('gu', 4096, 4864, 896, 'int8'): LinearConfig(128, 128, 64, 1, 8, 3),  # qwen2.5-0.5b 397.9 us (64x64x64: 505.8)
+    ('down', 512, 896, 4864, 'int8'): LinearConfig(64, 64, 128, 1, 4, 3),  # qwen2.5-0.5b 34.8 us (64x64x64: 39.8)
+    ('down', 4096, 896, 4864, 'int8'): LinearConfig(128, 128, 64, 1, 4, 3),  # qwen2.5-0.5b 108.0 us (64x64x64: 142.7)
+}
 # fmt: on
 
 
