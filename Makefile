@@ -10,6 +10,7 @@ demo: setup
 	$(VENV) zoi demo
 
 test: setup
+	$(VENV) ruff check src tests lab scripts && ruff format --check src tests lab scripts   # lint first (seconds)
 	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1200
 	./scripts/sanitize.sh   # the C++ core's tests once more, built with ASan + UBSan (~2-3 min)
 
@@ -17,10 +18,10 @@ test-fast:
 	$(VENV) python -m pytest -q -x -m "not slow"
 
 lint:
-	$(VENV) ruff check src tests && ruff format --check src tests
+	$(VENV) ruff check src tests lab scripts && ruff format --check src tests lab scripts
 
 format:
-	$(VENV) ruff format src tests && ruff check --fix src tests
+	$(VENV) ruff format src tests lab scripts && ruff check --fix src tests lab scripts
 
 bench: setup
 	$(VENV) pip install -q -e ".[bench]" --no-build-isolation && zoi bench

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     meter = LoadMeter()
     meter.start()
     for r in range(a.rounds):
-        for k in (("sync", "overlap") if r % 2 == 0 else ("overlap", "sync")):
+        for k in ("sync", "overlap") if r % 2 == 0 else ("overlap", "sync"):
             eng.backend = sync if k == "sync" else over
             t0 = time.perf_counter_ns()
             eng.encode(texts)

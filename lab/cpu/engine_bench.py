@@ -23,8 +23,20 @@ from zoi.frontend.spec import ModelSpec  # noqa: E402
 
 
 def bert_base_spec() -> ModelSpec:
-    return ModelSpec(arch="bert", vocab_size=30522, hidden=768, layers=12, heads=12, intermediate=3072,
-                     max_positions=512, type_vocab_size=2, eps=1e-12, act="gelu", pooling="mean", name="bert-base")
+    return ModelSpec(
+        arch="bert",
+        vocab_size=30522,
+        hidden=768,
+        layers=12,
+        heads=12,
+        intermediate=3072,
+        max_positions=512,
+        type_vocab_size=2,
+        eps=1e-12,
+        act="gelu",
+        pooling="mean",
+        name="bert-base",
+    )
 
 
 def main() -> None:
@@ -39,7 +51,9 @@ def main() -> None:
     spec = minilm_spec() if a.model == "minilm" else bert_base_spec()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     max_tokens = max(b * s for b, s in shapes)
-    model = make_model(spec, a.precision, max_tokens=max_tokens, max_batch=max(b for b, _ in shapes))
+    model = make_model(
+        spec, a.precision, max_tokens=max_tokens, max_batch=max(b for b, _ in shapes)
+    )
     be = CpuBackend(model, isa=a.isa or None, nthreads=a.threads or None)
     print(f"{a.model} {a.precision} isa={be.isa} threads={be.engine.nthreads} mem={be.memory()}")
     for b, s in shapes:
@@ -54,8 +68,10 @@ def main() -> None:
             ts.append(time.perf_counter() - t0)
         ts = np.array(ts) * 1e3
         loop = be.engine.run_repeat(ids, pos, cu, True, out, n) / n * 1e3
-        print(f"  {b}x{s}: p50 {np.median(ts):.3f} ms  p99 {np.percentile(ts, 99):.3f} ms  "
-              f"C++ loop mean {loop:.3f} ms  ({b / np.median(ts) * 1e3:.1f} seq/s)")
+        print(
+            f"  {b}x{s}: p50 {np.median(ts):.3f} ms  p99 {np.percentile(ts, 99):.3f} ms  "
+            f"C++ loop mean {loop:.3f} ms  ({b / np.median(ts) * 1e3:.1f} seq/s)"
+        )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def main() -> None:
     cpu = np.median(np.array([[c for _, _, c in r] for r in runs]), axis=0)
     kinds = [k for k, _, _ in runs[0]]
     by = defaultdict(lambda: [0.0, 0.0, 0])
-    for k, w, c in zip(kinds, wall, cpu):
+    for k, w, c in zip(kinds, wall, cpu, strict=True):
         by[k][0] += w
         by[k][1] += c
         by[k][2] += 1
@@ -54,15 +54,22 @@ def main() -> None:
     for k, (w, c, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
         print(f"{k:<12}{n:>4}{w * 1e3:>10.3f}{c * 1e3:>10.3f}")
     if a.steps:
-        for i, (k, w, c) in enumerate(zip(kinds, wall, cpu)):
+        for i, (k, w, c) in enumerate(zip(kinds, wall, cpu, strict=True)):
             if i < 12:
                 print(f"  step {i:>2} {k:<10} wall {w * 1e3:8.3f} ms  cpu {c * 1e3:8.3f} ms")
     print(f"{'total':<12}{len(kinds):>4}{wall.sum() * 1e3:>10.3f}{cpu.sum() * 1e3:>10.3f}")
     if a.precision == "int8":
-        gemm_c = sum(c for k, c in zip(kinds, cpu) if k == "gemm_i8")
-        ops = 2 * b * s * sum(w.shape[0] * w.shape[1] for n, w in model.weights.items() if n.endswith(".w_q"))
-        print(f"gemm_i8: {ops / 1e9:.2f} GOP in {gemm_c * 1e3:.3f} ms thread-0 CPU -> "
-              f"{ops / gemm_c / 1e9 / be.engine.nthreads:.0f} GOP/s per thread")
+        gemm_c = sum(c for k, c in zip(kinds, cpu, strict=True) if k == "gemm_i8")
+        ops = (
+            2
+            * b
+            * s
+            * sum(w.shape[0] * w.shape[1] for n, w in model.weights.items() if n.endswith(".w_q"))
+        )
+        print(
+            f"gemm_i8: {ops / 1e9:.2f} GOP in {gemm_c * 1e3:.3f} ms thread-0 CPU -> "
+            f"{ops / gemm_c / 1e9 / be.engine.nthreads:.0f} GOP/s per thread"
+        )
 
 
 if __name__ == "__main__":
