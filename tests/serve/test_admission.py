@@ -54,7 +54,7 @@ class R:
 TEXT = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a b c"]}
 ROUTES = [
     R("/embed", "emb", {"inputs": ["a b c"]}, {"inputs": "a", "normalize": "yes"}, "tei", "tei"),
-    R("/tokenize", "emb", {"inputs": "a b"}, {"inputs": ["a", 3]}, "tei", "tei", counted=False,
+    R("/tokenize", "emb", {"inputs": "a b"}, {"inputs": ["a", 3]}, "tokenize", "tei",
       block="tokthread"),
     R("/v1/embeddings", "emb", {"input": "a b c"}, {"input": 5}, "openai", "openai"),
     R(f"/v2/models/{MODEL_NAME}/infer", "emb", {"inputs": [TEXT]},
@@ -294,7 +294,7 @@ def test_unexpected_exception_releases(serve, route, monkeypatch):
     assert a.status == 500 and isinstance(a.raised, RuntimeError), (a.status, a.body[:300])
     assert "injected bug" in a.body.decode()
     s.assert_free()
-    moved(route, c0, s.counts(route.label), 1)  # a 500 of the app: not a counted failure
+    moved(route, c0, s.counts(route.label), 1, s500=1)  # a bug's 500 counts as a failure
     assert s.taken == 1
 
 

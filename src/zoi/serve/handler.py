@@ -9,8 +9,9 @@ it does what every such route does, in this order:
 3. admit: count the request, take a slot (429 overloaded, 503 shutting down);
 4. `work(request, raw, t0) -> Response`, the route's own parsing and inference;
 5. count the outcome (unless `counted=False`): successes and request_duration when `work`
-   returns, failures{route, status} for an ApiError (answered in the API's error shape) or a
-   client that went away (499), and, with `cancelled_is_499`, for a cancelled request;
+   returns (request_duration unless `timed=False`), failures{route, status} for an ApiError
+   (answered in the API's error shape), a client that went away (499), an unexpected exception
+   (500: the app answers it) and, with `cancelled_is_499`, a cancelled request;
 6. release the slot on every path once taken: an answer, an ApiError, a client gone, an
    unexpected exception (the app answers it 500), a cancellation; except when `work` returns
    an `OwnsSlot` response (a stream), which releases it and counts the outcome itself.
@@ -56,11 +57,13 @@ def admitted(
     answers: Answers,
     *,
     counted: bool = True,
+    timed: bool = True,
     cancelled_is_499: bool = False,
     before: Callable[[Request], None] | None = None,
 ) -> Callable[[Work], Callable[[Request], Awaitable[Response]]]:
     """The handler of a route that takes a slot of `svc` (an Admission), around `work`; see the
-    module docstring. `route` labels the metrics."""
+    module docstring. `route` labels the metrics; `timed=False`: a success is counted but not
+    observed in request_duration (a route that runs no model, e.g. /tokenize)."""
 
     def wrap(work: Work) -> Callable[[Request], Awaitable[Response]]:
         @functools.wraps(work)
@@ -78,7 +81,8 @@ def admitted(
                     holds = False  # the stream releases it
                 elif counted:
                     svc.metrics.successes.labels(route).inc()
-                    svc.metrics.request_duration.observe(time.perf_counter() - t0)
+                    if timed:
+                        svc.metrics.request_duration.observe(time.perf_counter() - t0)
                 return resp
             except ApiError as e:
                 if counted:
@@ -91,6 +95,10 @@ def admitted(
             except asyncio.CancelledError:
                 if counted and cancelled_is_499:
                     svc.metrics.failures.labels(route, "499").inc()
+                raise
+            except Exception:  # a bug: the app answers 500; counted, so an alert on 5xx sees it
+                if counted:
+                    svc.metrics.failures.labels(route, "500").inc()
                 raise
             finally:
                 if holds:

@@ -81,8 +81,9 @@ def make_routes(svc: Service) -> list[Route]:
         res = await svc.embed(request, seqs, normalize, tok_s, t0)
         return json_response(list(res.embeddings), headers=timing_headers(res.timings))
 
-    # it works on the shared tokenizer thread: bounded like /embed (its outcome is not counted)
-    @admitted(svc, ROUTE, ANSWERS, counted=False)
+    # it works on the shared tokenizer thread: bounded like /embed; its outcomes have a label of
+    # their own (requests = successes + failures per route) and no request_duration (no model)
+    @admitted(svc, "tokenize", ANSWERS, timed=False)
     async def tokenize(request: Request, raw: bytes, t0: float):
         body = parse_json(raw)
         texts = svc.check_texts(_inputs(body), "inputs")
