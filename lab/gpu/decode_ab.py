@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--models", default="llama-3.2-1b,qwen2.5-0.5b")
     ap.add_argument("--variants", default="base,pdl,pdl+prefetch")
+    ap.add_argument("--precision", default="int8", help="int8, w8a8 or fp16")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     want = a.variants.split(",")
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
             be = CudaDecoderBackend(
                 spec,
                 w,
-                precision="int8",
+                precision=a.precision,
                 max_batch=n,
                 max_seq_len=a.prompt + a.new + 8,
                 max_prefill_tokens=n * a.prompt,
@@ -111,6 +112,7 @@ def main(argv=None) -> int:
                     "model": name,
                     "batch": n,
                     "variant": label + ("+pipeline" if pipe else ""),
+                    "precision": a.precision,
                     "graph_us": round(min(g), 1),
                     "build_s": round(build, 1),
                     **res[-1],

@@ -13,7 +13,7 @@ transformers FP32 generate (greedy, dynamic cache, torch threads = threads), lla
 (llama-cpp-python, GGUF Q8_0 written by zoi.decoder.gguf_export; one sequence, so no streams
 figure). Streams: 8.
 
-GPU providers (`--device cuda`, issue 14): zoi-cuda-int8 / zoi-cuda-fp16 (CudaDecoderBackend
+GPU providers (`--device cuda`, issue 14): zoi-cuda-int8 / -w8a8 / -fp16 (CudaDecoderBackend
 through compile_decoder(device="cuda"); batch-1 steps through step(), host bookkeeping included;
 per streams count also the decode-only tokens/s and `time_decode_graph_us`, the CUDA-graph replay
 of one decode step alone) and transformers-cuda-fp16 (generate, FP16, static cache, which
@@ -38,7 +38,7 @@ WORKLOADS = {
     "llama-3.2-1b-decode": "llama-3.2-1b",
 }
 CPU_PROVIDERS = ("zoi-fp32", "zoi-int8", "zoi-w8a8", "transformers-fp32", "llamacpp-q8_0")
-CUDA_PROVIDERS = ("zoi-cuda-int8", "zoi-cuda-fp16", "transformers-cuda-fp16")
+CUDA_PROVIDERS = ("zoi-cuda-int8", "zoi-cuda-w8a8", "zoi-cuda-fp16", "transformers-cuda-fp16")
 PROVIDERS = CPU_PROVIDERS + CUDA_PROVIDERS
 STREAMS = {"cpu": (8,), "cuda": (8, 32)}  # default concurrent streams per device
 NEW_TOKENS = {"cpu": 64, "cuda": 128}  # default new tokens (the run's largest device wins)

@@ -44,7 +44,8 @@ def compile_decoder(
     device: "cpu" (native core), "reference" (numpy, slow) or "cuda" (zoi.decoder.cuda).
     precision: "fp32", "int8" (per-channel INT8 weights, FP32 activations) or "w8a8" (INT8 weights
     and per-token INT8 activations, the INT8 GEMM of csrc/kernels) on the CPU; "int8" (weight-only),
-    "fp16" or "fp32" on cuda.
+    "w8a8" (INT8 weights, activations INT8 per (token, K tile) inside the dot / mma kernels; batch
+    rows <= 4 stay weight-only), "fp16" or "fp32" on cuda.
     max_seq_len: prompt + generated tokens of one sequence (default min(2048, the model's limit)).
     max_batch: sequences one step carries; kv_blocks x block_size: the static KV pool (default:
     room for max_batch sequences of max_seq_len / 2 tokens each). max_tokens: tokens one native
@@ -58,7 +59,7 @@ def compile_decoder(
         )
     if device == "auto":
         device = "cpu"
-    ok = ("int8", "fp16", "fp32") if device in ("cuda", "gpu") else ("fp32", "int8", "w8a8")
+    ok = ("int8", "w8a8", "fp16", "fp32") if device in ("cuda", "gpu") else ("fp32", "int8", "w8a8")
     if precision not in ok:
         raise InputError(
             f"precision {precision!r} is not supported for decoders on device {device!r}; "

@@ -105,10 +105,11 @@ def test_providers_per_device():
     assert decode.select(None, {"cpu"}) == list(decode.CPU_PROVIDERS)
     assert decode.select(None, {"cuda"}) == [
         "zoi-cuda-int8",
+        "zoi-cuda-w8a8",
         "zoi-cuda-fp16",
         "transformers-cuda-fp16",
     ]
-    assert decode.select(["zoi-*"], {"cuda"}) == ["zoi-cuda-int8", "zoi-cuda-fp16"]
+    assert decode.select(["zoi-*"], {"cuda"}) == ["zoi-cuda-int8", "zoi-cuda-w8a8", "zoi-cuda-fp16"]
     assert decode.select(["zoi-int8"], {"cuda"}) == []  # a CPU provider on --device cuda
     assert decode._ints(["8", "32"]) == decode._ints(["8,32"]) == [8, 32]
 
@@ -156,7 +157,9 @@ def test_compile_decoder_cuda_precisions(ckpt):
     assert g.backend.precision == "fp16" and g.backend.max_prefill == 32
     g = compile_decoder(ckpt("qwen2"), device="cuda", max_seq_len=32, max_batch=1, max_tokens=48)
     assert g.backend.max_prefill == 48  # max_tokens: the packed prefill tokens on cuda
-    with pytest.raises(InputError, match="'fp16'"):
-        compile_decoder(ckpt("qwen2"), device="cuda", precision="w8a8")
+    g = compile_decoder(ckpt("qwen2"), device="cuda", precision="w8a8", max_seq_len=32, max_batch=1)
+    assert g.backend.precision == "w8a8" and g.backend.a8
+    with pytest.raises(InputError, match="'w8a8'"):
+        compile_decoder(ckpt("qwen2"), device="cuda", precision="int4")
     with pytest.raises(InputError, match="'w8a8'"):
         compile_decoder(ckpt("qwen2"), precision="fp16")  # the CPU's list

@@ -34,7 +34,7 @@ def run(be, ps, params):
     return out
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp16"])
+@pytest.mark.parametrize("precision", ["int8", "w8a8", "fp16"])
 def test_graphs_equal_eager(ckpt, precision):
     spec, w, _ = load_decoder(ckpt("llama_gqa"))
     rng = np.random.default_rng(0)
@@ -142,3 +142,24 @@ def test_linear_real_configs(M, wdt, pdl):
     ):
         cfg = kl.pick_config(M, N, K, sms, wbytes=wb, swiglu=kw.get("swiglu", False))
         assert run_case(rng, M, N, K, wdt, cfg, reps=2, pdl=pdl, **kw) < TOL[wdt], (N, K, cfg)
+
+
+@pytest.mark.parametrize("M", [8, 32, 300])
+def test_w8a8_real_configs(M):
+    """W8A8 (int8 x in the mma / dot kernels) with the tiles the backend picks at the Qwen2.5-0.5B
+    and Llama-3.2-1B sites, against the int8-x reference of the same K tiles."""
+    import torch
+    from tests.decoder.cuda.test_kernels_linear import run_case
+
+    from zoi.decoder.cuda import kernels_linear as kl
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rng = np.random.default_rng(M + 1)
+    for N, K, kw in (
+        (1152, 896, dict(rms=True, bias=True)),
+        (4864, 896, dict(rms=True, swiglu=True)),
+        (896, 4864, dict(res=True)),
+        (3072, 2048, dict(rms=True)),
+    ):
+        cfg = kl.pick_config(M, N, K, sms, wbytes=1, swiglu=kw.get("swiglu", False))
+        assert run_case(rng, M, N, K, "int8", cfg, reps=2, a8=True, **kw) < 1e-3, (N, K, cfg)

@@ -40,7 +40,7 @@ from zoi.decoder.paged import PagedBackend
 from zoi.errors import BackendUnavailableError, InputError
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
-PRECISIONS = ("int8", "fp16", "fp32")
+PRECISIONS = ("int8", "w8a8", "fp16", "fp32")
 _FIELDS = ("ids", "pos", "slot", "ctx", "rix", "seed", "step", "topk", "temp", "topp", "fb")
 PREFILL_BLOCK = 64  # prefill attention tile (query rows and key block)
 
@@ -102,7 +102,8 @@ class CudaDecoderBackend(PagedBackend):
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         self.precision = precision
         self.ieee = precision == "fp32"
-        self.wbytes = {"int8": 1, "fp16": 2, "fp32": 4}[precision]
+        self.wbytes = {"int8": 1, "w8a8": 1, "fp16": 2, "fp32": 4}[precision]
+        self.a8 = precision == "w8a8"  # INT8 x too, in the dot / mma kernels (not the gemv)
         self.max_prefill = int(
             max_prefill_tokens or max(max_seq_len, min(2048, max_batch * max_seq_len))
         )
@@ -186,7 +187,7 @@ class CudaDecoderBackend(PagedBackend):
     # ------------------------------------------------------------------ weights
     def _lin(self, w: np.ndarray) -> tuple:
         torch = self.torch
-        if self.precision == "int8":
+        if self.precision in ("int8", "w8a8"):
             q, s = quantize_rows(w)
             return self._t(q), self._t(s)
         return self._t(w, torch.float32 if self.ieee else torch.float16), None
@@ -349,6 +350,7 @@ class CudaDecoderBackend(PagedBackend):
                 ieee=ieee,
                 pdl=self.pdl,
                 prefetch=self.prefetch,
+                a8=self.a8,
             ),
             lambda: ka.rope_kv(
                 qkv,
@@ -385,6 +387,7 @@ class CudaDecoderBackend(PagedBackend):
                 ieee=ieee,
                 pdl=self.pdl,
                 prefetch=self.prefetch,
+                a8=self.a8,
             ),
             lambda: kl.linear(
                 h,
@@ -402,6 +405,7 @@ class CudaDecoderBackend(PagedBackend):
                 ieee=ieee,
                 pdl=self.pdl,
                 prefetch=self.prefetch,
+                a8=self.a8,
             ),
             lambda: kl.linear(
                 mlp,
@@ -418,6 +422,7 @@ class CudaDecoderBackend(PagedBackend):
                 ieee=ieee,
                 pdl=self.pdl,
                 prefetch=self.prefetch,
+                a8=self.a8,
             ),
         ]
 
@@ -473,6 +478,7 @@ class CudaDecoderBackend(PagedBackend):
                 ieee=self.ieee,
                 pdl=self.pdl,
                 prefetch=self.prefetch,
+                a8=self.a8,
             )
         )
         steps.append(
@@ -844,6 +850,7 @@ class CudaDecoderBackend(PagedBackend):
                 ieee=self.ieee,
                 pdl=self.pdl,
                 prefetch=self.prefetch,
+                a8=self.a8,
             )
         )
         steps.append(

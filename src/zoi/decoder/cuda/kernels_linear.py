@@ -89,6 +89,16 @@ def _epilogue(
 
 
 @triton.jit
+def _quant_rows(x):
+    """W8A8: x [BM, BK] fp32 as int8 per (row, K tile): q = floor(x / s + 0.5), s = amax / 127
+    (1 for a zero row); returns (q, s [BM])."""
+    a = tl.max(tl.abs(x), 1)
+    sx = tl.where(a > 0, a / 127.0, 1.0)
+    q = tl.floor(x / sx[:, None] + 0.5)
+    return tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int8), sx
+
+
+@triton.jit
 def _dot(x, w, acc, IEEE: tl.constexpr):
     """acc + x @ w (x fp32 [BM, BK], w [BK, BN] of the weight dtype): exact IEEE fp32 or fp16 in."""
     if IEEE:
@@ -183,6 +193,7 @@ def linear_kernel(
     RESIDUAL: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
+    A8: tl.constexpr,
 ):
     pdl_begin(PDL)
     pid_m = tl.program_id(0)
@@ -213,9 +224,17 @@ def linear_kernel(
         if RMS:
             ss += tl.sum(x * x, 1)
         wmask = k_ok[:, None] & n_ok[None, :]
-        acc = _dot(x, tl.load(w_base + k[:, None], mask=wmask, other=0), acc, IEEE)
-        if SWIGLU:  # the up rows: the same dot on the second half of W
-            acc_u = _dot(x, tl.load(wu_base + k[:, None], mask=wmask, other=0), acc_u, IEEE)
+        if A8:  # int8 x int8 -> int32 per K tile, scaled by the tile's row scales
+            xq, sx = _quant_rows(x)
+            d = tl.dot(xq, tl.load(w_base + k[:, None], mask=wmask, other=0))
+            acc += d.to(tl.float32) * sx[:, None]
+            if SWIGLU:
+                d = tl.dot(xq, tl.load(wu_base + k[:, None], mask=wmask, other=0))
+                acc_u += d.to(tl.float32) * sx[:, None]
+        else:
+            acc = _dot(x, tl.load(w_base + k[:, None], mask=wmask, other=0), acc, IEEE)
+            if SWIGLU:  # the up rows: the same dot on the second half of W
+                acc_u = _dot(x, tl.load(wu_base + k[:, None], mask=wmask, other=0), acc_u, IEEE)
     # the program that runs the epilogue: every one without split-K, the last K slice in with it
     last = True
     if SPLIT_K > 1:
@@ -475,6 +494,7 @@ def mma_kernel(
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
+    A8: tl.constexpr,
 ):
     """Skinny GEMM on tl.dot with W read as stored (K contiguous) and transposed in registers:
     fp16 operands (fp32 IEEE), fp32 accumulation, as linear_kernel."""
@@ -510,20 +530,34 @@ def mma_kernel(
         x = x.to(tl.float32)
         if RMS:
             ss += tl.sum(x * x, 1)
-        if not IEEE:
-            x = x.to(tl.float16)
         wm = n_ok[:, None] & k_ok[None, :]
-        w = _w_op(tl.load(w_rows + k[None, :], mask=wm, other=0), W_INT8, FAST_CVT, IEEE)
-        if SWAP:
-            acc_t = _dot(w, tl.trans(x), acc_t, IEEE)
-        else:
-            acc = _dot(x, tl.trans(w), acc, IEEE)
-        if SWIGLU:
-            wu = _w_op(tl.load(wu_rows + k[None, :], mask=wm, other=0), W_INT8, FAST_CVT, IEEE)
+        if A8:  # W8A8: int8 x int8 -> int32 per K tile, scaled by the tile's row scales
+            xq, sx = _quant_rows(x)
+            wq = tl.load(w_rows + k[None, :], mask=wm, other=0)
             if SWAP:
-                acc_tu = _dot(wu, tl.trans(x), acc_tu, IEEE)
+                acc_t += tl.dot(wq, tl.trans(xq)).to(tl.float32) * sx[None, :]
             else:
-                acc_u = _dot(x, tl.trans(wu), acc_u, IEEE)
+                acc += tl.dot(xq, tl.trans(wq)).to(tl.float32) * sx[:, None]
+            if SWIGLU:
+                wq = tl.load(wu_rows + k[None, :], mask=wm, other=0)
+                if SWAP:
+                    acc_tu += tl.dot(wq, tl.trans(xq)).to(tl.float32) * sx[None, :]
+                else:
+                    acc_u += tl.dot(xq, tl.trans(wq)).to(tl.float32) * sx[:, None]
+        else:
+            if not IEEE:
+                x = x.to(tl.float16)
+            w = _w_op(tl.load(w_rows + k[None, :], mask=wm, other=0), W_INT8, FAST_CVT, IEEE)
+            if SWAP:
+                acc_t = _dot(w, tl.trans(x), acc_t, IEEE)
+            else:
+                acc = _dot(x, tl.trans(w), acc, IEEE)
+            if SWIGLU:
+                wu = _w_op(tl.load(wu_rows + k[None, :], mask=wm, other=0), W_INT8, FAST_CVT, IEEE)
+                if SWAP:
+                    acc_tu = _dot(wu, tl.trans(x), acc_tu, IEEE)
+                else:
+                    acc_u = _dot(x, tl.trans(wu), acc_u, IEEE)
     if SWAP:
         acc = tl.trans(acc_t)
         if SWIGLU:
@@ -578,9 +612,14 @@ def linear(
     ldx: int | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    a8: bool = False,
 ):
     """Launch one linear. x, w, out, ... are device tensors (torch, CPU ones under the
-    interpreter); N is the output width (the gate width with swiglu)."""
+    interpreter); N is the output width (the gate width with swiglu). a8 (W8A8, INT8 weights
+    only): the dot and mma kernels quantise x per (row, K tile) and run int8 x int8 dots; the
+    gemv kernel (M <= 4) stays weight-only (at batch 1 W's bytes, not the dot, bound it)."""
+    if a8 and (scale is None or ieee):
+        raise ValueError("a8 (W8A8) needs INT8 weights (a scale) and ieee=False")
     if cfg.split_k > 1 and (ws is None or cnt is None):
         raise ValueError("split-K needs a workspace and counters")
     kb = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
@@ -597,7 +636,7 @@ def linear(
     if cfg.kind != "dot":
         _launch_decode(
             x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu,
-            ws, cnt, ieee, ldx, pdl, pdl and prefetch and can_prefetch(w, K),
+            ws, cnt, ieee, ldx, pdl, pdl and prefetch and can_prefetch(w, K), a8,
         )  # fmt: skip
         return
     linear_kernel[grid](
@@ -629,6 +668,7 @@ def linear(
         RESIDUAL=res is not None,
         IEEE=ieee,
         PDL=pdl,
+        A8=a8,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -637,7 +677,7 @@ def linear(
 
 def _launch_decode(
     x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu, ws, cnt,
-    ieee, ldx, pdl, prefetch,
+    ieee, ldx, pdl, prefetch, a8,
 ):  # fmt: skip
     if cfg.kind == "gemv":
         if cfg.block_m not in (1, 2, 4):
@@ -646,7 +686,7 @@ def _launch_decode(
     elif cfg.kind == "mma":
         if min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
             raise ValueError(f"mma config {cfg}: tl.dot needs block_m/n/k >= 16")
-        kern, extra = mma_kernel, dict(SWAP=cfg.swap, IEEE=ieee)
+        kern, extra = mma_kernel, dict(SWAP=cfg.swap, IEEE=ieee, A8=a8)
     else:
         raise ValueError(f"config kind {cfg.kind!r}: use dot, gemv or mma")
     dummy = out
