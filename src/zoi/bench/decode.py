@@ -137,6 +137,29 @@ def _largest(by: dict) -> dict:
     }
 
 
+def _hf_generate_s(m, batch, n: int, device: str) -> float:
+    """Seconds of one greedy transformers generate of exactly n new tokens over batch (prompt
+    id arrays of one length) on device (synchronised around the call on cuda)."""
+    import torch
+
+    ids = torch.tensor(np.stack(batch).astype(np.int64), device=device)
+    with torch.no_grad():
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        m.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
 def bench_transformers(
     folder: Path, prompts, new_tokens: int, streams: list[int], threads: int
 ) -> dict:
@@ -147,18 +170,7 @@ def bench_transformers(
     m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
     def gen(batch, n):
-        ids = torch.tensor(np.stack(batch).astype(np.int64))
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            m.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            return time.perf_counter() - t0
+        return _hf_generate_s(m, batch, n, "cpu")
 
     gen(prompts[:1], 2)
     t1 = [gen(prompts[:1], 1) for _ in range(3)]
@@ -279,20 +291,7 @@ def bench_transformers_cuda(folder: Path, prompts, new_tokens: int, streams: lis
     # the CUDA-graph steps
 
     def gen(batch, n) -> float:
-        ids = torch.tensor(np.stack(batch).astype(np.int64), device="cuda")
-        with torch.no_grad():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            m.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
+        return _hf_generate_s(m, batch, n, "cuda")
 
     def timed(batch, n, reps: int) -> float:
         for _ in range(2):  # compile, then once more (a recompile with dynamic shapes)

@@ -170,7 +170,7 @@ class PagedBackend:
             finish = None
             if tok in s.stop_ids:
                 finish = FinishReason.STOP
-            elif s.generated >= s.params.max_new_tokens or s.cached + 1 >= self.max_seq_len:
+            elif self._at_length(s, s.generated, s.cached):
                 finish = FinishReason.LENGTH
             events.append(StepEvent(s.seq_id, tok, finish))
             if finish is not None:
@@ -178,9 +178,14 @@ class PagedBackend:
                 self._release(s)
         return events
 
+    def _at_length(self, s: _Seq, generated: int, cached: int) -> bool:
+        """The length rule: max_new_tokens generated, or the context full (one slot kept for the
+        token that would be fed next)."""
+        return generated >= s.params.max_new_tokens or cached + 1 >= self.max_seq_len
+
     def _ends_by_length(self, s: _Seq) -> bool:
-        """Whether decoding sequence s finishes by length at its next step (_advance's rule)."""
-        return s.generated + 1 >= s.params.max_new_tokens or s.cached + 2 >= self.max_seq_len
+        """Whether decoding sequence s finishes by length at its next step."""
+        return self._at_length(s, s.generated + 1, s.cached + 1)
 
     # ---- helpers ----
     def _release(self, s: _Seq) -> None:

@@ -641,9 +641,8 @@ class CudaDecoderBackend(PagedBackend):
         n = len(pos)
         B = next(b for b in self.buckets if b >= n)
         MB = self.max_batch
-        slot = self._slots(rows, pos).astype(
-            np.int32
-        )  # one gather for all rows, not a call per row
+        # one gather for all rows, not a call per row
+        slot = self._slots(rows, pos).astype(np.int32)
         for name, arr in (
             ("ids", ids),
             ("pos", pos),
@@ -708,18 +707,12 @@ class CudaDecoderBackend(PagedBackend):
         n = len(seqs)
         self.n_ahead += 1
         ahead = np.fromiter((id(s) in fb_rows for s in seqs), bool, n)
-        pos = np.fromiter((s.cached for s in seqs), np.int64, n) + ahead
-        rows = np.fromiter((s.row for s in seqs), np.int64, n)
         fb = np.fromiter((fb_rows.get(id(s), -1) for s in seqs), np.int32, n)
-        ids = np.fromiter(
-            (0 if a else int(s.pending[0]) for s, a in zip(seqs, ahead, strict=True)), np.int32, n
-        )
-        samp = np.empty((n, 4), np.float64)
-        seeds = np.empty(n, np.uint64)
-        for i, s in enumerate(seqs):
-            p = s.params
-            samp[i] = (p.temperature, p.top_k, p.top_p, s.generated + ahead[i])
-            seeds[i] = s.seed
+        # every row is a decode row (one pending token): ids of rows launched ahead are stale but
+        # unused (fb takes the token on the device)
+        rows, starts, _, ids, samp, seeds = self._inputs(seqs)
+        pos = starts.astype(np.int64) + ahead
+        samp[:, 3] += ahead  # the draw index of the token after the one in flight
         p = self._parity
         self._parity ^= 1
         h = self.h_ahead[p]

@@ -101,9 +101,9 @@ def _mass_ge(row, V, t, top, inv_t, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _scores(row, o, ok, temp, inv_t, seed64, noise_row, NOISE_IN: tl.constexpr):
-    """The values argmax'ed over columns o: x (greedy) or x / T + Gumbel noise."""
-    x = tl.load(row + o, mask=ok, other=float("-inf"))
+def _scores(x, o, ok, temp, inv_t, seed64, noise_row, NOISE_IN: tl.constexpr):
+    """The values argmax'ed over columns o (x: the logits there): x (greedy) or x / T + Gumbel
+    noise."""
     if temp > 0:
         if NOISE_IN:
             u = tl.load(noise_row + o, mask=ok, other=0.5)
@@ -157,7 +157,8 @@ def sample_kernel(
         bi = tl.full([BLOCK_V], 2147483647, tl.int32)
         for v0 in range(lo, hi, BLOCK_V):
             o = v0 + tl.arange(0, BLOCK_V)
-            sc = _scores(row, o, o < hi, temp, inv_t, seed64, noise_row, NOISE_IN)
+            x = tl.load(row + o, mask=o < hi, other=float("-inf"))
+            sc = _scores(x, o, o < hi, temp, inv_t, seed64, noise_row, NOISE_IN)
             up = sc > bv
             bi = tl.where(up, o, bi)
             bv = tl.where(up, sc, bv)
@@ -233,7 +234,7 @@ def _sample_row(
     for v0 in range(0, V, BLOCK_V):
         o = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(row + o, mask=o < V, other=float("-inf"))
-        sc = _scores(row, o, o < V, temp, inv_t, seed64, noise_row, NOISE_IN)
+        sc = _scores(x, o, o < V, temp, inv_t, seed64, noise_row, NOISE_IN)
         sc = tl.where(_key(x) >= tp, sc, float("-inf"))
         cm = tl.max(sc, 0)
         ci = tl.argmax(sc, 0, tie_break_left=True)
