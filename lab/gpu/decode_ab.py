@@ -69,9 +69,20 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="llama-3.2-1b,qwen2.5-0.5b")
     ap.add_argument("--variants", default="base,pdl,pdl+prefetch")
     ap.add_argument("--precision", default="int8", help="int8, w8a8 or fp16")
+    ap.add_argument(
+        "--kw",
+        default="",
+        help="backend options, one variant each per ';', e.g. "
+        "'fuse_rope=0;fuse_rope=1,attn_min_per=2' (applied on top of every --variants entry)",
+    )
+    ap.add_argument("--pipeline-only", action="store_true", help="skip the unpipelined run")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     want = a.variants.split(",")
+    kws = [
+        {k: int(v) for k, v in (p.split("=") for p in c.split(",") if p)}
+        for c in (a.kw.split(";") if a.kw else [""])
+    ]
     import torch
 
     from zoi.decoder.cuda import CudaDecoderBackend
@@ -82,7 +93,13 @@ def main(argv=None) -> int:
         spec = shape_spec(name)
         w = random_weights(spec, 0)
         n = 1 if name.startswith("llama") else a.streams
-        for label, pdl, pf in [v for v in VARIANTS if v[0] in want]:
+        runs = [
+            (label + "".join(f",{k}={v}" for k, v in kw.items()), pdl, pf, kw)
+            for label, pdl, pf in VARIANTS
+            if label in want
+            for kw in kws
+        ]
+        for label, pdl, pf, kw in runs:
             t0 = time.perf_counter()
             be = CudaDecoderBackend(
                 spec,
@@ -93,11 +110,12 @@ def main(argv=None) -> int:
                 max_prefill_tokens=n * a.prompt,
                 pdl=pdl,
                 prefetch=pf,
+                **kw,
             )
             build = time.perf_counter() - t0
             ctx = a.prompt + a.new // 2
             g = [be.time_decode_graph(n, ctx) for _ in range(3)]
-            for pipe in (False, True):
+            for pipe in (True,) if a.pipeline_only else (False, True):
                 be.pipeline = pipe
                 res = []
                 for rep in range(2):  # the first warms the prefill kernels of this length

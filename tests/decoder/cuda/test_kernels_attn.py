@@ -103,8 +103,8 @@ def attn_ref(q, k, v):  # q [H, D] k/v [n, KVH, D] -> [H, D]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_decode_attention_paged(rng, dtype, splits):
+@pytest.mark.parametrize("splits,min_per", [(1, 1), (3, 1), (5, 2), (4, 8)])
+def test_decode_attention_paged(rng, dtype, splits, min_per):
     H, KVH, D, BS, NB, MAXB = 8, 2, 32, 16, 24, 6
     ctx = np.array([1, 17, 40, 96, 16], np.int32)  # a full table, exact block edges
     B = len(ctx)
@@ -143,6 +143,7 @@ def test_decode_attention_paged(rng, dtype, splits):
             ws,
             cnt,
             ieee=dtype == torch.float32,
+            min_per=min_per,
         )
     if dtype == torch.float16:
         kc, vc, q = (a.astype(np.float16).astype(np.float32) for a in (kc, vc, q))
@@ -155,6 +156,72 @@ def test_decode_attention_paged(rng, dtype, splits):
         assert rel(got[b], want) < (1e-5 if dtype == torch.float32 else 3e-3), b
     if cnt is not None:
         assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("splits,min_per", [(1, 1), (3, 1), (6, 2)])
+def test_decode_attention_fused_rope(rng, dtype, norm, splits, min_per):
+    """rope=(...): q and the current k roped in the attention kernel, k / v written into the
+    cache by the slice that holds the current token: the same cache and the same output as
+    rope_kv followed by decode_attention (head_dim 20: the half is not a power of two)."""
+    H, KVH, D, BS, NB, MAXB = 6, 2, 20, 16, 24, 6
+    ctx = np.array([1, 17, 40, 96, 16, 33], np.int32)  # block edges, a full table
+    B = len(ctx)
+    sp = spec(H, KVH, D, rope_theta=500.0)
+    cos, sin = cos_sin(sp, 128)
+    perm = rng.permutation(NB)
+    tab = np.full((B + 1, MAXB), NB, np.int32)
+    rix = rng.permutation(B + 1)[:B].astype(np.int32)
+    used = 0
+    for b, n in enumerate(ctx):
+        nb = -(-n // BS)
+        tab[rix[b], :nb] = perm[used : used + nb]
+        used += nb
+    pos = (ctx - 1).astype(np.int32)
+    slots = np.array([tab[rix[b], p // BS] * BS + p % BS for b, p in enumerate(pos)], np.int32)
+    qkv = rng.standard_normal((B, (H + 2 * KVH) * D)).astype(np.float32)
+    kc0 = rng.standard_normal((NB + 1, KVH, BS, D)).astype(np.float32)
+    vc0 = rng.standard_normal((NB + 1, KVH, BS, D)).astype(np.float32)
+    qn = rng.standard_normal(D).astype(np.float32) if norm else None
+    kn = rng.standard_normal(D).astype(np.float32) if norm else None
+    args = (dev(tab), dev(rix), dev(ctx))
+
+    def run(fused):
+        q, kc, vc = dev(qkv, dtype), dev(kc0, dtype), dev(vc0, dtype)
+        out = poisoned((B, H * D), dtype)
+        ws = cnt = None
+        if splits > 1:
+            ws = poisoned((ka.decode_ws_floats(B, KVH, H // KVH, D, splits),), torch.float32)
+            cnt = torch.zeros(B * KVH, dtype=torch.int32, device=DEV)
+        nq, nk = (dev(qn), dev(kn)) if norm else (None, None)
+        rope = (dev(pos), dev(slots), dev(cos), dev(sin), nq, nk, 1e-6)
+        if not fused:
+            ka.rope_kv(q, rope[0], rope[1], rope[2], rope[3], kc, vc, B, H, KVH, D, BS, nq, nk)
+        ka.decode_attention(
+            q, kc, vc, *args, out, B, H, KVH, D, BS, splits, ws, cnt,
+            ieee=dtype == torch.float32, min_per=min_per, rope=rope if fused else None,
+        )  # fmt: skip
+        return host(out), host(kc), host(vc)
+
+    got, want = run(True), run(False)
+    assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])  # the caches
+    assert rel(got[0], want[0]) < (1e-5 if dtype == torch.float32 else 2e-3)
+    # and against numpy: rope (+ norm) of q / k, attention over the cache with the new k / v
+    q = qkv[:, : H * D].reshape(B, H, D).astype(np.float64)
+    k = qkv[:, H * D : (H + KVH) * D].reshape(B, KVH, D).astype(np.float64)
+    if norm:
+        q, k = rms_ref(q, qn, 1e-6), rms_ref(k, kn, 1e-6)
+    q, k = rope_ref(q, pos, cos, sin), rope_ref(k, pos, cos, sin)
+    kc, vc = kc0.astype(np.float64), vc0.astype(np.float64)
+    blk, off = slots // BS, slots % BS
+    kc[blk, :, off], vc[blk, :, off] = k, qkv[:, (H + KVH) * D :].reshape(B, KVH, D)
+    for b, n in enumerate(ctx):
+        blocks = tab[rix[b], : -(-n // BS)]
+        kk = kc[blocks].transpose(0, 2, 1, 3).reshape(-1, KVH, D)[:n]
+        vv = vc[blocks].transpose(0, 2, 1, 3).reshape(-1, KVH, D)[:n]
+        ref = attn_ref(q[b], kk, vv)
+        assert rel(got[0].reshape(B, H, D)[b], ref) < (1e-5 if dtype == torch.float32 else 5e-3), b
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

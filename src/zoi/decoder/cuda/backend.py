@@ -70,11 +70,15 @@ class CudaDecoderBackend(PagedBackend):
         pdl: bool = False,
         prefetch: bool = False,
         pipeline: bool = True,
+        fuse_rope: bool = True,
+        attn_min_per: int = 1,
     ):
         """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
         prefetch: with pdl, each linear brings its W slice into L2 before it waits for the
         previous kernel; pipeline: launch the next decode step before the host has read this
-        one's tokens (``step``). Off / off / on by default, as measured on the H200
+        one's tokens (``step``); fuse_rope: decode steps rope q and the new k (and write k / v into
+        the cache) in the attention kernel instead of a rope_kv launch per layer; attn_min_per:
+        the fewest KV blocks one slice of split decode attention takes. Off / off / on by default, as measured on the H200
         (lab/gpu/decode_ab.py, bench/results/gpu_decode_ab_20261202T1530Z.json): pipeline took
         Llama-3.2-1B INT8 b1 from 0.995 to 0.788 ms per token and Qwen2.5-0.5B x32 from 20.7k to
         22.6k tokens/s; pdl gained 2% at b1 (graph 780 -> 762 us) and lost 5% at 32 streams
@@ -118,6 +122,8 @@ class CudaDecoderBackend(PagedBackend):
         self.pdl = bool(pdl)
         self.prefetch = bool(prefetch) and self.pdl
         self.pipeline = bool(pipeline)
+        self.fuse_rope = bool(fuse_rope)
+        self.attn_min_per = max(1, int(attn_min_per))
         self._inflight: dict | None = None
         self.n_ahead = 0  # decode steps launched ahead (pipeline)
         self.use_graphs = bool(graphs) and not self.eager
@@ -324,8 +330,9 @@ class CudaDecoderBackend(PagedBackend):
         return v.view(self.torch.float32) if name in ("temp", "topp") else v
 
     # ------------------------------------------------------------------ forward
-    def _layer_calls(self, L, l, x_rows, M, cfg, attn):
-        """The launches of one layer over M rows (decode bucket or packed prefill)."""
+    def _layer_calls(self, L, l, x_rows, M, cfg, attn, rope_in_attn=False):
+        """The launches of one layer over M rows (decode bucket or packed prefill);
+        rope_in_attn: no rope_kv launch, attn(qkv, kc, vc, att, L) ropes and writes the cache."""
         sp = self.spec
         h, qkv, att, mlp = self.h[:M], self.qkv[:M], self.att[:M], self.mlp[:M]
         Hd, I, HD = sp.hidden_size, sp.intermediate_size, sp.num_heads * sp.head_dim
@@ -333,7 +340,31 @@ class CudaDecoderBackend(PagedBackend):
         ws, cnt = self.ws, self.cnt
         kc, vc = self.kc[l], self.vc[l]
         pos, slot = x_rows
-        return [
+        rope = (
+            []
+            if rope_in_attn
+            else [
+                lambda: ka.rope_kv(
+                    qkv,
+                    pos,
+                    slot,
+                    self.cos,
+                    self.sin,
+                    kc,
+                    vc,
+                    M,
+                    sp.num_heads,
+                    sp.num_kv_heads,
+                    sp.head_dim,
+                    self.block_size,
+                    L["qn"],
+                    L["kn"],
+                    eps,
+                    pdl=self.pdl,
+                ),
+            ]
+        )
+        calls = [
             lambda: kl.linear(
                 h,
                 L["qkv"][0],
@@ -352,25 +383,7 @@ class CudaDecoderBackend(PagedBackend):
                 prefetch=self.prefetch,
                 a8=self.a8,
             ),
-            lambda: ka.rope_kv(
-                qkv,
-                pos,
-                slot,
-                self.cos,
-                self.sin,
-                kc,
-                vc,
-                M,
-                sp.num_heads,
-                sp.num_kv_heads,
-                sp.head_dim,
-                self.block_size,
-                L["qn"],
-                L["kn"],
-                eps,
-                pdl=self.pdl,
-            ),
-            lambda: attn(qkv, kc, vc, att),
+            lambda: attn(qkv, kc, vc, att, L),
             lambda: kl.linear(
                 att,
                 L["o"][0],
@@ -425,6 +438,7 @@ class CudaDecoderBackend(PagedBackend):
                 a8=self.a8,
             ),
         ]
+        return calls[:1] + rope + calls[1:]
 
     def _decode_steps(self, B: int) -> list:
         sp = self.spec
@@ -434,7 +448,11 @@ class CudaDecoderBackend(PagedBackend):
         def cfg(site):
             return self.cfg[B, site]
 
-        def attn(qkv, kc, vc, att):
+        def attn(qkv, kc, vc, att, L):
+            rope = None
+            if self.fuse_rope:
+                rope = (f["pos"], f["slot"], self.cos, self.sin, L["qn"], L["kn"])
+                rope += (sp.rms_norm_eps,)
             ka.decode_attention(
                 qkv,
                 kc,
@@ -453,6 +471,8 @@ class CudaDecoderBackend(PagedBackend):
                 self.acnt,
                 self.ieee,
                 pdl=self.pdl,
+                min_per=self.attn_min_per,
+                rope=rope,
             )
 
         steps = [
@@ -461,7 +481,9 @@ class CudaDecoderBackend(PagedBackend):
             )
         ]
         for l, L in enumerate(self.layers):
-            steps += self._layer_calls(L, l, (f["pos"], f["slot"]), B, cfg, attn)
+            steps += self._layer_calls(
+                L, l, (f["pos"], f["slot"]), B, cfg, attn, rope_in_attn=self.fuse_rope
+            )
         steps.append(
             lambda: kl.linear(
                 self.h[:B],
@@ -805,7 +827,7 @@ class CudaDecoderBackend(PagedBackend):
                 return self.cfg[M, site]
             return kl.pick_config(M, n_, k_, self.sm, self.eager, self.wbytes, sw, site)
 
-        def attn(qkv, kc, vc, att):
+        def attn(qkv, kc, vc, att, L):
             ka.prefill_attention(
                 qkv,
                 d_tiles,

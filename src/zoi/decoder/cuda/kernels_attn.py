@@ -125,7 +125,7 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def decode_attn_kernel(
-    q_ptr,  # [B, *] roped q (the qkv buffer), row stride ldq
+    q_ptr,  # [B, *] the qkv buffer (q | k | v), row stride ldq: roped q, or raw q k v (ROPE)
     kc_ptr,  # [NB + 1, KVH, BS, D]
     vc_ptr,
     tab_ptr,  # [*, max_blocks] int32 block tables, row stride max_blocks
@@ -134,9 +134,17 @@ def decode_attn_kernel(
     o_ptr,  # [B, H D], row stride ldo
     ws_ptr,  # fp32 [B, KVH, SPLITS, BLOCK_G, BLOCK_D + 2] (SPLITS > 1)
     cnt_ptr,  # int32 [B, KVH] (SPLITS > 1), zero and left zero
+    pos_ptr,  # ROPE: [B] int32 positions, slots, the cos / sin table, q / k norm weights
+    slot_ptr,
+    cos_ptr,
+    sin_ptr,
+    qn_ptr,
+    kn_ptr,
+    eps,
     ldq,
     ldo,
     max_blocks,
+    H,
     KVH,
     G,
     qk_scale,  # 1/sqrt(D) * log2(e)
@@ -144,7 +152,11 @@ def decode_attn_kernel(
     BS: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
     SPLITS: tl.constexpr,
+    MIN_PER: tl.constexpr,
+    ROPE: tl.constexpr,
+    NORM: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -152,77 +164,124 @@ def decode_attn_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
+    HALF: tl.constexpr = D // 2
     ctx = tl.load(ctx_ptr + b)
     trow = tl.load(rix_ptr + b).to(tl.int64)
     nblk = tl.cdiv(ctx, BS)
-    per = tl.cdiv(nblk, SPLITS)
-    j0 = sp * per
-    j1 = tl.minimum(j0 + per, nblk)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_ok = g < G
-    d_ok = d < D
-    qh = kvh * G + g
-    q = (
-        tl.load(
-            q_ptr + b.to(tl.int64) * ldq + qh[:, None] * D + d[None, :],
-            mask=g_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        * qk_scale
-    )
-    t = tl.arange(0, BS)
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    lsum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for j in range(j0, j1):
-        blk = tl.load(tab_ptr + trow * max_blocks + j)
-        t_ok = (j * BS + t) < ctx
-        kv = ((blk.to(tl.int64) * KVH + kvh) * BS + t)[:, None] * D + d[None, :]
-        kvm = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(kc_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
-        s = _dot(q, tl.trans(k), IEEE)
-        s = tl.where(t_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        v = tl.load(vc_ptr + kv, mask=kvm, other=0.0).to(tl.float32)
-        lsum = lsum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p, v, IEEE)
-        m = m_new
-    omask = g_ok[:, None] & d_ok[None, :]
-    optr = o_ptr + b.to(tl.int64) * ldo + qh[:, None] * D + d[None, :]
-    if SPLITS == 1:
-        tl.store(optr, (acc / lsum[:, None]).to(o_ptr.dtype.element_ty), mask=omask)
-    else:
-        W: tl.constexpr = BLOCK_D + 2
-        pair = b * KVH + kvh
-        base = ws_ptr + pair.to(tl.int64) * (SPLITS * BLOCK_G * W)
-        mine = base + sp * (BLOCK_G * W)
-        tl.store(mine + g[:, None] * W + d[None, :], acc)
-        tl.store(mine + g * W + BLOCK_D, m)
-        tl.store(mine + g * W + BLOCK_D + 1, lsum)
-        tl.debug_barrier()
-        seen = tl.atomic_add(cnt_ptr + pair, 1)
-        if seen == SPLITS - 1:
-            # unrolled: the slices' loads are independent, so they go out together instead of
-            # one L2 round trip after another (the merge was most of the kernel at small ctx)
-            mx = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            for s in tl.static_range(SPLITS):
-                ms = tl.load(base + s * (BLOCK_G * W) + g * W + BLOCK_D, cache_modifier=".cg")
-                mx = tl.maximum(mx, ms)
-            tot = tl.zeros([BLOCK_G], tl.float32)
-            out = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-            for s in tl.static_range(SPLITS):
-                p = base + s * (BLOCK_G * W)
-                ms = tl.load(p + g * W + BLOCK_D, cache_modifier=".cg")
-                ls = tl.load(p + g * W + BLOCK_D + 1, cache_modifier=".cg")
-                a = tl.load(p + g[:, None] * W + d[None, :], cache_modifier=".cg")
-                f = tl.where(ls > 0, tl.exp2(ms - mx), 0.0)  # empty slices: m = -inf, l = 0
-                tot += ls * f
-                out += a * f[:, None]
-            tl.store(cnt_ptr + pair, 0)
-            tl.store(optr, (out / tot[:, None]).to(o_ptr.dtype.element_ty), mask=omask)
+    # slices of at least MIN_PER blocks: at short context fewer slices work and fewer partials
+    # are merged; the slices past `active` have nothing to do
+    per = tl.maximum(tl.cdiv(nblk, SPLITS), MIN_PER)
+    active = tl.maximum(tl.cdiv(nblk, per), 1)
+    if sp < active:
+        j0 = sp * per
+        j1 = tl.minimum(j0 + per, nblk)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        i = tl.arange(0, BLOCK_HALF)
+        g_ok = g < G
+        d_ok = d < D
+        i_ok = i < HALF
+        qh = kvh * G + g
+        row = q_ptr + b.to(tl.int64) * ldq
+        dt = q_ptr.dtype.element_ty
+        if ROPE:  # RoPE (and Qwen3's q/k norm) here instead of a launch of rope_kv_kernel
+            pcs = tl.load(pos_ptr + b) * HALF
+            q1, q2, _, _ = _rope_heads(
+                row + kvh * G * D, G, pcs, cos_ptr, sin_ptr, qn_ptr, eps, D, HALF, BLOCK_HALF,
+                BLOCK_G, NORM,
+            )  # fmt: skip
+            q1 = q1.to(dt).to(tl.float32)  # rounded as rope_kv stores it: the same scores
+            q2 = q2.to(dt).to(tl.float32)
+            if sp == active - 1:  # the slice holding the current token writes its k and v
+                k1, k2, _, km = _rope_heads(
+                    row + (H + kvh) * D, 1, pcs, cos_ptr, sin_ptr, kn_ptr, eps, D, HALF,
+                    BLOCK_HALF, 2, NORM,
+                )  # fmt: skip
+                slot = tl.load(slot_ptr + b)
+                one = tl.zeros([2, 1], tl.int64)  # row 1 of the pair is masked off
+                cache = one + (((slot // BS).to(tl.int64) * KVH + kvh) * BS + slot % BS) * D
+                cache = cache + i[None, :]
+                ct = kc_ptr.dtype.element_ty
+                tl.store(kc_ptr + cache, k1.to(ct), mask=km)
+                tl.store(kc_ptr + cache + HALF, k2.to(ct), mask=km)
+                vp = row + (one + (H + KVH + kvh) * D + i[None, :])
+                tl.store(vc_ptr + cache, tl.load(vp, mask=km, other=0.0).to(ct), mask=km)
+                tl.store(
+                    vc_ptr + cache + HALF, tl.load(vp + HALF, mask=km, other=0.0).to(ct), mask=km
+                )
+                tl.debug_barrier()  # the block's own reads below see the writes
+        else:
+            qm = g_ok[:, None] & i_ok[None, :]
+            qp = row + qh[:, None] * D + i[None, :]
+            q1 = tl.load(qp, mask=qm, other=0.0).to(tl.float32)
+            q2 = tl.load(qp + HALF, mask=qm, other=0.0).to(tl.float32)
+        q1 = q1 * qk_scale
+        q2 = q2 * qk_scale
+        t = tl.arange(0, BS)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        lsum = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for j in range(j0, j1):
+            blk = tl.load(tab_ptr + trow * max_blocks + j)
+            t_ok = (j * BS + t) < ctx
+            tb = ((blk.to(tl.int64) * KVH + kvh) * BS + t)[:, None] * D
+            km2 = t_ok[:, None] & i_ok[None, :]
+            k1 = tl.load(kc_ptr + tb + i[None, :], mask=km2, other=0.0).to(tl.float32)
+            k2 = tl.load(kc_ptr + tb + HALF + i[None, :], mask=km2, other=0.0).to(tl.float32)
+            v = tl.load(vc_ptr + tb + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+            s = _dot(q1, tl.trans(k1), IEEE) + _dot(q2, tl.trans(k2), IEEE)
+            s = tl.where(t_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m - m_new)
+            lsum = lsum * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot(p, v.to(tl.float32), IEEE)
+            m = m_new
+        omask = g_ok[:, None] & d_ok[None, :]
+        optr = o_ptr + b.to(tl.int64) * ldo + qh[:, None] * D + d[None, :]
+        if SPLITS == 1:
+            tl.store(optr, (acc / lsum[:, None]).to(o_ptr.dtype.element_ty), mask=omask)
+        else:
+            W: tl.constexpr = BLOCK_D + 2
+            pair = b * KVH + kvh
+            base = ws_ptr + pair.to(tl.int64) * (SPLITS * BLOCK_G * W)
+            mine = base + sp * (BLOCK_G * W)
+            tl.store(mine + g[:, None] * W + d[None, :], acc, mask=g_ok[:, None])
+            tl.store(mine + g * W + BLOCK_D, m, mask=g_ok)
+            tl.store(mine + g * W + BLOCK_D + 1, lsum, mask=g_ok)
+            tl.debug_barrier()
+            seen = tl.atomic_add(cnt_ptr + pair, 1)
+            if seen == active - 1:
+                # unrolled: the slices' loads are independent, so they go out together instead
+                # of one L2 round trip after another; the G real rows of active slices only
+                mx = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                for s in tl.static_range(SPLITS):
+                    ok = g_ok & (s < active)
+                    ms = tl.load(
+                        base + s * (BLOCK_G * W) + g * W + BLOCK_D,
+                        mask=ok,
+                        other=float("-inf"),
+                        cache_modifier=".cg",
+                    )
+                    mx = tl.maximum(mx, ms)
+                tot = tl.zeros([BLOCK_G], tl.float32)
+                out = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+                for s in tl.static_range(SPLITS):
+                    p = base + s * (BLOCK_G * W)
+                    ok = g_ok & (s < active)
+                    ms = tl.load(p + g * W + BLOCK_D, mask=ok, other=0.0, cache_modifier=".cg")
+                    ls = tl.load(p + g * W + BLOCK_D + 1, mask=ok, other=0.0, cache_modifier=".cg")
+                    a = tl.load(
+                        p + g[:, None] * W + d[None, :],
+                        mask=ok[:, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                    f = tl.where(ls > 0, tl.exp2(ms - mx), 0.0)  # empty slices: l = 0
+                    tot += ls * f
+                    out += a * f[:, None]
+                tl.store(cnt_ptr + pair, 0)
+                tl.store(optr, (out / tot[:, None]).to(o_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -370,10 +429,19 @@ def decode_attention(
     cnt=None,
     ieee: bool = False,
     pdl: bool = False,
+    min_per: int = 1,
+    rope=None,
 ):
+    """Flash-decoding over the paged cache. ``rope``: None (q already roped, k / v already in the
+    cache: rope_kv ran), or (pos, slots, cos, sin, qn, kn, eps) to rope q and the current k here
+    and write its k / v into the cache (one launch less per layer). ``min_per``: the fewest
+    blocks a slice takes (at short context fewer slices, a smaller merge)."""
     G = H // KVH
+    if D % 2:
+        raise ValueError(f"head_dim {D}: decode attention needs an even head_dim")
     if splits > 1 and (ws is None or cnt is None):
         raise ValueError("split decode attention needs a workspace and counters")
+    pos, slots, cos, sin, qn, kn, eps = rope if rope is not None else (ctx,) * 6 + (0.0,)
     decode_attn_kernel[(B, KVH, splits)](
         q,
         kc,
@@ -384,9 +452,17 @@ def decode_attention(
         out,
         ws if ws is not None else out,
         cnt if cnt is not None else ctx,
+        pos,
+        slots,
+        cos,
+        sin,
+        qn if qn is not None else cos,
+        kn if kn is not None else cos,
+        float(eps),
         q.stride(0),
         out.stride(0),
         tables.stride(0),
+        H,
         KVH,
         G,
         LOG2E / math.sqrt(D),
@@ -394,7 +470,11 @@ def decode_attention(
         BS=BS,
         BLOCK_G=_p2(G, 16),
         BLOCK_D=_p2(D, 16),
+        BLOCK_HALF=_p2(D // 2, 16),
         SPLITS=splits,
+        MIN_PER=max(1, int(min_per)),
+        ROPE=rope is not None,
+        NORM=rope is not None and qn is not None,
         IEEE=ieee,
         PDL=pdl,
         num_warps=4,
