@@ -186,14 +186,14 @@ def decode_attn_kernel(
         dt = q_ptr.dtype.element_ty
         if ROPE:  # RoPE (and Qwen3's q/k norm) here instead of a launch of rope_kv_kernel
             pcs = tl.load(pos_ptr + b) * HALF
-            q1, q2, _, _ = _rope_heads(
+            q1, q2, qp_, qm_ = _rope_heads(
                 row + kvh * G * D, G, pcs, cos_ptr, sin_ptr, qn_ptr, eps, D, HALF, BLOCK_HALF,
                 BLOCK_G, NORM,
             )  # fmt: skip
             q1 = q1.to(dt).to(tl.float32)  # rounded as rope_kv stores it: the same scores
             q2 = q2.to(dt).to(tl.float32)
             if sp == active - 1:  # the slice holding the current token writes its k and v
-                k1, k2, _, km = _rope_heads(
+                k1, k2, kp_, km = _rope_heads(
                     row + (H + kvh) * D, 1, pcs, cos_ptr, sin_ptr, kn_ptr, eps, D, HALF,
                     BLOCK_HALF, 2, NORM,
                 )  # fmt: skip
