@@ -109,8 +109,8 @@ def rope_kv_kernel(
     i = tl.arange(0, BLOCK_HALF)
     cache = ((blk.to(tl.int64) * KVH + h[:, None]) * BS + off) * D + i[None, :]
     ct = kc_ptr.dtype.element_ty
-    tl.store(kc_ptr + cache, k1.to(ct), mask=km)
-    tl.store(kc_ptr + cache + HALF, k2.to(ct), mask=km)
+    tl.store(kc_ptr + cache, kr1.to(ct), mask=km)
+    tl.store(kc_ptr + cache + HALF, kr2.to(ct), mask=km)
     vp = row + (H + KVH) * D + h[:, None] * D + i[None, :]
     tl.store(vc_ptr + cache, tl.load(vp, mask=km, other=0.0).to(ct), mask=km)
     tl.store(vc_ptr + cache + HALF, tl.load(vp + HALF, mask=km, other=0.0).to(ct), mask=km)
@@ -193,7 +193,7 @@ def decode_attn_kernel(
             q1 = q1.to(dt).to(tl.float32)  # rounded as rope_kv stores it: the same scores
             q2 = q2.to(dt).to(tl.float32)
             if sp == active - 1:  # the slice holding the current token writes its k and v
-                k1, k2, kp_, km = _rope_heads(
+                kr1, kr2, kp_, km = _rope_heads(
                     row + (H + kvh) * D, 1, pcs, cos_ptr, sin_ptr, kn_ptr, eps, D, HALF,
                     BLOCK_HALF, 2, NORM,
                 )  # fmt: skip
@@ -202,8 +202,8 @@ def decode_attn_kernel(
                 cache = one + (((slot // BS).to(tl.int64) * KVH + kvh) * BS + slot % BS) * D
                 cache = cache + i[None, :]
                 ct = kc_ptr.dtype.element_ty
-                tl.store(kc_ptr + cache, k1.to(ct), mask=km)
-                tl.store(kc_ptr + cache + HALF, k2.to(ct), mask=km)
+                tl.store(kc_ptr + cache, kr1.to(ct), mask=km)
+                tl.store(kc_ptr + cache + HALF, kr2.to(ct), mask=km)
                 vp = row + (one + (H + KVH + kvh) * D + i[None, :])
                 tl.store(vc_ptr + cache, tl.load(vp, mask=km, other=0.0).to(ct), mask=km)
                 tl.store(
