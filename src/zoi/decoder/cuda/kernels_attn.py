@@ -109,8 +109,8 @@ def rope_kv_kernel(
     i = tl.arange(0, BLOCK_HALF)
     cache = ((blk.to(tl.int64) * KVH + h[:, None]) * BS + off) * D + i[None, :]
     ct = kc_ptr.dtype.element_ty
-    tl.store(kc_ptr + cache, kr1.to(ct), mask=km)
-    tl.store(kc_ptr + cache + HALF, kr2.to(ct), mask=km)
+    tl.store(kc_ptr + cache, k1.to(ct), mask=km)
+    tl.store(kc_ptr + cache + HALF, k2.to(ct), mask=km)
     vp = row + (H + KVH) * D + h[:, None] * D + i[None, :]
     tl.store(vc_ptr + cache, tl.load(vp, mask=km, other=0.0).to(ct), mask=km)
     tl.store(vc_ptr + cache + HALF, tl.load(vp + HALF, mask=km, other=0.0).to(ct), mask=km)
