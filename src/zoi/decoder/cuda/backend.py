@@ -76,9 +76,12 @@ class CudaDecoderBackend(PagedBackend):
         """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
         prefetch: with pdl, each linear brings its W slice into L2 before it waits for the
         previous kernel; pipeline: launch the next decode step before the host has read this
-        one's tokens (``step``); fuse_rope: decode steps rope q and the new k (and write k / v into
-        the cache) in the attention kernel instead of a rope_kv launch per layer; attn_min_per:
-        the fewest KV blocks one slice of split decode attention takes. Off / off / on by default, as measured on the H200
+        one's tokens (``step``); fuse_rope: decode steps rope q and the new k (and write k / v
+        into the cache) in the attention kernel instead of a rope_kv launch per layer (on: Llama
+        b1 0.700 -> 0.681 ms, Qwen x32 23.5k -> 25.7k tokens/s,
+        bench/results/gpu_decode_ab_fuse_rope_*_20261202T2055Z.json); attn_min_per: the fewest
+        KV blocks one slice of split decode attention takes (2 equal, 4 lost 2%: 1).
+        pdl / prefetch / pipeline: off / off / on by default, as measured on the H200
         (lab/gpu/decode_ab.py, bench/results/gpu_decode_ab_20261202T1530Z.json): pipeline took
         Llama-3.2-1B INT8 b1 from 0.995 to 0.788 ms per token and Qwen2.5-0.5B x32 from 20.7k to
         22.6k tokens/s; pdl gained 2% at b1 (graph 780 -> 762 us) and lost 5% at 32 streams
