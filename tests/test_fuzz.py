@@ -161,7 +161,7 @@ def test_artifact_loader(artifact, data):
         where = data.draw(st.sampled_from(["top", "spec", "quant", "weights_header"]))
         if where == "top":
             meta[data.draw(st.sampled_from(sorted(meta)))] = data.draw(_json_any)
-        elif where == "spec" and isinstance(meta.get("spec"), dict):
+        elif where == "spec" and isinstance(meta.get("spec"), dict) and meta["spec"]:
             meta["spec"][data.draw(st.sampled_from(sorted(meta["spec"])))] = data.draw(_json_any)
         elif where == "quant" and isinstance(meta.get("quant"), dict) and meta["quant"]:
             q = meta["quant"][data.draw(st.sampled_from(sorted(meta["quant"])))]
