@@ -376,3 +376,12 @@ def test_tokenizer_larger_than_embedding_table_refused(ckpt):
     save_safetensors(t, ckpt / "model.safetensors")
     with pytest.raises(CheckpointError, match="tokenizer has 30522 tokens.*30000 rows"):
         zoi.compile(ckpt, device="reference", max_tokens=64)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_config_number_is_a_clear_error(ckpt, value):
+    """hidden_size: Infinity / NaN in config.json (Python's json reads them) names the field
+    instead of an OverflowError / ValueError from int() (found by tests/test_fuzz.py)."""
+    _edit_json(ckpt / "config.json", hidden_size=value)
+    with pytest.raises(CheckpointError, match="hidden_size"):
+        load_checkpoint(ckpt)

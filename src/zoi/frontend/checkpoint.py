@@ -9,6 +9,7 @@ Only safetensors are read: a pickle checkpoint can execute code when loaded.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = 
                 if kind in (int, float)
                 else isinstance(v, kind)
             )
+            if ok and kind in (int, float) and not math.isfinite(v):
+                ok = False  # inf / nan: int(v) would raise OverflowError / ValueError
             if not ok or (kind is int and (float(v) != int(v) or v < 0)):
                 raise CheckpointError(
                     f"{path}: field {n!r} should be a {kind.__name__} >= 0, got {v!r}"
