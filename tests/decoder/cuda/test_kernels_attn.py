@@ -91,6 +91,21 @@ def test_rope_kv_write(rng, norm, rope_scaling):
     assert np.isnan(kt[~written]).all() and np.isnan(vt[~written]).all()  # nothing else touched
 
 
+def paged_tables(rng, ctx, NB, MAXB, BS, spare):
+    """Block tables for sequences of ctx tokens: shuffled blocks, rows in a shuffled order among
+    len(ctx) + spare rows (unused entries: the trash block NB)."""
+    B = len(ctx)
+    perm = rng.permutation(NB)
+    tab = np.full((B + spare, MAXB), NB, np.int32)
+    rix = rng.permutation(B + spare)[:B].astype(np.int32)
+    used = 0
+    for b, n in enumerate(ctx):
+        nb = -(-n // BS)
+        tab[rix[b], :nb] = perm[used : used + nb]
+        used += nb
+    return tab, rix
+
+
 def attn_ref(q, k, v):  # q [H, D] k/v [n, KVH, D] -> [H, D]
     H, KVH = q.shape[0], k.shape[1]
     G = H // KVH
@@ -110,14 +125,7 @@ def test_decode_attention_paged(rng, dtype, splits, min_per):
     B = len(ctx)
     kc = rng.standard_normal((NB + 1, KVH, BS, D)).astype(np.float32)
     vc = rng.standard_normal((NB + 1, KVH, BS, D)).astype(np.float32)
-    perm = rng.permutation(NB)
-    tab = np.full((B + 2, MAXB), NB, np.int32)  # rows in a shuffled order (the table rows)
-    rix = rng.permutation(B + 2)[:B].astype(np.int32)
-    used = 0
-    for b, n in enumerate(ctx):
-        nb = -(-n // BS)
-        tab[rix[b], :nb] = perm[used : used + nb]
-        used += nb
+    tab, rix = paged_tables(rng, ctx, NB, MAXB, BS, spare=2)
     q = rng.standard_normal((B, (H + 2 * KVH) * D)).astype(np.float32)
     out = poisoned((B, H * D), dtype)
     ws = cnt = None
@@ -170,14 +178,7 @@ def test_decode_attention_fused_rope(rng, dtype, norm, splits, min_per):
     B = len(ctx)
     sp = spec(H, KVH, D, rope_theta=500.0)
     cos, sin = cos_sin(sp, 128)
-    perm = rng.permutation(NB)
-    tab = np.full((B + 1, MAXB), NB, np.int32)
-    rix = rng.permutation(B + 1)[:B].astype(np.int32)
-    used = 0
-    for b, n in enumerate(ctx):
-        nb = -(-n // BS)
-        tab[rix[b], :nb] = perm[used : used + nb]
-        used += nb
+    tab, rix = paged_tables(rng, ctx, NB, MAXB, BS, spare=1)
     pos = (ctx - 1).astype(np.int32)
     slots = np.array([tab[rix[b], p // BS] * BS + p % BS for b, p in enumerate(pos)], np.int32)
     qkv = rng.standard_normal((B, (H + 2 * KVH) * D)).astype(np.float32)
