@@ -40,20 +40,31 @@ def main(argv=None) -> int:
     evs = sorted(
         (e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start
     )
-    first = next(i for i, e in enumerate(evs) if e.name.startswith("embed_kernel"))
-    evs = evs[first:]  # a step begins with the embedding (CUPTI may list a kernel before it)
-    per_step = 3 + 6 * spec.num_layers
-    reps = len(evs) // per_step
-    names = ["embed"] + ["qkv", "rope_kv", "attn", "o", "gate_up", "down"] * spec.num_layers
-    names += ["lm_head", "sample"]
+    starts = [i for i, e in enumerate(evs) if e.name.startswith("embed_kernel")]
+    if len(starts) < 2:
+        raise SystemExit(f"profile holds {len(starts)} decode steps (embed_kernel launches)")
+    # one step: from an embed launch to the next. Sites by kernel name; the linears (gemv /
+    # mma kernels) by their order in the step: [qkv, o, gate_up, down] per layer, then lm_head
+    # (robust to fused RoPE, split-attention merges and PDL, which change the launch count).
+    per_step = starts[1] - starts[0]
+    steps = [evs[s : s + per_step] for s in starts if s + per_step <= len(evs)]
+    steps = [st for st in steps if [e.name for e in st] == [e.name for e in steps[0]]]
+    reps = len(steps)
+    lin = ["qkv", "o", "gate_up", "down"]
     site = defaultdict(lambda: [0.0, 0, ""])
-    for i, e in enumerate(evs[: per_step * reps]):
-        j = i % per_step
-        nm = names[j] if per_step == len(names) else str(j)
-        t = getattr(e, "device_time", None) or e.cuda_time
-        site[nm][0] += t / reps
-        site[nm][1] += 1.0 / reps
-        site[nm][2] = e.name.split("(")[0][:40]
+    for st in steps:
+        n_lin = 0
+        for e in st:
+            kname = e.name.split("(")[0][:40]
+            if kname.startswith(("gemv_kernel", "mma_kernel", "linear_kernel")):
+                nm = lin[n_lin % 4] if n_lin < 4 * spec.num_layers else "lm_head"
+                n_lin += 1
+            else:
+                nm = kname.replace("_kernel", "")
+            t = getattr(e, "device_time", None) or e.cuda_time
+            site[nm][0] += t / reps
+            site[nm][1] += 1.0 / reps
+            site[nm][2] = kname
     rows = sorted(
         (
             {"site": k, "us_per_step": round(t, 1), "launches": round(c), "kernel": n}
@@ -61,7 +72,7 @@ def main(argv=None) -> int:
         ),
         key=lambda r: -r["us_per_step"],
     )
-    span = (evs[-1].time_range.end - evs[-per_step].time_range.start) if per_step else 0
+    span = steps[-1][-1].time_range.end - steps[-1][0].time_range.start
     total = sum(r["us_per_step"] for r in rows)
     print(json.dumps({
         "model": a.model, "batch": a.batch, "ctx": a.ctx, "pdl": bool(a.pdl),
