@@ -270,3 +270,33 @@ def test_picked_configs_compiled(rng, wdt, M):
                   down=dict(res=True))[site]  # fmt: skip
         cfg = kl.pick_config(M, N, K, sms, wbytes=wb, swiglu=sw, site=site)
         check(rng, M, N, K, wdt, cfg, reps=2, **kw)
+
+
+@pytest.mark.parametrize("wdt", ["int8", "fp16", "fp32"])
+@pytest.mark.parametrize("flags", range(len(FLAGS)))
+@pytest.mark.parametrize("acc2d,dbuf", [(True, False), (False, True), (True, True)])
+def test_gemv_one_row_loops(rng, wdt, flags, acc2d, dbuf):
+    """The one-row loop (per-lane FMA sums / W and x of the next K step loaded first): every
+    epilogue, N / K not multiples of the tile, a K slice shorter than one tile, split-K with a
+    short last slice, counters reset (reps 2)."""
+    kw = FLAGS[flags]
+    for N, K, split, bk in ((70, 200, 1, 64), (33, 300, 3, 64), (45, 40, 1, 64), (64, 512, 2, 128)):
+        cfg = kl.LinearConfig(1, 32, bk, split, 4, 1, "gemv", acc2d=acc2d, dbuf=dbuf)
+        check(rng, 1, N, K, wdt, cfg, reps=2, **kw)
+
+
+def test_gemv_one_row_loops_agree_and_keep_nan(rng):
+    """The four one-row variants give the same sums up to fp32 order (1e-6 on fp32 outputs) and a
+    NaN in x still reaches every output of the row."""
+    c = make(rng, 1, 96, 1000, "int8", rms=True, swiglu=True)
+    outs = []
+    for acc2d in (False, True):
+        for dbuf in (False, True):
+            cfg = kl.LinearConfig(1, 32, 128, 3, 4, 1, "gemv", acc2d=acc2d, dbuf=dbuf)
+            outs.append(host(launch(c, cfg)).astype(np.float64))
+    for o in outs[1:]:
+        assert rel(o, outs[0]) < 2e-3  # fp16 outputs: one rounding apart at most
+    c["x"][0, 517] = float("nan")
+    for acc2d, dbuf in ((True, False), (False, True), (True, True)):
+        cfg = kl.LinearConfig(1, 32, 128, 3, 4, 1, "gemv", acc2d=acc2d, dbuf=dbuf)
+        assert np.isnan(host(launch(c, cfg))).all(), (acc2d, dbuf)
