@@ -5,6 +5,8 @@ poisoned with NaN, NaN inputs reaching the outputs; and the config table's rules
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from tests.decoder.cuda.helpers import DEV, INTERP, dev, host, poisoned, rel, torch
@@ -285,8 +287,6 @@ def test_one_row_loops_compiled_on_real_tiles(rng, wdt, acc2d, dbuf):
                   down=dict(res=True))[site]  # fmt: skip
         cfg = kl.pick_config(1, N, K, sms, wbytes=wb, swiglu=sw, site=site)
         if cfg.kind == "gemv" and cfg.block_m == 1:
-            import dataclasses
-
             cfg = dataclasses.replace(cfg, acc2d=acc2d, dbuf=dbuf)
         check(rng, 1, N, K, wdt, cfg, reps=2, **kw)
 
