@@ -73,8 +73,8 @@ class CudaDecoderBackend(PagedBackend):
         pipeline: bool = True,
         fuse_rope: bool = True,
         attn_min_per: int = 1,
-        gemv_acc2d: bool = False,
-        gemv_dbuf: bool = False,
+        gemv_acc2d: bool | None = None,
+        gemv_dbuf: bool | None = None,
     ):
         """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
         prefetch: with pdl, each linear brings its W slice into L2 before it waits for the
@@ -85,7 +85,8 @@ class CudaDecoderBackend(PagedBackend):
         bench/results/gpu_decode_ab_fuse_rope_*_20261202T2055Z.json); attn_min_per: the fewest
         KV blocks one slice of split decode attention takes (2 equal, 4 lost 2%: 1);
         gemv_acc2d / gemv_dbuf: the one-row decode GEMV (batch 1) with per-lane FMA sums / the
-        next K step's W loaded before this step's arithmetic (LinearConfig.acc2d / .dbuf).
+        next K step's W loaded before this step's arithmetic (LinearConfig.acc2d / .dbuf;
+        None: as the config table says, True / False: forced at every one-row GEMV site).
         pdl / prefetch / pipeline: off / off / on by default, as measured on the H200
         (lab/gpu/decode_ab.py, bench/results/gpu_decode_ab_20261202T1530Z.json): pipeline took
         Llama-3.2-1B INT8 b1 from 0.995 to 0.788 ms per token and Qwen2.5-0.5B x32 from 20.7k to
@@ -132,7 +133,9 @@ class CudaDecoderBackend(PagedBackend):
         self.pipeline = bool(pipeline)
         self.fuse_rope = bool(fuse_rope)
         self.attn_min_per = max(1, int(attn_min_per))
-        self.gemv_opts = dict(acc2d=bool(gemv_acc2d), dbuf=bool(gemv_dbuf))
+        self.gemv_opts = {
+            k: bool(v) for k, v in (("acc2d", gemv_acc2d), ("dbuf", gemv_dbuf)) if v is not None
+        }
         self._inflight: dict | None = None
         self.n_ahead = 0  # decode steps launched ahead (pipeline)
         self.use_graphs = bool(graphs) and not self.eager
