@@ -26,7 +26,6 @@ summed vs the best variant's), and "table" lines for linear_table.DECODE_TABLE t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -75,7 +74,7 @@ def cfg_dict(c) -> dict:
     return dict(
         block_m=c.block_m, block_n=c.block_n, block_k=c.block_k, split_k=c.split_k,
         num_warps=c.num_warps, num_stages=c.num_stages, kind=c.kind, swap=c.swap,
-        fast_cvt=c.fast_cvt, acc2d=c.acc2d, dbuf=c.dbuf,
+        fast_cvt=c.fast_cvt,
     )  # fmt: skip
 
 
@@ -118,11 +117,6 @@ def grid(s: dict, M: int, prec: str, sms: int, quick: bool, tiny: bool) -> list[
     if M > 4 and wb == 1:
         r = lt.decode_rule(M, N, K, sms, wb, sw)
         cands.append(LC(r.block_m, r.block_n, r.block_k, 1, 4, r.num_stages, "mma", fast_cvt=False))
-    if M == 1:  # the one-row loops (LinearConfig.acc2d / .dbuf) of every gemv candidate
-        one = [c for c in cands if c.kind == "gemv" and c.block_m == 1 and c.num_stages == 1]
-        for c in one:
-            cands += [dataclasses.replace(c, acc2d=True, dbuf=True),
-                      dataclasses.replace(c, dbuf=True)]  # fmt: skip
     if quick:
         cands = cands[::3]
     if tiny:
@@ -528,9 +522,7 @@ def summarize(rows: list[dict]) -> dict:
         table.append(
             f'("{site}", {M}, {best["N"]}, {best["K"]}, "{prec}"): LinearConfig('
             f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['split_k']}, {c['num_warps']}, "
-            f'{c["num_stages"]}, "{c["kind"]}", swap={c["swap"]}, fast_cvt={c["fast_cvt"]}'
-            + "".join(f", {k}=True" for k in ("acc2d", "dbuf") if c.get(k))
-            + "),"
+            f'{c["num_stages"]}, "{c["kind"]}", swap={c["swap"]}, fast_cvt={c["fast_cvt"]}),'
             f"  # {best['us']} us, {best['gbs']} GB/s"
         )
     for st in steps.values():
@@ -546,8 +538,7 @@ def report(doc: dict):
         c = r["best_cfg"]
         cs = (f"{c['kind']} {c['block_m']}x{c['block_n']}x{c['block_k']} s{c['split_k']} "
               f"w{c['num_warps']} st{c['num_stages']}{' swap' if c['swap'] else ''}"
-              f"{'' if c['fast_cvt'] else ' i2f'}{' acc2d' if c.get('acc2d') else ''}"
-              f"{' dbuf' if c.get('dbuf') else ''}")  # fmt: skip
+              f"{'' if c['fast_cvt'] else ' i2f'}")  # fmt: skip
         f = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8s}"  # noqa: E731
         print(f"{r['model']:14s} {r['M']:3d} {r['prec']:5s} {r['site']:5s} {r['N']:7d} "
               f"{r['K']:5d} {r['count']:3d} {f(r['current_us'])} {f(r['rule_us'])} "

@@ -5,8 +5,6 @@ poisoned with NaN, NaN inputs reaching the outputs; and the config table's rules
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from tests.decoder.cuda.helpers import DEV, INTERP, dev, host, poisoned, rel, torch
@@ -272,50 +270,3 @@ def test_picked_configs_compiled(rng, wdt, M):
                   down=dict(res=True))[site]  # fmt: skip
         cfg = kl.pick_config(M, N, K, sms, wbytes=wb, swiglu=sw, site=site)
         check(rng, M, N, K, wdt, cfg, reps=2, **kw)
-
-
-@pytest.mark.skipif(INTERP, reason="real decode tiles: compiled on the GPU (scripts/gpu_check.sh)")
-@pytest.mark.parametrize("wdt", ["int8", "fp16"])
-@pytest.mark.parametrize("acc2d,dbuf", [(True, False), (False, True), (True, True)])
-def test_one_row_loops_compiled_on_real_tiles(rng, wdt, acc2d, dbuf):
-    """The one-row loop variants on the batch-1 configs pick_config gives at the Llama-3.2-1B
-    sites, compiled (what CudaDecoderBackend(gemv_acc2d=, gemv_dbuf=) runs)."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    wb = {"int8": 1, "fp16": 2}[wdt]
-    for site, N, K, sw in LLAMA[:4]:
-        kw = dict(qkv=dict(rms=True, bias=True), o=dict(res=True), gu=dict(rms=True, swiglu=True),
-                  down=dict(res=True))[site]  # fmt: skip
-        cfg = kl.pick_config(1, N, K, sms, wbytes=wb, swiglu=sw, site=site)
-        if cfg.kind == "gemv" and cfg.block_m == 1:
-            cfg = dataclasses.replace(cfg, acc2d=acc2d, dbuf=dbuf)
-        check(rng, 1, N, K, wdt, cfg, reps=2, **kw)
-
-
-@pytest.mark.parametrize("wdt", ["int8", "fp16", "fp32"])
-@pytest.mark.parametrize("flags", range(len(FLAGS)))
-@pytest.mark.parametrize("acc2d,dbuf", [(True, False), (False, True), (True, True)])
-def test_gemv_one_row_loops(rng, wdt, flags, acc2d, dbuf):
-    """The one-row loop (per-lane FMA sums / W and x of the next K step loaded first): every
-    epilogue, N / K not multiples of the tile, a K slice shorter than one tile, split-K with a
-    short last slice, counters reset (reps 2)."""
-    kw = FLAGS[flags]
-    for N, K, split, bk in ((70, 200, 1, 64), (33, 300, 3, 64), (45, 40, 1, 64), (64, 512, 2, 128)):
-        cfg = kl.LinearConfig(1, 32, bk, split, 4, 1, "gemv", acc2d=acc2d, dbuf=dbuf)
-        check(rng, 1, N, K, wdt, cfg, reps=2, **kw)
-
-
-def test_gemv_one_row_loops_agree_and_keep_nan(rng):
-    """The four one-row variants give the same sums up to fp32 order (the fp16 outputs at most a
-    rounding apart) and a NaN in x still reaches every output of the row."""
-    c = make(rng, 1, 96, 1000, "int8", rms=True, swiglu=True)
-    outs = []
-    for acc2d in (False, True):
-        for dbuf in (False, True):
-            cfg = kl.LinearConfig(1, 32, 128, 3, 4, 1, "gemv", acc2d=acc2d, dbuf=dbuf)
-            outs.append(host(launch(c, cfg)).astype(np.float64))
-    for o in outs[1:]:
-        assert rel(o, outs[0]) < 2e-3  # fp16 outputs: one rounding apart at most
-    c["x"][0, 517] = float("nan")
-    for acc2d, dbuf in ((True, False), (False, True), (True, True)):
-        cfg = kl.LinearConfig(1, 32, 128, 3, 4, 1, "gemv", acc2d=acc2d, dbuf=dbuf)
-        assert np.isnan(host(launch(c, cfg))).all(), (acc2d, dbuf)

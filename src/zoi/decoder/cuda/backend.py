@@ -26,7 +26,6 @@ CPU tensors through the Triton interpreter: the CI test of everything but the gr
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 
@@ -73,8 +72,6 @@ class CudaDecoderBackend(PagedBackend):
         pipeline: bool = True,
         fuse_rope: bool = True,
         attn_min_per: int = 1,
-        gemv_acc2d: bool | None = None,
-        gemv_dbuf: bool | None = None,
     ):
         """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
         prefetch: with pdl, each linear brings its W slice into L2 before it waits for the
@@ -83,10 +80,7 @@ class CudaDecoderBackend(PagedBackend):
         into the cache) in the attention kernel instead of a rope_kv launch per layer (on: Llama
         b1 0.700 -> 0.681 ms, Qwen x32 23.5k -> 25.7k tokens/s,
         bench/results/gpu_decode_ab_fuse_rope_*_20261202T2055Z.json); attn_min_per: the fewest
-        KV blocks one slice of split decode attention takes (2 equal, 4 lost 2%: 1);
-        gemv_acc2d / gemv_dbuf: the one-row decode GEMV (batch 1) with per-lane FMA sums / the
-        next K step's W loaded before this step's arithmetic (LinearConfig.acc2d / .dbuf;
-        None: as the config table says, True / False: forced at every one-row GEMV site).
+        KV blocks one slice of split decode attention takes (2 equal, 4 lost 2%: 1).
         pdl / prefetch / pipeline: off / off / on by default, as measured on the H200
         (lab/gpu/decode_ab.py, bench/results/gpu_decode_ab_20261202T1530Z.json): pipeline took
         Llama-3.2-1B INT8 b1 from 0.995 to 0.788 ms per token and Qwen2.5-0.5B x32 from 20.7k to
@@ -133,9 +127,6 @@ class CudaDecoderBackend(PagedBackend):
         self.pipeline = bool(pipeline)
         self.fuse_rope = bool(fuse_rope)
         self.attn_min_per = max(1, int(attn_min_per))
-        self.gemv_opts = {
-            k: bool(v) for k, v in (("acc2d", gemv_acc2d), ("dbuf", gemv_dbuf)) if v is not None
-        }
         self._inflight: dict | None = None
         self.n_ahead = 0  # decode steps launched ahead (pipeline)
         self.use_graphs = bool(graphs) and not self.eager
@@ -287,8 +278,6 @@ class CudaDecoderBackend(PagedBackend):
         for b in sorted(set(self.buckets) | set(BUCKETS[: BUCKETS.index(32) + 1])):
             for site, (n, k, sw) in self._sites().items():
                 c = kl.pick_config(b, n, k, self.sm, self.eager, self.wbytes, sw, site)
-                if c.kind == "gemv" and c.block_m == 1:
-                    c = dataclasses.replace(c, **self.gemv_opts)
                 self.cfg[b, site] = c
                 ws = max(ws, kl.workspace_floats(b, n, c, sw))
                 cnt = max(cnt, kl.counters(b, n, c))

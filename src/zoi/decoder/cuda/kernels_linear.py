@@ -339,76 +339,6 @@ def _prefetch_w(w_ptr, rn, N, K, k_lo, k_split, SWIGLU: tl.constexpr):
 
 
 @triton.jit
-def _gemv_one(
-    w_rows, wu_rows, xp, ok, n_ok, rk, k_lo, k_hi, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    W_INT8: tl.constexpr, FAST_CVT: tl.constexpr, RMS: tl.constexpr, SWIGLU: tl.constexpr,
-    ACC2D: tl.constexpr, DBUF: tl.constexpr,
-):  # fmt: skip
-    """One row's K loop over [k_lo, k_hi) -> (a, u, s): the gate (or only) sums, the up sums, the
-    x*x lanes. ACC2D: every lane keeps its own fp32 sums of w*x (one FMA per weight) and the tree
-    over K runs once after the loop, instead of a multiply, a tree and an add per K step. DBUF:
-    the next step's W tile (and x) are loaded before this step's arithmetic, so that the loads of
-    one step overlap the conversion and FMAs of the last (registers, not shared memory: the loop
-    has no tl.dot for Triton's pipeliner). The prefetch past k_hi is masked off (no traffic)."""
-    c = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    cu = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    a = tl.zeros([BLOCK_N], dtype=tl.float32)
-    u = tl.zeros([BLOCK_N], dtype=tl.float32)
-    sv = tl.zeros([BLOCK_K], dtype=tl.float32)
-    k = k_lo + rk
-    k_ok = k < k_hi
-    wm = n_ok[:, None] & k_ok[None, :]
-    wt = tl.load(w_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
-    wtu = wt
-    if SWIGLU:
-        wtu = tl.load(wu_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
-    xv = tl.load(xp + k, mask=k_ok & ok, other=0.0, eviction_policy="evict_last")
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        if DBUF:  # this step's operands are in wt / wtu / xv; load the next step's now
-            kn = k0 + BLOCK_K + rk
-            kn_ok = kn < k_hi
-            wmn = n_ok[:, None] & kn_ok[None, :]
-            wt_n = tl.load(w_rows + kn[None, :], mask=wmn, other=0, eviction_policy="evict_first")
-            wtu_n = wt_n
-            if SWIGLU:
-                wtu_n = tl.load(
-                    wu_rows + kn[None, :], mask=wmn, other=0, eviction_policy="evict_first"
-                )
-            xv_n = tl.load(xp + kn, mask=kn_ok & ok, other=0.0, eviction_policy="evict_last")
-        else:
-            k = k0 + rk
-            k_ok = k < k_hi
-            wm = n_ok[:, None] & k_ok[None, :]
-            wt = tl.load(w_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
-            wtu = wt
-            if SWIGLU:
-                wtu = tl.load(wu_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
-            xv = tl.load(xp + k, mask=k_ok & ok, other=0.0, eviction_policy="evict_last")
-        x = xv.to(tl.float32)
-        w = _w_f32(wt, W_INT8, FAST_CVT)
-        if ACC2D:
-            c = c + w * x[None, :]
-        else:
-            a = a + tl.sum(w * x[None, :], 1)
-        if SWIGLU:
-            wu = _w_f32(wtu, W_INT8, FAST_CVT)
-            if ACC2D:
-                cu = cu + wu * x[None, :]
-            else:
-                u = u + tl.sum(wu * x[None, :], 1)
-        if RMS:
-            sv = sv + x * x
-        if DBUF:
-            wt = wt_n
-            wtu = wtu_n
-            xv = xv_n
-    if ACC2D:
-        a = tl.sum(c, 1)
-        u = tl.sum(cu, 1)
-    return a, u, sv
-
-
-@triton.jit
 def gemv_kernel(
     x_ptr,  # [*, K] activations (fp16 / fp32), row stride ldx
     rows_ptr,  # [M] int32 (GATHER)
@@ -440,13 +370,9 @@ def gemv_kernel(
     RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
-    ACC2D: tl.constexpr = False,
-    DBUF: tl.constexpr = False,
 ):
     """Decode GEMV without tl.dot: fp32 products of the exact weight (INT8 q, FP16, FP32) and the
-    exact x, fp32 sums (per K step: a tree over the tile's K lanes, then into the row's acc).
-    One row (BLOCK_M 1) may take ``_gemv_one``'s loop instead (ACC2D: per-lane FMA sums, one tree
-    at the end; DBUF: the next K step's W and x loaded before this step's arithmetic)."""
+    exact x, fp32 sums (per K step: a tree over the tile's K lanes, then into the row's acc)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -479,28 +405,22 @@ def gemv_kernel(
     wu_rows = w_ptr + (rn + N)[:, None].to(tl.int64) * K
     k_lo = pid_k * k_split
     k_hi = tl.minimum(k_lo + k_split, K)
-    if BLOCK_M == 1 and (ACC2D or DBUF):
-        a0, u0, s0 = _gemv_one(
-            w_rows, wu_rows, xp0, m0 < M, n_ok, rk, k_lo, k_hi, BLOCK_N, BLOCK_K, W_INT8,
-            FAST_CVT, RMS, SWIGLU, ACC2D, DBUF,
-        )  # fmt: skip
-    else:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            k = k0 + rk
-            k_ok = k < k_hi
-            wm = n_ok[:, None] & k_ok[None, :]
-            wt = tl.load(w_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
-            w = _w_f32(wt, W_INT8, FAST_CVT)
-            wu = w
-            if SWIGLU:  # the up rows: the same products on the second half of W
-                wt = tl.load(wu_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
-                wu = _w_f32(wt, W_INT8, FAST_CVT)
-            a0, u0, s0 = _gemv_row(w, wu, xp0, m0 < M, k, k_ok, a0, u0, s0, SWIGLU, RMS)
-            if BLOCK_M > 1:
-                a1, u1, s1 = _gemv_row(w, wu, xp1, m0 + 1 < M, k, k_ok, a1, u1, s1, SWIGLU, RMS)
-            if BLOCK_M > 2:
-                a2, u2, s2 = _gemv_row(w, wu, xp2, m0 + 2 < M, k, k_ok, a2, u2, s2, SWIGLU, RMS)
-                a3, u3, s3 = _gemv_row(w, wu, xp3, m0 + 3 < M, k, k_ok, a3, u3, s3, SWIGLU, RMS)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + rk
+        k_ok = k < k_hi
+        wm = n_ok[:, None] & k_ok[None, :]
+        wt = tl.load(w_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
+        w = _w_f32(wt, W_INT8, FAST_CVT)
+        wu = w
+        if SWIGLU:  # the up rows: the same products on the second half of W
+            wt = tl.load(wu_rows + k[None, :], mask=wm, other=0, eviction_policy="evict_first")
+            wu = _w_f32(wt, W_INT8, FAST_CVT)
+        a0, u0, s0 = _gemv_row(w, wu, xp0, m0 < M, k, k_ok, a0, u0, s0, SWIGLU, RMS)
+        if BLOCK_M > 1:
+            a1, u1, s1 = _gemv_row(w, wu, xp1, m0 + 1 < M, k, k_ok, a1, u1, s1, SWIGLU, RMS)
+        if BLOCK_M > 2:
+            a2, u2, s2 = _gemv_row(w, wu, xp2, m0 + 2 < M, k, k_ok, a2, u2, s2, SWIGLU, RMS)
+            a3, u3, s3 = _gemv_row(w, wu, xp3, m0 + 3 < M, k, k_ok, a3, u3, s3, SWIGLU, RMS)
     rmi = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -762,7 +682,7 @@ def _launch_decode(
     if cfg.kind == "gemv":
         if cfg.block_m not in (1, 2, 4):
             raise ValueError(f"gemv config {cfg}: block_m must be 1, 2 or 4")
-        kern, extra = gemv_kernel, dict(ACC2D=cfg.acc2d, DBUF=cfg.dbuf)
+        kern, extra = gemv_kernel, {}
     elif cfg.kind == "mma":
         if min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
             raise ValueError(f"mma config {cfg}: tl.dot needs block_m/n/k >= 16")

@@ -29,8 +29,6 @@ class LinearConfig:
     kind: str = "dot"  # "dot" | "gemv" | "mma"
     swap: bool = False  # mma: W is the left operand of the dot (acc^T [BLOCK_N, BLOCK_M])
     fast_cvt: bool = True  # gemv / mma INT8: int8 -> float by exponent bits, not I2F
-    acc2d: bool = False  # gemv, block_m 1: per-lane FMA sums, one tree over K after the loop
-    dbuf: bool = False  # gemv, block_m 1: the next K step's W / x loaded before this step's math
 
 
 KINDS = ("dot", "gemv", "mma")
