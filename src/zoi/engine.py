@@ -106,7 +106,12 @@ def _check_count(name: str, v) -> int:
     return int(v)
 
 
-def _check_arena(model: CompiledModel) -> None:
+def _check_arena(model: CompiledModel, device: str = "cpu") -> None:
+    """The host arena the CPU planner sized must fit this machine's memory. device="cuda" holds
+    no host arena (the CUDA backend sizes its own device buffers; a SPLADE head's [T, vocab]
+    logits, which the CPU plan holds, are never materialised there): nothing to check here."""
+    if device == "cuda":
+        return
     try:
         phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
@@ -239,8 +244,11 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         quant = fp8_quant(spec)
     steps.step("planning memory")
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
-    _check_arena(model)
+    _check_arena(model, device)
     model.meta["source"] = str(src)
+    # load() re-derives an automatic max_tokens for the device it loads on (a GPU compile's
+    # 32768-token default would give a CPU engine a ~10x bigger arena than the CPU default)
+    model.meta["max_tokens_auto"] = {"device": device} if auto_tokens else None
     model.meta.update(st_meta(src, spec, truncate_dim))  # prompts, truncate_dim (zoi.heads)
     if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
         model.meta["source_default"] = True
@@ -751,10 +759,28 @@ def load(
     tokenizer = Tokenizer.from_file(
         folder / "tokenizer.json", spec.max_positions, spec.position_offset
     )
+    auto = (meta.get("meta") or {}).get("max_tokens_auto")
+    explicit, rederived = max_tokens is not None, False
+    if not explicit and isinstance(auto, dict) and auto.get("device") != device:
+        # compiled with another device's default max_tokens: this device's default where it is
+        # smaller (a GPU compile's 32768 tokens would give a CPU engine an 8x bigger arena);
+        # a bigger default is not taken (it would build more buckets than were asked for)
+        mine = DEFAULT_MAX_TOKENS[device]
+        if spec.head:
+            mine = default_max_tokens(spec, mine)
+        mine = max(mine, spec.max_positions)
+        if mine < saved_tokens:
+            max_tokens, rederived = mine, True
+            if max_batch is not None:
+                max_batch = min(max_batch, max_tokens)
     max_tokens = int(max_tokens or saved_tokens)
     max_batch = min(int(max_batch or max_tokens), max_tokens)
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
-    _check_arena(model)
+    _check_arena(model, device)
     model.meta = dict(meta.get("meta", {}))
     model.meta["artifact"] = str(folder)
+    if explicit:  # what a save of this engine records: the size was asked for
+        model.meta["max_tokens_auto"] = None
+    elif rederived:  # the default of this device now
+        model.meta["max_tokens_auto"] = {"device": device}
     return Engine(model, tokenizer, device, device_index=device_index)
