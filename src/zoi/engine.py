@@ -106,6 +106,13 @@ def _check_count(name: str, v) -> int:
     return int(v)
 
 
+def _auto_max_tokens(spec: ModelSpec, device: str) -> int:
+    """The max_tokens a compile on device gets when none is asked for (a SPLADE head's
+    [T, vocab] logits cap it: zoi.heads.default_max_tokens)."""
+    n = DEFAULT_MAX_TOKENS[device]
+    return default_max_tokens(spec, n) if spec.head else n
+
+
 def _check_arena(model: CompiledModel, device: str = "cpu") -> None:
     """The host arena the CPU planner sized must fit this machine's memory. device="cuda" holds
     no host arena (the CUDA backend sizes its own device buffers; a SPLADE head's [T, vocab]
@@ -225,7 +232,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
     if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
-        max_tokens = default_max_tokens(spec, max_tokens)
+        max_tokens = _auto_max_tokens(spec, device)
         max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
     if max_tokens < spec.max_positions:
         raise ValueError(
@@ -247,7 +254,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     _check_arena(model, device)
     model.meta["source"] = str(src)
     # load() re-derives an automatic max_tokens for the device it loads on (a GPU compile's
-    # 32768-token default would give a CPU engine a ~10x bigger arena than the CPU default)
+    # 32768-token default would give a CPU engine an 8x bigger arena than the CPU default)
     model.meta["max_tokens_auto"] = {"device": device} if auto_tokens else None
     model.meta.update(st_meta(src, spec, truncate_dim))  # prompts, truncate_dim (zoi.heads)
     if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
@@ -765,14 +772,9 @@ def load(
         # compiled with another device's default max_tokens: this device's default where it is
         # smaller (a GPU compile's 32768 tokens would give a CPU engine an 8x bigger arena);
         # a bigger default is not taken (it would build more buckets than were asked for)
-        mine = DEFAULT_MAX_TOKENS[device]
-        if spec.head:
-            mine = default_max_tokens(spec, mine)
-        mine = max(mine, spec.max_positions)
+        mine = max(_auto_max_tokens(spec, device), spec.max_positions)
         if mine < saved_tokens:
             max_tokens, rederived = mine, True
-            if max_batch is not None:
-                max_batch = min(max_batch, max_tokens)
     max_tokens = int(max_tokens or saved_tokens)
     max_batch = min(int(max_batch or max_tokens), max_tokens)
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
