@@ -510,3 +510,61 @@ def test_linear_residual_layernorm_epilogue(quant, M, N, K, qmode, tr):
         amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32)
     )
     _assert_quant(got, qmode, shift, mul, 2.0, yq, ys, yz)  # producer-side INT8 copy
+
+
+@cuda
+@pytest.mark.parametrize("a_kind", ["int8_asym", "fp16", "int8_dyn"])
+@pytest.mark.parametrize("M,N,K", [(37, 200, 72), (100, 96, 130), (5, 40, 24)])
+@pytest.mark.parametrize("persist,per_sm", [(1, 1), (2, 1), (2, 3)])
+def test_linear_persistent_equals_one_tile_per_program(a_kind, M, N, K, persist, per_sm):
+    """PERSIST (grid-stride over the output tiles; 2: tile and K loops flattened) computes each
+    tile exactly as the one-tile-per-program kernel: bit-identical outputs (y, residual added,
+    the atomic per-row amax for the next linear), with fewer programs than tiles (the interpreter
+    counts 2 SMs: 2-6 programs for 3-28 tiles here), N and M off the tile grid, K off BLOCK_K;
+    and close to the float64 reference."""
+    rng = np.random.default_rng(M * 3 + N + K + persist * 11 + per_sm + len(a_kind))
+    x = _awkward_rows(_rand(rng, M, K, scale=2.0))
+    b, r = _rand(rng, N, scale=0.1), _rand(rng, M, N)
+    w = _rand(rng, N, K, scale=K**-0.5)
+    w_q, w_s = qp.quantize_weight(_rand(rng, N, K))
+    base = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=2)
+    outs = []
+    for cfg in (base, dict(base, PERSIST=persist, PER_SM=per_sm)):
+        y = poison((M, N), torch.float16)
+        amax = torch.zeros(M, dtype=torch.float32, device=DEV)
+        common = dict(act="gelu", cfg=cfg, amax_out_mode=1)
+        if a_kind == "fp16":
+            k_lin.launch_linear(
+                t(x, torch.float16), None, t(w, torch.float16), None, t(b),
+                t(r, torch.float16), None, None, y, amax, M, N, K, quant=0, **common,
+            )  # fmt: skip
+            want = ref.linear(f16(x), f16(w), b.astype(np.float64), "gelu", f16(r))
+        elif a_kind == "int8_dyn":  # QUANT 1: fp16 A quantised on load with the producer's amax
+            x16 = f16(x)
+            k_lin.launch_linear(
+                t(x16.astype(np.float16)), t(np.abs(x16).max(axis=1).astype(np.float32)),
+                t(w_q), t(w_s), t(b), t(r, torch.float16), None, None, y, amax, M, N, K,
+                quant=1, **common,
+            )  # fmt: skip
+            want = _int8_want(x16, w_q, w_s, b, "gelu", f16(r))
+        else:
+            q, scale, zp = qp.quantize_act_asym(x)
+            a8 = (q.astype(np.int16) - 128).astype(np.int8)
+            k_lin.launch_linear(
+                t(a8), t(scale), t(w_q), t(w_s), t(b), t(r, torch.float16), None, None, y,
+                amax, M, N, K, quant=4, a_zp=t(zp),
+                colsum=t(w_q.astype(np.int64).sum(1).astype(np.int32)), **common,
+            )  # fmt: skip
+            want = ref.activation(
+                qp.linear_int8_asym_emulated(x, w_q, w_s, b).astype(np.float64), "gelu"
+            ) + f16(r)
+        outs.append((y.float().cpu().numpy(), amax.cpu().numpy()))
+        assert rel(outs[-1][0], want) < 3e-3
+    assert (
+        k_lin.grid_size(M, N, dict(base, PERSIST=persist, PER_SM=per_sm))
+        < k_lin.grid_size(M, N, base)
+        or k_lin.grid_size(M, N, base) <= 2 * per_sm
+    )
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])
+    np.testing.assert_array_equal(outs[1][1], np.abs(outs[0][0]).max(axis=1))
