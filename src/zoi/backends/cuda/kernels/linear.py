@@ -333,15 +333,21 @@ def _tile_out(
 # INT8 = QUANT 4 (int8 A, asym) with the real epilogues (bias; GELU for ffn1; residual + LN +
 # int8 copy for the LN rows). Times in us per launch, the pick before the sweep -> the winner.
 # A bucket between the measured ones takes the nearest one's (log scale).
+# Twelfth session (bench/results/gpu_sweep_persist_20261203T1417Z.json: INT8 plain / gelu at
+# 4096 / 32768 tokens, 660 units, 0 wrong): 128x128x128 / 4 warps / 3 stages won the large-M
+# plain sites (minilm qkv 62.1 -> 60.1, o 21.6 -> 20.8, ffn2 46.3 -> 43.1 us; bert-base qkv
+# 158.4 -> 147.8, o 57.1 -> 53.3, ffn2 151.3 -> 128.1 us), entered below. The persistent
+# variants (cfg PERSIST 1 / 2, PER_SM 1 / 2) won nowhere by more than 0.5%: lost 1-15%
+# elsewhere (ffn1 130.9 vs 148.4 us), so no entry uses them.
 _LINEAR = {
     # minilm qkv: v1 -> best us at M=4096 12.9 -> 10.6, M=32768 77.1 -> 62.2
     ("int8", False, 1152, 384): {
         16: (16, 64, 128, 4, 4),
         128: (16, 64, 128, 4, 3),
         1024: (64, 64, 128, 4, 3),
-        4096: (128, 64, 128, 4, 3),
+        4096: (64, 128, 128, 4, 3),
         16384: (128, 64, 64, 4, 3),
-        32768: (128, 128, 64, 4, 4),
+        32768: (128, 128, 128, 4, 3),
     },
     # minilm o: v1 -> best us at M=4096 5.7 -> 5.2, M=32768 31.7 -> 22.2
     ("int8", False, 384, 384): {
@@ -350,7 +356,7 @@ _LINEAR = {
         1024: (64, 64, 128, 4, 4),
         4096: (64, 64, 128, 4, 3),
         16384: (64, 128, 128, 4, 3),
-        32768: (128, 128, 64, 4, 4),
+        32768: (128, 128, 128, 4, 3),
     },
     # minilm ffn1: v1 -> best us at M=4096 21.4 -> 18.8, M=32768 177.8 -> 132.0
     ("int8", False, 1536, 384): {
@@ -366,9 +372,9 @@ _LINEAR = {
         16: (32, 32, 256, 4, 3),
         128: (16, 32, 128, 4, 4),
         1024: (64, 64, 128, 4, 4),
-        4096: (64, 128, 128, 4, 4),
+        4096: (64, 64, 128, 4, 4),
         16384: (64, 128, 128, 4, 3),
-        32768: (64, 128, 128, 4, 3),
+        32768: (128, 128, 128, 4, 3),
     },
     # minilm o+ln: v1 -> best us at M=4096 16.8 -> 16.8, M=32768 87.8 -> 87.8
     ("int8", True, 384, 384): {
@@ -395,7 +401,7 @@ _LINEAR = {
         1024: (64, 128, 128, 4, 3),
         4096: (64, 128, 128, 4, 3),
         16384: (128, 128, 64, 4, 4),
-        32768: (128, 128, 64, 4, 4),
+        32768: (128, 128, 128, 4, 3),
     },
     # bert-base o: v1 -> best us at M=4096 10.9 -> 8.9, M=32768 78.0 -> 58.2
     ("int8", False, 768, 768): {
@@ -404,7 +410,7 @@ _LINEAR = {
         1024: (64, 64, 128, 4, 4),
         4096: (64, 128, 128, 4, 3),
         16384: (128, 128, 64, 4, 4),
-        32768: (128, 128, 64, 4, 4),
+        32768: (128, 128, 128, 4, 3),
     },
     # bert-base ffn1: v1 -> best us at M=4096 47.7 -> 41.9, M=32768 409.4 -> 325.9
     ("int8", False, 3072, 768): {
@@ -422,7 +428,7 @@ _LINEAR = {
         1024: (64, 64, 128, 4, 4),
         4096: (64, 128, 128, 4, 3),
         16384: (128, 128, 64, 4, 4),
-        32768: (128, 128, 64, 4, 4),
+        32768: (128, 128, 128, 4, 3),
     },
     # minilm qkv: v1 -> best us at M=4096 14.5 -> 12.9, M=32768 98.7 -> 74.0
     ("fp16", False, 1152, 384): {
