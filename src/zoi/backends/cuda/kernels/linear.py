@@ -638,8 +638,10 @@ def grid_size(M: int, N: int, cfg: dict, rowq: bool = False) -> int:
     if rowq:
         return triton.cdiv(M, cfg["BLOCK_M"])
     tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    if cfg.get("PERSIST"):  # persistent: at most PER_SM programs per multiprocessor
-        return max(1, min(tiles, cfg.get("PER_SM", 1) * sm_count()))
+    if cfg.get("PERSIST"):  # persistent: at most PER_SM programs per multiprocessor (PROGRAMS:
+        # an exact count, for tests that must stride on any device)
+        n = cfg.get("PROGRAMS") or cfg.get("PER_SM", 1) * sm_count()
+        return max(1, min(tiles, n))
     return tiles
 
 
@@ -695,10 +697,11 @@ def launch_linear(
     assert qmode != 3 or yq_zp is not None
     dummy = b
     persist = 0 if (rowq or ln) else int(cfg.get("PERSIST", 0))
-    cfg = {k: v for k, v in cfg.items() if k not in ("PERSIST", "PER_SM") or persist}
+    extra = ("PERSIST", "PER_SM", "PROGRAMS")
+    cfg = {k: v for k, v in cfg.items() if k not in extra or persist}
     grid = (grid_size(M, N, cfg, rowq),)
-    cfg.pop("PERSIST", None)
-    cfg.pop("PER_SM", None)
+    for k in extra:
+        cfg.pop(k, None)
     linear_kernel[grid](
         a,
         a_amax if a_amax is not None else dummy,
