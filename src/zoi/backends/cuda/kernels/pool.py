@@ -91,8 +91,13 @@ MODES = {"mean": 0, "cls": 1, "max": 2}
 
 
 def pick_config(H: int) -> dict:
+    """Rows per step and warps from lab/gpu/pool_sweep.py on the H200 (bench/results/
+    gpu_pool_sweep_20261203T1443Z.json, mean + normalise, 128-token sequences): H 384 (BLOCK_H
+    512) 32 rows / 8 warps, 1x128 14.3 -> 5.6 us, 256x128 16.3 -> 10.0; H 768 16 rows / 4
+    warps, 1x128 20.9 -> 7.6 us, 256x128 49.5 -> 19.9 (the old 16 / 8 rows by 4 warps walked
+    a sequence in 8-16 dependent steps)."""
     bh = triton.next_power_of_2(H)
-    return dict(BLOCK_R=max(1, min(32, 8192 // bh)), BLOCK_H=bh, num_warps=4)
+    return dict(BLOCK_R=max(1, min(32, 16384 // bh)), BLOCK_H=bh, num_warps=8 if bh <= 512 else 4)
 
 
 def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None, pdl=False):
