@@ -59,7 +59,7 @@ def compile_ahead(meta: dict, arch: int = 90) -> dict:
     from zoi.backends.cuda.kernels import persistent as kp
 
     names = kp.persistent_kernel.arg_names
-    meta = {**k_stages(meta, meta["H"], meta["I"]), **meta}
+    meta = {**k_stages(meta, meta["H"], meta["I"]), "POLLS": kp.POLL_LIMIT, **meta}
     opts = {k: meta[k] for k in ("num_warps", "num_stages")}
     const = {(names.index(k),): v for k, v in meta.items() if k not in opts}
     sig = {n: ARG_TYPES.get(n, "constexpr") for n in names}

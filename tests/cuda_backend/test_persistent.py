@@ -288,3 +288,74 @@ def test_barrier_timeout_fails_the_call_and_recovers():
         be.run(ids, pos, cu, True)
     assert int(be._pplans[16].bar[1]) == 0
     np.testing.assert_array_equal(be.run(ids, pos, cu, True), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "precision,path",
+    [("fp16", "force"), ("fp16", "time"), ("fp16", "off"), ("int8", "off")],
+)
+def test_thousand_repeated_calls_bit_identical(precision, path):
+    """Issue 12: 1,000 calls of the same request through run() give the same bits every time
+    (no race, no order-dependent reduction: atomics only take maxima), on the one-launch
+    persistent path (FP16: forced, and as the compile-time timing picks) and the per-op graphs
+    (FP16 and INT8), with a different
+    request in between every 100 calls (its result must come back too) and the output
+    poisoned before each call."""
+    from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.options import CudaOptions
+
+    default = "dynamic_asym" if precision == "int8" else "dynamic"
+    model = tiny_model(
+        precision, max_tokens=256, max_batch=16, default=default, **MINILM
+    )  # minilm widths, 2 layers
+    be = CudaBackend(model, buckets=[16, 128, 256], options=CudaOptions(persistent=path))
+    rng = np.random.default_rng(11)
+    vocab = int(model.spec.vocab_size)
+    a = batch([40, 7, 33, 1], vocab, rng)
+    b = batch([12], vocab, rng)
+    first_a, first_b = be.run(*a, True), be.run(*b, True)
+    assert np.isfinite(first_a).all() and np.isfinite(first_b).all()
+    for i in range(1000):
+        be.d_out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(be.run(*a, True), first_a, err_msg=f"call {i}")
+        if i % 100 == 99:
+            np.testing.assert_array_equal(be.run(*b, True), first_b, err_msg=f"call {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_non_resident_grid_gives_up_and_the_next_call_is_sound():
+    """Issue 12: a one-launch forward whose grid the GPU cannot hold at once (64 programs per
+    SM) can never meet at its grid barrier. The bounded spin (POLLS acquire polls, small here)
+    gives up and sets the plan's flag instead of hanging the GPU, the launch ends, and the
+    engine's next call (its own plan, own barrier counter) is bit-identical to the one
+    before. The call-level handling of the flag (a clear error, flag cleared) is
+    test_barrier_timeout_fails_the_call_and_recovers."""
+    import time
+
+    from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.options import CudaOptions
+    from zoi.backends.cuda.persistent import PersistentPlan
+
+    model = tiny_model("fp16", max_tokens=256, max_batch=16, **MINILM)
+    be = CudaBackend(model, buckets=[128], options=CudaOptions(persistent="force"))
+    rng = np.random.default_rng(5)
+    ids, pos, cu = batch([40, 7, 33], int(model.spec.vocab_size), rng)
+    first = be.run(ids, pos, cu, True)
+    plan = PersistentPlan(be, 128, split=False)
+    plan.meta["POLLS"] = 1 << 12  # ~2 ms per barrier instead of ~2 s
+    plan.grid = 64 * int(be.sm)
+    n, _ = be._stage(ids, pos, cu, True, 128)
+    be.d_in[:n].copy_(torch.from_numpy(be.h_in[:n].copy()).cuda())
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(be.tstream):
+        plan.launch(0, plan.n_stages)
+    torch.cuda.synchronize()
+    assert plan.barrier_timed_out()
+    assert time.perf_counter() - t0 < 120
+    for _ in range(3):
+        np.testing.assert_array_equal(be.run(ids, pos, cu, True), first)

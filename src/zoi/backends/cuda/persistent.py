@@ -203,6 +203,7 @@ class PersistentPlan:
             ACT=ACTS[layers[0][4].op.attrs.get("act", "none")],
             POOL=MODES[pool.op.attrs["mode"]],
             SPL=kp.STAGES_PER_LAYER,
+            POLLS=kp.POLL_LIMIT,
             **c,
         )
         for k, v in k_stages(c, H, I).items():  # unless the cfg sets them

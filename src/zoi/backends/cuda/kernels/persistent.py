@@ -78,7 +78,7 @@ QKV_W, QKV_B, O_W, O_B, LN1_W, LN1_B, F1_W, F1_B, F2_W, F2_B, LN2_W, LN2_B = ran
 # the row after the last layer: the embedding
 E_WORD, E_POS, E_TYPE, E_LNW, E_LNB = range(5)
 TAB_COLS = 16
-POLL_LIMIT = tl.constexpr(1 << 22)  # acquire polls (~0.5 us each) before a barrier gives up
+POLL_LIMIT = 1 << 22  # acquire polls (~0.5 us each) before a barrier gives up (the kernel's POLLS)
 STAGES_PER_LAYER = 5
 EXTRA_STAGES = 2  # after the layers: the final LN2 (row-parallel), the pool
 # the same, as constexpr globals for the kernel (a jit function reads only constexpr globals)
@@ -88,7 +88,7 @@ K_E_WORD, K_E_POS, K_E_TYPE, K_E_LNW, K_E_LNB = (tl.constexpr(i) for i in range(
 
 
 @triton.jit
-def grid_barrier(bar_ptr, nprog):
+def grid_barrier(bar_ptr, nprog, POLLS: tl.constexpr):
     """All programs of the launch meet here; stores before it are visible (L2) after it.
 
     ``bar_ptr``: one int64 arrival counter that only ever grows (2^63 arrivals: never wraps),
@@ -104,7 +104,7 @@ def grid_barrier(bar_ptr, nprog):
         # atomics from every SM serialise in the L2 atomic unit (the arrivals queue behind)
         cur = _ld_acquire(bar_ptr, target)
         n = 0
-        while (cur < target) & (n < POLL_LIMIT):  # a bounded spin: never a hung GPU
+        while (cur < target) & (n < POLLS):  # a bounded spin: never a hung GPU
             cur = _ld_acquire(bar_ptr, target)
             n += 1
         if cur < target:  # gave up (programs not co-resident?): flag it, results are void
@@ -527,6 +527,7 @@ def persistent_kernel(
     POOL_BR: tl.constexpr,  # rows per pool chunk (fp16 [POOL_BR, HP], pipelined x 2)
     BM_LN: tl.constexpr,  # rows per item of the final LN stage
     SPL: tl.constexpr,  # stages per layer (5)
+    POLLS: tl.constexpr,  # acquire polls before a grid barrier gives up (POLL_LIMIT)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -747,7 +748,7 @@ def persistent_kernel(
                 KST_F2,
             )
         if st + 1 < stage_hi:
-            grid_barrier(bar_ptr, nprog)
+            grid_barrier(bar_ptr, nprog, POLLS)
 
 
 def activation_load_lines() -> set[int]:
