@@ -4,6 +4,7 @@ engine's edge), shared Triton helpers written once."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -43,7 +44,10 @@ def test_layernorm_and_softmax_written_once():
 
 
 def test_options_from_env_is_the_only_environment_read():
-    assert CudaOptions.from_env({}) == CudaOptions()
+    assert CudaOptions.from_env({"ZOI_CUDA_PATH_CACHE": "0"}) == CudaOptions()
+    home = CudaOptions.from_env({})  # the only other default it sets: the path cache's file
+    assert dataclasses.replace(home, path_cache=None) == CudaOptions()
+    assert home.path_cache.endswith("zoi/cuda_paths.json")
     assert CudaOptions.from_env({"ZOI_PERSISTENT": "0"}).persistent == "off"
     assert CudaOptions.from_env({"ZOI_PERSISTENT": "1"}).persistent == "force"
     o = CudaOptions.from_env({"ZOI_PERSISTENT_SPLIT": "1", "ZOI_PERSISTENT_CFG": '{"BK": 64}'})

@@ -247,8 +247,20 @@ class CudaBackend:
             path = "persistent" if tb <= self.persistent_max else "per-op"
             self.bucket_paths[tb] = {"path": path}
             return
+        from zoi.backends.cuda import pathcache
         from zoi.backends.cuda.capture import pick_faster
 
+        key = pathcache.cache_key(
+            self.device_name, self.capability, self.precision, self.spec, self.opts, tb
+        )
+        known = pathcache.lookup(self.opts.path_cache, key)
+        if known is not None:  # measured before on this GPU / software / shape: the winner only
+            steps = self._steps_for(tb, persistent=known == "persistent")
+            self._steps[tb] = steps
+            self._graphs[tb] = self._capture(tb, steps)
+            path = "persistent" if tb in self._pplans else "per-op"
+            self.bucket_paths[tb] = {"path": path, "cached": True}
+            return
         built, steps = {}, {}
         for persistent in (True, False):
             steps[persistent] = self._steps_for(tb, persistent=persistent)
@@ -265,6 +277,11 @@ class CudaBackend:
             "path": "persistent" if keep else "per-op",
             **{("persistent_us" if m else "per_op_us"): round(v, 2) for m, v in us.items()},
         }
+        if len(us) == 2:  # both were timed: remember the answer
+            pathcache.store(
+                self.opts.path_cache, key, "persistent" if keep else "per-op",
+                {("persistent" if m else "per-op"): round(v, 2) for m, v in us.items()},
+            )  # fmt: skip
         if not keep and tb <= self.persistent_max:
             log.info("zoi: bucket %d: per-op graph faster than the persistent forward %s", tb, us)
 

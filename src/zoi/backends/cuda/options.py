@@ -53,7 +53,10 @@ class CudaOptions:
     kernel (persistent.default_cfg keys); persistent_split: one launch per stage (None: in the
     interpreter only). device_index: the GPU the backend is built on and bound to (its
     primary context, weights, arena, CUDA graphs); None: the current device (zoi.compile /
-    zoi.load with device='cuda:N' set it)."""
+    zoi.load with device='cuda:N' set it). path_cache: a JSON file remembering, per GPU,
+    software and model shape, which path won the "time" choice of each bucket, so that a
+    later build compiles the winner only (backends/cuda/pathcache.py; None: time every
+    build)."""
 
     fuse_ln: bool = FUSE_LN
     rowq: bool = ROWQ
@@ -66,6 +69,7 @@ class CudaOptions:
     persistent_cfg: dict | None = None
     persistent_split: bool | None = None
     device_index: int | None = None
+    path_cache: str | None = None
 
     def __post_init__(self):
         if self.device_index is not None and (
@@ -88,9 +92,15 @@ class CudaOptions:
     def from_env(cls, env=None, **kw) -> CudaOptions:
         """Options with the environment's overrides (the engine / CLI edge only):
         ZOI_PERSISTENT=0 (per-op graphs only) / 1 (force the one-launch forward),
-        ZOI_PERSISTENT_SPLIT=1 (one launch per stage), ZOI_PERSISTENT_CFG='{"BK": 128}'."""
+        ZOI_PERSISTENT_SPLIT=1 (one launch per stage), ZOI_PERSISTENT_CFG='{"BK": 128}';
+        the path cache in the zoi cache directory (ZOI_CACHE_DIR, else ~/.cache/zoi) unless
+        ZOI_CUDA_PATH_CACHE=0."""
         env = os.environ if env is None else env
         o = cls(**kw)
+        if o.path_cache is None and env.get("ZOI_CUDA_PATH_CACHE") != "0":
+            from zoi.tools.cache import cache_dir
+
+            o = o.replace(path_cache=str(cache_dir(env) / "cuda_paths.json"))
         p = env.get("ZOI_PERSISTENT")
         if p is not None:
             if p not in ("0", "1"):
