@@ -3,7 +3,10 @@
 Like the peers' conversions, compiling happens once, outside the timed process: the parent
 compiles the model (INT8 includes calibration) and saves the artifact into the cache, keyed
 by a hash of zoi's own source, so a code change never reuses a stale artifact; the worker
-loads it with ``zoi.load``. GPU engines are compiled in the worker (their device is there).
+loads it with ``zoi.load`` on its device. An artifact is device-independent, so the CUDA
+INT8 / FP8 providers load the same one (calibrating in every GPU worker made a three-round
+``zoi bench --device cuda`` overrun a 300 s device call); FP16, which compiles for the GPU
+only and has nothing to calibrate, is compiled in the worker.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ def source_hash() -> str:
 class ZoiProvider(Provider):
     @classmethod
     def convert(cls, spec, model, cache):
-        if spec.options["device"] == "cuda":
-            return {}
+        if spec.options["device"] == "cuda" and spec.precision == "fp16":
+            return {}  # GPU-only precision: compiled in the worker (no calibration)
         import zoi
 
         dst = Path(cache) / model.name / f"zoi-{zoi.__version__}-{source_hash()}" / spec.precision
