@@ -3,7 +3,7 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|multigpu|multibench|fp8] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|multigpu|multibench|fp8] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
 #   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
 #   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
@@ -71,6 +71,11 @@ if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi 
   timeout "${DECBENCH_TIMEOUT:-580}" $PY -m zoi.bench.cli --device cuda \
     --workloads "${DECBENCH_WORKLOADS:-qwen2.5-0.5b-decode,llama-3.2-1b-decode}" ${DECBENCH_ARGS:-} \
     --out "$OUT/gpu_${STAMP}_cuda_decode.json" 2>&1 | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" grouped "* ]]; then  # explicit only, ~2 min: issue 11's grouped int8 handoff (lab)
+  log "grouped int8 handoff ffn1 -> ffn2 vs linear + quantize + linear (lab/gpu/grouped_handoff.py)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${GROUPED_TIMEOUT:-240}" $PY lab/gpu/grouped_handoff.py ${GROUPED_ARGS:-} --out "$OUT/gpu_grouped_handoff_${STAMP}.json" 2>&1 \
+    | tail -30 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: issue 14's decode linears
   log "gemv: decode linear sweep (lab/gpu/sweep_gemv.py), winners into DECODE_TABLE, compiled decoder tests" | tee -a "$OUT/gpu_check_${STAMP}.log"
