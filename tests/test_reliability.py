@@ -358,6 +358,22 @@ def test_nonsense_artifact_spec_gets_a_clear_error(artifact, edit, match):
         zoi.load(artifact, device="reference")
 
 
+@pytest.mark.parametrize("bad", [True, 3, "x", [1, 2]])
+def test_artifact_meta_not_an_object_gets_a_clear_error(artifact, bad):
+    """The model's own metadata ("meta": source, prompts, max_tokens_auto) must be a JSON object
+    (found by tests/test_fuzz.py: True gave an AttributeError, a list a TypeError); null or
+    absent is an empty one."""
+    meta = json.loads((artifact / "zoi.json").read_text())
+    meta["meta"] = bad
+    (artifact / "zoi.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="'meta' must be a JSON object"):
+        zoi.load(artifact, device="reference")
+    for empty in (None, {}):
+        meta["meta"] = empty
+        (artifact / "zoi.json").write_text(json.dumps(meta))
+        assert np.isfinite(zoi.load(artifact, device="reference").encode(["a probe"])).all()
+
+
 def test_absurd_max_tokens_clear_error(artifact, small_bert):
     for bad in (10**12, 1e12, -3, 0, 2.5, True):
         with pytest.raises(ValueError, match="max_tokens"):

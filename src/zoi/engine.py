@@ -715,6 +715,9 @@ def load(
             max_batch = _check_count("max_batch", max_batch)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        extra = meta.get("meta") or {}  # the model's own metadata (source, prompts, ...)
+        if not isinstance(extra, dict):
+            raise ValueError(f"'meta' must be a JSON object, got {type(extra).__name__}")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{folder / 'zoi.json'}: malformed artifact metadata ({e})") from e
     _check_quant(quant, folder / "zoi.json")
@@ -766,7 +769,7 @@ def load(
     tokenizer = Tokenizer.from_file(
         folder / "tokenizer.json", spec.max_positions, spec.position_offset
     )
-    auto = (meta.get("meta") or {}).get("max_tokens_auto")
+    auto = extra.get("max_tokens_auto")
     explicit, rederived = max_tokens is not None, False
     if not explicit and isinstance(auto, dict) and auto.get("device") != device:
         # compiled with another device's default max_tokens: this device's default where it is
@@ -779,7 +782,7 @@ def load(
     max_batch = min(int(max_batch or max_tokens), max_tokens)
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model, device)
-    model.meta = dict(meta.get("meta", {}))
+    model.meta = dict(extra)
     model.meta["artifact"] = str(folder)
     if explicit:  # what a save of this engine records: the size was asked for
         model.meta["max_tokens_auto"] = None

@@ -17,18 +17,12 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from zoi.paths import cache_dir  # noqa: F401 - re-exported (zoi.tools.cache.cache_dir)
+
 log = logging.getLogger("zoi")
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get("ZOI_CACHE_DIR"):
-        return Path(env["ZOI_CACHE_DIR"]).expanduser()
-    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else None
-    return (base or Path.home() / ".cache") / "zoi"
 
 
 def _hash_file(h, path: Path) -> None:

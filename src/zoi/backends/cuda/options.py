@@ -98,7 +98,7 @@ class CudaOptions:
         env = os.environ if env is None else env
         o = cls(**kw)
         if o.path_cache is None and env.get("ZOI_CUDA_PATH_CACHE") != "0":
-            from zoi.tools.cache import cache_dir
+            from zoi.paths import cache_dir
 
             o = o.replace(path_cache=str(cache_dir(env) / "cuda_paths.json"))
         p = env.get("ZOI_PERSISTENT")

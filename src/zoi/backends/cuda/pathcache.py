@@ -9,7 +9,8 @@ directory, ``~/.cache/zoi/cuda_paths.json`` or ``$ZOI_CACHE_DIR``) and the next 
 same shapes on the same GPU and software builds the winner only.
 
 The key holds everything the timing depends on: the device name and compute capability, the
-triton and zoi versions with a digest of zoi's sources (a changed kernel is a new key), the
+triton and zoi versions with a digest of this backend's sources (a changed kernel is a new
+key), the
 precision, the model's shapes and head (``ModelSpec``'s fields but the names), the plan
 options and the bucket. An unreadable or malformed file is ignored (timed again) and
 rewritten; writes go to a temporary file first and replace the old one atomically, so
@@ -37,8 +38,6 @@ def cache_key(device_name: str, capability, precision: str, spec, opts, tb: int)
     """A short stable key (sha256 hex prefix) of what the timing of bucket tb depends on."""
     import triton
 
-    from zoi.tools.cache import code_digest
-
     if dataclasses.is_dataclass(spec):
         shape = {
             f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "name"
@@ -54,7 +53,7 @@ def cache_key(device_name: str, capability, precision: str, spec, opts, tb: int)
             "device": str(device_name),
             "capability": list(capability),
             "triton": triton.__version__,
-            "zoi": code_digest(),
+            "zoi": _code_digest(),
             "precision": str(precision),
             "spec": shape,
             "options": o,
@@ -64,6 +63,24 @@ def cache_key(device_name: str, capability, precision: str, spec, opts, tb: int)
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+_DIGEST: list = []
+
+
+def _code_digest() -> str:
+    """zoi's version and the sources of this backend (kernels, plan, launches): what decides
+    the two paths' speed. Once per process."""
+    if not _DIGEST:
+        from zoi import __version__
+
+        h = hashlib.sha256(__version__.encode())
+        root = Path(__file__).resolve().parent
+        for p in sorted(root.rglob("*.py")):
+            h.update(p.relative_to(root).as_posix().encode())
+            h.update(p.read_bytes())
+        _DIGEST.append(h.hexdigest())
+    return _DIGEST[0]
 
 
 def _read(path: Path) -> dict:
