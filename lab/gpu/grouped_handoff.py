@@ -43,6 +43,17 @@ from zoi.backends.cuda.kernels.linear import gemm_tile  # noqa: E402
 
 
 @triton.jit
+def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile pid in linear_kernel's grouped order (GROUP_M row tiles share W tiles in L2)."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % group) % gsize, (pid % group) // gsize, num_n
+
+
+@triton.jit
 def ffn1_grouped(
     a_ptr, a_sc_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, q_ptr, qs_ptr, qz_ptr, M, N, K,
     ASYM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -51,14 +62,7 @@ def ffn1_grouped(
     """ffn1 as linear_kernel QUANT 4 (asym int8 A) + bias + GELU; the epilogue writes the tile
     as int8 with one scale per (row, BLOCK_N columns): q [M, N] int8, qs [M, N / BLOCK_N]
     (ASYM: q_u8 - 128 with a zero point qz per (row, group), as quantize_act_asym per group)."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n, num_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = rm < M
@@ -103,14 +107,7 @@ def ffn2_grouped(
     """y = sum_g (q_g w_g^T) * qs[:, g] * ws + b: one int32 dot per group of G columns of A
     (K a multiple of G), rescaled into an fp32 accumulator; fp16 out. ASYM: the group's exact
     sum is dot(q_u8 - 128, w) + (128 - zp[:, g]) * colsum_g[n] (gcs [N, K / G] int32)."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n, num_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = rm < M

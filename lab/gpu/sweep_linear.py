@@ -53,7 +53,6 @@ ATT_T = [128, 1024, 4096, 32768]
 ROW_T = [128, 1024, 4096, 32768]
 MAX_FUSED_N = 512
 PRECS = ("int8", "fp16")  # --precs
-PERSIST = False  # --persist: also time the persistent variants of the plain / gelu linears
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -113,10 +112,6 @@ def linear_grid(prec, kind, N, M):
         for bm, bn, bk, w, st in itertools.product(*g):
             if _fits(prec, bm, bn, bk, w, st):
                 out.append(_cfg(bm, bn, bk, w, st))
-    if PERSIST and kind in ("plain", "gelu") and (M > 2048 or INTERP):
-        # persistent variants (linear_kernel PERSIST 1: grid-stride; 2: tile and K loops
-        # flattened, the next tile's loads under this one's epilogue), PER_SM programs per SM
-        out += [dict(c, PERSIST=p, PER_SM=n) for c in list(out) for p in (1, 2) for n in (1, 2)]
     return out
 
 
@@ -461,7 +456,7 @@ def plan(models, tiny=False, only=()):
                     continue
                 grid = linear_grid(prec, kind, N, M)
                 if tiny:
-                    grid = grid[:2] + [c for c in grid if c.get("PERSIST")][:2]
+                    grid = grid[:2]
                 v1 = configs_v1.linear(M, N, K, prec == "int8", kind == "ln")
                 from zoi.backends.cuda.kernels import linear as k_lin
 
@@ -618,11 +613,9 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="CPU/interpreter self-check of this script")
     ap.add_argument("--only", default="", help="linear kinds only (plain,gelu,ln,rowq)")
     ap.add_argument("--ms", default="", help="token buckets, e.g. 4096,32768 (default: all)")
-    ap.add_argument("--persist", action="store_true", help="add the persistent linear variants")
     ap.add_argument("--precs", default="int8,fp16", help="linear precisions (int8,fp16)")
     args = ap.parse_args(argv)
-    global PERSIST, PRECS
-    PERSIST = args.persist
+    global PRECS
     PRECS = tuple(args.precs.split(","))
     if args.ms:
         M_LIST[:] = [int(x) for x in args.ms.split(",")]
@@ -811,8 +804,6 @@ def main(argv=None):
                 "BLOCK_R",
                 "num_warps",
                 "num_stages",
-                "PERSIST",
-                "PER_SM",
             )
             if x in cfg
         )

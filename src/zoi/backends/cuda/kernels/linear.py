@@ -200,7 +200,6 @@ def linear_kernel(
     GROUP_M: tl.constexpr,
     PDL: tl.constexpr,
     ROWQ: tl.constexpr,
-    PERSIST: tl.constexpr,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -237,93 +236,62 @@ def linear_kernel(
         tl.store(yqs_ptr + rm, qs, mask=m_mask)
         if Q_OUT == 3:
             tl.store(yqz_ptr + rm, qz, mask=m_mask)
-    elif PERSIST != 0:  # persistent: grid-stride over the tiles (2: tile and K loops flattened,
-        # so that the pipeliner issues the next tile's loads under this tile's epilogue)
-        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(pid, num_tiles, tl.num_programs(0), flatten=PERSIST == 2):
-            _tile_out(
-                tile, a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, r_ptr,
-                lnw_ptr, lnb_ptr, y_ptr, amax_out_ptr, yq_ptr, yqs_ptr, yqz_ptr, qshift_ptr,
-                qmul_ptr, M, N, K, lda, ldr, ldy, ldyq, static_amax, eps, q_static_amax,
-                QUANT, ASYM, ACT, HAS_RES, LN, AMAX_OUT, Q_OUT, Q_SHIFT, Q_MUL,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-            )  # fmt: skip
     else:
-        _tile_out(
-            pid, a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, r_ptr,
-            lnw_ptr, lnb_ptr, y_ptr, amax_out_ptr, yq_ptr, yqs_ptr, yqz_ptr, qshift_ptr,
-            qmul_ptr, M, N, K, lda, ldr, ldy, ldyq, static_amax, eps, q_static_amax,
-            QUANT, ASYM, ACT, HAS_RES, LN, AMAX_OUT, Q_OUT, Q_SHIFT, Q_MUL,
-            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        # grouped ordering: consecutive programs share W tiles in L2
+        group = GROUP_M * num_n
+        gid = pid // group
+        first_m = gid * GROUP_M
+        gsize = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group) % gsize
+        pid_n = (pid % group) // gsize
+
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = rm < M
+        n_mask = rn < N
+        # clamp rows for the main-loop loads (in bounds; their results are masked at the store).
+        # The column index along N stays a plain arange: the epilogue's loads and stores are
+        # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
+        # stores: 121 GB/s, measured on the H200, 2026-11-30).
+        rm_c = tl.where(m_mask, rm, 0)
+        y = gemm_tile(
+            a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
+            K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-
-
-@triton.jit
-def _tile_out(
-    pid, a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, lnw_ptr, lnb_ptr,
-    y_ptr, amax_out_ptr, yq_ptr, yqs_ptr, yqz_ptr, qshift_ptr, qmul_ptr, M, N, K, lda, ldr, ldy,
-    ldyq, static_amax, eps, q_static_amax,
-    QUANT: tl.constexpr, ASYM: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
-    LN: tl.constexpr, AMAX_OUT: tl.constexpr, Q_OUT: tl.constexpr, Q_SHIFT: tl.constexpr,
-    Q_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):  # fmt: skip
-    """Output tile number ``pid`` (grouped order) with its whole epilogue."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # grouped ordering: consecutive programs share W tiles in L2
-    group = GROUP_M * num_n
-    gid = pid // group
-    first_m = gid * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gsize
-    pid_n = (pid % group) // gsize
-
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = rm < M
-    n_mask = rn < N
-    # clamp rows for the main-loop loads (in bounds; their results are masked at the store).
-    # The column index along N stays a plain arange: the epilogue's loads and stores are
-    # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
-    # stores: 121 GB/s, measured on the H200, 2026-11-30).
-    rm_c = tl.where(m_mask, rm, 0)
-    y = gemm_tile(
-        a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
-        K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
-    mask2 = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES:
-        r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
-        y = y + r.to(tl.float32)
-    if LN:
-        lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
-        lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
-        y = layernorm_rows(y, n_mask, lw, lb, N, eps)
-    out = y.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
-    if AMAX_OUT != 0:  # NaN-keeping (a NaN row's amax is NaN: its consumer's scale too)
-        row_amax = amax_rows(tl.where(mask2, out.to(tl.float32), 0.0))
-        if AMAX_OUT == 1:
-            tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
-        else:
-            tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
-    if Q_OUT != 0:  # LN mode: the program owns whole rows
-        yq, qs, qz = quant_rows(
-            out.to(tl.float32),
-            rn,
-            n_mask,
-            qshift_ptr,
-            qmul_ptr,
-            q_static_amax,
-            Q_OUT,
-            Q_SHIFT,
-            Q_MUL,
-        )
-        tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
-        tl.store(yqs_ptr + rm, qs, mask=m_mask)
-        if Q_OUT == 3:
-            tl.store(yqz_ptr + rm, qz, mask=m_mask)
+        mask2 = m_mask[:, None] & n_mask[None, :]
+        if HAS_RES:
+            r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
+            y = y + r.to(tl.float32)
+        if LN:
+            lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
+            lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
+            y = layernorm_rows(y, n_mask, lw, lb, N, eps)
+        out = y.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
+        if AMAX_OUT != 0:  # NaN-keeping (a NaN row's amax is NaN: its consumer's scale too)
+            row_amax = amax_rows(tl.where(mask2, out.to(tl.float32), 0.0))
+            if AMAX_OUT == 1:
+                tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
+            else:
+                tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
+        if Q_OUT != 0:  # LN mode: the program owns whole rows
+            yq, qs, qz = quant_rows(
+                out.to(tl.float32),
+                rn,
+                n_mask,
+                qshift_ptr,
+                qmul_ptr,
+                q_static_amax,
+                Q_OUT,
+                Q_SHIFT,
+                Q_MUL,
+            )
+            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
+            tl.store(yqs_ptr + rm, qs, mask=m_mask)
+            if Q_OUT == 3:
+                tl.store(yqz_ptr + rm, qz, mask=m_mask)
 
 
 # Winners of lab/gpu/sweep_linear.py on the H200 (bench/results/gpu_sweep_20261201T0959Z.json:
@@ -336,9 +304,10 @@ def _tile_out(
 # Twelfth session (bench/results/gpu_sweep_persist_20261203T1417Z.json: INT8 plain / gelu at
 # 4096 / 32768 tokens, 660 units, 0 wrong): 128x128x128 / 4 warps / 3 stages won the large-M
 # plain sites (minilm qkv 62.1 -> 60.1, o 21.6 -> 20.8, ffn2 46.3 -> 43.1 us; bert-base qkv
-# 158.4 -> 147.8, o 57.1 -> 53.3, ffn2 151.3 -> 128.1 us), entered below. The persistent
-# variants (cfg PERSIST 1 / 2, PER_SM 1 / 2) won nowhere by more than 0.5%: lost 1-15%
-# elsewhere (ffn1 130.9 vs 148.4 us), so no entry uses them.
+# 158.4 -> 147.8, o 57.1 -> 53.3, ffn2 151.3 -> 128.1 us), entered below. The same sweep
+# timed a persistent variant of this kernel (grid-stride over the output tiles, tile and K
+# loops flattened): it won nowhere by more than 0.5% and lost up to 15% (ffn1 148 vs 131 us),
+# so it was removed again (lab/gpu/NOTES.md, "Twelfth session").
 _LINEAR = {
     # minilm qkv: v1 -> best us at M=4096 12.9 -> 10.6, M=32768 77.1 -> 62.2
     ("int8", False, 1152, 384): {
@@ -530,30 +499,8 @@ def _nearest(M: int, ms=_TUNED_M) -> int:
 
 
 def _as_cfg(t) -> dict:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, persist, programs per SM]) -> launch config."""
-    bm, bn, bk, w, st = t[:5]
-    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
-    if len(t) > 5 and t[5]:
-        cfg.update(PERSIST=t[5], PER_SM=t[6])
-    return cfg
-
-
-_SMS: dict = {}
-
-
-def sm_count(device=None) -> int:
-    """Multiprocessors of the current (or given) device; 2 under the interpreter, so that the
-    persistent grid-stride loop runs several tiles per program in the CPU tests too."""
-    from zoi.backends.cuda.options import triton_interpreting
-
-    if triton_interpreting():
-        return 2
-    import torch
-
-    dev = torch.cuda.current_device() if device is None else device
-    if dev not in _SMS:
-        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    return _SMS[dev]
+    bm, bn, bk, w, st = t
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
 
 
 def pick_config(
@@ -637,12 +584,7 @@ def _rowq_config(M: int, N: int, K: int, quant: bool) -> dict:
 def grid_size(M: int, N: int, cfg: dict, rowq: bool = False) -> int:
     if rowq:
         return triton.cdiv(M, cfg["BLOCK_M"])
-    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    if cfg.get("PERSIST"):  # persistent: at most PER_SM programs per multiprocessor (PROGRAMS:
-        # an exact count, for tests that must stride on any device)
-        n = cfg.get("PROGRAMS") or cfg.get("PER_SM", 1) * sm_count()
-        return max(1, min(tiles, n))
-    return tiles
+    return triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
 
 
 def launch_linear(
@@ -696,13 +638,7 @@ def launch_linear(
     qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
     assert qmode != 3 or yq_zp is not None
     dummy = b
-    persist = 0 if (rowq or ln) else int(cfg.get("PERSIST", 0))
-    extra = ("PERSIST", "PER_SM", "PROGRAMS")
-    cfg = {k: v for k, v in cfg.items() if k not in extra or persist}
-    grid = (grid_size(M, N, cfg, rowq),)
-    for k in extra:
-        cfg.pop(k, None)
-    linear_kernel[grid](
+    linear_kernel[(grid_size(M, N, cfg, rowq),)](
         a,
         a_amax if a_amax is not None else dummy,
         a_zp if a_zp is not None else dummy,
@@ -741,7 +677,6 @@ def launch_linear(
         Q_MUL=q_mul is not None,
         PDL=pdl,
         ROWQ=rowq,
-        PERSIST=persist,
         launch_pdl=pdl,
         **cfg,
     )
