@@ -20,32 +20,9 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from zoi.paths import cache_dir  # noqa: F401 - re-exported (zoi.tools.cache.cache_dir)
+from zoi.paths import _hash_file, cache_dir, folder_digest  # noqa: F401 - re-exported
 
 log = logging.getLogger("zoi")
-
-
-def _hash_file(h, path: Path) -> None:
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-
-
-def folder_digest(folder: str | os.PathLike, suffixes: tuple[str, ...] | None = None) -> str:
-    """sha256 over the relative names and contents of the files under `folder` (links
-    followed, as the loader follows them)."""
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        if "__pycache__" in p.parts or not p.is_file():
-            continue
-        if suffixes is not None and p.suffix not in suffixes:
-            continue
-        rel = p.relative_to(folder).as_posix().encode()
-        h.update(len(rel).to_bytes(8, "little") + rel)
-        h.update(p.stat().st_size.to_bytes(8, "little"))
-        _hash_file(h, p)
-    return h.hexdigest()
 
 
 def code_digest() -> str:

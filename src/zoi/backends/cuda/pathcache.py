@@ -73,13 +73,9 @@ def _code_digest() -> str:
     the two paths' speed. Once per process."""
     if not _DIGEST:
         from zoi import __version__
+        from zoi.paths import folder_digest
 
-        h = hashlib.sha256(__version__.encode())
-        root = Path(__file__).resolve().parent
-        for p in sorted(root.rglob("*.py")):
-            h.update(p.relative_to(root).as_posix().encode())
-            h.update(p.read_bytes())
-        _DIGEST.append(h.hexdigest())
+        _DIGEST.append(__version__ + ":" + folder_digest(Path(__file__).resolve().parent, (".py",)))
     return _DIGEST[0]
 
 
