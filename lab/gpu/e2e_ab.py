@@ -43,6 +43,25 @@ def plan_flags(fuse_ln, rowq):
     return CudaOptions(fuse_ln=fuse_ln, rowq=rowq)
 
 
+# "new+mod+mod" variants for the small buckets (issue 12): LN fused into o / ffn2 at every
+# bucket, programmatic dependent launch at every bucket, per-op graphs only
+MODS = {
+    "fuseln": dict(fuse_ln=True, fuse_min_tokens=1),
+    "pdl": dict(pdl_max_tokens=1 << 20),
+    "perop": dict(persistent="off"),
+}
+
+
+def variant_mods(var: str) -> dict:
+    """The CudaOptions overrides of a variant name such as "new+fuseln+pdl"."""
+    kw: dict = {}
+    for m in var.split("+")[1:]:
+        if m not in MODS:
+            raise SystemExit(f"unknown variant modifier {m!r} (known: {sorted(MODS)})")
+        kw.update(MODS[m])
+    return kw
+
+
 def load_rowq(path):
     """The sweep's ROWQ winners -> kernels.linear._ROWQ (what pick_config(rowq=True) reads)."""
     from zoi.backends.cuda.kernels import linear as k_lin
@@ -140,6 +159,7 @@ def main(argv=None):
                     ctx = v1_configs() if var == "v1" else contextlib.nullcontext()
                     kw = dict(fuse_min_tokens=V1_FUSE_MIN_TOKENS) if var == "v1" else {}
                     opts = plan_flags(fuse_ln=var == "v1", rowq=var == "rowq")
+                    opts = opts.replace(**variant_mods(var))
                     with ctx:
                         engines[(prec, var)] = CudaBackend(m, buckets=buckets, options=opts, **kw)
                     mem = engines[(prec, var)].memory()
