@@ -49,6 +49,8 @@ MODS = {
     "fuseln": dict(fuse_ln=True, fuse_min_tokens=1),
     "pdl": dict(pdl_max_tokens=1 << 20),
     "perop": dict(persistent="off"),
+    "nofold": dict(fold_quant=False),
+    "lnsmall": dict(fuse_ln_small=True),
 }
 
 
@@ -193,7 +195,8 @@ def main(argv=None):
                         )
                         p50s[k].append(t)
                 for (prec, var), be in engines.items():
-                    kt = bench.kernel_times(be, tb)
+                    # per-launch times of a per-op bucket (a persistent one is one launch)
+                    kt = [] if be._pplans.get(tb) is not None else bench.kernel_times(be, tb)
                     row = dict(
                         model=name,
                         shape=f"{B}x{S}",

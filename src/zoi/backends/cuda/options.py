@@ -29,6 +29,14 @@ FUSE_MIN_TOKENS = 2048  # the "fused" plan (LN fused / ROWQ where switched on) f
 # ffn1+copy 44.2 us at 4096 tokens vs 18.8 + 9.6 for ffn1 + quantize; 245.7 vs 191.6 at 32768;
 # end to end 256x128 INT8 3243 vs 2927 us): a program walks its 12 N tiles one after another.
 ROWQ = False
+# the small plan (buckets < fuse_min_tokens): an INT8 linear whose copy no producer writes
+# (asymmetric or SmoothQuant-transformed: after attention, after ffn1) quantises its fp16 input
+# in its own GEMM (linear QUANT 16: row statistics in a prologue, bit-identical to a quantize
+# launch) instead of a quantize launch before it: small buckets are bound by the launch count
+# (issue 12; lab/gpu/hostpath.py: ~2.2 us a graph node at minilm 1x16).
+FOLD_QUANT = True
+# LN fused into o / ffn2 in the small plan too (12 launches fewer at minilm): see docs/GPU.md
+FUSE_LN_SMALL = False
 PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 tokens, slower at 128+
 # buckets up to this many tokens may run the whole forward as ONE persistent launch (fp16
 # weights; kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 nodes
@@ -56,7 +64,9 @@ class CudaOptions:
     zoi.load with device='cuda:N' set it). path_cache: a JSON file remembering, per GPU,
     software and model shape, which path won the "time" choice of each bucket, so that a
     later build compiles the winner only (backends/cuda/pathcache.py; None: time every
-    build)."""
+    build). fold_quant: in the small plan, quantise an INT8 linear's input in its own GEMM
+    where a quantize launch would make its copy (FOLD_QUANT above); fuse_ln_small: the IR's
+    LN fusions in the small plan too (the fused plan's are fuse_ln's)."""
 
     fuse_ln: bool = FUSE_LN
     rowq: bool = ROWQ
@@ -70,6 +80,8 @@ class CudaOptions:
     persistent_split: bool | None = None
     device_index: int | None = None
     path_cache: str | None = None
+    fold_quant: bool = FOLD_QUANT
+    fuse_ln_small: bool = FUSE_LN_SMALL
 
     def __post_init__(self):
         if self.device_index is not None and (

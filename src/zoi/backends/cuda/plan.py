@@ -46,11 +46,14 @@ class Launch:
     def quant(self) -> int:
         """The linear kernel's QUANT constexpr (kernels/linear.py), derived at this edge:
         0 float, 1 int8 quantised while loading (per-token amax), 2 static (in the loop),
-        4 int8 A read from a pre-quantised copy, 8 FP8 (always a pre-quantised fp8 copy)."""
+        4 int8 A read from a pre-quantised copy, 8 FP8 (always a pre-quantised fp8 copy),
+        16 the quantize launch folded into the GEMM (extra["fold"]: fp16 A, any int8 mode)."""
         if self.mode is QuantMode.FLOAT:
             return 0
         if self.mode is QuantMode.FP8:
             return 8
+        if self.extra.get("fold"):
+            return 16
         if self.prequant:
             return 4
         return 2 if self.mode is QuantMode.STATIC else 1
@@ -107,8 +110,8 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             L.extra["prefix"] = prefix
             L.extra["transform"] = bool(op.attrs.get("quant_transform", False))
             ln_out = op.attrs.get("fuse_ln")  # the IR: the next op, the LN only it feeds
-            if ln_out is not None and fuse:
-                if not opts.fuse_ln:
+            if ln_out is not None and (fuse or opts.fuse_ln_small):
+                if fuse and not opts.fuse_ln:
                     fallbacks[ln_out] = "LayerNorm unfused (CudaOptions.fuse_ln off: slower)"
                 elif int(N) > opts.max_fused_n:
                     fallbacks[ln_out] = (
@@ -230,6 +233,15 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         if not writes and op.attrs["quant_in_loop"]:
             final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
             continue
+        if not writes and not fuse and opts.fold_quant and L.mode is not QuantMode.FP8:
+            # QUANT 16: the copy's quantisation in this linear's GEMM, no launch of its own
+            L.extra["fold"] = True
+            notes[qname] = (
+                "quantised in the consumer's GEMM (CudaOptions.fold_quant, buckets < "
+                f"fuse_min_tokens {opts.fuse_min_tokens}): no quantize launch"
+            )
+            final.append(L)
+            continue
         if qname not in qinfo:
             qinfo[qname] = dict(
                 mode=L.mode,
@@ -302,7 +314,7 @@ def describe(plan: dict) -> list[tuple[str, str, str]]:
         if L.kind != "linear" or not L.mode.quantized:
             continue
         qn = L.op.attrs["quant_in"]
-        if not L.prequant:
+        if not L.prequant:  # quantised in its own GEMM (QUANT 1 / 2 / 16)
             who = "loop"
         else:
             W = writer[qn]

@@ -4,6 +4,8 @@ the graph capture records, and what the interpreter runs eagerly."""
 
 from __future__ import annotations
 
+from zoi.graph.quantmode import QuantMode
+
 
 def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
     """The launches of `plan` for a bucket of tb tokens (pdl: programmatic dependent launch)."""
@@ -87,6 +89,15 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             p = L.extra["prefix"]
             a = act(L.extra["qname"] if L.prequant else L.ins[0])
             a_sc, a_zp = qrow(L.extra["qname"]) if L.prequant else (amx(L.ins[0]), None)
+            fold = {}
+            if L.extra.get("fold"):  # QUANT 16: fp16 A quantised in the GEMM (its own transform)
+                fold = dict(
+                    in_mode=L.mode.value,
+                    in_shift=w.get(f"{p}.act_shift"),
+                    in_mul=w.get(f"{p}.act_mul"),
+                )
+                if L.mode is QuantMode.DYNAMIC_ASYM:
+                    fold["colsum"] = w[f"{p}.colsum"]
             if L.extra.get("splade"):  # the decoder with SPLADE's pooling in its epilogue
                 steps.append(_splade_step(L, a, a_sc, a_zp, w, arena, plan, cu, hdr, tb, nseq, pdl))
                 continue
@@ -97,7 +108,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
             )
             steps.append(
-                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L): (
+                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), fold=fold: (
                     k_lin.launch_linear(
                         a,
                         a_sc,
@@ -121,7 +132,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         cfg=cfg,
                         pdl=pdl,
                         a_zp=a_zp,
-                        colsum=w.get(f"{p}.colsum") if a_zp is not None else None,
+                        **(fold or dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)),
                         **qo,
                     )
                 )

@@ -28,6 +28,13 @@ One Triton kernel, specialised by constexpr flags:
   asymmetric one stored as ``q_u8 - 128`` and the exact integer sum is
   ``dot(q_s, w) + (128 - zp[t]) * colsum[n]`` (``colsum[n] = sum_k w_q[n, k]``, int32,
   packed with the weights) == ``primitives.int8_matmul_asym_exact``.
+* ``QUANT`` 16: the consumer's quantize launch folded into the GEMM (``gemm_tile_fold``): A
+  is fp16; a prologue walks the program's BLOCK_M rows once for their statistics (``q_stats``
+  after this linear's own act_shift / act_mul, ``IN_SHIFT`` / ``IN_MUL``), then the main loop
+  quantises each A tile (``q_params`` / ``q_apply``, ``IN_QM`` 1 / 2 / 3) into the int8 dot:
+  the same codes, scales and zero points as ``quantize.quantize_kernel`` + QUANT 4, so the
+  output is bit-identical, with one launch fewer (the small buckets' plan: launch count
+  bounds them, and their A rows are a few KB from L2).
 * ``QUANT`` 8: FP8. A is the float8e4nv copy (written by its producer or by
   ``quantize.quantize_kernel``, QMODE 5) with the per-row ``a_scale`` in ``a_amax_ptr``, W
   float8e4nv [N, K] with ``ws`` per output channel; ``tl.dot`` on fp8 operands into an fp32
@@ -157,6 +164,63 @@ def gemm_tile(
 
 
 @triton.jit
+def gemm_tile_fold(
+    a_ptr,
+    colsum_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    in_shift_ptr,
+    in_mul_ptr,
+    rm_c,
+    rn,
+    n_mask,
+    K,
+    lda,
+    static_amax,
+    IN_QM: tl.constexpr,
+    IN_SHIFT: tl.constexpr,
+    IN_MUL: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """QUANT 16: one output tile of an INT8 linear over fp16 A, quantised per row in the GEMM
+    exactly as quantize_kernel would (statistics of the whole row first, then the codes)."""
+    rk = tl.arange(0, BLOCK_K)
+    rn_c = tl.where(n_mask, rn, 0)
+    a_rows = a_ptr + rm_c[:, None].to(tl.int64) * lda
+    w_ptrs = w_ptr + rn_c[None, :].to(tl.int64) * K + rk[:, None]  # [BLOCK_K, BLOCK_N] of W^T
+    lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):  # the rows' statistics (exact: min / max, tile by tile)
+        kk = k + rk
+        k_ok = kk < K
+        x = tl.load(a_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
+        lo, hi = q_stats(x, lo, hi, IN_QM)
+    inv, z, a_scale, zp = q_params(lo, hi, static_amax, IN_QM)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + rk
+        k_ok = kk < K
+        x = tl.load(a_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
+        q = q_apply(x, inv, z, IN_QM)  # columns past K: any code, against W's zeros
+        w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+        acc = tl.dot(q, w, acc, out_dtype=tl.int32)
+        w_ptrs += BLOCK_K
+    if IN_QM == 3:  # sum_k q_u8 w = dot(q_u8 - 128, w) + 128 colsum; minus zp colsum
+        cs = tl.load(colsum_ptr + rn_c)
+        acc += (128 - zp)[:, None] * cs[None, :]
+    ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
+    y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
+    bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
+    return activation(y + bias[None, :], ACT)
+
+
+@triton.jit
 def linear_kernel(
     a_ptr,  # A [M, K] fp16 activations (QUANT 4: int8, QUANT 8: fp8), row stride lda
     a_amax_ptr,  # [M] fp32 per-row amax of A (QUANT 1) or a_scale (QUANT 4)
@@ -175,6 +239,8 @@ def linear_kernel(
     yqz_ptr,  # [M] int32 zero point of yq (Q_OUT 3)
     qshift_ptr,  # [N] fp32 act_shift of the consumer (Q_SHIFT)
     qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
+    in_shift_ptr,  # [K] fp32 this linear's act_shift (QUANT 16, IN_SHIFT)
+    in_mul_ptr,  # [K] fp32 this linear's act_mul (QUANT 16, IN_MUL)
     M,
     N,
     K,
@@ -200,6 +266,9 @@ def linear_kernel(
     GROUP_M: tl.constexpr,
     PDL: tl.constexpr,
     ROWQ: tl.constexpr,
+    IN_QM: tl.constexpr,
+    IN_SHIFT: tl.constexpr,
+    IN_MUL: tl.constexpr,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -256,10 +325,17 @@ def linear_kernel(
         # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
         # stores: 121 GB/s, measured on the H200, 2026-11-30).
         rm_c = tl.where(m_mask, rm, 0)
-        y = gemm_tile(
-            a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
-            K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
+        if QUANT == 16:
+            y = gemm_tile_fold(
+                a_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, in_shift_ptr, in_mul_ptr, rm_c, rn,
+                n_mask, K, lda, static_amax, IN_QM, IN_SHIFT, IN_MUL, ACT, BLOCK_M, BLOCK_N,
+                BLOCK_K,
+            )  # fmt: skip
+        else:
+            y = gemm_tile(
+                a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
+                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
         mask2 = m_mask[:, None] & n_mask[None, :]
         if HAS_RES:
             r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
@@ -619,6 +695,9 @@ def launch_linear(
     q_shift=None,
     q_mul=None,
     q_static_amax=0.0,
+    in_mode=None,
+    in_shift=None,
+    in_mul=None,
 ):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts).
 
@@ -626,8 +705,16 @@ def launch_linear(
     per-token int8 copy of y for the next linear, in q_mode ("dynamic", "static",
     "dynamic_asym"), a_scale into yq_scale, zp into yq_zp, after q_shift / q_mul; in LN mode
     from the epilogue, otherwise in ROWQ mode (each program owns BLOCK_M rows, loops over all
-    N tiles storing y, then reads its rows back and quantises them)."""
+    N tiles storing y, then reads its rows back and quantises them).
+    quant 16: A is fp16, quantised in the GEMM in in_mode ("dynamic", "static",
+    "dynamic_asym": colsum needed) after this linear's in_shift / in_mul, as a quantize launch
+    would (static_amax: the static scheme's)."""
     rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
+    in_qm = 0
+    if quant == 16:
+        in_qm = QMODES[in_mode] if isinstance(in_mode, str) else int(in_mode)
+        assert in_qm in (1, 2, 3) and not rowq, "QUANT 16: an int8 mode, no ROWQ"
+        assert in_qm != 3 or colsum is not None, "QUANT 16 asymmetric needs colsum"
     assert not rowq or (r is None and amax_out_mode == 0), "ROWQ has no residual / amax out"
     cfg = cfg or pick_config(M, N, K, quant != 0, ln, prequant=quant in (4, 8), rowq=rowq)
     if ln:
@@ -656,6 +743,8 @@ def launch_linear(
         yq_zp if yq_zp is not None else dummy,
         q_shift if q_shift is not None else dummy,
         q_mul if q_mul is not None else dummy,
+        in_shift if in_shift is not None else dummy,
+        in_mul if in_mul is not None else dummy,
         M,
         N,
         K,
@@ -677,6 +766,9 @@ def launch_linear(
         Q_MUL=q_mul is not None,
         PDL=pdl,
         ROWQ=rowq,
+        IN_QM=in_qm,
+        IN_SHIFT=in_shift is not None,
+        IN_MUL=in_mul is not None,
         launch_pdl=pdl,
         **cfg,
     )
