@@ -250,8 +250,7 @@ def _kinds(be, fused):
 def test_default_quant_config_artifact_matches_reference(config, shape, rowq):
     """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
     as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul [+
-    act_shift]: unfused buckets (o / ffn2 quantise in their GEMM) and fused ones (quantize
-    launches before them)."""
+    act_shift]: unfused buckets (quantize launches before o / ffn2) and fused ones."""
     config, needs = NEEDS[config]
     kw = dict(_shape(shape), layers=2) if shape == "minilm" else None
     model = default_quant_model(**M.size, shape=kw, **config)
@@ -261,37 +260,29 @@ def test_default_quant_config_artifact_matches_reference(config, shape, rowq):
     # qkv / ffn1 read the int8 copy their whole-row producer (embed, LN, linear + LN) wrote;
     # o / ffn2 (after attention / ffn1, tile producers) read one from a quantize launch when
     # they are asymmetric or have an act_mul / act_shift, else quantise in the GEMM's loop
-    # (the fused plan; the unfused one folds those quantize launches into their GEMM: QUANT 16,
-    # CudaOptions.fold_quant). In the fused plan, with ROWQ, ffn1 writes ffn2's copy itself:
-    # ffn2 is QUANT 4 whatever its scheme, and only o keeps a quantize launch
+    # In the fused plan, with ROWQ, ffn1 writes ffn2's copy itself: ffn2 is QUANT 4
+    # whatever its scheme, and only o keeps a quantize launch
     want, n_q, n_q_o = {False: [], True: []}, 0, 0
     for p, q in model.quant.items():
         role, tr = p.split(".")[1], f"{p}.act_mul" in model.weights
-        if role in ("qkv", "ffn1"):
-            want[False].append((p, 4))
-            want[True].append((p, 4))
-            continue
-        if q.scheme == "dynamic_asym" or tr:
-            n_q += 1
+        if role in ("qkv", "ffn1") or q.scheme == "dynamic_asym" or tr:
+            n_q += role in ("o", "ffn2")
             n_q_o += role == "o"
-            want[False].append((p, 16))
-            want[True].append((p, 4))
+            want[False].append((p, 4))
         else:
             want[False].append((p, 1 if q.scheme == "dynamic" else 2))
-            want[True].append(want[False][-1])
-        if role == "ffn2" and rowq:
-            want[True][-1] = (p, 4)
+        want[True].append((p, 4 if role == "ffn2" and rowq else want[False][-1][1]))
     n_fused = n_q_o if rowq else n_q
     for fused in (False, True):
         k = _kinds(be, fused)
         assert sorted((p, q) for kind, p, q in k if kind == "linear") == sorted(want[fused]), k
-        assert [kind for kind, *_ in k].count("quantize") == (n_fused if fused else 0), k
+        assert [kind for kind, *_ in k].count("quantize") == (n_fused if fused else n_q), k
     if not rowq:  # quantize launches before o / ffn2 in the fused plan too
         assert any(la.kind == "quantize" for la in be.plans[True]["launches"])
     if config == {}:
         assert n_q == 2 * L  # o is asymmetric, ffn2 has an act_mul
     assert _launches(be) == {
-        tb: 1 + 7 * L + (n_fused if _fused(be, tb) else 0) + 1 for tb in be.buckets
+        tb: 1 + 7 * L + (n_fused if _fused(be, tb) else n_q) + 1 for tb in be.buckets
     }
     cos = M.tiny_cos if shape == "tiny" else 0.999
     worst = _check(be, model, M.quant_lens, cos=cos)
@@ -322,12 +313,7 @@ def test_mixed_schemes_transforms_and_float_linears(shape, rowq):
         ("linear", "l1.ffn1", 0),  # float, act_shift / act_mul folded
         ("linear", "l1.ffn2", 0),  # weight-only INT8: dequantised to fp16, act_mul folded
     ]
-    # the unfused plan folds each quantize launch into its consumer's GEMM (QUANT 16: sym +
-    # mul, static + mul, asym): every int8 mode and transform through the fold
-    folded = [(k, p, 16 if q == 4 and want[i - 1][0] == "quantize" else q)
-              for i, (k, p, q) in enumerate(want) if k != "quantize"]  # fmt: skip
-    assert [q for _, p, q in folded if p in ("l0.o", "l0.ffn2", "l1.o")] == [16, 16, 16]
-    assert _kinds(be, False) == folded
+    assert _kinds(be, False) == want
     # fused plan with ROWQ: l0.ffn1 writes l0.ffn2's static copy itself, no quantize launch
     assert _kinds(be, True) == (want[:4] + want[5:] if rowq else want)
     assert be.w["l1.ffn2.w"].dtype == be.torch.float16 and "l1.ffn2.w_q" not in be.w

@@ -132,7 +132,7 @@ def test_fold_over_several_k_tiles_and_a_nan_row(mode):
 
 def test_small_plan_without_quantize_launches_gives_the_same_embeddings():
     """Every scheme and transform (cuda_helpers.MIXED) through the whole backend: the small
-    plan with the fold (default) has no quantize launch and returns the embeddings of the
+    plan with the fold (CudaOptions.fold_quant; off by default: slower) has no quantize launch and returns the embeddings of the
     plan with quantize launches (fold_quant=False) bit for bit; each fold is in the notes."""
     from tests.cuda_backend.cuda_helpers import MIXED, batch, tiny_model
 

@@ -33,9 +33,16 @@ ROWQ = False
 # (asymmetric or SmoothQuant-transformed: after attention, after ffn1) quantises its fp16 input
 # in its own GEMM (linear QUANT 16: row statistics in a prologue, bit-identical to a quantize
 # launch) instead of a quantize launch before it: small buckets are bound by the launch count
-# (issue 12; lab/gpu/hostpath.py: ~2.2 us a graph node at minilm 1x16).
-FOLD_QUANT = True
-# LN fused into o / ffn2 in the small plan too (12 launches fewer at minilm): see docs/GPU.md
+# (issue 12; lab/gpu/hostpath.py: ~2.2 us a graph node at minilm 1x16). Off: measured slower
+# on the H200 (bench/results/gpu_e2e_small_20261203T1820Z.json, real MiniLM INT8, p50 us at
+# 1x16 / 1x128 / 8x128: 147 / 189 / 271 with the 12 quantize launches, 194 / 239 / 438 folded):
+# the 12 launches cost 27 us at 1x128, but the folded o / ffn2 grew 17 -> 29 and 24 -> 77 us
+# (a 16-row program walks K twice, prologue then GEMM, about one L2 round trip per K tile;
+# the QUANT 4 loop is software-pipelined).
+FOLD_QUANT = False
+# LN fused into o / ffn2 in the small plan too (12 launches fewer at minilm). Off: slower still
+# (same run: INT8 1x128 313 us, FP16 289 vs 182; ffn2 + LN 143 us vs 24 + 16 for ffn2 and
+# its add_layernorm: eight 16-row programs own whole 384-column rows, each walks K = 1536)
 FUSE_LN_SMALL = False
 PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 tokens, slower at 128+
 # buckets up to this many tokens may run the whole forward as ONE persistent launch (fp16

@@ -33,8 +33,9 @@ One Triton kernel, specialised by constexpr flags:
   after this linear's own act_shift / act_mul, ``IN_SHIFT`` / ``IN_MUL``), then the main loop
   quantises each A tile (``q_params`` / ``q_apply``, ``IN_QM`` 1 / 2 / 3) into the int8 dot:
   the same codes, scales and zero points as ``quantize.quantize_kernel`` + QUANT 4, so the
-  output is bit-identical, with one launch fewer (the small buckets' plan: launch count
-  bounds them, and their A rows are a few KB from L2).
+  output is bit-identical, with one launch fewer. An option of the small plan
+  (``CudaOptions.fold_quant``), off: on the H200 the two passes over K (not pipelined) cost
+  more than the launch they save (options.py has the figures).
 * ``QUANT`` 8: FP8. A is the float8e4nv copy (written by its producer or by
   ``quantize.quantize_kernel``, QMODE 5) with the per-row ``a_scale`` in ``a_amax_ptr``, W
   float8e4nv [N, K] with ``ws`` per output channel; ``tl.dot`` on fp8 operands into an fp32
