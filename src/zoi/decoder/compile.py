@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from zoi.decoder.generator import Generator
 from zoi.decoder.loader import load_decoder
@@ -23,7 +24,25 @@ def decoder_folder(path) -> os.PathLike | None:
         folder = resolve_model(path)
     except Exception:  # not resolvable here: the encoder path reports it
         return None
-    return folder if is_decoder_folder(folder) else None
+    return folder if is_decoder_folder(folder) and not is_embedding_folder(folder) else None
+
+
+def is_embedding_folder(folder) -> bool:
+    """A decoder architecture saved as an embedder runs on the encoder path: a
+    sentence-transformers folder (modules.json: Qwen3-Embedding, EmbeddingGemma), or a base
+    model without a language-model head (architectures names no *ForCausalLM)."""
+    from zoi.frontend.checkpoint import read_json
+
+    folder = Path(folder)
+    if (folder / "modules.json").is_file():
+        return True
+    try:
+        archs = read_json(folder / "config.json", folder).get("architectures")
+    except Exception:  # the loader that runs next reports a bad config
+        return False
+    if isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs):
+        return not any(a.endswith("ForCausalLM") for a in archs)
+    return False
 
 
 def compile_decoder(

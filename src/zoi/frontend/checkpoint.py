@@ -17,13 +17,14 @@ import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
 from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
+from zoi.frontend import archs_decoder
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
 from zoi.frontend.archs import spec_fields as arch_spec_fields
 from zoi.frontend.heads import head_from_config, head_shapes, load_head_weights, st_head
 from zoi.frontend.paths import check_file, inside, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile
-from zoi.frontend.spec import ModelSpec
+from zoi.frontend.spec import DECODER_ARCHS, ModelSpec
 
 SUPPORTED_TYPES = {
     "bert": "bert",
@@ -35,8 +36,9 @@ SUPPORTED_TYPES = {
     "modernbert": "modernbert",
     "electra": "electra",
     "albert": "albert",
+    **archs_decoder.MODEL_TYPES,
 }
-SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert)"
+SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel, and as encoders LlamaModel, MistralModel, Qwen2Model, Qwen3Model, Gemma3TextModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert, llama, mistral, qwen2, qwen3, gemma3_text)"
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
@@ -75,6 +77,65 @@ def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = 
     return default
 
 
+# config.json's names of the sizes a spec takes (DistilBERT has its own)
+_CONFIG_NAMES = {
+    "bert": {
+        "hidden": "hidden_size",
+        "layers": "num_hidden_layers",
+        "heads": "num_attention_heads",
+        "intermediate": "intermediate_size",
+        "vocab_size": "vocab_size",
+        "max_positions": "max_position_embeddings",
+        "embed_size": "embedding_size",
+    },
+    "distilbert": {
+        "hidden": "dim",
+        "layers": "n_layers",
+        "heads": "n_heads",
+        "intermediate": "hidden_dim",
+        "vocab_size": "vocab_size",
+        "max_positions": "max_position_embeddings",
+    },
+}
+# the plausible range of each size: a value outside is a corrupt or mistyped config.json,
+# refused here by its own name, before anything is sized from it
+_SIZE_RANGES = {
+    "hidden": (1, 1 << 16),
+    "layers": (1, 1024),
+    "heads": (1, 1024),
+    "intermediate": (1, 1 << 18),
+    "vocab_size": (1, 1 << 24),
+    "max_positions": (2, 1 << 20),
+    "embed_size": (1, 1 << 16),
+}
+
+
+def _check_sizes(cpath: Path, sizes: dict, names: dict, offset: int = 0) -> None:
+    """Each size of config.json within its range, the error naming the config field."""
+    for key, v in sizes.items():
+        lo, hi = _SIZE_RANGES[key]
+        if key == "max_positions":
+            lo += offset  # RoBERTa / MPNet positions start past the padding index
+        name = names.get(key, key)
+        if v > hi:
+            raise CheckpointError(
+                f"{cpath}: {name} {v} is implausibly large (limit {hi}); is config.json "
+                "corrupt? It must describe the checkpoint's weights"
+            )
+        if v < lo:
+            why = (
+                " ([CLS] and [SEP]"
+                + (f", after the {offset} positions before the first token" if offset else "")
+                + ")"
+                if key == "max_positions"
+                else ""
+            )
+            raise CheckpointError(
+                f"{cpath}: {name} is {v}; it must be an integer in [{lo}, {hi}]{why}. Fix "
+                "config.json to describe the checkpoint's weights"
+            )
+
+
 def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     cpath = folder / "config.json"
     if not isinstance(cfg, dict):
@@ -86,6 +147,8 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
         )
     arch = SUPPORTED_TYPES[mtype]
+    if arch in DECODER_ARCHS:
+        return _new_arch_spec(folder, cfg, arch)
     if arch in NEW_ARCHS:
         if head_from_config(folder, cfg, arch):
             raise UnsupportedModelError(
@@ -124,27 +187,17 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
         raise UnsupportedModelError(
             f"{cpath}: activation {act_name!r} is not supported (supported: {sorted(_ACTS)})"
         )
-    for what, v, cap in (
-        ("hidden size", hidden, 1 << 16),
-        ("layer count", layers, 1024),
-        ("head count", heads, 1024),
-        ("intermediate size", inter, 1 << 18),
-        ("vocab size", vocab, 1 << 24),
-        ("max_position_embeddings", maxpos, 1 << 20),
-    ):
-        if v > cap:
-            raise CheckpointError(
-                f"{cpath}: {what} {v} is implausibly large (limit {cap}); is config.json corrupt?"
-            )
-    if hidden == 0 or heads == 0 or layers == 0 or hidden % heads:
+    names = _CONFIG_NAMES["distilbert" if arch == "distilbert" else "bert"]
+    sizes = {"hidden": hidden, "layers": layers, "heads": heads, "intermediate": inter}
+    sizes.update(vocab_size=vocab, max_positions=maxpos)
+    _check_sizes(cpath, sizes, names, offset)
+    if hidden % heads:
         raise CheckpointError(
-            f"{cpath}: hidden size {hidden} must be a positive multiple of the head count {heads}"
+            f"{cpath}: {names['hidden']} {hidden} is not a multiple of {names['heads']} {heads} "
+            f"(each attention head takes {names['hidden']} / {names['heads']} dimensions); "
+            "fix config.json to describe the checkpoint"
         )
     usable = maxpos - offset
-    if usable < 2:
-        raise CheckpointError(
-            f"{cpath}: max_position_embeddings {maxpos} leaves no room for a sequence"
-        )
     spec = ModelSpec(
         arch=arch,
         vocab_size=vocab,
@@ -170,28 +223,25 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
 def _new_arch_spec(folder: Path, cfg: dict, arch: str) -> ModelSpec:
     """MPNet / ModernBERT / Electra / ALBERT (zoi.frontend.archs), with the same sanity caps."""
     cpath = folder / "config.json"
-    kw = arch_spec_fields(arch, cfg, cpath, _field, _ACTS)
+    if arch in DECODER_ARCHS:
+        kw = archs_decoder.spec_fields(arch, cfg, cpath, _field)
+    else:
+        kw = arch_spec_fields(arch, cfg, cpath, _field, _ACTS)
     kw["vocab_size"] = _field(cfg, cpath, "vocab_size")
-    for what, key, cap in (
-        ("hidden size", "hidden", 1 << 16),
-        ("layer count", "layers", 1024),
-        ("head count", "heads", 1024),
-        ("intermediate size", "intermediate", 1 << 18),
-        ("vocab size", "vocab_size", 1 << 24),
-        ("max_position_embeddings", "max_positions", 1 << 20),
-        ("embedding_size", "embed_size", 1 << 16),
-    ):
-        if kw.get(key, 0) > cap:
-            raise CheckpointError(
-                f"{cpath}: {what} {kw[key]} is implausibly large (limit {cap}); is config.json corrupt?"
-            )
-    if kw["hidden"] == 0 or kw["heads"] == 0 or kw["layers"] == 0 or kw["hidden"] % kw["heads"]:
+    offset = kw.get("position_offset", 0)
+    sizes = {k: kw[k] for k in ("hidden", "layers", "heads", "intermediate", "vocab_size")}
+    sizes["max_positions"] = kw["max_positions"] + offset  # the config's own number
+    if kw.get("embed_size") or cfg.get("embedding_size") is not None:
+        sizes["embed_size"] = kw.get("embed_size") or _field(cfg, cpath, "embedding_size")
+    _check_sizes(cpath, sizes, _CONFIG_NAMES["bert"], offset)
+    if kw.get("head_size"):  # an explicit head width: hidden need not divide
+        pass
+    elif kw["hidden"] % kw["heads"]:
         raise CheckpointError(
-            f"{cpath}: hidden size {kw['hidden']} must be a positive multiple of the head count "
-            f"{kw['heads']}"
+            f"{cpath}: hidden_size {kw['hidden']} is not a multiple of num_attention_heads "
+            f"{kw['heads']} (each attention head takes hidden_size / num_attention_heads "
+            "dimensions); fix config.json to describe the checkpoint"
         )
-    if kw["max_positions"] < 2:
-        raise CheckpointError(f"{cpath}: max_position_embeddings leaves no room for a sequence")
     try:
         spec = ModelSpec(arch=arch, name=folder.resolve().name, **kw)
         spec.validate()
@@ -229,10 +279,13 @@ def _pooling_mode(pcfg: Any, path: Path) -> str:
         raise CheckpointError(f"{path}: pooling_mode should be a name or a list, got {pm!r}")
     modes += [mode for key, mode in _ST_POOLING_KEYS.items() if pcfg.get(key)]
     modes = [
-        {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(m, m) for m in modes
+        {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max", "lasttoken": "last"}.get(
+            m, m
+        )
+        for m in modes
     ]
     modes = sorted(set(modes), key=modes.index)
-    if len(modes) != 1 or modes[0] not in ("mean", "cls", "max"):
+    if len(modes) != 1 or modes[0] not in ("mean", "cls", "max", "last"):
         extra = (
             f"; sentence-transformers concatenates them into {len(modes)} x hidden dimensions"
             if len(modes) > 1
@@ -240,20 +293,58 @@ def _pooling_mode(pcfg: Any, path: Path) -> str:
         )
         raise UnsupportedModelError(
             f"{path}: pooling modes {modes or 'none'}{extra}. zoi supports exactly one of "
-            "mean, cls, max; edit the Pooling config to one of them if that is what you want"
+            "mean, cls, max, lasttoken; edit the Pooling config to one of them if that is what "
+            "you want"
         )
     return modes[0]
+
+
+def default_pooling(cfg: Any) -> str:
+    """The pooling sentence-transformers builds for a plain transformers folder (no
+    modules.json): last token for a causal language model (architectures[0] ends with
+    ForCausalLM and is_causal is not false), mean for everything else, whatever a
+    classification head's own setting (ModernBERT's classifier_pooling) says."""
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    first = archs[0] if isinstance(archs, list) and archs else None
+    causal_lm = isinstance(first, str) and first.endswith("ForCausalLM")
+    return "last" if causal_lm and bool(cfg.get("is_causal", True)) else "mean"
+
+
+def pooling_origin(folder: str | Path) -> str:
+    """Where a model folder's pooling comes from, in words (the compile log, `zoi info`):
+    its sentence-transformers Pooling config, or sentence-transformers' default."""
+    folder = Path(folder)
+    modules_path = folder / "modules.json"
+    if modules_path.exists():
+        modules = read_json(modules_path, folder)
+        for m in modules if isinstance(modules, list) else []:
+            if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling"):
+                rel = Path(str(m.get("path", "")) or ".") / "config.json"
+                return f"from {rel.as_posix()}"
+        why = "modules.json has no Pooling module"
+    else:
+        why = "no sentence-transformers config in the folder"
+    cfg = read_json(folder / "config.json", folder)
+    out = f"{why}: sentence-transformers' default for a plain transformers folder"
+    cp = cfg.get("classifier_pooling") if isinstance(cfg, dict) else None
+    if isinstance(cp, str) and cp != default_pooling(cfg):
+        out += f"; config.json's classifier_pooling {cp!r} is the classification head's"
+    return out
 
 
 def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
     """Pooling / Normalize / max_seq_length from a sentence-transformers folder, if it is one."""
     modules_path = folder / "modules.json"
-    pooling, normalize, maxlen = spec.pooling, False, spec.max_positions
+    cfg = read_json(folder / "config.json", folder)
+    # without a Pooling config, pool as SentenceTransformer(folder) would (never the
+    # classification head's own pooling): the same folder gives the same embeddings in both
+    pooling, normalize, maxlen = default_pooling(cfg), False, spec.max_positions
+    dense: list[tuple] = []
     if modules_path.exists():
         modules = read_json(modules_path, folder)
         if not isinstance(modules, list):
             raise CheckpointError(f"{modules_path}: expected a JSON list of modules")
-        sparse = st_head(folder, modules, read_json(folder / "config.json", folder), spec.arch)
+        sparse = st_head(folder, modules, cfg, spec.arch)
         if sparse is not None:  # a SparseEncoder folder (MLMTransformer + SpladePooling)
             spec = spec.replace(**sparse)
             modules = []
@@ -267,19 +358,103 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
             elif mtype.endswith("Normalize"):
                 normalize = True
             elif mtype.endswith("Dense"):
-                raise UnsupportedModelError(
-                    f"{modules_path}: a Dense module after pooling is not supported yet"
-                )
+                dense.append(_dense_module(folder, m, modules_path, dense, spec.hidden))
         st_cfg = folder / "sentence_bert_config.json"
         if st_cfg.exists():
             c = read_json(st_cfg, folder)
-            if (
-                isinstance(c, dict)
-                and isinstance(c.get("max_seq_length"), int)
-                and c["max_seq_length"] > 1
-            ):
-                maxlen = min(maxlen, c["max_seq_length"])
-    return spec.replace(pooling=pooling, normalize=normalize, max_positions=maxlen)
+            ms = c.get("max_seq_length") if isinstance(c, dict) else None
+            if ms is not None:  # null: the model's own limit, as sentence-transformers reads it
+                if type(ms) is not int or ms < 2:
+                    raise CheckpointError(
+                        f"{st_cfg}: max_seq_length is {ms!r}; it must be an integer in "
+                        f"[2, {spec.max_positions}] ([CLS] and [SEP] at least; the model's "
+                        "positions at most), or null for the model's limit. Fix "
+                        "sentence_bert_config.json"
+                    )
+                maxlen = min(maxlen, ms)
+    return spec.replace(
+        pooling=pooling, normalize=normalize, max_positions=maxlen, dense=tuple(dense)
+    )
+
+
+# sentence-transformers Dense activations zoi runs (the IR's names); Tanh is its default
+_DENSE_ACTS = {
+    "torch.nn.modules.linear.Identity": "none",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.activation.GELU": "gelu",
+}
+
+
+def _dense_module(folder: Path, m: dict, modules_path: Path, before: list, hidden: int) -> tuple:
+    """(in, out, bias, act) of a sentence-transformers Dense module after pooling."""
+    path = inside(folder, str(m.get("path", "")) or ".", modules_path)
+    cpath = path / "config.json"
+    c = read_json(cpath, folder)
+    if not isinstance(c, dict):
+        raise CheckpointError(f"{cpath}: expected a JSON object")
+    din = c.get("in_features")
+    dout = c.get("out_features")
+    width = before[-1][1] if before else hidden
+    if type(din) is not int or type(dout) is not int or din != width or not 0 < dout <= 1 << 16:
+        raise CheckpointError(
+            f"{cpath}: in_features / out_features should be integers, in_features = the width "
+            f"before it ({width}), got {din!r} / {dout!r}"
+        )
+    bias = c.get("bias", True)
+    if not isinstance(bias, bool):
+        raise CheckpointError(f"{cpath}: bias should be true or false, got {bias!r}")
+    for key in ("use_residual",):
+        if c.get(key):
+            raise UnsupportedModelError(f"{cpath}: {key} true is not supported")
+    fn = c.get("activation_function", "torch.nn.modules.activation.Tanh")
+    if fn not in _DENSE_ACTS:
+        raise UnsupportedModelError(
+            f"{cpath}: activation_function {fn!r} is not supported; zoi runs "
+            f"{', '.join(sorted(_DENSE_ACTS))}"
+        )
+    return (din, dout, bias, _DENSE_ACTS[fn])
+
+
+def load_dense_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
+    """dense{k}.w / .b of the Dense modules (their own model.safetensors), in module order."""
+    modules_path = folder / "modules.json"
+    mods = [
+        m
+        for m in read_json(modules_path, folder)
+        if isinstance(m, dict) and str(m.get("type", "")).endswith("Dense")
+    ]
+    out: dict[str, np.ndarray] = {}
+    for k, (m, (din, dout, bias, _act)) in enumerate(zip(mods, spec.dense, strict=True)):
+        path = inside(folder, str(m.get("path", "")) or ".", modules_path)
+        wpath = path / "model.safetensors"
+        if not wpath.exists():
+            extra = (
+                " (a PyTorch pickle is never loaded: convert it to safetensors once with "
+                "`zoi convert`)"
+                if (path / "pytorch_model.bin").exists()
+                else ""
+            )
+            raise CheckpointError(f"{wpath}: file not found{extra}")
+        check_file(wpath, folder)
+        f = SafetensorsFile(wpath)
+        for name, want, key in (
+            ("linear.weight", (dout, din), "w"),
+            ("linear.bias", (dout,), "b"),
+        ):
+            if key == "b" and not bias:
+                out[f"dense{k}.b"] = np.zeros(dout, np.float32)
+                continue
+            if name not in f.names():
+                raise CheckpointError(f"{wpath}: tensor {name!r} is missing")
+            arr = np.asarray(f.get(name), dtype=np.float32)
+            if arr.shape != want:
+                raise CheckpointError(f"{wpath}: {name} has shape {arr.shape}, expected {want}")
+            if not np.isfinite(arr).all():
+                raise CheckpointError(f"{wpath}: tensor {name!r} contains NaN or Inf values")
+            out[f"dense{k}.{key}"] = arr
+    return out
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -357,6 +532,8 @@ def _mapping(arch: str, layers: int) -> dict[str, list[str]]:
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    if spec.arch in DECODER_ARCHS:
+        return archs_decoder.expected_shapes(spec)
     if spec.arch in NEW_ARCHS:
         return arch_expected_shapes(spec)
     H, I, L = spec.hidden, spec.intermediate, spec.layers
@@ -413,7 +590,10 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
             where[n] = f
     names = list(where)
     optional: set[str] = set()
-    if spec.arch in NEW_ARCHS:
+    if spec.arch in DECODER_ARCHS:
+        mapping, optional = archs_decoder.mapping(spec, {})
+        shapes = archs_decoder.source_shapes(spec)
+    elif spec.arch in NEW_ARCHS:
         cfg = read_json(folder / "config.json", folder)
         mapping, optional = arch_mapping(spec, cfg)
         shapes = source_shapes(spec)
@@ -463,6 +643,10 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
                 f"{folder}: tensor {prefix + sources[0]!r} contains NaN or Inf values"
             )
         out[canon] = arr
+    if spec.dense:
+        out.update(load_dense_weights(folder, spec))
+    if spec.arch in DECODER_ARCHS:
+        return archs_decoder.derive(spec, out)
     if spec.arch in NEW_ARCHS:
         return derive(spec, out)
     out.update(load_head_weights(folder, spec, lambda n: where[n].get(n), set(names), prefix))

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu")  # the FFN activation (`act`)
-SUPPORTED_POOLING = ("mean", "cls", "max")  # `pooling`
-ARCHS = ("bert", "distilbert", "roberta", "mpnet", "modernbert", "electra", "albert")
+SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu", "silu")  # the FFN activation (`act`)
+SUPPORTED_POOLING = ("mean", "cls", "max", "last")  # `pooling` (last: the last token)
+# decoder architectures (llama ... gemma3) run as encoders: embedders, rerankers
+DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+ARCHS = ("bert", "distilbert", "roberta", "mpnet", "modernbert", "electra", "albert", *DECODER_ARCHS)
+NORMS = ("layernorm", "rmsnorm")
 HEADS = ("", "seq_cls", "token_cls", "splade")  # `head` ("": an embedding model; zoi/heads)
 HEAD_ACTS = ("", "tanh", "relu", "gelu", "gelu_tanh")  # `head_act`
 
@@ -36,7 +39,18 @@ class ModelSpec:
     rope_theta_local: float = 0.0  # ... of the local (sliding-window) layers
     local_window: int = 0  # ModernBERT: a local layer's token attends to |i - j| <= local_window
     global_every: int = 0  # ModernBERT: layer i is global when i % global_every == 0
-    # task head (issue 20, docs/ARCHITECTURE.md "Heads"): "" | seq_cls | token_cls | splade;
+    # decoder architectures (zoi.frontend.archs_decoder; 0 / false / () = absent)
+    kv_heads: int = 0  # grouped KV heads (0: as many as heads)
+    head_size: int = 0  # per-head width when it is not hidden // heads (Qwen3, Gemma3)
+    norm: str = "layernorm"  # or "rmsnorm" (x / sqrt(mean(x^2) + eps) * w)
+    causal: bool = False  # a token attends to itself and the tokens before it only
+    qk_norm: bool = False  # RMSNorm of each q / k head before RoPE (Qwen3, Gemma3)
+    attn_scale: float = 0.0  # scores scale (0: 1 / sqrt(head_dim); Gemma3: query_pre_attn_scalar)
+    sandwich: bool = False  # Gemma3: the attention / MLP outputs are normed before the residual
+    layer_windows: tuple = ()  # per layer: a token sees keys with |i - j| <= w (0: all)
+    # sentence-transformers Dense modules after pooling: (in, out, bias, act) each
+    dense: tuple = ()
+    # task head (docs/ARCHITECTURE.md "Heads"): "" | seq_cls | token_cls | splade;
     # head_act: seq_cls's pooler activation (tanh, relu: DistilBERT), splade's transform act;
     # labels: id2label of the classifier (num_labels = len(labels))
     head: str = ""
@@ -48,6 +62,10 @@ class ModelSpec:
     def __post_init__(self):
         if not isinstance(self.labels, tuple):
             object.__setattr__(self, "labels", tuple(self.labels))
+        if not isinstance(self.layer_windows, tuple):
+            object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
+        if not isinstance(self.dense, tuple):
+            object.__setattr__(self, "dense", tuple(tuple(d) for d in self.dense))
         if self.act not in SUPPORTED_ACTS:
             raise ValueError(
                 f"ModelSpec.act {self.act!r} is not supported; zoi runs {', '.join(SUPPORTED_ACTS)}"
@@ -60,7 +78,16 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the pooled embedding (after the Dense modules, if any)."""
+        return int(self.dense[-1][1]) if self.dense else self.hidden
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,7 +119,14 @@ class ModelSpec:
         count("max_positions", 2)  # [CLS] and [SEP]
         count("position_offset", 0)
         count("type_vocab_size", 0)
-        if self.hidden % self.heads:
+        count("kv_heads", 0)
+        count("head_size", 0)
+        if self.heads % self.num_kv_heads:
+            raise ValueError(
+                f"heads {self.heads} must be a multiple of kv_heads {self.num_kv_heads} "
+                "(num_key_value_heads)"
+            )
+        if not self.head_size and self.hidden % self.heads:
             raise ValueError(
                 f"hidden {self.hidden} must be a multiple of heads {self.heads} (head_dim)"
             )
@@ -127,7 +161,44 @@ class ModelSpec:
             )
         if not isinstance(self.name, str):
             raise ValueError(f"name must be a string, got {self.name!r}")
+        self._validate_decoder()
         self._validate_head()
+
+    def _validate_decoder(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        for name in ("causal", "qk_norm", "sandwich"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        a = self.attn_scale
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < 1e6:
+            raise ValueError(f"attn_scale must be a number >= 0, got {a!r}")
+        lw = self.layer_windows
+        if lw and (len(lw) != self.layers or any(type(w) is not int or w < 0 for w in lw)):
+            raise ValueError(
+                f"layer_windows must hold one window >= 0 per layer ({self.layers}), got {lw!r}"
+            )
+        if self.arch in DECODER_ARCHS and (self.rope_theta <= 0 or self.head_dim % 2):
+            raise ValueError(
+                f"{self.arch} needs rope_theta > 0 and an even head_dim, got "
+                f"{self.rope_theta!r} / {self.head_dim}"
+            )
+        width = self.hidden
+        for d in self.dense:
+            if (
+                len(d) != 4
+                or type(d[0]) is not int
+                or type(d[1]) is not int
+                or d[0] != width
+                or not 0 < d[1] <= 1 << 16
+                or not isinstance(d[2], bool)
+                or d[3] not in ("none", "tanh", "relu", "gelu", "gelu_tanh", "sigmoid")
+            ):
+                raise ValueError(
+                    f"dense: each module is (in, out, bias, act) with in = the width before it "
+                    f"({width}), got {d!r}"
+                )
+            width = d[1]
 
     def _validate_head(self) -> None:
         if self.head not in HEADS:

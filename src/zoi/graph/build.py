@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from zoi.frontend.spec import ModelSpec
+from zoi.frontend.spec import DECODER_ARCHS, ModelSpec
+from zoi.graph.build_decoder import append_pool, build_decoder
 from zoi.graph.heads import append_head, uses_types
 from zoi.graph.ir import Buffer, Graph, Op
 
@@ -19,6 +20,8 @@ def build_graph(spec: ModelSpec) -> Graph:
         from zoi.graph.build_archs import build_modernbert
 
         return build_modernbert(spec)
+    if spec.arch in DECODER_ARCHS:
+        return build_decoder(spec)
     H, I = spec.hidden, spec.intermediate
     bufs: dict[str, Buffer] = {}
     ops: list[Op] = []
@@ -84,7 +87,5 @@ def build_graph(spec: ModelSpec) -> Graph:
     if spec.head:  # a task head (zoi.graph.heads) instead of the embedding pool
         out = append_head(spec, ops, bufs, x)
         return Graph(ops, bufs, ("ids", "positions", "cu_seqlens", *ins[2:]), out)
-    ops.append(
-        Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling})
-    )
+    append_pool(spec, ops, bufs, x)
     return Graph(ops, bufs)

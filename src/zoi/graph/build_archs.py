@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from zoi.frontend.spec import ModelSpec
+from zoi.graph.build_decoder import append_pool
 from zoi.graph.ir import Buffer, Graph, Op
 
 
@@ -66,7 +67,5 @@ def build_modernbert(spec: ModelSpec) -> Graph:
         ops.append(Op("glu", [h], buf(f"l{i}.glu", I), {}, {"act": spec.act}))
         x = lin(f"l{i}.glu", f"l{i}.ffn2", f"l{i}.x2", H, res=x1)
     x = norm(x, "final_ln", "xf")
-    ops.append(
-        Op("pool", [x, "cu_seqlens"], buf("pooled", H, rows="B"), {}, {"mode": spec.pooling})
-    )
+    append_pool(spec, ops, bufs, x)
     return Graph(ops, bufs)

@@ -5,8 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool", "glu")  # every op of the IR
-ACTS = ("none", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh")  # a linear's "act" attribute
-POOL_MODES = ("mean", "cls", "max", "splade")  # splade: max over tokens of log1p(relu(x))
+ACTS = (
+    "none",
+    "gelu",
+    "gelu_tanh",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "silu",
+)  # a linear's "act" attribute
+POOL_MODES = ("mean", "cls", "max", "splade", "last")  # splade: max over tokens of log1p(relu(x))
 
 
 @dataclass

@@ -81,6 +81,8 @@ def activation(x: np.ndarray, act: str) -> np.ndarray:
         return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
     if act == "tanh":  # BERT's pooler, the RoBERTa classification head
         return np.tanh(x).astype(x.dtype)
+    if act == "silu":  # x * sigmoid(x) (SwiGLU's gate: Llama, Qwen)
+        return (x / (1.0 + np.exp(-x))).astype(x.dtype)
     raise ValueError(f"unknown activation {act!r}")
 
 
@@ -88,6 +90,14 @@ def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nda
     mu = x.mean(axis=-1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
     return ((x - mu) / np.sqrt(var + eps) * w + b).astype(x.dtype)
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w (+ b): transformers' RMSNorm (Llama, Qwen, Gemma3 with
+    its 1 + w folded into w at load)."""
+    ms = (x * x).mean(axis=-1, keepdims=True)
+    y = x / np.sqrt(ms + x.dtype.type(eps)) * w.astype(x.dtype)
+    return (y + b.astype(x.dtype) if b is not None else y).astype(x.dtype)
 
 
 def embed(ids, positions, word, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32) -> np.ndarray:
@@ -105,6 +115,8 @@ def embed_rows(
         x = x + pos[positions].astype(dtype)
     if type_ is not None:
         x = x + (type_[0] if types is None else type_[np.asarray(types)]).astype(dtype)
+    if ln_w is None:  # decoder architectures: no embedding norm
+        return x
     return layernorm(x, ln_w.astype(dtype), ln_b.astype(dtype), eps)
 
 
@@ -138,19 +150,33 @@ def attention(
     bias: np.ndarray | None = None,
     window: int = 0,
     rope_cs: tuple[np.ndarray, np.ndarray] | None = None,
+    kv_heads: int = 0,
+    causal: bool = False,
+    qk_norm: tuple[np.ndarray, np.ndarray, float] | None = None,
 ) -> np.ndarray:
-    """Varlen self-attention over packed sequences. qkv [T, 3H] -> ctx [T, H].
+    """Varlen self-attention over packed sequences. qkv [T, (heads + 2 kv_heads) d] -> ctx
+    [T, heads d].
 
     bias [heads, 2P-1] (MPNet's relative position bias): scores[h, i, j] += bias[h, j - i + P - 1];
-    window > 0 (ModernBERT's local layers): key j is seen by query i only when |i - j| <= window;
-    rope_cs (cos, sin) [P, d/2]: q and k rotated first (RoPE at the position in the sequence)."""
+    window > 0 (ModernBERT's local layers, sliding-window layers): key j is seen by query i only
+    when |i - j| <= window; causal: only when j <= i; kv_heads (0: heads): head h reads KV head
+    h // (heads / kv_heads); qk_norm (w_q, w_k, eps): RMSNorm of each q / k head first;
+    rope_cs (cos, sin) [P, d/2]: q and k rotated (RoPE at the position in the sequence)."""
     H = heads * head_dim
+    kvh = kv_heads or heads
+    KV = kvh * head_dim
+    rep = heads // kvh
     out = np.empty((qkv.shape[0], H), dtype=qkv.dtype)
     for s in range(len(cu_seqlens) - 1):
         a, e = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
         q = qkv[a:e, :H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
-        k = qkv[a:e, H : 2 * H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
-        v = qkv[a:e, 2 * H :].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
+        k = qkv[a:e, H : H + KV].reshape(e - a, kvh, head_dim).transpose(1, 0, 2)
+        v = qkv[a:e, H + KV : H + 2 * KV].reshape(e - a, kvh, head_dim).transpose(1, 0, 2)
+        if rep > 1:
+            k, v = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
+        if qk_norm is not None:
+            q = rmsnorm(q, qk_norm[0], None, qk_norm[2])
+            k = rmsnorm(k, qk_norm[1], None, qk_norm[2])
         if rope_cs is not None:
             q, k = rope(q, *rope_cs), rope(k, *rope_cs)
         sc = (q @ k.transpose(0, 2, 1)) * qkv.dtype.type(scale)
@@ -160,6 +186,8 @@ def attention(
             sc = sc + bias[:, ij + P - 1].astype(sc.dtype)
         if window > 0:
             sc = np.where(np.abs(ij) <= window, sc, sc.dtype.type(-np.inf))
+        if causal:
+            sc = np.where(ij <= 0, sc, sc.dtype.type(-np.inf))
         sc = sc - sc.max(axis=-1, keepdims=True)
         p = np.exp(sc)
         p = p / p.sum(axis=-1, keepdims=True)
@@ -167,10 +195,15 @@ def attention(
     return out
 
 
-def add_layernorm(x, residual, w, b, eps) -> np.ndarray:
-    """LN(x + residual) * w + b; residual None: LN(x) (the pre-norm layers of ModernBERT)."""
-    s = x if residual is None else x + residual
-    return layernorm(s, w.astype(x.dtype), b.astype(x.dtype), eps)
+def add_layernorm(x, residual, w, b, eps, rms: bool = False, post: bool = False) -> np.ndarray:
+    """LN(x + residual) * w + b; residual None: LN(x) (the pre-norm layers of ModernBERT);
+    rms: RMSNorm instead of LayerNorm; post: norm(x) + residual (Gemma3's sandwich norms)."""
+    s = x if residual is None or post else x + residual
+    if rms:
+        y = rmsnorm(s, w, b, eps)
+    else:
+        y = layernorm(s, w.astype(x.dtype), b.astype(x.dtype), eps)
+    return (y + residual).astype(x.dtype) if post and residual is not None else y
 
 
 def glu(x: np.ndarray, act: str) -> np.ndarray:
@@ -188,6 +221,12 @@ def attention_extras(op, weights: dict) -> dict:
         kw["window"] = int(op.attrs["window"])
     if "rope_cos" in wn:
         kw["rope_cs"] = (weights[wn["rope_cos"]], weights[wn["rope_sin"]])
+    if op.attrs.get("kv_heads"):
+        kw["kv_heads"] = int(op.attrs["kv_heads"])
+    if op.attrs.get("causal"):
+        kw["causal"] = True
+    if "q_norm" in wn:
+        kw["qk_norm"] = (weights[wn["q_norm"]], weights[wn["k_norm"]], float(op.attrs["qk_eps"]))
     return kw
 
 
@@ -200,6 +239,8 @@ def pool(x: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> np.ndarray:
             out[s] = x[a:e].mean(axis=0)
         elif mode == "cls":
             out[s] = x[a]
+        elif mode == "last":  # decoder embedders: the last token (sentence-transformers lasttoken)
+            out[s] = x[e - 1]
         elif mode == "max":
             out[s] = x[a:e].max(axis=0)
         elif mode == "splade":  # max_t log1p(relu(x_t)) = log1p(relu(max_t x_t)): monotone
@@ -324,8 +365,8 @@ def execute(
                 gather_rows(W, wn["word"], ins[0]),
                 ins[1],
                 W[wn["pos"]] if "pos" in wn else None,
-                W[wn["ln_w"]],
-                W[wn["ln_b"]],
+                W[wn["ln_w"]] if "ln_w" in wn else None,
+                W[wn["ln_b"]] if "ln_b" in wn else None,
                 a["eps"],
                 W[wn["type"]] if "type" in wn else None,
                 dtype,
@@ -349,7 +390,15 @@ def execute(
         elif op.kind == "add_layernorm":
             # one input: a plain LayerNorm (pre-norm, MLM head)
             r = ins[1] if len(ins) > 1 else None
-            env[op.output] = add_layernorm(ins[0], r, W[wn["w"]], W[wn["b"]], a["eps"])
+            env[op.output] = add_layernorm(
+                ins[0],
+                r,
+                W[wn["w"]],
+                W[wn["b"]],
+                a["eps"],
+                bool(a.get("rms")),
+                a.get("residual") == "post",
+            )
         elif op.kind == "glu":
             env[op.output] = glu(ins[0], a["act"])
         elif op.kind == "pool":
