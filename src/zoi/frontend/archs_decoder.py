@@ -201,7 +201,7 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             s[f"l{i}.q_norm"] = s[f"l{i}.k_norm"] = (d,)
     for n in norm_names(spec):
         s[n + ".w"] = s[n + ".b"] = (H,)
-    for k, (din, dout, bias, _act) in enumerate(spec.dense):
+    for k, (din, dout, _bias, _act) in enumerate(spec.dense):
         s[f"dense{k}.w"] = (dout, din)
         s[f"dense{k}.b"] = (dout,)
     if spec.layers:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
-from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend import archs_decoder
+from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
 from zoi.frontend.archs import spec_fields as arch_spec_fields
