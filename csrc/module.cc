@@ -43,7 +43,8 @@ int parse_act(const std::string& a) {
   if (a == "relu") return zoi::ACT_RELU;
   if (a == "sigmoid") return zoi::ACT_SIGMOID;
   if (a == "tanh") return zoi::ACT_TANH;
-  throw nb::value_error("act must be one of none, gelu, gelu_tanh, relu, sigmoid, tanh");
+  if (a == "silu") return zoi::ACT_SILU;
+  throw nb::value_error("act must be one of none, gelu, gelu_tanh, relu, sigmoid, tanh, silu");
 }
 
 int parse_pool(const std::string& m) {
@@ -51,7 +52,8 @@ int parse_pool(const std::string& m) {
   if (m == "cls") return 1;
   if (m == "max") return 2;
   if (m == "splade") return 3;
-  throw nb::value_error("pool mode must be mean, cls, max or splade");
+  if (m == "last") return 4;
+  throw nb::value_error("pool mode must be mean, cls, max, splade or last");
 }
 
 template <class T>
@@ -321,7 +323,8 @@ NB_MODULE(_cpu, m) {
 
   m.def("k_layernorm", [](Arr<const float> x, Opt<const float> r, Arr<const float> w, Arr<const float> b, float eps,
                           Arr<float> y, Opt<int16_t> q, Opt<float> qscale, float static_amax, const std::string& isa,
-                          int nt) {
+                          int nt, bool rms, bool post) {
+    if (post && !r) throw nb::value_error("post needs a residual r");
     const auto& kt = table_for(isa);
     need(x, 2, {-1, -1}, "x");
     const int M = x.shape(0), H = x.shape(1);
@@ -335,7 +338,7 @@ NB_MODULE(_cpu, m) {
     QBuf qb(kt, M, H, params);
     zoi::LnArgs a;
     a.x = x.data(); a.ldx = H; a.r = r ? r->data() : nullptr; a.ldr = H; a.w = w.data(); a.b = b.data();
-    a.eps = eps; a.M = M; a.H = H; a.y = y.data(); a.ldy = H;
+    a.eps = eps; a.M = M; a.H = H; a.y = y.data(); a.ldy = H; a.rms = rms; a.post = post;
     if (q) a.qo = qb.qo;
     for_threads(nt, [&](int t, int n) { kt.layernorm(a, t, n); });
     if (q) {
@@ -347,7 +350,7 @@ NB_MODULE(_cpu, m) {
       }
     }
   }, "x"_a, "r"_a.none(), "w"_a, "b"_a, "eps"_a, "y"_a, "q"_a.none() = nb::none(), "qscale"_a.none() = nb::none(),
-     "static_amax"_a = -1.f, "isa"_a = "", "nt"_a = 1);
+     "static_amax"_a = -1.f, "isa"_a = "", "nt"_a = 1, "rms"_a = false, "post"_a = false);
 
   m.def("k_embed", [](Arr<const int32_t> ids, Arr<const int32_t> positions, Opt<const float> word,
                       Opt<const int8_t> word_q, Opt<const float> word_scale, Opt<const float> pos,
@@ -403,10 +406,18 @@ NB_MODULE(_cpu, m) {
 
   m.def("k_attention_ext", [](Arr<const float> qkv, Arr<const int32_t> cu, int heads, int d, float scale,
                               Arr<float> out, Opt<const float> bias, int window, Opt<const float> cos,
-                              Opt<const float> sin, const std::string& isa, int nt) {
+                              Opt<const float> sin, const std::string& isa, int nt, int kv_heads, bool causal,
+                              Opt<const float> q_norm, Opt<const float> k_norm, float qk_eps) {
     const auto& kt = table_for(isa);
-    const int T = qkv.shape(0), H = heads * d;
-    need(qkv, 2, {T, 3 * H}, "qkv");
+    if (kv_heads < 0 || (kv_heads > 0 && heads % kv_heads)) throw nb::value_error("kv_heads must divide heads");
+    const int T = qkv.shape(0), H = heads * d, KV = (kv_heads > 0 ? kv_heads : heads) * d;
+    need(qkv, 2, {T, H + 2 * KV}, "qkv");
+    if (q_norm.has_value() != k_norm.has_value()) throw nb::value_error("q_norm and k_norm go together");
+    if (q_norm) {
+      need(*q_norm, 1, {d}, "q_norm");
+      need(*k_norm, 1, {d}, "k_norm");
+      if (d > zoi::kMaxHeadDim) throw nb::value_error("head dim too large for q / k norm");
+    }
     need(out, 2, {T, H}, "out");
     const int B = static_cast<int>(cu.shape(0)) - 1;
     if (B < 1 || cu.data()[0] != 0 || cu.data()[B] != T) throw nb::value_error("bad cu_seqlens");
@@ -435,11 +446,14 @@ NB_MODULE(_cpu, m) {
     if (nt < 1) nt = 1;
     const size_t stride = (zoi::attn_scratch_floats(maxlen, d) + 15) / 16 * 16;
     std::vector<float> scratch(stride * nt + 16);
-    a.qkv = qkv.data(); a.ldqkv = 3 * H; a.cu = cu.data(); a.B = B; a.heads = heads; a.d = d; a.scale = scale;
+    a.qkv = qkv.data(); a.ldqkv = H + 2 * KV; a.cu = cu.data(); a.B = B; a.heads = heads; a.d = d; a.scale = scale;
     a.out = out.data(); a.ldo = H; a.scratch = scratch.data(); a.scratch_stride = stride;
+    a.kv_heads = kv_heads; a.causal = causal;
+    if (q_norm) { a.q_norm = q_norm->data(); a.k_norm = k_norm->data(); a.qk_eps = qk_eps; }
     for_threads(nt, [&](int t, int n) { kt.attention(a, t, n); });
   }, "qkv"_a, "cu"_a, "heads"_a, "d"_a, "scale"_a, "out"_a, "bias"_a.none(), "window"_a, "cos"_a.none(),
-     "sin"_a.none(), "isa"_a = "", "nt"_a = 1);
+     "sin"_a.none(), "isa"_a = "", "nt"_a = 1, "kv_heads"_a = 0, "causal"_a = false,
+     "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(), "qk_eps"_a = 1e-6f);
 
   m.def("k_glu", [](Arr<const float> x, const std::string& act, Arr<float> y, const std::string& isa, int nt) {
     const auto& kt = table_for(isa);
@@ -563,13 +577,15 @@ NB_MODULE(_cpu, m) {
            "isa"_a = "", "nthreads"_a = 0)
       .def("add_embed", [](zoi::Engine& e, size_t out_off, Opt<const float> word, Opt<const int8_t> word_q,
                            Opt<const float> word_scale, Opt<const float> pos, Opt<const float> type0,
-                           Arr<const float> ln_w, Arr<const float> ln_b, float eps, int max_pos) {
-        const int H = ln_w.shape(0);
-        int V;
-        if (word) { need(*word, 2, {-1, H}, "word"); V = word->shape(0); }
+                           Opt<const float> ln_w, Opt<const float> ln_b, float eps, int max_pos) {
+        int V, H;
+        if (word) { need(*word, 2, {-1, -1}, "word"); V = word->shape(0); H = word->shape(1); }
         else if (word_q && word_scale) {
-          need(*word_q, 2, {-1, H}, "word_q"); V = word_q->shape(0); need(*word_scale, 1, {V}, "word_scale");
+          need(*word_q, 2, {-1, -1}, "word_q"); V = word_q->shape(0); H = word_q->shape(1);
+          need(*word_scale, 1, {V}, "word_scale");
         } else throw nb::value_error("need word or word_q + word_scale");
+        if (ln_w.has_value() != ln_b.has_value()) throw nb::value_error("ln_w and ln_b go together (or neither)");
+        if (ln_w) { need(*ln_w, 1, {H}, "ln_w"); need(*ln_b, 1, {H}, "ln_b"); }
         // pos None: no position table (ModernBERT, RoPE); max_pos then bounds the positions
         if (pos) {
           need(*pos, 2, {-1, H}, "pos");
@@ -580,12 +596,11 @@ NB_MODULE(_cpu, m) {
           throw nb::value_error("without a position table, max_pos (positions a sequence may take) must be >= 1");
         }
         if (type0) need(*type0, 1, {H}, "type0");
-        need(ln_b, 1, {H}, "ln_b");
         e.add_embed(out_off, H, V, max_pos, word ? word->data() : nullptr, word ? nullptr : word_q->data(),
                     word ? nullptr : word_scale->data(), pos ? pos->data() : nullptr, type0 ? type0->data() : nullptr,
-                    ln_w.data(), ln_b.data(), eps);
+                    ln_w ? ln_w->data() : nullptr, ln_b ? ln_b->data() : nullptr, eps);
       }, "out_off"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a.none(), "type0"_a.none(),
-         "ln_w"_a, "ln_b"_a, "eps"_a, "max_pos"_a = -1,
+         "ln_w"_a.none(), "ln_b"_a.none(), "eps"_a, "max_pos"_a = -1,
          "(tables are referenced: keep word/word_q/word_scale/pos alive; pos None: no position table, max_pos rows)")
       .def("add_linear_f32", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const float> w,
                                 Opt<const float> b, const std::string& act, long res_off) {
@@ -614,13 +629,17 @@ NB_MODULE(_cpu, m) {
          "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot. "
          "y_dead (the plan's quant_out_only): nothing but the next INT8 linear's copy reads this GEMM's float "
          "output, whose rows then go to per-thread scratch; finalize refuses it when the steps contradict it")
-      .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a)
+      .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a,
+           "kv_heads"_a = 0)
       .def("set_attention_precision", &zoi::Engine::set_attention_precision, "mode"_a,
            "issue 22, opt-in: 0 FP32 attention, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v (VNNI / AMX tables), "
            "3 AMX-BF16 q.k^T and p.v (the amx ISA on AMX-BF16 CPUs, head dim 32 / 64); FP32 where a mode does not apply")
       .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
                                    float scale, Opt<const float> bias, int window, Opt<const float> cos,
-                                   Opt<const float> sin) {
+                                   Opt<const float> sin, int kv_heads, bool causal, Opt<const float> q_norm,
+                                   Opt<const float> k_norm, float qk_eps) {
+        if (q_norm) need(*q_norm, 1, {head_dim}, "q_norm");
+        if (k_norm) need(*k_norm, 1, {head_dim}, "k_norm");
         int span = 0, rows = 0;
         if (bias) {
           need(*bias, 2, {heads, -1}, "bias");
@@ -633,18 +652,20 @@ NB_MODULE(_cpu, m) {
           need(*sin, 2, {rows, head_dim / 2}, "sin");
         }
         e.add_attention_ext(in_off, out_off, heads, head_dim, scale, bias ? bias->data() : nullptr, span, window,
-                            cos ? cos->data() : nullptr, sin ? sin->data() : nullptr, rows);
+                            cos ? cos->data() : nullptr, sin ? sin->data() : nullptr, rows, kv_heads, causal,
+                            q_norm ? q_norm->data() : nullptr, k_norm ? k_norm->data() : nullptr, qk_eps);
       }, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a, "bias"_a.none(), "window"_a, "cos"_a.none(),
-         "sin"_a.none())
+         "sin"_a.none(), "kv_heads"_a = 0, "causal"_a = false, "q_norm"_a.none() = nb::none(),
+         "k_norm"_a.none() = nb::none(), "qk_eps"_a = 1e-6f)
       .def("add_glu", [](zoi::Engine& e, size_t in_off, size_t out_off, int n, const std::string& act) {
         e.add_glu(in_off, out_off, n, parse_act(act));
       }, "in_off"_a, "out_off"_a, "n"_a, "act"_a)
       .def("add_layernorm", [](zoi::Engine& e, size_t x_off, long res_off, size_t out_off, Arr<const float> w,
-                               Arr<const float> b, float eps) {
+                               Arr<const float> b, float eps, bool rms, bool post) {
         const int H = w.shape(0);
         need(b, 1, {H}, "b");
-        e.add_layernorm(x_off, res_off, out_off, H, w.data(), b.data(), eps);
-      }, "x_off"_a, "res_off"_a, "out_off"_a, "w"_a, "b"_a, "eps"_a)
+        e.add_layernorm(x_off, res_off, out_off, H, w.data(), b.data(), eps, rms, post);
+      }, "x_off"_a, "res_off"_a, "out_off"_a, "w"_a, "b"_a, "eps"_a, "rms"_a = false, "post"_a = false)
       .def("add_pool", [](zoi::Engine& e, size_t in_off, size_t out_off, int H, const std::string& mode) {
         e.add_pool(in_off, out_off, H, parse_pool(mode));
       }, "in_off"_a, "out_off"_a, "H"_a, "mode"_a)

@@ -31,6 +31,15 @@ namespace ZOI_NS {
 namespace {
 
 using T = V::T;
+// grouped KV heads: the offset in a qkv row of the KV head that head h reads, and the width of
+// the k (or v) block (kv_heads 0: as many as heads)
+inline size_t kv_width(const AttnArgs& a) {
+  return static_cast<size_t>(a.kv_heads > 0 ? a.kv_heads : a.heads) * a.d;
+}
+inline size_t kv_off(const AttnArgs& a, int h) {
+  const int group = a.kv_heads > 0 ? a.heads / a.kv_heads : 1;
+  return static_cast<size_t>(a.heads) * a.d + static_cast<size_t>(h / group) * a.d;
+}
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512)
 constexpr int NQMAX_ISA = 4;  // query rows per pass (32 zmm registers)
 constexpr int kVRegs = 32;
@@ -278,10 +287,14 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const
     hi[r] = L;
   }
   int ja = 0, jb = L;  // keys of the block (the union of the rows' keys)
-  if (a.window > 0) {
+  const bool masked = a.window > 0 || a.causal;
+  if (masked) {
     for (int r = 0; r < NQ; ++r) {
-      lo[r] = i + r - a.window > 0 ? i + r - a.window : 0;
-      hi[r] = i + r + a.window + 1 < L ? i + r + a.window + 1 : L;
+      if (a.window > 0) {
+        lo[r] = i + r - a.window > 0 ? i + r - a.window : 0;
+        hi[r] = i + r + a.window + 1 < L ? i + r + a.window + 1 : L;
+      }
+      if (a.causal && hi[r] > i + r + 1) hi[r] = i + r + 1;  // keys j <= i
     }
     ja = lo[0];
     jb = hi[NQ - 1];
@@ -304,7 +317,7 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const
   }
   float inv[NQ];
   for (int r = 0; r < NQ; ++r) inv[r] = softmax_row(s[r] + lo[r], hi[r] - lo[r]);
-  if (a.window > 0) {  // p = 0 outside a row's window (its chain then starts at lo: fma(0, v, 0) = 0)
+  if (masked) {  // p = 0 outside a row's keys (its chain then starts at lo: fma(0, v, 0) = 0)
     for (int r = 0; r < NQ; ++r) {
       for (int k = ja; k < lo[r]; ++k) s[r][k] = 0.f;
       for (int k = hi[r]; k < jb; ++k) s[r][k] = 0.f;
@@ -320,37 +333,64 @@ inline void query_rows(const AttnArgs& a, int i, const float* qb, int ldq, const
 // thread, during the current one: its rows are 3H floats apart, a stride the hardware
 // prefetcher does not follow)
 inline void prefetch_rows(const AttnArgs& a, int t0, int h, int r0, int r1) {
-  const int H = a.heads * a.d;
   const size_t bytes = static_cast<size_t>(a.d) * sizeof(float);
+  const size_t ko = kv_off(a, h), vo = ko + kv_width(a);
   for (int r = r0; r < r1; ++r) {
-    const char* q = reinterpret_cast<const char*>(a.qkv + static_cast<size_t>(t0 + r) * a.ldqkv + h * a.d);
+    const float* row = a.qkv + static_cast<size_t>(t0 + r) * a.ldqkv;
+    const char* q = reinterpret_cast<const char*>(row + h * a.d);
+    const char* k = reinterpret_cast<const char*>(row + ko);
+    const char* v = reinterpret_cast<const char*>(row + vo);
     for (size_t b = 0; b < bytes; b += 64) {
       __builtin_prefetch(q + b, 0, 2);
-      __builtin_prefetch(q + b + H * sizeof(float), 0, 2);
-      __builtin_prefetch(q + b + 2 * H * sizeof(float), 0, 2);
+      __builtin_prefetch(k + b, 0, 2);
+      __builtin_prefetch(v + b, 0, 2);
     }
   }
 }
 
+// y[c] = x[c] / sqrt(mean(x^2) + eps) * w[c] (the q / k RMSNorm of one head, float32 as the
+// reference: the mean of the squares, then one division and one product per element)
+inline void rms_head(const float* x, int d, const float* w, float eps, float* y) {
+  float ss = 0.f;
+  for (int c = 0; c < d; ++c) ss += x[c] * x[c];
+  const float s = std::sqrt(ss / static_cast<float>(d) + eps);
+  for (int c = 0; c < d; ++c) y[c] = x[c] / s * w[c];
+}
+
 // nt0 / nL / nh: the next item of this thread (nL = 0: none)
 void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt0, int nL, int nh) {
-  const int H = a.heads * a.d, d = a.d, ld = a.ldqkv;
+  const int d = a.d, ld = a.ldqkv;
   const int lp = (L + 15) / 16 * 16;
   float* kt = scratch;                               // [d][lp]
   float* vc = kt + static_cast<size_t>(d) * lp;      // [L][d]
   float* s = vc + static_cast<size_t>(d) * lp;       // [NQMAX][lp]
-  const float* qb = a.qkv + static_cast<size_t>(t0) * ld + h * d;
-  const float* kb = qb + H;
-  const float* vb = qb + 2 * H;
+  const float* row0 = a.qkv + static_cast<size_t>(t0) * ld;
+  const float* qb = row0 + h * d;
+  const float* kb = row0 + kv_off(a, h);
+  const float* vb = kb + kv_width(a);
   int ldq = ld;
-  if (a.rope_cos) {  // rotated K into K^T, rotated Q rows into the scratch
+  if (a.rope_cos || a.q_norm) {  // normed / rotated K into K^T, Q rows into the scratch
     float* qr = s + static_cast<size_t>(NQMAX) * lp;  // [L][d]
     const int half = d / 2;
+    alignas(64) float tq[kMaxHeadDim], tk[kMaxHeadDim];
     for (int j = 0; j < L; ++j) {
-      const float* cs = a.rope_cos + static_cast<size_t>(j) * half;
-      const float* sn = a.rope_sin + static_cast<size_t>(j) * half;
-      rope_row(qb + static_cast<size_t>(j) * ld, d, cs, sn, qr + static_cast<size_t>(j) * d, 1);
-      rope_row(kb + static_cast<size_t>(j) * ld, d, cs, sn, kt + j, lp);
+      const float* q = qb + static_cast<size_t>(j) * ld;
+      const float* k = kb + static_cast<size_t>(j) * ld;
+      if (a.q_norm) {
+        rms_head(q, d, a.q_norm, a.qk_eps, tq);
+        rms_head(k, d, a.k_norm, a.qk_eps, tk);
+        q = tq;
+        k = tk;
+      }
+      if (a.rope_cos) {
+        const float* cs = a.rope_cos + static_cast<size_t>(j) * half;
+        const float* sn = a.rope_sin + static_cast<size_t>(j) * half;
+        rope_row(q, d, cs, sn, qr + static_cast<size_t>(j) * d, 1);
+        rope_row(k, d, cs, sn, kt + j, lp);
+      } else {
+        for (int c = 0; c < d; ++c) qr[static_cast<size_t>(j) * d + c] = q[c];
+        for (int c = 0; c < d; ++c) kt[static_cast<size_t>(c) * lp + j] = k[c];
+      }
     }
     for (int c = 0; c < d; ++c)
       for (int j = L; j < lp; ++j) kt[static_cast<size_t>(c) * lp + j] = 0.f;
@@ -385,7 +425,8 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt0, 
 
 // keys a query sees (the cost of an item is L * (keys + 8))
 inline double keys(const AttnArgs& a, double L) {
-  return a.window > 0 && 2.0 * a.window + 1 < L ? 2.0 * a.window + 1 : L;
+  const double k = a.window > 0 && 2.0 * a.window + 1 < L ? 2.0 * a.window + 1 : L;
+  return a.causal ? 0.5 * k + 0.5 : k;
 }
 
 // kBf16: prec 3 may run on AMX-BF16 tiles (the amx table's entry, attention_amx below); the

@@ -32,7 +32,8 @@ inline bool amx_bf16_ok() {
 }
 
 inline bool attn_amx_ok(const AttnArgs& a) {
-  return a.prec == 3 && !a.bias && a.window == 0 && !a.rope_cos && (a.d == 32 || a.d == 64) && a.scale > 0.f &&
+  return a.prec == 3 && !a.bias && a.window == 0 && !a.rope_cos && !a.causal && !a.q_norm &&
+         (a.kv_heads == 0 || a.kv_heads == a.heads) && (a.d == 32 || a.d == 64) && a.scale > 0.f &&
          amx_bf16_ok();
 }
 

@@ -142,7 +142,8 @@ inline void quant_v_i8(const float* vb, size_t ld, int L, int d, int lp, int dv,
 }
 
 inline bool attn_i8_ok(const AttnArgs& a) {
-  return (a.prec == 1 || a.prec == 2) && !a.bias && a.window == 0 && !a.rope_cos && a.d % 4 == 0 && a.d <= 256;
+  return (a.prec == 1 || a.prec == 2) && !a.bias && a.window == 0 && !a.rope_cos && !a.causal && !a.q_norm &&
+         (a.kv_heads == 0 || a.kv_heads == a.heads) && a.d % 4 == 0 && a.d <= 256;
 }
 
 // nt0 / nL / nh: the next item of this thread (nL = 0: none), prefetched as one_head does

@@ -38,7 +38,7 @@ void embed(const EmbedArgs& a, int tid, int nt) {
         y[k] = ty ? v + ty[k] : v;
       }
     }
-    ln_row(y, nullptr, a.ln_w, a.ln_b, a.eps, H, y);
+    if (a.ln_w) ln_row(y, nullptr, a.ln_w, a.ln_b, a.eps, H, y);  // decoder architectures: no norm here
     if (a.qo.q) quantize_into(y, H, a.qo, static_cast<int>(t));
   }
 }

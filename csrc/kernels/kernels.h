@@ -13,7 +13,7 @@
 
 namespace zoi {
 
-enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4, ACT_TANH = 5 };
+enum Act : int { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_SIGMOID = 4, ACT_TANH = 5, ACT_SILU = 6 };
 
 // Quantisation of float rows for the next INT8 GEMM (standalone, or fused into the kernel
 // that produces the rows): x' = (x - shift) * mul per channel (each optional, two roundings),
@@ -105,6 +105,9 @@ struct LnArgs {
   const float* r = nullptr; int ldr = 0;  // optional residual
   const float* w = nullptr; const float* b = nullptr;
   float eps = 1e-12f;
+  // rms: RMSNorm, y = s / sqrt(mean(s^2) + eps) * w + b (decoder architectures); post: the
+  // residual is added after the norm, y = norm(x) * w + b + r (Gemma3's sandwich norms)
+  bool rms = false, post = false;
   int M = 0, H = 0;
   float* y = nullptr; int ldy = 0;
   QuantOut qo;
@@ -127,6 +130,8 @@ struct EmbedArgs {
 };
 
 // ---- varlen attention: ctx = softmax(q k^T * scale) v per sequence and head
+constexpr int kMaxHeadDim = 512;  // q / k norm rows on the stack
+
 struct AttnArgs {
   const float* qkv = nullptr; int ldqkv = 0;  // [T, 3H]
   const int32_t* cu = nullptr; int B = 0;     // cu_seqlens [B+1]
@@ -143,6 +148,12 @@ struct AttnArgs {
   const float* bias = nullptr; int bias_span = 0;
   int window = 0;
   const float* rope_cos = nullptr; const float* rope_sin = nullptr; int rope_rows = 0;
+  // decoder architectures: kv_heads grouped KV heads (0: heads; qkv rows are q [heads d], k and
+  // v [kv_heads d] each, head h reads KV head h / (heads / kv_heads)); causal: keys j <= i only;
+  // q_norm / k_norm [d]: RMSNorm (eps qk_eps) of each q / k head before RoPE (Qwen3, Gemma3)
+  int kv_heads = 0;
+  bool causal = false;
+  const float* q_norm = nullptr; const float* k_norm = nullptr; float qk_eps = 1e-6f;
   // issue 22, opt-in precision of q.k^T and p.v: 0 FP32; 1 q.k^T in INT8 (q, k rows quantised
   // per token and head, s32 sums), softmax and p.v in FP32; 2 also p.v in INT8 (p as u8 0..255 of
   // the row max, v per channel) (csrc/kernels/attention_i8.h, VNNI / AMX tables); 3 both in BF16
@@ -155,7 +166,7 @@ struct AttnArgs {
 struct PoolArgs {
   const float* x = nullptr; int ldx = 0;  // [T, H]
   const int32_t* cu = nullptr; int B = 0, H = 0;
-  int mode = 0;                           // 0 mean, 1 cls, 2 max, 3 splade: log1p(relu(max))
+  int mode = 0;                           // 0 mean, 1 cls, 2 max, 3 splade: log1p(relu(max)), 4 last
   float* out = nullptr; int ldo = 0;      // [B, H]
 };
 

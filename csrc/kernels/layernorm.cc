@@ -55,6 +55,11 @@ struct SumAdd {  // s[i] = x[i] + r[i], stored to y[i] on the way
   }
   ZOI_INLINE float one(int i) const { return y[i] = x[i] + r[i]; }
 };
+struct SumSq {  // s[i]^2 (RMSNorm)
+  const float* s;
+  ZOI_INLINE __m256 vec(int i) const { const __m256 v = _mm256_loadu_ps(s + i); return _mm256_mul_ps(v, v); }
+  ZOI_INLINE float one(int i) const { return s[i] * s[i]; }
+};
 struct SumSqDev {  // (s[i] - mu)^2, not fused (as numpy: a subtraction, then a product)
   const float* s; float mu;
   ZOI_INLINE __m256 vec(int i) const {
@@ -73,32 +78,41 @@ struct SumSqDev {  // (s[i] - mu)^2, not fused (as numpy: a subtraction, then a 
 // acc (optional): the range of y (transformed by qo's shift / mul) as quantize_row accumulates it,
 // gathered in the last pass so the fused quantisation need not read y twice.
 void ln_row_q(const float* x, const float* r, const float* w, const float* b, float eps, int H, float* y,
-              const QuantOut* qo, QAcc* acc) {
+              const QuantOut* qo, QAcc* acc, bool rms = false, bool post = false) {
   using T = V::T;
+  // post: r is added after the norm (y may not alias r then; x is read before y is written)
+  const float* pr = post ? r : nullptr;
+  if (post) r = nullptr;
   const float* src = r ? y : x;
+  float mu = 0.f, var;
 #if defined(__AVX2__)
-  const float sum = r ? np_sum_f(SumAdd{x, r, y}, 0, H) : np_sum_f(SumPlain{x}, 0, H);
-  const float mu = sum / static_cast<float>(H);
-  const float var = np_sum_f(SumSqDev{src, mu}, 0, H) / static_cast<float>(H);
-  const T vmu = V::set(mu);
+  if (rms) {
+    if (r) np_sum_f(SumAdd{x, r, y}, 0, H);  // s = x + r into y (its sum unused)
+    var = np_sum_f(SumSq{src}, 0, H) / static_cast<float>(H);
+  } else {
+    const float sum = r ? np_sum_f(SumAdd{x, r, y}, 0, H) : np_sum_f(SumPlain{x}, 0, H);
+    mu = sum / static_cast<float>(H);
+    var = np_sum_f(SumSqDev{src, mu}, 0, H) / static_cast<float>(H);
+  }
 #else
   alignas(64) float tmp[kMaxLnH];
   if (r) {
     for (int k = 0; k < H; k += V::N) V::store_n(y + k, V::add(V::load_n(x + k, H - k), V::load_n(r + k, H - k)), H - k);
   }
-  const float mu = np_sum(src, H) / static_cast<float>(H);
-  const T vmu = V::set(mu);
+  if (!rms) mu = np_sum(src, H) / static_cast<float>(H);
   for (int k = 0; k < H; k += V::N) {
-    const T d = V::sub(V::load_n(src + k, H - k), vmu);
+    const T d = V::sub(V::load_n(src + k, H - k), V::set(mu));
     V::store_n(tmp + k, V::mul(d, d), H - k);
   }
-  const float var = np_sum(tmp, H) / static_cast<float>(H);
+  var = np_sum(tmp, H) / static_cast<float>(H);
 #endif
+  const T vmu = V::set(mu);  // 0 for RMSNorm: s - 0 is s exactly
   const T vs = V::set(std::sqrt(var + eps));
   int k = 0;
   for (; k + V::N <= H; k += V::N) {
     const T v = V::div(V::sub(V::load(src + k), vmu), vs);
-    const T o = V::add(V::mul(v, V::load(w + k)), V::load(b + k));
+    T o = V::add(V::mul(v, V::load(w + k)), V::load(b + k));
+    if (pr) o = V::add(o, V::load(pr + k));
     V::store(y + k, o);
     if (acc) {
       T t = o;
@@ -110,7 +124,9 @@ void ln_row_q(const float* x, const float* r, const float* w, const float* b, fl
   if (k < H) {
     const int n = H - k;
     const T v = V::div(V::sub(V::load_n(src + k, n), vmu), vs);
-    V::store_n(y + k, V::add(V::mul(v, V::load_n(w + k, n)), V::load_n(b + k, n)), n);
+    T o = V::add(V::mul(v, V::load_n(w + k, n)), V::load_n(b + k, n));
+    if (pr) o = V::add(o, V::load_n(pr + k, n));
+    V::store_n(y + k, o, n);
     if (acc) acc->add(qo->asym, qx_load<V>(y, *qo, k, n));  // masked lanes 0, as quantize_row reads them
   }
 }
@@ -122,14 +138,14 @@ void ln_row(const float* x, const float* r, const float* w, const float* b, floa
 // y = LN(x (+ r)) * w + b, then (qo.q set) its INT8 copy for the next GEMM, with the row's range
 // taken in LayerNorm's last pass
 void ln_row_quant(const float* x, const float* r, const float* w, const float* b, float eps, int H, float* y,
-                  const QuantOut& qo, int row) {
+                  const QuantOut& qo, int row, bool rms, bool post) {
   if (!qo.q) {
-    ln_row_q(x, r, w, b, eps, H, y, nullptr, nullptr);
+    ln_row_q(x, r, w, b, eps, H, y, nullptr, nullptr, rms, post);
     return;
   }
   QAcc acc;
   const bool range = q_needs_range(qo);
-  ln_row_q(x, r, w, b, eps, H, y, &qo, range ? &acc : nullptr);
+  ln_row_q(x, r, w, b, eps, H, y, &qo, range ? &acc : nullptr, rms, post);
   quantize_into(y, H, qo, row, range ? &acc : nullptr);
 }
 
@@ -138,7 +154,7 @@ void layernorm(const LnArgs& a, int tid, int nt) {
   split_range(a.M, tid, nt, &lo, &hi);
   for (long m = lo; m < hi; ++m)
     ln_row_quant(a.x + m * a.ldx, a.r ? a.r + m * a.ldr : nullptr, a.w, a.b, a.eps, a.H, a.y + m * a.ldy, a.qo,
-                 static_cast<int>(m));
+                 static_cast<int>(m), a.rms, a.post);
 }
 
 }  // namespace ZOI_NS

@@ -41,6 +41,8 @@ void pool(const PoolArgs& a, int tid, int nt) {
         acc = V::div(acc, V::set(static_cast<float>(e - s)));
       } else if (a.mode == 2) {
         for (int t = s + 1; t < e; ++t) acc = V::max(acc, V::load_n(a.x + static_cast<size_t>(t) * a.ldx + k, n));
+      } else if (a.mode == 4) {  // the last token (decoder embedders)
+        acc = V::load_n(a.x + static_cast<size_t>(e - 1) * a.ldx + k, n);
       }
       V::store_n(o + k, acc, n);
     }

@@ -291,6 +291,7 @@ ZOI_INLINE typename W::T vact(typename W::T x, int act) {
     case ACT_RELU: return W::max(x, W::zero());
     case ACT_SIGMOID: return vsigmoid<W>(x);
     case ACT_TANH: return vtanh<W>(x);
+    case ACT_SILU: return W::div(x, W::add(W::set(1.f), vexp<W>(W::sub(W::zero(), x))));  // x sigmoid(x)
     default: return x;
   }
 }
@@ -314,6 +315,7 @@ inline void vact_inplace(float* p, int n, int act) {
     case ACT_RELU: act_loop<ACT_RELU>(p, n); break;
     case ACT_SIGMOID: act_loop<ACT_SIGMOID>(p, n); break;
     case ACT_TANH: act_loop<ACT_TANH>(p, n); break;
+    case ACT_SILU: act_loop<ACT_SILU>(p, n); break;
     default: break;
   }
 }

@@ -88,8 +88,9 @@ void Engine::add_embed(size_t out_off, int H, int vocab, int max_pos, const floa
   e.word_scale = word_scale;
   e.pos = pos;
   e.type0 = type0 ? copy_f(keep(H * 4), type0, H) : nullptr;
-  e.ln_w = copy_f(keep(H * 4), ln_w, H);
-  e.ln_b = copy_f(keep(H * 4), ln_b, H);
+  e.ln_w = ln_w ? copy_f(keep(H * 4), ln_w, H) : nullptr;  // null: no norm (decoder architectures)
+  e.ln_b = ln_w ? copy_f(keep(H * 4), ln_b, H) : nullptr;
+  if (ln_w && !ln_b) throw std::invalid_argument("embed's LayerNorm needs ln_w and ln_b");
   e.eps = eps;
   e.y = buf(out_off);
   e.ldy = H;
@@ -249,15 +250,18 @@ void Engine::add_linear_f32(size_t in_off, int K, size_t out_off, int N, const f
   steps_.push_back(s);
 }
 
-void Engine::add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale) {
-  const int H = heads * head_dim;
-  check_off(in_off, static_cast<size_t>(max_tokens_) * 3 * H * 4);
+void Engine::add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale, int kv_heads) {
+  if (heads < 1 || head_dim < 1 || kv_heads < 0 || (kv_heads > 0 && heads % kv_heads))
+    throw std::invalid_argument("attention needs heads >= 1, head_dim >= 1 and kv_heads dividing heads");
+  const int H = heads * head_dim, KV = (kv_heads > 0 ? kv_heads : heads) * head_dim;
+  check_off(in_off, static_cast<size_t>(max_tokens_) * (H + 2 * KV) * 4);
   check_off(out_off, static_cast<size_t>(max_tokens_) * H * 4);
   Step s{};
   s.kind = ATTN;
   AttnArgs& a = s.at;
   a.qkv = buf(in_off);
-  a.ldqkv = 3 * H;
+  a.ldqkv = H + 2 * KV;
+  a.kv_heads = kv_heads;
   a.heads = heads;
   a.d = head_dim;
   a.scale = scale;
@@ -269,13 +273,24 @@ void Engine::add_attention(size_t in_off, size_t out_off, int heads, int head_di
 
 void Engine::add_attention_ext(size_t in_off, size_t out_off, int heads, int head_dim, float scale,
                                const float* bias, int span, int window, const float* cos, const float* sin,
-                               int rows) {
+                               int rows, int kv_heads, bool causal, const float* q_norm, const float* k_norm,
+                               float qk_eps) {
+  if ((q_norm != nullptr) != (k_norm != nullptr) || (q_norm && !(qk_eps > 0.f)))
+    throw std::invalid_argument("q / k norm needs both weights and an eps > 0");
+  if (q_norm && head_dim > kMaxHeadDim)
+    throw std::invalid_argument("q / k norm supports head_dim <= " + std::to_string(kMaxHeadDim));
   if (window < 0) throw std::invalid_argument("attention window must be >= 0");
   if (bias && span < 1) throw std::invalid_argument("attention bias needs a span >= 1");
   if ((cos != nullptr) != (sin != nullptr) || (cos && (rows < 1 || head_dim % 2)))
     throw std::invalid_argument("RoPE needs cos and sin tables [rows >= 1, head_dim / 2] and an even head_dim");
-  add_attention(in_off, out_off, heads, head_dim, scale);
+  add_attention(in_off, out_off, heads, head_dim, scale, kv_heads);
   AttnArgs& a = steps_.back().at;
+  a.causal = causal;
+  if (q_norm) {
+    a.q_norm = copy_f(keep(head_dim * 4), q_norm, head_dim);
+    a.k_norm = copy_f(keep(head_dim * 4), k_norm, head_dim);
+    a.qk_eps = qk_eps;
+  }
   auto limit = [&](int n) { max_seq_ = max_seq_ == 0 || n < max_seq_ ? n : max_seq_; };
   if (bias) {
     const size_t n = static_cast<size_t>(heads) * (2 * span - 1);
@@ -309,7 +324,8 @@ void Engine::add_glu(size_t in_off, size_t out_off, int n, int act) {
 }
 
 void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b,
-                           float eps) {
+                           float eps, bool rms, bool post) {
+  if (post && res_off < 0) throw std::invalid_argument("a post-norm residual needs a residual input");
   const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
   check_off(x_off, rows * H * 4);
   check_off(out_off, rows * H * 4);
@@ -326,6 +342,8 @@ void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, co
   l.w = copy_f(keep(H * 4), w, H);
   l.b = copy_f(keep(H * 4), b, H);
   l.eps = eps;
+  l.rms = rms;
+  l.post = post;
   l.H = H;
   l.y = buf(out_off);
   l.ldy = H;
@@ -335,7 +353,8 @@ void Engine::add_layernorm(size_t x_off, long res_off, size_t out_off, int H, co
 void Engine::add_pool(size_t in_off, size_t out_off, int H, int mode) {
   check_off(in_off, static_cast<size_t>(max_tokens_) * H * 4);
   check_off(out_off, static_cast<size_t>(max_batch_) * H * 4);
-  if (mode < 0 || mode > 3) throw std::invalid_argument("pool mode must be 0 (mean), 1 (cls), 2 (max) or 3 (splade)");
+  if (mode < 0 || mode > 4)
+    throw std::invalid_argument("pool mode must be 0 (mean), 1 (cls), 2 (max), 3 (splade) or 4 (last)");
   Step s{};
   s.kind = POOL;
   s.po.x = buf(in_off);

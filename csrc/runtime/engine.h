@@ -49,11 +49,15 @@ class Engine {
                      const float* b, int act, long res_off, float static_amax, bool asym, const float* act_shift,
                      const float* act_mul, int q_from, int q_min_m, bool y_dead = false);
   static constexpr int QFROM_STEP = 0, QFROM_PRODUCER = 1;
-  void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale);
+  // kv_heads (0: heads): grouped KV heads, the qkv rows are q [heads d], k, v [kv_heads d]
+  void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale, int kv_heads = 0);
   // with the optional inputs of AttnArgs (tables copied): bias [heads, 2 * span - 1] or null,
   // window (0: none), rope cos / sin [rows, head_dim / 2] or null
+  // decoder architectures: kv_heads, causal, q_norm / k_norm [head_dim] (copied) with qk_eps
   void add_attention_ext(size_t in_off, size_t out_off, int heads, int head_dim, float scale, const float* bias,
-                         int span, int window, const float* cos, const float* sin, int rows);
+                         int span, int window, const float* cos, const float* sin, int rows, int kv_heads = 0,
+                         bool causal = false, const float* q_norm = nullptr, const float* k_norm = nullptr,
+                         float qk_eps = 1e-6f);
   // issue 22, opt-in: attention steps added so far use AttnArgs::prec = mode (0 FP32, 1 INT8 q.k^T,
   // 2 INT8 q.k^T and p.v (vnni / amx ISA), 3 AMX-BF16 q.k^T and p.v (amx ISA); where a mode
   // does not apply, the ISA forced by ZOI_CPU_ISA included: FP32)
@@ -64,7 +68,9 @@ class Engine {
   }
   // y [T, n] = act(x[:, :n]) * x[:, n:] (x [T, 2n])
   void add_glu(size_t in_off, size_t out_off, int n, int act);
-  void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps);
+  // rms: RMSNorm; post: the residual added after the norm (norm(x) + r)
+  void add_layernorm(size_t x_off, long res_off, size_t out_off, int H, const float* w, const float* b, float eps,
+                     bool rms = false, bool post = false);
   void add_pool(size_t in_off, size_t out_off, int H, int mode);
 
   // ---- heads (issue 20)

@@ -126,8 +126,8 @@ class CpuBackend(SyncSubmit):
                     word_scale,
                     pos,
                     type0,
-                    _f32(W[ow["ln_w"]]),
-                    _f32(W[ow["ln_b"]]),
+                    _f32(W[ow["ln_w"]]) if "ln_w" in ow else None,  # decoder archs: no norm
+                    _f32(W[ow["ln_b"]]) if "ln_b" in ow else None,
                     float(op.attrs["eps"]),
                     max_pos,
                 )
@@ -181,7 +181,9 @@ class CpuBackend(SyncSubmit):
                         w, b = w64.astype(np.float32), b64.astype(np.float32)
                     eng.add_linear_f32(off[op.inputs[0]], off[op.output], w, b, act, res)
                     self.linear_kinds[p] = "fp32"
-            elif op.kind == "attention" and (op.weights or op.attrs.get("window", 0)):
+            elif op.kind == "attention" and (
+                op.weights or op.attrs.get("window", 0) or op.attrs.get("causal")
+            ):
                 a, aw = op.attrs, op.weights
                 eng.add_attention_ext(
                     off[op.inputs[0]],
@@ -193,6 +195,11 @@ class CpuBackend(SyncSubmit):
                     int(a.get("window", 0)),
                     _f32(W[aw["rope_cos"]]) if "rope_cos" in aw else None,
                     _f32(W[aw["rope_sin"]]) if "rope_sin" in aw else None,
+                    kv_heads=int(a.get("kv_heads", 0)),
+                    causal=bool(a.get("causal", False)),
+                    q_norm=_f32(W[aw["q_norm"]]) if "q_norm" in aw else None,
+                    k_norm=_f32(W[aw["k_norm"]]) if "k_norm" in aw else None,
+                    qk_eps=float(a.get("qk_eps", 1e-6)),
                 )
             elif op.kind == "glu":
                 eng.add_glu(
@@ -209,6 +216,7 @@ class CpuBackend(SyncSubmit):
                     int(a["heads"]),
                     int(a["head_dim"]),
                     float(a["scale"]),
+                    int(a.get("kv_heads", 0)),
                 )
             elif op.kind == "add_layernorm":
                 res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
@@ -219,6 +227,8 @@ class CpuBackend(SyncSubmit):
                     _f32(W[op.weights["w"]]),
                     _f32(W[op.weights["b"]]),
                     float(op.attrs["eps"]),
+                    rms=bool(op.attrs.get("rms", False)),
+                    post=op.attrs.get("residual") == "post",
                 )
             elif op.kind == "pool":
                 self.hidden = graph.buffers[op.output].cols
