@@ -38,6 +38,15 @@ def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nda
     return y.astype(np.float32)
 
 
+def rmsnorm(x: np.ndarray, w: np.ndarray, b, eps: float) -> np.ndarray:
+    x64 = np.asarray(x, np.float64)
+    ms = fixed_mean(x64 * x64, -1, keepdims=True)
+    y = x64 / np.sqrt(ms + float(eps)) * np.asarray(w, np.float64)
+    if b is not None:
+        y = y + np.asarray(b, np.float64)
+    return y.astype(np.float32)
+
+
 def activation(y: np.ndarray, act: str) -> np.ndarray:
     """float32 in and out; erf GELU as the kernels (erf_f32, elementwise), the others through
     det_exp (numpy's tanh / exp are SIMD code that differs between CPUs)."""
@@ -55,6 +64,10 @@ def activation(y: np.ndarray, act: str) -> np.ndarray:
         return (0.5 * y64 * (1.0 + t)).astype(np.float32)
     if act == "sigmoid":
         return (1.0 / (1.0 + det_exp(-y64))).astype(np.float32)
+    if act == "silu":
+        return (y64 / (1.0 + det_exp(-y64))).astype(np.float32)
+    if act == "tanh":
+        return (1.0 - 2.0 / (det_exp(2.0 * y64) + 1.0)).astype(np.float32)
     raise ValueError(f"unknown activation {act!r}")
 
 
@@ -83,20 +96,31 @@ def attention(
     bias=None,
     window: int = 0,
     rope_cs=None,
+    kv_heads: int = 0,
+    causal: bool = False,
+    qk_norm=None,
 ) -> np.ndarray:
-    """The reference's attention (bias / window / RoPE as zoi.numerics.reference.attention);
-    RoPE is elementwise there (bit-identical everywhere), so it is reused."""
+    """The reference's attention (bias / window / RoPE / grouped KV heads / causal / q-k norm
+    as zoi.numerics.reference.attention); RoPE is elementwise there (bit-identical everywhere),
+    so it is reused."""
     H = heads * head_dim
+    kvh = kv_heads or heads
+    KV = kvh * head_dim
     out = np.empty((qkv.shape[0], H), np.float32)
     sc32 = float(np.float32(scale))
     for s in range(len(cu_seqlens) - 1):
         a, e = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
         if e == a:
             continue
-        x = qkv[a:e].reshape(e - a, 3, heads, head_dim)
-        q = x[:, 0].transpose(1, 0, 2)  # [heads, L, d]
-        k = x[:, 1].transpose(1, 0, 2)
-        v = x[:, 2].transpose(1, 2, 0)  # [heads, d, L]
+        x = qkv[a:e]
+        q = x[:, :H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)  # [heads, L, d]
+        k = x[:, H : H + KV].reshape(e - a, kvh, head_dim).transpose(1, 0, 2)
+        v = x[:, H + KV :].reshape(e - a, kvh, head_dim).transpose(1, 2, 0)  # [kv, d, L]
+        if kvh != heads:
+            k, v = np.repeat(k, heads // kvh, axis=0), np.repeat(v, heads // kvh, axis=0)
+        if qk_norm is not None:
+            q = rmsnorm(q, qk_norm[0], None, qk_norm[2])
+            k = rmsnorm(k, qk_norm[1], None, qk_norm[2])
         if rope_cs is not None:
             q, k = rope(q, *rope_cs), rope(k, *rope_cs)
         sc = det_matmul(q, k) * sc32
@@ -106,6 +130,8 @@ def attention(
             sc = sc + bias[:, ij + P - 1].astype(np.float64)
         if window > 0:
             sc = np.where(np.abs(ij) <= window, sc, -np.inf)
+        if causal:
+            sc = np.where(ij <= 0, sc, -np.inf)
         sc = sc - sc.max(axis=-1, keepdims=True)
         p = det_exp(sc)
         p = p / fixed_sum(p, -1, keepdims=True)
@@ -124,6 +150,8 @@ def pool(x: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> np.ndarray:
             out[s] = x[a]
         elif mode == "max":
             out[s] = x[a:e].max(axis=0)
+        elif mode == "last":
+            out[s] = x[e - 1]
         else:
             raise ValueError(f"unknown pooling {mode!r}")
     return out
@@ -156,7 +184,9 @@ def execute(
                 x = x + W[wn["pos"]][ins[1]].astype(np.float32)
             if "type" in wn:
                 x = x + W[wn["type"]][0].astype(np.float32)
-            env[op.output] = layernorm(x, W[wn["ln_w"]], W[wn["ln_b"]], a["eps"])
+            if "ln_w" in wn:
+                x = layernorm(x, W[wn["ln_w"]], W[wn["ln_b"]], a["eps"])
+            env[op.output] = x
         elif op.kind == "linear":
             p = linear_prefix(op)
             y = linear(ins[0], W, p, quant.get(p))
@@ -171,8 +201,11 @@ def execute(
                 ins[0], ins[1], a["heads"], a["head_dim"], a["scale"], **attention_extras(op, W)
             )
         elif op.kind == "add_layernorm":
-            x = ins[0] + ins[1] if len(ins) > 1 else ins[0]
-            env[op.output] = layernorm(x.astype(np.float32), W[wn["w"]], W[wn["b"]], a["eps"])
+            post = a.get("residual") == "post" and len(ins) > 1
+            x = ins[0] + ins[1] if len(ins) > 1 and not post else ins[0]
+            norm = rmsnorm if a.get("rms") else layernorm
+            y = norm(x.astype(np.float32), W[wn["w"]], W[wn["b"]], a["eps"])
+            env[op.output] = (y + ins[1]).astype(np.float32) if post else y
         elif op.kind == "glu":
             n = ins[0].shape[1] // 2
             env[op.output] = (activation(ins[0][:, :n], a["act"]) * ins[0][:, n:]).astype(

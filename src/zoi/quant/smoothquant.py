@@ -62,7 +62,11 @@ def smoothing_site(graph, prefix: str) -> str | None:
         u.kind == "linear" and u.inputs[0] == src and len(u.inputs) == 1 for u in users
     ):
         return "ln_fold"
-    if prod.kind == "attention" and len(users) == 1:
+    grouped = prod.kind == "attention" and prod.attrs.get("kv_heads", 0) not in (
+        0,
+        prod.attrs.get("heads"),
+    )  # a V channel serves several heads: one factor per channel cannot fold into V
+    if prod.kind == "attention" and len(users) == 1 and not grouped:
         qkv_prod = _producers(graph).get(prod.inputs[0])
         if (
             qkv_prod is not None
