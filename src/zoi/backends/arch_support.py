@@ -33,6 +33,16 @@ def cuda_missing(graph) -> list[str]:
             extra = set(op.weights) - {"rel_bias", "rope_cos", "rope_sin"}
             if extra:
                 missing.add(f"attention inputs {sorted(extra)}")
+            if op.attrs.get("causal"):
+                missing.add("causal attention")
+            if op.attrs.get("kv_heads", 0) not in (0, op.attrs["heads"]):
+                missing.add("grouped KV heads")
+        elif op.kind == "add_layernorm" and (op.attrs.get("rms") or op.attrs.get("residual")):
+            missing.add("RMSNorm" if op.attrs.get("rms") else "a post-norm residual")
+        elif op.kind == "embed" and "ln_w" not in op.weights:
+            missing.add("embeddings without a LayerNorm")
+        elif op.kind == "pool" and op.attrs.get("mode") not in ("mean", "cls", "max", "splade"):
+            missing.add(f"{op.attrs.get('mode')} pooling")
         elif op.kind == "linear" and graph.buffers[op.output].rows == "B":
             missing.add("head linears on pooled rows (zoi.heads.hybrid runs them on the host)")
     return sorted(missing)
