@@ -298,7 +298,7 @@ def test_cuda_refusal_names_what_it_lacks_or_runs(arch, ckpts):
     from zoi.backends.arch_support import cuda_missing
 
     _, folder = ckpts(arch)
-    g = zoi.compile(folder, device="reference", max_tokens=128).model.graph
+    g = zoi.compile(folder, device="reference", max_tokens=512).model.graph
     missing = cuda_missing(g)
     kinds = {o.kind for o in g.ops}
     assert "attention" in kinds
