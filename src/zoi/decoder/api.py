@@ -59,16 +59,30 @@ class DecoderSpec:
     eos_token_ids: tuple[int, ...] = ()
 
 
+# Temperatures below this sample greedily. Dividing logits by a tinier (or subnormal) temperature
+# overflows them to inf and the draw degenerates, while the limit of sampling as the temperature
+# goes to 0 is the argmax; vLLM draws the same line (_SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """Sampling settings of one sequence. Every caller builds them here (the Python API, the
+    HTTP routes, the scheduler's users), so the normalisation below holds for all of them."""
+
     max_new_tokens: int = 64
-    temperature: float = 0.0  # 0 means greedy (argmax, lowest id on ties)
+    # under GREEDY_TEMPERATURE (0 included): greedy, argmax with the lowest id on ties
+    temperature: float = 0.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     seed: int | None = None  # same seed, same prompt, same params -> same tokens
     stop: tuple[str, ...] = ()  # stop strings, matched on the decoded text; not part of the output
     stop_token_ids: tuple[int, ...] = ()  # besides the spec's eos_token_ids
     ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.temperature < GREEDY_TEMPERATURE:  # NaN is refused by the callers' checks
+            object.__setattr__(self, "temperature", 0.0)
 
 
 class FinishReason(str, Enum):

@@ -58,7 +58,7 @@ def register(sub) -> None:
     p.add_argument("model", help="Hugging Face decoder folder")
     p.add_argument("prompt", nargs="?", default=None, help="prompt text ('-' or none: stdin)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--temperature", type=float, default=0.0, help="under 1e-5 (0 included): greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)

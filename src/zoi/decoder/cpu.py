@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.decoder.api import DecoderSpec
+from zoi.decoder.memory import FLAGS, Part
 from zoi.decoder.paged import PagedBackend
 from zoi.decoder.reference import rope_cos_sin, rope_inv_freq
 from zoi.errors import InputError
@@ -19,6 +20,7 @@ from zoi.numerics.primitives import dequantize_weight, quantize_weight
 
 PANEL = 32
 DEFAULT_MAX_TOKENS = 512
+MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_BATCH = 512, 256, 1024  # csrc/decoder (kDecMaxD, kDecMaxBlock)
 
 
 def pack_panels(w: np.ndarray) -> np.ndarray:
@@ -75,9 +77,28 @@ class CpuBackend(PagedBackend):
             raise InputError(
                 f"precision {precision!r}: the CPU decoder runs 'fp32', 'int8' or 'w8a8'"
             )
-        super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
+        # the native core's limits, checked here to name the option (its own message lumps them)
+        if spec.head_dim > MAX_HEAD_DIM:
+            raise InputError(
+                f"the model's head_dim {spec.head_dim} is over the CPU decoder's limit of "
+                f"{MAX_HEAD_DIM}"
+            )
+        for name, v, hi in (
+            ("block_size", block_size, MAX_BLOCK_SIZE),
+            ("max_batch", max_batch, MAX_BATCH),
+        ):
+            if isinstance(v, int) and v > hi:
+                flag = f" (zoi serve {FLAGS[name]})" if name in FLAGS else ""
+                raise InputError(
+                    f"{name}={v}{flag} is out of range for the CPU decoder: it must lie in "
+                    f"[1, {hi}]"
+                )
+        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         self.precision = precision
-        self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        self.max_tokens = max_tokens  # sizes the step buffers _host_parts counts
+        super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         int8 = precision in ("int8", "w8a8")
         raw = precision == "w8a8"
         self.model = m = _cpu.DecoderModel(
@@ -146,6 +167,30 @@ class CpuBackend(PagedBackend):
                 put(i, "kn", weights[p + "self_attn.k_norm.weight"].astype(f32))
         m.finalize()
         self._out = np.empty(max_batch, np.int32)
+
+    def _host_parts(self, spec, num_blocks, block_size, max_batch, max_seq_len) -> list[Part]:
+        """The pool and tables (PagedBackend) and the native core's buffers (csrc/decoder/model.cc:
+        activations of max_tokens rows, logits and sort buffers of max_batch x vocab rows, the
+        RoPE tables, the packed weights)."""
+        T, H, D, I, V = (
+            self.max_tokens,
+            spec.hidden_size,
+            spec.head_dim,
+            spec.intermediate_size,
+            spec.vocab_size,
+        )
+        nq = (spec.num_heads + 2 * spec.num_kv_heads) * D
+        act = 4 * T * (3 * H + nq + spec.num_heads * D + 3 * I + 2)
+        samp = max_batch * (4 * (H + V + 1) + (4 + 8) * V)
+        wb = 4 if self.precision == "fp32" else 1
+        linears = spec.num_layers * (nq * H + H * spec.num_heads * D + 3 * I * H) + V * H
+        weights = wb * linears + 4 * V * H  # the embedding table stays float32
+        return super()._host_parts(spec, num_blocks, block_size, max_batch, max_seq_len) + [
+            Part(f"step activations (max_tokens={T} tokens)", "max_tokens", act),
+            Part(f"sampling buffers (max_batch={max_batch} x vocab {V})", "max_batch", samp),
+            Part(f"RoPE tables (max_seq_len={max_seq_len})", "max_seq_len", 8 * max_seq_len * D),
+            Part(f"packed weights ({self.precision})", None, weights),
+        ]
 
     @property
     def isa(self) -> str:

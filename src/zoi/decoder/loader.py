@@ -47,18 +47,72 @@ def _get(cfg: dict, cpath: Path, name: str, kind: type, default: Any = ...) -> A
             raise CheckpointError(f"{cpath}: missing field {name!r}")
         return default
     if kind is int:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v) or v < 0:
+        # finite first: int(inf) / int(nan) would raise OverflowError / ValueError
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or float(v) != int(v)
+            or v < 0
+        ):
             raise CheckpointError(f"{cpath}: field {name!r} should be an integer >= 0, got {v!r}")
         return int(v)
     if kind is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise CheckpointError(f"{cpath}: field {name!r} should be a number, got {v!r}")
+            raise CheckpointError(f"{cpath}: field {name!r} should be a finite number, got {v!r}")
         return float(v)
     if kind is bool:
         if not isinstance(v, bool):
             raise CheckpointError(f"{cpath}: field {name!r} should be true or false, got {v!r}")
         return v
     return v
+
+
+# Shape limits of a decoder config. The native core indexes with int32; the layer bound keeps a
+# corrupt count from building millions of expected weight names before the weights are read.
+INT32_MAX = 2**31 - 1
+MAX_LAYERS = 1024
+MAX_HEADS = 65536
+MAX_HEAD_DIM = 4096
+
+
+def _number(d: dict, cpath: Path, name: str, default: Any, label: str | None) -> Any:
+    v = d.get(name)
+    if v is None:
+        if default is ...:
+            raise CheckpointError(f"{cpath}: missing field {label or name!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise CheckpointError(f"{cpath}: field {label or name!r} should be a number, got {v!r}")
+    return v
+
+
+def _dim(
+    cfg: dict, cpath: Path, name: str, lo: int, hi: int, default: Any = ..., label=None
+) -> int:
+    """An integer field in [lo, hi]; the message names the field, the value and the range."""
+    v = _number(cfg, cpath, name, default, label)
+    # finite first: int(inf) / int(nan) would raise OverflowError / ValueError
+    if not (math.isfinite(v) and float(v) == int(v) and lo <= v <= hi):
+        raise CheckpointError(
+            f"{cpath}: field {label or name!r} is {v!r}, out of range: it must be an integer "
+            f"in [{lo}, {hi}]"
+        )
+    return int(v)
+
+
+def _positive(
+    d: dict, cpath: Path, name: str, default: Any = ..., below: float | None = None, label=None
+) -> float:
+    """A finite number > 0 (and < below when given): a zero or negative RoPE base, scaling
+    factor or norm epsilon gives non-finite activations, never an error of its own."""
+    v = _number(d, cpath, name, default, label)
+    if not (math.isfinite(v) and v > 0 and (below is None or v < below)):
+        rng = "a finite number > 0" if below is None else f"a number in (0, {below:g})"
+        raise CheckpointError(
+            f"{cpath}: field {label or name!r} is {v!r}, out of range: it must be {rng}"
+        )
+    return float(v)
 
 
 def _ids(v: Any) -> tuple[int, ...]:
@@ -82,9 +136,9 @@ def _rope(cfg: dict, cpath: Path) -> tuple[float, dict | None]:
         raise CheckpointError(f"{cpath}: field {field!r} should be an object, got {d!r}")
     theta = None
     if isinstance(d, dict) and d.get("rope_theta") is not None:
-        theta = _get(d, cpath, "rope_theta", float)
+        theta = _positive(d, cpath, "rope_theta", label=f"{field}.rope_theta")
     if theta is None:
-        theta = _get(cfg, cpath, "rope_theta", float, 10000.0)
+        theta = _positive(cfg, cpath, "rope_theta", 10000.0)
     prf = (d or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if prf not in (None, 1, 1.0):
         raise UnsupportedModelError(
@@ -116,9 +170,16 @@ def _rope(cfg: dict, cpath: Path) -> tuple[float, dict | None]:
             raise CheckpointError(
                 f"{cpath}: {field}.{k} is missing (needed by rope_type {rtype!r})"
             )
-        out[k] = _get(d, cpath, k, float)
-    if rtype == "llama3":
-        out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
+        if k == "original_max_position_embeddings":
+            out[k] = _dim(d, cpath, k, 1, INT32_MAX, label=f"{field}.{k}")
+        else:  # the factors divide positions and wavelengths
+            out[k] = _positive(d, cpath, k, label=f"{field}.{k}")
+    if rtype == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
+        # llama3 smooths between the two wavelengths, dividing by their difference
+        raise CheckpointError(
+            f"{cpath}: field '{field}.high_freq_factor' is {out['high_freq_factor']!r}, out of "
+            f"range: it must be greater than {field}.low_freq_factor ({out['low_freq_factor']!r})"
+        )
     return theta, out
 
 
@@ -132,16 +193,29 @@ def spec_from_config(cfg: dict, cpath: Path, generation: dict | None = None) -> 
             f"runs; supported: {', '.join(DECODER_TYPES)} (SmolLM checkpoints are llama)"
         )
     arch = DECODER_TYPES[mt]
-    hidden = _get(cfg, cpath, "hidden_size", int)
-    heads = _get(cfg, cpath, "num_attention_heads", int)
-    kv = _get(cfg, cpath, "num_key_value_heads", int, heads)
-    if heads == 0 or kv == 0 or heads % kv:
+    # each shape field on its own, before any weight is read: the native core's one "bad model
+    # shape" could not say which field is wrong
+    hidden = _dim(cfg, cpath, "hidden_size", 1, INT32_MAX)
+    heads = _dim(cfg, cpath, "num_attention_heads", 1, MAX_HEADS)
+    kv = _dim(cfg, cpath, "num_key_value_heads", 1, heads, heads)
+    if heads % kv:
         raise CheckpointError(
-            f"{cpath}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads ({kv})"
+            f"{cpath}: field 'num_key_value_heads' is {kv}, which does not divide "
+            f"num_attention_heads ({heads}): it must be one of "
+            f"{', '.join(str(k) for k in range(1, heads + 1) if heads % k == 0)}"
         )
-    head_dim = _get(cfg, cpath, "head_dim", int, hidden // heads if heads else 0)
-    if head_dim <= 0 or head_dim % 2:
-        raise CheckpointError(f"{cpath}: head_dim {head_dim} must be even and positive")
+    if cfg.get("head_dim") is None and hidden % heads:
+        # head_dim would be hidden_size // num_attention_heads, silently dropping the remainder
+        raise CheckpointError(
+            f"{cpath}: field 'num_attention_heads' is {heads}, which does not divide hidden_size "
+            f"({hidden}), and the config gives no head_dim: it must be a divisor of {hidden}"
+        )
+    head_dim = _dim(cfg, cpath, "head_dim", 2, MAX_HEAD_DIM, hidden // heads)
+    if head_dim % 2:
+        raise CheckpointError(
+            f"{cpath}: field 'head_dim' is {head_dim}, out of range: it must be an even integer "
+            f"in [2, {MAX_HEAD_DIM}] (RoPE rotates pairs)"
+        )
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(
@@ -171,19 +245,19 @@ def spec_from_config(cfg: dict, cpath: Path, generation: dict | None = None) -> 
     if generation:
         eos = tuple(dict.fromkeys(eos + _ids(generation.get("eos_token_id"))))
     bos = cfg.get("bos_token_id")
-    return DecoderSpec(
+    spec = DecoderSpec(
         arch=arch,
-        vocab_size=_get(cfg, cpath, "vocab_size", int),
+        vocab_size=_dim(cfg, cpath, "vocab_size", 1, INT32_MAX),
         hidden_size=hidden,
-        intermediate_size=_get(cfg, cpath, "intermediate_size", int),
-        num_layers=_get(cfg, cpath, "num_hidden_layers", int),
+        intermediate_size=_dim(cfg, cpath, "intermediate_size", 1, INT32_MAX),
+        num_layers=_dim(cfg, cpath, "num_hidden_layers", 1, MAX_LAYERS),
         num_heads=heads,
         num_kv_heads=kv,
         head_dim=head_dim,
-        rms_norm_eps=_get(cfg, cpath, "rms_norm_eps", float, 1e-6),
+        rms_norm_eps=_positive(cfg, cpath, "rms_norm_eps", 1e-6, below=1.0),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=_get(cfg, cpath, "max_position_embeddings", int, 2048),
+        max_position_embeddings=_dim(cfg, cpath, "max_position_embeddings", 1, INT32_MAX, 2048),
         tie_word_embeddings=_get(cfg, cpath, "tie_word_embeddings", bool, False),
         attention_bias=bias,
         qk_norm=arch == "qwen3",
@@ -191,6 +265,24 @@ def spec_from_config(cfg: dict, cpath: Path, generation: dict | None = None) -> 
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=eos,
     )
+    _check_rope(spec, cpath)
+    return spec
+
+
+def _check_rope(spec: DecoderSpec, cpath: Path) -> None:
+    """The inverse frequencies as the backends compute them (float32, as transformers) must be
+    finite: a base or factor too small for float32 rounds to 0 and divides by it."""
+    from zoi.decoder.reference import rope_inv_freq
+
+    with np.errstate(all="ignore"):
+        inv = rope_inv_freq(spec)
+    if not np.isfinite(inv).all():
+        scaling = f" with rope_scaling {spec.rope_scaling}" if spec.rope_scaling else ""
+        raise CheckpointError(
+            f"{cpath}: field 'rope_theta' is {spec.rope_theta!r}{scaling}: its RoPE inverse "
+            "frequencies overflow float32; it must be a number > 0 well within float32's range "
+            "(checkpoints use 10000 to 1e6)"
+        )
 
 
 def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:

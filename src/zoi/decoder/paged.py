@@ -22,7 +22,38 @@ from zoi.decoder.api import (
     SamplingParams,
     StepEvent,
 )
+from zoi.decoder.memory import PY_INT_BYTES, Part, check_host_memory
 from zoi.errors import InputError
+
+
+def kv_block_bytes(spec: DecoderSpec, block_size: int, value_bytes: int = 4) -> int:
+    """Bytes of one KV block: K and V of every layer and KV head for block_size tokens."""
+    return 2 * spec.num_layers * spec.num_kv_heads * block_size * spec.head_dim * value_bytes
+
+
+class FreeBlocks:
+    """The free block ids: a stack of the released ones over the range never handed out yet, so
+    a pool's bookkeeping costs nothing per block (a list of every id would take 36 bytes a block:
+    tens of GB for a pool sized far past the device's memory, built before the device check can
+    refuse it). pop() hands out the last released block, else the lowest never used: 0, 1, 2, ...
+    from a fresh pool."""
+
+    def __init__(self, n: int):
+        self.n, self.fresh, self.stack = n, 0, []
+
+    def __len__(self) -> int:
+        return len(self.stack) + self.n - self.fresh
+
+    def pop(self) -> int:
+        if self.stack:
+            return self.stack.pop()
+        if self.fresh >= self.n:
+            raise IndexError("pop from an empty pool")
+        self.fresh += 1
+        return self.fresh - 1
+
+    def extend(self, blocks) -> None:
+        self.stack.extend(blocks)
 
 
 @dataclass
@@ -66,6 +97,11 @@ class PagedBackend:
             raise InputError(
                 f"max_seq_len {max_seq_len} is over the model's max_position_embeddings ({limit})"
             )
+        # before anything the options size is allocated
+        check_host_memory(
+            self._host_parts(spec, num_blocks, block_size, max_batch, max_seq_len),
+            "the decoder's KV pool and buffers",
+        )
         self.spec = spec
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -73,9 +109,37 @@ class PagedBackend:
         self.max_seq_len = max_seq_len
         self.max_blocks_per_seq = -(-max_seq_len // block_size)
         self.block_tables = np.zeros((max_batch, self.max_blocks_per_seq), np.int32)
-        self._free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._free_blocks = FreeBlocks(num_blocks)  # pop() hands out 0, 1, 2, ...
         self._free_rows = list(range(max_batch - 1, -1, -1))
         self._seqs: dict[int, _Seq] = {}
+
+    # ---- memory ----
+    kv_on_host = True  # the KV pool lives in host memory (a GPU backend keeps it on the device)
+    kv_bytes_per_value = 4  # float32 K / V in the host pool
+
+    def _host_parts(
+        self, spec: DecoderSpec, num_blocks: int, block_size: int, max_batch: int, max_seq_len: int
+    ) -> list[Part]:
+        """The host allocations the options size, before they are made (a subclass adds its
+        own step buffers)."""
+        if self.kv_on_host:
+            per_block = kv_block_bytes(spec, block_size, self.kv_bytes_per_value)
+            pool = (
+                f"KV pool (kv_blocks={num_blocks} x block_size={block_size} tokens, "
+                f"{per_block} bytes a block)"
+            )
+        else:
+            per_block, pool = 0, "KV pool (on the device)"
+        width = -(-max_seq_len // block_size)
+        return [
+            Part(pool, "kv_blocks", num_blocks * per_block),
+            Part(
+                f"block tables (max_batch={max_batch} x max_seq_len={max_seq_len} / "
+                f"block_size={block_size})",
+                "max_seq_len" if width > max_batch else "max_batch",
+                max_batch * (4 * width + PY_INT_BYTES),
+            ),
+        ]
 
     # ---- the contract ----
     def pool(self) -> PoolInfo:

@@ -250,6 +250,7 @@ class ReferenceBackend(PagedBackend):
         dtype=np.float32,
         w8a8: bool = False,
     ):
+        self.kv_bytes_per_value = np.dtype(dtype).itemsize  # the pool's dtype, for its bytes
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         self.model = ReferenceModel(spec, weights, dtype, w8a8=w8a8)
         self.kv = PagedKV(spec, num_blocks, block_size, dtype)

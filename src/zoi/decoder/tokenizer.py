@@ -45,6 +45,11 @@ class DecoderTokenizer:
             self._tok = Tokenizer.from_file(str(tj))
         except Exception as e:  # tokenizers raises its own Exception type
             raise CheckpointError(f"{tj}: not a valid tokenizer.json ({e})") from e
+        # A prompt is exactly its tokens: the file's padding would prefill pad ids as context,
+        # its truncation would cut the prompt silently (the context limit is checked with a
+        # message instead), as the encoder's tokenizer does (zoi.frontend.tokenizer).
+        self._tok.no_padding()
+        self._tok.no_truncation()
         cfg_path = folder / "tokenizer_config.json"
         cfg = read_json(cfg_path, folder) if cfg_path.exists() else {}
         self.config = cfg if isinstance(cfg, dict) else {}

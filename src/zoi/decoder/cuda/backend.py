@@ -36,7 +36,8 @@ from zoi.decoder.cuda import kernels_attn as ka
 from zoi.decoder.cuda import kernels_linear as kl
 from zoi.decoder.cuda import kernels_sample as ks
 from zoi.decoder.cuda.rope import cos_sin
-from zoi.decoder.paged import PagedBackend
+from zoi.decoder.memory import Part, check_fits
+from zoi.decoder.paged import PagedBackend, kv_block_bytes
 from zoi.errors import BackendUnavailableError, InputError
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -54,6 +55,7 @@ def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class CudaDecoderBackend(PagedBackend):
     name = "cuda"
+    kv_on_host = False  # the pool is on the GPU: _check_device_memory counts it there
 
     def __init__(
         self,
@@ -246,11 +248,45 @@ class CudaDecoderBackend(PagedBackend):
         self.cos, self.sin = self._t(c), self._t(s)
 
     # ------------------------------------------------------------------ buffers
+    def _check_device_memory(self) -> None:
+        """The pool and the step buffers _alloc makes must fit the GPU's free memory (the
+        weights are there already): named options, not a torch OutOfMemoryError part-way."""
+        if self.eager:
+            return
+        sp = self.spec
+        e = self.act.itemsize
+        T = max(self.max_batch, self.max_prefill)
+        per_block = kv_block_bytes(sp, self.block_size, e)
+        act = T * (4 * sp.hidden_size + e * (self.qkv_n + sp.num_heads * sp.head_dim))
+        act += T * e * sp.intermediate_size
+        free, _ = self.torch.cuda.mem_get_info()
+        check_fits(
+            [
+                Part(
+                    f"KV pool (kv_blocks={self.num_blocks} x block_size={self.block_size} "
+                    f"tokens, {per_block} bytes a block)",
+                    "kv_blocks",
+                    (self.num_blocks + 1) * per_block,
+                ),
+                Part(f"prefill buffers (max_tokens={self.max_prefill} tokens)", "max_tokens", act),
+                Part(
+                    f"logits (max_batch={self.max_batch} x vocab {sp.vocab_size})",
+                    "max_batch",
+                    4 * self.max_batch * sp.vocab_size,
+                ),
+            ],
+            "the GPU decoder's KV pool and buffers",
+            (free, "free"),
+            "GPU memory",
+            self.device_name,
+        )
+
     def _alloc(self):
         sp, torch = self.spec, self.torch
         H, KVH, D, Hd, V = sp.num_heads, sp.num_kv_heads, sp.head_dim, sp.hidden_size, sp.vocab_size
         I, MB, PT = sp.intermediate_size, self.max_batch, self.max_prefill
         self.qkv_n = (H + 2 * KVH) * D
+        self._check_device_memory()
         self.trash_slot = self.num_blocks * self.block_size
         shape = (sp.num_layers, self.num_blocks + 1, KVH, self.block_size, D)
         self.kc, self.vc = self._empty(shape, self.act), self._empty(shape, self.act)
