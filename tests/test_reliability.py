@@ -43,7 +43,7 @@ def _cos(a, b):
         {"pooling_mode_mean_sqrt_len_tokens": True},
         {"pooling_mode_weightedmean_tokens": True},
         {"pooling_mode": ["mean", "max"]},
-        {"pooling_mode": "lasttoken"},
+        {"pooling_mode": ["lasttoken", "mean"]},
     ],
 )
 def test_pooling_zoi_cannot_reproduce_is_refused(ckpt, cfg):

@@ -117,10 +117,16 @@ def cmd_info(args) -> int:
             spec = ModelSpec.from_dict(meta["spec"])
             plan = plan_memory(build_graph(spec), meta["max_tokens"], meta.get("max_batch"))
             wbytes = (p / "weights.safetensors").stat().st_size
+            pooled = (meta.get("meta") or {}).get("pooling")
             rows = {
                 "kind": "zoi artifact",
                 "precision": meta["precision"],
                 **{k: v for k, v in meta["spec"].items()},
+                **(
+                    {"pooling": f"{spec.pooling} ({pooled['origin']})"}
+                    if isinstance(pooled, dict) and isinstance(pooled.get("origin"), str)
+                    else {}
+                ),
                 "max_tokens": plan.max_tokens,
                 "max_batch": plan.max_batch,
                 "arena": f"{plan.arena_bytes / 2**20:.2f} MiB ({plan.arena_bytes} bytes)",
@@ -144,11 +150,14 @@ def cmd_info(args) -> int:
                 print(json.dumps({**meta, "arena_bytes": plan.arena_bytes}, indent=1))
             return 0
         from zoi.frontend import load_spec
+        from zoi.frontend.checkpoint import pooling_origin
         from zoi.frontend.hub import resolve_model
 
         folder = resolve_model(args.path)
         spec = load_spec(folder)
         for k, v in spec.to_dict().items():
+            if k == "pooling" and not spec.head:  # and where it comes from
+                v = f"{v} ({pooling_origin(folder)}; --pooling at compile to override)"
             t.add_row(k, str(v))
         t.add_row("tokenizer", _tokenizer_kind(Path(folder), spec.max_positions))
         con.print(t)
@@ -182,8 +191,15 @@ def _open_engine(args, progress: bool = True):
     import zoi
     from zoi.engine import is_artifact
 
+    pooling = getattr(args, "pooling", None)
     if args.model and is_artifact(args.model):
-        return zoi.load(args.model, device=args.device, max_tokens=args.max_tokens)
+        eng = zoi.load(args.model, device=args.device, max_tokens=args.max_tokens)
+        if pooling is not None and pooling != eng.spec.pooling:
+            raise ValueError(
+                f"--pooling {pooling}: {args.model} is an artifact compiled with pooling "
+                f"{eng.spec.pooling!r}; compile the model folder again with --pooling {pooling}"
+            )
+        return eng
     return zoi.compile(
         args.model,
         device=args.device or "cpu",
@@ -191,6 +207,7 @@ def _open_engine(args, progress: bool = True):
         max_tokens=args.max_tokens,
         calibration=getattr(args, "calibrate", None),
         progress=progress,
+        **({"pooling": pooling} if pooling is not None else {}),
     )
 
 
@@ -207,14 +224,93 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _read_texts(args) -> list[str]:
+# `zoi encode -f`: a file (or stdin) of any size runs in chunks, its embeddings streamed to
+# the output, so memory holds one chunk whatever the input; a line is read up to a cap, so a
+# file without newlines (a device, a binary) fails at once instead of filling memory
+MAX_LINE_BYTES = 1 << 20  # default --max-line-bytes: far past what a model reads of one text
+CHUNK_TEXTS = 4096  # texts per engine call of `zoi encode -f`
+CHUNK_BYTES = 16 << 20  # ... or fewer, when they hold this many bytes
+
+
+def _read_line(fh, cap: int):
+    """The next line of fh (binary or text) without its newline, None at the end; a line of
+    more than `cap` bytes (characters for a text stream) is refused by the caller: this reads
+    at most cap + 1 of it."""
+    line = fh.readline(cap + 1)
+    if not line:
+        return None, False
+    nl = "\n" if isinstance(line, str) else b"\n"
+    if line.endswith(nl):
+        return line[:-1], False
+    return line, len(line) > cap
+
+
+def iter_lines(fh, name: str, cap: int = MAX_LINE_BYTES):
+    """The texts of `zoi encode -f`, one per line, blank lines included: row i of the output is
+    line i + 1 of the input. Lines end at "\n" ("\r\n" too); bytes are decoded as UTF-8.
+    A line longer than `cap` bytes is an error naming it (the engine reads only the first
+    max_positions tokens of a text, a few KiB, so such a line is a wrong file or needs
+    splitting), raised before any of it is kept."""
+    n = 0
+    while True:
+        raw, over = _read_line(fh, cap)
+        if raw is None:
+            return
+        n += 1
+        if over:
+            raise ValueError(
+                f"{name}: line {n} is longer than the limit of {cap} bytes per line "
+                "(--max-line-bytes); `zoi encode -f` reads one text per line: split the text "
+                "into lines, or raise --max-line-bytes (a model reads only its first "
+                "max_positions tokens of a text)"
+            )
+        if raw[-1:] in ("\r", b"\r"):  # a CRLF file
+            raw = raw[:-1]
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{name}: line {n} is not valid UTF-8 ({e.reason} at byte {e.start} of the "
+                    "line); save the file as UTF-8"
+                ) from None
+        yield raw
+
+
+def iter_chunks(lines, max_texts: int | None = None, max_bytes: int | None = None):
+    """Consecutive lists of texts, each at most max_texts texts or about max_bytes bytes
+    (default CHUNK_TEXTS, CHUNK_BYTES)."""
+    max_texts = max_texts or CHUNK_TEXTS
+    max_bytes = max_bytes or CHUNK_BYTES
+    chunk: list[str] = []
+    size = 0
+    for t in lines:
+        chunk.append(t)
+        size += len(t) + 1
+        if len(chunk) >= max_texts or size >= max_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _text_chunks(args):
+    """The texts of `zoi encode` in chunks, and the name of their source."""
     if args.texts:
-        return list(args.texts)
-    # one text per line, blank lines included: row i of the output is line i of the input
+        return iter([list(args.texts)]), "argv"
+    cap = args.max_line_bytes
+    if cap < 1:
+        raise ValueError(f"--max-line-bytes must be >= 1, got {cap}")
     if args.file and args.file != "-":
-        with open(args.file, encoding="utf-8") as fh:
-            return [ln.rstrip("\n") for ln in fh]
-    return [ln.rstrip("\n") for ln in sys.stdin]
+        fh = open(args.file, "rb")  # closed by lines() below, at the end or on an error
+
+        def lines():
+            with fh:
+                yield from iter_lines(fh, args.file, cap)
+
+        return iter_chunks(lines()), args.file
+    src = getattr(sys.stdin, "buffer", sys.stdin)
+    return iter_chunks(iter_lines(src, "stdin", cap)), "stdin"
 
 
 OUTPUT_FORMATS = {".json": "JSON", ".npy": "a numpy array", ".csv": "CSV, one row per text"}
@@ -236,41 +332,145 @@ def _output_format(path: str | None) -> str | None:
     return ext
 
 
+class _EmbeddingWriter:
+    """The embeddings of `zoi encode`, written chunk by chunk: JSON (stdout or a file), .npy
+    (its header rewritten with the row count at the end) or CSV. A file is written beside its
+    name and renamed when complete, so an error leaves no partial output file."""
+
+    NPY_HEADER = 128  # bytes: room for any row count, a multiple of 64 as numpy aligns them
+
+    def __init__(self, fmt: str | None, path: str | None, model: str):
+        self.fmt, self.path, self.model = fmt, path, model
+        self.rows, self.dim = 0, None
+        self.tmp = None
+        if path is None:
+            self.fh = sys.stdout
+        else:
+            dest = Path(path)
+            self.tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+            self.fh = open(
+                self.tmp,
+                "wb" if fmt == ".npy" else "w",
+                encoding=None if fmt == ".npy" else "utf-8",
+            )
+
+    def _npy_header(self) -> bytes:
+        d = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({self.rows}, {self.dim}), }}"
+        body = d.ljust(self.NPY_HEADER - 10 - 1) + "\n"
+        return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin1")
+
+    def write(self, emb: np.ndarray, width: int | None = None) -> None:
+        """Rows of embeddings; `width`: the row width when emb has no rows to tell it."""
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        emb = emb.reshape(len(emb), -1) if emb.size else emb.reshape(0, width or 0)
+        first = self.dim is None
+        if first:
+            self.dim = int(emb.shape[1])
+            if self.fmt == ".npy":
+                self.fh.write(self._npy_header())  # rewritten with the row count at the end
+            elif self.fmt is None or self.fmt == ".json":
+                self.fh.write(
+                    f'{{"model": {json.dumps(self.model)}, "dim": {self.dim}, "embeddings": ['
+                )
+        if self.fmt == ".npy":
+            self.fh.write(emb.astype("<f4").tobytes())
+        elif self.fmt == ".csv":
+            np.savetxt(self.fh, emb, fmt="%.9g", delimiter=",")
+        else:
+            body = ", ".join(json.dumps([round(float(v), 7) for v in row]) for row in emb)
+            if body:
+                self.fh.write((", " if self.rows else "") + body)
+        self.rows += len(emb)
+
+    def close(self) -> str | None:
+        """Finish the output; the message for stderr (None for stdout)."""
+        if self.fmt == ".npy":
+            self.fh.seek(0)
+            self.fh.write(self._npy_header())
+        elif self.fmt in (None, ".json"):
+            self.fh.write("]}")
+            if self.path is None:
+                self.fh.write("\n")
+        if self.path is None:
+            self.fh.flush()
+            return None
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+        self.tmp = None
+        if self.fmt == ".npy":
+            return f"wrote ({self.rows}, {self.dim}) float32 to {self.path}"
+        if self.fmt == ".csv":
+            return f"wrote {self.rows} embeddings as CSV rows to {self.path}"
+        return f"wrote {self.rows} embeddings to {self.path}"
+
+    def abort(self) -> None:
+        if self.tmp is not None:
+            self.fh.close()
+            Path(self.tmp).unlink(missing_ok=True)
+            self.tmp = None
+
+
+def _line_error(e: Exception, source: str, first_line: int) -> Exception:
+    """An engine error about texts[i] of a chunk, told as the line of the input it is."""
+    import re
+
+    if source == "argv":
+        return e
+    msg = re.sub(
+        r"texts\[(\d+)\]",
+        lambda m: f"line {first_line + int(m.group(1))} of {source}",
+        str(e),
+    ).replace("pass truncate=True", "leave out --no-truncate")
+    return type(e)(msg)
+
+
 def cmd_encode(args) -> int:
+    from zoi.errors import InputError
+
     fmt = _output_format(args.output)
-    texts = _read_texts(args)
+    chunks, source = _text_chunks(args)
     eng = _open_engine(args, progress=False)
     norm = None if args.normalize is None else args.normalize == "yes"
-    show = args.progress
-    if show is None:
-        show = len(texts) > PROGRESS_AUTO_TEXTS and sys.stderr.isatty()
-    emb = eng.encode(
-        texts,
-        batch_size=args.batch_size,
-        normalize_embeddings=norm,
-        show_progress_bar=show,
-        truncate=not args.no_truncate,
-    )
-    if fmt == ".npy":
-        np.save(args.output, emb)
-        print(f"wrote {emb.shape} float32 to {args.output}", file=sys.stderr)
-        return 0
-    if fmt == ".csv":
-        np.savetxt(args.output, emb.reshape(len(texts), -1), fmt="%.9g", delimiter=",")
-        print(f"wrote {len(texts)} embeddings as CSV rows to {args.output}", file=sys.stderr)
-        return 0
-    payload = json.dumps(
-        {
-            "model": eng.spec.name,
-            "dim": int(emb.shape[1]) if emb.ndim == 2 else eng.spec.hidden,
-            "embeddings": [[round(float(v), 7) for v in row] for row in emb],
-        }
-    )
-    if args.output:
-        Path(args.output).write_text(payload)
-        print(f"wrote {len(texts)} embeddings to {args.output}", file=sys.stderr)
-    else:
-        print(payload)
+    out = _EmbeddingWriter(fmt, args.output, eng.spec.name)
+    bar = None
+    done = 0
+    try:
+        for chunk in chunks:
+            if bar is None and done == 0:
+                show = args.progress
+                if show is None:  # many texts (a full first chunk: more to come) on a terminal
+                    show = len(chunk) > PROGRESS_AUTO_TEXTS and sys.stderr.isatty()
+                if show:
+                    from tqdm.auto import tqdm
+
+                    bar = tqdm(
+                        total=len(chunk) if source == "argv" else None, desc="encode", unit="text"
+                    )
+            try:
+                emb = eng.encode(
+                    chunk,
+                    batch_size=args.batch_size,
+                    normalize_embeddings=norm,
+                    show_progress_bar=False,
+                    truncate=not args.no_truncate,
+                )
+            except (InputError, ValueError, TypeError) as e:
+                raise _line_error(e, source, done + 1) from None
+            out.write(emb)
+            done += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+        if out.dim is None:  # no text at all: the model's width, as for any other input
+            out.write(eng.encode([], normalize_embeddings=norm), eng.spec.hidden)
+        msg = out.close()
+    except BaseException:
+        out.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if msg:
+        print(msg, file=sys.stderr)
     return 0
 
 
@@ -464,6 +664,19 @@ def _add_engine_args(p, with_output: bool) -> None:
     p.add_argument(
         "--calibrate", default=None, metavar="FILE", help="INT8 calibration texts, one per line"
     )
+    _add_pooling_arg(p)
+
+
+def _add_pooling_arg(p) -> None:
+    from zoi.frontend.spec import SUPPORTED_POOLING
+
+    p.add_argument(
+        "--pooling",
+        default=None,
+        choices=list(SUPPORTED_POOLING),
+        help="pooling of the embeddings (default: the folder's sentence-transformers Pooling "
+        "config; without one, sentence-transformers' default for a plain folder: mean)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -516,6 +729,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-truncate", action="store_true", help="error on over-long texts instead of truncating"
     )
+    p.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=MAX_LINE_BYTES,
+        metavar="N",
+        help=f"longest line of --file (a longer one is an error naming it) [default {MAX_LINE_BYTES}]",
+    )
+    _add_pooling_arg(p)
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser("demo", help="similarities and timing of the bundled MiniLM against PyTorch")

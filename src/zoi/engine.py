@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,12 @@ from zoi.backends import make_backend, resolve_device
 from zoi.backends.base import Backend
 from zoi.errors import CheckpointError, InputError, NumericalError, ZoiError
 from zoi.frontend import integrity
-from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
+from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, pooling_origin, read_json
 from zoi.frontend.hub import model_name as hub_model_name
 from zoi.frontend.hub import resolve_model
 from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
-from zoi.frontend.spec import ModelSpec
+from zoi.frontend.spec import SUPPORTED_POOLING, ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
 from zoi.heads import HeadsMixin, default_max_tokens, head_backend, quantize_heads, st_meta
@@ -104,6 +105,54 @@ def _check_count(name: str, v) -> int:
             "the engine's memory arena; bigger batches run in chunks anyway)"
         )
     return int(v)
+
+
+def _check_batch(v, max_tokens: int) -> int:
+    """max_batch: sequences per backend call, each taking at least one of max_tokens' tokens;
+    checked before anything is loaded or sized from it."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or v != int(v):
+        raise ValueError(f"max_batch must be a positive integer, got {v!r}")
+    if not 1 <= int(v) <= max_tokens:
+        raise ValueError(
+            f"max_batch={int(v)} is out of range: it must lie in [1, max_tokens={max_tokens}] "
+            "(every sequence of a batch takes at least one token of max_tokens); lower "
+            "max_batch, or raise max_tokens (texts beyond max_batch run in further chunks)"
+        )
+    return int(v)
+
+
+def _check_pooling(pooling) -> None:
+    if pooling is not None and pooling not in SUPPORTED_POOLING:
+        raise ValueError(
+            f"pooling={pooling!r} is not supported; use one of {', '.join(SUPPORTED_POOLING)}, "
+            "or leave it out for the folder's own"
+        )
+
+
+def _choose_pooling(spec: ModelSpec, src: Path, pooling: str | None, steps) -> tuple:
+    """The spec with the pooling asked for (or the folder's own), and the artifact's record
+    of where it came from. An embedding model's pooling is printed (progress) or logged: a
+    folder without a sentence-transformers config pools as sentence-transformers would."""
+    if spec.head:  # a task head pools its own way (zoi.heads)
+        return spec, None
+    origin = pooling_origin(src)
+    if pooling is not None and pooling != spec.pooling:
+        origin = f"pooling={pooling!r} given; the folder's own is {spec.pooling} ({origin})"
+        spec = spec.replace(pooling=pooling)
+    elif pooling is not None:
+        origin = f"pooling={pooling!r} given, as the folder's own ({origin})"
+    note = f"pooling: {spec.pooling} ({origin})"
+    if pooling is None and not origin.startswith("from "):
+        others = [p for p in SUPPORTED_POOLING if p != spec.pooling]
+        note = f"{note[:-1]}; pooling={others[0]!r} or {others[1]!r} to override)"
+    if steps.console is not None:
+        steps.console.print(f"      {note}", style="dim", highlight=False)
+    elif pooling is None and "classifier_pooling" in origin:
+        # the folder's config names another pooling: say which one the embeddings use
+        log.warning("zoi: %s: %s", src.name, note)
+    else:
+        log.info("zoi: %s: %s", src.name, note)
+    return spec, {"mode": spec.pooling, "origin": origin}
 
 
 def _auto_max_tokens(spec: ModelSpec, device: str) -> int:
@@ -203,6 +252,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     quant_config: Any = None,
     progress: bool = False,
     truncate_dim: int | None = None,
+    pooling: str | None = None,
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
@@ -217,23 +267,32 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
     truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
+    pooling: "mean", "cls" or "max" instead of the folder's own (its sentence-transformers
+    Pooling config; without one, sentence-transformers' default for a plain folder: mean).
     """
     device, device_index = _split_device(device)
     _check_precision(precision, device)
+    _check_pooling(pooling)
     src = resolve_model(path) if path is not None else default_model_path()
     auto_tokens, auto_batch = max_tokens is None, max_batch is None
-    max_tokens = _check_count("max_tokens", max_tokens or DEFAULT_MAX_TOKENS[device])
-    max_batch = _check_count("max_batch", max_batch or min(max_tokens, DEFAULT_MAX_BATCH))
+    max_tokens = _check_count(
+        "max_tokens", DEFAULT_MAX_TOKENS[device] if max_tokens is None else max_tokens
+    )
+    max_batch = _check_batch(
+        min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch, max_tokens
+    )
     steps = _Steps(progress, 4 if precision == "int8" else 3)
     steps.step(f"loading {src.name}")
     spec, weights, tok_path = load_checkpoint(src)
     spec = spec.replace(name=model_name(src))
+    spec, pooling_meta = _choose_pooling(spec, src, pooling, steps)
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
     if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
         max_tokens = _auto_max_tokens(spec, device)
         max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
+        max_batch = _check_batch(max_batch, max_tokens)
     if max_tokens < spec.max_positions:
         raise ValueError(
             f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})"
@@ -257,6 +316,8 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     # 32768-token default would give a CPU engine an 8x bigger arena than the CPU default)
     model.meta["max_tokens_auto"] = {"device": device} if auto_tokens else None
     model.meta.update(st_meta(src, spec, truncate_dim))  # prompts, truncate_dim (zoi.heads)
+    if pooling_meta is not None:  # `zoi info ART` says where the pooling came from
+        model.meta["pooling"] = pooling_meta
     if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
         model.meta["source_default"] = True
     if precision == "int8":
@@ -341,10 +402,10 @@ class Engine(HeadsMixin):
 
     @property
     def hidden_size(self) -> int:
-        return self.spec.hidden
+        return self.spec.out_dim
 
     def get_sentence_embedding_dimension(self) -> int:  # sentence-transformers' name
-        return self.spec.hidden
+        return self.spec.out_dim
 
     def memory(self) -> dict:
         return dict(self.backend.memory())
@@ -390,7 +451,7 @@ class Engine(HeadsMixin):
             raise InputError(f"positions must lie in [0, {npos})")
         if np.any(np.diff(cu) > self.max_tokens):
             raise InputError(f"a sequence is longer than max_tokens={self.max_tokens}")
-        out = np.empty((B, self.spec.hidden), np.float32)
+        out = np.empty((B, self.spec.out_dim), np.float32)
         self._run_chunks(ids, positions, cu, normalize, out, self.max_batch)
         return out
 
@@ -534,7 +595,7 @@ class Engine(HeadsMixin):
 
             source = StreamSource(stream, self.max_tokens, max_seqs, on_bad)
             B = stream.size
-        out = np.empty((B, self.spec.hidden), np.float32)
+        out = np.empty((B, self.spec.out_dim), np.float32)
         if B:
             check = None if self._trusted_ids else self._check_ids
             self._run_source(source, normalize, out, on_chunk, check)
@@ -581,7 +642,8 @@ class Engine(HeadsMixin):
         """Write the artifact (zoi.json + weights.safetensors + tokenizer.json), atomically."""
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        remove_stale_temps(dest)
+        tmp, lock = _claim_temp(dest)
         try:
             m = self.model
             meta = {
@@ -618,10 +680,151 @@ class Engine(HeadsMixin):
             os.replace(tmp, dest)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+            _remove_stale_olds(dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            _release_temp(tmp, lock)
         return dest
+
+
+# ---- the temporaries of an atomic save ------------------------------------------------------
+# Engine.save writes DEST's files into PARENT/.DEST.tmp-PID-XXXXXXXX, then renames it to DEST.
+# A writer killed before the rename (SIGKILL, out of memory, power loss) leaves that folder
+# behind, as big as the artifact. Before the folder exists its writer creates the sibling
+# PARENT/.DEST.tmp-PID-XXXXXXXX.lock and holds an exclusive flock on it until the save ends;
+# the kernel drops the lock when the process dies, however it dies. A later save of the same
+# DEST removes the temporaries whose lock it can take and whose pid is not a live process, and
+# never one whose lock is held (a live writer, in this process or another container).
+_TMP_MARK = ".tmp-"
+_LOCK_SUFFIX = ".lock"
+_TMP_RE = re.compile(r"(\d+)-[0-9a-f]{8}")  # PID-XXXXXXXX after ".DEST.tmp-"
+_LEGACY_TMP_RE = re.compile(r"[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's suffix (older zoi)
+
+
+def _claim_temp(dest: Path) -> tuple[Path, int | None]:
+    """A fresh temporary folder for dest, and the fd of the lock held on it (None where the
+    filesystem takes no lock: the pid in the name then tells the writer)."""
+    import fcntl
+    import secrets
+
+    for _ in range(100):
+        tmp = dest.parent / f".{dest.name}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        lock = str(tmp) + _LOCK_SUFFIX
+        try:
+            fd: int | None = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                _release_temp(tmp, fd)
+                fd = None
+        try:
+            os.mkdir(tmp, 0o700)
+        except FileExistsError:
+            _release_temp(tmp, fd)
+            continue
+        except BaseException:
+            _release_temp(tmp, fd)
+            raise
+        return tmp, fd
+    raise FileExistsError(f"{dest.parent}: no free temporary name for saving {dest.name}")
+
+
+def _release_temp(tmp: Path, fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        os.unlink(str(tmp) + _LOCK_SUFFIX)
+    except OSError:
+        pass
+    os.close(fd)  # closing drops the flock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _writer_gone(tmp: Path, pid: int) -> bool:
+    """True when the save that made tmp is over: its lock (if any) is free and its pid is
+    not a live process here (a reused pid keeps the folder: the safe side)."""
+    import fcntl
+
+    try:
+        fd = os.open(str(tmp) + _LOCK_SUFFIX, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    except OSError:
+        return False
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: a live writer
+        finally:
+            os.close(fd)
+    return not _pid_alive(pid)
+
+
+def _remove_stale_olds(dest: Path) -> None:
+    """The previous artifacts (.DEST.old-PID) of saves killed between their two renames: the
+    new DEST is in place now, so they are obsolete once their writer is gone."""
+    prefix = f".{dest.name}.old-"
+    for p in dest.parent.glob(f"{glob_escape(prefix)}*"):
+        pid = p.name[len(prefix) :]
+        if pid.isdigit() and p.is_dir() and not p.is_symlink() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def remove_stale_temps(dest: str | os.PathLike) -> list[Path]:
+    """Remove what interrupted saves of `dest` left in its parent folder: temporaries (and
+    their lock files) whose writer is gone. A live writer's are kept. Returns what was
+    removed."""
+    dest = Path(dest)
+    prefix = f".{dest.name}{_TMP_MARK}"
+    removed: list[Path] = []
+    try:
+        entries = sorted(dest.parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if not p.name.startswith(prefix):
+            continue
+        rest = p.name[len(prefix) :]
+        is_lock = rest.endswith(_LOCK_SUFFIX)
+        m = _TMP_RE.fullmatch(rest[: -len(_LOCK_SUFFIX)] if is_lock else rest)
+        if m is None:
+            if _LEGACY_TMP_RE.fullmatch(rest) and p.is_dir():
+                log.warning(
+                    "zoi: %s is left from an interrupted save by an older zoi (its name holds "
+                    "no writer pid, so it is not removed by itself): delete it once no "
+                    "compile writes %s",
+                    p,
+                    dest,
+                )
+            continue
+        tmp = p.with_name(p.name[: -len(_LOCK_SUFFIX)]) if is_lock else p
+        if is_lock and tmp.exists():
+            continue  # handled with its folder
+        if p.is_symlink() or not _writer_gone(tmp, int(m.group(1))):
+            continue
+        if not is_lock:
+            shutil.rmtree(p, ignore_errors=True)
+            log.info("zoi: removed %s, left by an interrupted save of %s", p, dest.name)
+        Path(str(tmp) + _LOCK_SUFFIX).unlink(missing_ok=True)
+        removed.append(p)
+    return removed
 
 
 def _without_timings(d):

@@ -91,9 +91,11 @@ def test_graph_shapes(arch_ckpt):
 
 
 def test_modernbert_cls_pooling_from_config(tmp_path):
-    """No sentence-transformers folder: ModernBERT pools as its classifier_pooling says."""
+    """No sentence-transformers folder: ModernBERT pools as sentence-transformers would (mean);
+    pooling="cls" (its classifier_pooling) is an explicit choice."""
     model, folder = checkpoint("modernbert", tmp_path / "m", seed=7, pooling=None)
-    eng = zoi.compile(folder, device="cpu", max_tokens=512)
+    assert zoi.compile(folder, device="reference", max_tokens=512).spec.pooling == "mean"
+    eng = zoi.compile(folder, device="cpu", max_tokens=512, pooling="cls")
     assert eng.spec.pooling == "cls"
     got = eng.encode(TEXTS[:3], normalize_embeddings=False)
     want = np.stack([hf_hidden(model, s)[0] for s in eng.tokenize(TEXTS[:3])])

@@ -153,8 +153,8 @@ def _modernbert_fields(cfg: dict, cpath: Path, field, acts: dict) -> dict:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise CheckpointError(f"{cpath}: {name} should be a number > 0, got {v!r}")
     kw["rope_theta"], kw["rope_theta_local"] = float(g), float(loc)
-    if cfg.get("classifier_pooling") in ("cls", "mean"):
-        kw["pooling"] = cfg["classifier_pooling"]
+    # classifier_pooling is the classification head's; an embedding pools as
+    # sentence-transformers does (checkpoint.default_pooling, or the folder's Pooling config)
     return kw
 
 

@@ -223,6 +223,10 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
 def _new_arch_spec(folder: Path, cfg: dict, arch: str) -> ModelSpec:
     """MPNet / ModernBERT / Electra / ALBERT (zoi.frontend.archs), with the same sanity caps."""
     cpath = folder / "config.json"
+    # the counts first: a per-layer setting checked against a zero layer count would blame it
+    names = _CONFIG_NAMES["bert"]
+    counts = {k: _field(cfg, cpath, names[k], default=None) for k in ("hidden", "layers", "heads")}
+    _check_sizes(cpath, {k: v for k, v in counts.items() if v is not None}, names)
     if arch in DECODER_ARCHS:
         kw = archs_decoder.spec_fields(arch, cfg, cpath, _field)
     else:

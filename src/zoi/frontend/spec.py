@@ -9,7 +9,16 @@ SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu", "silu")  # the FFN activation (`a
 SUPPORTED_POOLING = ("mean", "cls", "max", "last")  # `pooling` (last: the last token)
 # decoder architectures (llama ... gemma3) run as encoders: embedders, rerankers
 DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
-ARCHS = ("bert", "distilbert", "roberta", "mpnet", "modernbert", "electra", "albert", *DECODER_ARCHS)
+ARCHS = (
+    "bert",
+    "distilbert",
+    "roberta",
+    "mpnet",
+    "modernbert",
+    "electra",
+    "albert",
+    *DECODER_ARCHS,
+)
 NORMS = ("layernorm", "rmsnorm")
 HEADS = ("", "seq_cls", "token_cls", "splade")  # `head` ("": an embedding model; zoi/heads)
 HEAD_ACTS = ("", "tanh", "relu", "gelu", "gelu_tanh")  # `head_act`

@@ -13,7 +13,8 @@ device 0. `deployment_options` computes all of that without Ray or a GPU.
 
 `zoi deploy ray ARTIFACT --replicas N --port P` starts a local Ray (or joins one with
 --address), runs the application, logs `zoi deploy ray: ready on http://HOST:PORT`, and
-shuts Serve down on SIGINT/SIGTERM.
+shuts Serve down on SIGINT/SIGTERM. With a loopback --host (the default 127.0.0.1) the local
+Ray's own processes listen on the loopback address too (`local_ray_init_kwargs`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class ZoiReplica:
 
     def __init__(self, artifact: str, config: dict, model_name: str | None, device: str):
         import zoi
+
+        _replica_grpc_on_loopback()
         from zoi.serve.config import ServeConfig
         from zoi.serve.service import Service
 
@@ -308,13 +311,95 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def is_loopback(host: str) -> bool:
+    """True for a host only this machine reaches (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+LOOPBACK_IP = "127.0.0.1"
+# Ray treats a node as a cluster member on Linux and binds its processes (gcs_server, raylet,
+# workers, the dashboard agent) to the machine's outward address or all interfaces, whatever
+# `_node_ip_address` says (it turns 127.0.0.1 into the outward address); with this switch off
+# it keeps the loopback address, and each gRPC server then listens on 127.0.0.1 alone. Read by
+# Ray at import, in this process and in every process Ray starts (they inherit it).
+RAY_SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def local_ray_init_kwargs(args, host: str, gpus) -> dict:
+    """ray.init's arguments for the local Ray of `zoi deploy ray` (no --address): with a
+    loopback --host every Ray process listens on the loopback address only, the dashboard is
+    off unless --dashboard (then on 127.0.0.1 as well)."""
+    cores = os.cpu_count() or 1
+    kw: dict = {"address": "local"}
+    if isinstance(gpus, list):  # a local Ray sees just these GPUs; one replica on each
+        kw["num_gpus"] = len(gpus)
+    kw.update(
+        num_cpus=max(cores, int(args.replicas * args.cpus_per_replica) + 1),
+        include_dashboard=bool(getattr(args, "dashboard", False)),
+        dashboard_host=LOOPBACK_IP,
+        object_store_memory=args.object_store_mb << 20,
+        logging_level=logging.WARNING,
+    )
+    if is_loopback(host):
+        kw["_node_ip_address"] = LOOPBACK_IP
+    return kw
+
+
+# Set (to 1) by `zoi deploy ray` for a local Ray kept on the loopback address; Ray's processes,
+# the replicas among them, inherit it.
+LOOPBACK_ENV = "ZOI_RAY_LOOPBACK"
+
+
+def _replica_grpc_on_loopback() -> None:
+    """In a replica of a loopback-only local Ray: bind the replica's inter-deployment gRPC
+    server to 127.0.0.1. Ray Serve starts it on [::] (all interfaces) whatever the node's
+    address, after the replica's constructor has run; on one loopback node only local
+    processes call it. Nothing changes where Serve's internals differ from this."""
+    if os.environ.get(LOOPBACK_ENV) != "1":
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    add = getattr(replica, "add_port_to_grpc_server", None)
+    if add is None or getattr(add, "zoi_loopback", False):
+        return
+
+    def add_on_loopback(server, address: str):
+        if isinstance(address, str) and address.startswith("[::]:"):
+            address = LOOPBACK_IP + ":" + address.rsplit(":", 1)[1]
+        return add(server, address)
+
+    add_on_loopback.zoi_loopback = True
+    replica.add_port_to_grpc_server = add_on_loopback
+
+
+def _single_node_ray() -> None:
+    """Keep a local Ray on the loopback address (RAY_SINGLE_NODE_ENV), also when ray was
+    imported before this ran."""
+    os.environ[RAY_SINGLE_NODE_ENV] = "0"
+    os.environ[LOOPBACK_ENV] = "1"
+    consts = sys.modules.get("ray._private.ray_constants")
+    if consts is not None and hasattr(consts, "ENABLE_RAY_CLUSTER"):
+        consts.ENABLE_RAY_CLUSTER = False
+
+
 def cmd_deploy_ray(args) -> int:
     if getattr(args, "proxy", "ray") == "haproxy":
         os.environ.update(haproxy_env())
+    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
+
+    if not args.address and is_loopback(config_from_args(args, skip=PROCESS_OPTIONS).host):
+        _single_node_ray()  # before ray is imported: Ray reads it at import
     import ray
     from ray import serve
-
-    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
 
     cfg = config_from_args(args, skip=PROCESS_OPTIONS)
     gpus = parse_gpus(args.gpus)
@@ -332,18 +417,10 @@ def cmd_deploy_ray(args) -> int:
     if args.address:
         ray.init(address=args.address, logging_level=logging.WARNING)
     else:
-        cores = os.cpu_count() or 1
-        gpu_kw = {}
         if isinstance(gpus, list):  # a local Ray sees just these GPUs; one replica on each
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-            gpu_kw["num_gpus"] = len(gpus)
         ray.init(
-            address="local",
-            **gpu_kw,
-            num_cpus=max(cores, int(args.replicas * args.cpus_per_replica) + 1),
-            include_dashboard=False,
-            object_store_memory=args.object_store_mb << 20,
-            logging_level=logging.WARNING,
+            **local_ray_init_kwargs(args, host, gpus),
             log_to_driver=cfg.log_level in ("debug", "trace", "info"),
         )
     if args.address and gpus is not None:  # one replica per GPU of the cluster
@@ -436,6 +513,11 @@ def register_deploy(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--object-store-mb", type=int, default=256, help="a local Ray's object store (MiB)"
+    )
+    p.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="start a local Ray's dashboard (on 127.0.0.1) [default: no dashboard]",
     )
     # every zoi serve option (host, port, batching, limits), for each replica; --gpus and
     # --replicas are this command's own (one Ray replica per GPU)

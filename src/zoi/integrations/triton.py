@@ -18,6 +18,7 @@ how zoi gets importable by the backend's stub).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -168,6 +169,98 @@ def export_repository(
     shutil.copyfile(Path(__file__).with_name("triton_model.py"), version / "model.py")
     (model_dir / "config.pbtxt").write_text(text, encoding="utf-8")
     return model_dir
+
+
+# ---- the Python model.py runs in --------------------------------------------------------------
+# What model.py imports, checked in the interpreter tritonserver's stub will run it with, before
+# a server is started: a Python that cannot run it makes Triton fail the load (or, under
+# numpy 2, kill the stub on the first request) with little said about why.
+_PROBE = """
+import importlib, json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+r = {"python": sys.version.split()[0], "executable": sys.executable, "errors": {}}
+for mod in ("numpy", "tokenizers", "safetensors", "zoi", "zoi._cpu"):
+    try:
+        m = importlib.import_module(mod)
+        r[mod] = str(getattr(m, "__version__", "") or "ok")
+    except Exception as e:
+        r["errors"][mod] = f"{type(e).__name__}: {e}"
+print("ZOI-PROBE " + json.dumps(r))
+"""
+TRITON_ENV_HELP = (
+    "the tested environment: scripts/triton_env.sh in the zoi checkout builds .venv-triton "
+    "(numpy 1.26, tokenizers, safetensors, this zoi); start tritonserver with .venv-triton/bin "
+    "first on PATH and that Python's libpython on LD_LIBRARY_PATH (docs/DEPLOY.md, 'Where zoi "
+    "comes from inside Triton'), or install numpy<2, tokenizers, safetensors and zoi into the "
+    "Python tritonserver finds"
+)
+
+
+def default_target_python() -> str | None:
+    """The interpreter the Python backend's stub uses when tritonserver starts from this
+    environment: the first `python3` on PATH."""
+    return shutil.which("python3")
+
+
+def check_python(
+    python: str | os.PathLike | None, python_path: list[str] | None = None, timeout: float = 120
+) -> tuple[dict, list[str]]:
+    """Run `python` (the one model.py will run in) on what model.py imports. Returns (what it
+    found, the problems: each a sentence naming what is wrong and the fix; empty when model.py
+    can run there)."""
+    if python is None:
+        return {}, [
+            "no python3 on PATH: tritonserver's Python backend runs model.py with the first "
+            f"python3 on its PATH; {TRITON_ENV_HELP}"
+        ]
+    paths = [str(Path(p).resolve()) for p in python_path or []]
+    try:
+        r = subprocess.run(
+            [str(python), "-c", _PROBE, json.dumps(paths)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")},
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {}, [f"{python}: cannot run it ({e}); point --python at a Python 3 interpreter"]
+    line = next((x for x in r.stdout.splitlines() if x.startswith("ZOI-PROBE ")), None)
+    if line is None:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        return {}, [
+            f"{python}: not a working Python ({' / '.join(tail) or f'exit {r.returncode}'})"
+        ]
+    found = json.loads(line[len("ZOI-PROBE ") :])
+    errors = found.get("errors", {})
+    where = f"{found.get('executable') or python} (Python {found.get('python')})"
+    problems = []
+    np_version = found.get("numpy")
+    if "numpy" in errors:
+        problems.append(f"numpy does not import in {where}: {errors['numpy']}")
+    elif np_version and np_version.split(".")[0].isdigit() and int(np_version.split(".")[0]) >= 2:
+        problems.append(
+            f"numpy {np_version} in {where}: the Python backend of tritonserver 2.51 "
+            "(nvidia-pytriton 0.7.0, the tested server) is built for numpy 1.x; under numpy 2 "
+            "model.py refuses to load (its stub would die on the first request). Use a Python "
+            "with numpy<2 (a tritonserver built for numpy 2: set its config parameter "
+            'zoi_allow_numpy2 to "true")'
+        )
+    for mod in ("tokenizers", "safetensors"):
+        if mod in errors:
+            problems.append(f"{mod} does not import in {where}: {errors[mod]}")
+    if "zoi" in errors:
+        problems.append(
+            f"zoi does not import in {where}: {errors['zoi']}; install zoi there or pass its "
+            "folders with --python-path"
+        )
+    elif "zoi._cpu" in errors:
+        problems.append(
+            f"zoi's native core does not import in {where}: {errors['zoi._cpu']}; the CPU "
+            "engine needs it (build it there: scripts/setup.sh)"
+        )
+    if problems:
+        problems.append(TRITON_ENV_HELP)
+    return found, problems
 
 
 # ---- the server -------------------------------------------------------------------------------
@@ -406,9 +499,38 @@ class TritonServerProcess:
 
 
 # ---- the command ----------------------------------------------------------------------------------
+def _check_target(args) -> bool:
+    """Check the Python model.py will run in; print what was found. True when it can."""
+    python = args.python or default_target_python()
+    found, problems = check_python(python, args.python_path)
+    if not problems:
+        print(
+            f"checked {found['executable']} (Python {found['python']}, numpy {found['numpy']}, "
+            f"zoi {found['zoi']}): model.py can run there",
+            file=sys.stderr,
+        )
+        return True
+    shown = python or "python3 (none on PATH)"
+    print(
+        f"zoi export triton: the Python model.py would run in cannot run it: {shown}",
+        file=sys.stderr,
+    )
+    for p in problems:
+        print(f"  - {p}", file=sys.stderr)
+    return False
+
+
 def cmd_export_triton(args) -> int:
     from zoi.integrations.gpus import parse_gpus
 
+    if args.check:
+        return 0 if _check_target(args) else 2
+    if not args.no_check and not _check_target(args):
+        print(
+            "zoi export triton: writing the repository anyway (it may be served by another "
+            "Python); `--check` makes this an error",
+            file=sys.stderr,
+        )
     path = export_repository(
         args.artifact,
         args.repo_dir,
@@ -471,5 +593,20 @@ def register_export(sub) -> None:
         default=None,
         metavar="DIR",
         help="folder model.py puts on sys.path before importing zoi (repeatable)",
+    )
+    p.add_argument(
+        "--python",
+        default=None,
+        metavar="PY",
+        help="the Python tritonserver's Python backend will run model.py with, checked for what "
+        "model.py imports (default: the first python3 on PATH, as the backend finds it)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="only check that Python (exit 2 when model.py cannot run there); write nothing",
+    )
+    p.add_argument(
+        "--no-check", action="store_true", help="write the repository without checking the Python"
     )
     p.set_defaults(func=cmd_export_triton)
