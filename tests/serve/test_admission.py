@@ -313,7 +313,7 @@ def test_body_too_large_takes_no_slot(serve, route, declared):
         a = asyncio.run(call(s.app, route.path, msgs, None))
     check_error(route, a, 413)
     s.assert_free()
-    moved(route, c0, s.counts(route.label), 0, s413=1)
+    moved(route, c0, s.counts(route.label), 1, s413=1)
     assert s.taken == 0
 
 
@@ -338,7 +338,7 @@ def test_body_timeout_takes_no_slot(serve, route):
     check_error(route, a, 408)
     assert a.headers.get("connection") == "close"
     s.assert_free()
-    moved(route, c0, s.counts(route.label), 0, s408=1)
+    moved(route, c0, s.counts(route.label), 1, s408=1)
     assert s.taken == 0
 
 
@@ -352,7 +352,7 @@ def test_client_gone_during_body_takes_no_slot(serve, route):
     a = asyncio.run(call(s.app, route.path, msgs, len(raw)))
     assert a.status == 499, (a.status, a.body)
     s.assert_free()
-    moved(route, c0, s.counts(route.label), 0, s499=1)
+    moved(route, c0, s.counts(route.label), 1, s499=1)
     assert s.taken == 0
 
 
@@ -540,5 +540,5 @@ def test_kserve_unknown_model_is_404_before_the_body(serve):
     a = post(s, "/v2/models/nope/infer", body_of(route.ok))
     check_error(route, a, 404)
     s.assert_free()
-    moved(route, c0, s.counts(route.label), 0, s404=1)
+    moved(route, c0, s.counts(route.label), 1, s404=1)
     assert s.taken == 0

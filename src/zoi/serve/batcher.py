@@ -1,13 +1,21 @@
 """Dynamic batching: requests queue, a worker thread packs them by a token budget and runs them.
 
 The event loop submits a `Job` (a request's token id arrays) and awaits its future; it never
-runs the engine. One worker thread owns the engine: it takes sequences from the queue head,
-first come first served, until the next one would pass `max_batch_tokens` tokens or
-`max_batch_requests` sequences, packs them without padding (ids[T], positions[T],
-cu_seqlens[B+1]) and makes one engine call, in which native code releases the GIL. A job
-bigger than one batch is split over several calls; a batch may hold pieces of many jobs.
-Each job gets its own rows back, in order, when its last sequence is done.
+runs the engine. One worker thread owns the engine: it builds each batch from the queued jobs
+until the next sequence would pass `max_batch_tokens` tokens or `max_batch_requests`
+sequences, packs them without padding (ids[T], positions[T], cu_seqlens[B+1]) and makes one
+engine call, in which native code releases the GIL. A job bigger than one batch is split over
+several calls; a batch may hold pieces of many jobs. Each job gets its own rows back, in
+order, when its last sequence is done.
 
+- Fair slicing: the queued jobs share each batch round-robin. Every job with sequences left
+  gets an equal share of the budget still free (tokens and sequences; at least one sequence
+  when it fits), again until the batch is full; a job that got a piece and has more left goes
+  to the back of the queue, one that got nothing (the batch was full) keeps its place at the
+  front. So a big request runs as a series of batch-sized slices, and a small request that
+  arrives meanwhile rides in the next engine call instead of waiting for the whole big one;
+  big requests queued together progress at the same pace. Each sequence is computed alone
+  (packed, no padding), so a row does not depend on which batch carried it.
 - A job whose client went away (`Job.cancel()`) is dropped from the queue before packing.
 - When an engine call fails, each job of that batch is retried alone, so only the jobs
   that fail by themselves get the error.
@@ -153,47 +161,76 @@ class Batcher:
             self.metrics.queue_size.set(self._queued_seqs)
             self.metrics.queue_tokens.set(self._queued_tokens)
 
+    def _drop_job(self, job: Job) -> None:
+        """Under the lock: the bookkeeping of a cancelled job leaving the queue."""
+        self._queued_seqs -= len(job.seqs) - job.next
+        self._queued_tokens -= sum(len(s) for s in job.seqs[job.next :])
+        if self.metrics is not None:
+            self.metrics.dropped.inc()
+        job.seqs = []
+
     def _drop_cancelled_head(self) -> None:
         while self._queue and self._queue[0].cancelled:
-            job = self._queue.popleft()
-            n = len(job.seqs) - job.next
-            self._queued_seqs -= n
-            self._queued_tokens -= sum(len(s) for s in job.seqs[job.next :])
-            if self.metrics is not None:
-                self.metrics.dropped.inc()
-            job.seqs = []
+            self._drop_job(self._queue.popleft())
+            self._set_queue_gauges()
+
+    def _drop_cancelled(self) -> None:
+        """Under the lock: drop every cancelled job (with fair slicing one can be anywhere)."""
+        if any(job.cancelled for job in self._queue):
+            keep = [job for job in self._queue if not job.cancelled]
+            for job in self._queue:
+                if job.cancelled:
+                    self._drop_job(job)
+            self._queue.clear()
+            self._queue.extend(keep)
             self._set_queue_gauges()
 
     def _take(self) -> list[tuple[Job, int, int, list]]:
-        """Under the lock: take (job, start, stop, seqs) pieces from the queue head by the
-        budgets; each piece's sequences are kept with it (a job's `seqs` is cleared once it is
-        answered, perhaps while another worker still runs a piece of it), its `out` allocated."""
+        """Under the lock: the next batch as (job, start, stop, seqs) pieces, one per job, by
+        the budgets, shared round-robin (fair slicing, see the module docstring). Each piece's
+        sequences are kept with it (a job's `seqs` is cleared once it is answered, perhaps
+        while another worker still runs a piece of it), its `out` allocated."""
+        self._drop_cancelled()
+        jobs = list(self._queue)
+        first: dict[Job, int] = {}  # job -> its first sequence in this batch, in service order
+        tokens = count = 0
+        active = jobs
+        while active and count < self.max_batch_requests:
+            tok_share = max(1, (self.max_batch_tokens - tokens) // len(active))
+            seq_share = max(1, (self.max_batch_requests - count) // len(active))
+            more = []  # jobs that took their share and may take more in the next pass
+            for job in active:
+                i = job.next
+                got = got_tokens = 0
+                while i < len(job.seqs) and got < seq_share and count < self.max_batch_requests:
+                    n = len(job.seqs[i])
+                    if tokens + n > self.max_batch_tokens or (got and got_tokens + n > tok_share):
+                        break
+                    tokens += n
+                    count += 1
+                    got += 1
+                    got_tokens += n
+                    i += 1
+                if got:
+                    first.setdefault(job, job.next)
+                    job.next = i
+                    if i < len(job.seqs):
+                        more.append(job)
+            active = more
         pieces: list[tuple[Job, int, int, list]] = []
-        tokens = 0
-        count = 0
-        while self._queue and count < self.max_batch_requests:
-            self._drop_cancelled_head()
-            if not self._queue:
-                break
-            job = self._queue[0]
-            start = i = job.next
-            while i < len(job.seqs) and count < self.max_batch_requests:
-                n = len(job.seqs[i])
-                if tokens + n > self.max_batch_tokens:
-                    break
-                tokens += n
-                count += 1
-                i += 1
-            if i > start:
-                pieces.append((job, start, i, job.seqs[start:i]))
-                if job.out is None:  # allocated while its sequences are surely there
-                    job.out = np.empty((len(job.seqs), self.hidden), np.float32)
-                job.next = i
-                self._queued_seqs -= i - start
-                self._queued_tokens -= sum(len(s) for s in job.seqs[start:i])
-            if i < len(job.seqs):
-                break  # budget full: the rest of this job goes into the next batch
-            self._queue.popleft()
+        for job, start in first.items():
+            part = job.seqs[start : job.next]
+            pieces.append((job, start, job.next, part))
+            if job.out is None:  # allocated while its sequences are surely there
+                job.out = np.empty((len(job.seqs), self.hidden), np.float32)
+            self._queued_seqs -= len(part)
+            self._queued_tokens -= sum(len(s) for s in part)
+        # the round-robin order: jobs left out of this batch first, then the served ones
+        # that have sequences left, in the order they were served
+        waiting = [job for job in jobs if job not in first]
+        again = [job for job in first if job.next < len(job.seqs)]
+        self._queue.clear()
+        self._queue.extend(waiting + again)
         self._set_queue_gauges()
         return pieces
 
@@ -215,7 +252,8 @@ class Batcher:
         worker's condition (on the batcher's lock)."""
         if self.max_delay <= 0 or self._closing:
             return
-        deadline = self._queue[0].t_enqueue + self.max_delay
+        # the oldest queued job (with fair slicing the queue is not in arrival order)
+        deadline = min(job.t_enqueue for job in self._queue) + self.max_delay
         while (
             self._queued_tokens < self.max_batch_tokens
             and self._queued_seqs < self.max_batch_requests

@@ -212,6 +212,8 @@ def serve(
         _connection_cap(config.max_connections),
         config.max_connections_per_client,
         config.header_timeout,
+        config.max_header_bytes,
+        config.max_url_bytes,
     )
     if service is not None:
         service.connections = tracker

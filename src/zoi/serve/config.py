@@ -38,11 +38,14 @@ class ServeConfig:
     max_input_chars: int | None = (
         None  # per input, checked before tokenising; default 32 x positions
     )
+    max_output_floats: int = 4_194_304  # floats in one answer of token vectors; more -> 413
     graceful_timeout: float = 60.0  # seconds to finish in-flight requests after SIGTERM
     header_timeout: float = 10.0  # seconds for a request's headers to arrive; else 408, closed
     body_timeout: float = 30.0  # seconds for a request's whole body to arrive; else 408
     max_connections: int = 4096  # open connections in all (capped by the open-file limit)
     max_connections_per_client: int = 512  # open connections from one IP address (0: no limit)
+    max_header_bytes: int = 65536  # a request's line and headers; beyond that -> 431, closed
+    max_url_bytes: int = 8192  # a request's URL; beyond that -> 414, closed
     log_level: str = "info"
     # decoders (issue 14): the waiting queue and the compiled pool
     max_waiting_requests: int = 256  # requests waiting for KV blocks; beyond that -> 503
@@ -76,6 +79,8 @@ class ServeConfig:
             "max_client_batch_size",
             "payload_limit",
             "max_connections",
+            "max_header_bytes",
+            "max_url_bytes",
             "max_waiting_requests",
             "max_seq_len",
             "max_running_requests",
@@ -102,6 +107,8 @@ class ServeConfig:
             )
         if self.max_input_chars is not None and self.max_input_chars < 1:
             raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
+        if self.max_output_floats < 1:
+            raise ValueError(f"max_output_floats must be >= 1, got {self.max_output_floats}")
 
 
 @dataclass(frozen=True)
@@ -214,6 +221,15 @@ OPTIONS: tuple[Option, ...] = (
         "characters per input, checked before tokenising (default 32 x max positions)",
     ),
     Option(
+        "max_output_floats",
+        "--max-output-floats",
+        "ZOI_MAX_OUTPUT_FLOATS",
+        int,
+        "floats in one answer of per-token or per-vocabulary vectors (/embed_all: tokens x "
+        "hidden size; KServe TOKEN_LOGITS, SPARSE), checked before the model runs; more are "
+        "answered 413",
+    ),
+    Option(
         "graceful_timeout",
         "--graceful-timeout",
         "ZOI_GRACEFUL_TIMEOUT",
@@ -240,15 +256,31 @@ OPTIONS: tuple[Option, ...] = (
         "--max-connections",
         "ZOI_MAX_CONNECTIONS",
         int,
-        "open connections in all (capped by the open-file limit); more are answered 503 and closed",
+        "open connections in all (capped by the open-file limit); a new one over it first "
+        "closes the oldest idle or stalled one, else it is answered 503 and closed",
     ),
     Option(
         "max_connections_per_client",
         "--max-connections-per-client",
         "ZOI_MAX_CONNECTIONS_PER_CLIENT",
         int,
-        "open connections from one IP address (0: no limit; raise it behind a proxy); more are "
-        "answered 503 and closed",
+        "open connections from one IP address (0: no limit); a new one over it first closes "
+        "the oldest idle or stalled one of that address, else it is answered 503 and closed",
+    ),
+    Option(
+        "max_header_bytes",
+        "--max-header-bytes",
+        "ZOI_MAX_HEADER_BYTES",
+        int,
+        "bytes of a request's line and headers, counted as they arrive; more are answered 431 "
+        "and the connection closed",
+    ),
+    Option(
+        "max_url_bytes",
+        "--max-url-bytes",
+        "ZOI_MAX_URL_BYTES",
+        int,
+        "bytes of a request's URL; more are answered 414 and the connection closed",
     ),
     Option(
         "log_level",

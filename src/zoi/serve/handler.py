@@ -11,7 +11,10 @@ it does what every such route does, in this order:
 5. count the outcome (unless `counted=False`): successes and request_duration when `work`
    returns (request_duration unless `timed=False`), failures{route, status} for an ApiError
    (answered in the API's error shape), a client that went away (499), an unexpected exception
-   (500: the app answers it) and, with `cancelled_is_499`, a cancelled request;
+   (500: the app answers it) and, with `cancelled_is_499`, a cancelled request. A request
+   answered before admission (unknown model, body too large or late, client gone during the
+   body) is counted in `requests` here, as admission counts the others, so that per route
+   requests = successes + failures;
 6. release the slot on every path once taken: an answer, an ApiError, a client gone, an
    unexpected exception (the app answers it 500), a cancellation; except when `work` returns
    an `OwnsSlot` response (a stream), which releases it and counts the outcome itself.
@@ -23,12 +26,15 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from zoi.serve.http import ApiError, ClientGone, json_response
+from zoi.serve.http import ApiError, ClientGone, dumps, json_response
 
 
 @dataclass(frozen=True)
@@ -70,10 +76,12 @@ def admitted(
         async def handler(request: Request) -> Response:
             t0 = time.perf_counter()
             holds = False  # this handler holds a slot (to release)
+            seen = False  # the request is counted in `requests` (admit counts it first thing)
             try:
                 if before is not None:
                     before(request)
                 raw = await svc.read_request(request)
+                seen = True
                 svc.admit(route)
                 holds = True
                 resp = await work(request, raw, t0)
@@ -86,10 +94,12 @@ def admitted(
                 return resp
             except ApiError as e:
                 if counted:
+                    _count_unseen(svc, route, seen)
                     svc.metrics.failures.labels(route, str(e.status)).inc()
                 return answers.error(e)
             except ClientGone:
                 if counted:
+                    _count_unseen(svc, route, seen)
                     svc.metrics.failures.labels(route, "499").inc()
                 return answers.client_gone()
             except asyncio.CancelledError:
@@ -98,6 +108,7 @@ def admitted(
                 raise
             except Exception:  # a bug: the app answers 500; counted, so an alert on 5xx sees it
                 if counted:
+                    _count_unseen(svc, route, seen)
                     svc.metrics.failures.labels(route, "500").inc()
                 raise
             finally:
@@ -107,3 +118,76 @@ def admitted(
         return handler
 
     return wrap
+
+
+def _count_unseen(svc, route: str, seen: bool) -> None:
+    """Count a request answered before admission (which counts every request it sees)."""
+    if not seen:
+        svc.metrics.requests.labels(route).inc()
+
+
+# ---- big answers, off the event loop ----------------------------------------------------------
+INLINE_FLOATS = 65_536  # an answer of up to this many floats is serialised on the event loop
+PIECE_FLOATS = 65_536  # floats serialised per call on the answer thread
+_answer_pool: ThreadPoolExecutor | None = None
+
+
+def dumps_pieces(obj: Any, out: list[bytes]) -> None:
+    """`dumps(obj)` as pieces of at most about PIECE_FLOATS floats each, appended to `out`:
+    b"".join(out) == dumps(obj). Arrays are split by rows, lists / tuples / dicts holding
+    arrays or nested containers by element; anything else is one piece."""
+    if isinstance(obj, np.ndarray) and obj.ndim > 0 and obj.size > PIECE_FLOATS:
+        rows = max(1, PIECE_FLOATS // max(1, obj[0].size))
+        out.append(b"[")
+        for i in range(0, len(obj), rows):
+            if i:
+                out.append(b",")
+            out.append(dumps(obj[i : i + rows])[1:-1])  # the rows without their brackets
+        out.append(b"]")
+    elif isinstance(obj, (list, tuple)) and any(_nested(x) for x in obj):
+        out.append(b"[")
+        for i, x in enumerate(obj):
+            if i:
+                out.append(b",")
+            dumps_pieces(x, out)
+        out.append(b"]")
+    elif isinstance(obj, dict) and _nested(obj):
+        out.append(b"{")
+        for i, (k, v) in enumerate(obj.items()):
+            out.append((b"," if i else b"") + dumps(k) + b":")
+            dumps_pieces(v, out)
+        out.append(b"}")
+    else:
+        out.append(dumps(obj))
+
+
+def _nested(x: Any) -> bool:
+    """Worth serialising by parts: an array or list, or a dict holding one (a dict of scalars,
+    e.g. {"index", "value"}, is one small piece)."""
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return True
+    return isinstance(x, dict) and any(
+        isinstance(v, (np.ndarray, list, tuple, dict)) for v in x.values()
+    )
+
+
+def _dumps_in_pieces(obj: Any) -> bytes:
+    out: list[bytes] = []
+    dumps_pieces(obj, out)
+    return b"".join(out)
+
+
+async def json_answer(
+    obj: Any, floats: int, status: int = 200, headers: dict | None = None
+) -> Response:
+    """The JSON answer `obj`, which holds about `floats` numbers. A big one is serialised on a
+    thread of its own, in pieces: one serialiser call holds the GIL throughout, so a single
+    call over megabytes would stall the event loop (every other request, /health) for as
+    long; between pieces the event loop gets its turn."""
+    if floats <= INLINE_FLOATS:
+        return json_response(obj, status, headers)
+    global _answer_pool
+    if _answer_pool is None:
+        _answer_pool = ThreadPoolExecutor(2, thread_name_prefix="zoi-answer")
+    body = await asyncio.get_running_loop().run_in_executor(_answer_pool, _dumps_in_pieces, obj)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")

@@ -65,10 +65,18 @@ class ApiError(Exception):
         self.param = param
 
 
+RETRY_AFTER_S = "1"  # seconds a client told 429 / 503 waits before it tries again
+
+
 def error_headers(e: ApiError) -> dict | None:
     """A request whose body timed out is answered and its connection closed (the rest of its
-    body may still be on the way)."""
-    return {"connection": "close"} if e.kind == "timeout" else None
+    body may still be on the way). 429 and 503 say when to try again (Retry-After), as the
+    decoder routes do, so clients back off instead of retrying at once."""
+    if e.kind == "timeout":
+        return {"connection": "close"}
+    if e.status in (429, 503):
+        return {"retry-after": RETRY_AFTER_S}
+    return None
 
 
 def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -137,6 +145,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if len(out) > limit or d.unconsumed_tail:
             raise ApiError(
                 "too_large", f"decompressed body is over the payload limit of {limit} bytes"
+            )
+        if not d.eof or d.unused_data:  # zlib stops at the first end; say what it left
+            why = (
+                f"{len(d.unused_data)} bytes follow its end (a second member or trailing data)"
+                if d.eof
+                else "it stops before its end and checksum (truncated)"
+            )
+            raise ApiError(
+                "validation",
+                f"body is not one complete {enc} stream: {why}; compress the whole body "
+                "as a single stream",
             )
         body = out
     elif enc not in ("", "identity"):

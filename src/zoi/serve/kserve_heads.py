@@ -13,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 from starlette.responses import Response
 
+from zoi.serve.handler import json_answer
 from zoi.serve.heads import in_thread
-from zoi.serve.http import ApiError, dumps, json_response, timing_headers
+from zoi.serve.http import ApiError, dumps, timing_headers
+from zoi.serve.service import as_json
 
 HEADER = "inference-header-content-length"
 
@@ -49,7 +51,8 @@ def config_io(svc) -> tuple[list[dict], list[dict]]:
 
 def output_binary(outs, names: list[str], binary: bool) -> bool:
     """Check a KServe request's `outputs` against the model's output names; returns whether the
-    answer is binary (an output's `binary_data` parameter overrides `binary`)."""
+    answer is binary (an output's `binary_data` parameter overrides `binary`). Only a JSON
+    boolean decides: "no" or 0 are refused rather than taken for true."""
     if outs is None:
         return binary
     if not isinstance(outs, list):
@@ -65,9 +68,19 @@ def output_binary(outs, names: list[str], binary: bool) -> bool:
                 "validation",
                 f"unknown output {o.get('name') if isinstance(o, dict) else o!r}; {known}",
             )
-        op = o.get("parameters") or {}
-        if isinstance(op, dict) and "binary_data" in op:
-            binary = bool(op["binary_data"])
+        op = o.get("parameters")
+        if op is None:
+            continue
+        if not isinstance(op, dict):
+            raise ApiError("validation", f"output {o['name']}: parameters should be an object")
+        if "binary_data" in op:
+            if not isinstance(op["binary_data"], bool):
+                raise ApiError(
+                    "validation",
+                    f"output {o['name']}: parameters.binary_data should be true or false, got "
+                    f"{as_json(op['binary_data'])}",
+                )
+            binary = op["binary_data"]
     return binary
 
 
@@ -86,7 +99,9 @@ async def infer(svc, request, req: dict, texts: list[str], params: dict, binary:
         pairs = len(shape) == 2 and shape[1] == 2
         if len(shape) == 2 and shape[1] not in (1, 2):
             raise ApiError("validation", "TEXT should be [n] texts or [n, 2] pairs")
-        texts = svc.check_texts(texts, "TEXT")
+        if pairs:  # a pair is one input, as a document of /rerank is
+            svc.check_count(len(texts) // 2, "TEXT", "pairs")
+        texts = svc.check_texts(texts, "TEXT", count=not pairs)
         if pairs:
             seqs, tok_s = await svc.heads.pair_seqs(list(zip(texts[::2], texts[1::2], strict=True)))
         else:
@@ -98,12 +113,23 @@ async def infer(svc, request, req: dict, texts: list[str], params: dict, binary:
         timings = res.timings
     elif e.head == "splade":
         texts = svc.check_texts(texts, "TEXT")
+        svc.check_output(
+            len(texts) * e.head_cols, f"{len(texts)} texts x {e.head_cols} vocabulary entries"
+        )
         seqs, tok_s = await svc.heads.text_seqs(texts, truncate)
         res = await svc.heads.run(request, seqs, tok_s, t0)
         arrays = [("SPARSE", "FP32", res.embeddings)]
         timings = res.timings
     else:
         texts = svc.check_texts(texts, "TEXT")
+        # tokenised first, so that the answer's size is known (and bounded) before the model
+        # runs: TOKEN_LOGITS is padded to the longest text
+        seqs, _ = await svc.tokenize(texts, True)
+        longest = max(len(s) for s in seqs)
+        svc.check_output(
+            len(texts) * longest * e.head_cols,
+            f"{len(texts)} texts x {longest} tokens (the longest) x {e.head_cols} labels",
+        )
         lg = await in_thread(e.predict_tokens, texts)
         L = max(len(x) for x in lg)
         pad = np.zeros((len(lg), L, e.head_cols), np.float32)
@@ -134,4 +160,4 @@ async def infer(svc, request, req: dict, texts: list[str], params: dict, binary:
         return Response(
             head + b"".join(blobs), headers=headers, media_type="application/octet-stream"
         )
-    return json_response(resp, headers=headers)
+    return await json_answer(resp, sum(a.size for _, _, a in arrays), headers=headers)

@@ -77,11 +77,14 @@ def _errors(schema=_ERROR) -> dict:
             ("400", "an empty input, or a well-formed but unusable value (e.g. dimensions)"),
             ("404", "unknown model name"),
             ("408", "the body did not arrive within --body-timeout"),
-            ("413", "too many inputs or too large a body"),
+            (
+                "413",
+                "too many inputs, too large a body, or an answer over --max-output-floats",
+            ),
             ("422", "invalid request (the message names the field and the fix)"),
-            ("429", "too many requests in flight"),
+            ("429", "too many requests in flight (--max-concurrent-requests); Retry-After"),
             ("500", "the engine failed for this request"),
-            ("503", "the server is shutting down"),
+            ("503", "the server is shutting down; Retry-After"),
         )
     }
 

@@ -13,7 +13,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.routing import Route
 
-from zoi.serve.handler import admitted
+from zoi.serve.handler import admitted, json_answer
 from zoi.serve.heads import in_thread, need
 from zoi.serve.http import ApiError, json_response, parse_json, timing_headers
 from zoi.serve.openapi_heads import ALL, ROUTES_OF
@@ -67,8 +67,9 @@ def make_routes(svc: Service) -> list[Route]:
             body = parse_json(raw)
             if not isinstance(body, dict):
                 raise ApiError("validation", "request body should be a JSON object")
-            out, timings = await route_fn(request, body, t0)
-            return json_response(out, headers=timing_headers(timings) if timings else None)
+            out, timings, floats = await route_fn(request, body, t0)
+            headers = timing_headers(timings) if timings else None
+            return await json_answer(out, floats, headers=headers)
 
         return h
 
@@ -100,14 +101,14 @@ def make_routes(svc: Service) -> list[Route]:
             if ret:
                 r["text"] = texts[i]
             out.append(r)
-        return out, res.timings
+        return out, res.timings, 0
 
     async def cohere_rerank(request, body, t0):
         need(svc, "/v1/rerank", "seq_cls")
         model = body.get("model")
-        if model is not None and (
-            not isinstance(model, str) or (model and model != svc.model_name)
-        ):
+        if model is not None and not isinstance(model, str):
+            raise ApiError("validation", "model should be a string", "model")
+        if model and model != svc.model_name:
             raise ApiError(
                 "not_found",
                 f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
@@ -147,7 +148,7 @@ def make_routes(svc: Service) -> list[Route]:
             "usage": {"total_tokens": res.tokens},
             "meta": {"billed_units": {"search_units": 1}},
         }
-        return out, res.timings
+        return out, res.timings, 0
 
     async def predict(request, body, t0):
         need(svc, "/predict", "seq_cls")
@@ -184,8 +185,8 @@ def make_routes(svc: Service) -> list[Route]:
             ts, tok_s = await svc.heads.text_seqs(texts, truncate)
             for i, s in zip(texts_at, ts, strict=True):
                 seqs[i] = s
-        if pairs_at:
-            flat = svc.check_texts([y for i in pairs_at for y in items[i]], "inputs")
+        if pairs_at:  # a pair is one input (counted above), as a document of /rerank is
+            flat = svc.check_texts([y for i in pairs_at for y in items[i]], "inputs", count=False)
             ps, dt = await svc.heads.pair_seqs(
                 [(flat[2 * k], flat[2 * k + 1]) for k in range(len(pairs_at))]
             )
@@ -199,7 +200,7 @@ def make_routes(svc: Service) -> list[Route]:
             [{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")]
             for row in s
         ]
-        return (out[0] if single else out), res.timings
+        return (out[0] if single else out), res.timings, 0
 
     async def embed_sparse(request, body, t0):
         need(svc, "/embed_sparse", "splade")
@@ -211,23 +212,23 @@ def make_routes(svc: Service) -> list[Route]:
         for row in res.embeddings:
             nz = np.flatnonzero(row > 0)
             out.append([{"index": int(i), "value": float(row[i])} for i in nz])
-        return out, res.timings
+        return out, res.timings, sum(len(x) for x in out)
 
     async def embed_all(request, body, t0):
         need(svc, "/embed_all", "")
         texts = svc.check_texts(_inputs(body), "inputs")
         truncate = _flag(body, "truncate", svc.config.auto_truncate)
-        if not truncate:
-            for i, n in enumerate(svc.engine.tokenizer.count_tokens(texts, False)):
-                if n > svc.max_positions:
-                    raise ApiError(
-                        "too_large",
-                        f"inputs[{i}] has {n} tokens, over the model's limit of {svc.max_positions}; shorten it or allow truncation",
-                        "inputs",
-                    )
-        embs = await in_thread(svc.engine.token_embeddings, texts, None, True)
+        # tokenised first (on the tokenizer thread when big; over-long texts with truncation off
+        # are a 413 here), so that the answer, tokens x hidden floats, is bounded before the
+        # model runs
+        seqs, _ = await svc.tokenize(texts, truncate)
+        ntok = int(sum(len(s) for s in seqs))
+        floats = ntok * svc.hidden
+        svc.check_output(floats, f"{ntok:,} tokens x {svc.hidden} dimensions", "inputs")
+        embs = await in_thread(svc.engine.token_embeddings, texts, None, truncate)
         svc.metrics.inputs.inc(len(texts))
-        return [e.tolist() for e in embs], None
+        svc.metrics.request_tokens.inc(ntok)
+        return list(embs), None, floats
 
     fns = {
         "/rerank": rerank,

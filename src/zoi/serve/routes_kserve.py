@@ -21,9 +21,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from zoi.serve import kserve_heads
-from zoi.serve.handler import Answers, admitted
+from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, dumps, error_headers, json_response, parse_json, timing_headers
-from zoi.serve.service import Service
+from zoi.serve.service import Service, as_json
 
 ROUTE = "kserve"
 INPUT = "TEXT"
@@ -263,7 +263,12 @@ def make_routes(svc: Service) -> list[Route]:
         truncate = params.get("truncate", svc.config.auto_truncate)
         if not isinstance(normalize, bool) or not isinstance(truncate, bool):
             raise ApiError("validation", "parameters normalize and truncate should be booleans")
-        binary = bool(params.get("binary_data_output", False))
+        binary = params.get("binary_data_output", False)
+        if not isinstance(binary, bool):  # "no" or 0 must not ask for a binary answer
+            raise ApiError(
+                "validation",
+                f"parameters.binary_data_output should be true or false, got {as_json(binary)}",
+            )
         if getattr(svc.engine, "head", ""):  # a task head (zoi.serve.kserve_heads)
             return await kserve_heads.infer(svc, request, req, texts, params, binary, t0)
         binary = kserve_heads.output_binary(req.get("outputs"), [OUTPUT], binary)
@@ -283,7 +288,7 @@ def make_routes(svc: Service) -> list[Route]:
             headers[HEADER] = str(len(head))
             return Response(head + raw, headers=headers, media_type="application/octet-stream")
         out["data"] = emb.reshape(-1)
-        return json_response(resp, headers=headers)
+        return await json_answer(resp, emb.size, headers=headers)
 
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version}"

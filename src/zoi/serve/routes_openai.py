@@ -8,9 +8,9 @@ import numpy as np
 from starlette.requests import Request
 from starlette.routing import Route
 
-from zoi.serve.handler import Answers, admitted
+from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
-from zoi.serve.service import Service
+from zoi.serve.service import Service, as_json, flat_ids
 
 ROUTE = "openai"
 _TYPES = {
@@ -52,7 +52,7 @@ ANSWERS = Answers(error_response, {"error": {"message": "client went away"}})
 
 
 def _parse_input(svc: Service, inp):
-    """-> ("text", [str]) or ("ids", [[int]])."""
+    """-> ("text", [str]), ("ids", [[int]]) or ("flat", [[int]]): one array of ids sent flat."""
     if isinstance(inp, str):
         return "text", [inp]
     if not isinstance(inp, list):
@@ -64,8 +64,8 @@ def _parse_input(svc: Service, inp):
         )
     if not inp:
         raise ApiError("empty", "input is an empty array", "input")
-    if all(type(x) is int for x in inp):
-        return "ids", [inp]
+    if flat_ids(inp):
+        return "flat", [inp]
     if all(isinstance(x, str) for x in inp):
         return "text", inp
     if all(isinstance(x, list) for x in inp):
@@ -92,11 +92,13 @@ def make_routes(svc: Service) -> list[Route]:
                 f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
                 "model",
             )
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
+        fmt = body.get("encoding_format")
+        if fmt is None:  # absent or null: the default
+            fmt = "float"
+        if not isinstance(fmt, str) or fmt not in ("float", "base64"):
             raise ApiError(
                 "validation",
-                f"encoding_format should be 'float' or 'base64', got {fmt!r}",
+                f'encoding_format should be "float" or "base64", got {as_json(fmt)}',
                 "encoding_format",
             )
         dims = body.get("dimensions")
@@ -113,7 +115,8 @@ def make_routes(svc: Service) -> list[Route]:
             texts = svc.check_texts(items, "input")
             seqs, tok_s = await svc.tokenize(texts, truncate)
         else:
-            seqs, tok_s = svc.check_ids(items, truncate, "input"), 0.0
+            seqs = svc.check_ids(items, truncate, "input", flat=kind == "flat")
+            tok_s = 0.0
         res = await svc.embed(request, seqs, True, tok_s, t0)
         emb = res.embeddings
         if dims is not None and dims < svc.hidden:  # Matryoshka: truncate, re-normalise
@@ -133,7 +136,7 @@ def make_routes(svc: Service) -> list[Route]:
             "model": svc.model_name,
             "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens},
         }
-        return json_response(out, headers=timing_headers(res.timings))
+        return await json_answer(out, emb.size, headers=timing_headers(res.timings))
 
     async def models(request: Request):
         return json_response(

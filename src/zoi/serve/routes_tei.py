@@ -6,9 +6,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from zoi.serve.handler import Answers, admitted
+from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
-from zoi.serve.service import Service
+from zoi.serve.service import Service, flat_ids
 
 ROUTE = "tei"
 _ERROR_TYPES = {
@@ -71,15 +71,16 @@ def make_routes(svc: Service) -> list[Route]:
                 "only truncation_direction 'Right' is supported",
                 "truncation_direction",
             )
-        if items and all(type(x) is int for x in items):
-            items = [items]  # one sequence of token ids
-        if items and all(isinstance(x, list) for x in items):
+        if flat_ids(items):  # one sequence of token ids
+            seqs, tok_s = svc.check_ids([items], truncate, "inputs", flat=True), 0.0
+        elif items and all(isinstance(x, list) for x in items):
             seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
         else:
             texts = svc.check_texts(items, "inputs")
             seqs, tok_s = await svc.tokenize(texts, truncate)
         res = await svc.embed(request, seqs, normalize, tok_s, t0)
-        return json_response(list(res.embeddings), headers=timing_headers(res.timings))
+        emb = res.embeddings
+        return await json_answer(list(emb), emb.size, headers=timing_headers(res.timings))
 
     # it works on the shared tokenizer thread: bounded like /embed; its outcomes have a label of
     # their own (requests = successes + failures per route) and no request_duration (no model)
@@ -134,6 +135,7 @@ def make_routes(svc: Service) -> list[Route]:
                 "max_concurrent_requests": svc.config.max_concurrent_requests,
                 "max_input_length": svc.max_positions,
                 "max_input_chars": svc.max_input_chars,
+                "max_output_floats": svc.config.max_output_floats,
                 "max_batch_tokens": svc.max_batch_tokens,
                 "max_batch_requests": svc.max_batch_requests,
                 "max_client_batch_size": svc.config.max_client_batch_size,

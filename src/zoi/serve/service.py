@@ -22,7 +22,7 @@ from zoi.frontend.tokenizer import pack
 from zoi.serve.batcher import Batcher, BatcherClosed
 from zoi.serve.config import ServeConfig
 from zoi.serve.guard import Admission
-from zoi.serve.http import ApiError, ClientGone
+from zoi.serve.http import ApiError, ClientGone, dumps
 from zoi.serve.metrics import Metrics
 
 log = logging.getLogger("zoi.serve")
@@ -189,19 +189,25 @@ class Service(Admission):
         self._tok_pool.shutdown(wait=True)
 
     # ---- the shared inference path ------------------------------------------------------------
-    def check_count(self, n: int, param: str = "input") -> None:
+    def check_count(self, n: int, param: str = "input", what: str = "inputs") -> None:
+        """`n` inputs (texts, token id arrays, or pairs: each is one sequence for the model)
+        against --max-client-batch-size."""
         if n == 0:
             raise ApiError("empty", "input is empty; send at least one input", param)
         if n > self.config.max_client_batch_size:
             raise ApiError(
                 "too_large",
-                f"{n} inputs in one request is over the limit of "
-                f"{self.config.max_client_batch_size} (--max-client-batch-size)",
+                f"{n} {what} in one request is over the limit of "
+                f"{self.config.max_client_batch_size} (--max-client-batch-size); split the "
+                "request",
                 param,
             )
 
-    def check_texts(self, texts: list, param: str = "input") -> list[str]:
-        self.check_count(len(texts), param)
+    def check_texts(self, texts: list, param: str = "input", count: bool = True) -> list[str]:
+        """Each text a non-empty string within --max-input-chars; count=False: the caller
+        counted the inputs itself (pairs: two texts make one input)."""
+        if count:
+            self.check_count(len(texts), param)
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise ApiError(
@@ -218,34 +224,72 @@ class Service(Admission):
                 )
         return texts
 
-    def check_ids(self, seqs: list, truncate: bool, param: str = "input") -> list[np.ndarray]:
+    def check_ids(
+        self, seqs: list, truncate: bool, param: str = "input", flat: bool = False
+    ) -> list[np.ndarray]:
+        """Token id arrays: each a non-empty array of integers in [0, vocab). flat: the client
+        sent one array (`seqs` is [it]), so errors name its elements as param[j]."""
         self.check_count(len(seqs), param)
         out = []
         for i, s in enumerate(seqs):
-            if not isinstance(s, list) or not all(type(x) is int for x in s):
-                raise ApiError(
-                    "validation", f"{param}[{i}] should be a list of token ids (integers)", param
-                )
-            if not s:
-                raise ApiError("empty", f"{param}[{i}] is an empty list of token ids", param)
-            a = np.asarray(s, dtype=np.int64)
-            if a.min() < 0 or a.max() >= self.vocab_size:
+            name = param if flat else f"{param}[{i}]"
+            if not isinstance(s, list):
                 raise ApiError(
                     "validation",
-                    f"{param}[{i}] holds token ids outside [0, {self.vocab_size})",
+                    f"{name} is {_jtype(s)}, expected an array of token ids (integers)",
                     param,
                 )
+            if not s:
+                raise ApiError("empty", f"{name} is an empty array of token ids", param)
+            a = None
+            if all(type(x) is int for x in s):
+                try:
+                    a = np.asarray(s, dtype=np.int64)
+                except OverflowError:  # an id past 64 bits: out of any vocabulary
+                    a = None
+            if a is None or a.min() < 0 or a.max() >= self.vocab_size:
+                raise ApiError("validation", self._bad_id(s, name), param)
             if len(a) > self.max_positions:
                 if not truncate:
                     raise ApiError(
                         "too_large",
-                        f"{param}[{i}] has {len(a)} tokens, over the model's limit of "
+                        f"{name} has {len(a)} tokens, over the model's limit of "
                         f"{self.max_positions}; shorten it or allow truncation",
                         param,
                     )
                 a = a[: self.max_positions]
             out.append(a.astype(np.int32))
         return out
+
+    def _bad_id(self, s: list, name: str) -> str:
+        """The message for the first element of `s` that is not a token id of this model."""
+        v = self.vocab_size
+        for j, x in enumerate(s):
+            if type(x) is not int:
+                return (
+                    f"{name}[{j}] is {_jtype(x)} ({as_json(x)}), expected a token id: an "
+                    f"integer in [0, {v})"
+                )
+            if not 0 <= x < v:
+                return (
+                    f"{name}[{j}] is token id {x}, outside the vocabulary [0, {v}); send the "
+                    "ids this model's tokenizer gives"
+                )
+        return f"{name} holds token ids outside [0, {v})"  # pragma: no cover - found above
+
+    def check_output(self, floats: int, what: str, param: str | None = None) -> None:
+        """413 before the model runs when an answer would hold more than --max-output-floats
+        floats (`what` says how they add up), so one request cannot make the server build an
+        answer of gigabytes."""
+        limit = self.config.max_output_floats
+        if floats > limit:
+            raise ApiError(
+                "too_large",
+                f"the answer would hold {floats:,} floats ({what}), over the limit of "
+                f"{limit:,} per request (--max-output-floats / ZOI_MAX_OUTPUT_FLOATS); send "
+                "fewer or shorter inputs, or raise the limit",
+                param,
+            )
 
     async def tokenize(self, texts: list[str], truncate: bool) -> tuple[list[np.ndarray], float]:
         t0 = time.perf_counter()
@@ -352,6 +396,18 @@ async def _wait_disconnect(request: Request) -> None:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+def as_json(v) -> str:
+    """A request value as the client wrote it (JSON), for error messages."""
+    return dumps(v).decode(errors="replace")
+
+
+def flat_ids(items: list) -> bool:
+    """A flat array of numbers (booleans too) is one sequence of token ids; check_ids then
+    names any element that is not an id of the vocabulary (a float, a boolean, a negative or
+    too large integer) instead of the array passing for a list of texts."""
+    return bool(items) and all(isinstance(x, (int, float)) for x in items)
 
 
 def _jtype(v) -> str:
