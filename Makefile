@@ -1,5 +1,5 @@
 # Everyday targets. `make demo` and `make test` are the README's two commands.
-.PHONY: setup demo test test-fast lint format bench bench-quick gpu-check clean
+.PHONY: setup demo test test-all check test-fast lint format bench bench-quick gpu-check clean
 
 VENV := . .venv/bin/activate &&
 
@@ -9,13 +9,25 @@ setup:
 demo: setup
 	$(VENV) zoi demo
 
+# CI's tier (<= 20 minutes on 2 cores, setup included): every test but the slow tier's, the
+# slowest 25 named; then the C++ core once more under ASan + UBSan (~2-3 min)
 test: setup
 	$(VENV) ruff check src tests lab scripts && ruff format --check src tests lab scripts   # lint first (seconds)
-	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1200
-	./scripts/sanitize.sh   # the C++ core's tests once more, built with ASan + UBSan (~2-3 min)
+	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1200 -m "not slow" --durations=25
+	./scripts/sanitize.sh
 
-test-fast:
-	$(VENV) python -m pytest -q -x -m "not slow"
+# everything: the default tier plus the slow one (clusters, second environments, full sweeps,
+# the benchmark harness end to end, the long soak)
+test-all: setup
+	$(VENV) ruff check src tests lab scripts && ruff format --check src tests lab scripts
+	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1800 --durations=25
+	./scripts/sanitize.sh
+
+# the edit loop: stop at the first failure, no slow tier
+check:
+	$(VENV) python -m pytest -q -x -n 2 --dist loadfile -m "not slow"
+
+test-fast: check
 
 lint:
 	$(VENV) ruff check src tests lab scripts && ruff format --check src tests lab scripts

@@ -90,7 +90,8 @@ class TestInterpreter:
         be._steps[64] = build_persistent_steps(be, 64, cfg=cfg)
         _check(be, model, ([5, 1, 9], [40, 3, 17]), seed=6)
 
-    @pytest.mark.parametrize("tb", [16, 128, 256])
+    # 256 takes ~1 minute in the interpreter: the slow tier (compiled on the GPU every run)
+    @pytest.mark.parametrize("tb", [16, 128, pytest.param(256, marks=pytest.mark.slow)])
     def test_h200_default_cfg_minilm_width(self, tb):
         """The config default_cfg picks for an H200 (132 SMs) at each bucket, on a
         MiniLM-width layer: one-shot LN GEMMs (BK 512 > H 384, masked), split-K ffn2

@@ -182,6 +182,7 @@ def test_overload_answers_503_with_a_clear_message(artifact, tmp_path):
         assert st == 200
 
 
+@pytest.mark.slow  # starts haproxy in front of a Ray cluster (~1 minute): the slow tier
 def test_haproxy_ingress_serves_the_same_answers(artifact, engine, tmp_path):
     """--proxy haproxy (Ray's HAProxy mode, private paths and ports) while another deployment
     runs: the same routes, every answer equal to engine.encode."""

@@ -211,6 +211,7 @@ def _other_numpy_python() -> str:
     return str(py)
 
 
+@pytest.mark.slow  # builds a second virtual environment: the slow tier
 def test_compile_bytes_identical_across_numpy_major_versions(small_bert, tmp_path):
     """numpy 2.x (this venv) against 1.26 (a cached venv; or the reverse), with other
     OpenBLAS builds too (each numpy wheel bundles its own)."""
