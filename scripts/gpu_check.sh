@@ -54,7 +54,7 @@ if has test || has quick; then
   log "tests (kernels compiled on the GPU + the whole backend)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   # parallel when pytest-xdist is there: the time is mostly Triton compiling, on the CPU
   par=(); $PY -c "import xdist" 2>/dev/null && par=(-n "${TEST_PROCS:-8}")
-  ZOI_TRITON_COMPILED=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest tests/ops tests/cuda_backend tests/heads/cuda tests/archs/test_cuda_archs.py -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
+  ZOI_TRITON_COMPILED=1 timeout "${TEST_TIMEOUT:-400}" $PY -m pytest tests/ops tests/cuda_backend tests/heads/cuda tests/archs/test_cuda_archs.py tests/archs/test_cuda_decoder_archs.py -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
     | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
   rc=${PIPESTATUS[0]}
   echo "tests exit code $rc" | tee -a "$OUT/gpu_check_${STAMP}.log"

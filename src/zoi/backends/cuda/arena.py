@@ -1,6 +1,7 @@
 """The activation arena: one device buffer holding every activation of a forward (placed by
 liveness), the per-row amax / a_scale / zero-point rows, the attention tile table, the call's
-input staging (header + cu_seqlens, ids, positions) and the pooled output."""
+input staging (header + cu_seqlens, ids, positions) and the pooled output (fp32 [max_batch,
+out_dim]: the hidden size, or the width of the last Dense module)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from zoi.graph.planner import place_buffers
 
 def place(launches, T) -> tuple[dict, dict, int]:
     """Liveness over one launch list (fp16 rows of T tokens, int8 for the "#q" copies; a launch
-    whose extra says "out_bytes": that many, e.g. SPLADE's fp32 [max_batch, V]), placed by the
+    whose extra says "out_bytes": that many, e.g. SPLADE's fp32 [max_batch, V] or the pooled
+    rows the Dense modules read), placed by the
     graph's planner (zoi.graph.planner.place_buffers): (offsets, columns, bytes)."""
     cols: dict[str, int] = {}
     live: dict[str, list[int]] = {}
@@ -22,7 +24,7 @@ def place(launches, T) -> tuple[dict, dict, int]:
         for n in reads:
             if n in live:
                 live[n][1] = i
-        if L.kind != "pool":
+        if L.kind != "pool" or L.extra.get("out_bytes"):  # a pool writes the output rows
             cols[L.out] = L.n
             live[L.out] = [i, i]
             if L.extra.get("out_bytes"):
@@ -48,7 +50,7 @@ class Arena:
     carves the device views every launch reads. Each plan dict gets "offs", "cols" and
     "amax_row" (its row in the amax region for each per-row vector)."""
 
-    def __init__(self, plans: list[dict], torch, dev: str, T: int, Bmax: int, hidden: int):
+    def __init__(self, plans: list[dict], torch, dev: str, T: int, Bmax: int, out_dim: int):
         self.torch = torch
         act_bytes, n_amax = 0, 1
         for plan in plans:
@@ -66,7 +68,7 @@ class Arena:
             ("amax", n_amax * T * 4),
             ("tcum", Bmax * 4),
             ("in", self.in_ints * 4),
-            ("out", Bmax * hidden * 4),
+            ("out", Bmax * out_dim * 4),
         ]
         roff, total = {}, 0
         for name, nb in regions:
@@ -80,8 +82,8 @@ class Arena:
         self.amax_region = ab.view(n_amax, T)
         self.tcum = self.buf[roff["tcum"] : roff["tcum"] + Bmax * 4].view(torch.int32)
         self.d_in = self.buf[roff["in"] : roff["in"] + self.in_ints * 4].view(torch.int32)
-        d_out = self.buf[roff["out"] : roff["out"] + Bmax * hidden * 4].view(torch.float32)
-        self.d_out = d_out.view(Bmax, hidden)
+        d_out = self.buf[roff["out"] : roff["out"] + Bmax * out_dim * 4].view(torch.float32)
+        self.d_out = d_out.view(Bmax, out_dim)
 
     def f32(self, plan: dict, name: str, rows: int, cols: int):
         """The fp32 [rows, cols] view of a buffer placed by its byte size (SPLADE's pooled

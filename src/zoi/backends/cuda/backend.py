@@ -20,7 +20,7 @@ into a graph, instantiated with ``cuGraphInstantiate``.
 
 Per call (``run``): numpy writes ids / positions / cu_seqlens and a 4-int header into
 pinned staging; ``cuMemcpyHtoDAsync``; ``cuGraphLaunch``; ``cuMemcpyDtoHAsync`` of the
-pooled [B, H] fp32; ``cuStreamSynchronize``. Nothing else, no allocation; a lock makes
+pooled [B, out_dim] fp32; ``cuStreamSynchronize``. Nothing else, no allocation; a lock makes
 concurrent callers safe.
 
 ``interpret=True`` (or no GPU with TRITON_INTERPRET=1) runs the same launch list eagerly on
@@ -123,7 +123,7 @@ class CudaBackend:
         plans = [self.plans[False], self.plans[True]]
         self.wbuf, self.w, self.weights_bytes = pack_weights(model, plans, self.torch, self.dev)
         self.mem = Arena(
-            plans, self.torch, self.dev, self.max_tokens, self.max_batch, self.spec.hidden
+            plans, self.torch, self.dev, self.max_tokens, self.max_batch, self.spec.out_dim
         )
         self.arena, self.arena_bytes, self.act_bytes = (
             self.mem.buf,
@@ -134,7 +134,7 @@ class CudaBackend:
         self.d_in, self.d_out, self.hdr_ints = self.mem.d_in, self.mem.d_out, self.mem.hdr_ints
         self.staging = HostStaging(
             None if self.eager else self.drv, self.mem.in_ints, self.hdr_ints, self.max_batch,
-            self.spec.hidden,
+            self.spec.out_dim,
         )  # fmt: skip
         self.h_in, self.h_out = self.staging.h_in, self.staging.h_out
         if not self.eager:

@@ -2,7 +2,7 @@
 sequence that runs a captured bucket (no framework, no allocation per call).
 
 ``HostStaging``: the input ints [header (normalize, B, T, 0) + cu_seqlens | ids | positions]
-and the pooled [B, H] fp32 output, in page-locked memory (plain numpy arrays in the
+and the pooled [B, out_dim] fp32 output, in page-locked memory (plain numpy arrays in the
 interpreter, where "device" buffers are torch CPU tensors).
 
 ``DriverCall.run``: ``cuMemcpyHtoDAsync`` of the staged ints, ``cuGraphLaunch``,
@@ -17,7 +17,8 @@ import numpy as np
 
 class HostStaging:
     def __init__(self, drv, in_ints: int, hdr_ints: int, max_batch: int, hidden: int):
-        """drv: zoi.backends.cuda.driver (pinned memory), or None (interpreter: numpy)."""
+        """drv: zoi.backends.cuda.driver (pinned memory), or None (interpreter: numpy);
+        hidden: the width of an output row (the model's out_dim)."""
         self.hdr_ints, self.in_ints = hdr_ints, in_ints
         self.pinned = drv is not None
         if self.pinned:

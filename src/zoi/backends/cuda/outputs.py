@@ -58,11 +58,11 @@ def run_outputs(be, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
             pooled = be.h_out[:B].copy()
         out = {}
         for name in names:
-            if name == g.output and g.ops[-1].kind == "pool" and name not in plan["cols"]:
-                out[name] = pooled
-            elif name == g.output and g.ops[-1].attrs.get("mode") == "splade":  # fp32 [B, V]
+            if name == g.output and g.ops[-1].attrs.get("mode") == "splade":  # fp32 [B, V]
                 v = be.mem.f32(plan, name, B, int(g.buffers[name].cols))
                 out[name] = v.cpu().numpy().copy()
+            elif name == g.output and g.buffers[name].rows == "B":  # pooled (+ Dense modules)
+                out[name] = pooled
             else:
                 out[name] = be.mem.act(plan, name, tb)[:T].float().cpu().numpy()
     return out

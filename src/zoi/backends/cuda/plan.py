@@ -13,6 +13,11 @@ the consumer's act_shift / act_mul applied first) or by a ``quantize`` launch of
 (after attention / ffn1, when asymmetric or transformed); symmetric / static linears without
 a transform after such a producer quantise while loading their fp16 input (row amax by float
 atomic max, from a buffer the embed kernel zeroed). Details: docs/GPU.md, Numerics.
+
+Linears over the B pooled rows (sentence-transformers' Dense modules after the pool) run on
+fp32 [max_batch, N] rows of the arena with FP16 weights; the pool they read writes its rows
+there unnormalised, and a last pool launch ("rows" mode) copies the last module's rows into
+the call's output, normalised on request.
 """
 
 from __future__ import annotations
@@ -90,6 +95,8 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         if op.kind == "embed":
             cols = g.buffers[op.output].cols  # embed_size (Electra / ALBERT), else hidden
             out.append(Launch("embed", op, op.output, list(op.inputs), n=cols))
+        elif op.kind == "linear" and g.buffers[op.output].rows == "B":
+            out.append(_rows_linear(model, op, g, fallbacks))
         elif op.kind == "linear":
             prefix = op.weights["w"].rsplit(".", 1)[0]
             mode = op.attrs["quant"]
@@ -167,10 +174,19 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             out.append(la)
             fallbacks[op.inputs[0]] = "SPLADE logits stored: no decoder linear fused with the pool"
         elif op.kind == "pool":
-            out.append(Launch("pool", op, op.output, [op.inputs[0]], n=model.spec.hidden))
+            la = Launch("pool", op, op.output, [op.inputs[0]], n=model.spec.hidden)
+            if op.output != g.output:  # Dense modules read it: fp32 [max_batch, H] in the arena
+                la.extra["out_bytes"] = _max_batch(model) * la.n * 4
+            out.append(la)
         else:
             raise BackendUnavailableError(f"device='cuda' has no kernel for op {op.kind!r}")
         i += 1
+    if out and out[-1].extra.get("rows") == "B":
+        # the Dense modules' output: copied (normalised on request) into the call's output rows
+        # by the pool kernel reading one row per sequence
+        la = Launch("pool", out[-1].op, out[-1].out + "#out", [out[-1].out], n=out[-1].n)
+        la.extra["mode"] = "rows"
+        out.append(la)
     tail_ok = out and (
         out[-1].kind in ("pool", "sparse_pool")
         or out[-1].extra.get("splade")
@@ -286,6 +302,24 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         "fallbacks": fallbacks,
         "notes": notes,
     }
+
+
+def _rows_linear(model, op, g, fallbacks: dict) -> Launch:
+    """A linear over the B pooled rows (sentence-transformers' Dense modules): fp32 [max_batch,
+    N] in the arena, FP16 weights (an INT8 scheme of the IR runs dequantised: a quantize launch
+    would cost more than a GEMM of a few rows; recorded in the fallbacks)."""
+    prefix = op.weights["w"].rsplit(".", 1)[0]
+    wq = model.weights.get(f"{prefix}.w_q")
+    N, K = wq.shape if wq is not None else model.weights[f"{prefix}.w"].shape
+    if op.attrs["quant"].quantized:
+        fallbacks[op.output] = (
+            f"{prefix}: fp16 weights on the pooled rows, not {op.attrs['quant'].value} "
+            "(a few rows: the weights dequantised once)"
+        )
+    la = Launch("linear", op, op.output, [op.inputs[0]], n=int(N), k=int(K))
+    la.extra.update(prefix=prefix, transform=False, rows="B")
+    la.extra["out_bytes"] = _max_batch(model) * int(N) * 4
+    return la
 
 
 def _max_batch(model) -> int:

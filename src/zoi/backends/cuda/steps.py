@@ -70,8 +70,8 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     w.get("embed.word_scale"),
                     w.get("embed.pos"),
                     w.get("embed.type0"),
-                    w["embed.ln.w"],
-                    w["embed.ln.b"],
+                    w.get("embed.ln.w"),  # None: no embedding norm (decoder architectures)
+                    w.get("embed.ln.b"),
                     x,
                     amx(L.out) if L.amax_out else None,
                     arena.amax_region,
@@ -85,6 +85,8 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     **qo,
                 )
             )
+        elif L.kind == "linear" and L.extra.get("rows") == "B":
+            steps.append(_rows_linear_step(L, w, arena, plan, nseq, pdl))
         elif L.kind == "linear":
             p = L.extra["prefix"]
             a = act(L.extra["qname"] if L.prequant else L.ins[0])
@@ -103,12 +105,13 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 continue
             y, r = act(L.out), act(L.res) if L.res else None
             ln = L.ln is not None
+            norm = _norm_kw(L.ln) if ln else {}
             rowq = bool(L.extra.get("q")) and not ln
             cfg = k_lin.pick_config(
                 tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
             )
             steps.append(
-                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), fold=fold: (
+                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), fold=fold, norm=norm: (
                     k_lin.launch_linear(
                         a,
                         a_sc,
@@ -134,6 +137,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         a_zp=a_zp,
                         **(fold or dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)),
                         **qo,
+                        **norm,
                     )
                 )
             )
@@ -156,8 +160,8 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 )
             )
         elif L.kind == "attention":
-            # the extras (MPNet's relative bias, ModernBERT's RoPE / local window): constexpr
-            # switches of the one kernel (kernels/attention.py); none: the plain kernel
+            # the extras (relative bias, RoPE, window, causal, grouped KV heads, q/k norm):
+            # constexpr switches of the one kernel (kernels/attention.py); none: the plain kernel
             qkv, o = act(L.ins[0]), act(L.out)
             at, wn = L.op.attrs, L.op.weights
             ext = dict(
@@ -165,6 +169,11 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                 cos=w[wn["rope_cos"]] if "rope_cos" in wn else None,
                 sin=w[wn["rope_sin"]] if "rope_sin" in wn else None,
                 window=int(at.get("window", 0)),
+                kv_heads=int(at.get("kv_heads", 0)),
+                causal=bool(at.get("causal", False)),
+                q_norm=w[wn["q_norm"]] if "q_norm" in wn else None,
+                k_norm=w[wn["k_norm"]] if "k_norm" in wn else None,
+                qk_eps=float(at.get("qk_eps", 1e-6)),
             )
             steps.append(
                 lambda qkv=qkv, o=o, L=L, at=at, ext=ext: k_attn.launch_attention(
@@ -218,16 +227,41 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     L.op.attrs["eps"],
                     pdl=pdl,
                     **qo,
+                    **_norm_kw(L.op),
                 )
             )
         elif L.kind == "pool":
-            x = act(L.ins[0])
+            # "rows": the Dense modules' fp32 [B, N] output into the call's output rows; a pool
+            # the Dense modules read writes fp32 rows of its own, never normalised
+            mode = L.extra.get("mode", L.op.attrs.get("mode"))
+            x = arena.f32(plan, L.ins[0], nseq, L.n) if mode == "rows" else act(L.ins[0])
+            dense = bool(L.extra.get("out_bytes"))
+            p = arena.f32(plan, L.out, nseq, L.n) if dense else arena.d_out
             steps.append(
-                lambda x=x, L=L: k_pool.launch_pool(
-                    x, cu, hdr, arena.d_out, nseq, sp.hidden, L.op.attrs["mode"], pdl=pdl
+                lambda x=x, p=p, L=L, mode=mode, dense=dense: k_pool.launch_pool(
+                    x, cu, hdr, p, nseq, L.n, mode, pdl=pdl, normalize=not dense
                 )
             )
     return steps
+
+
+def _norm_kw(op) -> dict:
+    """The kernel switches of an add_layernorm op: RMSNorm, the residual after the norm."""
+    return dict(rms=bool(op.attrs.get("rms")), post=op.attrs.get("residual") == "post")
+
+
+def _rows_linear_step(L, w, arena, plan, nseq, pdl):
+    """A linear over the pooled rows (the Dense modules): fp32 [nseq, K] -> fp32 [nseq, N] in
+    the arena, fp16 weights (plan._rows_linear); rows past the call's B are computed and unread."""
+    from zoi.backends.cuda.kernels import linear as k_lin
+
+    p = L.extra["prefix"]
+    a, y = arena.f32(plan, L.ins[0], nseq, L.k), arena.f32(plan, L.out, nseq, L.n)
+    cfg = k_lin.pick_config(nseq, L.n, L.k, False, False)
+    return lambda: k_lin.launch_linear(
+        a, None, w[f"{p}.w"], None, w[f"{p}.b"], None, None, None, y, None, nseq, L.n, L.k,
+        quant=0, act=L.op.attrs.get("act", "none"), cfg=cfg, pdl=pdl,
+    )  # fmt: skip
 
 
 def _splade_step(L, a, a_sc, a_zp, w, arena, plan, cu, hdr, tb, nseq, pdl):

@@ -49,7 +49,7 @@ class AsyncSlots:
         self.be = be
         drv = None if be.eager else be.drv
         self.staging = [
-            HostStaging(drv, be.mem.in_ints, be.hdr_ints, be.max_batch, be.spec.hidden)
+            HostStaging(drv, be.mem.in_ints, be.hdr_ints, be.max_batch, be.spec.out_dim)
             for _ in range(MAX_IN_FLIGHT)
         ]
         self.events = [None if be.eager else drv.new_event() for _ in range(MAX_IN_FLIGHT)]
@@ -65,9 +65,9 @@ class AsyncSlots:
         be = self.be
         ids, tb = be._bucket(ids, cu_seqlens)
         B = len(cu_seqlens) - 1
-        if out.dtype != np.float32 or out.shape[0] < B or out.shape[1] != be.spec.hidden:
+        if out.dtype != np.float32 or out.shape[0] < B or out.shape[1] != be.spec.out_dim:
             raise InputError(
-                f"submit: out must be float32 [>= {B}, {be.spec.hidden}], got {out.dtype} "
+                f"submit: out must be float32 [>= {B}, {be.spec.out_dim}], got {out.dtype} "
                 f"{list(out.shape)}"
             )
         with self.lock:

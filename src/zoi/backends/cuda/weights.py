@@ -52,8 +52,9 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
                 add("embed.pos", f16(W[w["pos"]]))
             if "type" in w:
                 add("embed.type0", f16(W[w["type"]][0]))
-            add("embed.ln.w", f32(W[w["ln_w"]]))
-            add("embed.ln.b", f32(W[w["ln_b"]]))
+            if "ln_w" in w:  # the decoder architectures have no embedding norm
+                add("embed.ln.w", f32(W[w["ln_w"]]))
+                add("embed.ln.b", f32(W[w["ln_b"]]))
         elif L.kind == "linear":
             p = L.extra["prefix"]
             shift, mul = W.get(f"{p}.act_shift"), W.get(f"{p}.act_mul")
@@ -86,8 +87,8 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
             if L.ln is not None:  # fused LN: params under the add_layernorm's output name
                 add(f"{L.out}.ln.w", f32(W[L.ln.weights["w"]]))
                 add(f"{L.out}.ln.b", f32(W[L.ln.weights["b"]]))
-        elif L.kind == "attention":  # MPNet's bias table, ModernBERT's RoPE tables (fp32)
-            for k in ("rel_bias", "rope_cos", "rope_sin"):
+        elif L.kind == "attention":  # bias table, RoPE tables, q / k norm weights (fp32)
+            for k in ("rel_bias", "rope_cos", "rope_sin", "q_norm", "k_norm"):
                 if k in op.weights:
                     add(op.weights[k], f32(W[op.weights[k]]))
         elif L.kind == "add_layernorm":

@@ -1,6 +1,7 @@
 """attention: varlen softmax(q k^T * scale [+ bias]) v over packed sequences, one kernel, with
-the extras of MPNet and ModernBERT (issue 20) as constexpr switches of the same kernel (off: the
-plain BERT attention, unchanged):
+the extras of MPNet, ModernBERT and the decoder architectures run as encoders (Qwen3, Gemma3,
+Llama, Qwen2, Mistral) as constexpr switches of the same kernel (off: the plain BERT attention,
+unchanged):
 
 * ``REL_BIAS``: an additive relative-position bias gathered per head from the model's table
   ``bias[h, j - i + P - 1]`` (fp32 [heads, 2P-1], MPNet's bucketed bias computed once at load
@@ -9,7 +10,14 @@ plain BERT attention, unchanged):
   of the token in its sequence), from fp32 cos / sin tables [P, d/2]: each head is loaded as
   its two halves, rotated in fp32, and the scores are the sum of the two half dots;
 * ``WINDOW`` > 0: key j is seen by query i only when |i - j| <= WINDOW (ModernBERT's local
-  layers); the key loop runs over the window's blocks only.
+  layers, Gemma3's sliding layers); the key loop runs over the window's blocks only;
+* ``CAUSAL``: key j is seen by query i only when j <= i (with WINDOW: 0 <= i - j <= WINDOW,
+  Mistral's sliding window); the key loop stops at the tile's last query;
+* ``QK_NORM``: each q / k head RMS-normalised (fp32 [D] weights, eps ``qk_eps``) before RoPE
+  (Qwen3, Gemma3).
+
+Grouped KV heads (not a switch: runtime sizes, GROUP 1 is the plain layout): a qkv row is
+q [H = heads D] | k [KVW = kv_heads D] | v [KVW], and query head h reads KV head h // GROUP.
 
 A tile is BLOCK_M query rows of one sequence. The tile table (inclusive cumsum of tiles
 per sequence, ``tcum``) is built on the device once per forward, by ``tile_table`` (run by
@@ -69,8 +77,22 @@ def _rot(x1, x2, c, s):
 
 
 @triton.jit
+def _rms_head(x, w, D: tl.constexpr, eps):
+    """RMSNorm of each row of one head, x [R, BLOCK_D] fp32 (columns >= D zero), w [BLOCK_D]."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps)
+    return x * rstd[:, None] * w[None, :]
+
+
+@triton.jit
+def _rms_halves(x1, x2, w1, w2, D: tl.constexpr, eps):
+    """_rms_head of a head loaded as its two halves (RoPE): one statistic over both."""
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
+    return x1 * rstd[:, None] * w1[None, :], x2 * rstd[:, None] * w2[None, :]
+
+
+@triton.jit
 def attention_kernel(
-    qkv_ptr,  # [T, 3*H] fp16: q | k | v, head h at cols [h*D, (h+1)*D) of each third
+    qkv_ptr,  # [T, (heads + 2 kv_heads) D] fp16: q | k | v, head h at cols [h*D, (h+1)*D) of q
     hdr_ptr,  # [>=3] int32 call header: [normalize flag, B, T]
     cu_ptr,  # [B + 1] int32 cu_seqlens
     tcum_ptr,  # [B] int32 tile table (tile_table)
@@ -79,10 +101,15 @@ def attention_kernel(
     bias_ptr,  # [heads, 2P-1] fp32 relative bias (REL_BIAS)
     cos_ptr,  # [P, D/2] fp32 (ROPE)
     sin_ptr,  # [P, D/2] fp32 (ROPE)
-    H,  # hidden = heads * D
+    qn_ptr,  # [D] fp32 RMSNorm weight of each q head (QK_NORM)
+    kn_ptr,  # [D] fp32 RMSNorm weight of each k head (QK_NORM)
+    H,  # heads * D: the width of q (and of the context), where k starts
+    KVW,  # kv_heads * D: the width of k and of v
+    GROUP,  # heads // kv_heads: query head h reads KV head h // GROUP
     ldq,
     ldo,
     qk_scale,  # scale * log2(e)
+    qk_eps,  # QK_NORM
     P,  # rows of the bias / RoPE tables (max positions; REL_BIAS, ROPE)
     D: tl.constexpr,  # head dim
     BLOCK_D: tl.constexpr,  # >= D (no RoPE) / >= D/2 (RoPE: the halves)
@@ -94,6 +121,8 @@ def attention_kernel(
     REL_BIAS: tl.constexpr = False,
     ROPE: tl.constexpr = False,
     WINDOW: tl.constexpr = 0,  # 0: global
+    CAUSAL: tl.constexpr = False,
+    QK_NORM: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -110,6 +139,17 @@ def attention_kernel(
         d_ok = rd < HALF
     else:
         d_ok = rd < D
+    k_col = H + (h // GROUP) * D  # this head's K (and V, KVW further) in a qkv row
+    v_col = k_col + KVW
+    if QK_NORM:  # the norm weights, per column (RoPE: per half)
+        if ROPE:
+            wq1 = tl.load(qn_ptr + rd, mask=d_ok, other=0.0)
+            wq2 = tl.load(qn_ptr + HALF + rd, mask=d_ok, other=0.0)
+            wk1 = tl.load(kn_ptr + rd, mask=d_ok, other=0.0)
+            wk2 = tl.load(kn_ptr + HALF + rd, mask=d_ok, other=0.0)
+        else:
+            wq = tl.load(qn_ptr + rd, mask=d_ok, other=0.0)
+            wk = tl.load(kn_ptr + rd, mask=d_ok, other=0.0)
     rn = tl.arange(0, BLOCK_N)
     for j in range(pid, n_tiles, G):
         # my sequence: b = #{c : tcum[c] <= j}
@@ -132,6 +172,8 @@ def attention_kernel(
             ipos = tl.minimum(rm_c - seq_start, P - 1)
             q1 = tl.load(qkv_ptr + q_off, mask=qm, other=0.0).to(tl.float32)
             q2 = tl.load(qkv_ptr + q_off + HALF, mask=qm, other=0.0).to(tl.float32)
+            if QK_NORM:  # before the rotation, as transformers' Qwen3 / Gemma3
+                q1, q2 = _rms_halves(q1, q2, wq1, wq2, D, qk_eps)
             cs_off = ipos[:, None] * HALF + rd[None, :]
             cq = tl.load(cos_ptr + cs_off, mask=qm, other=0.0)
             sq = tl.load(sin_ptr + cs_off, mask=qm, other=0.0)
@@ -140,35 +182,43 @@ def attention_kernel(
             acc2 = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         else:
             q = tl.load(qkv_ptr + q_off, mask=qm, other=0.0)
+            if QK_NORM:
+                q = _rms_head(q.to(tl.float32), wq, D, qk_eps).to(tl.float16)
             acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         m_i = tl.zeros((BLOCK_M,), tl.float32) - float("inf")
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         lo = seq_start
         hi = seq_end
+        if CAUSAL:  # keys up to the tile's last query
+            hi = tl.minimum(seq_end, q0 + BLOCK_M)
         if WINDOW > 0:  # only the key blocks that meet the window of some query of the tile
             lo = tl.maximum(seq_start, q0 - WINDOW)
-            hi = tl.minimum(seq_end, q0 + BLOCK_M + WINDOW)
+            hi = tl.minimum(hi, q0 + BLOCK_M + WINDOW)
         for n0 in range(lo, hi, BLOCK_N):
             kn = n0 + rn
-            if WINDOW > 0:
+            if WINDOW > 0 or CAUSAL:
                 n_ok = (kn < hi) & (kn >= lo)
             else:
                 n_ok = kn < seq_end
             kn_c = tl.where(n_ok, kn, 0)
-            kv_off = kn_c[:, None].to(tl.int64) * ldq + h * D + rd[None, :]
+            kv_off = kn_c[:, None].to(tl.int64) * ldq + rd[None, :]
             kv_m = n_ok[:, None] & d_ok[None, :]
             if ROPE:
-                k1 = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0).to(tl.float32)
-                k2 = tl.load(qkv_ptr + kv_off + H + HALF, mask=kv_m, other=0.0).to(tl.float32)
+                k1 = tl.load(qkv_ptr + kv_off + k_col, mask=kv_m, other=0.0).to(tl.float32)
+                k2 = tl.load(qkv_ptr + kv_off + k_col + HALF, mask=kv_m, other=0.0).to(tl.float32)
+                if QK_NORM:
+                    k1, k2 = _rms_halves(k1, k2, wk1, wk2, D, qk_eps)
                 ck_off = tl.minimum(kn_c - seq_start, P - 1)[:, None] * HALF + rd[None, :]
                 ck = tl.load(cos_ptr + ck_off, mask=kv_m, other=0.0)
                 sk = tl.load(sin_ptr + ck_off, mask=kv_m, other=0.0)
                 k1, k2 = _rot(k1, k2, ck, sk)
                 s = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * qk_scale
             else:
-                k = tl.load(qkv_ptr + kv_off + H, mask=kv_m, other=0.0)
+                k = tl.load(qkv_ptr + kv_off + k_col, mask=kv_m, other=0.0)
+                if QK_NORM:
+                    k = _rms_head(k.to(tl.float32), wk, D, qk_eps).to(tl.float16)
                 s = tl.dot(q, tl.trans(k)) * qk_scale
-            if REL_BIAS or WINDOW > 0:
+            if REL_BIAS or WINDOW > 0 or CAUSAL:
                 rel = kn_c[None, :] - rm_c[:, None]  # j - i
                 ok2 = m_ok[:, None] & n_ok[None, :]
                 if REL_BIAS:
@@ -177,15 +227,17 @@ def attention_kernel(
                     s = s + bv * 1.4426950408889634
                 if WINDOW > 0:
                     ok2 = ok2 & (rel <= WINDOW) & (rel >= -WINDOW)
+                if CAUSAL:
+                    ok2 = ok2 & (rel <= 0)
                 s = tl.where(ok2, s, float("-inf"))
             else:
                 s = tl.where(n_ok[None, :], s, float("-inf"))
             if ROPE:
-                v1 = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
-                v2 = tl.load(qkv_ptr + kv_off + 2 * H + HALF, mask=kv_m, other=0.0)
+                v1 = tl.load(qkv_ptr + kv_off + v_col, mask=kv_m, other=0.0)
+                v2 = tl.load(qkv_ptr + kv_off + v_col + HALF, mask=kv_m, other=0.0)
                 m_i, l_i, acc1, acc2 = softmax_step2(m_i, l_i, acc1, acc2, s, v1, v2)
             else:
-                v = tl.load(qkv_ptr + kv_off + 2 * H, mask=kv_m, other=0.0)
+                v = tl.load(qkv_ptr + kv_off + v_col, mask=kv_m, other=0.0)
                 m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         om = m_ok[:, None] & d_ok[None, :]
@@ -267,15 +319,32 @@ def launch_attention(
     cos=None,
     sin=None,
     window=0,
+    kv_heads=0,
+    causal=False,
+    q_norm=None,
+    k_norm=None,
+    qk_eps=1e-6,
 ):
     """cfg: pick_config's dict for the bucket (its BLOCK_M built the tile table). The extras:
     bias fp32 [heads, 2P-1] (REL_BIAS), cos / sin fp32 [P, head_dim/2] (ROPE), window
-    (WINDOW); none of them: the plain kernel."""
+    (WINDOW), kv_heads (grouped KV heads: qkv is q [heads d] | k [kv_heads d] | v [kv_heads d];
+    0: heads), causal (CAUSAL), q_norm / k_norm fp32 [head_dim] with qk_eps (QK_NORM); none of
+    them: the plain kernel."""
     rope = cos is not None
     if rope and head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
     if rope != (sin is not None):
         raise ValueError("RoPE needs both the cos and the sin table")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q/k norm needs both the q and the k weight")
+    kvh = int(kv_heads) or int(heads)
+    if kvh < 1 or heads % kvh:
+        raise ValueError(f"{heads} heads do not share {kvh} KV heads evenly")
+    if int(qkv.shape[1]) < (heads + 2 * kvh) * head_dim:
+        raise ValueError(
+            f"qkv has {qkv.shape[1]} columns, {heads} + 2 x {kvh} heads of {head_dim} need "
+            f"{(heads + 2 * kvh) * head_dim}"
+        )
     cfg = dict(cfg or pick_config(T_bucket, head_dim))
     if rope:
         cfg["BLOCK_D"] = max(16, triton.next_power_of_2(head_dim // 2))
@@ -283,6 +352,7 @@ def launch_attention(
     if bias is not None and rope and int(cos.shape[0]) != P:
         raise ValueError("the bias and RoPE tables disagree on the positions")
     dummy = bias if bias is not None else (cos if rope else o)
+    qk = q_norm is not None
     attention_kernel[(grid_tiles(T_bucket, n_seq, heads, cfg), heads)](
         qkv,
         hdr,
@@ -293,10 +363,15 @@ def launch_attention(
         dummy,
         cos if rope else dummy,
         sin if rope else dummy,
+        q_norm if qk else dummy,
+        k_norm if qk else dummy,
         heads * head_dim,
+        kvh * head_dim,
+        heads // kvh,
         qkv.stride(0),
         o.stride(0),
         float(scale) * LOG2E,
+        float(qk_eps),
         P,
         D=head_dim,
         BLOCK_B=block_b(n_seq),
@@ -305,6 +380,8 @@ def launch_attention(
         REL_BIAS=bias is not None,
         ROPE=rope,
         WINDOW=int(window),
+        CAUSAL=bool(causal),
+        QK_NORM=qk,
         launch_pdl=pdl,
         **cfg,
     )

@@ -1,4 +1,4 @@
-"""Triton helpers every kernel shares, written once: LayerNorm of whole rows, the online
+"""Triton helpers every kernel shares, written once: LayerNorm / RMSNorm of whole rows, the online
 softmax step of flash attention, round-half-even, the activations, and the max reductions that
 keep a NaN (the engine's rule: a NaN never passes; the engine refuses non-finite outputs).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4}
+ACTS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "sigmoid": 4, "silu": 5}
 
 
 @triton.jit
@@ -51,7 +51,7 @@ def colmax_nan(acc):
 
 @triton.jit
 def activation(y, ACT: tl.constexpr):
-    """ACT 0 none, 1 gelu (erf), 2 gelu (tanh form), 3 relu, 4 sigmoid (see ACTS)."""
+    """ACT 0 none, 1 gelu (erf), 2 gelu (tanh form), 3 relu, 4 sigmoid, 5 silu (see ACTS)."""
     if ACT == 1:  # gelu, erf form (BERT)
         y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
     elif ACT == 2:  # gelu, tanh form; tanh via exp for the interpreter's sake
@@ -62,6 +62,8 @@ def activation(y, ACT: tl.constexpr):
         y = tl.maximum(y, 0.0)
     elif ACT == 4:
         y = 1.0 / (1.0 + tl.exp(-y))
+    elif ACT == 5:  # silu, x sigmoid(x) (SwiGLU's gate); exp(-y) = inf gives -0, not a NaN
+        y = y / (1.0 + tl.exp(-y))
     return y
 
 
@@ -76,6 +78,18 @@ def layernorm_rows(x, c_ok, lw, lb, N, eps):
     var = tl.sum(d * d, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     return d * rstd[:, None] * lw[None, :] + lb[None, :]
+
+
+@triton.jit
+def norm_rows(x, c_ok, lw, lb, N, eps, RMS: tl.constexpr):
+    """The norm of whole rows, fp32: LayerNorm (``layernorm_rows``) or, RMS, the RMSNorm of
+    the decoder architectures, x / sqrt(mean(x^2) + eps) * lw + lb (no centring)."""
+    if RMS:
+        x = tl.where(c_ok[None, :], x, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+        return x * rstd[:, None] * lw[None, :] + lb[None, :]
+    else:
+        return layernorm_rows(x, c_ok, lw, lb, N, eps)
 
 
 @triton.jit

@@ -1,5 +1,6 @@
 """embed: x = LayerNorm(word[ids] + pos[positions] + type[0]) * w + b, one program per BLOCK_R rows
-(posemb None: no position table, as ModernBERT).
+(posemb None: no position table, as ModernBERT; lnw None: no norm, x = word[ids], as the decoder
+architectures, whose first RMSNorm is the first layer's).
 
 Also writes, for the first INT8 linear, the per-row amax of x or its int8 copy (with a_scale /
 zero point, after that linear's act_shift / act_mul: ``quantize.quant_rows``), and zeroes the rows of the
@@ -60,6 +61,7 @@ def embed_kernel(
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
     HAS_POS: tl.constexpr = True,  # False: no position table (ModernBERT: RoPE in attention)
+    HAS_LN: tl.constexpr = True,  # False: no embedding norm (decoder architectures)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -85,9 +87,12 @@ def embed_kernel(
         x = w + pe.to(tl.float32)
     if HAS_TYPE:
         x = x + tl.load(type_ptr + cols, mask=c_ok, other=0).to(tl.float32)[None, :]
-    lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
-    lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
-    y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(x_ptr.dtype.element_ty)
+    if HAS_LN:
+        lw = tl.load(lnw_ptr + cols, mask=c_ok, other=0.0)
+        lb = tl.load(lnb_ptr + cols, mask=c_ok, other=0.0)
+        y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(x_ptr.dtype.element_ty)
+    else:
+        y = x.to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + rows[:, None].to(tl.int64) * ldx + cols[None, :], y, mask=m2)
     if AMAX_OUT:
         am = amax_rows(tl.where(m2, y.to(tl.float32), 0.0))  # NaN-keeping
@@ -138,7 +143,13 @@ def launch_embed(
     q_static_amax=0.0,
 ):
     """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table.
-    xq: also write the int8 copy of x for the first linear (quantize.quant_rows, q_mode)."""
+    xq: also write the int8 copy of x for the first linear (quantize.quant_rows, q_mode).
+    lnw / lnb None: no embedding norm."""
+    if (lnw is None) != (lnb is None):
+        raise ValueError("embed: the norm needs both its weight and its bias")
+    has_ln = lnw is not None
+    if not has_ln:  # a stand-in for the unused pointers (never read: HAS_LN off)
+        lnw = lnb = x
     cfg = cfg or pick_config(H)
     qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if xq is not None else 0
     assert qmode == 0 or xq_scale is not None
@@ -180,6 +191,7 @@ def launch_embed(
         Q_MUL=q_mul is not None,
         TILES=tiles is not None,
         HAS_POS=posemb is not None,
+        HAS_LN=has_ln,
         TILE_M=tile_m,
         BLOCK_B=block_b,
         PDL=pdl,

@@ -1,5 +1,10 @@
 """add_layernorm: y = LayerNorm(x + r) * w + b over rows of H, fp32 statistics (r None: LN(x)).
 
+The decoder architectures' variants are constexpr switches of the same kernel: ``RMS``, the
+RMSNorm x / sqrt(mean(x^2) + eps) * w + b (Llama, Qwen, Gemma3); ``POST``, the residual added
+after the norm, y = norm(x) + r (Gemma3's sandwich norms after each branch). Reference:
+zoi.numerics.reference.add_layernorm (rms, post).
+
 Used where the LN could not be fused into the preceding linear's epilogue (a linear whose N
 is too wide for one program). Also writes, for an INT8 consumer, the per-row amax of y or its
 int8 copy (with a_scale / zero point, after the consumer's act_shift / act_mul:
@@ -14,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.common import amax_rows, layernorm_rows
+from zoi.backends.cuda.kernels.common import amax_rows, norm_rows
 from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
@@ -47,6 +52,8 @@ def add_layernorm_kernel(
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
     HAS_RES: tl.constexpr = True,  # False: LN(x) alone (pre-norm layers, the MLM head)
+    RMS: tl.constexpr = False,  # RMSNorm instead of LayerNorm
+    POST: tl.constexpr = False,  # HAS_RES: y = norm(x) + r instead of norm(x + r)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -60,10 +67,15 @@ def add_layernorm_kernel(
     r64 = rows[:, None].to(tl.int64)
     x = tl.load(x_ptr + r64 * ldx + cols[None, :], mask=m2, other=0).to(tl.float32)
     if HAS_RES:
-        x += tl.load(r_ptr + r64 * ldr + cols[None, :], mask=m2, other=0).to(tl.float32)
+        r = tl.load(r_ptr + r64 * ldr + cols[None, :], mask=m2, other=0).to(tl.float32)
+        if not POST:
+            x += r
     lw = tl.load(w_ptr + cols, mask=c_ok, other=0.0)
     lb = tl.load(b_ptr + cols, mask=c_ok, other=0.0)
-    y = layernorm_rows(x, c_ok, lw, lb, H, eps).to(y_ptr.dtype.element_ty)
+    y = norm_rows(x, c_ok, lw, lb, H, eps, RMS)
+    if HAS_RES and POST:  # fp32 sum, one rounding into y's dtype
+        y += r
+    y = y.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + r64 * ldy + cols[None, :], y, mask=m2)
     if AMAX_OUT:
         am = amax_rows(tl.where(m2, y.to(tl.float32), 0.0))  # NaN-keeping
@@ -119,8 +131,13 @@ def launch_add_layernorm(
     q_shift=None,
     q_mul=None,
     q_static_amax=0.0,
+    rms=False,
+    post=False,
 ):
-    """yq: also write the int8 copy of y for the next linear (quantize.quant_rows, q_mode)."""
+    """yq: also write the int8 copy of y for the next linear (quantize.quant_rows, q_mode).
+    rms: RMSNorm; post (with r): y = norm(x) + r."""
+    if post and r is None:
+        raise ValueError("add_layernorm: a post-norm residual needs r")
     qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
     cfg = cfg or pick_config(H, T, qmode != 0)
     assert qmode == 0 or yq_scale is not None
@@ -150,6 +167,8 @@ def launch_add_layernorm(
         Q_SHIFT=q_shift is not None,
         Q_MUL=q_mul is not None,
         HAS_RES=r is not None,
+        RMS=bool(rms),
+        POST=bool(post),
         PDL=pdl,
         launch_pdl=pdl,
         **cfg,

@@ -14,10 +14,12 @@ One Triton kernel, specialised by constexpr flags:
   add, so no FMA contraction can change it). NaN: the clamp makes a NaN a finite code, so the
   row's a_scale carries it instead (QUANT 1: the producer's NaN-keeping amax; QUANT 2: a check
   of A's bits in the loop; QUANT 4 / 8: the a_scale the quantiser poisoned, kernels/quantize.py).
-* ``ACT`` 0 none, 1 gelu (erf), 2 gelu_tanh, 3 relu, 4 sigmoid; applied before the residual.
+* ``ACT`` 0 none, 1 gelu (erf), 2 gelu_tanh, 3 relu, 4 sigmoid, 5 silu; before the residual.
 * ``HAS_RES``: ``+ r`` after the activation (fp32).
 * ``LN``: the program owns whole rows (``BLOCK_N >= N``, grid_n == 1); the epilogue
-  computes ``LayerNorm(y) * ln_w + ln_b`` in fp32 (two-pass on the tile in registers).
+  computes ``LayerNorm(y) * ln_w + ln_b`` in fp32 (two-pass on the tile in registers);
+  ``RMS``: the RMSNorm instead; ``POST``: the residual after the norm, norm(y) + r (Gemma3's
+  norm of each branch before its residual add).
 * ``AMAX_OUT`` 0 none; 1 atomic max of |y| per row into ``amax_out_ptr`` (the buffer
   must be zero beforehand; amax >= 0 so a float atomic max is exact, and a NaN amax, a
   positive NaN, wins it: Triton's float atomic max is an integer max for values >= 0 by sign
@@ -61,7 +63,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, layernorm_rows, rint
+from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, norm_rows, rint
 from zoi.backends.cuda.kernels.quantize import (
     QMODES,
     act_tf,
@@ -270,6 +272,8 @@ def linear_kernel(
     IN_QM: tl.constexpr,
     IN_SHIFT: tl.constexpr,
     IN_MUL: tl.constexpr,
+    RMS: tl.constexpr = False,  # LN: RMSNorm
+    POST: tl.constexpr = False,  # LN with HAS_RES: norm(y) + r
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -340,11 +344,14 @@ def linear_kernel(
         mask2 = m_mask[:, None] & n_mask[None, :]
         if HAS_RES:
             r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
-            y = y + r.to(tl.float32)
+            if not POST:
+                y = y + r.to(tl.float32)
         if LN:
             lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
             lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
-            y = layernorm_rows(y, n_mask, lw, lb, N, eps)
+            y = norm_rows(y, n_mask, lw, lb, N, eps, RMS)
+            if HAS_RES and POST:
+                y = y + r.to(tl.float32)
         out = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
         if AMAX_OUT != 0:  # NaN-keeping (a NaN row's amax is NaN: its consumer's scale too)
@@ -699,6 +706,8 @@ def launch_linear(
     in_mode=None,
     in_shift=None,
     in_mul=None,
+    rms=False,
+    post=False,
 ):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts).
 
@@ -709,7 +718,8 @@ def launch_linear(
     N tiles storing y, then reads its rows back and quantises them).
     quant 16: A is fp16, quantised in the GEMM in in_mode ("dynamic", "static",
     "dynamic_asym": colsum needed) after this linear's in_shift / in_mul, as a quantize launch
-    would (static_amax: the static scheme's)."""
+    would (static_amax: the static scheme's). rms / post (LN mode): RMSNorm / norm(y) + r."""
+    assert ln or not (rms or post), "rms / post are modes of the LN epilogue"
     rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
     in_qm = 0
     if quant == 16:
@@ -770,6 +780,8 @@ def launch_linear(
         IN_QM=in_qm,
         IN_SHIFT=in_shift is not None,
         IN_MUL=in_mul is not None,
+        RMS=bool(rms),
+        POST=bool(post),
         launch_pdl=pdl,
         **cfg,
     )

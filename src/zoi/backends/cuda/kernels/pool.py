@@ -1,7 +1,11 @@
-"""pool (+ normalize): p[b] = mean / cls / max of x over the rows of sequence b, then
-optionally p / max(||p||_2, 1e-12), written as fp32 [B, H]. The call header in device memory holds B and the
-normalise flag, so that one captured graph serves every batch size and both settings;
-programs stride over the B sequences. Max pooling keeps a NaN (NaN-propagating maxima).
+"""pool (+ normalize): p[b] = mean / cls / max / last of x over the rows of sequence b, then
+optionally p / max(||p||_2, 1e-12), written as fp32 [B, H]. "last" is the last token of each
+sequence (decoder embedders: sentence-transformers' lasttoken); "rows" reads row b of x itself
+(x already [B, H]: the output of the Dense modules after the pool, normalised here). NORM off:
+never normalised (a pool whose [B, H] rows the Dense modules read). The call header in device
+memory holds B and the normalise flag, so that one captured graph serves every batch size and
+both settings; programs stride over the B sequences. Max pooling keeps a NaN (NaN-propagating
+maxima).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ def pool_kernel(
     p_ptr,  # [B, H] fp32 output
     H,
     ldx,
-    MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max
+    MODE: tl.constexpr,  # 0 mean, 1 cls, 2 max, 3 last, 4 rows (MODES)
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
+    NORM: tl.constexpr = True,  # False: never normalise (the header's flag is for the output)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -32,6 +37,8 @@ def pool_kernel(
     cols = tl.arange(0, BLOCK_H)
     c_ok = cols < H
     flag = tl.load(hdr_ptr)
+    if not NORM:
+        flag = flag * 0
     B = tl.load(hdr_ptr + 1)
     for b in range(tl.program_id(0), B, tl.num_programs(0)):
         _pool_one(x_ptr, cu_ptr, p_ptr, b, flag, cols, c_ok, H, ldx, MODE, BLOCK_R, BLOCK_H)
@@ -54,11 +61,16 @@ def _pool_one(
 ):
     s = tl.load(cu_ptr + b)
     e = tl.load(cu_ptr + b + 1)
-    if MODE == 1:
-        x = tl.load(x_ptr + s.to(tl.int64) * ldx + cols, mask=c_ok & (e > s), other=0).to(
-            tl.float32
-        )
-        p = x
+    if MODE == 1 or MODE == 3 or MODE == 4:  # one row: the first, the last, or row b
+        ok = c_ok & (e > s)  # an empty sequence pools to 0
+        if MODE == 1:
+            row = s
+        elif MODE == 3:
+            row = e - 1
+        else:
+            row = b
+            ok = c_ok
+        p = tl.load(x_ptr + row.to(tl.int64) * ldx + cols, mask=ok, other=0).to(tl.float32)
     else:
         rr = tl.arange(0, BLOCK_R)
         if MODE == 0:
@@ -87,7 +99,7 @@ def _pool_one(
     tl.store(p_ptr + b * H + cols, p / div, mask=c_ok)
 
 
-MODES = {"mean": 0, "cls": 1, "max": 2}
+MODES = {"mean": 0, "cls": 1, "max": 2, "last": 3, "rows": 4}
 
 
 def pick_config(H: int) -> dict:
@@ -100,8 +112,10 @@ def pick_config(H: int) -> dict:
     return dict(BLOCK_R=max(1, min(32, 16384 // bh)), BLOCK_H=bh, num_warps=8 if bh <= 512 else 4)
 
 
-def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None, pdl=False):
+def launch_pool(x, cu, hdr, p, n_seq, H, mode, cfg=None, pdl=False, normalize=True):
+    """p fp32 [>= B, H] (row stride H); normalize False: never normalised (NORM off)."""
     cfg = cfg or pick_config(H)
     pool_kernel[(max(1, min(n_seq, 1024)),)](
-        x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], PDL=pdl, launch_pdl=pdl, **cfg
-    )
+        x, cu, hdr, p, H, x.stride(0), MODE=MODES[mode], PDL=pdl, NORM=bool(normalize),
+        launch_pdl=pdl, **cfg,
+    )  # fmt: skip
