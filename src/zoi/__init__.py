@@ -22,11 +22,12 @@ def compile(  # noqa: A001
 ):
     """zoi.engine.compile (encoders: an Engine); a decoder folder (Llama / Qwen2 / Qwen3) gives a
     zoi.decoder Generator instead (decoder_options: max_seq_len, kv_blocks, block_size, threads,
-    isa; docs/DECODERS.md); for an encoder they are engine.compile's (truncate_dim)."""
+    isa; docs/DECODERS.md); for an encoder they are engine.compile's (truncate_dim, pooling,
+    task: "rerank" compiles a decoder folder as an LLM reranker, docs/RERANK.md)."""
     if path is not None:
         from zoi.decoder.compile import decoder_folder
 
-        folder = decoder_folder(path)
+        folder = decoder_folder(path, decoder_options.get("task"))
         if folder is not None:
             from zoi.decoder.compile import compile_decoder
 

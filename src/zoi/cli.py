@@ -193,6 +193,11 @@ def _open_engine(args, progress: bool = True):
 
     pooling = getattr(args, "pooling", None)
     if args.model and is_artifact(args.model):
+        if getattr(args, "task", None):
+            raise ValueError(
+                f"--task {args.task}: {args.model} is an artifact, compiled already; give "
+                "--task when compiling the model folder"
+            )
         eng = zoi.load(args.model, device=args.device, max_tokens=args.max_tokens)
         if pooling is not None and pooling != eng.spec.pooling:
             raise ValueError(
@@ -208,6 +213,7 @@ def _open_engine(args, progress: bool = True):
         calibration=getattr(args, "calibrate", None),
         progress=progress,
         **({"pooling": pooling} if pooling is not None else {}),
+        **({"task": args.task} if getattr(args, "task", None) else {}),
     )
 
 
@@ -694,6 +700,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile a model folder into a zoi artifact")
     _add_engine_args(p, with_output=False)
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
+    p.add_argument(
+        "--task",
+        default=None,
+        choices=["rerank"],
+        help="rerank: a causal LM (*ForCausalLM folder) as an LLM reranker, scoring "
+        "logit['yes'] - logit['no'] of the last token as sentence-transformers' CrossEncoder "
+        "does (default: what the folder is)",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("encode", help="embed texts (arguments, --file, or stdin)")

@@ -253,6 +253,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     progress: bool = False,
     truncate_dim: int | None = None,
     pooling: str | None = None,
+    task: str | None = None,
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
@@ -269,6 +270,10 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
     pooling: "mean", "cls" or "max" instead of the folder's own (its sentence-transformers
     Pooling config; without one, sentence-transformers' default for a plain folder: mean).
+    task: None (what the folder is) or "rerank": a causal LM (*ForCausalLM) as an LLM
+    reranker scoring logit["yes"] - logit["no"] of the last token, as sentence-transformers'
+    CrossEncoder loads such a folder (docs/RERANK.md); a CrossEncoder folder with a LogitScore
+    module is one without the option.
     """
     device, device_index = _split_device(device)
     _check_precision(precision, device)
@@ -283,7 +288,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     )
     steps = _Steps(progress, 4 if precision == "int8" else 3)
     steps.step(f"loading {src.name}")
-    spec, weights, tok_path = load_checkpoint(src)
+    spec, weights, tok_path = load_checkpoint(src, task=task)
     spec = spec.replace(name=model_name(src))
     spec, pooling_meta = _choose_pooling(spec, src, pooling, steps)
     tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)

@@ -15,11 +15,15 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_BLOCK_SIZE = 16
 
 
-def decoder_folder(path) -> os.PathLike | None:
-    """The folder (a Hub id resolved in the local cache) when `path` is a decoder checkpoint."""
+def decoder_folder(path, task: str | None = None) -> os.PathLike | None:
+    """The folder (a Hub id resolved in the local cache) when `path` is a decoder checkpoint
+    to generate with. A task (task="rerank": an LLM reranker) runs on the encoder path,
+    which also refuses a task it does not know."""
     from zoi.decoder.loader import is_decoder_folder
     from zoi.frontend.hub import resolve_model
 
+    if task is not None:
+        return None
     try:
         folder = resolve_model(path)
     except Exception:  # not resolvable here: the encoder path reports it
@@ -28,9 +32,10 @@ def decoder_folder(path) -> os.PathLike | None:
 
 
 def is_embedding_folder(folder) -> bool:
-    """A decoder architecture saved as an embedder runs on the encoder path: a
-    sentence-transformers folder (modules.json: Qwen3-Embedding, EmbeddingGemma), or a base
-    model without a language-model head (architectures names no *ForCausalLM)."""
+    """A decoder architecture saved as an embedder or a reranker runs on the encoder path: a
+    sentence-transformers folder (modules.json: Qwen3-Embedding, EmbeddingGemma, a
+    CrossEncoder with a LogitScore module such as Qwen3-Reranker), or a base model without a
+    language-model head (architectures names no *ForCausalLM)."""
     from zoi.frontend.checkpoint import read_json
 
     folder = Path(folder)

@@ -21,7 +21,14 @@ from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
 from zoi.frontend.archs import spec_fields as arch_spec_fields
-from zoi.frontend.heads import head_from_config, head_shapes, load_head_weights, st_head
+from zoi.frontend.heads import (
+    apply_task,
+    head_from_config,
+    head_shapes,
+    load_head_weights,
+    load_score_rows,
+    st_head,
+)
 from zoi.frontend.paths import check_file, inside, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile
 from zoi.frontend.spec import DECODER_ARCHS, ModelSpec
@@ -348,9 +355,12 @@ def _sentence_transformers_options(folder: Path, spec: ModelSpec) -> ModelSpec:
         modules = read_json(modules_path, folder)
         if not isinstance(modules, list):
             raise CheckpointError(f"{modules_path}: expected a JSON list of modules")
-        sparse = st_head(folder, modules, cfg, spec.arch)
-        if sparse is not None:  # a SparseEncoder folder (MLMTransformer + SpladePooling)
-            spec = spec.replace(**sparse)
+        head = st_head(folder, modules, cfg, spec.arch)
+        # a SparseEncoder folder (MLMTransformer + SpladePooling), a CrossEncoder of a causal
+        # LM (Transformer + LogitScore: the last token's logits)
+        if head is not None:
+            spec = spec.replace(**head)
+            pooling = head.get("pooling", pooling)
             modules = []
         for m in modules:
             if not isinstance(m, dict):
@@ -536,8 +546,8 @@ def _mapping(arch: str, layers: int) -> dict[str, list[str]]:
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    if spec.arch in DECODER_ARCHS:
-        return archs_decoder.expected_shapes(spec)
+    if spec.arch in DECODER_ARCHS:  # an LLM reranker's score rows beside the layers
+        return {**archs_decoder.expected_shapes(spec), **head_shapes(spec)}
     if spec.arch in NEW_ARCHS:
         return arch_expected_shapes(spec)
     H, I, L = spec.hidden, spec.intermediate, spec.layers
@@ -650,7 +660,11 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
     if spec.dense:
         out.update(load_dense_weights(folder, spec))
     if spec.arch in DECODER_ARCHS:
-        return archs_decoder.derive(spec, out)
+        out = archs_decoder.derive(spec, out)
+        if spec.score_tokens:  # an LLM reranker: the LM head's rows of its tokens
+            cfg = read_json(folder / "config.json", folder)
+            out.update(load_score_rows(folder, spec, cfg, where, prefix))
+        return out
     if spec.arch in NEW_ARCHS:
         return derive(spec, out)
     out.update(load_head_weights(folder, spec, lambda n: where[n].get(n), set(names), prefix))
@@ -665,8 +679,12 @@ def load_spec(path: str | Path) -> ModelSpec:
     return _sentence_transformers_options(folder, spec)
 
 
-def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, np.ndarray], Path]:
-    """Load a Hugging Face folder. Returns (spec, canonical float32 weights, tokenizer.json path)."""
+def load_checkpoint(
+    path: str | Path, task: str | None = None
+) -> tuple[ModelSpec, dict[str, np.ndarray], Path]:
+    """Load a Hugging Face folder. Returns (spec, canonical float32 weights, tokenizer.json path).
+    task: None (what the folder is) or "rerank" (a *ForCausalLM folder as an LLM reranker:
+    zoi.frontend.heads.apply_task)."""
     folder = Path(path)
     spec = load_spec(folder)
     tok = folder / "tokenizer.json"
@@ -676,5 +694,6 @@ def load_checkpoint(path: str | Path) -> tuple[ModelSpec, dict[str, np.ndarray],
             "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
         )
     check_file(tok, folder)
+    spec = apply_task(folder, spec, task, tok)
     weights = load_weights(folder, spec)
     return spec, weights, tok

@@ -67,10 +67,16 @@ class ModelSpec:
     labels: tuple = ()
     # head_fn: seq_cls predict's default activation ("": sigmoid for 1 label, else identity)
     head_fn: str = ""
+    # an LLM reranker (a seq_cls head read from a causal LM, zoi.frontend.heads): the vocabulary
+    # ids (true[, false]) whose LM-head rows are the classifier on the last token;
+    # score = logit[true] - logit[false] (logit[true] alone with one id)
+    score_tokens: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.labels, tuple):
             object.__setattr__(self, "labels", tuple(self.labels))
+        if not isinstance(self.score_tokens, tuple):
+            object.__setattr__(self, "score_tokens", tuple(self.score_tokens))
         if not isinstance(self.layer_windows, tuple):
             object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
         if not isinstance(self.dense, tuple):
@@ -220,8 +226,33 @@ class ModelSpec:
             raise ValueError(f"head {self.head!r} needs labels (num_labels >= 1)")
         if self.head_fn not in ("", "sigmoid", "softmax", "identity"):
             raise ValueError(f"head_fn must be sigmoid, softmax or identity, got {self.head_fn!r}")
-        if self.head and not self.head_act and self.head != "token_cls":
+        if self.score_tokens:
+            self._validate_score_tokens()
+        elif self.head and not self.head_act and self.head != "token_cls":
             raise ValueError(f"head {self.head!r} needs head_act")
+
+    def _validate_score_tokens(self) -> None:
+        st = self.score_tokens
+        if self.head != "seq_cls" or self.num_labels != 1 or self.head_act:
+            raise ValueError(
+                "score_tokens (an LLM reranker) need head 'seq_cls' with one label and no "
+                f"head_act, got head {self.head!r}, {self.num_labels} labels, head_act "
+                f"{self.head_act!r}"
+            )
+        if not 1 <= len(st) <= 2 or any(
+            type(t) is not int or not 0 <= t < self.vocab_size for t in st
+        ):
+            raise ValueError(
+                f"score_tokens must be one or two token ids (true[, false]) in [0, "
+                f"{self.vocab_size}), got {st!r}"
+            )
+        if len(st) == 2 and st[0] == st[1]:
+            raise ValueError(f"score_tokens: the true and false tokens are one id {st[0]}")
+        if self.pooling != "last":
+            raise ValueError(
+                f"score_tokens read the last token's logits: pooling must be 'last', got "
+                f"{self.pooling!r}"
+            )
 
     @property
     def num_labels(self) -> int:

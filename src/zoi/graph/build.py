@@ -6,7 +6,7 @@ import math
 
 from zoi.frontend.spec import DECODER_ARCHS, ModelSpec
 from zoi.graph.build_decoder import append_pool, build_decoder
-from zoi.graph.heads import append_head, uses_types
+from zoi.graph.heads import append_head, decoder_with_head, uses_types
 from zoi.graph.ir import Buffer, Graph, Op
 
 
@@ -20,8 +20,8 @@ def build_graph(spec: ModelSpec) -> Graph:
         from zoi.graph.build_archs import build_modernbert
 
         return build_modernbert(spec)
-    if spec.arch in DECODER_ARCHS:
-        return build_decoder(spec)
+    if spec.arch in DECODER_ARCHS:  # with a head (an LLM reranker): zoi.graph.heads
+        return decoder_with_head(spec) if spec.head else build_decoder(spec)
     H, I = spec.hidden, spec.intermediate
     bufs: dict[str, Buffer] = {}
     ops: list[Op] = []

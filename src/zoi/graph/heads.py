@@ -6,11 +6,16 @@ after a pool), `add_layernorm` with one input (a plain LayerNorm), and pool mode
 - token_cls: logits = linear(x)                                                       [T, labels]
 - splade:    h = linear(x, act); n = LN(h); v = linear(n) [T, V];
              sparse = pool(v, splade) = max over the tokens of log1p(relu(v))          [B, V]
+- seq_cls of an LLM reranker (spec.score_tokens), after the decoder stack's final norm:
+             pooled = pool(x, last); logits = linear(pooled) [B, n]: the LM head's rows of the
+             true (and false) token, so logits are exactly the LM's logits of those tokens; the
+             score, logit[true] - logit[false], is zoi.heads' post-processing (score_of), one
+             subtraction as sentence-transformers' LogitScore does it
 """
 
 from __future__ import annotations
 
-from zoi.graph.ir import Buffer, Op
+from zoi.graph.ir import Buffer, Graph, Op
 
 HEAD_OUTPUT = {"seq_cls": "logits", "token_cls": "logits", "splade": "sparse"}
 
@@ -24,6 +29,10 @@ def append_head(spec, ops: list[Op], bufs: dict[str, Buffer], x: str) -> str:
         ops.append(Op("linear", [inp], out, {"w": f"{prefix}.w", "b": f"{prefix}.b"}, {"act": act}))
         return out
 
+    if spec.head == "seq_cls" and spec.score_tokens:
+        bufs["pooled"] = Buffer("pooled", "B", H)
+        ops.append(Op("pool", [x, "cu_seqlens"], "pooled", {}, {"mode": "last"}))
+        return lin("pooled", "head.out", "logits", len(spec.score_tokens), "B")
     if spec.head == "seq_cls":
         bufs["pooled"] = Buffer("pooled", "B", H)
         ops.append(Op("pool", [x, "cu_seqlens"], "pooled", {}, {"mode": "cls"}))
@@ -47,3 +56,19 @@ def append_head(spec, ops: list[Op], bufs: dict[str, Buffer], x: str) -> str:
 def uses_types(spec) -> bool:
     """Pairs carry token types (segment B = 1) into the embedding: a seq_cls head with a table."""
     return spec.head == "seq_cls" and spec.type_vocab_size > 1
+
+
+def decoder_with_head(spec) -> Graph:
+    """A decoder architecture's graph (zoi.graph.build_decoder) with the head in place of its
+    pool: the head reads the final norm's output."""
+    from zoi.graph.build_decoder import build_decoder
+
+    if spec.dense:
+        raise ValueError("a decoder head model has no sentence-transformers Dense modules")
+    g = build_decoder(spec)
+    i = next(k for k, o in enumerate(g.ops) if o.kind == "pool")
+    x = g.ops[i].inputs[0]
+    ops = g.ops[:i]
+    bufs = {n: b for n, b in g.buffers.items() if n != g.ops[i].output}
+    out = append_head(spec, ops, bufs, x)
+    return Graph(ops, bufs, ("ids", "positions", "cu_seqlens"), out)

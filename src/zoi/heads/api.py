@@ -66,11 +66,29 @@ def head_backend(model, device: str, device_index: int | None = None):
     return None
 
 
+def score_pooling(spec) -> str:
+    """The pooling of a head model's encoder as an embedding model: the rows its head reads
+    ([CLS] for a seq_cls classifier, the last token for an LLM reranker)."""
+    if spec.head != "seq_cls":
+        return spec.pooling
+    return "last" if spec.score_tokens else "cls"
+
+
+def score_of(spec, logits: np.ndarray) -> np.ndarray:
+    """The classifier's logits [B, labels] from the graph's output: an LLM reranker's graph
+    gives the LM logits of its true (and false) token [B, 1 or 2], the score is
+    logit[true] - logit[false] (one float32 subtraction, as sentence-transformers' LogitScore)."""
+    if not spec.score_tokens or logits.shape[1] == 1:
+        return logits
+    return np.ascontiguousarray(logits[:, :1] - logits[:, 1:2], dtype=np.float32)
+
+
 def quantize_heads(spec, weights, tokenizer, calibration, config, progress):
     """INT8 of a model with a head: the encoder as zoi.quant quantises an embedding model (its
-    score: the pooled embeddings the head reads: [CLS] for seq_cls), then the head. The
-    classifier heads stay FP32 (a few rows); SPLADE's decoder [vocab, H], the largest GEMM,
-    gets per-channel INT8 weights and dynamic per-token activations."""
+    score: the pooled embeddings the head reads: [CLS] for seq_cls, the last token for an LLM
+    reranker), then the head. The classifier heads stay FP32 (a few rows; an LLM reranker's
+    two LM-head rows); SPLADE's decoder [vocab, H], the largest GEMM, gets per-channel INT8
+    weights and dynamic per-token activations."""
     from zoi import quant
     from zoi.graph.compiled import LinearQuant
     from zoi.numerics import primitives as P
@@ -82,7 +100,8 @@ def quantize_heads(spec, weights, tokenizer, calibration, config, progress):
         head_act="",
         labels=(),
         head_fn="",
-        pooling="cls" if spec.head == "seq_cls" else spec.pooling,
+        score_tokens=(),
+        pooling=score_pooling(spec),
     )
     report: dict = {}
     wq, q = quant.quantize_model(
@@ -157,9 +176,17 @@ class HeadsMixin(EncodeOptionsMixin):
             )
 
     def _pairs(self) -> PairEncoder:
+        """The pair tokenisation: the tokenizer's own pairs, or an LLM reranker's (its chat
+        template or prompt: zoi.heads.llm_rerank)."""
         enc = self.__dict__.get("_pair_encoder")
         if enc is None:
-            enc = self.__dict__["_pair_encoder"] = PairEncoder(self.tokenizer)
+            if self.spec.score_tokens:
+                from zoi.heads.llm_rerank import pair_encoder
+
+                enc = pair_encoder(self.tokenizer, self.model.meta)
+            else:
+                enc = PairEncoder(self.tokenizer)
+            self.__dict__["_pair_encoder"] = enc
         return enc
 
     def _check_ids(self, ids: np.ndarray, pos: np.ndarray) -> None:
@@ -214,6 +241,8 @@ class HeadsMixin(EncodeOptionsMixin):
     @property
     def head_cols(self) -> int:
         """Columns of the head's output: labels (seq_cls, token_cls), vocab (splade)."""
+        if self.spec.score_tokens:  # the score, from the graph's [B, 2] (score_of)
+            return self.spec.num_labels
         return int(self.model.graph.buffers[self.model.graph.output].cols)
 
     def run_head_packed(self, ids, positions, cu_seqlens, types=None) -> np.ndarray:
@@ -229,7 +258,7 @@ class HeadsMixin(EncodeOptionsMixin):
             if rows_t:
                 out[a:z] = o[self.model.graph.output]
             else:
-                out[s:e] = o[self.model.graph.output]
+                out[s:e] = score_of(self.spec, o[self.model.graph.output])
         return out
 
     # ---- sequence classification / cross-encoders ----------------------------------------
@@ -263,6 +292,15 @@ class HeadsMixin(EncodeOptionsMixin):
 
     def _logits(self, items, is_pairs: bool, batch_size, truncation) -> np.ndarray:
         limit = self.max_seq_tokens
+        if (
+            not is_pairs
+            and self.spec.score_tokens
+            and self.model.meta.get("pair_format", {}).get("kind") == "chat"
+        ):
+            raise HeadError(
+                f"{self.spec.name} is an LLM reranker whose chat template places a query and a "
+                "document: predict takes pairs [query, document]"
+            )
         if is_pairs:
             ids, pos, types, cu = self._pairs().encode(items, limit, truncation)
         else:
@@ -274,7 +312,7 @@ class HeadsMixin(EncodeOptionsMixin):
         for s, e, _, _, o in self._run_head(
             ids, pos, types, cu, max_seqs=self._max_seqs(batch_size)
         ):
-            out[s:e] = o["logits"]
+            out[s:e] = score_of(self.spec, o["logits"])
         return out
 
     def rerank(

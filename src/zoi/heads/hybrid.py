@@ -1,8 +1,9 @@
 """Cross-encoders / sequence classifiers on device="cuda" (issue 20), without head kernels in
 the CUDA backend yet: the encoder runs on the GPU backend as the embedding graph it already
-runs (pool "cls", FP16 or INT8), the head's ops (a [B, H] x [H, H] pooler and the
-classifier, in zoi.graph.heads' IR) run on the host through zoi.numerics.reference on the B
-pooled rows (a few microseconds against the encoder's milliseconds).
+runs (pool "cls", FP16 or INT8; an LLM reranker's decoder pools its last token), the head's
+ops (a [B, H] x [H, H] pooler and the classifier, or an LLM reranker's LM-head rows, in
+zoi.graph.heads' IR) run on the host through zoi.numerics.reference on the B pooled rows (a
+few microseconds against the encoder's milliseconds).
 
 Token types reach the GPU embedding without a kernel change: the body's word table holds one
 copy of the words per type, `word[v] + type[t] - type[0]` at row `t * V + v`, and the token id
@@ -18,14 +19,17 @@ import numpy as np
 from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
 from zoi.graph.heads import uses_types
+from zoi.heads.api import score_pooling
 from zoi.numerics.reference import activation, linear_apply
 
 
 def body_model(model: CompiledModel) -> CompiledModel:
-    """The encoder of a seq_cls model as an embedding model pooling [CLS], with the words
-    copied per token type when the head reads token types."""
+    """The encoder of a seq_cls model as an embedding model pooling [CLS] (an LLM reranker:
+    the last token), with the words copied per token type when the head reads token types."""
     spec, W = model.spec, model.weights
-    body_spec = spec.replace(head="", head_act="", labels=(), head_fn="", pooling="cls")
+    body_spec = spec.replace(
+        head="", head_act="", labels=(), head_fn="", score_tokens=(), pooling=score_pooling(spec)
+    )
     bw = {k: v for k, v in W.items() if not k.startswith("head.")}
     if uses_types(spec):
         from zoi.numerics.reference import gather_rows

@@ -10,8 +10,9 @@ from zoi.frontend.tokenizer import Tokenizer
 
 def st_meta(folder, spec, truncate_dim) -> dict:
     """What a compiled model keeps of sentence-transformers' options: `prompts` and
-    `default_prompt_name` (config_sentence_transformers.json) and the compile option
-    truncate_dim (checked against the hidden size)."""
+    `default_prompt_name` (config_sentence_transformers.json), the compile option
+    truncate_dim (checked against the hidden size), and an LLM reranker's `pair_format`
+    (zoi.heads.llm_rerank)."""
     from pathlib import Path
 
     from zoi.frontend.checkpoint import read_json
@@ -30,6 +31,10 @@ def st_meta(folder, spec, truncate_dim) -> dict:
                 out["default_prompt_name"] = dn
     if truncate_dim is not None:
         out["truncate_dim"] = _check_dim(truncate_dim, spec.hidden)
+    if spec.score_tokens:  # an LLM reranker: how a pair becomes tokens (chat template or pairs)
+        from zoi.heads.llm_rerank import pair_format
+
+        out["pair_format"] = pair_format(folder, spec)
     return out
 
 
