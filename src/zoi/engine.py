@@ -85,6 +85,13 @@ class _Steps:
         if self.console is not None:
             self.console.print(f"[bold][{self.i}/{self.total}][/] {what}", highlight=False)
 
+    def note(self, what: str) -> None:
+        """A decision the compile made for the user: printed with the steps, else logged."""
+        if self.console is not None:
+            self.console.print(f"      {what}", style="dim", highlight=False)
+        else:
+            log.info("zoi: %s", what)
+
     def done(self) -> None:
         if self.console is not None and time.perf_counter() - self.t0 > 1.0:
             self.console.print(
@@ -119,6 +126,27 @@ def _check_batch(v, max_tokens: int) -> int:
             "max_batch, or raise max_tokens (texts beyond max_batch run in further chunks)"
         )
     return int(v)
+
+
+def _cap_positions(spec: ModelSpec, weights: dict, max_tokens: int, auto: bool, steps):
+    """A model that allows longer texts than the default arena holds (Qwen3-Embedding: 32768
+    positions; the CPU's default max_tokens is 4096) truncates its texts at max_tokens, said
+    once at compile; an explicit max_tokens below the model's limit stays an error (the user
+    asked for both). The RoPE tables keep their first rows; a relative-bias table (MPNet)
+    would need re-deriving, so that case stays an error."""
+    if not auto or "rel_bias" in weights:
+        raise ValueError(
+            f"max_tokens ({max_tokens}) must be at least the model's max positions "
+            f"({spec.max_positions}); raise max_tokens, or leave it out to truncate texts at "
+            "the device's default"
+        )
+    for name in [n for n in weights if n.startswith("rope.")]:
+        weights[name] = weights[name][:max_tokens]
+    steps.note(
+        f"texts truncated at {max_tokens} tokens (the model allows {spec.max_positions}; "
+        f"max_tokens={spec.max_positions} keeps them whole)"
+    )
+    return spec.replace(max_positions=max_tokens), weights
 
 
 def _check_pooling(pooling) -> None:
@@ -291,17 +319,15 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     spec, weights, tok_path = load_checkpoint(src, task=task)
     spec = spec.replace(name=model_name(src))
     spec, pooling_meta = _choose_pooling(spec, src, pooling, steps)
-    tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
-    _check_tokenizer_vocab(tokenizer, spec, tok_path)
-    steps.done()
     if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
         max_tokens = _auto_max_tokens(spec, device)
         max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
         max_batch = _check_batch(max_batch, max_tokens)
     if max_tokens < spec.max_positions:
-        raise ValueError(
-            f"max_tokens ({max_tokens}) must be at least the model's max positions ({spec.max_positions})"
-        )
+        spec, weights = _cap_positions(spec, weights, max_tokens, auto_tokens, steps)
+    tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    _check_tokenizer_vocab(tokenizer, spec, tok_path)
+    steps.done()
     quant: dict[str, LinearQuant] = {}
     if precision == "int8":
         steps.step("quantising (calibration)")

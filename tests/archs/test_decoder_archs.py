@@ -306,3 +306,27 @@ def test_cuda_refusal_names_what_it_lacks_or_runs(arch, ckpts):
         assert isinstance(piece, str) and piece
     if missing:
         assert any("RMSNorm" in m or "causal" in m or "grouped" in m for m in missing)
+
+
+def test_a_longer_model_limit_than_the_default_arena_truncates_and_says_so(tmp_path, caplog):
+    """Qwen3-Embedding allows 32768 positions; the CPU's default arena holds 4096 tokens: the
+    compile truncates texts at max_tokens and logs it; an explicit smaller max_tokens is an
+    error naming both numbers."""
+    import logging
+
+    from tests.archs.decoder_helpers import decoder_checkpoint
+
+    model, folder = decoder_checkpoint(
+        "qwen3", tmp_path / "long", pooling="lasttoken", max_position_embeddings=6000
+    )
+    with caplog.at_level(logging.INFO, logger="zoi"):
+        eng = zoi.compile(folder, device="cpu")
+    assert eng.spec.max_positions == eng.max_tokens == 4096
+    assert any("truncated at 4096" in r.getMessage() for r in caplog.records)
+    got = eng.encode(["Hello world!"], normalize_embeddings=False)
+    want = hf_hidden(model, eng.tokenize(["Hello world!"])[0])[-1]
+    assert cosine(got, want[None]).min() >= 0.99999
+    long = eng.tokenize(["word " * 5000])[0]
+    assert len(long) == 4096
+    with pytest.raises(ValueError, match=r"max_tokens \(512\) must be at least .* \(6000\)"):
+        zoi.compile(folder, device="cpu", max_tokens=512)
