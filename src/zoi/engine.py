@@ -5,35 +5,56 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 from collections.abc import Sequence
-from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from zoi.backends import make_backend, resolve_device
+from zoi.backends import make_backend
 from zoi.backends.base import Backend
+from zoi.compile_checks import (  # noqa: F401 - _auto_max_tokens, _check_arena: tests use them
+    DEFAULT_MAX_TOKENS,
+    MAX_TOKENS_LIMIT,
+    PRECISIONS,
+    _auto_max_tokens,
+    _cap_positions,
+    _check_arena,
+    _check_batch,
+    _check_count,
+    _check_pooling,
+    _check_precision,
+    _check_quant,
+    _check_tokenizer_vocab,
+    _choose_pooling,
+    _split_device,
+    _Steps,
+)
 from zoi.errors import CheckpointError, InputError, NumericalError, ZoiError
 from zoi.frontend import integrity
-from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, pooling_origin, read_json
+from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
 from zoi.frontend.hub import model_name as hub_model_name
 from zoi.frontend.hub import resolve_model
 from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
-from zoi.frontend.spec import SUPPORTED_POOLING, ModelSpec
+from zoi.frontend.spec import ModelSpec
 from zoi.frontend.tokenizer import Tokenizer
 from zoi.graph.compiled import CompiledModel, LinearQuant
-from zoi.heads import HeadsMixin, default_max_tokens, head_backend, quantize_heads, st_meta
+from zoi.heads import HeadsMixin, head_backend, quantize_heads, st_meta
 from zoi.pipeline import ArraySource, Staging, StreamSource, run_chunks
+from zoi.savefiles import (  # noqa: F401 - current_umask: part of zoi.engine's surface
+    _claim_temp,
+    _honour_umask,
+    _release_temp,
+    _remove_stale_olds,
+    current_umask,
+    remove_stale_temps,
+)
 
 ARTIFACT_FORMAT = 1
-PRECISIONS = ("fp32", "int8", "fp16", "fp8")
-DEFAULT_MAX_TOKENS = {"cpu": 4096, "reference": 4096, "cuda": 32768}
 DEFAULT_MAX_BATCH = 1024  # sequences per backend call (sizes the pooled output buffers)
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 log = logging.getLogger("zoi")
@@ -64,210 +85,6 @@ def model_name(folder: str | os.PathLike) -> str:
     snapshot of ORG/NAME, else the folder's name."""
     folder = Path(folder)
     return DEFAULT_MODEL_NAME if _is_default_model(folder) else hub_model_name(folder)
-
-
-class _Steps:
-    """Compile steps printed as `[i/n] what (seconds)` lines on stderr when enabled. Plain
-    lines rather than a live bar, so the quantiser's own progress bars (tqdm) show cleanly."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total, self.i = enabled, total, 0
-        self.t0 = time.perf_counter()
-        self.console = None
-        if enabled:
-            from rich.console import Console
-
-            self.console = Console(stderr=True)
-
-    def step(self, what: str) -> None:
-        self.i += 1
-        self.t0 = time.perf_counter()
-        if self.console is not None:
-            self.console.print(f"[bold][{self.i}/{self.total}][/] {what}", highlight=False)
-
-    def note(self, what: str) -> None:
-        """A decision the compile made for the user: printed with the steps, else logged."""
-        if self.console is not None:
-            self.console.print(f"      {what}", style="dim", highlight=False)
-        else:
-            log.info("zoi: %s", what)
-
-    def done(self) -> None:
-        if self.console is not None and time.perf_counter() - self.t0 > 1.0:
-            self.console.print(
-                f"      done in {time.perf_counter() - self.t0:.1f} s", style="dim", highlight=False
-            )
-
-
-MAX_TOKENS_LIMIT = 1 << 24  # tokens per backend call; the arena grows with it
-
-
-def _check_count(name: str, v) -> int:
-    """max_tokens / max_batch: a positive integer within what an arena can hold."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or v != int(v):
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if not 1 <= int(v) <= MAX_TOKENS_LIMIT:
-        raise ValueError(
-            f"{name}={int(v)} is out of range: it must lie in [1, {MAX_TOKENS_LIMIT}] (it sizes "
-            "the engine's memory arena; bigger batches run in chunks anyway)"
-        )
-    return int(v)
-
-
-def _check_batch(v, max_tokens: int) -> int:
-    """max_batch: sequences per backend call, each taking at least one of max_tokens' tokens;
-    checked before anything is loaded or sized from it."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or v != int(v):
-        raise ValueError(f"max_batch must be a positive integer, got {v!r}")
-    if not 1 <= int(v) <= max_tokens:
-        raise ValueError(
-            f"max_batch={int(v)} is out of range: it must lie in [1, max_tokens={max_tokens}] "
-            "(every sequence of a batch takes at least one token of max_tokens); lower "
-            "max_batch, or raise max_tokens (texts beyond max_batch run in further chunks)"
-        )
-    return int(v)
-
-
-def _cap_positions(spec: ModelSpec, weights: dict, max_tokens: int, auto: bool, steps):
-    """A model that allows longer texts than the default arena holds (Qwen3-Embedding: 32768
-    positions; the CPU's default max_tokens is 4096) truncates its texts at max_tokens, said
-    once at compile; an explicit max_tokens below the model's limit stays an error (the user
-    asked for both). The RoPE tables keep their first rows; a relative-bias table (MPNet)
-    would need re-deriving, so that case stays an error."""
-    if not auto or "rel_bias" in weights:
-        raise ValueError(
-            f"max_tokens ({max_tokens}) must be at least the model's max positions "
-            f"({spec.max_positions}); raise max_tokens, or leave it out to truncate texts at "
-            "the device's default"
-        )
-    for name in [n for n in weights if n.startswith("rope.")]:
-        weights[name] = weights[name][:max_tokens]
-    steps.note(
-        f"texts truncated at {max_tokens} tokens (the model allows {spec.max_positions}; "
-        f"max_tokens={spec.max_positions} keeps them whole)"
-    )
-    return spec.replace(max_positions=max_tokens), weights
-
-
-def _check_pooling(pooling) -> None:
-    if pooling is not None and pooling not in SUPPORTED_POOLING:
-        raise ValueError(
-            f"pooling={pooling!r} is not supported; use one of {', '.join(SUPPORTED_POOLING)}, "
-            "or leave it out for the folder's own"
-        )
-
-
-def _choose_pooling(spec: ModelSpec, src: Path, pooling: str | None, steps) -> tuple:
-    """The spec with the pooling asked for (or the folder's own), and the artifact's record
-    of where it came from. An embedding model's pooling is printed (progress) or logged: a
-    folder without a sentence-transformers config pools as sentence-transformers would."""
-    if spec.head:  # a task head pools its own way (zoi.heads)
-        return spec, None
-    origin = pooling_origin(src)
-    if pooling is not None and pooling != spec.pooling:
-        origin = f"pooling={pooling!r} given; the folder's own is {spec.pooling} ({origin})"
-        spec = spec.replace(pooling=pooling)
-    elif pooling is not None:
-        origin = f"pooling={pooling!r} given, as the folder's own ({origin})"
-    note = f"pooling: {spec.pooling} ({origin})"
-    if pooling is None and not origin.startswith("from "):
-        others = [p for p in SUPPORTED_POOLING if p != spec.pooling]
-        note = f"{note[:-1]}; pooling={others[0]!r} or {others[1]!r} to override)"
-    if steps.console is not None:
-        steps.console.print(f"      {note}", style="dim", highlight=False)
-    elif pooling is None and "classifier_pooling" in origin:
-        # the folder's config names another pooling: say which one the embeddings use
-        log.warning("zoi: %s: %s", src.name, note)
-    else:
-        log.info("zoi: %s: %s", src.name, note)
-    return spec, {"mode": spec.pooling, "origin": origin}
-
-
-def _auto_max_tokens(spec: ModelSpec, device: str) -> int:
-    """The max_tokens a compile on device gets when none is asked for (a SPLADE head's
-    [T, vocab] logits cap it: zoi.heads.default_max_tokens)."""
-    n = DEFAULT_MAX_TOKENS[device]
-    return default_max_tokens(spec, n) if spec.head else n
-
-
-def _check_arena(model: CompiledModel, device: str = "cpu") -> None:
-    """The host arena the CPU planner sized must fit this machine's memory. device="cuda" holds
-    no host arena (the CUDA backend sizes its own device buffers; a SPLADE head's [T, vocab]
-    logits, which the CPU plan holds, are never materialised there): nothing to check here."""
-    if device == "cuda":
-        return
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return
-    if model.plan.arena_bytes > phys:
-        raise ValueError(
-            f"max_tokens={model.plan.max_tokens} needs an arena of "
-            f"{model.plan.arena_bytes / 2**30:.1f} GiB, more than this machine's "
-            f"{phys / 2**30:.1f} GiB of memory; use a smaller max_tokens"
-        )
-
-
-def _check_tokenizer_vocab(tokenizer: Tokenizer, spec: ModelSpec, source) -> None:
-    """A tokenizer that can emit ids past the embedding table is refused at compile time
-    (it would fail only on the texts that happen to use those ids)."""
-    from tokenizers import Tokenizer as HFTokenizer
-
-    n = HFTokenizer.from_str(tokenizer.json).get_vocab_size(with_added_tokens=True)
-    if n > spec.vocab_size:
-        raise CheckpointError(
-            f"{source}: the tokenizer has {n} tokens (added tokens included) but the model's "
-            f"embedding table has {spec.vocab_size} rows (config.json vocab_size): ids "
-            f">= {spec.vocab_size} would have no embedding. Use the tokenizer the model was "
-            "trained with, or resize the embeddings (model.resize_token_embeddings) and re-save"
-        )
-
-
-def _check_quant(quant: dict[str, LinearQuant], where) -> None:
-    from zoi.quant.config import ACT_SCHEMES
-
-    for p, q in quant.items():
-        if q.scheme not in (*ACT_SCHEMES, "fp32", "fp8"):
-            raise CheckpointError(f"{where}: linear {p!r} has unknown scheme {q.scheme!r}")
-        if q.scheme == "static":
-            a = q.amax
-            if (
-                isinstance(a, bool)
-                or not isinstance(a, (int, float))
-                or not np.isfinite(a)
-                or a <= 0
-            ):
-                raise CheckpointError(
-                    f"{where}: linear {p!r} has static scale amax={a!r}; it must be a finite "
-                    "number > 0 (re-compile the model)"
-                )
-
-
-def _split_device(device: str) -> tuple[str, int | None]:
-    """'cuda:1' -> ('cuda', 1) (that GPU checked to exist); any other device resolved as
-    resolve_device does, index None."""
-    from zoi.backends import check_device_index, split_device
-
-    kind, index = split_device(device)
-    kind = resolve_device(kind)
-    if index is not None:
-        check_device_index(index)
-    return kind, index
-
-
-def _check_precision(precision: str, device: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "fp16" and device != "cuda":
-        raise ValueError(
-            "precision='fp16' runs on device='cuda' only; use 'fp32' or 'int8' on the CPU"
-        )
-    if precision == "fp8" and device not in ("cuda", "reference"):
-        raise ValueError(
-            "precision='fp8' (E4M3 weights and activations) runs on device='cuda' with an "
-            "FP8 GPU (compute capability 8.9+: Ada, Hopper), or emulated on "
-            "device='reference'; on the CPU use precision='int8' or 'fp32'"
-        )
 
 
 def compile(  # noqa: A001 - the public name, as torch.compile
@@ -720,144 +537,6 @@ class Engine(HeadsMixin):
         return dest
 
 
-# ---- the temporaries of an atomic save ------------------------------------------------------
-# Engine.save writes DEST's files into PARENT/.DEST.tmp-PID-XXXXXXXX, then renames it to DEST.
-# A writer killed before the rename (SIGKILL, out of memory, power loss) leaves that folder
-# behind, as big as the artifact. Before the folder exists its writer creates the sibling
-# PARENT/.DEST.tmp-PID-XXXXXXXX.lock and holds an exclusive flock on it until the save ends;
-# the kernel drops the lock when the process dies, however it dies. A later save of the same
-# DEST removes the temporaries whose lock it can take and whose pid is not a live process, and
-# never one whose lock is held (a live writer, in this process or another container).
-_TMP_MARK = ".tmp-"
-_LOCK_SUFFIX = ".lock"
-_TMP_RE = re.compile(r"(\d+)-[0-9a-f]{8}")  # PID-XXXXXXXX after ".DEST.tmp-"
-_LEGACY_TMP_RE = re.compile(r"[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's suffix (older zoi)
-
-
-def _claim_temp(dest: Path) -> tuple[Path, int | None]:
-    """A fresh temporary folder for dest, and the fd of the lock held on it (None where the
-    filesystem takes no lock: the pid in the name then tells the writer)."""
-    import fcntl
-    import secrets
-
-    for _ in range(100):
-        tmp = dest.parent / f".{dest.name}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        lock = str(tmp) + _LOCK_SUFFIX
-        try:
-            fd: int | None = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            continue
-        except OSError:
-            fd = None
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                _release_temp(tmp, fd)
-                fd = None
-        try:
-            os.mkdir(tmp, 0o700)
-        except FileExistsError:
-            _release_temp(tmp, fd)
-            continue
-        except BaseException:
-            _release_temp(tmp, fd)
-            raise
-        return tmp, fd
-    raise FileExistsError(f"{dest.parent}: no free temporary name for saving {dest.name}")
-
-
-def _release_temp(tmp: Path, fd: int | None) -> None:
-    if fd is None:
-        return
-    try:
-        os.unlink(str(tmp) + _LOCK_SUFFIX)
-    except OSError:
-        pass
-    os.close(fd)  # closing drops the flock
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def _writer_gone(tmp: Path, pid: int) -> bool:
-    """True when the save that made tmp is over: its lock (if any) is free and its pid is
-    not a live process here (a reused pid keeps the folder: the safe side)."""
-    import fcntl
-
-    try:
-        fd = os.open(str(tmp) + _LOCK_SUFFIX, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        fd = None
-    except OSError:
-        return False
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False  # held: a live writer
-        finally:
-            os.close(fd)
-    return not _pid_alive(pid)
-
-
-def _remove_stale_olds(dest: Path) -> None:
-    """The previous artifacts (.DEST.old-PID) of saves killed between their two renames: the
-    new DEST is in place now, so they are obsolete once their writer is gone."""
-    prefix = f".{dest.name}.old-"
-    for p in dest.parent.glob(f"{glob_escape(prefix)}*"):
-        pid = p.name[len(prefix) :]
-        if pid.isdigit() and p.is_dir() and not p.is_symlink() and not _pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def remove_stale_temps(dest: str | os.PathLike) -> list[Path]:
-    """Remove what interrupted saves of `dest` left in its parent folder: temporaries (and
-    their lock files) whose writer is gone. A live writer's are kept. Returns what was
-    removed."""
-    dest = Path(dest)
-    prefix = f".{dest.name}{_TMP_MARK}"
-    removed: list[Path] = []
-    try:
-        entries = sorted(dest.parent.iterdir())
-    except OSError:
-        return removed
-    for p in entries:
-        if not p.name.startswith(prefix):
-            continue
-        rest = p.name[len(prefix) :]
-        is_lock = rest.endswith(_LOCK_SUFFIX)
-        m = _TMP_RE.fullmatch(rest[: -len(_LOCK_SUFFIX)] if is_lock else rest)
-        if m is None:
-            if _LEGACY_TMP_RE.fullmatch(rest) and p.is_dir():
-                log.warning(
-                    "zoi: %s is left from an interrupted save by an older zoi (its name holds "
-                    "no writer pid, so it is not removed by itself): delete it once no "
-                    "compile writes %s",
-                    p,
-                    dest,
-                )
-            continue
-        tmp = p.with_name(p.name[: -len(_LOCK_SUFFIX)]) if is_lock else p
-        if is_lock and tmp.exists():
-            continue  # handled with its folder
-        if p.is_symlink() or not _writer_gone(tmp, int(m.group(1))):
-            continue
-        if not is_lock:
-            shutil.rmtree(p, ignore_errors=True)
-            log.info("zoi: removed %s, left by an interrupted save of %s", p, dest.name)
-        Path(str(tmp) + _LOCK_SUFFIX).unlink(missing_ok=True)
-        removed.append(p)
-    return removed
-
-
 def _without_timings(d):
     """The artifact's meta without wall-clock figures (keys "seconds" / "*_seconds"): they
     change from run to run, and two compiles of the same inputs must give the same bytes."""
@@ -888,29 +567,6 @@ def _to_torch(torch, emb: np.ndarray, stacked: bool, device):
     if stacked or emb.ndim == 1:
         return t
     return list(t.unbind(0))
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where /proc says it (else set and reset)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _honour_umask(folder: Path) -> None:
-    """mkdtemp makes a 0700 folder (and a tempfile a 0600 file) whatever the umask: give the
-    artifact the modes a plain mkdir / open would (0777 / 0666 less the umask), so another
-    user or a container can read it when the umask allows."""
-    mask = current_umask()
-    for f in folder.rglob("*"):
-        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
-    os.chmod(folder, 0o777 & ~mask)
 
 
 def _version() -> str:
