@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoi.bench.head import FULL_HEAD_TYPES, bidirectional_masks, head_module, model_type
 from zoi.bench.models import ModelRef
 from zoi.bench.text import Tok, corpus_lines
 
@@ -39,46 +40,49 @@ def _done(path: Path, build: Callable[[Path], None]) -> Path:
 
 
 def model_inputs(model: ModelRef) -> tuple[str, ...]:
-    """The ONNX graph's inputs: MPNet and ModernBERT take no token types (their forward has
-    no ``token_type_ids``), the BERT family does."""
-    import json
-
-    mt = json.loads((Path(model.path) / "config.json").read_text()).get("model_type")
-    return INPUTS[:2] if mt in NO_TOKEN_TYPES else INPUTS
+    """The ONNX graph's inputs: MPNet, ModernBERT and the decoder architectures take no token
+    types (their forward has no ``token_type_ids``), the BERT family does."""
+    return INPUTS[:2] if model_type(model.path) in NO_TOKEN_TYPES else INPUTS
 
 
-NO_TOKEN_TYPES = ("mpnet", "modernbert")
+NO_TOKEN_TYPES = ("mpnet", "modernbert", "qwen3", "gemma3_text")
 
 
 def _pooled_module(model_dir: Path, with_types: bool = True):
-    """The HF encoder + attention-mask mean pooling, as one torch module (eager attention:
-    the graph ONNX Runtime's transformer optimiser recognises and fuses)."""
+    """The HF encoder + the benchmark's head (zoi.bench.head: mean pooling for the BERT family;
+    the folder's pooling, Dense and Normalize for the decoder architectures), as one torch
+    module (eager attention: the graph ONNX Runtime's transformer optimiser recognises and
+    fuses; for the decoders, causal or bidirectional and sliding-window masks built from the
+    attention mask inside the graph)."""
     import torch
     from transformers import AutoModel
 
     enc = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
-
-    def pool(h, attention_mask):
-        mk = attention_mask.unsqueeze(-1).to(h.dtype)
-        return (h * mk).sum(1) / mk.sum(1).clamp(min=1e-9)
+    head = head_module(model_dir)
+    decoder = model_type(model_dir) in FULL_HEAD_TYPES
+    masks = bidirectional_masks(enc.config) if decoder else None
 
     class Pooled(torch.nn.Module):
-        def __init__(self, m):
+        def __init__(self, m, head):
             super().__init__()
             self.m = m
+            self.head = head
+
+        def encode(self, input_ids, attention_mask, **kw):
+            am = masks(attention_mask) if masks else attention_mask
+            if decoder:
+                kw["use_cache"] = False  # one forward pass: no KV cache in the graph
+            h = self.m(input_ids=input_ids, attention_mask=am, **kw).last_hidden_state
+            return self.head(h, attention_mask)
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            h = self.m(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-            return pool(h, attention_mask)
+            return self.encode(input_ids, attention_mask, token_type_ids=token_type_ids)
 
     class PooledNoTypes(Pooled):
         def forward(self, input_ids, attention_mask):
-            h = self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            return pool(h, attention_mask)
+            return self.encode(input_ids, attention_mask)
 
-    return (Pooled if with_types else PooledNoTypes)(enc).eval()
+    return (Pooled if with_types else PooledNoTypes)(enc, head).eval()
 
 
 def _example(
@@ -104,6 +108,56 @@ def _example(
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
+# a graph with more weight bytes than this keeps them in one file next to it (``<graph>.data``):
+# ONNX's protobuf stops at 2 GiB (Qwen3-Embedding-0.6B in FP32 is 2.4 GB)
+EXTERNAL_DATA_BYTES = 1_500_000_000
+
+
+def external_data(onnx_file: Path | str) -> Path | None:
+    """The file holding the weights of ``onnx_file`` (None: they are inside the graph)."""
+    p = Path(str(onnx_file) + ".data")
+    return p if p.exists() else None
+
+
+def _done_onnx(path: Path, build: Callable[[Path], None]) -> Path:
+    """``_done`` for an ONNX graph whose weights may sit in ``<graph>.data``: ``build(dst)``
+    writes the graph at ``dst`` (named as ``path``, in a scratch folder) and, when external,
+    its weights at ``<dst>.data`` (the name the graph refers to). The weights move in first,
+    the graph last: a graph in place says both are complete."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(path.name + ".partial")
+    if scratch.is_dir():
+        shutil.rmtree(scratch)
+    elif scratch.exists():
+        scratch.unlink()
+    scratch.mkdir()
+    dst = scratch / path.name
+    build(dst)
+    data = external_data(dst)
+    if data is not None:
+        data.replace(path.with_name(data.name))
+    dst.replace(path)
+    shutil.rmtree(scratch)
+    return path
+
+
+def _one_external_file(dst: Path) -> None:
+    """Rewrite the graph at ``dst`` with all its weights in ``<dst>.data`` (the TorchScript
+    exporter writes one file per tensor past 2 GiB; those stay behind in the scratch folder)."""
+    import onnx
+
+    proto = onnx.load(str(dst))  # external tensors included
+    onnx.save_model(
+        proto,
+        str(dst),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=dst.name + ".data",
+        size_threshold=1024,
+    )
+
 
 def onnx_raw(model: ModelRef, cache: Path) -> Path:
     """Plain ONNX export (opset 17, dynamic batch and sequence), output = mean-pooled [B, H]."""
@@ -113,6 +167,7 @@ def onnx_raw(model: ModelRef, cache: Path) -> Path:
 
         names = model_inputs(model)
         m = _pooled_module(model.path, with_types="token_type_ids" in names)
+        big = sum(t.numel() * t.element_size() for t in m.state_dict().values())
         ex = _example(model, 1)[0]
         args = tuple(torch.from_numpy(np.repeat(ex[k], 2, axis=0)) for k in names)
         axes = {k: {0: "batch", 1: "seq"} for k in names}
@@ -128,15 +183,19 @@ def onnx_raw(model: ModelRef, cache: Path) -> Path:
                 opset_version=17,
                 dynamo=False,
             )
+        del m
+        if big > EXTERNAL_DATA_BYTES:
+            _one_external_file(tmp)
 
     d = cache / model.name / f"onnx-torch{_ver('torch').split('+')[0]}"
-    return _done(d / "model.onnx", build)
+    return _done_onnx(d / "model.onnx", build)
 
 
 # the architectures ONNX Runtime's transformer optimiser has no attention fusion for (MPNet's
-# relative position bias, ModernBERT's RoPE + local window): their graph keeps the fusions
-# it does find (LayerNorm, Gelu, ...) and the stats say so (``fusion_stats``)
-UNFUSED_ATTENTION_OK = ("mpnet-base", "modernbert-base")
+# relative position bias, ModernBERT's RoPE + local window, the decoders' RoPE + grouped KV
+# heads + q / k norms): their graph keeps the fusions it does find (LayerNorm, RMSNorm,
+# Gelu, ...) and the stats say so (``fusion_stats``)
+UNFUSED_ATTENTION_OK = ("mpnet-base", "modernbert-base", "gemma-embed", "qwen3-embed")
 
 
 def fusion_stats_path(onnx_file: Path | str) -> Path:
@@ -160,12 +219,12 @@ def onnx_fp32(model: ModelRef, cache: Path) -> Path:
         fused = bool(stats.get("Attention") or stats.get("MultiHeadAttention"))
         if not fused and model.name not in UNFUSED_ATTENTION_OK:
             raise RuntimeError(f"ONNX Runtime optimiser fused no attention: {stats}")
-        opt.save_model_to_file(str(tmp))
+        opt.save_model_to_file(str(tmp), use_external_data_format=bool(external_data(raw)))
         fusion_stats_path(out).write_text(
             json.dumps({"fused_ops": stats, "attention_fused": fused}, indent=1)
         )
 
-    return _done(out, build)
+    return _done_onnx(out, build)
 
 
 def fusion_stats(onnx_file: Path | str) -> dict | None:
@@ -190,14 +249,14 @@ def onnx_int8(model: ModelRef, cache: Path) -> Path:
 
         quantize_dynamic(
             str(fused),
-            str(tmp) + ".onnx",
+            str(tmp),
             per_channel=True,
             weight_type=QuantType.QInt8,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            use_external_data_format=bool(external_data(fused)),
         )
-        Path(str(tmp) + ".onnx").rename(tmp)
 
-    return _done(raw_sibling(fused, f"model_int8_ort{_ver('onnxruntime')}.onnx"), build)
+    return _done_onnx(raw_sibling(fused, f"model_int8_ort{_ver('onnxruntime')}.onnx"), build)
 
 
 def raw_sibling(p: Path, name: str) -> Path:

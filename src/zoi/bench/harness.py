@@ -196,6 +196,7 @@ class Bench:
                 with self.phase("convert"):
                     model = mrefs[model_name] = M.get_model(model_name, self.cache)
                     arts = self.convert_all(model, specs)
+                self.refusal_rows(model, mwls, [s for s in specs if s.name not in arts])
                 self.run_model(model, mwls, [s for s in specs if s.name in arts], arts, meter)
             prog.update(task, description="done")
         result = self.result(wls, specs, mrefs, load_start, t_start)
@@ -226,6 +227,32 @@ class Bench:
         self.refusals.append({"provider": name, "model": model, "reason": why.strip()[-2000:]})
         first = why.strip().splitlines()[0] if why.strip() else why
         self.con.print(f"[yellow]refused[/] {name} on {model}: {escape(first[:300])}")
+
+    def refusal_rows(self, model: M.ModelRef, mwls: list[W.Workload], specs: list[Spec]) -> None:
+        """An error row per workload of ``model`` for each provider that could not convert it
+        (the table shows the cell, the row says why); providers skipped before this model
+        (not installed, failed on an earlier model) are left out."""
+        for s in specs:
+            why = next(
+                (
+                    x["reason"]
+                    for x in self.refusals
+                    if (x["provider"], x["model"]) == (s.name, model.name)
+                ),
+                None,
+            )
+            if why is None:
+                continue
+            for w in mwls:
+                if s.device in w.devices and (w.text or not s.texts_only):
+                    self.rows.append(
+                        {
+                            "provider": s.name,
+                            "workload": w.name,
+                            "error": f"conversion: {why}"[:2000],
+                        }
+                    )
+                    self.step()
 
     def limits(self, model: M.ModelRef, seqs_by_wl: dict[str, list]) -> tuple[int, int]:
         """(max_tokens, max_batch) that hold every token-id workload of this model in one
@@ -268,7 +295,7 @@ class Bench:
                 files[w.name] = str(self.tmp / f"{w.name}.json")
                 Path(files[w.name]).write_text(json.dumps(texts), encoding="utf-8")
             elif w in mwls:
-                seqs = seqs_by_wl[w.name] = W.inputs(w, tok, i)
+                seqs = seqs_by_wl[w.name] = W.inputs(w, tok, i, vocab=model.vocab)
                 files[w.name] = str(self.tmp / f"{w.name}.npz")
                 save_seqs(files[w.name], seqs)
         limits = self.limits(model, {k: v for k, v in seqs_by_wl.items() if k not in texts_by_wl})
@@ -502,7 +529,7 @@ class Bench:
             r["baseline"] = base if b else None
             r["speedup"] = (b["p50_ms"] / r["p50_ms"]) if b else None
         for s in specs:
-            ran = any(r.get("provider") == s.name for r in self.rows)
+            ran = any(r.get("provider") == s.name and "p50_ms" in r for r in self.rows)
             why = "; ".join(
                 f"{x['model']}: {x['reason'].splitlines()[0][:300]}"
                 for x in self.refusals

@@ -15,7 +15,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-MODELS = ("minilm", "bert-base", "minilm-ce", "mpnet-base", "modernbert-base")
+MODELS = (
+    "minilm",
+    "bert-base",
+    "minilm-ce",
+    "mpnet-base",
+    "modernbert-base",
+    "gemma-embed",
+    "qwen3-embed",
+)
 
 # random-init stand-ins with the real models' configs (all-mpnet-base-v2, ModernBERT-base),
 # the MiniLM tokenizer (its ids fit both vocabularies) and mean pooling, as bert-base
@@ -55,6 +63,77 @@ _RANDOM_ARCHS = {
 }
 
 
+# decoder architectures run as encoders: random-init stand-ins of EmbeddingGemma-300m and
+# Qwen3-Embedding-0.6B (their config.json; transformers' own init under torch.manual_seed(0)),
+# with the sentence-transformers head of each real model: EmbeddingGemma mean-pools, projects
+# 768 -> 3072 -> 768 (two Dense modules, no bias, identity activation) and normalises;
+# Qwen3-Embedding pools the last token and normalises. The MiniLM tokenizer goes into the folder
+# (its ids lie inside both vocabularies) for the code that tokenises text (zoi's INT8
+# calibration, the ONNX export's example); the timed inputs are random ids of the whole
+# vocabulary (workloads.random_batch).
+_GEMMA_LAYERS = 24
+DECODER_EMBEDDERS: dict[str, dict] = {
+    "gemma-embed": dict(
+        config="Gemma3TextConfig",
+        model="Gemma3TextModel",
+        kw=dict(
+            vocab_size=262144,
+            hidden_size=768,
+            num_hidden_layers=_GEMMA_LAYERS,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=256,
+            intermediate_size=1152,
+            max_position_embeddings=2048,
+            sliding_window=512,
+            # five sliding-window layers, then one full-attention layer
+            layer_types=[
+                "full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                for i in range(_GEMMA_LAYERS)
+            ],
+            use_bidirectional_attention=True,
+            query_pre_attn_scalar=256,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+        ),
+        pooling="mean",
+        dense=(3072, 768),  # out_features of each Dense module, in order
+        normalize=True,
+    ),
+    "qwen3-embed": dict(
+        config="Qwen3Config",
+        model="Qwen3Model",
+        kw=dict(
+            vocab_size=151669,
+            hidden_size=1024,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            tie_word_embeddings=True,
+            hidden_act="silu",
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+            use_sliding_window=False,
+        ),
+        pooling="lasttoken",
+        dense=(),
+        normalize=True,
+    ),
+}
+
+MINILM_VOCAB = 30522  # the folder's tokenizer: every model's vocabulary must hold its ids
+DECODER_MAX_LEN = 512  # tokens per sequence of the decoder embedders' folders (and ModelRef)
+
+
 @dataclass
 class ModelRef:
     name: str
@@ -63,6 +142,7 @@ class ModelRef:
     layers: int
     heads: int
     max_len: int  # tokens per sequence the benchmark uses at most (CLS/SEP included)
+    vocab: int = MINILM_VOCAB  # rows of the embedding table (random-id workloads draw from it)
 
 
 def default_cache_dir() -> Path:
@@ -202,6 +282,112 @@ def _make_cross_encoder(dst: Path, src_tok: Path) -> None:
     tmp.rename(dst)
 
 
+def _st_module(idx: int, path: str, kind: str) -> dict:
+    return {
+        "idx": idx,
+        "name": str(idx),
+        "path": path,
+        "type": f"sentence_transformers.models.{kind}",
+    }
+
+
+def _make_decoder_embedder(dst: Path, src_tok: Path, name: str) -> None:
+    """A sentence-transformers folder of ``DECODER_EMBEDDERS[name]``: the base model (random
+    init, seed 0), its Pooling / Dense / Normalize modules, the MiniLM tokenizer."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    d = DECODER_EMBEDDERS[name]
+    kw = d["kw"]
+    if kw["vocab_size"] < MINILM_VOCAB:
+        raise ValueError(
+            f"{name}: vocab_size {kw['vocab_size']} < {MINILM_VOCAB}: the folder's tokenizer "
+            "(MiniLM's) would give ids outside the embedding table"
+        )
+    cfg = getattr(transformers, d["config"])(**kw)
+    torch.manual_seed(0)
+    model = getattr(transformers, d["model"])(cfg).eval()
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    # one file, as the real checkpoints ship (and as the cache check below expects)
+    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+    cj = json.loads((tmp / "config.json").read_text())
+    cj.setdefault("architectures", [d["model"]])
+    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
+    for f in _TOKENIZER_FILES:
+        if (src_tok / f).exists():
+            shutil.copy(src_tok / f, tmp / f)
+    # name the tokenizer's class: transformers' AutoTokenizer would otherwise take the folder's
+    # architecture's own (GemmaTokenizer, Qwen2Tokenizer), which cannot read a WordPiece vocabulary
+    tc_path = tmp / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text()) if tc_path.exists() else {}
+    tc["tokenizer_class"] = "BertTokenizerFast"
+    tc_path.write_text(json.dumps(tc, indent=2))
+    hidden = int(kw["hidden_size"])
+    mods = [_st_module(0, "", "Transformer"), _st_module(1, "1_Pooling", "Pooling")]
+    pool = {
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": d["pooling"] == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": d["pooling"] == "lasttoken",
+        "include_prompt": True,
+    }
+    (tmp / "1_Pooling").mkdir()
+    (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=2))
+    width = hidden
+    for k, out in enumerate(d["dense"]):
+        lin = torch.nn.Linear(width, out, bias=False)  # the same seeded stream as the model
+        sub = f"{2 + k}_Dense"
+        (tmp / sub).mkdir()
+        (tmp / sub / "config.json").write_text(
+            json.dumps(
+                {
+                    "in_features": width,
+                    "out_features": out,
+                    "bias": False,
+                    "activation_function": "torch.nn.modules.linear.Identity",
+                },
+                indent=2,
+            )
+        )
+        save_file(
+            {"linear.weight": lin.weight.detach().contiguous()}, tmp / sub / "model.safetensors"
+        )
+        mods.append(_st_module(len(mods), sub, "Dense"))
+        width = out
+    if d["normalize"]:
+        mods.append(_st_module(len(mods), "", "Normalize"))
+    (tmp / "modules.json").write_text(json.dumps(mods, indent=2))
+    # the benchmark's limit (ModelRef.max_len), not the real models' 2048 / 32768: zoi sizes an
+    # engine for at least max_seq_length tokens per call, the peers take whatever ids they get
+    max_seq = min(DECODER_MAX_LEN, int(kw["max_position_embeddings"]))
+    (tmp / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq, "do_lower_case": False})
+    )
+    (tmp / "ZOI_BENCH_README.txt").write_text(
+        f"{name}: {d['model']} shape, random init (torch.manual_seed(0)), pooling "
+        f"{d['pooling']}, Dense {list(d['dense'])}, normalize {d['normalize']}; "
+        "written by zoi.bench.models\n"
+    )
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
+def _models_dir(cache_dir: Path) -> Path:
+    """``<cache>/models``, made on first use with a .gitignore of everything: a cache pointed
+    inside a checkout (ZOI_BENCH_CACHE) never offers its gigabytes of weights to git."""
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    ign = cache / ".gitignore"
+    if not ign.exists():
+        ign.write_text("*\n")
+    return cache / "models"
+
+
 def get_model(name: str, cache_dir: Path) -> ModelRef:
     if name == "minilm":
         return ModelRef("minilm", minilm_path(), hidden=384, layers=6, heads=12, max_len=256)
@@ -230,5 +416,20 @@ def get_model(name: str, cache_dir: Path) -> ModelRef:
             layers=kw["num_hidden_layers"],
             heads=kw["num_attention_heads"],
             max_len=512,
+        )
+    if name in DECODER_EMBEDDERS:
+        dst = _models_dir(cache_dir) / f"{name}-random-s0"
+        if not (dst / "model.safetensors").exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _make_decoder_embedder(dst, minilm_path(), name)
+        kw = json.loads((dst / "config.json").read_text())  # the folder's shape, as written
+        return ModelRef(
+            name,
+            dst,
+            hidden=kw["hidden_size"],
+            layers=kw["num_hidden_layers"],
+            heads=kw["num_attention_heads"],
+            max_len=min(DECODER_MAX_LEN, kw["max_position_embeddings"]),
+            vocab=kw["vocab_size"],
         )
     raise ValueError(f"unknown benchmark model {name!r} (one of {MODELS})")

@@ -115,7 +115,10 @@ class Worker:
         return {"env": {k: os.environ.get(k) for k in c["keys"]}}
 
     def op_memory(self, c):
-        return {"provider": self.p.memory() if self.p else {}, "status": proc_status()}
+        # the status first: what a provider does to measure itself (PyTorch serialises its
+        # weights) is not part of the peak it loads and runs in
+        status = proc_status()
+        return {"provider": self.p.memory() if self.p else {}, "status": status}
 
 
 def main() -> None:

@@ -7,12 +7,21 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.bench import convert
+from zoi.bench.head import FULL_HEAD_TYPES, model_type
 from zoi.bench.providers.base import PaddedProvider, file_bytes, masked_mean
 
 
 class Ct2Provider(PaddedProvider):
     @classmethod
     def convert(cls, spec, model, cache):
+        if model_type(model.path) in FULL_HEAD_TYPES:
+            # its converter takes Gemma3 / Qwen3, but as decoder-only language models, which
+            # ctranslate2.Generator runs to logits; the Encoder (hidden states) cannot load them
+            raise RuntimeError(
+                f"CTranslate2 has no encoder for {model_type(model.path)}: it converts the "
+                "architecture as a language model (Generator, logits out), not the hidden "
+                "states a sentence embedding pools"
+            )
         q = "int8" if spec.precision == "int8" else "float32"
         return {"dir": str(convert.ctranslate2_model(model, cache, q)), "compute_type": q}
 

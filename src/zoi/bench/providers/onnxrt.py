@@ -41,7 +41,9 @@ class OrtProvider(PaddedProvider):
 
     def memory(self):
         # MLAS picks its kernels by cpuid (AVX-512 / VNNI where present); no switch caps it
-        out = {"weights_bytes": file_bytes(self.artifacts["onnx"]), "isa": "native (MLAS, cpuid)"}
+        f = self.artifacts["onnx"]
+        weights = file_bytes(f, *([convert.external_data(f)] if convert.external_data(f) else []))
+        out = {"weights_bytes": weights, "isa": "native (MLAS, cpuid)"}
         fs = convert.fusion_stats(self.artifacts["onnx"])
         if fs is not None:  # MPNet / ModernBERT: attention left unfused (convert.onnx_fp32)
             out["ort_fusions"] = fs

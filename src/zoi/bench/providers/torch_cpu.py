@@ -1,9 +1,12 @@
-"""PyTorch eager (transformers ``AutoModel``, default SDPA attention) FP32 and dynamic INT8."""
+"""PyTorch eager (transformers ``AutoModel``, default SDPA attention) FP32 and dynamic INT8,
+then the benchmark's head (zoi.bench.head: mean pooling, or the decoder embedders' pooling,
+Dense and Normalize) in FP32."""
 
 from __future__ import annotations
 
 import io
 
+from zoi.bench.head import FULL_HEAD_TYPES, head_module, model_type
 from zoi.bench.providers.base import PaddedProvider
 
 
@@ -20,6 +23,9 @@ class TorchProvider(PaddedProvider):
 
             m = quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
         self.m = m
+        self.head = head_module(self.model_dir)
+        # decoders: one forward pass, no KV cache kept
+        self.kw = {"use_cache": False} if model_type(self.model_dir) in FULL_HEAD_TYPES else {}
 
     def run(self, feed):
         torch = self.torch
@@ -27,13 +33,12 @@ class TorchProvider(PaddedProvider):
         with torch.inference_mode():
             t_ids = torch.from_numpy(ids)
             t_mask = torch.from_numpy(mask)
-            h = self.m(input_ids=t_ids, attention_mask=t_mask).last_hidden_state
-            mk = t_mask.unsqueeze(-1).to(h.dtype)
-            return ((h * mk).sum(1) / mk.sum(1).clamp(min=1e-9)).numpy()
+            h = self.m(input_ids=t_ids, attention_mask=t_mask, **self.kw).last_hidden_state
+            return self.head(h, t_mask).numpy()
 
     def memory(self):
         buf = io.BytesIO()
-        self.torch.save(self.m.state_dict(), buf)
+        self.torch.save({**self.m.state_dict(), **self.head.state_dict()}, buf)
         return {"weights_bytes": buf.getbuffer().nbytes, "isa": self.isa()}
 
     def isa(self) -> str:

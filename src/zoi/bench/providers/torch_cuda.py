@@ -6,6 +6,7 @@ result in host memory; ``.cpu()`` synchronises the device before the clock is re
 
 from __future__ import annotations
 
+from zoi.bench.head import FULL_HEAD_TYPES, bidirectional_masks, head_module, model_type
 from zoi.bench.providers.base import PaddedProvider
 
 
@@ -20,15 +21,22 @@ class TorchCudaProvider(PaddedProvider):
         self.torch = torch
         dtype = getattr(torch, self.spec.options.get("dtype", "float32"))
         self.m = AutoModel.from_pretrained(self.model_dir, dtype=dtype).eval().cuda()
+        # the benchmark's head in the model's dtype (FP16: a token count clamped at 1, not 1e-9)
+        self.head = head_module(self.model_dir, clamp=1.0).to(dtype).cuda()
+        self.kw = {"use_cache": False} if model_type(self.model_dir) in FULL_HEAD_TYPES else {}
+        # bidirectional Gemma3's masks, made on the device (transformers' own copy a CPU tensor
+        # in, which a CUDA graph cannot capture)
+        graph = self.spec.options.get("graph")
+        self.masks = bidirectional_masks(self.m.config, additive=False) if graph else None
         self.graphs = {}
         self.fn = self._forward
         if self.spec.options.get("compile"):
             self.fn = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
 
     def _forward(self, ids, mask):
-        h = self.m(input_ids=ids, attention_mask=mask).last_hidden_state
-        mk = mask.unsqueeze(-1).to(h.dtype)
-        return ((h * mk).sum(1) / mk.sum(1).clamp(min=1)).float()
+        am = self.masks(mask) if self.masks else mask
+        h = self.m(input_ids=ids, attention_mask=am, **self.kw).last_hidden_state
+        return self.head(h, mask).float()
 
     def feed(self, ids, mask):
         torch = self.torch
@@ -74,8 +82,10 @@ class TorchCudaProvider(PaddedProvider):
 
     def memory(self):
         torch = self.torch
-        w = sum(p.numel() * p.element_size() for p in self.m.parameters())
-        w += sum(b.numel() * b.element_size() for b in self.m.buffers())
+        w = 0
+        for mod in (self.m, self.head):
+            w += sum(p.numel() * p.element_size() for p in mod.parameters())
+            w += sum(b.numel() * b.element_size() for b in mod.buffers())
         return {
             "weights_bytes": int(w),
             "gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()),

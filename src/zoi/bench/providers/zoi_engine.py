@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoi.bench.head import read_head
 from zoi.bench.providers.base import Provider
 from zoi.bench.text import pack
 
@@ -56,7 +57,9 @@ class ZoiProvider(Provider):
                 device="reference",
                 precision=spec.precision,
                 max_tokens=model.max_len,
-                max_batch=ARTIFACT_MAX_BATCH,
+                # a batch takes a token per sequence at least: zoi refuses more sequences
+                # than max_tokens (a model whose max_len is under 256, as in the tests)
+                max_batch=min(ARTIFACT_MAX_BATCH, model.max_len),
             )
             engine.save(dst)
         return {"artifact": str(dst)}
@@ -64,6 +67,8 @@ class ZoiProvider(Provider):
     def load(self):
         import zoi
 
+        # the decoder embedders' head normalises (zoi.bench.head), as the peers' does
+        self.normalize = read_head(self.model_dir).normalize
         dev = self.spec.options["device"]
         if self.artifacts.get("artifact"):
             self.engine = zoi.load(
@@ -84,7 +89,7 @@ class ZoiProvider(Provider):
 
     def call(self, prepared):
         ids, pos, cu = prepared
-        return self.engine.run_packed(ids, pos, cu, normalize=False)
+        return self.engine.run_packed(ids, pos, cu, normalize=self.normalize)
 
     def call_texts(self, prepared):
         texts, _ = prepared  # one call: zoi chunks by token budget itself
