@@ -710,6 +710,20 @@ NB_MODULE(_cpu, m) {
       }, "ids"_a, "positions"_a, "types"_a.none(), "cu_seqlens"_a, "out"_a, "tap_off"_a = -1,
          "tap_out"_a.none() = nb::none(),
          "run with token types (None: type 0); tap_out [T, cols] gets the buffer at tap_off (heads, token embeddings)")
+      .def("run_steps", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
+                           Arr<const int32_t> cu, int first, int last) {
+        const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
+        nb::gil_scoped_release nogil;
+        e.run_steps(ids.data(), positions.data(), cu.data(), T, B, first, last);
+      }, "ids"_a, "positions"_a, "cu_seqlens"_a, "first"_a, "last"_a,
+         "Runs steps [first, last) of the plan (GIL released); the arena keeps what the batch's earlier steps "
+         "wrote, so a buffer can be read with arena() between two calls while it is live (calibration)")
+      .def("arena", [](nb::handle self) {
+        const zoi::Engine& e = nb::cast<const zoi::Engine&>(self);
+        const size_t n = e.arena_bytes();
+        return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(e.arena_data(), {n}, self);
+      }, "A read-only uint8 view of the arena (the planner's offsets); it keeps the engine alive")
       .def("run_repeat", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
                             Arr<const int32_t> cu, bool normalize, Arr<float> out, int n) {
         const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;

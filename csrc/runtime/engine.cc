@@ -569,9 +569,8 @@ double wall_now() {
 void Engine::job(void* self, int tid, int nt) {
   (void)nt;
   Engine* e = static_cast<Engine*>(self);
-  const size_t n = e->steps_.size();
   const bool prof = tid == 0 && e->prof_wall_;
-  for (size_t i = 0; i < n; ++i) {
+  for (int i = e->first_; i < e->last_; ++i) {
     const double w0 = prof ? wall_now() : 0, c0 = prof ? cpu_now() : 0;
     StepSync& sy = e->sync_[i];
     const int parts = e->parts_[i];
@@ -603,11 +602,7 @@ void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t
   cu_ = cu;
   T_ = T;
   B_ = B;
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    sync_[i].next.store(0, std::memory_order_relaxed);
-    sync_[i].done.store(0, std::memory_order_relaxed);
-  }
-  ThreadPool::instance().run(&Engine::job, this, nthreads_);
+  launch(0, num_steps());
   prof_wall_ = prof_cpu_ = nullptr;
 }
 
@@ -637,8 +632,8 @@ void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu
   run_ex(ids, positions, nullptr, cu, T, B, normalize, out, ldo, 0, 0, nullptr);
 }
 
-void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T,
-                    int B, bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out) {
+void Engine::check_batch(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu,
+                         int T, int B) const {
   if (!finalized_) throw std::invalid_argument("Engine.finalize() was not called");
   if (T < 1 || T > max_tokens_) throw std::invalid_argument("T must be in [1, max_tokens]");
   if (B < 1 || B > max_batch_) throw std::invalid_argument("B must be in [1, max_batch]");
@@ -654,6 +649,21 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
     if (positions[t] < 0 || positions[t] >= max_pos_) throw std::invalid_argument("position out of the table");
     if (types && (types[t] < 0 || types[t] >= ntypes_)) throw std::invalid_argument("token type out of the table");
   }
+}
+
+void Engine::launch(int first, int last) {
+  for (int i = first; i < last; ++i) {
+    sync_[i].next.store(0, std::memory_order_relaxed);
+    sync_[i].done.store(0, std::memory_order_relaxed);
+  }
+  first_ = first;
+  last_ = last;
+  ThreadPool::instance().run(&Engine::job, this, nthreads_);
+}
+
+void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T,
+                    int B, bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out) {
+  check_batch(ids, positions, types, cu, T, B);
   if (tap_out) check_off(tap_off, static_cast<size_t>(T) * tap_cols * 4);
   if (tap_out)
     for (const Step& s : steps_)  // the plan's y_dead: that GEMM's float rows went to scratch
@@ -667,17 +677,28 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
   T_ = T;
   B_ = B;
   types_ = types;
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    sync_[i].next.store(0, std::memory_order_relaxed);
-    sync_[i].done.store(0, std::memory_order_relaxed);
-  }
-  ThreadPool::instance().run(&Engine::job, this, nthreads_);
+  launch(0, num_steps());
   types_ = nullptr;
   const float* src = buf(out_off_);
   const int rows = out_rows_t_ ? T : B;
   for (int b = 0; b < rows; ++b) std::memcpy(out + static_cast<size_t>(b) * ldo, src + static_cast<size_t>(b) * out_cols_, out_cols_ * 4);
   if (tap_out) std::memcpy(tap_out, buf(tap_off), static_cast<size_t>(T) * tap_cols * 4);
   if (normalize) kt_->normalize(out, ldo, rows, out_cols_, 0, 1);
+}
+
+void Engine::run_steps(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, int first,
+                       int last) {
+  if (first < 0 || last > num_steps() || first > last)
+    throw std::invalid_argument("run_steps needs 0 <= first <= last <= num_steps");
+  check_batch(ids, positions, nullptr, cu, T, B);
+  std::lock_guard<std::mutex> g(mu_);
+  ids_ = ids;
+  positions_ = positions;
+  cu_ = cu;
+  T_ = T;
+  B_ = B;
+  types_ = nullptr;
+  launch(first, last);
 }
 
 }  // namespace zoi

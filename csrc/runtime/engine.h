@@ -92,6 +92,12 @@ class Engine {
   void run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T, int B,
               bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out);
   bool out_rows_t() const { return out_rows_t_; }
+  // steps [first, last) only, on the same checks as run; nothing is copied out. The arena keeps
+  // what earlier steps of the batch wrote, so a caller can read a buffer between two calls while
+  // it is live (zoi.quant's calibration reads each linear's input before the linear runs)
+  void run_steps(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, int first, int last);
+  // the arena's bytes (read-only views of the planner's buffers after run_steps)
+  const void* arena_data() const { return arena_.get(); }
 
   // kernel lab: one run recording, per step, thread 0's wall and CPU seconds (after the barrier)
   // into wall[num_steps()], cpu[num_steps()]; step_kind(i) names the step
@@ -152,6 +158,9 @@ class Engine {
   const float* keep_shared(const float* src, size_t n);
   void check_off(size_t off, size_t bytes) const;
   QuantOut quant_target(size_t in_off, int K, const QuantOut& params, int q_from, int q_min_m);
+  void check_batch(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T,
+                   int B) const;
+  void launch(int first, int last);  // runs steps [first, last) on the pool (mu_ held)
 
   const KernelTable* kt_;
   int max_tokens_, max_batch_, nthreads_;
@@ -182,6 +191,7 @@ class Engine {
   const int32_t* positions_ = nullptr;
   const int32_t* cu_ = nullptr;
   int T_ = 0, B_ = 0;
+  int first_ = 0, last_ = 0;  // the steps a launch runs
   double* prof_wall_ = nullptr;
   double* prof_cpu_ = nullptr;
 };

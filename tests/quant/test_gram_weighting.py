@@ -12,7 +12,6 @@ from zoi.graph import build_graph
 from zoi.graph.build import linear_prefix
 from zoi.quant import QuantConfig, quantize_model
 from zoi.quant.calibrate import calibrate, token_batches, token_weights
-from zoi.quant.detforward import run_graph as det_run_graph
 from zoi.quant.forward import run_graph
 from zoi.quant.gptq import gptq_quantize
 from zoi.quant.pipeline import _transform_gram
@@ -45,7 +44,7 @@ def test_weighted_gram_is_the_weighted_sum_of_outer_products(tiny, mode):
     seqs = tok.encode_ids(tx)
     batches = token_batches(seqs, 0, 96)  # several chunks
     assert len(batches) > 2
-    cal = calibrate(g, w, batches, gram=True, gram_weight=mode)
+    cal = calibrate(spec, w, batches, gram=True, gram_weight=mode)
     xs: dict[str, list] = {}
     ws: list = []
 
@@ -53,7 +52,7 @@ def test_weighted_gram_is_the_weighted_sum_of_outer_products(tiny, mode):
         xs.setdefault(p, []).append(x.astype(np.float64))
 
     for ids, pos, cu in batches:
-        det_run_graph(g, w, ids, pos, cu, tap=tap)  # calibrate's own forward: the same x
+        run_graph(g, w, ids, pos, cu, tap=tap)  # numpy's FP32 forward: x to float32 rounding
         lens = np.diff(cu)
         per = np.repeat(lens, lens).astype(np.float64)
         ws.append({"token": np.ones_like(per), "text": 1 / per, "pooled": 1 / per**2}[mode])
@@ -61,18 +60,18 @@ def test_weighted_gram_is_the_weighted_sum_of_outer_products(tiny, mode):
     for p, st in cal.stats.items():
         x = np.concatenate(xs[p])
         ref = (x * wt[:, None]).T @ x
-        np.testing.assert_allclose(st.gram, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        np.testing.assert_allclose(st.gram, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
         xw = x * wt[:, None]
-        np.testing.assert_allclose(st.gram_sum, xw.sum(0), rtol=0, atol=1e-9 * np.abs(xw).sum())
+        np.testing.assert_allclose(st.gram_sum, xw.sum(0), rtol=0, atol=1e-5 * np.abs(xw).sum())
         assert st.gram_weight == pytest.approx(wt.sum(), rel=1e-12)
         # a channel shift (smooth_shift) applied to the weighted Gram: that of x - z, weighted
         z = x.mean(0).astype(np.float32)
         xz = x - z.astype(np.float64)
         ref_z = (xz * wt[:, None]).T @ xz
         got = _transform_gram(st, z, None)
-        np.testing.assert_allclose(got, ref_z, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        np.testing.assert_allclose(got, ref_z, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
     # the same texts calibrated again: the same bits
-    again = calibrate(g, w, batches, gram=True, gram_weight=mode)
+    again = calibrate(spec, w, batches, gram=True, gram_weight=mode)
     for p in cal.stats:
         assert again.stats[p].gram.tobytes() == cal.stats[p].gram.tobytes()
 
@@ -99,7 +98,7 @@ def test_pooled_gram_lowers_the_short_texts_pooled_error(seed):
     g = build_graph(spec)
     batches = token_batches(tok.encode_ids(longs + shorts[:20]), 0, 512)
     held = token_batches(tok.encode_ids(shorts[20:]), 0, 512)
-    cal = {m: calibrate(g, w, batches, gram=True, gram_weight=m) for m in ("token", "pooled")}
+    cal = {m: calibrate(spec, w, batches, gram=True, gram_weight=m) for m in ("token", "pooled")}
     xs: dict[str, list] = {}
 
     def tap(p, x, y):

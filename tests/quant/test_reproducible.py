@@ -1,10 +1,11 @@
-"""Reproducible INT8 compiles (issue 21): the same model, texts and options give the same
-artifact bytes whatever the BLAS thread count / kernel and numpy's SIMD paths.
+"""Reproducible INT8 compiles: on one machine the same model, texts and options give the same
+artifact bytes whatever the thread counts (the engine's, BLAS's); across the CPU core's ISAs
+(ZOI_CPU_ISA), whose FP32 kernels round differently, the bytes may differ and the fidelity
+stays within 1e-4 (docs/QUANT.md, "Reproducible compiles").
 
-The subprocess test compiles twice with different OpenBLAS threads and core types (which
-change plain float32 / float64 BLAS results here: `teeth`) and compares every file of the
-saved artifacts. The unit tests check the order-independence of zoi.quant.detmath directly:
-the same numbers summed in another order (what another BLAS or numpy does) give the same bits.
+The subprocess tests compile in fresh processes and compare every file of the saved
+artifacts, or their fidelity. The unit tests check zoi.quant.detmath's order-independence
+(the quantiser's small reductions) and that GPTQ's integers depend on the Gram only.
 """
 
 from __future__ import annotations
@@ -74,20 +75,6 @@ def test_det_exp_log_pow_accuracy():
     assert D.det_pow(np.array([0.0, 4.0]), 0.5).tolist() == [0.0, 2.0]
 
 
-@pytest.mark.parametrize("K", [1, 3, 64, 65, 200])
-def test_det_cholesky_upper_inverse(K):
-    r = np.random.default_rng(K)
-    X = r.standard_normal((3 * K + 5, K))
-    H = X.T @ X + 0.1 * np.eye(K)
-    L = D.det_cholesky_lower(H)
-    assert np.allclose(L, np.linalg.cholesky(H), atol=1e-10 * np.abs(L).max())
-    U = D.det_cholesky_upper_inv(H)
-    assert np.allclose(np.triu(U), U)
-    assert np.allclose(U.T @ U, np.linalg.inv(H), atol=1e-9 * np.abs(np.linalg.inv(H)).max())
-    with pytest.raises(np.linalg.LinAlgError):
-        D.det_cholesky_lower(-np.eye(K))
-
-
 def test_gptq_integers_independent_of_gram_summation_order():
     """GPTQ from one Gram summed in two orders (float64 BLAS vs det): same Gram -> same ints;
     and the deterministic Gram itself is the same for tokens in any order."""
@@ -116,7 +103,7 @@ def test_gptq_integers_independent_of_gram_summation_order():
 
 _COMPILE = textwrap.dedent(
     """
-    import hashlib, json, sys, numpy as np
+    import json, sys, numpy as np
     import zoi
     from zoi.data import calibration_texts
     src, out, variant = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -126,11 +113,8 @@ _COMPILE = textwrap.dedent(
     eng = zoi.compile(src, device="reference", precision="int8",
                       calibration=calibration_texts(), quant_config=cfg)
     eng.save(out)
-    r = np.random.default_rng(0)
-    a = r.standard_normal((300, 1536)).astype(np.float32)
-    b = r.standard_normal((384, 1536)).astype(np.float32)
-    teeth = hashlib.sha256((a @ b.T).tobytes() + np.linalg.inv(a[:200, :200].astype(float)).tobytes()).hexdigest()
-    print(json.dumps({"teeth": teeth}))
+    from zoi import _cpu
+    print(json.dumps({"isa": _cpu.active_isa()}))
     """
 )
 
@@ -140,7 +124,11 @@ def _files(folder) -> dict[str, bytes]:
 
 
 def _compile_in(env_extra: dict, src, out, variant: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS", "OMP_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OPENBLAS", "OMP_", "ZOI_NUM_THREADS", "ZOI_CPU_ISA"))
+    }
     env.update(env_extra)
     env["SOURCE_DATE_EPOCH"] = "1700000000"
     r = subprocess.run(
@@ -155,11 +143,12 @@ def _compile_in(env_extra: dict, src, out, variant: str) -> dict:
 
 
 @pytest.mark.parametrize("variant", ["default", "static"])
-def test_compile_bytes_identical_across_threads_and_blas_kernels(small_bert, tmp_path, variant):
-    env_a = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env_b = {"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "OPENBLAS_CORETYPE": "Prescott"}
-    ta = _compile_in(env_a, small_bert, tmp_path / "a", variant)
-    tb = _compile_in(env_b, small_bert, tmp_path / "b", variant)
+def test_compile_bytes_identical_across_thread_counts(small_bert, tmp_path, variant):
+    """One machine, one ISA: one thread everywhere against two (the engine's pool, BLAS)."""
+    one = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "ZOI_NUM_THREADS": "1"}
+    two = {"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "ZOI_NUM_THREADS": "2"}
+    _compile_in(one, small_bert, tmp_path / "a", variant)
+    _compile_in(two, small_bert, tmp_path / "b", variant)
     fa, fb = _files(tmp_path / "a"), _files(tmp_path / "b")
     assert set(fa) == {"zoi.json", "weights.safetensors", "tokenizer.json"}
     for name in fa:
@@ -168,79 +157,37 @@ def test_compile_bytes_identical_across_threads_and_blas_kernels(small_bert, tmp
     inputs = meta["meta"]["inputs"]
     assert len(inputs["weights_sha256"]) == 64 and inputs["calibration_texts"] == 96
     assert meta["created"] == "2023-11-14T22:13:20Z"
-    # the two environments do give other float bits for plain BLAS on this machine
-    # (recorded, not required: a BLAS without these knobs still has to give equal artifacts)
-    print("plain BLAS results differ between the environments:", ta["teeth"] != tb["teeth"])
 
 
-# ---- another numpy major version ------------------------------------------------------
+def _fidelity(folder, texts) -> float:
+    """Mean cosine of the artifact's emulated INT8 embeddings (numpy, the kernels' numerics)
+    to the FP32 model's, on held-out texts."""
+    import zoi
 
-_OTHER_NUMPY = "1.26.4" if np.__version__.startswith("2.") else "2.2.6"
-_VENV_DEPS = [
-    f"numpy=={_OTHER_NUMPY}",
-    "tokenizers>=0.19,<1",
-    "safetensors>=0.4,<1",
-    "tqdm",
-    "rich",
-]
-# run zoi from this checkout's src/, not from the editable install's finder
-_SRC_ONLY = (
-    "import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in "
-    "type(f).__module__ and 'skbc' not in type(f).__module__]; sys.path.insert(0, {src!r})\n"
-)
+    eng = zoi.load(folder, device="reference")
+    ref = zoi.compile(eng.model.meta["source"], device="reference", precision="fp32")
+    a = eng.encode(texts, normalize_embeddings=True)
+    b = ref.encode(texts, normalize_embeddings=True)
+    return float(np.mean(np.sum(a.astype(np.float64) * b, axis=1)))
 
 
-def _other_numpy_python() -> str:
-    """A cached venv (~/.cache/zoi) with the other numpy major version and zoi's runtime deps."""
-    from pathlib import Path
+def test_fidelity_within_1e4_across_isas(small_bert, tmp_path):
+    """Another ISA's FP32 kernels round the calibration activations differently in the last
+    bits, so the artifact may differ; what it does stays within 1e-4 in mean cosine."""
+    from tests.fixtures import supported_isas
 
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}-numpy{_OTHER_NUMPY}"
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zoi" / f"venv-{tag}"
-    py = root / "bin" / "python"
-    stamp = root / ".zoi-ready"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
-        r = subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", *_VENV_DEPS],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert r.returncode == 0, f"pip could not install {_VENV_DEPS}: {r.stderr[-2000:]}"
-        stamp.write_text("ok")
-    return str(py)
+    from zoi.data import eval_texts
 
-
-@pytest.mark.slow  # builds a second virtual environment: the slow tier
-def test_compile_bytes_identical_across_numpy_major_versions(small_bert, tmp_path):
-    """numpy 2.x (this venv) against 1.26 (a cached venv; or the reverse), with other
-    OpenBLAS builds too (each numpy wheel bundles its own)."""
-    from pathlib import Path
-
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    other = _other_numpy_python()
-    code = _SRC_ONLY.format(src=src) + _COMPILE
-    outs = []
-    for py, name in ((sys.executable, "here"), (other, "other")):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["SOURCE_DATE_EPOCH"] = "1700000000"
-        r = subprocess.run(
-            [
-                py,
-                "-c",
-                code + "\nprint(np.__version__)",
-                str(small_bert),
-                str(tmp_path / name),
-                "default",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        outs.append(r.stdout.strip().splitlines()[-1])
-    assert outs[0] == np.__version__ and outs[1] == _OTHER_NUMPY, outs
-    fa, fb = _files(tmp_path / "here"), _files(tmp_path / "other")
-    for name in fa:
-        assert fa[name] == fb[name], f"{name} differs between numpy {outs[0]} and {outs[1]}"
+    isas = [i for i in supported_isas() if i != "scalar"]
+    isas = [isas[0], isas[-1]] if len(isas) > 1 else isas + ["scalar"]
+    held = eval_texts()[:120]
+    figs = {}
+    for isa in isas:
+        got = _compile_in({"ZOI_CPU_ISA": isa}, small_bert, tmp_path / isa, "default")
+        assert got["isa"] == isa
+        figs[isa] = _fidelity(tmp_path / isa, held)
+    a, b = figs.values()
+    assert a > 0.99 and b > 0.99, figs
+    assert abs(a - b) <= 1e-4, figs
+    same = _files(tmp_path / isas[0]) == _files(tmp_path / isas[1])
+    print(f"fidelity per ISA {figs}; artifacts identical: {same}")

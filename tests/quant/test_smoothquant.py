@@ -36,7 +36,7 @@ def test_sites_in_a_post_ln_encoder(tiny):
 @pytest.mark.parametrize("alpha", [0.3, 0.5, 0.8])
 def test_folding_keeps_fp32_function(tiny, alpha):
     spec, g, w, batches = tiny
-    cal = calibrate(g, w, batches)
+    cal = calibrate(spec, w, batches)
     prefixes = list(cal.stats)
     f = {p: smooth_factors(cal.stats[p].chan_absmax, w[p + ".w"], alpha) for p in prefixes}
     shifts = {
@@ -83,7 +83,7 @@ def test_layernorm_fold_when_the_ln_output_feeds_only_linears(tiny):
         },
     )
     assert smoothing_site(g, "l0.ffn1") == "ln_fold"
-    cal = calibrate(g, w, batches)
+    cal = calibrate(spec, w, batches, graph=g)
     s = smooth_factors(cal.stats["l0.ffn1"].chan_absmax, w["l0.ffn1.w"], 0.5)
     ws, used = apply_smoothing(g, w, {"l0.ffn1": s})
     assert used == {"l0.ffn1": "ln_fold"} and not any(k.endswith(".act_mul") for k in ws)
@@ -110,7 +110,7 @@ def test_layernorm_fold_when_the_ln_output_feeds_only_linears(tiny):
 
 def test_smoothing_improves_int8_on_outlier_channels(tiny):
     spec, g, w, batches = tiny
-    cal = calibrate(g, w, batches)
+    cal = calibrate(spec, w, batches)
     p = "l0.qkv"
     x_all = []
     run_graph(g, w, *batches[0], tap=lambda q, x, y: x_all.append(x) if q == p else None)

@@ -1,5 +1,9 @@
 """zoi.quant: INT8 quantisation that every backend consumes (its report: `zoi eval`, zoi.tools).
 
+Whatever the target device, the quantiser runs the model on the CPU core's own kernels
+(zoi.quant.native): its FP32 engine for the calibration statistics and the FP32 yardstick,
+INT8 engines for the SmoothQuant candidates (docs/QUANT.md, "The pipeline").
+
 The one entry point the engine calls (zoi.engine.compile with precision="int8")::
 
     from zoi import quant

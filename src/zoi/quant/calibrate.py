@@ -4,14 +4,18 @@ For every linear (weight prefix `p`) the pass collects, from its input x [T, K]:
 
 - `chan_absmax[k] = max_t |x[t, k]|`, `chan_min`, `chan_max` (SmoothQuant, shifts);
 - per-token absmax statistics (mean, max) of the dynamic scheme;
-- optionally the Gram matrix `x^T x` (float64, for GPTQ's error-compensating rounding),
-  each token's row weighted by its text's length (`gram_weight`, see `token_weights`);
+- optionally the Gram matrix `x^T x` (for GPTQ's error-compensating rounding), each token's
+  row weighted by its text's length (`gram_weight`, see `token_weights`);
 - optionally an activation observer (static scheme).
 
 It also keeps the FP32 sentence embeddings of every calibration text, the yardstick of the
-SmoothQuant alpha search. All through `zoi.quant.detforward.run_graph` (numpy, float32
-buffers, every reduction order-independent: the statistics, and so the artifact, are the
-same bits on every machine, numpy version and thread count; zoi.quant.detmath).
+SmoothQuant alpha search. The activations are the native CPU engine's own FP32 ones
+(zoi.quant.native: the engine stopped before each linear, its input read from the arena),
+one batch at a time: nothing but the statistics outlives a batch. The reductions are plain
+numpy / BLAS, in an order fixed by the shapes (the Gram: float32 products summed per half
+batch by single-threaded BLAS, zoi.quant.blas), so one machine gives the same bits whatever
+the thread counts; another CPU's FP32 kernels (ISA) round differently (docs/QUANT.md,
+"Reproducible compiles").
 """
 
 from __future__ import annotations
@@ -22,9 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zoi.graph.build import linear_prefix
-from zoi.quant.detforward import run_graph
-from zoi.quant.detmath import det_matmul, fixed_sum
+from zoi.quant import blas
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, positions, cu_seqlens
 
@@ -75,39 +77,52 @@ class LinearStats:
     tokens: int = 0
     tok_absmax_sum: float = 0.0
     tok_absmax_max: float = 0.0
-    gram: np.ndarray | None = None
+    gram: np.ndarray | None = None  # float32 [K, K] (float32 products; see update)
     observer: object | None = None
     # the Gram's own weighted channel sums and total weight (the shift correction of a
     # weighted Gram, pipeline._transform_gram); equal to chan_sum / tokens when unweighted
     gram_sum: np.ndarray | None = None
     gram_weight: float = 0.0
+    gram_file: str | None = None  # where the Gram waits on disk from calibration to GPTQ
 
     @property
     def tok_absmax_mean(self) -> float:
         return self.tok_absmax_sum / max(self.tokens, 1)
 
     def update(self, x: np.ndarray, gram: bool, row_scale: np.ndarray | None = None) -> None:
-        """Add the tokens x [T, K]. row_scale [T] (float64, optional): the Gram sums
-        (row_scale[t] x[t])^T (row_scale[t] x[t]), i.e. token t weighs row_scale[t]**2."""
-        np.maximum(self.chan_absmax, np.abs(x).max(axis=0), out=self.chan_absmax)
-        np.minimum(self.chan_min, x.min(axis=0), out=self.chan_min)
-        np.maximum(self.chan_max, x.max(axis=0), out=self.chan_max)
-        cs = fixed_sum(x, 0)
+        """Add the tokens x [T, K] (float32). row_scale [T] (optional): the Gram sums
+        (row_scale[t] x[t])^T (row_scale[t] x[t]), i.e. token t weighs row_scale[t]**2.
+
+        The Gram is summed in float32 (each batch's product by BLAS, batches added in
+        order): its relative error, ~1e-6, is far below GPTQ's damping (1% of the diagonal)."""
+        if not x.shape[0]:
+            return
+        mx, mn = x.max(axis=0), x.min(axis=0)
+        np.maximum(self.chan_max, mx, out=self.chan_max)
+        np.minimum(self.chan_min, mn, out=self.chan_min)
+        np.maximum(self.chan_absmax, np.maximum(mx, -mn), out=self.chan_absmax)
+        # column sums as matrix-vector products (float32 sums of a batch, batches in float64)
+        cs = (np.ones(x.shape[0], np.float32) @ x).astype(np.float64)
         self.chan_sum = cs if self.chan_sum is None else self.chan_sum + cs
-        ta = np.abs(x).max(axis=1)
+        ta = np.maximum(x.max(axis=1), -x.min(axis=1))
         self.tokens += x.shape[0]
-        self.tok_absmax_sum += float(fixed_sum(ta))
+        self.tok_absmax_sum += float(ta.sum(dtype=np.float64))
         self.tok_absmax_max = max(self.tok_absmax_max, float(ta.max()))
-        if gram:  # order-independent product per chunk, chunks accumulated in order
+        if gram:
             if row_scale is None:
-                xs, wt = x, np.ones(x.shape[0])  # the sums exact: weight == token count
-            else:  # one correctly rounded product per element: the same bits everywhere
-                xs, wt = x.astype(np.float64) * row_scale[:, None], row_scale * row_scale
-            g = det_matmul(np.ascontiguousarray(xs.T))  # x^T x (symmetric BLAS product)
-            self.gram = g if self.gram is None else self.gram + g
-            gs = cs if row_scale is None else fixed_sum(x.astype(np.float64) * wt[:, None], 0)
+                xs, wt = x, None
+            else:
+                rs = row_scale.astype(np.float32)
+                xs = x * rs[:, None]
+                wt = row_scale.astype(np.float64) ** 2
+            g = blas.gram(xs)
+            if self.gram is None:
+                self.gram = g
+            else:
+                self.gram += g
+            gs = cs if wt is None else (wt.astype(np.float32) @ x).astype(np.float64)
             self.gram_sum = gs if self.gram_sum is None else self.gram_sum + gs
-            self.gram_weight += float(fixed_sum(wt))
+            self.gram_weight += float(x.shape[0] if wt is None else wt.sum())
         if self.observer is not None:
             self.observer.update(x)
 
@@ -150,8 +165,21 @@ def token_weights(cu_seqlens: np.ndarray, mode: str) -> np.ndarray | None:
     return np.sqrt(1.0 / per_tok) if mode == "text" else 1.0 / per_tok
 
 
+def new_stats(prefixes_k: dict[str, int], observer_factory=None) -> dict[str, LinearStats]:
+    return {
+        p: LinearStats(
+            k,
+            np.zeros(k, np.float32),
+            np.full(k, np.inf, np.float32),
+            np.full(k, -np.inf, np.float32),
+            observer=observer_factory() if observer_factory else None,
+        )
+        for p, k in prefixes_k.items()
+    }
+
+
 def calibrate(
-    graph,
+    spec,
     weights: dict,
     batches: Sequence[Batch],
     gram: bool = False,
@@ -159,64 +187,60 @@ def calibrate(
     progress: bool = False,
     desc: str = "calibrating",
     gram_weight: str = "token",
+    graph=None,
 ) -> Calibration:
-    """One FP32 pass over `batches`; returns per-linear statistics and the reference embeddings.
-    gram_weight: how the Gram weighs each token (`token_weights`)."""
-    t0 = time.perf_counter()
-    stats: dict[str, LinearStats] = {}
-    for op in graph.ops:
-        if op.kind == "linear":
-            p = linear_prefix(op)
-            k = weights[p + ".w"].shape[1] if p + ".w" in weights else weights[p + ".w_q"].shape[1]
-            stats[p] = LinearStats(
-                k,
-                np.zeros(k, np.float32),
-                np.full(k, np.inf, np.float32),
-                np.full(k, -np.inf, np.float32),
-                observer=observer_factory() if observer_factory else None,
-            )
+    """One FP32 pass (the native CPU engine of spec + weights; graph: the op list when not
+    spec's own) over `batches`; returns the per-linear statistics and the reference
+    embeddings (L2-normalised pooled outputs). gram_weight: how the Gram weighs each token
+    (`token_weights`)."""
+    from zoi.quant.native import LinearInputs, batch_tokens, l2_normalize
 
+    t0 = time.perf_counter()
     if gram:
         token_weights(np.zeros(1, np.int32), gram_weight)  # an unknown mode fails here
+    runner = LinearInputs(spec, weights, batch_tokens(batches), graph=graph)
+    ks = {p: cols for _, p, _, cols, _ in runner.linears}
+    stats = new_stats(ks, observer_factory)
     scale: list = [None]
 
-    def tap(p, x, y):
+    def visit(p, x):
         stats[p].update(x, gram, scale[0])
 
     refs = []
     total = int(sum(len(b[0]) for b in batches))
-    with _progress_bar(total, desc, progress) as bar:
+    with blas.single_threaded(), _progress_bar(total, desc, progress) as bar:
         for ids, pos, cu in batches:
             scale[0] = token_weights(cu, gram_weight) if gram else None
-            refs.append(run_graph(graph, weights, ids, pos, cu, normalize=True, tap=tap))
+            refs.append(l2_normalize(runner.run(ids, pos, cu, visit)))
             bar.update(len(ids))
+    del runner
     ref = np.concatenate(refs) if refs else np.zeros((0, 0), np.float32)
     return Calibration(stats, ref, time.perf_counter() - t0, total, int(ref.shape[0]))
 
 
 def observe(
-    graph,
+    spec,
     weights: dict,
     batches: Sequence[Batch],
     factory: Callable[[], object],
-    prefixes: Sequence[str] | None = None,
-    transform: Callable | None = None,
+    transform: Callable[[str, np.ndarray], np.ndarray] | None = None,
     progress: bool = False,
+    graph=None,
 ) -> dict[str, object]:
-    """Feed every linear's (pre-transformed) input to a fresh observer; returns them by prefix."""
-    from zoi.numerics.reference import pre_transform
+    """Feed every linear's input, through transform(prefix, x) when given, to a fresh
+    observer; returns them by prefix. The FP32 engine of spec + weights makes the inputs."""
+    from zoi.quant.native import LinearInputs, batch_tokens
 
+    runner = LinearInputs(spec, weights, batch_tokens(batches), graph=graph)
     obs: dict[str, object] = {}
 
-    def tap(p, x, y):
-        if prefixes is not None and p not in prefixes:
-            return
+    def visit(p, x):
         o = obs.setdefault(p, factory())
-        o.update(pre_transform(x, weights, p) if transform is None else transform(p, x))
+        o.update(x if transform is None else transform(p, x))
 
     total = int(sum(len(b[0]) for b in batches))
     with _progress_bar(total, "observing", progress) as bar:
         for ids, pos, cu in batches:
-            run_graph(graph, weights, ids, pos, cu, tap=tap)
+            runner.run(ids, pos, cu, visit)
             bar.update(len(ids))
     return obs

@@ -1,11 +1,13 @@
-"""Deterministic arithmetic for the quantiser: results that depend on the inputs only.
+"""Order-independent arithmetic for the quantiser's small reductions: results that depend on
+the inputs only.
 
 A compiled INT8 artifact is a chain of rounding decisions (integer weights, SmoothQuant
-factors, the alpha and fallback choices). Each is taken on numbers computed from the model
-and the calibration texts, and a float reduction (``np.sum``, ``@``, LAPACK) gives numbers
-that change with the summation order: with numpy's SIMD pairwise blocks (numpy version,
-CPU features), with the BLAS kernel and its blocking (OpenBLAS version, core type, thread
-count). A last-bit change can flip a rounding decision, and the artifact changes.
+factors, the alpha and fallback choices), and a float reduction gives numbers that change
+with the summation order (numpy's SIMD pairwise blocks, the BLAS kernel, its thread count).
+The big reductions (calibration statistics, Grams, GPTQ) are plain numpy / BLAS with BLAS
+single-threaded (zoi.quant.blas): the same bits on one machine. The small ones below (the
+search's score, SmoothQuant's powers and its W z, the MSE observer) use this module, whose
+results do not even depend on the machine.
 
 Everything here is built from operations whose result IEEE 754 fixes exactly, whatever the
 order or the vector width: elementwise + - * / sqrt (one rounding each, no fused multiply-
@@ -16,12 +18,9 @@ in float64 that stay below 2**53 (exact in any order, so BLAS may sum them as it
   every term is rounded to the grid first, then the integer sum is exact.
 - `det_matmul`: a @ b.T with a and b rounded per row to fixed-point integers (about 21 bits
   each, so the products and their sum stay exact in float64 BLAS); dequantised per row.
-  About float32 accuracy (relative error ~2**-21 of a row's largest entry): the quantiser
-  uses it for its calibration forward, not for the FP32 engine.
+  About float32 accuracy (relative error ~2**-21 of a row's largest entry).
 - `det_exp`, `det_log`, `det_pow`: polynomial versions (elementwise only); numpy's own use
   SIMD code that differs by CPU and version.
-- `det_cholesky_upper_inv`: the upper factor GPTQ needs, by outer-product updates (each
-  element updated in one fixed order).
 """
 
 from __future__ import annotations
@@ -157,64 +156,3 @@ def det_pow(a, p: float) -> np.ndarray:
     pos = a > 0
     out = det_exp(float(p) * det_log(np.where(pos, a, 1.0)))
     return np.where(pos, out, 0.0)
-
-
-def det_cholesky_lower(h: np.ndarray, block: int = 64) -> np.ndarray:
-    """L with L L^T = h (h symmetric positive definite), blocked: within a panel of `block`
-    columns by outer-product updates (elementwise, one fixed order), the trailing matrix by
-    one exact two-limb product per panel (det_matmul). Raises np.linalg.LinAlgError when a
-    pivot is not positive."""
-    A = np.array(h, np.float64, copy=True)
-    K = A.shape[0]
-    L = np.zeros_like(A)
-    for i1 in range(0, K, block):
-        i2 = min(i1 + block, K)
-        for j in range(i1, i2):  # panel: columns i1..i2 of the rows j..K
-            d = A[j, j]
-            if not d > 0:
-                raise np.linalg.LinAlgError(f"det_cholesky_lower: pivot {j} is {d}")
-            r = math.sqrt(d)
-            col = A[j + 1 :, j] / r
-            L[j, j] = r
-            L[j + 1 :, j] = col
-            if j + 1 < i2:
-                A[j + 1 :, j + 1 : i2] -= col[:, None] * col[None, : i2 - j - 1]
-        if i2 < K:
-            P = L[i2:, i1:i2]
-            A[i2:, i2:] -= det_matmul(P, None, limbs=2)
-    return L
-
-
-def det_upper_inverse(r: np.ndarray, block: int = 64) -> np.ndarray:
-    """Inverse of an upper-triangular r: diagonal blocks by back substitution with
-    outer-product updates, the rest by exact two-limb products (det_matmul), bottom up."""
-    r = np.asarray(r, np.float64)
-    K = r.shape[0]
-    U = np.zeros((K, K))
-    starts = list(range(0, K, block))
-    for i1 in reversed(starts):
-        i2 = min(i1 + block, K)
-        n = i2 - i1
-        # U[i1:i2, i2:] = -Rbb^-1 (R[i1:i2, i2:] U[i2:, i2:]), U[i1:i2, i1:i2] = Rbb^-1
-        rhs = np.zeros((n, K - i1))
-        rhs[np.arange(n), np.arange(n)] = 1.0
-        if i2 < K:
-            rhs[:, n:] = -det_matmul(r[i1:i2, i2:], np.ascontiguousarray(U[i2:, i2:].T), limbs=2)
-        rb = r[i1:i2, i1:i2]
-        out = np.zeros((n, K - i1))
-        for k in range(n - 1, -1, -1):
-            out[k] = rhs[k] / rb[k, k]
-            if k:
-                rhs[:k] -= rb[:k, k, None] * out[k][None, :]
-        U[i1:i2, i1:] = out
-    return U
-
-
-def det_cholesky_upper_inv(h: np.ndarray) -> np.ndarray:
-    """Upper-triangular U with U^T U = h^-1 (what GPTQ takes as cholesky(inv(h), upper)).
-
-    With R upper and h = R R^T (the Cholesky factor of h with rows and columns reversed),
-    h^-1 = R^-T R^-1, so U = R^-1. No LAPACK, no BLAS reduction."""
-    rev = np.ascontiguousarray(np.asarray(h, np.float64)[::-1, ::-1])
-    R = np.ascontiguousarray(det_cholesky_lower(rev)[::-1, ::-1])  # upper, h = R R^T
-    return det_upper_inverse(R)

@@ -1,44 +1,58 @@
 """The quantisation pipeline behind `zoi.quant.quantize_model`.
 
-1. calibrate: one FP32 pass over the calibration texts (channel ranges, Gram matrices for
-   GPTQ, the FP32 embeddings as the yardstick);
+1. calibrate: one FP32 pass of the native CPU engine over the calibration texts (channel
+   ranges, Gram matrices for GPTQ, the FP32 embeddings as the yardstick), batch by batch;
 2. SmoothQuant: alpha searched on a subset of the calibration texts, first one alpha for
-   the model, then refined per linear role (qkv / o / ffn1 / ffn2, "off" included); the score
-   is the INT8 model's embedding error against FP32: mean(1 - cos) + mean of the worst 2%;
+   the model, then refined per linear role (qkv / o / ffn1 / ffn2, "off" included); each
+   candidate runs on the INT8 CPU engine of its own weights (plain rounding), and its score
+   is the embedding error against FP32: mean(1 - cos) + mean of the worst 2%, of the worst
+   domain;
 3. weights: per-channel INT8, GPTQ rounding by default, on a Gram whose token rows weigh
-   1 / L**2 of their text's length (QuantConfig.gptq_weighting "pooled": the mean-pooled
+   1 / L**2 of their text's length L (QuantConfig.gptq_weighting "pooled": the mean-pooled
    embedding's error, so short texts and their [CLS] / [SEP] rows count; docs/QUANT.md);
-4. static scheme only: an activation observer per linear;
-5. sensitivity: per-layer SQNR on calibration data; layers under the threshold stay FP32,
+4. static scheme only: an activation observer per linear (another FP32 engine pass);
+5. sensitivity: per-layer SQNR on calibration data (the FP32 engine's inputs, each linear's
+   FP32 output against its emulated INT8 output); layers under the threshold stay FP32,
    worst first, within the byte budget (FP32 weights, or INT8 weight-only past the budget);
 6. the embedding table: per-row INT8.
+
+BLAS runs single-threaded with the second core taken by the quantiser itself (zoi.quant.blas),
+so a machine gives the same artifact bytes whatever its thread counts.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 
 import numpy as np
 
 from zoi.graph.build import linear_prefix
 from zoi.numerics import primitives as P
+from zoi.numerics.reference import pre_transform
+from zoi.quant import blas
 from zoi.quant.calibrate import calibrate, observe, token_batches, tokenize
 from zoi.quant.config import QuantConfig
-from zoi.quant.detforward import run_graph
 from zoi.quant.detmath import fixed_mean, fixed_sum
 from zoi.quant.gptq import gptq_quantize
+from zoi.quant.native import LinearInputs, batch_tokens, int8_engine, release_file_pages
 from zoi.quant.observers import make_observer
 from zoi.quant.sensitivity import choose_fallback, fallback_cost, layer_sqnr
-from zoi.quant.smoothquant import apply_smoothing, role, smooth_factors, smoothing_site
+from zoi.quant.smoothquant import (
+    _ln_weight_names,
+    _producers,
+    apply_smoothing,
+    role,
+    smooth_factors,
+    smoothing_site,
+    weight_colmax,
+)
+
+# the FP32 passes' batches (tokens): the arena and each batch's temporaries stay small
+FP32_BATCH_TOKENS = 2048
 
 LN_KINDS = ("add_layernorm", "layernorm", "embed")
-
-
-class _Q:
-    """A light LinearQuant stand-in for the emulated runs of the search."""
-
-    def __init__(self, scheme: str = "dynamic", amax: float | None = None):
-        self.scheme, self.amax = scheme, amax
 
 
 def _domain_groups(labels) -> dict[str, list[int]]:
@@ -79,55 +93,186 @@ def _input_producer(graph, p: str):
     return next((o for o in graph.ops if o.output == op.inputs[0]), None)
 
 
-def _quantize_plain(w: dict, prefixes) -> dict:
-    out = dict(w)
-    for p in prefixes:
-        out[p + ".w_q"], out[p + ".w_scale"] = P.quantize_weight(w[p + ".w"])
-        del out[p + ".w"]
-    return out
-
-
 def _transform_gram(st, shift: np.ndarray | None, scale_div: np.ndarray | None) -> np.ndarray:
-    """Gram of x' = (x - shift) / scale_div from the Gram, the sum and the count of x."""
-    g = st.gram
+    """Gram of x' = (x - shift) / scale_div from the Gram, the sum and the count of x: a new
+    float64 array (GPTQ may overwrite it)."""
+    g = _gram_of(st).astype(np.float64)
     if shift is not None:  # the Gram's own (possibly length-weighted) sums and weight
         z = shift.astype(np.float64)
         sx = st.gram_sum
-        g = g - np.outer(z, sx) - np.outer(sx, z) + st.gram_weight * np.outer(z, z)
+        g -= np.outer(z, sx)
+        g -= np.outer(sx, z)
+        g += st.gram_weight * np.outer(z, z)
     if scale_div is not None:
         m = 1.0 / scale_div.astype(np.float64)
-        g = g * m[:, None] * m[None, :]
+        g *= m[:, None]
+        g *= m[None, :]
     return g
 
 
-def _blas_single_thread():
-    """One BLAS thread for GPTQ's many small (exact, order-independent) products: with two
-    threads on a loaded machine OpenBLAS spends most of the time waiting. No-op without
-    threadpoolctl."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        import contextlib
-
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
+def _gram_of(st) -> np.ndarray | None:
+    if st.gram is None and st.gram_file:
+        return np.load(st.gram_file)
+    return st.gram
 
 
-def _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw) -> None:
-    """Step 3: per-channel INT8 weights of every linear into qw (GPTQ where a Gram exists)."""
-    for p in prefixes:
-        if cfg.gptq and st[p].gram is not None:
-            g = _transform_gram(
-                st[p],
-                shifts.get(p) if used.get(p) == "act" else None,
-                factors.get(p) if p in used else None,
-            )
-            qw[p + ".w_q"], qw[p + ".w_scale"] = gptq_quantize(
-                ws[p + ".w"], g, cfg.gptq_damp, act_order=cfg.gptq_act_order
+# past this many bytes of Grams, they wait in a temporary file from the end of calibration
+# to GPTQ (which reads each back in turn): the search does not hold them (MPNet: 540 MB)
+SPILL_GRAM_BYTES = 256 << 20
+
+
+def _spill_grams(st: dict, spill_dir: str) -> None:
+    if sum(s.gram.nbytes for s in st.values() if s.gram is not None) <= SPILL_GRAM_BYTES:
+        return
+    for p, s in st.items():
+        if s.gram is not None:
+            s.gram_file = os.path.join(spill_dir, f"{p}.npy")
+            np.save(s.gram_file, s.gram)
+            s.gram = None
+
+
+def _round_weights(cfg, st, cands, alphas, shifts, factors, used, qw, progress) -> None:
+    """Step 3: per-channel INT8 weights of every linear into qw (GPTQ where a Gram exists),
+    each linear's smoothed float weights made for its job alone; two linears at a time
+    (zoi.quant.blas: single-threaded BLAS each, the same bits)."""
+    from tqdm.auto import tqdm
+
+    def job(p):
+        ent = cands.smoothed(p, alphas)
+        w = ent.pop(p + ".w")
+        if cfg.gptq and (st[p].gram is not None or st[p].gram_file):
+            ent[p + ".w_q"], ent[p + ".w_scale"] = gptq_quantize(
+                w,
+                _transform_gram(  # a new array, GPTQ's to overwrite and free
+                    st[p],
+                    shifts.get(p) if used.get(p) == "act" else None,
+                    factors.get(p) if p in used else None,
+                ),
+                cfg.gptq_damp,
+                act_order=cfg.gptq_act_order,
+                overwrite=True,
             )
         else:
-            qw[p + ".w_q"], qw[p + ".w_scale"] = P.quantize_weight(ws[p + ".w"])
-        del qw[p + ".w"]
+            ent[p + ".w_q"], ent[p + ".w_scale"] = P.quantize_weight(w)
+        return ent
+
+    with tqdm(
+        total=len(cands.prefixes), desc="GPTQ", unit="linear", disable=not progress, leave=False
+    ) as bar:
+        order = sorted(cands.prefixes, key=lambda p: -cands.weights[p + ".w"].size)  # largest first
+        for p, ent in zip(order, blas.parallel_map(job, order), strict=True):
+            qw.update(ent)
+            qw.pop(p + ".w", None)
+            bar.update(1)
+    release_file_pages(cands.weights)
+
+
+class _Candidates:
+    """The weights of SmoothQuant candidates, linear by linear: a linear's smoothed float
+    arrays depend on the alphas of the roles in `deps` (its own; a qkv's also the alpha of the
+    o whose factors fold into its V rows), so each is made from the original weights alone
+    (no whole smoothed copy of the model), and its plain INT8 rounding is cached while the
+    current best candidate uses it."""
+
+    def __init__(self, graph, weights, prefixes, sites, eligible, absmax, shifts, allow_act):
+        self.graph, self.weights, self.prefixes = graph, weights, prefixes
+        self.eligible, self.absmax, self.shifts, self.allow_act = (
+            eligible,
+            absmax,
+            shifts,
+            allow_act,
+        )
+        prods = _producers(graph)
+        ops = {linear_prefix(o): o for o in graph.ops if o.kind == "linear"}
+        self.deps: dict[str, list[str]] = {p: [p] for p in prefixes}
+        self.ln: dict[str, tuple[str, str]] = {}
+        for p in prefixes:
+            src = ops[p].inputs[0]
+            if sites[p] == "v_fold":  # o's factors divide the V rows of the qkv before it
+                qkv = linear_prefix(prods[prods[src].inputs[0]])
+                self.deps[qkv].append(p)
+            elif sites[p] == "ln_fold":
+                self.ln[p] = _ln_weight_names(prods[src])
+        self.factors: dict[tuple, np.ndarray] = {}
+        self.colmax: dict[str, np.ndarray] = {}
+        self.cache: dict[tuple, dict] = {}
+
+    def factor(self, p: str, alpha: float) -> np.ndarray:
+        k = (p, alpha)
+        if k not in self.factors:
+            if p not in self.colmax:
+                self.colmax[p] = weight_colmax(self.weights[p + ".w"])
+            w = self.weights[p + ".w"]
+            self.factors[k] = smooth_factors(self.absmax[p], w, alpha, self.colmax[p])
+        return self.factors[k]
+
+    def key(self, p: str, alphas: dict) -> tuple:
+        return (p,) + tuple(
+            alphas.get(role(d)) if d in self.eligible else None for d in self.deps[p]
+        )
+
+    def smoothed(self, p: str, alphas: dict) -> dict:
+        """Linear p's float arrays in the model smoothed with `alphas`: p.w, p.b, p.act_mul /
+        p.act_shift where the kernel applies them, its LayerNorm's w / b where they fold."""
+        k = self.key(p, alphas)
+        f = {
+            d: self.factor(d, a) for d, a in zip(self.deps[p], k[1:], strict=True) if a is not None
+        }
+        sh = {d: self.shifts[d] for d in f if d in self.shifts}
+        w1, used = apply_smoothing(self.graph, self.weights, f, sh, self.allow_act)
+        ent = {n: w1[n] for n in (p + ".w", p + ".b", p + ".act_mul", p + ".act_shift") if n in w1}
+        if used.get(p) == "ln_fold":
+            ent.update({n: w1[n] for n in self.ln[p]})
+        return ent
+
+    def out_scale(self, p: str, alphas: dict) -> np.ndarray | None:
+        """Per output channel of p: its smoothed output over its original one (the V rows of
+        a qkv carry 1 / s of the o after it); None when they are equal."""
+        v = [d for d in self.deps[p][1:] if d in self.eligible and alphas.get(role(d)) is not None]
+        if not v:
+            return None
+        s = self.factor(v[0], alphas[role(v[0])])
+        out = np.ones(self.weights[p + ".w"].shape[0], np.float32)
+        out[2 * s.shape[0] :] = (1.0 / s).astype(np.float32)  # the rows apply_smoothing divides
+        return out
+
+    def weights_for(self, alphas: dict) -> dict:
+        """The whole weight dict of a candidate, every linear rounded plainly to INT8, the
+        missing linears two at a time."""
+        missing = [p for p in self.prefixes if self.key(p, alphas) not in self.cache]
+
+        def make(p):
+            ent = self.smoothed(p, alphas)
+            ent[p + ".w_q"], ent[p + ".w_scale"] = P.quantize_weight(ent.pop(p + ".w"))
+            return ent
+
+        for p, ent in zip(missing, blas.parallel_map(make, missing), strict=True):
+            self.cache[self.key(p, alphas)] = ent
+        out = dict(self.weights)
+        for p in self.prefixes:
+            out.update(self.cache[self.key(p, alphas)])
+            out.pop(p + ".w", None)
+        return out
+
+    def keep_only(self, alphas: dict) -> None:
+        """Drop the cached linears the candidate `alphas` does not use."""
+        keep = {self.key(p, alphas) for p in self.prefixes}
+        for k in [k for k in self.cache if k not in keep]:
+            del self.cache[k]
+
+
+def _smoothed_input(used, factors):
+    """x -> the input buffer linear p reads in the smoothed model, from the FP32 engine's x of
+    the original model: x / s where the factors folded into the producer (LayerNorm, V rows);
+    x itself where the kernel applies (x - act_shift) * act_mul (zoi.numerics.reference's
+    pre_transform, which linear_apply runs)."""
+
+    def f(p: str, x: np.ndarray) -> np.ndarray:
+        if used.get(p) in ("ln_fold", "v_fold"):
+            return (x / factors[p][None, :]).astype(np.float32)
+        return x
+
+    return f
 
 
 def run_pipeline(
@@ -140,6 +285,11 @@ def run_pipeline(
     progress: bool = False,
     domains=None,
 ):
+    with blas.single_threaded(), tempfile.TemporaryDirectory(prefix="zoi-quant-") as spill:
+        return _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill)
+
+
+def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_dir):
     from zoi.graph.compiled import LinearQuant
 
     t_start = time.perf_counter()
@@ -148,15 +298,23 @@ def run_pipeline(
         domains = list(domains)[: cfg.max_calib_texts]
     seqs = tokenize(tokenizer, texts)
     off = int(getattr(spec, "position_offset", 0))
-    batches = token_batches(seqs, off, cfg.chunk_tokens)
+    fp32_tokens = min(cfg.chunk_tokens, FP32_BATCH_TOKENS)
+    batches = token_batches(seqs, off, fp32_tokens)
     prefixes = [linear_prefix(o) for o in graph.ops if o.kind == "linear"]
     roles = sorted({role(p) for p in prefixes}, key=lambda r: [role(p) for p in prefixes].index(r))
 
     # 1. calibration
     cal = calibrate(
-        graph, weights, batches, gram=cfg.gptq, progress=progress, gram_weight=cfg.gptq_weighting
+        spec,
+        weights,
+        batches,
+        gram=cfg.gptq,
+        progress=progress,
+        gram_weight=cfg.gptq_weighting,
+        graph=graph,
     )
     st = cal.stats
+    _spill_grams(st, spill_dir)
 
     # search subset, spread over the set
     n = len(seqs)
@@ -169,12 +327,8 @@ def run_pipeline(
     sbatches = token_batches([seqs[i] for i in idx], off, cfg.chunk_tokens)
     sref = cal.reference[idx].astype(np.float64)
     slabels = [labels[i] for i in idx]
-    qd = {p: _Q("dynamic" if cfg.activations == "static" else cfg.activations) for p in prefixes}
-
-    def evaluate(w_float: dict) -> float:
-        wq = _quantize_plain(w_float, prefixes)
-        outs = [run_graph(graph, wq, *b, quant=qd, normalize=True) for b in sbatches]
-        return worst_domain_error(np.concatenate(outs), sref, slabels)
+    search_scheme = "dynamic" if cfg.activations == "static" else cfg.activations
+    squant = {p: LinearQuant(search_scheme) for p in prefixes}
 
     # 2. SmoothQuant
     sites = {p: smoothing_site(graph, p) for p in prefixes}
@@ -200,22 +354,20 @@ def run_pipeline(
             absmax[p] = ((s.chan_max - s.chan_min) * 0.5).astype(np.float32)
         else:
             absmax[p] = s.chan_absmax
+    cands = _Candidates(graph, weights, prefixes, sites, set(eligible), absmax, shifts, allow_act)
+    s_tokens = batch_tokens(sbatches)
+
+    def evaluate(trial: dict[str, float | None]) -> float:
+        eng = int8_engine(spec, cands.weights_for(trial), squant, s_tokens, graph)
+        outs = [eng.run(*b, True) for b in sbatches]
+        del eng
+        release_file_pages(weights)  # the next candidate faults back what it reads
+        return worst_domain_error(np.concatenate(outs), sref, slabels)
 
     def factors_for(alphas: dict[str, float | None]) -> dict[str, np.ndarray]:
         return {
-            p: smooth_factors(absmax[p], weights[p + ".w"], alphas[role(p)])
-            for p in eligible
-            if alphas.get(role(p)) is not None
+            p: cands.factor(p, alphas[role(p)]) for p in eligible if alphas.get(role(p)) is not None
         }
-
-    def build(
-        alphas: dict[str, float | None],
-    ) -> tuple[dict, dict[str, str], dict[str, np.ndarray]]:
-        f = factors_for(alphas)
-        w, used = apply_smoothing(
-            graph, weights, f, {p: shifts[p] for p in f if p in shifts}, allow_act
-        )
-        return w, used, f
 
     search_log: list[dict] = []
     alphas: dict[str, float | None] = {r: None for r in roles}
@@ -225,12 +377,12 @@ def run_pipeline(
     def score_of(trial: dict[str, float | None]) -> float:
         key = tuple(trial[r] for r in roles)
         if key not in scores:
-            scores[key] = evaluate(build(trial)[0])
+            scores[key] = evaluate(trial)
             search_log.append({"alphas": dict(trial), "score": round(scores[key], 6)})
         return scores[key]
 
     t_search = time.perf_counter()
-    if cfg.smoothquant != "off" and eligible:
+    if cfg.smoothquant != "off" and eligible and "alphas" not in (cfg.extra or {}):
         from tqdm.auto import tqdm
 
         grid = [cfg.smooth_alpha] if cfg.smooth_alpha is not None else list(cfg.alpha_grid)
@@ -247,6 +399,7 @@ def run_pipeline(
                 bar.update(1)
                 if sc < best:
                     best, best_trial = sc, trial
+                cands.keep_only(best_trial)
             if refine and any(best_trial[r] is not None for r in smooth_roles):
                 for r in smooth_roles:  # then per role, the others fixed: off (auto) or +-step
                     cur = best_trial[r]
@@ -262,28 +415,40 @@ def run_pipeline(
                         bar.update(1)
                         if sc < best:
                             best, best_trial = sc, trial
+                        cands.keep_only(best_trial)
             alphas = best_trial
+    cands.cache.clear()
     t_search = time.perf_counter() - t_search
+    fixed = (cfg.extra or {}).get("alphas")
+    if fixed is not None:  # opt-in: the per-role alphas given, no search (experiments)
+        unknown = set(fixed) - set(roles)
+        if unknown:
+            raise ValueError(f"QuantConfig.extra alphas names no role of the model: {unknown}")
+        alphas = {r: fixed.get(r) for r in roles}
 
-    # the chosen smoothing, in float
-    ws, used, factors = build(alphas)
+    # the chosen smoothing: its factors and sites (the arrays are made linear by linear)
+    factors = factors_for(alphas)
+    used = {p: sites[p] for p in factors}
 
     # 3. weights
+    release_file_pages(weights)  # the search read every weight: let its pages go
     t_w = time.perf_counter()
-    qw = dict(ws)
-    with _blas_single_thread():  # small exact products: threads only contend (same bits)
-        _round_weights(cfg, st, prefixes, shifts, factors, used, ws, qw)
+    qw = dict(weights)
+    _round_weights(cfg, st, cands, alphas, shifts, factors, used, qw, progress)
     t_w = time.perf_counter() - t_w
+    smoothed = _smoothed_input(used, factors)
 
     # 4. static scheme: per-tensor amax from the observer, on the (smoothed) FP32 inputs
     amax: dict[str, float | None] = {p: None for p in prefixes}
     if cfg.activations == "static":
         obs = observe(
-            graph,
-            ws,
+            spec,
+            weights,
             batches,
             lambda: make_observer(cfg.observer, cfg.percentile),
+            transform=lambda p, x: pre_transform(smoothed(p, x), qw, p),
             progress=progress,
+            graph=graph,
         )
         amax = {p: float(obs[p].amax()) for p in prefixes}
     quant = {p: LinearQuant(cfg.activations, amax[p], {}) for p in prefixes}
@@ -292,16 +457,23 @@ def run_pipeline(
     t_s = time.perf_counter()
     # per-layer SQNR of each domain; a layer counts with its worst domain
     sq_idx = _spread_per_domain(groups, cfg.sqnr_texts)
-    sqnr_by: dict[str, dict[str, float]] = {}
-    for d in groups:
-        sel = [i for i in sq_idx if labels[i] == d]
-        if sel:
-            bd = token_batches([seqs[i] for i in sel], off, cfg.chunk_tokens)
-            sqnr_by[d] = layer_sqnr(graph, ws, qw, quant, bd, progress=progress)
+    by_domain = {d: [i for i in sq_idx if labels[i] == d] for d in groups}
+    by_domain = {d: sel for d, sel in by_domain.items() if sel}
+    sq_batches = {
+        d: token_batches([seqs[i] for i in sel], off, fp32_tokens) for d, sel in by_domain.items()
+    }
+    runner = LinearInputs(
+        spec, weights, max(batch_tokens(b) for b in sq_batches.values()), graph=graph
+    )
+    out_scale = {p: cands.out_scale(p, alphas) for p in prefixes}
+    sqnr_by = layer_sqnr(
+        runner, sq_batches, weights, qw, quant, smoothed, out_scale, progress=progress
+    )
+    del runner
+    release_file_pages(weights)
     sqnr = {p: min(v[p] for v in sqnr_by.values()) for p in prefixes}
     sqnr_worst = {p: min(sqnr_by, key=lambda d: sqnr_by[d][p]) for p in prefixes}
     t_s = time.perf_counter() - t_s
-
     out = dict(qw)
     if cfg.int8_embedding and "embed.word" in out:
         out["embed.word_q"], out["embed.word_scale"] = P.quantize_embedding(out.pop("embed.word"))
@@ -336,11 +508,18 @@ def run_pipeline(
         if site == "act":
             for k in (".act_mul", ".act_shift"):
                 out.pop(p + k, None)
-            w_f, b_f = weights[p + ".w"], weights[p + ".b"]
-            g = st[p].gram
+            # its own migration undone; a qkv's V rows still carry the o's folded factors
+            ent = cands.smoothed(p, {**alphas, role(p): None})
+            w_f, b_f = ent[p + ".w"], ent[p + ".b"]
+            g = _gram_of(st[p])
         else:
-            w_f, b_f = ws[p + ".w"], ws[p + ".b"]
-            g = _transform_gram(st[p], None, factors.get(p)) if st[p].gram is not None else None
+            ent = cands.smoothed(p, alphas)
+            w_f, b_f = ent[p + ".w"], ent[p + ".b"]
+            g = (
+                _transform_gram(st[p], None, factors.get(p))
+                if st[p].gram is not None or st[p].gram_file
+                else None
+            )
         out[p + ".b"] = b_f
         for k in (".w_q", ".w_scale"):
             out.pop(p + k, None)

@@ -28,10 +28,19 @@ from zoi.quant.detmath import det_matmul, det_pow
 S_MIN, S_MAX = 1e-4, 1e4
 
 
-def smooth_factors(act_absmax: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
-    """s[k] = a[k]^alpha / max_n|w[n,k]|^(1-alpha), clipped to a sane range (1 for dead channels)."""
+def weight_colmax(w: np.ndarray) -> np.ndarray:
+    """max_n |w[n, k]| (float64 [K])."""
+    w = np.asarray(w)
+    return np.maximum(w.max(axis=0), -w.min(axis=0)).astype(np.float64)
+
+
+def smooth_factors(
+    act_absmax: np.ndarray, w: np.ndarray, alpha: float, w_colmax: np.ndarray | None = None
+) -> np.ndarray:
+    """s[k] = a[k]^alpha / max_n|w[n,k]|^(1-alpha), clipped to a sane range (1 for dead channels).
+    w_colmax: weight_colmax(w), when the caller has it."""
     a = np.asarray(act_absmax, np.float64)
-    wm = np.abs(np.asarray(w, np.float64)).max(axis=0)
+    wm = weight_colmax(w) if w_colmax is None else w_colmax
     ok = (a > 0) & (wm > 0)
     s = np.ones_like(a)
     s[ok] = det_pow(a[ok], alpha) / det_pow(wm[ok], 1.0 - alpha)  # numpy's pow differs by CPU
