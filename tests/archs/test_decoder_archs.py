@@ -330,3 +330,22 @@ def test_a_longer_model_limit_than_the_default_arena_truncates_and_says_so(tmp_p
     assert len(long) == 4096
     with pytest.raises(ValueError, match=r"max_tokens \(512\) must be at least .* \(6000\)"):
         zoi.compile(folder, device="cpu", max_tokens=512)
+
+
+def test_gemma3_dense_modules_int8_track_fp32(ckpts, tmp_path):
+    """INT8 through the Dense modules: their calibration rows are pooled rows (one per text)."""
+    import shutil
+
+    from tests.conftest import real_sentences
+
+    _, src = ckpts("gemma3")
+    folder = tmp_path / "gemma-st-int8"
+    shutil.copytree(src, folder)
+    add_dense(folder, [42, 70, 33], seed=3)
+    texts = real_sentences(30) + [t for t in TEXTS if t]
+    f32 = zoi.compile(folder, device="cpu", max_tokens=512).encode(texts)
+    eng = zoi.compile(folder, device="cpu", precision="int8", max_tokens=512)
+    q = eng.encode(texts)
+    assert q.shape == f32.shape == (len(texts), 33)
+    assert np.isfinite(q).all()
+    assert cosine(q, f32).min() > 0.995  # random-init 42-wide model

@@ -204,7 +204,10 @@ def calibrate(
     scale: list = [None]
 
     def visit(p, x):
-        stats[p].update(x, gram, scale[0])
+        # token weights apply to token rows; a linear over the pooled rows (sentence-transformers'
+        # Dense modules) sees one row per text, each weighing the same
+        rs = scale[0] if scale[0] is not None and len(scale[0]) == len(x) else None
+        stats[p].update(x, gram, rs)
 
     refs = []
     total = int(sum(len(b[0]) for b in batches))
