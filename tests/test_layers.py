@@ -21,9 +21,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("numerics", ("zoi.numerics",)),  # the INT8 primitives and the numpy reference ops
     ("frontend", ("zoi.frontend",)),  # checkpoints, ModelSpec, tokenizer
     ("graph", ("zoi.graph",)),  # IR, builder, memory planner, CompiledModel
-    ("quant, backends", ("zoi.quant", "zoi.backends")),  # siblings: neither imports the other
+    ("backends", ("zoi.backends",)),  # reference, cpu, cuda
+    ("quant", ("zoi.quant",)),  # calibrates and searches on the backends' own kernels
     ("heads", ("zoi.heads",)),  # task heads' API (issue 20): the Engine mixes it in
     ("pipeline", ("zoi.pipeline",)),  # the chunk loop on submit / wait (issue 19)
+    ("engine parts", ("zoi.compile_checks", "zoi.savefiles")),  # the compile's checks, safe saves
     ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (issue 14, zoi/decoder/api.py)
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
     ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),
@@ -162,7 +164,7 @@ def test_the_walk_sees_the_whole_tree():
         ("zoi.numerics.reference", "from zoi.graph.build import linear_prefix"),
         ("zoi.numerics.primitives", "import zoi.quant"),
         ("zoi.quant.eval", "def f():\n    from zoi.engine import is_artifact\n"),
-        ("zoi.quant.forward", "from zoi.backends.reference import execute"),
+        ("zoi.backends.cpu.backend", "from zoi.quant.calibrate import calibrate"),
         ("zoi.backends.cuda.backend", "from zoi.quant import primitives"),
         ("zoi.backends.cuda.persistent", "from tests.cuda_backend.cuda_helpers import tiny_model"),
         ("zoi.backends.cpu.backend", "from zoi.backends.cuda import CudaBackend"),
