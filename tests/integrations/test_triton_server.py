@@ -127,7 +127,7 @@ def test_load_nothing_lost_every_answer_equal_alone(triton):
     res, got = asyncio.run(
         run_load(triton.url, texts, 32, n, "kserve", "minilm", collect=True, timeout_s=600)
     )
-    assert res.errors == 0, res.error_samples
+    assert res.errors == 0, (res.error_samples, triton.diagnose())
     assert res.ok == n and all(a is not None and a.shape == (1, 384) for a in got)
     got = np.concatenate(got)
     idx = np.arange(n) % len(texts)
@@ -150,7 +150,7 @@ def test_overload_is_rejected_with_a_clear_error(triton):
     t0 = time.monotonic()
     res, _ = asyncio.run(run_load(triton.url, texts, 64, 192, "kserve", "minilm_q", timeout_s=120))
     assert time.monotonic() - t0 < 120
-    assert res.ok + res.errors == 192 and res.ok >= 1 and res.errors >= 1
+    assert res.ok + res.errors == 192 and res.ok >= 1 and res.errors >= 1, triton.diagnose()
     assert all("HTTP 503" in e and "Exceeds maximum queue size" in e for e in res.error_samples)
     # and it serves again once the burst is over
     c = httpclient.InferenceServerClient(triton.url[len("http://") :])
@@ -169,7 +169,7 @@ def test_instance_killed_during_load_errors_never_hangs(triton, engine):
     texts = mixed_texts(100, seed=6)
     ref = engine.encode(texts)
     victims = triton.stub_pids("minilm_2x")
-    assert len(victims) == 2, victims
+    assert len(victims) == 2, (victims, triton.diagnose())
     assert len(triton.stub_pids()) == 4  # minilm, minilm_2x (two), minilm_q
     out: dict = {}
 

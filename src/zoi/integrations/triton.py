@@ -339,6 +339,12 @@ class TritonServerProcess:
             "--exit-on-error=true",
             "--log-verbose=0",
             "--exit-timeout-secs=10",
+            # The Python backend starts each instance with a 1 MB shared-memory region and grows
+            # it 1 MB at a time under load; every growth remaps the region in both processes.
+            # Start at 16 MB (tmpfs pages cost nothing until touched) so that a loaded
+            # instance rarely grows at all.
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,shm-growth-byte-size=16777216",
             *(["--model-control-mode=explicit", "--load-model=*"] if supervise else []),
             *(extra_args or []),
         ]
@@ -468,6 +474,13 @@ class TritonServerProcess:
 
     def log(self) -> str:
         return "".join(self.lines)
+
+    def diagnose(self, tail: int = 3000) -> str:
+        """What a failed check should print: whether the server lives (or the signal that
+        ended it), its stubs, and the end of its log."""
+        rc = self.proc.poll()
+        state = "running" if rc is None else f"exited with {rc}"
+        return f"tritonserver {state}; stubs {self._stubs()}\n" + self.log()[-tail:]
 
     def stub_pids(self, model: str | None = None) -> list[int]:
         """Process ids of the live Python-backend stubs (one per model instance)."""
