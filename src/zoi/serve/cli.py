@@ -33,10 +33,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "model",
-        nargs="?",
+        nargs="*",
         default=None,
         help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2; "
-        "env ZOI_MODEL)",
+        "env ZOI_MODEL). Several models (NAME=PATH to name one) are served on one port, each "
+        "with its own batcher, routed by the request's \"model\" (docs/SERVE.md)",
     )
     add_options(p)
     p.set_defaults(func=cmd_serve)
@@ -215,8 +216,8 @@ def serve(
         config.max_header_bytes,
         config.max_url_bytes,
     )
-    if service is not None:
-        service.connections = tracker
+    for svc in [service] if service is not None else getattr(app, "services", []):
+        svc.connections = tracker
     protocol = make_protocol(tracker)
     tally = app = Tally(app)
     sock = sock or _bind(config.host, config.port)
@@ -283,7 +284,10 @@ def cmd_serve(args) -> int:
     from zoi.serve.app import create_app
     from zoi.serve.service import Service
 
-    model = args.model or os.environ.get("ZOI_MODEL") or None
+    models = list(args.model or [])
+    if len(models) > 1:
+        return _serve_many(models, config)
+    model = (models[0] if models else None) or os.environ.get("ZOI_MODEL") or None
     from zoi.serve.replicas import open_engines, plan_engines
 
     plan = plan_engines(config)  # --gpus / --replicas (issue 18); None: one engine
@@ -359,4 +363,52 @@ def _serve_decoder(gen, config: ServeConfig, sock, t0: float) -> int:
         sock=sock,
         service=service,
     )
+    return 0
+
+
+def _serve_many(items: list[str], config: ServeConfig) -> int:
+    """`zoi serve A B C`: every model on one port (zoi.serve.multi)."""
+    from zoi.serve.app import create_app
+    from zoi.serve.decoder_service import DecoderService, is_decoder_engine
+    from zoi.serve.multi import MultiModelApp, check_memory, parse_models
+    from zoi.serve.service import Service
+
+    if config.served_model_name:
+        raise ValueError(
+            "--served-model-name names one model; with several, name each as NAME=PATH "
+            "(e.g. zoi serve small=./a large=./b)"
+        )
+    if config.gpus is not None or (config.replicas or 1) > 1:
+        raise ValueError("--gpus / --replicas serve one model; serve several models without them")
+    models = parse_models(items)
+    given = [n for n, _ in models if n]
+    dup = sorted({n for n in given if given.count(n) > 1})
+    if dup:
+        raise ValueError(f"two models are named {dup[0]!r}; give each NAME=PATH a different name")
+    check_memory(models, config.precision)  # before the first compile
+    sock = _bind(config.host, config.port)
+    entries = []
+    t0 = time.perf_counter()
+    for name, path in models:
+        t1 = time.perf_counter()
+        engine = open_engine(path, config)
+        if is_decoder_engine(engine):
+            svc = DecoderService.from_generator(engine, config, name)
+        else:
+            svc = Service(engine, config, name or served_name(path, config, engine))
+        entries.append((svc.model_name, svc, create_app(svc)))
+        print(
+            f"zoi serve: {engine!r} as {svc.model_name!r} in {time.perf_counter() - t1:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    app = MultiModelApp(entries, config)
+    print(
+        f"zoi serve: {len(entries)} models in {time.perf_counter() - t0:.1f} s; requests pick "
+        f'one by "model" (default {app.default!r}) or /v2/models/NAME/infer; served: '
+        + ", ".join(app.names),
+        file=sys.stderr,
+        flush=True,
+    )
+    serve(app, config, banner=f"(models {', '.join(app.names)})", sock=sock)
     return 0
