@@ -73,7 +73,7 @@ def test_zoi_cli_has_serve():
     args = build_parser().parse_args(
         ["serve", "some/model", "--port", "0", "--max-queue-delay-us", "100"]
     )
-    assert args.func is cmd_serve and args.model == "some/model"
+    assert args.func is cmd_serve and args.model == ["some/model"]
     c = config_from_args(args, {})
     assert c.port == 0 and c.max_queue_delay_us == 100
 

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from zoi.serve import routes_heads, routes_kserve, routes_openai, routes_tei
+from zoi.serve import routes_cohere, routes_heads, routes_kserve, routes_openai, routes_tei
 from zoi.serve.http import json_response
 from zoi.serve.service import Service
 
@@ -35,6 +35,7 @@ def create_app(service: Service) -> Starlette:
                 "model": service.model_name,
                 "routes": [
                     "/v1/embeddings",
+                    "/v2/embed",
                     "/embed",
                     "/tokenize",
                     "/health",
@@ -105,6 +106,7 @@ def create_app(service: Service) -> Starlette:
     ]
     routes += routes_openai.make_routes(service)
     routes += routes_tei.make_routes(service)
+    routes += routes_cohere.make_routes(service)
     routes += routes_kserve.make_routes(service)
     routes += routes_heads.make_routes(
         service

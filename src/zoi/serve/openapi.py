@@ -188,6 +188,11 @@ def operations(
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "dimensions": {"type": "integer", "description": f"at most {hidden}"},
             "user": {"type": "string"},
+            "prompt_name": {
+                "type": "string",
+                "description": "one of the model's prompts (config_sentence_transformers.json); "
+                "default: its default_prompt_name",
+            },
         },
     }
     openai_resp = {
@@ -231,9 +236,37 @@ def operations(
             "normalize": {"type": "boolean", "default": True},
             "truncate": {"type": "boolean", "description": "default: the server's --auto-truncate"},
             "truncation_direction": {"type": "string", "enum": ["Right"]},
+            "prompt_name": {
+                "type": "string",
+                "description": "one of the model's prompts (config_sentence_transformers.json); "
+                "default: its default_prompt_name",
+            },
         },
     }
     text = {"type": "string", "minLength": 1}
+    cohere_body = {
+        "type": "object",
+        "required": ["texts"],
+        "properties": {
+            "model": {"type": "string", "enum": [model]},
+            "texts": {"type": "array", "minItems": 1, "items": text},
+            "input_type": {
+                "type": "string",
+                "enum": ["search_query", "search_document", "classification", "clustering"],
+                "description": "chooses the model's prompt of that name (query, document, ...)",
+            },
+            "embedding_types": {
+                "type": "array",
+                "items": {
+                    "type": "string",
+                    "enum": ["float", "base64", "int8", "uint8", "binary", "ubinary"],
+                },
+            },
+            "output_dimension": {"type": "integer", "description": f"at most {hidden}"},
+            "truncate": {"type": "string", "enum": ["END", "NONE"]},
+        },
+    }
+    cohere_error = {"type": "object", "properties": {"message": {"type": "string"}}}
     tokenize_body = {
         "type": "object",
         "required": ["inputs"],
@@ -309,6 +342,14 @@ def operations(
             "OpenAI",
             params=[_param("name", {"type": "string", "examples": [model]})],
             not_found=_OPENAI_ERROR,
+        ),
+        "/v2/embed": _post(
+            "Cohere embed: input_type picks the prompt, embedding_types the formats",
+            "Cohere",
+            cohere_body,
+            {"texts": ["hello"], "input_type": "search_query", "embedding_types": ["float"]},
+            {"type": "object", "properties": {"embeddings": {"type": "object"}}},
+            _errors(cohere_error),
         ),
         "/embed": _post(
             "TEI embed: an array of vectors, one per input",

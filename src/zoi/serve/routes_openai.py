@@ -112,7 +112,7 @@ def make_routes(svc: Service) -> list[Route]:
         kind, items = _parse_input(svc, body["input"])
         truncate = svc.config.auto_truncate
         if kind == "text":
-            texts = svc.check_texts(items, "input")
+            texts = svc.prompted(svc.check_texts(items, "input"), body.get("prompt_name"))
             seqs, tok_s = await svc.tokenize(texts, truncate)
         else:
             seqs = svc.check_ids(items, truncate, "input", flat=kind == "flat")

@@ -76,7 +76,7 @@ def make_routes(svc: Service) -> list[Route]:
         elif items and all(isinstance(x, list) for x in items):
             seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
         else:
-            texts = svc.check_texts(items, "inputs")
+            texts = svc.prompted(svc.check_texts(items, "inputs"), body.get("prompt_name"))
             seqs, tok_s = await svc.tokenize(texts, truncate)
         res = await svc.embed(request, seqs, normalize, tok_s, t0)
         emb = res.embeddings

@@ -311,6 +311,33 @@ class Service(Admission):
         self.metrics.tokenization_duration.observe(dt)
         return seqs, dt
 
+    def prompts(self) -> dict[str, str]:
+        """The model's named prompts (config_sentence_transformers.json), {} if none."""
+        meta = getattr(getattr(self.engine, "model", None), "meta", None) or {}
+        prompts = meta.get("prompts") or {}
+        return {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)}
+
+    def prompted(self, texts: list[str], prompt_name, param: str = "prompt_name") -> list[str]:
+        """`texts` behind the prompt `prompt_name` names, or behind the model's
+        default_prompt_name when none is named, as sentence-transformers' encode does."""
+        prompts = self.prompts()
+        if prompt_name is None:
+            meta = getattr(getattr(self.engine, "model", None), "meta", None) or {}
+            prompt = prompts.get(meta.get("default_prompt_name") or "")
+        elif not isinstance(prompt_name, str):
+            raise ApiError("validation", f"{param} should be a string", param)
+        elif prompt_name not in prompts:
+            have = sorted(prompts) or "none"
+            raise ApiError(
+                "invalid",
+                f"{param} {prompt_name!r} is not one of this model's prompts ({have}; from its "
+                "config_sentence_transformers.json)",
+                param,
+            )
+        else:
+            prompt = prompts[prompt_name]
+        return [prompt + t for t in texts] if prompt else texts
+
     def hf_tokenizer(self):
         """A separate HF tokenizer (offsets for /tokenize); only the tokenizer thread uses it."""
         tok = getattr(self, "_hf", None)
