@@ -627,7 +627,8 @@ def load(
         tok_json = read_bytes(folder / "tokenizer.json", 1 << 30, folder).decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{folder / 'tokenizer.json'}: not UTF-8 text ({e})") from e
-    if not integrity.verify(folder, meta, f.metadata, weights, tok_json):
+    verified = integrity.verify(folder, meta, f.metadata, weights, tok_json, f.release)
+    if not verified:
         log.warning(
             "zoi: %s was saved without integrity digests (an older zoi); edits to it cannot "
             "be detected: re-save it with this version",
@@ -638,6 +639,7 @@ def load(
             raise CheckpointError(
                 f"{folder / 'weights.safetensors'}: tensor {n} contains NaN or Inf values"
             )
+        f.release(n)
     want = expected_shapes(spec)
     for n, shp in want.items():
         p = n[:-2] if n.endswith(".w") else None
@@ -657,7 +659,7 @@ def load(
         else:
             raise CheckpointError(f"{folder / 'weights.safetensors'}: tensor {n} is missing")
     tokenizer = Tokenizer.from_file(
-        folder / "tokenizer.json", spec.max_positions, spec.position_offset
+        folder / "tokenizer.json", spec.max_positions, spec.position_offset, validate=not verified
     )
     auto = extra.get("max_tokens_auto")
     explicit, rederived = max_tokens is not None, False
@@ -678,4 +680,6 @@ def load(
         model.meta["max_tokens_auto"] = None
     elif rederived:  # the default of this device now
         model.meta["max_tokens_auto"] = {"device": device}
-    return Engine(model, tokenizer, device, device_index=device_index)
+    engine = Engine(model, tokenizer, device, device_index=device_index)
+    f.release()  # the pages the backend's packing read: it keeps what it runs on
+    return engine

@@ -27,13 +27,17 @@ def spec_digest(spec: dict, precision: str, quant: dict) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def weights_digest(weights: dict[str, np.ndarray]) -> str:
+def weights_digest(weights: dict[str, np.ndarray], done=None) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes; done(name) after each one
+    (a mapped file releases its pages: zoi.frontend.safetensors_io.SafetensorsFile.release)."""
     h = hashlib.sha256()
     for name in sorted(weights):
         a = np.ascontiguousarray(weights[name])
         h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
         if a.nbytes:
             h.update(memoryview(a.reshape(-1)).cast("B"))
+        if done is not None:
+            done(name)
     return h.hexdigest()
 
 
@@ -49,7 +53,9 @@ def record(spec: dict, precision: str, quant: dict, weights: dict, tokenizer_jso
     }
 
 
-def verify(folder, meta: dict, file_meta: dict, weights: dict, tokenizer_json: str) -> bool:
+def verify(
+    folder, meta: dict, file_meta: dict, weights: dict, tokenizer_json: str, done=None
+) -> bool:
     """Refuse (CheckpointError) an artifact whose parts do not match the digests it records.
     Returns False for an artifact saved before digests were recorded (nothing to check)."""
     rec = meta.get("integrity")
@@ -65,7 +71,7 @@ def verify(folder, meta: dict, file_meta: dict, weights: dict, tokenizer_json: s
             "activation, arch, ...) is not the one the weights were compiled with: zoi.json was "
             f"edited or belongs to another artifact; {fix}"
         )
-    w_now = weights_digest(weights)
+    w_now = weights_digest(weights, done)
     if w_now != rec["weights_sha256"] or w_now != file_meta.get("zoi_weights_sha256", w_now):
         raise CheckpointError(
             f"{folder}/weights.safetensors: the weights are not the ones this artifact was "

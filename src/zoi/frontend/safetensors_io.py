@@ -9,6 +9,7 @@ on corrupt files; here every problem names the file and what is wrong. Writing u
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -145,6 +146,32 @@ class SafetensorsFile:
             else:
                 self._mm = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._base)
         return self._mm
+
+    def release(self, name: str | None = None) -> None:
+        """Unmap from this process the pages of tensor `name` (every tensor: None) that were
+        read through the mapping. They stay in the page cache and come back on the next
+        access, so nothing changes for a reader; what was read once to verify or to pack for
+        the kernels stops counting in the process's memory (a loaded artifact would otherwise
+        hold its file twice: mapped, and packed)."""
+        mm = self._mm
+        mmo = getattr(mm, "_mmap", None)
+        if mmo is None or not hasattr(mmo, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        lead = self._base % mmap.ALLOCATIONGRANULARITY  # where the data starts in the map
+        if name is None:
+            start, stop = 0, len(mmo)
+        else:
+            _, _, begin, end = self._info[name]
+            start, stop = lead + begin, lead + end
+        page = mmap.PAGESIZE
+        start -= start % page
+        # whole pages only: a page shared with a neighbour is dropped too (it comes back)
+        stop = min(len(mmo), stop + (-stop) % page)
+        if stop > start:
+            try:
+                mmo.madvise(mmap.MADV_DONTNEED, start, stop - start)
+            except (OSError, ValueError):  # advice only: the mapping stays valid either way
+                pass
 
     def get(self, name: str, float32: bool = True) -> np.ndarray:
         """The tensor, memory-mapped; float tensors widened to float32 when float32=True."""

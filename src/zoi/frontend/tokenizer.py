@@ -54,28 +54,10 @@ class Tokenizer:
         max_positions: int,
         position_offset: int = 0,
         source: str = "tokenizer.json",
+        validate: bool = True,
     ):
-        from tokenizers import Tokenizer as HFTokenizer
-
-        try:
-            # two HF instances with fixed settings: changing one's truncation while another
-            # thread encodes with it would race (and PyO3 refuses a borrow it cannot give)
-            self._hf_full = HFTokenizer.from_str(tokenizer_json)
-            self._hf_full.no_padding()
-            self._hf_full.no_truncation()
-            self._special = self._hf_full.num_special_tokens_to_add(False)
-            self._hf_full.encode("probe", add_special_tokens=True)
-            self._hf_trunc = HFTokenizer.from_str(tokenizer_json)
-            self._hf_trunc.no_padding()
-            self._hf_trunc.enable_truncation(max_positions)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except (
-            BaseException
-        ) as e:  # Exception, or pyo3's PanicException (a BaseException) on corrupt files
-            raise CheckpointError(
-                f"{source}: not a valid tokenizers file ({type(e).__name__}: {e})"
-            ) from e
+        """validate=False: the file is known good (an artifact's, checked against its digest
+        when it was compiled), so HF `tokenizers` need not load it to prove it."""
         self.json = tokenizer_json
         self.max_positions = max_positions
         self.position_offset = position_offset
@@ -93,7 +75,11 @@ class Tokenizer:
         elif cpu is None:
             self.fallback_reason = "the native core has no tokenizer"
         else:
-            cfg = native_config(json.loads(tokenizer_json), max_positions)
+            try:
+                parsed = json.loads(tokenizer_json)
+            except ValueError as e:
+                raise CheckpointError(f"{source}: not a valid tokenizers file (not JSON: {e})") from e
+            cfg = native_config(parsed, max_positions)
             if isinstance(cfg, str):
                 self.fallback_reason = cfg
             else:
@@ -103,6 +89,51 @@ class Tokenizer:
                 f"{source}: ZOI_TOKENIZER=native, but the native tokenizer cannot run this file "
                 f"({self.fallback_reason}); unset ZOI_TOKENIZER to use HF tokenizers"
             )
+        self._source = source
+        self._hf_pair = None
+        if self.native is None or validate:  # a bad file fails here, not at the first call
+            self._hf_instances()
+
+    # HF `tokenizers` proves a new file at compile time; loading an artifact whose file the
+    # native tokenizer runs, it is imported only when a caller needs what only it gives
+    # (offsets, pairs): such a process never loads it (a smaller process, a faster start).
+    def _hf_instances(self):
+        with self._lock:
+            if self._hf_pair is None:
+                self._hf_pair = self._build_hf(self.json, self.max_positions, self._source)
+            return self._hf_pair
+
+    @staticmethod
+    def _build_hf(tokenizer_json: str, max_positions: int, source: str):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            # two HF instances with fixed settings: changing one's truncation while another
+            # thread encodes with it would race (and PyO3 refuses a borrow it cannot give)
+            full = HFTokenizer.from_str(tokenizer_json)
+            full.no_padding()
+            full.no_truncation()
+            full.encode("probe", add_special_tokens=True)
+            trunc = HFTokenizer.from_str(tokenizer_json)
+            trunc.no_padding()
+            trunc.enable_truncation(max_positions)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except (
+            BaseException
+        ) as e:  # Exception, or pyo3's PanicException (a BaseException) on corrupt files
+            raise CheckpointError(
+                f"{source}: not a valid tokenizers file ({type(e).__name__}: {e})"
+            ) from e
+        return full, trunc
+
+    @property
+    def _hf_full(self):
+        return self._hf_instances()[0]
+
+    @property
+    def _hf_trunc(self):
+        return self._hf_instances()[1]
 
     @property
     def kind(self) -> str:
@@ -112,12 +143,14 @@ class Tokenizer:
         return f"HF tokenizers ({self.fallback_reason})"
 
     @classmethod
-    def from_file(cls, path: str | Path, max_positions: int, position_offset: int = 0) -> Tokenizer:
+    def from_file(
+        cls, path: str | Path, max_positions: int, position_offset: int = 0, validate: bool = True
+    ) -> Tokenizer:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{path}: cannot read ({e})") from e
-        return cls(text, max_positions, position_offset, source=str(path))
+        return cls(text, max_positions, position_offset, source=str(path), validate=validate)
 
     @staticmethod
     def check_texts(texts) -> list[str]:
