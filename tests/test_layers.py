@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # lowest first. A unit is a package or module of zoi (with everything under it).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("zoi.errors", "zoi.data", "zoi._cpu", "zoi.__version__", "zoi.paths")),
+    ("base", ("zoi.errors", "zoi.data", "zoi._cpu", "zoi._version", "zoi.paths")),
     ("numerics", ("zoi.numerics",)),  # the INT8 primitives and the numpy reference ops
     ("frontend", ("zoi.frontend",)),  # checkpoints, ModelSpec, tokenizer
     ("graph", ("zoi.graph",)),  # IR, builder, memory planner, CompiledModel
@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline", ("zoi.pipeline",)),  # the chunk loop on submit / wait (issue 19)
     ("engine parts", ("zoi.compile_checks", "zoi.savefiles")),  # the compile's checks, safe saves
     ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (issue 14, zoi/decoder/api.py)
+    ("entry points", ("zoi.api",)),  # which compiler a folder goes to
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
     ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),
     ("scale-out", ("zoi.integrations",)),  # Triton / Ray: builds on zoi.serve and zoi.bench
@@ -40,7 +41,7 @@ SIBLINGS: tuple[tuple[str, ...], ...] = (
 )
 
 # `from zoi import NAME` where NAME is an attribute of the root, not a submodule
-ROOT_NAMES = {"__version__": "zoi.__version__", "ZoiError": "zoi.errors"}
+ROOT_NAMES = {"__version__": "zoi._version", "ZoiError": "zoi.errors"}
 
 LEVEL = {u: i for i, (_, units) in enumerate(LAYERS) for u in units}
 

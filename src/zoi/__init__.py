@@ -2,64 +2,16 @@
 
 from __future__ import annotations
 
+from zoi._version import __version__
+from zoi.api import compile, load  # noqa: A004 - the public names, as torch.compile
 from zoi.errors import ZoiError
-
-__version__ = "0.1.0"
 
 __all__ = ["ZoiError", "Engine", "compile", "load", "__version__"]
 
 
-def compile(  # noqa: A001
-    path=None,
-    device: str = "cpu",
-    precision: str = "fp32",
-    max_tokens=None,
-    max_batch=None,
-    calibration=None,
-    quant_config=None,
-    progress: bool = False,
-    **decoder_options,
-):
-    """zoi.engine.compile (encoders: an Engine); a decoder folder (Llama / Qwen2 / Qwen3) gives a
-    zoi.decoder Generator instead (decoder_options: max_seq_len, kv_blocks, block_size, threads,
-    isa; docs/DECODERS.md); for an encoder they are engine.compile's (truncate_dim, pooling,
-    task: "rerank" compiles a decoder folder as an LLM reranker, docs/RERANK.md)."""
-    if path is not None:
-        from zoi.decoder.compile import decoder_folder
-
-        folder = decoder_folder(path, decoder_options.get("task"))
-        if folder is not None:
-            from zoi.decoder.compile import compile_decoder
-
-            return compile_decoder(
-                folder,
-                device=device,
-                precision=precision,
-                max_batch=max_batch,
-                max_tokens=max_tokens,
-                calibration=calibration,
-                quant_config=quant_config,
-                **decoder_options,
-            )
-    from zoi import engine
-
-    # encoder options (truncate_dim, ...) go on to engine.compile, which refuses unknown ones
-    return engine.compile(
-        path,
-        device=device,
-        precision=precision,
-        max_tokens=max_tokens,
-        max_batch=max_batch,
-        calibration=calibration,
-        quant_config=quant_config,
-        progress=progress,
-        **decoder_options,
-    )
-
-
 def __getattr__(name: str):  # lazy: `import zoi` stays cheap
-    if name in ("Engine", "load"):
-        from zoi import engine
+    if name == "Engine":
+        from zoi.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
     raise AttributeError(name)

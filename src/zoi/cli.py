@@ -794,7 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from zoi import __version__
+    from zoi._version import __version__
 
     return __version__
 

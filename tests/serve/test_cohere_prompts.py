@@ -46,9 +46,7 @@ def prompted(tmp_path_factory):
     meta = json.loads(cfg.read_text()) if cfg.exists() else {}
     meta.update(prompts=PROMPTS, default_prompt_name=None)
     cfg.write_text(json.dumps(meta))
-    srv = ServerProcess(
-        str(folder), env={"ZOI_DEVICE": serve_device(), "ZOI_LOG_LEVEL": "warning"}
-    )
+    srv = ServerProcess(str(folder), env={"ZOI_DEVICE": serve_device(), "ZOI_LOG_LEVEL": "warning"})
     yield srv, zoi.compile(str(folder), device=serve_device())
     assert srv.stop() == 0, srv.log()[-3000:]
 
@@ -127,7 +125,9 @@ def test_unknown_prompt_name_lists_the_models_prompts(prompted):
 
 
 def test_default_prompt_name_applies_when_none_is_named():
-    eng = SimpleNamespace(model=SimpleNamespace(meta={"prompts": PROMPTS, "default_prompt_name": "query"}))
+    eng = SimpleNamespace(
+        model=SimpleNamespace(meta={"prompts": PROMPTS, "default_prompt_name": "query"})
+    )
     svc = SimpleNamespace(engine=eng, prompts=lambda: Service.prompts(svc))
     assert Service.prompted(svc, ["a"], None) == ["query: a"]
     assert Service.prompted(svc, ["a"], "document") == ["passage: a"]

@@ -125,7 +125,7 @@ def st_head(folder: Path, modules: list, cfg: dict, arch: str) -> dict[str, Any]
         return _logit_score_head(folder, modules, types, cfg, arch)
     if not any(t.endswith("SpladePooling") for t in types):
         return None
-    from zoi.frontend.checkpoint import read_json
+    from zoi.frontend.paths import read_json
 
     m = next(m for m in modules if str(m.get("type", "")).endswith("SpladePooling"))
     ppath = folder / str(m.get("path", "")) / "config.json"
@@ -154,7 +154,7 @@ def _head_fn(folder: Path, cfg: dict) -> str:
     """predict's default activation as CrossEncoder reads it: config_sentence_transformers.json
     `activation_fn` (sentence-transformers 5+), else config.json's `sentence_transformers`
     block; "" (sigmoid for one score) when neither names one."""
-    from zoi.frontend.checkpoint import read_json
+    from zoi.frontend.paths import read_json
 
     where, fn = None, None
     p = folder / "config_sentence_transformers.json"
@@ -187,8 +187,7 @@ def _causal_lm(cfg: dict) -> bool:
 
 def _logit_score_head(folder: Path, modules: list, types: list[str], cfg: dict, arch: str) -> dict:
     """The LLM reranker head of a CrossEncoder folder: Transformer (text-generation) + LogitScore."""
-    from zoi.frontend.checkpoint import read_json
-    from zoi.frontend.paths import inside
+    from zoi.frontend.paths import inside, read_json
 
     mpath = folder / "modules.json"
     for t in types:
@@ -250,7 +249,7 @@ def apply_task(folder: Path, spec, task: str | None, tokenizer_json: Path):
         return spec
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(map(repr, TASKS))} or None, got {task!r}")
-    from zoi.frontend.checkpoint import read_json
+    from zoi.frontend.paths import read_json
 
     extra = rerank_task(folder, spec, read_json(folder / "config.json", folder), tokenizer_json)
     if not extra:

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from zoi.errors import CheckpointError
 
@@ -92,3 +94,17 @@ def read_bytes(path: str | os.PathLike, limit: int, folder=None) -> bytes:
             return f.read(limit + 1)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+MAX_JSON_BYTES = 256 << 20  # config, index, modules, zoi.json: far below this when sane
+
+
+def read_json(path: Path, folder: Path | None = None) -> Any:
+    """A JSON file: a regular file (never a FIFO), inside `folder` when given, size-capped."""
+    raw = read_bytes(path, MAX_JSON_BYTES, folder)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError as e:
+        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from e

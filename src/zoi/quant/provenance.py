@@ -53,7 +53,7 @@ def tokenizer_digest(tokenizer) -> str | None:
 
 def record(spec, weights: dict, tokenizer, texts, cfg) -> dict:
     """The `inputs` record of an INT8 compile (JSON-able)."""
-    from zoi import __version__
+    from zoi._version import __version__
 
     spec_d = spec.to_dict() if hasattr(spec, "to_dict") else dict(vars(spec))
     rec = {

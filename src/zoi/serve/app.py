@@ -75,7 +75,7 @@ def create_app(service: Service) -> Starlette:
 
     def openapi_doc() -> dict:
         if not spec:
-            from zoi import __version__
+            from zoi._version import __version__
             from zoi.serve.openapi import document
 
             spec.update(

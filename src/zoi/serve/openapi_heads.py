@@ -3,6 +3,8 @@ served model's head are registered and described (the others answer 404 naming t
 
 from __future__ import annotations
 
+from zoi.serve.openapi_parts import _post
+
 ROUTES_OF = {
     "": ("/embed_all",),
     "seq_cls": ("/rerank", "/predict", "/v1/rerank"),
@@ -13,8 +15,6 @@ ALL = ("/embed_all", "/rerank", "/predict", "/v1/rerank", "/embed_sparse")
 
 
 def head_operations(head: str, hidden: int) -> dict[str, dict]:
-    from zoi.serve.openapi import _post
-
     text = {"type": "string", "minLength": 1}
     texts = {"type": "array", "minItems": 1, "items": text}
     inputs = {"oneOf": [text, texts]}

@@ -58,7 +58,9 @@ def formats(emb: np.ndarray, types: list[str]) -> dict:
         if t == "float":
             out[t] = list(emb)
         elif t == "base64":
-            out[t] = [base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb]
+            out[t] = [
+                base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb
+            ]
         elif t == "int8":
             out[t] = np.clip(np.rint(emb * 127.0), -127, 127).astype(np.int8)
         elif t == "uint8":

@@ -566,7 +566,7 @@ def create_decoder_app(svc: DecoderService) -> Starlette:
 
     def openapi_doc() -> dict:
         if not spec:
-            from zoi import __version__
+            from zoi._version import __version__
             from zoi.serve.openapi import decoder_document
 
             spec.update(decoder_document(svc.model_name, __version__, [r.path for r in routes]))

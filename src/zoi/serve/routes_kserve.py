@@ -308,6 +308,6 @@ def make_routes(svc: Service) -> list[Route]:
 
 
 def _version() -> str:
-    from zoi import __version__
+    from zoi._version import __version__
 
     return __version__

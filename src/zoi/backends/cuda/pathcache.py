@@ -72,7 +72,7 @@ def _code_digest() -> str:
     """zoi's version and the sources of this backend (kernels, plan, launches): what decides
     the two paths' speed. Once per process."""
     if not _DIGEST:
-        from zoi import __version__
+        from zoi._version import __version__
         from zoi.paths import folder_digest
 
         _DIGEST.append(__version__ + ":" + folder_digest(Path(__file__).resolve().parent, (".py",)))
