@@ -1,4 +1,4 @@
-"""`zoi demo` (issue 16): compiled artifacts cached and reused, invalidated safely; the machine
+"""`zoi demo`: compiled artifacts cached and reused, invalidated safely; the machine
 load said with the latency table, the timing repeated or flagged when the load is high."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import zoi
 from zoi.cli import load_line, main, timed_under_load
-from zoi.tools import cache as C
+from zoi import cache as C
 
 CALIB = ["a short text", "the quick brown fox jumps over the lazy dog"]
 TEXTS = ["hello there", "a man is eating food", "x"]

@@ -23,11 +23,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("graph", ("zoi.graph",)),  # IR, builder, memory planner, CompiledModel
     ("backends", ("zoi.backends",)),  # reference, cpu, cuda
     ("quant", ("zoi.quant",)),  # calibrates and searches on the backends' own kernels
-    ("heads", ("zoi.heads",)),  # task heads' API (issue 20): the Engine mixes it in
-    ("pipeline", ("zoi.pipeline",)),  # the chunk loop on submit / wait (issue 19)
+    ("heads", ("zoi.heads",)),  # task heads' API: the Engine mixes it in
+    ("pipeline", ("zoi.pipeline",)),  # the chunk loop on submit / wait
     ("engine parts", ("zoi.compile_checks", "zoi.savefiles")),  # the compile's checks, safe saves
-    ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (issue 14, zoi/decoder/api.py)
+    ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (zoi/decoder/api.py)
     ("entry points", ("zoi.api",)),  # which compiler a folder goes to
+    ("artifact cache", ("zoi.cache",)),  # compile once per model and options (demo, serve)
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
     ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),
     ("scale-out", ("zoi.integrations",)),  # Triton / Ray: builds on zoi.serve and zoi.bench

@@ -106,7 +106,7 @@ def test_serve_a_saved_artifact_keeps_the_models_name(engine, device, tmp_path):
         str(art), env={"ZOI_DEVICE": device}, args=["--max-batch-tokens", "1024"]
     ) as srv:
         info = httpx.get(srv.url + "/info").json()
-        # the name kept in the artifact, not its folder's (issue 16)
+        # the name kept in the artifact, not its folder's
         assert info["model_id"] == "all-MiniLM-L6-v2" and info["max_batch_tokens"] == 1024
         r = httpx.post(
             srv.url + "/v1/embeddings",
@@ -126,3 +126,25 @@ def test_serve_a_saved_artifact_keeps_the_models_name(engine, device, tmp_path):
     ) as srv:
         assert httpx.get(srv.url + "/info").json()["model_id"] == "my-embedder"
         assert httpx.get(srv.url + "/v2/models/my-embedder/ready").status_code == 200
+
+
+def test_int8_compiles_go_through_the_artifact_cache(monkeypatch):
+    """An INT8 / FP8 compile is cached (the next start loads it); FP32 and --no-compile-cache
+    compile directly."""
+    import zoi
+    import zoi.cache
+    from zoi.serve.cli import open_engine
+    from zoi.serve.config import ServeConfig
+
+    calls = []
+    monkeypatch.setattr(
+        zoi.cache,
+        "cached_compile",
+        lambda path, **kw: (calls.append(("cache", path, kw)) or ("E", "cached", "/c/e")),
+    )
+    monkeypatch.setattr(zoi, "compile", lambda path, **kw: calls.append(("compile", path, kw)) or "F")
+    assert open_engine("m", ServeConfig(precision="int8")) == "E"
+    assert calls[-1][0] == "cache" and calls[-1][2]["precision"] == "int8"
+    assert open_engine("m", ServeConfig(precision="fp32")) == "F"
+    assert open_engine("m", ServeConfig(precision="int8", compile_cache=False)) == "F"
+    assert [c[0] for c in calls] == ["cache", "compile", "compile"]

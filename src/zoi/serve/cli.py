@@ -85,7 +85,7 @@ def open_engine(model: str | None, config: ServeConfig):
     from zoi.engine import is_artifact
 
     max_tokens = config.max_batch_tokens  # None: the engine's default for the device
-    if model is not None and _is_decoder(model):  # issue 14: a Generator, served by routes_generate
+    if model is not None and _is_decoder(model):  # a Generator, served by routes_generate
         return zoi.compile(
             model,
             device=config.device,
@@ -97,6 +97,20 @@ def open_engine(model: str | None, config: ServeConfig):
         )
     if model is not None and is_artifact(model):
         return zoi.load(model, device=config.device, max_tokens=max_tokens)
+    if config.compile_cache and config.precision in ("int8", "fp8"):
+        # a calibrated compile takes seconds to minutes: once per model, options and zoi
+        from zoi.cache import cached_compile
+
+        eng, how, entry = cached_compile(
+            model, device=config.device, precision=config.precision, max_tokens=max_tokens
+        )
+        print(
+            f"zoi serve: {'loaded the cached' if how == 'cached' else 'compiled and cached the'} "
+            f"{config.precision} artifact {entry} (--no-compile-cache: compile at every start)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return eng
     return zoi.compile(
         model, device=config.device, precision=config.precision, max_tokens=max_tokens
     )
@@ -290,7 +304,7 @@ def cmd_serve(args) -> int:
     model = (models[0] if models else None) or os.environ.get("ZOI_MODEL") or None
     from zoi.serve.replicas import open_engines, plan_engines
 
-    plan = plan_engines(config)  # --gpus / --replicas (issue 18); None: one engine
+    plan = plan_engines(config)  # --gpus / --replicas; None: one engine
     if plan is not None and model is not None and _is_decoder(model):
         raise ValueError("--gpus / --replicas serve encoders; a decoder runs on one engine")
     sock = _bind(config.host, config.port)  # fail fast, before a long compile
@@ -336,7 +350,7 @@ def cmd_serve(args) -> int:
 
 
 def _serve_decoder(gen, config: ServeConfig, sock, t0: float) -> int:
-    """`zoi serve DECODER_FOLDER`: OpenAI completions and chat completions (issue 14)."""
+    """`zoi serve DECODER_FOLDER`: OpenAI completions and chat completions."""
     from zoi.serve.app import create_app
     from zoi.serve.decoder_service import DecoderService
 

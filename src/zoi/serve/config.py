@@ -35,6 +35,7 @@ class ServeConfig:
     max_client_batch_size: int = 512  # inputs per request; beyond that -> 413
     payload_limit: int = 2_000_000  # bytes of request body; beyond that -> 413
     auto_truncate: bool = True  # default of `truncate` when a request does not say
+    compile_cache: bool = True  # an INT8 / FP8 compile is kept in the artifact cache (zoi.cache)
     max_input_chars: int | None = (
         None  # per input, checked before tokenising; default 32 x positions
     )
@@ -47,13 +48,13 @@ class ServeConfig:
     max_header_bytes: int = 65536  # a request's line and headers; beyond that -> 431, closed
     max_url_bytes: int = 8192  # a request's URL; beyond that -> 414, closed
     log_level: str = "info"
-    # decoders (issue 14): the waiting queue and the compiled pool
+    # decoders: the waiting queue and the compiled pool
     max_waiting_requests: int = 256  # requests waiting for KV blocks; beyond that -> 503
     max_seq_len: int | None = None  # prompt + generated tokens of one sequence
     max_running_requests: int | None = None  # sequences one decode step carries
     kv_blocks: int | None = None  # blocks in the paged KV pool
     kv_block_size: int | None = None  # tokens per KV block
-    # several engines (issue 18, zoi.serve.replicas): one per GPU, or N CPU engines
+    # several engines (zoi.serve.replicas): one per GPU, or N CPU engines
     gpus: str | None = None  # "all" or ids "0,1": one engine per GPU (with --device cuda)
     replicas: int | None = None  # CPU engines of one thread each (--device cpu)
     fail_on_token: int | None = field(default=None, repr=False)  # fault injection for tests only
@@ -205,6 +206,14 @@ OPTIONS: tuple[Option, ...] = (
         "ZOI_PAYLOAD_LIMIT",
         int,
         "bytes of request body; more are answered 413",
+    ),
+    Option(
+        "compile_cache",
+        "--compile-cache",
+        "ZOI_COMPILE_CACHE",
+        bool,
+        "keep an INT8 / FP8 compile of a model folder in the artifact cache (ZOI_CACHE_DIR, "
+        "else ~/.cache/zoi) and load it from there at the next start (true/false)",
     ),
     Option(
         "auto_truncate",

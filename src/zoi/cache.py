@@ -1,4 +1,5 @@
-"""A cache of compiled artifacts, so `zoi demo` compiles (and calibrates INT8) once.
+"""A cache of compiled artifacts, so that `zoi demo` and `zoi serve` compile (and calibrate
+INT8) a model once.
 
 An entry is an ordinary artifact (Engine.save) under CACHE/artifacts/NAME-PRECISION-KEY/,
 CACHE being $ZOI_CACHE_DIR, else $XDG_CACHE_HOME/zoi, else ~/.cache/zoi. KEY is a sha256 of
@@ -27,11 +28,11 @@ log = logging.getLogger("zoi")
 
 def code_digest() -> str:
     """The installed zoi: its version, artifact format and Python sources."""
-    import zoi
+    from zoi._version import __version__
     from zoi.engine import ARTIFACT_FORMAT
 
-    h = hashlib.sha256(f"zoi {zoi.__version__} format {ARTIFACT_FORMAT}".encode())
-    h.update(folder_digest(Path(zoi.__file__).parent, (".py", ".txt")).encode())
+    h = hashlib.sha256(f"zoi {__version__} format {ARTIFACT_FORMAT}".encode())
+    h.update(folder_digest(Path(__file__).parent, (".py", ".txt")).encode())
     return h.hexdigest()
 
 
@@ -68,7 +69,7 @@ def cached_compile(
 ):
     """zoi.compile(...) through the artifact cache. Returns (engine, "cached" | "compiled",
     the entry's folder)."""
-    import zoi
+    from zoi import api
     from zoi.backends import resolve_device
     from zoi.engine import default_model_path, model_name, read_artifact_meta
     from zoi.errors import ZoiError
@@ -93,10 +94,10 @@ def cached_compile(
         try:
             if read_artifact_meta(entry).get("meta", {}).get("cache_key") != key:
                 raise ZoiError("its recorded cache key differs")
-            return zoi.load(entry, device=device), "cached", entry
+            return api.load(entry, device=device), "cached", entry
         except (ZoiError, OSError, ValueError, KeyError) as e:
             log.warning("zoi: the cached artifact %s is unusable (%s): compiling again", entry, e)
-    eng = zoi.compile(
+    eng = api.compile(
         path,
         device=device,
         precision=precision,
