@@ -632,7 +632,7 @@ NB_MODULE(_cpu, m) {
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a,
            "kv_heads"_a = 0)
       .def("set_attention_precision", &zoi::Engine::set_attention_precision, "mode"_a,
-           "issue 22, opt-in: 0 FP32 attention, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v (VNNI / AMX tables), "
+           "opt-in: 0 FP32 attention, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v (VNNI / AMX tables), "
            "3 AMX-BF16 q.k^T and p.v (the amx ISA on AMX-BF16 CPUs, head dim 32 / 64); FP32 where a mode does not apply")
       .def("add_attention_ext", [](zoi::Engine& e, size_t in_off, size_t out_off, int heads, int head_dim,
                                    float scale, Opt<const float> bias, int window, Opt<const float> cos,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU against two, on the same load, for zoi serve, Triton and Ray Serve (issue 18).
+# One GPU against two, on the same load, for zoi serve, Triton and Ray Serve.
 # Run on a machine with two GPUs (device kind nvidia-h200-x2); with one GPU only the 1-GPU
 # variants run (a smoke test of the script). Each variant serves one fp16 artifact with one
 # engine per GPU:

@@ -4,7 +4,7 @@ Reads the `zoi bench serve` rows (JSON lines); a row's path is its target (zoi, 
 and its GPU count the digits after the last "-g" of its model name (zoi-g01, zoi-1i-g0,
 ray-g01: the names bench_multigpu.sh and zoi.integrations.targets give). Per path and
 concurrency: texts/s and p99 of each GPU count (the median over cycles), the ratio 2 / 1 and
-whether it meets the issue's target (>= 1.8x throughput, p99 no worse).
+whether it meets the target (>= 1.8x throughput, p99 no worse).
 Usage: python scripts/bench_multigpu_summary.py ROWS.jsonl [--skipped FILE] [--out SUMMARY.json]
 """
 

@@ -58,13 +58,13 @@ if has test || has quick; then
     | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
   rc=${PIPESTATUS[0]}
   echo "tests exit code $rc" | tee -a "$OUT/gpu_check_${STAMP}.log"
-  # the GPU decoder (issue 14): its kernels compiled, the backend with CUDA graphs, tests/decoder/cuda/test_gpu.py
+  # the GPU decoder: its kernels compiled, the backend with CUDA graphs, tests/decoder/cuda/test_gpu.py
   ZOI_TRITON_COMPILED=1 timeout "${DEC_TEST_TIMEOUT:-500}" $PY -m pytest tests/decoder/cuda -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
     | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
   drc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$drc
   echo "decoder tests exit code $drc" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
-if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi bench --device cuda on the decode workloads (issue 14)
+if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi bench --device cuda on the decode workloads
   # zoi-cuda-int8 / -fp16 / transformers-cuda-fp16, 8 and 32 streams, the targets in the JSON (written after each row);
   # DECBENCH_ARGS e.g. "--quick" or "--streams 32 --providers zoi-cuda-int8,transformers-cuda-fp16"
   log "decoder benchmark (zoi bench --device cuda)" | tee -a "$OUT/gpu_check_${STAMP}.log"
@@ -72,12 +72,12 @@ if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi 
     --workloads "${DECBENCH_WORKLOADS:-qwen2.5-0.5b-decode,llama-3.2-1b-decode}" ${DECBENCH_ARGS:-} \
     --out "$OUT/gpu_${STAMP}_cuda_decode.json" 2>&1 | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
-if [[ " $STAGES " == *" grouped "* ]]; then  # explicit only, ~2 min: issue 11's grouped int8 handoff (lab)
+if [[ " $STAGES " == *" grouped "* ]]; then  # explicit only, ~2 min: the grouped int8 handoff (lab)
   log "grouped int8 handoff ffn1 -> ffn2 vs linear + quantize + linear (lab/gpu/grouped_handoff.py)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${GROUPED_TIMEOUT:-240}" $PY lab/gpu/grouped_handoff.py ${GROUPED_ARGS:-} --out "$OUT/gpu_grouped_handoff_${STAMP}.json" 2>&1 \
     | tail -30 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
-if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: issue 14's decode linears
+if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: the decoder's decode linears
   log "gemv: decode linear sweep (lab/gpu/sweep_gemv.py), winners into DECODE_TABLE, compiled decoder tests" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${GEMV_SWEEP_TIMEOUT:-235}" $PY lab/gpu/sweep_gemv.py ${GEMV_SWEEP_ARGS:-} --out "$OUT/gpu_gemv_sweep_${STAMP}.json" 2>&1 \
     | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
@@ -89,7 +89,7 @@ if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: issue 14's de
   grc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$grc
   echo "gemv decoder tests exit code $grc" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
-if [[ " $STAGES " == *" fp8 "* ]]; then  # explicit only (an sm_89+ GPU), ~8 min: issue 21's FP8
+if [[ " $STAGES " == *" fp8 "* ]]; then  # explicit only (an sm_89+ GPU), ~8 min: the FP8
   log "fp8: tests compiled (kernels vs zoi.numerics.fp8, engine vs the FP8 emulation, real MiniLM)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   ZOI_TRITON_COMPILED=1 timeout "${FP8_TEST_TIMEOUT:-300}" $PY -m pytest tests/cuda_backend/test_fp8.py tests/quant/test_fp8.py tests/test_quantmode.py \
     -q -rA -p no:cacheprovider 2>&1 | grep -v "^PASSED" | tee -a "$OUT/gpu_check_${STAMP}.log"
@@ -162,14 +162,14 @@ if has arena; then  # the product call: the default max_tokens is the smallest a
       --max-tokens "$mt" --out "$OUT/gpu_arena_${mt}_${STAMP}.json" 2>&1 | tail -6 | tee -a "$OUT/gpu_check_${STAMP}.log"
   done
 fi
-if [[ " $STAGES " == *" multigpu "* ]]; then  # explicit only: one engine per GPU (issue 18), any GPU count
+if [[ " $STAGES " == *" multigpu "* ]]; then  # explicit only: one engine per GPU, any GPU count
   log "multi-GPU serving: cuda:N engines, zoi serve --gpus 0 (and --gpus all with 2+ GPUs)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${MULTIGPU_TIMEOUT:-500}" $PY scripts/multigpu_check.py --out "$OUT/gpu_multigpu_check_${STAMP}.json" 2>&1 \
     | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"
   mrc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$mrc
   echo "multigpu check exit code $mrc" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
-if [[ " $STAGES " == *" multibench "* ]]; then  # explicit only: 1 GPU vs 2, zoi serve / Triton / Ray (issue 18)
+if [[ " $STAGES " == *" multibench "* ]]; then  # explicit only: 1 GPU vs 2, zoi serve / Triton / Ray
   log "multi-GPU benchmark (scripts/bench_multigpu.sh)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   PYTHON=$PY timeout "${MULTIBENCH_TIMEOUT:-580}" bash scripts/bench_multigpu.sh "${MULTIBENCH_CYCLES:-1}" "$OUT/gpu_multigpu_${STAMP}" 2>&1 \
     | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -1,4 +1,4 @@
-"""One engine per GPU, end to end on the GPUs there are (issue 18; `scripts/gpu_check.sh multigpu`).
+"""One engine per GPU, end to end on the GPUs there are (`scripts/gpu_check.sh multigpu`).
 
 On any CUDA machine (one GPU is enough):
   1. zoi.compile(device="cuda:N") for every visible GPU: the backend is built on that GPU

@@ -1,4 +1,4 @@
-"""INT8 rerank scores against FP32 on real queries and documents (issue 20's quality target:
+"""INT8 rerank scores against FP32 on real queries and documents (the quality target:
 Spearman >= 0.995), through `zoi eval`'s seq_cls report (zoi.tools.eval_heads).
 
 Queries: the held-out real questions (``zoi.data`` eval_questions.txt); each ranks ``--docs``

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import zoi
-from zoi.cli import load_line, main, timed_under_load
 from zoi import cache as C
+from zoi.cli import load_line, main, timed_under_load
 
 CALIB = ["a short text", "the quick brown fox jumps over the lazy dog"]
 TEXTS = ["hello there", "a man is eating food", "x"]

@@ -1,4 +1,4 @@
-"""What a new user hits first (issue 16): hints, messages, file modes, output formats, the
+"""What a new user hits first: hints, messages, file modes, output formats, the
 progress flag, Hugging Face ids from the local cache, sentence-transformers' encode arguments."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's Python API block, run as written (issue 16); only the placeholder folder is
+"""The README's Python API block, run as written; only the placeholder folder is
 replaced by a small real checkpoint and `texts` is given."""
 
 from __future__ import annotations

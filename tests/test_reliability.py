@@ -1,4 +1,4 @@
-"""No silent wrong answers, files only inside the model folder, clear errors (issue 17)."""
+"""No silent wrong answers, files only inside the model folder, clear errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// Decoder kernels (issue 14), compiled once per ISA (zoi::<isa>) like csrc/kernels. Every kernel
+// Decoder kernels, compiled once per ISA (zoi::<isa>) like csrc/kernels. Every kernel
 // takes (args, part, parts) and computes its share; parts are handed out dynamically by the model's
 // step job. Nothing here allocates.
 //

@@ -1,4 +1,4 @@
-// The native decoder (issue 14): weights (FP32 or INT8 per channel, packed by zoi/decoder/cpu.py),
+// The native decoder: weights (FP32 or INT8 per channel, packed by zoi/decoder/cpu.py),
 // a static paged KV pool (num_blocks x block_size tokens, one arena) and the scratch of a step, all
 // allocated at construction. step() runs a whole forward + sampling of a packed batch (prefill
 // chunks and decode tokens together) on the shared thread pool in one call: ops in order, each cut

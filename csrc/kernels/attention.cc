@@ -14,7 +14,7 @@
 // pairwise sum, p = e / sum before p.v; that softmax cost ~27% of the kernel). Against the
 // float64 reference the error stays within 4x the float32 numpy reference's own
 // (tests/cpu/test_attention_fast.py, tests/ops/test_attention*.py).
-// Opt-in (issue 22, AttnArgs::prec, VNNI builds): q.k^T, and optionally p.v, in INT8 with
+// Opt-in (AttnArgs::prec, VNNI builds): q.k^T, and optionally p.v, in INT8 with
 // vpdpbusd (attention_i8.h, vnni / amx tables), or both in BF16 on AMX tiles (attention_amx.h,
 // the amx table only: attention_amx);
 // tests/cpu/test_attention_i8.py, lab/cpu/README.md for the figures.
@@ -50,7 +50,7 @@ constexpr int kVRegs = 16;
 constexpr int NQMAX_ISA = 2;
 constexpr int kVRegs = 1 << 20;
 #endif
-// lab/cpu/attn_ab.sh EXTRA=-DZOI_ATTN_NQ=8: the blocking experiment of issue 22 (at most 8: the
+// lab/cpu/attn_ab.sh EXTRA=-DZOI_ATTN_NQ=8: the query-blocking experiment (at most 8: the
 // scratch holds 8 score rows)
 #ifdef ZOI_ATTN_NQ
 constexpr int NQMAX = ZOI_ATTN_NQ;
@@ -420,8 +420,8 @@ void one_head(const AttnArgs& a, int t0, int L, int h, float* scratch, int nt0, 
   if (i < L) query_rows<1>(a, i, qb, ldq, vc, d, kt, lp, L, t0, h, s);
 }
 
-#include "attention_i8.h"   // issue 22: the opt-in INT8 item (AttnArgs::prec 1, 2)
-#include "attention_amx.h"  // issue 22: the opt-in AMX-BF16 item (AttnArgs::prec 3)
+#include "attention_i8.h"   // the opt-in INT8 item (AttnArgs::prec 1, 2)
+#include "attention_amx.h"  // the opt-in AMX-BF16 item (AttnArgs::prec 3)
 
 // keys a query sees (the cost of an item is L * (keys + 8))
 inline double keys(const AttnArgs& a, double L) {

@@ -1,4 +1,4 @@
-// AMX-BF16 attention of one (sequence, head) item (issue 22, opt-in: AttnArgs::prec = 3).
+// AMX-BF16 attention of one (sequence, head) item (opt-in: AttnArgs::prec = 3).
 // Included by attention.cc (vnni build, which the amx table shares) inside its namespace. The
 // vnni build's flags have no AMX / BF16, so these functions carry target attributes, and they
 // run only from the amx table's entry (attention_amx: the ISA picked or forced is amx, as for

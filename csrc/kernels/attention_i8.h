@@ -1,4 +1,4 @@
-// INT8 attention of one (sequence, head) item (issue 22, opt-in: AttnArgs::prec), AVX-512 VNNI.
+// INT8 attention of one (sequence, head) item (opt-in: AttnArgs::prec), AVX-512 VNNI.
 // Included by attention.cc inside its namespace (it uses softmax_row, pv_block, prefetch_rows).
 //   prec = 1: s = (q8 . k8) sq sk scale with q, k quantised per token and head (symmetric, amax /
 //           127; q stored as u8 = q8 + 128 for vpdpbusd, the 128 sum k8 subtracted by starting

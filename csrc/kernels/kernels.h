@@ -154,7 +154,7 @@ struct AttnArgs {
   int kv_heads = 0;
   bool causal = false;
   const float* q_norm = nullptr; const float* k_norm = nullptr; float qk_eps = 1e-6f;
-  // issue 22, opt-in precision of q.k^T and p.v: 0 FP32; 1 q.k^T in INT8 (q, k rows quantised
+  // opt-in precision of q.k^T and p.v: 0 FP32; 1 q.k^T in INT8 (q, k rows quantised
   // per token and head, s32 sums), softmax and p.v in FP32; 2 also p.v in INT8 (p as u8 0..255 of
   // the row max, v per channel) (csrc/kernels/attention_i8.h, VNNI / AMX tables); 3 both in BF16
   // on AMX tiles (tdpbf16ps, attention_amx.h; the AMX table on CPUs with AMX-BF16, head dim 32 /

@@ -58,7 +58,7 @@ class Engine {
                          int span, int window, const float* cos, const float* sin, int rows, int kv_heads = 0,
                          bool causal = false, const float* q_norm = nullptr, const float* k_norm = nullptr,
                          float qk_eps = 1e-6f);
-  // issue 22, opt-in: attention steps added so far use AttnArgs::prec = mode (0 FP32, 1 INT8 q.k^T,
+  // opt-in: attention steps added so far use AttnArgs::prec = mode (0 FP32, 1 INT8 q.k^T,
   // 2 INT8 q.k^T and p.v (vnni / amx ISA), 3 AMX-BF16 q.k^T and p.v (amx ISA); where a mode
   // does not apply, the ISA forced by ZOI_CPU_ISA included: FP32)
   void set_attention_precision(int mode) {
@@ -73,7 +73,7 @@ class Engine {
                      bool rms = false, bool post = false);
   void add_pool(size_t in_off, size_t out_off, int H, int mode);
 
-  // ---- heads (issue 20)
+  // ---- heads
   // steps added while on run over the batch's B rows (a linear / LayerNorm after a pool)
   void set_batch_rows(bool on) { rows_b_ = on; }
   // the last embed step adds type[types[t]] (table [n, H], copied) when a run passes types

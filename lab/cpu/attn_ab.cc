@@ -2,7 +2,7 @@
 // lab/cpu/attn_ab.sh compiles the committed version (git show REV:...) into namespace zoi::olda
 // and the working copy into zoi::newa, with the same ISA flags, and links this driver.
 // Usage: attn_ab [B] [L] [heads] [d] [reps] [rounds] [prec] [same]   (default MiniLM 32x128: 32 128 12 32)
-// prec (issue 22): AttnArgs::prec of the new build's calls (0 FP32, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v,
+// prec: AttnArgs::prec of the new build's calls (0 FP32, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v,
 // 3 AMX-BF16: the new build's attention_amx, the amx table's entry, where it has one); the old build
 // runs with prec = 0 (a revision without the field ignores it), or with prec too when `same` is 1
 // (a refactor of a low-precision path: max|old-new| must be 0; prec 3: the old build's attention,

@@ -16,7 +16,7 @@ mkdir -p "$D"
 git show "$REV:csrc/kernels/attention.cc" > "$D/old_attention.cc"
 git show "$REV:csrc/kernels/simd.h" > "$D/simd.h"
 git show "$REV:csrc/kernels/np_sum.h" > "$D/np_sum.h"
-for h in attention_i8.h attention_amx.h; do  # the opt-in items (issue 22), where REV has them
+for h in attention_i8.h attention_amx.h; do  # the opt-in items, where REV has them
   git show "$REV:csrc/kernels/$h" > "$D/$h" 2>/dev/null || rm -f "$D/$h"
 done
 cp csrc/kernels/kernels.h "$D/kernels.h"

@@ -1,4 +1,4 @@
-"""End-to-end fidelity of the opt-in INT8 attention (issue 22; Engine.set_attention_precision) on the real
+"""End-to-end fidelity of the opt-in INT8 attention (Engine.set_attention_precision) on the real
 all-MiniLM-L6-v2: one INT8 artifact (`zoi compile` of the bundled model, e.g. the bench cache),
 encoded on the CPU with attention mode 0 (FP32), 1 (INT8 q.k^T), 2 (INT8 q.k^T and p.v) and 3
 (AMX-BF16 q.k^T and p.v),
@@ -59,7 +59,7 @@ def main() -> int:
     texts = {d: domain_texts(d) for d in doms}
     ref = {d: np.asarray(f.encode(t, normalize_embeddings=True)) for d, t in texts.items()}
     rep = {
-        "what": "issue 22: INT8 attention modes end to end (Engine.set_attention_precision)",
+        "what": "INT8 attention modes end to end (Engine.set_attention_precision)",
         "int8_artifact": str(i8_dir),
         "fp32": fsrc,
         "isa": q.backend.isa,

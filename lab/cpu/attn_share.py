@@ -1,4 +1,4 @@
-"""Share of attention in the MiniLM-shaped INT8 forward (issue 22), per attention mode
+"""Share of attention in the MiniLM-shaped INT8 forward, per attention mode
 (Engine.set_attention_precision: 0 FP32, 1 INT8 q.k^T, 2 INT8 q.k^T and p.v, 3 AMX-BF16 q.k^T and p.v), thread 0's CPU time per
 step (Engine.profile), modes interleaved run by run, medians; the load average recorded.
 
@@ -34,7 +34,7 @@ def main() -> int:
     spec = minilm_spec()
     modes = [int(m) for m in a.modes.split(",")]
     rep = {
-        "what": "issue 22: attention share of the MiniLM-shaped INT8 forward (random weights), "
+        "what": "attention share of the MiniLM-shaped INT8 forward (random weights), "
         "thread 0 CPU ms per op kind, medians",
         "threads": a.threads,
         "runs": a.runs,

@@ -1,4 +1,4 @@
-"""Host cost per chunk of the pipelined encode (issue 19), without the forward:
+"""Host cost per chunk of the pipelined encode, without the forward:
 `python lab/cpu/chunk_cost.py`. The CPU backend's run_into replaced by a stub that only fills its
 output; 1000 real texts of mixed lengths encoded with batch_size=1 (1000 chunks) and with the
 default chunks, against the tokenizer alone (one thread). The calling thread's CPU time

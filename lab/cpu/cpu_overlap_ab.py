@@ -1,4 +1,4 @@
-"""Does overlapping tokenising with the CPU forward pay on this host? (issue 19)
+"""Does overlapping tokenising with the CPU forward pay on this host?
 
 `python lab/cpu/cpu_overlap_ab.py [--precision int8] [--texts 1000] [--rounds 8] [--out F]`
 

@@ -1,4 +1,4 @@
-"""What the epilogue's activation costs the ffn1 GEMM (issue 11): one INT8 linear (asym int8 A,
+"""What the epilogue's activation costs the ffn1 GEMM: one INT8 linear (asym int8 A,
 the backend's config) at the MiniLM / bert-base ffn1 shapes, timed with each activation.
 
     python lab/gpu/act_cost.py [--out $OUT/act_cost.json]

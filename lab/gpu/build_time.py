@@ -1,4 +1,4 @@
-"""Compile time of a minilm engine on the GPU (issue 12: under 60 s), cold and warm.
+"""Compile time of a minilm engine on the GPU (target: under 60 s), cold and warm.
 
     python lab/gpu/build_time.py --out $OUT/build_time.json [--precisions int8,fp16]
 

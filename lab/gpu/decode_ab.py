@@ -1,4 +1,4 @@
-"""A/B of the GPU decoder's launch options (issue 14): programmatic dependent launch (pdl), the L2
+"""A/B of the GPU decoder's launch options: programmatic dependent launch (pdl), the L2
 prefetch of W before the wait (prefetch) and the pipelined step (pipeline: the next decode step
 launched before the host reads this one's tokens), on the Llama-3.2-1B shape at batch 1 and the
 Qwen2.5-0.5B shape at 32 streams, INT8, random weights. One backend per (pdl, prefetch); pipeline

@@ -1,4 +1,4 @@
-"""GPU decoder benchmark (issue 14), for the H200:
+"""GPU decoder benchmark, for the H200:
 
   python lab/gpu/decode_bench.py [--quick] [--no-peer] [--out FILE]
 

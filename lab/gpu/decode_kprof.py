@@ -1,4 +1,4 @@
-"""Per-kernel device time of one GPU decode step (issue 14): torch.profiler (CUPTI) over replays
+"""Per-kernel device time of one GPU decode step: torch.profiler (CUPTI) over replays
 of a bucket's CUDA graph; kernels grouped by name (the site is in the launch order), the sum of
 kernel times against the graph's wall time (the rest: launch gaps and tails).
 

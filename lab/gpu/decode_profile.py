@@ -1,4 +1,4 @@
-"""Where the host time of a GPU decode step goes (issue 14): Qwen2.5-0.5B shape, INT8, 32 streams,
+"""Where the host time of a GPU decode step goes: Qwen2.5-0.5B shape, INT8, 32 streams,
 the decode loop of lab/gpu/decode_bench.py once plain and once under cProfile (top functions by
 own time). The step's host share = decode_step_ms - graph_us_b32.
 

@@ -43,7 +43,7 @@ def plan_flags(fuse_ln, rowq):
     return CudaOptions(fuse_ln=fuse_ln, rowq=rowq)
 
 
-# "new+mod+mod" variants for the small buckets (issue 12): LN fused into o / ffn2 at every
+# "new+mod+mod" variants for the small buckets: LN fused into o / ffn2 at every
 # bucket, programmatic dependent launch at every bucket, per-op graphs only
 MODS = {
     "fuseln": dict(fuse_ln=True, fuse_min_tokens=1),

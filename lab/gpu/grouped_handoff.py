@@ -1,4 +1,4 @@
-"""Issue 11, next step (1), measured before it is built into the product: the ffn1 -> ffn2
+"""A candidate next step for the INT8 encoder, measured before it is built into the product: the ffn1 -> ffn2
 handoff with a *grouped* int8 copy.
 
 Today (default INT8 artifact): ffn1 (int8 GEMM + bias + GELU) stores fp16 h [T, I]; a quantize

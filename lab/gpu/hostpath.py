@@ -1,4 +1,4 @@
-"""Where a small call's host-observed time goes (issue 12): the parts of CudaBackend.run.
+"""Where a small call's host-observed time goes: the parts of CudaBackend.run.
 
     python lab/gpu/hostpath.py --out $OUT/hostpath.json [--shapes 1x16,1x128,8x128]
 

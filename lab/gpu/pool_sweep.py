@@ -1,5 +1,5 @@
-"""Configs of the pool kernel (mean + L2 normalise, issue 12: 14 us at 1x128 in the first
-session's profile, one program walking 128 rows in 16-row dependent steps).
+"""Configs of the pool kernel (mean + L2 normalise: 14 us at 1x128 in the first
+profile, one program walking 128 rows in 16-row dependent steps).
 
     python lab/gpu/pool_sweep.py [--out $OUT/pool_sweep.json]
     TRITON_INTERPRET=1 python lab/gpu/pool_sweep.py --tiny     # the CPU check of this script

@@ -1,4 +1,4 @@
-"""Decode-linear sweep (issue 14): the current tl.dot kernel against the GEMV / MMA decode kernels at
+"""Decode-linear sweep: the current tl.dot kernel against the GEMV / MMA decode kernels at
 every decode call site of Llama-3.2-1B (M = 1) and Qwen2.5-0.5B (M = 32 streams), INT8 and FP16.
 
     python lab/gpu/sweep_gemv.py --out $OUT/gemv_sweep.json [--budget 200] [--workers 14] [--quick]

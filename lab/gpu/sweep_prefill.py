@@ -1,4 +1,4 @@
-"""Prefill-linear sweep (issue 14): tiles of the "dot" kernel (kernels_linear.linear_kernel) at
+"""Prefill-linear sweep: tiles of the "dot" kernel (kernels_linear.linear_kernel) at
 the prefill call sites of Qwen2.5-0.5B and Llama-3.2-1B (INT8 weights), M = 512 / 4096 packed
 tokens, then the end-to-end effect of the winners on Qwen2.5-0.5B x32 (32 prompts of 128 tokens
 prefilled in one pass: time to first token and tokens/s, the same backend with PREFILL_TABLE

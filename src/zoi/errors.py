@@ -28,5 +28,5 @@ class NumericalError(ZoiError):
 
 
 class HeadError(InputError):
-    """The call needs a task head the loaded model does not have (issue 20): e.g. rerank on
+    """The call needs a task head the loaded model does not have: e.g. rerank on
     an embedding model. The message names the model's head."""

@@ -1,4 +1,4 @@
-"""The MPNet-base / ModernBERT-base workloads' plumbing (issue 20), on tiny stand-ins of the
+"""The MPNet-base / ModernBERT-base workloads' plumbing, on tiny stand-ins of the
 same architectures: the random-init folder, the peers' exports (no token types for these two,
 unfused attention recorded), CTranslate2's refusal recorded per model, and a harness run."""
 

@@ -1,4 +1,4 @@
-"""The opt-in low-precision attention (issue 22; AttnArgs::prec): prec = 1 is q.k^T in INT8 (q, k
+"""The opt-in low-precision attention (AttnArgs::prec): prec = 1 is q.k^T in INT8 (q, k
 quantised per token and head) with softmax and p.v in FP32, prec = 2 also p.v in INT8 (p as u8
 of the row max, v per channel) (csrc/kernels/attention_i8.h, the VNNI builds: vnni, amx);
 prec = 3 is q.k^T and p.v in BF16 on AMX tiles (attention_amx.h; CPUs with AMX-BF16, head dim

@@ -1,4 +1,4 @@
-"""CudaOptions.device_index (zoi.compile / zoi.load with device="cuda:N", issue 18): the
+"""CudaOptions.device_index (zoi.compile / zoi.load with device="cuda:N"): the
 backend is built on, and bound to, that GPU; several backends run at once from their own
 threads (zoi serve --gpus: one engine and worker thread per GPU).
 

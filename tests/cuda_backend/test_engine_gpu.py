@@ -77,7 +77,7 @@ def test_real_minilm_on_gpu(tmp_path):
     texts = real_sentences(300)
     fp32 = zoi.compile(folder, device="reference").encode(texts, batch_size=128)
     # INT8: the same default artifact as the CPU (dynamic_asym + SmoothQuant act_mul + GPTQ),
-    # held to the quantisation issue's targets (mean >= 0.999, min >= 0.995). Before the port
+    # held to the quantisation targets (mean >= 0.999, min >= 0.995). Before the port
     # the GPU ran symmetric activations only: mean 0.99725, min 0.97702
     # (bench/results/gpu_engine_tests_20261130T0241Z.log)
     for precision, mean_min in (("fp16", (0.99999, 0.9999)), ("int8", (0.999, 0.995))):

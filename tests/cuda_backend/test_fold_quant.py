@@ -1,4 +1,4 @@
-"""The quantize launch folded into the consumer's GEMM (linear QUANT 16, issue 12: the small
+"""The quantize launch folded into the consumer's GEMM (linear QUANT 16: the small
 buckets' plan has no quantize launches): bit-identical to quantize_kernel + the QUANT 4 GEMM
 on the same fp16 input, for every int8 mode and SmoothQuant transform, on awkward shapes (one
 row, K not a multiple of BLOCK_K, N not a multiple of BLOCK_N), with the output poisoned before

@@ -1,5 +1,5 @@
-"""The lab's grouped int8 handoff ffn1 -> ffn2 (lab/gpu/grouped_handoff.py, issue 11's next
-step, measured on the GPU before it enters the product): its two kernels, symmetric and
+"""The lab's grouped int8 handoff ffn1 -> ffn2 (lab/gpu/grouped_handoff.py, a candidate
+next step, measured on the GPU before it enters the product): its two kernels, symmetric and
 asymmetric groups, against the float64 reference in the interpreter, outputs poisoned."""
 
 from __future__ import annotations

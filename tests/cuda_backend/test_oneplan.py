@@ -1,4 +1,4 @@
-"""One plan (issue 11): the CUDA plan and the CPU engine built from the same model read the
+"""One plan: the CUDA plan and the CPU engine built from the same model read the
 same IR decisions (zoi.graph.fusion): the same int8 copy names for every INT8 linear, and the
 same writer wherever both backends realise it; where one does not, its plan says why."""
 

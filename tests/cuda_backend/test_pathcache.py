@@ -119,7 +119,7 @@ GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_second_build_compiles_the_winner_only(tmp_path):
-    """Issue 12: the first FP16 build times both paths of its small buckets and writes the
+    """The first FP16 build times both paths of its small buckets and writes the
     answers; a second build of the same shapes reads them (bucket_paths "cached"), builds the
     same path only, and computes the same bits."""
     from tests.cuda_backend.cuda_helpers import batch, tiny_model

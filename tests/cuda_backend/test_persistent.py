@@ -298,7 +298,7 @@ def test_barrier_timeout_fails_the_call_and_recovers():
     [("fp16", "force"), ("fp16", "time"), ("fp16", "off"), ("int8", "off")],
 )
 def test_thousand_repeated_calls_bit_identical(precision, path):
-    """Issue 12: 1,000 calls of the same request through run() give the same bits every time
+    """1,000 calls of the same request through run() give the same bits every time
     (no race, no order-dependent reduction: atomics only take maxima), on the one-launch
     persistent path (FP16: forced, and as the compile-time timing picks) and the per-op graphs
     (FP16 and INT8), with a different
@@ -329,7 +329,7 @@ def test_thousand_repeated_calls_bit_identical(precision, path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_non_resident_grid_gives_up_and_the_next_call_is_sound():
-    """Issue 12: a one-launch forward whose grid the GPU cannot hold at once (64 programs per
+    """A one-launch forward whose grid the GPU cannot hold at once (64 programs per
     SM) can never meet at its grid barrier. The bounded spin (POLLS acquire polls, small here)
     gives up and sets the plan's flag instead of hanging the GPU, the launch ends, and the
     engine's next call (its own plan, own barrier counter) is bit-identical to the one

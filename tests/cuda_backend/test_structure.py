@@ -1,4 +1,4 @@
-"""The CUDA backend's shape (issue 11): modules of at most ~400 lines, switches passed in as
+"""The CUDA backend's shape: modules of at most ~400 lines, switches passed in as
 CudaOptions (no ZOI_* environment read inside the backend; only CudaOptions.from_env at the
 engine's edge), shared Triton helpers written once."""
 

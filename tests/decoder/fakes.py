@@ -1,5 +1,5 @@
 """A deterministic pure-Python DecoderBackend and a byte-level tokenizer, for testing the scheduler
-and the serve routes without a model (issue 14).
+and the serve routes without a model.
 
 FakeBackend implements zoi.decoder.api exactly: a static pool of `num_blocks` blocks of `block_size`
 tokens with a real free list (blocks_needed are reserved at add, returned on finish or cancel, a

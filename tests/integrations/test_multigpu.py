@@ -1,4 +1,4 @@
-"""One engine per GPU on the scale-out paths (issue 18), checked without a GPU: the Triton
+"""One engine per GPU on the scale-out paths, checked without a GPU: the Triton
 repository `zoi export triton --gpus 0,1` writes and the device each instance picks, and the
 Ray Serve deployment `zoi deploy ray --gpus` builds (without starting a cluster)."""
 

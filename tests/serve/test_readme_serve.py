@@ -1,4 +1,4 @@
-"""The README's serving snippets, run as written against `zoi serve ART` (issue 16).
+"""The README's serving snippets, run as written against `zoi serve ART`.
 
 ART is compiled from the bundled model's folder given by path (`zoi compile MODEL_DIR -o
 ART`, as a user does): the model keeps its name, all-MiniLM-L6-v2, whatever the artifact's

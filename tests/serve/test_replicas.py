@@ -1,4 +1,4 @@
-"""Several engines behind one server (issue 18): the dispatcher of zoi.serve.replicas.
+"""Several engines behind one server: the dispatcher of zoi.serve.replicas.
 
 It is device-agnostic, so everything the GPUs run (`--gpus 0,1`) is checked here on CPU
 engines (`--replicas 2`): batches spread over the engines (both run at once under load),

@@ -1,4 +1,4 @@
-"""schemathesis against /openapi.json of a live `zoi serve` (issue 17): every route, valid and
+"""schemathesis against /openapi.json of a live `zoi serve`: every route, valid and
 invalid generated inputs, bounded in time (a few hundred requests, well under a minute).
 
 The server runs a tiny random BERT (small_bert) on a free 127.0.0.1 port. schemathesis reads the

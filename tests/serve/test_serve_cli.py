@@ -140,9 +140,11 @@ def test_int8_compiles_go_through_the_artifact_cache(monkeypatch):
     monkeypatch.setattr(
         zoi.cache,
         "cached_compile",
-        lambda path, **kw: (calls.append(("cache", path, kw)) or ("E", "cached", "/c/e")),
+        lambda path, **kw: calls.append(("cache", path, kw)) or ("E", "cached", "/c/e"),
     )
-    monkeypatch.setattr(zoi, "compile", lambda path, **kw: calls.append(("compile", path, kw)) or "F")
+    monkeypatch.setattr(
+        zoi, "compile", lambda path, **kw: calls.append(("compile", path, kw)) or "F"
+    )
     assert open_engine("m", ServeConfig(precision="int8")) == "E"
     assert calls[-1][0] == "cache" and calls[-1][2]["precision"] == "int8"
     assert open_engine("m", ServeConfig(precision="fp32")) == "F"

@@ -1,4 +1,4 @@
-"""Slow and greedy clients cannot lock the others out (issue 17, item 2).
+"""Slow and greedy clients cannot lock the others out.
 
 1,000 sockets that stall (partial headers, or headers and a few body bytes) from other
 loopback addresses: the real client on 127.0.0.1 keeps getting answers, a new connection of a

@@ -1,5 +1,5 @@
 """Engine.encode on the native tokenizer: chunks by token budget, batch_size as a cap, texts
-longer than the engine takes (issue 17: no hang), truncation per call from two threads."""
+longer than the engine takes (no hang), truncation per call from two threads."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_native_and_hf_tokenizers_give_the_same_embeddings(eng, monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_text_longer_than_max_tokens_is_truncated_not_a_hang(short_engine):
-    """issue 17: zoi.load(ART, max_tokens=200).encode("word " * 300) looped forever."""
+    """zoi.load(ART, max_tokens=200).encode("word " * 300) is truncated; it must not loop."""
     e = short_engine
     out = e.encode("word " * 300)
     assert out.shape == (e.spec.hidden,) and np.isfinite(out).all()
@@ -96,15 +96,15 @@ def test_text_longer_than_max_tokens_is_truncated_not_a_hang(short_engine):
 
 
 def test_leading_whitespace_does_not_lose_the_text(eng):
-    """issue 17: 9,000 leading spaces cut the content away (a character cap before
-    tokenising); the native tokenizer has no such cap."""
+    """9,000 leading spaces must not cut the content away (as a character cap before
+    tokenising would); the native tokenizer has no such cap."""
     a = eng.encode(" " * 9000 + "the cat sat on the mat")
     b = eng.encode("the cat sat on the mat")
     assert np.array_equal(a, b)
 
 
 def test_truncate_per_call_from_two_threads(eng):
-    """issue 17: two threads with different truncate values never see each other's."""
+    """Two threads with different truncate values never see each other's."""
     long, short = "word " * 300, "a short text"
     want_long = eng.encode(long)
     errors: list[BaseException] = []
@@ -144,8 +144,8 @@ def test_bad_batch_size_and_inputs(eng):
 
 
 def test_serve_with_an_engine_shorter_than_the_positions(short_engine):
-    """issue 17: `zoi serve ART --max-batch-tokens 200` kept a 200-token engine but admitted
-    texts up to the model's positions, so every longer text got a 500."""
+    """`zoi serve ART --max-batch-tokens 200` keeps a 200-token engine: texts are truncated to
+    (or refused at) the engine's limit, not the model's positions, so none gets a 500."""
     import asyncio
 
     pytest.importorskip("starlette")

@@ -107,7 +107,7 @@ def test_empty_inputs(tok):
 
 
 def test_truncation_is_per_call_across_threads(tok):
-    """Two threads, one truncating and one not: each call sees its own setting (issue 17)."""
+    """Two threads, one truncating and one not: each call sees its own setting."""
     long, short = "word " * 300, "a few words"
     errors: list[BaseException] = []
     counts = {True: 0, False: 0}

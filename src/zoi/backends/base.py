@@ -36,7 +36,7 @@ class Backend(Protocol):
         """Start run_into and return a ticket; the inputs may be reused once submit returns
         (a backend that runs asynchronously stages them first), `out` is valid after wait(ticket).
         At most two tickets are outstanding (double-buffered staging); the engine overlaps
-        tokenising and packing chunk i+1 with the forward of chunk i (issue 19)."""
+        tokenising and packing chunk i+1 with the forward of chunk i."""
         ...
 
     def wait(self, ticket: object) -> np.ndarray:
@@ -56,7 +56,7 @@ class SyncSubmit:
 
 @runtime_checkable
 class HeadRunner(Protocol):
-    """What the task heads (zoi.heads) ask of a backend besides Backend (issue 20): one
+    """What the task heads (zoi.heads) ask of a backend besides Backend: one
     forward with token types, the graph's output whatever its rows, and taps."""
 
     def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:

@@ -116,14 +116,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    if args.workloads and all(w.endswith("-decode") for w in args.workloads):  # decoders (issue 14)
+    if args.workloads and all(w.endswith("-decode") for w in args.workloads):  # decoders
         from zoi.bench.decode import run_from_args
 
         return run_from_args(args)
     from zoi.bench.harness import Config, main
     from zoi.bench.rerank import WORKLOAD, main_rerank
 
-    if args.workloads and WORKLOAD in args.workloads:  # the cross-encoder workload (issue 20)
+    if args.workloads and WORKLOAD in args.workloads:  # the cross-encoder workload
         rc = main_rerank(args)
         args.workloads = [w for w in args.workloads if w != WORKLOAD]
         if not args.workloads:

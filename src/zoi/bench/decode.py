@@ -13,12 +13,12 @@ transformers FP32 generate (greedy, dynamic cache, torch threads = threads), lla
 (llama-cpp-python, GGUF Q8_0 written by zoi.decoder.gguf_export; one sequence, so no streams
 figure). Streams: 8.
 
-GPU providers (`--device cuda`, issue 14): zoi-cuda-int8 / -w8a8 / -fp16 (CudaDecoderBackend
+GPU providers (`--device cuda`): zoi-cuda-int8 / -w8a8 / -fp16 (CudaDecoderBackend
 through compile_decoder(device="cuda"); batch-1 steps through step(), host bookkeeping included;
 per streams count also the decode-only tokens/s and `time_decode_graph_us`, the CUDA-graph replay
 of one decode step alone) and transformers-cuda-fp16 (generate, FP16, static cache, which
 compiles itself; TTFT = max_new_tokens=1). Streams: 8 and 32; 128 new tokens. The JSON's
-`targets` say whether issue 14's GPU targets are met. Under TRITON_INTERPRET=1 without a GPU the
+`targets` say whether the decoder's GPU targets are met. Under TRITON_INTERPRET=1 without a GPU the
 zoi-cuda providers run through the Triton interpreter (the CPU test; no graphs).
 """
 
@@ -42,7 +42,7 @@ CUDA_PROVIDERS = ("zoi-cuda-int8", "zoi-cuda-w8a8", "zoi-cuda-fp16", "transforme
 PROVIDERS = CPU_PROVIDERS + CUDA_PROVIDERS
 STREAMS = {"cpu": (8,), "cuda": (8, 32)}  # default concurrent streams per device
 NEW_TOKENS = {"cpu": 64, "cuda": 128}  # default new tokens (the run's largest device wins)
-# issue 14's GPU targets: (workload, provider, what, bound)
+# the decoder's GPU targets: (workload, provider, what, bound)
 TARGET_B1 = ("llama-3.2-1b-decode", "zoi-cuda-int8", 0.40)  # batch-1 decode ms per token, <=
 TARGET_X32 = ("qwen2.5-0.5b-decode", "zoi-cuda-int8", "transformers-cuda-fp16", 32, 3.0)  # >=
 
@@ -379,7 +379,7 @@ def select(patterns: list[str] | None, devices: set[str]) -> list[str]:
 
 
 def targets(rows: list[dict]) -> dict:
-    """Issue 14's GPU targets, from this run's rows (None: a row is missing or failed)."""
+    """The decoder's GPU targets, from this run's rows (None: a row is missing or failed)."""
 
     def row(wl, pv):
         return next(

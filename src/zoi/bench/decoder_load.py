@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         except OSError:  # pragma: no cover
             load = None
         doc = {
-            "what": "zoi serve /v1/completions streaming load test (issue 14)",
+            "what": "zoi serve /v1/completions streaming load test",
             "folder": a.folder,
             "precision": a.precision,
             "max_running": a.max_running,

@@ -251,7 +251,7 @@ def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
 
 def _make_cross_encoder(dst: Path, src_tok: Path) -> None:
     """A minilm-sized cross-encoder (BertForSequenceClassification, 6 layers, hidden 384, 12
-    heads, FFN 1536, one label), random init (seed 0), the MiniLM tokenizer (issue 20)."""
+    heads, FFN 1536, one label), random init (seed 0), the MiniLM tokenizer."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 

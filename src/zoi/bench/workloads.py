@@ -59,7 +59,7 @@ ALL: list[Workload] = [
     _fixed("bert-base", 1, 128),
     _fixed("bert-base", 32, 128),
     _fixed("bert-base", 256, 128, ("cuda",)),
-    # the other architectures (issue 20): random-init MPNet-base / ModernBERT-base shapes
+    # the other architectures: random-init MPNet-base / ModernBERT-base shapes
     _fixed("mpnet-base", 1, 128, ("cpu",)),
     _fixed("mpnet-base", 32, 128, ("cpu",)),
     _fixed("modernbert-base", 1, 128, ("cpu",)),

@@ -1,1 +1,1 @@
-"""Decoders (issue 14): see api.py for the contract between the runtime, the kernels and the scheduler."""
+"""Decoders: see api.py for the contract between the runtime, the kernels and the scheduler."""

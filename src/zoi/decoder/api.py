@@ -1,5 +1,5 @@
 """The decoder contract: what the model runtimes (CPU C++ core, GPU Triton), the generator API and the
-in-flight batching scheduler agree on (issue 14).
+in-flight batching scheduler agree on.
 
 Three parts are built against this file, each by its own hand:
 

@@ -126,7 +126,7 @@ def compile_decoder(
         )
     elif device in ("cuda", "gpu"):
         try:
-            from zoi.decoder.cuda import CudaBackend  # the GPU part of issue 14
+            from zoi.decoder.cuda import CudaBackend  # the decoder on the GPU
         except ImportError as e:
             raise InputError(f"device='cuda' for decoders is not available here ({e})") from e
         be = CudaBackend(

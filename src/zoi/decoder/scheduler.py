@@ -1,4 +1,4 @@
-"""In-flight (continuous) batching over any DecoderBackend (issue 14).
+"""In-flight (continuous) batching over any DecoderBackend.
 
 One thread owns the backend (the contract: it is not thread-safe) and loops:
 

@@ -4,7 +4,7 @@ zoi: `zoi serve` (the bench's own ServerProcess). triton: the artifact exported 
 model repository and served by tritonserver (requests on its KServe v2 HTTP route, the same
 bytes the bench sends to `zoi serve --route kserve`). ray: `zoi deploy ray` with --replicas.
 A model folder (or none: the bundled MiniLM) is compiled to a temporary fp32 artifact first.
-`--gpus` (issue 18) puts one engine per GPU on each target: `zoi serve --device cuda --gpus`,
+`--gpus` puts one engine per GPU on each target: `zoi serve --device cuda --gpus`,
 a Triton instance group per GPU, a Ray replica per GPU.
 """
 

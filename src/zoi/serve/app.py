@@ -19,7 +19,7 @@ log = logging.getLogger("zoi.serve")
 
 
 def create_app(service: Service) -> Starlette:
-    if getattr(service, "is_decoder", False):  # a decoder: the generate routes (issue 14)
+    if getattr(service, "is_decoder", False):  # a decoder: the generate routes
         from zoi.serve.routes_generate import create_decoder_app
 
         return create_decoder_app(service)

@@ -37,7 +37,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="Hugging Face model folder or zoi artifact (default: bundled all-MiniLM-L6-v2; "
         "env ZOI_MODEL). Several models (NAME=PATH to name one) are served on one port, each "
-        "with its own batcher, routed by the request's \"model\" (docs/SERVE.md)",
+        'with its own batcher, routed by the request\'s "model" (docs/SERVE.md)',
     )
     add_options(p)
     p.set_defaults(func=cmd_serve)

@@ -1,4 +1,4 @@
-"""The decoder side of `zoi serve` (issue 14): a DecoderService owns the backend through a Scheduler
+"""The decoder side of `zoi serve`: a DecoderService owns the backend through a Scheduler
 (continuous batching on its own thread), the tokenizer and chat template, admission limits and
 metrics; zoi.serve.routes_generate answers OpenAI /v1/completions and /v1/chat/completions with it.
 

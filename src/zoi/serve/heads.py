@@ -1,4 +1,4 @@
-"""The serving path of the task heads (issue 20): pairs and texts through a dynamic batcher of
+"""The serving path of the task heads: pairs and texts through a dynamic batcher of
 their own (packed like any sequences, token types riding along), token-level outputs on a
 worker thread."""
 
@@ -68,7 +68,7 @@ class HeadJobs:
             svc.config.max_queue_delay_us,
             svc.metrics,
         )
-        if getattr(svc, "replicated", False):  # several engines (zoi.serve.replicas, issue 18)
+        if getattr(svc, "replicated", False):  # several engines (zoi.serve.replicas)
             import functools
 
             from zoi.serve.replicas import ReplicaBatcher

@@ -1,4 +1,4 @@
-"""KServe v2 signatures of the task heads (issue 20; zoi.serve.routes_kserve calls in here when
+"""KServe v2 signatures of the task heads (zoi.serve.routes_kserve calls in here when
 the served model has a head). Input `TEXT` (BYTES) throughout:
 
 | head | input TEXT | outputs |

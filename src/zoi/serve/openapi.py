@@ -235,7 +235,7 @@ def operations(
     }
     from zoi.serve.openapi_heads import head_operations
 
-    ops.update(head_operations(head, hidden))  # the routes of the model's head (issue 20)
+    ops.update(head_operations(head, hidden))  # the routes of the model's head
     return ops
 
 
@@ -311,7 +311,7 @@ def docs_html(doc: dict) -> str:
     )
 
 
-# ---- decoders (issue 14): the routes of a server whose model generates text --------------------
+# ---- decoders: the routes of a server whose model generates text --------------------
 
 
 def _gen_errors() -> dict:

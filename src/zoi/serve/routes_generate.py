@@ -1,4 +1,4 @@
-"""OpenAI /v1/completions and /v1/chat/completions on a decoder (issue 14), and the decoder app.
+"""OpenAI /v1/completions and /v1/chat/completions on a decoder, and the decoder app.
 
 Requests go through zoi.decoder.scheduler (continuous batching); `stream: true` answers server-sent
 events in OpenAI's chunk format (`data: {json}\\n\\n` ..., then `data: [DONE]\\n\\n`), otherwise one

@@ -145,7 +145,7 @@ def make_routes(svc: Service) -> list[Route]:
                 "tokenization_workers": 1,
                 "engine_max_tokens": int(e.max_tokens),
                 "version": _version(),
-                # several engines (issue 18): each one's device and figures
+                # several engines: each one's device and figures
                 **({"engines": svc.engines_info()} if getattr(svc, "replicated", False) else {}),
             }
         )

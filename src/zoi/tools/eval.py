@@ -302,7 +302,7 @@ def evaluate(
     if per_domain:
         rep["domains"] = dfig
         rep["worst_domain"] = summarise(dfig)
-        if m.precision == "fp8":  # issue 21's FP8 target (the INT8 ones are in "meets")
+        if m.precision == "fp8":  # the FP8 target (the INT8 ones are in "meets")
             from zoi.quant.fidelity import FP8_TARGETS
 
             rep["fp8_targets"] = dict(FP8_TARGETS)

@@ -1,4 +1,4 @@
-"""`zoi eval` of a model with a task head (issue 20): INT8 against FP32, per head.
+"""`zoi eval` of a model with a task head: INT8 against FP32, per head.
 
 - seq_cls: queries of the eval set against the texts that follow each (groups of 16): the
   Spearman rank correlation of the rerank scores (per query, mean and min; and over all

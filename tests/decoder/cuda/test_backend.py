@@ -16,7 +16,7 @@ from zoi.errors import InputError
 
 from ..dec_helpers import hf_greedy
 
-N_NEW = 4 if INTERP else 64  # the interpreter is slow; the GPU run does the 64 of issue 14
+N_NEW = 4 if INTERP else 64  # the interpreter is slow; the GPU run does the full 64
 
 
 def prompts(V, lens, seed=0):

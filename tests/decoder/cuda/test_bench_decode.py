@@ -1,4 +1,4 @@
-"""`zoi bench --device cuda` on the decode workloads (zoi.bench.decode, issue 14): the zoi-cuda
+"""`zoi bench --device cuda` on the decode workloads (zoi.bench.decode): the zoi-cuda
 provider path on a tiny random decoder (the Triton interpreter in CI; compiled, with CUDA graphs,
 under ZOI_TRITON_COMPILED=1), the row's fields and the JSON around it, provider selection per
 device, and the clear errors (unknown provider, no GPU)."""
@@ -72,7 +72,7 @@ def test_zoi_cuda_row(tiny, tmp_path):
     assert res["streams"] == {"cuda": [1, 2]} and res["new_tokens"] == NEW
     assert {"torch", "triton", "transformers"} <= set(res["versions"])
     assert (res["gpu"] is None) == (not torch.cuda.is_available())
-    # the targets name issue 14's workloads, which this run did not measure
+    # the targets name the decoder's workloads, which this run did not measure
     assert len(res["targets"]) == 2 and all(v is None for v in res["targets"].values())
 
 

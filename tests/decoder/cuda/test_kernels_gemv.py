@@ -1,4 +1,4 @@
-"""The decode kernels of the decoder linear (issue 14: gemv_kernel without tl.dot, mma_kernel on
+"""The decode kernels of the decoder linear (gemv_kernel without tl.dot, mma_kernel on
 K-contiguous W tiles) against a float64 reference of the exact inputs, at awkward shapes (N, K
 not multiples of the tile), M 1 / 3 / 16, every epilogue flag, split-K on and off, outputs
 poisoned with NaN, NaN inputs reaching the outputs; and the config table's rules."""

@@ -1,5 +1,5 @@
 """Which GPU a CudaBackend is built on and bound to (CudaOptions.device_index; zoi.compile /
-zoi.load with device="cuda:N", one engine per GPU for `zoi serve --gpus`, issue 18).
+zoi.load with device="cuda:N", one engine per GPU for `zoi serve --gpus`).
 
 While a backend is built, its GPU is the current device for torch and triton (kernels compile
 and load there, buffers land there, graphs are captured there); the caller's device comes

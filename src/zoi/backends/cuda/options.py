@@ -33,7 +33,7 @@ ROWQ = False
 # (asymmetric or SmoothQuant-transformed: after attention, after ffn1) quantises its fp16 input
 # in its own GEMM (linear QUANT 16: row statistics in a prologue, bit-identical to a quantize
 # launch) instead of a quantize launch before it: small buckets are bound by the launch count
-# (issue 12; lab/gpu/hostpath.py: ~2.2 us a graph node at minilm 1x16). Off: measured slower
+# (lab/gpu/hostpath.py: ~2.2 us a graph node at minilm 1x16). Off: measured slower
 # on the H200 (bench/results/gpu_e2e_small_20261203T1820Z.json, real MiniLM INT8, p50 us at
 # 1x16 / 1x128 / 8x128: 147 / 189 / 271 with the 12 quantize launches, 194 / 239 / 438 folded):
 # the 12 launches cost 27 us at 1x128, but the folded o / ffn2 grew 17 -> 29 and 24 -> 77 us

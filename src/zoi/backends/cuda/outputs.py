@@ -1,4 +1,4 @@
-"""CudaBackend.run_outputs (zoi.backends.base.HeadRunner, issue 20): one forward, then the
+"""CudaBackend.run_outputs (zoi.backends.base.HeadRunner): one forward, then the
 graph's output and taps copied from the arena: per-token logits (token classification),
 SPLADE's fp32 [B, V] rows (pooled on the GPU in the decoder's epilogue: kernels/sparse_pool.py),
 token embeddings;
@@ -14,7 +14,7 @@ from zoi.errors import InputError
 
 
 def run_outputs(be, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
-    """Heads (zoi.backends.base.HeadRunner, issue 20): the graph's output and each buffer of
+    """Heads (zoi.backends.base.HeadRunner): the graph's output and each buffer of
     taps, float32. Per-token logits [T, labels], SPLADE's [B, V] (pooled on the GPU:
     kernels/sparse_pool.py) and taps [T, cols] are copied from the arena after the forward
     (a tap is the input of the graph's last op, intact at the end); pooled rows come back

@@ -1,4 +1,4 @@
-"""The persistent-vs-per-op choice per bucket, remembered across engine builds (issue 12).
+"""The persistent-vs-per-op choice per bucket, remembered across engine builds.
 
 With ``CudaOptions.persistent == "time"`` a bucket small enough for the one-launch forward is
 built both ways, both graphs are timed on the GPU and the faster kept. That doubles the

@@ -50,7 +50,7 @@ def _layers(backend):
         if [x.kind for x in ly] != kinds:
             raise PersistentUnsupported("persistent kernel: layer is not BERT post-LN")
         qkv, att, o, ln1, f1, f2, ln2 = ly
-        if att.op.weights or att.op.attrs.get("window", 0):  # MPNet / ModernBERT (issue 20)
+        if att.op.weights or att.op.attrs.get("window", 0):  # MPNet / ModernBERT
             raise PersistentUnsupported("persistent kernel: attention with a bias, RoPE or window")
         ok = (
             qkv.ins == [prev]

@@ -1,4 +1,4 @@
-"""Asynchronous submit / wait (the Backend protocol's pipelining seam, issue 19): the engine
+"""Asynchronous submit / wait (the Backend protocol's pipelining seam): the engine
 tokenises and packs chunk i+1 while the GPU runs chunk i.
 
 Two ticket slots, each with its own pinned host staging (inputs and output) and its own

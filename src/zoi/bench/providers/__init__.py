@@ -210,7 +210,7 @@ SPECS: list[Spec] = [
         ("zoi",),
         {"device": "cuda", "precision": "int8"},
     ),
-    Spec(  # issue 21: an FP8 GPU (sm_89+) only, so not run unless named
+    Spec(  # an FP8 GPU (sm_89+) only, so not run unless named
         "zoi-cuda-fp8",
         "zoi CUDA FP8 (E4M3)",
         "cuda",

@@ -1,4 +1,4 @@
-"""The decoder on the GPU (issue 14): Triton kernels (kernels_*.py) and CudaDecoderBackend
+"""The decoder on the GPU: Triton kernels (kernels_*.py) and CudaDecoderBackend
 (backend.py), an api.DecoderBackend with a static paged KV pool and CUDA-graph decode steps.
 
 Importing this package imports nothing heavy; ``CudaDecoderBackend`` needs torch + triton at

@@ -1,4 +1,4 @@
-"""CudaDecoderBackend: an api.DecoderBackend on the GPU (issue 14) built from the Triton kernels of
+"""CudaDecoderBackend: an api.DecoderBackend on the GPU built from the Triton kernels of
 this package, on zoi.decoder.paged.PagedBackend's bookkeeping (admission, block tables, finishing).
 
 Construction (torch and triton are tools here, as in the encoder's CUDA backend): the weights are

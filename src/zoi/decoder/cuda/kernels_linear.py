@@ -2,7 +2,7 @@
 arguments, epilogues and split-K (the config's ``kind``, picked per call site in linear_table.py):
 
 * ``linear_kernel`` ("dot"): prefill (M = packed tokens); W tiles read as [BLOCK_K, BLOCK_N].
-* ``gemv_kernel`` ("gemv"): decode at M <= 4 (issue 14): no tl.dot; W tiles [BLOCK_N, BLOCK_K]
+* ``gemv_kernel`` ("gemv"): decode at M <= 4: no tl.dot; W tiles [BLOCK_N, BLOCK_K]
   with K contiguous (16-byte loads of the checkpoint layout), fp32 FMA and a tl.sum over K.
 * ``mma_kernel`` ("mma"): decode at M <= 32: tl.dot on W tiles loaded K-contiguous and transposed.
 

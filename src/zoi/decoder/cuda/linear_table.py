@@ -134,7 +134,7 @@ def decode_rule(M: int, N: int, K: int, sms: int, wbytes: int = 1, swiglu: bool 
 def pick_dot(
     M: int, N: int, K: int, sms: int, wbytes: int = 1, swiglu: bool = False
 ) -> LinearConfig:
-    """The original pick for the "dot" kernel (the only one before issue 14's GEMV): decode
+    """The original pick for the "dot" kernel (the only one before the GEMV kernel): decode
     (M <= 32) gets narrow N tiles and split-K until the grid covers ~2 programs per SM; prefill
     gets 64x64 tiles. The pipeline depth is what fits the shared-memory budget (x is staged as
     fp32 at the RMS sites; wbytes: weight element size)."""

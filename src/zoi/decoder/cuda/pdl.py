@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PDL) for the decoder's kernels (issue 14).
+"""Programmatic dependent launch (PDL) for the decoder's kernels.
 
 A decode step is ~150 small launches in one CUDA graph; without PDL each one starts only after
 the previous grid has finished and its launch latency is paid in full. With PDL (sm_90+; the

@@ -385,13 +385,13 @@ def linear_kernel(
 # INT8 = QUANT 4 (int8 A, asym) with the real epilogues (bias; GELU for ffn1; residual + LN +
 # int8 copy for the LN rows). Times in us per launch, the pick before the sweep -> the winner.
 # A bucket between the measured ones takes the nearest one's (log scale).
-# Twelfth session (bench/results/gpu_sweep_persist_20261203T1417Z.json: INT8 plain / gelu at
+# Persistent-tile sweep, 2026-12-03 (bench/results/gpu_sweep_persist_20261203T1417Z.json: INT8 plain / gelu at
 # 4096 / 32768 tokens, 660 units, 0 wrong): 128x128x128 / 4 warps / 3 stages won the large-M
 # plain sites (minilm qkv 62.1 -> 60.1, o 21.6 -> 20.8, ffn2 46.3 -> 43.1 us; bert-base qkv
 # 158.4 -> 147.8, o 57.1 -> 53.3, ffn2 151.3 -> 128.1 us), entered below. The same sweep
 # timed a persistent variant of this kernel (grid-stride over the output tiles, tile and K
 # loops flattened): it won nowhere by more than 0.5% and lost up to 15% (ffn1 148 vs 131 us),
-# so it was removed again (lab/gpu/NOTES.md, "Twelfth session").
+# so it was removed again (lab/gpu/NOTES.md, "Persistent GEMM tiles").
 _LINEAR = {
     # minilm qkv: v1 -> best us at M=4096 12.9 -> 10.6, M=32768 77.1 -> 62.2
     ("int8", False, 1152, 384): {
