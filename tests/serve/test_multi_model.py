@@ -44,6 +44,7 @@ def two(tmp_path_factory):
     """The bundled MiniLM as `emb` and a random-init BERT cross-encoder (hidden 40) as `ce`."""
     pytest.importorskip("transformers")
     from tests.heads.builders import head_checkpoint
+
     from zoi.engine import default_model_path
 
     folder, _ = head_checkpoint(tmp_path_factory.mktemp("ce"), "bert", "seq", num_labels=1)
