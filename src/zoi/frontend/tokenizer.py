@@ -78,7 +78,9 @@ class Tokenizer:
             try:
                 parsed = json.loads(tokenizer_json)
             except ValueError as e:
-                raise CheckpointError(f"{source}: not a valid tokenizers file (not JSON: {e})") from e
+                raise CheckpointError(
+                    f"{source}: not a valid tokenizers file (not JSON: {e})"
+                ) from e
             cfg = native_config(parsed, max_positions)
             if isinstance(cfg, str):
                 self.fallback_reason = cfg
