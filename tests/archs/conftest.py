@@ -16,7 +16,7 @@ def arch_ckpts(tmp_path_factory):
     cache: dict = {}
 
     def get(arch: str, seed: int = 0, pooling: str | None = "mean", **kw):
-        key = (arch, seed, pooling, tuple(sorted(kw.items())))
+        key = (arch, seed, pooling, repr(sorted(kw.items())))  # values may be dicts (RoPE)
         if key not in cache:
             d = tmp_path_factory.mktemp(f"{arch}-{seed}")
             cache[key] = checkpoint(arch, d, seed=seed, pooling=pooling, **kw)

@@ -1,7 +1,8 @@
 """The architectures on the CUDA backend (issue 20), FP16 and INT8, against the reference engine
 (Triton interpreter on the CPU, compiled on a GPU: scripts/gpu_check.sh): Electra / ALBERT
 (narrower embeddings + a projection), MPNet (relative position bias), ModernBERT (RoPE, GeGLU,
-alternating local / global attention, no position table, pre-norm), and their kernels alone
+alternating local / global attention, no position table, pre-norm), NomicBERT / GTE (RoPE and
+a gated MLP in BERT's post-norm layers), and their kernels alone
 (kernels/attention_ext.py, kernels/glu.py) on awkward shapes, outputs poisoned."""
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def cuda_models(arch_ckpts):
     return get
 
 
-@pytest.mark.parametrize("arch", ["electra", "albert", "mpnet", "modernbert"])
+@pytest.mark.parametrize("arch", ["electra", "albert", "mpnet", "modernbert", "nomic_bert", "gte"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_arch_on_cuda(arch, precision, cuda_models):
     from zoi.backends.arch_support import cuda_missing
@@ -209,7 +210,8 @@ def test_arch_on_cuda(arch, precision, cuda_models):
     assert len(ids) <= BUCKETS[-1] < 2 * len(ids)
     want = ReferenceBackend(model).run(ids, pos, cu, True)  # INT8: the emulation
     be = CudaBackend(model, buckets=BUCKETS)
-    if arch in ("mpnet", "modernbert"):  # the one-launch forward is BERT-only: refused, per-op
+    if arch in ("mpnet", "modernbert", "nomic_bert", "gte"):  # the one-launch forward is
+        # BERT's alone: refused (a bias, RoPE, a window, no position table), the per-op plan runs
         from zoi.backends.cuda.persistent import PersistentUnsupported, _layers
 
         with pytest.raises(

@@ -5,7 +5,9 @@ RoPE would still give plausible vectors).
 The CUDA backend runs BERT-family encoders, Electra / ALBERT (a projection of narrower
 embeddings), MPNet (relative position bias: kernels/attention_ext.py), ModernBERT (RoPE,
 sliding-window local layers, GeGLU: kernels/glu.py, no position table, pre-norm LNs without a
-residual, residual adds on the linears), the decoder architectures run as encoders (Qwen3,
+residual, residual adds on the linears), NomicBERT / GTE (BERT's post-norm layers with RoPE,
+no position table and a SwiGLU / GeGLU MLP: the same kernels), the decoder architectures run
+as encoders (Qwen3,
 Gemma3, Llama, Qwen2, Mistral: RMSNorm and the post-norm residual in kernels/layernorm.py,
 causal / grouped-KV / q-k-norm attention, SwiGLU, embeddings without a norm, last-token
 pooling, sentence-transformers' Dense modules as linears over the pooled rows), and the

@@ -8,7 +8,6 @@ Only safetensors are read: a pickle checkpoint can execute code when loaded.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
-from zoi.frontend import archs_decoder
+from zoi.frontend import archs_decoder, archs_rotary
 from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
@@ -29,9 +28,9 @@ from zoi.frontend.heads import (
     load_score_rows,
     st_head,
 )
-from zoi.frontend.paths import check_file, inside, read_bytes
+from zoi.frontend.paths import check_file, inside, read_json
 from zoi.frontend.safetensors_io import SafetensorsFile
-from zoi.frontend.spec import DECODER_ARCHS, ModelSpec
+from zoi.frontend.spec import DECODER_ARCHS, ROTARY_ARCHS, ModelSpec
 
 SUPPORTED_TYPES = {
     "bert": "bert",
@@ -43,24 +42,11 @@ SUPPORTED_TYPES = {
     "modernbert": "modernbert",
     "electra": "electra",
     "albert": "albert",
+    **archs_rotary.MODEL_TYPES,
     **archs_decoder.MODEL_TYPES,
 }
-SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel, and as encoders LlamaModel, MistralModel, Qwen2Model, Qwen3Model, Gemma3TextModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert, llama, mistral, qwen2, qwen3, gemma3_text)"
+SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel, NomicBertModel, GteModel (and GTE's original NewModel), and as encoders LlamaModel, MistralModel, Qwen2Model, Qwen3Model, Gemma3TextModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert, nomic_bert, gte, new, llama, mistral, qwen2, qwen3, gemma3_text)"
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-
-
-MAX_JSON_BYTES = 256 << 20  # config, index, modules, zoi.json: far below this when sane
-
-
-def read_json(path: Path, folder: Path | None = None) -> Any:
-    """A JSON file: a regular file (never a FIFO), inside `folder` when given, size-capped."""
-    raw = read_bytes(path, MAX_JSON_BYTES, folder)
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    except RecursionError as e:
-        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from e
 
 
 def _field(cfg: dict, path: Path, *names: str, kind: type = int, default: Any = ...) -> Any:
@@ -156,7 +142,7 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
     arch = SUPPORTED_TYPES[mtype]
     if arch in DECODER_ARCHS:
         return _new_arch_spec(folder, cfg, arch)
-    if arch in NEW_ARCHS:
+    if arch in NEW_ARCHS or arch in ROTARY_ARCHS:
         if head_from_config(folder, cfg, arch):
             raise UnsupportedModelError(
                 f"{folder / 'config.json'}: architectures {cfg.get('architectures')}: task heads "
@@ -228,7 +214,8 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
 
 
 def _new_arch_spec(folder: Path, cfg: dict, arch: str) -> ModelSpec:
-    """MPNet / ModernBERT / Electra / ALBERT (zoi.frontend.archs), with the same sanity caps."""
+    """MPNet / ModernBERT / Electra / ALBERT (zoi.frontend.archs), NomicBERT / GTE
+    (zoi.frontend.archs_rotary), the decoder archs, with the same sanity caps."""
     cpath = folder / "config.json"
     # the counts first: a per-layer setting checked against a zero layer count would blame it
     names = _CONFIG_NAMES["bert"]
@@ -236,9 +223,12 @@ def _new_arch_spec(folder: Path, cfg: dict, arch: str) -> ModelSpec:
     _check_sizes(cpath, {k: v for k, v in counts.items() if v is not None}, names)
     if arch in DECODER_ARCHS:
         kw = archs_decoder.spec_fields(arch, cfg, cpath, _field)
+    elif arch in ROTARY_ARCHS:  # sets vocab_size (NomicBERT's original pads it)
+        kw = archs_rotary.spec_fields(arch, cfg, cpath, _field)
     else:
         kw = arch_spec_fields(arch, cfg, cpath, _field, _ACTS)
-    kw["vocab_size"] = _field(cfg, cpath, "vocab_size")
+    if "vocab_size" not in kw:
+        kw["vocab_size"] = _field(cfg, cpath, "vocab_size")
     offset = kw.get("position_offset", 0)
     sizes = {k: kw[k] for k in ("hidden", "layers", "heads", "intermediate", "vocab_size")}
     sizes["max_positions"] = kw["max_positions"] + offset  # the config's own number
@@ -550,6 +540,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         return {**archs_decoder.expected_shapes(spec), **head_shapes(spec)}
     if spec.arch in NEW_ARCHS:
         return arch_expected_shapes(spec)
+    if spec.arch in ROTARY_ARCHS:
+        return archs_rotary.expected_shapes(spec)
     H, I, L = spec.hidden, spec.intermediate, spec.layers
     s: dict[str, tuple[int, ...]] = {
         "embed.word": (spec.vocab_size, H),
@@ -611,6 +603,9 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
         cfg = read_json(folder / "config.json", folder)
         mapping, optional = arch_mapping(spec, cfg)
         shapes = source_shapes(spec)
+    elif spec.arch in ROTARY_ARCHS:  # the names tell the layout (the hub's or transformers')
+        mapping, optional = archs_rotary.mapping(spec, names)
+        shapes = archs_rotary.source_shapes(spec)
     else:
         mapping, shapes = _mapping(spec.arch, spec.layers), expected_shapes(spec)
     prefix = _find_prefix(names, mapping["embed.word"][0])
@@ -667,6 +662,8 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
         return out
     if spec.arch in NEW_ARCHS:
         return derive(spec, out)
+    if spec.arch in ROTARY_ARCHS:
+        return archs_rotary.derive(spec, out)
     out.update(load_head_weights(folder, spec, lambda n: where[n].get(n), set(names), prefix))
     return out
 

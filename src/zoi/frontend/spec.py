@@ -9,6 +9,8 @@ SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu", "silu")  # the FFN activation (`a
 SUPPORTED_POOLING = ("mean", "cls", "max", "last")  # `pooling` (last: the last token)
 # decoder architectures (llama ... gemma3) run as encoders: embedders, rerankers
 DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+# BERT's post-norm layers with RoPE and a gated MLP (zoi.frontend.archs_rotary)
+ROTARY_ARCHS = ("nomic_bert", "gte")
 ARCHS = (
     "bert",
     "distilbert",
@@ -17,6 +19,7 @@ ARCHS = (
     "modernbert",
     "electra",
     "albert",
+    *ROTARY_ARCHS,
     *DECODER_ARCHS,
 )
 NORMS = ("layernorm", "rmsnorm")
@@ -46,6 +49,7 @@ class ModelSpec:
     rel_max_distance: int = 0
     rope_theta: float = 0.0  # ModernBERT: RoPE base of the global layers
     rope_theta_local: float = 0.0  # ... of the local (sliding-window) layers
+    rope_factor: float = 0.0  # linear RoPE scaling: inv_freq / rope_factor (0: none; GTE's NTK)
     local_window: int = 0  # ModernBERT: a local layer's token attends to |i - j| <= local_window
     global_every: int = 0  # ModernBERT: layer i is global when i % global_every == 0
     # decoder architectures (zoi.frontend.archs_decoder; 0 / false / () = absent)
@@ -157,7 +161,7 @@ class ModelSpec:
         for name in ("embed_size", "rel_buckets", "rel_max_distance", "local_window"):
             count(name, 0)
         count("global_every", 0)
-        for name in ("rope_theta", "rope_theta_local"):
+        for name in ("rope_theta", "rope_theta_local", "rope_factor"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e12:
                 raise ValueError(f"{name} must be a number >= 0, got {v!r}")
@@ -169,6 +173,11 @@ class ModelSpec:
                 )
             if self.global_every < 1:
                 raise ValueError(f"global_every must be >= 1, got {self.global_every!r}")
+        if self.arch in ROTARY_ARCHS and (self.rope_theta <= 0 or self.head_dim % 2):
+            raise ValueError(
+                f"{self.arch} needs rope_theta > 0 and an even head_dim, got "
+                f"{self.rope_theta!r} / {self.head_dim}"
+            )
         if self.arch == "mpnet" and (self.rel_buckets < 2 or self.rel_max_distance < 1):
             raise ValueError(
                 f"mpnet needs rel_buckets >= 2 and rel_max_distance >= 1, got "

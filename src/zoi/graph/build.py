@@ -1,10 +1,14 @@
-"""ModelSpec -> Graph (the op list of a BERT-family encoder over packed tokens)."""
+"""ModelSpec -> Graph (the op list of a BERT-family encoder over packed tokens).
+
+NomicBERT / GTE (spec.ROTARY_ARCHS) are the same post-norm layers with other attributes: no
+position table in `embed`, RoPE tables on `attention` (heads x head_dim columns, which need
+not be H), and a gated MLP: `ffn1` writes 2I columns, `glu` (act(gate) * up) feeds `ffn2`."""
 
 from __future__ import annotations
 
 import math
 
-from zoi.frontend.spec import DECODER_ARCHS, ModelSpec
+from zoi.frontend.spec import DECODER_ARCHS, ROTARY_ARCHS, ModelSpec
 from zoi.graph.build_decoder import append_pool, build_decoder
 from zoi.graph.heads import append_head, decoder_with_head, uses_types
 from zoi.graph.ir import Buffer, Graph, Op
@@ -23,6 +27,8 @@ def build_graph(spec: ModelSpec) -> Graph:
     if spec.arch in DECODER_ARCHS:  # with a head (an LLM reranker): zoi.graph.heads
         return decoder_with_head(spec) if spec.head else build_decoder(spec)
     H, I = spec.hidden, spec.intermediate
+    rotary = spec.arch in ROTARY_ARCHS  # RoPE instead of a position table, a gated MLP
+    A = spec.heads * spec.head_dim  # the attention's width (H but for an explicit head_dim)
     bufs: dict[str, Buffer] = {}
     ops: list[Op] = []
 
@@ -55,6 +61,8 @@ def build_graph(spec: ModelSpec) -> Graph:
         return out
 
     ew = {"word": "embed.word", "pos": "embed.pos", "ln_w": "embed.ln.w", "ln_b": "embed.ln.b"}
+    if rotary:
+        del ew["pos"]
     if spec.type_vocab_size:
         ew["type"] = "embed.type"
     E = spec.embed_size or H  # Electra / ALBERT: factorised embeddings, then a projection
@@ -64,13 +72,15 @@ def build_graph(spec: ModelSpec) -> Graph:
     if spec.embed_size:
         x = lin(x, "embed.proj", "x0p", H)
     attn_w = {"rel_bias": "rel_bias"} if spec.rel_buckets else {}  # MPNet
+    if rotary:
+        attn_w = {"rope_cos": "rope.g.cos", "rope_sin": "rope.g.sin"}
     for i in range(spec.layers):
-        qkv = lin(x, f"l{i}.qkv", f"l{i}.qkv_out", 3 * H)
+        qkv = lin(x, f"l{i}.qkv", f"l{i}.qkv_out", 3 * A)
         ops.append(
             Op(
                 "attention",
                 [qkv, "cu_seqlens"],
-                buf(f"l{i}.ctx", H),
+                buf(f"l{i}.ctx", A),
                 dict(attn_w),
                 {
                     "heads": spec.heads,
@@ -81,7 +91,12 @@ def build_graph(spec: ModelSpec) -> Graph:
         )
         ao = lin(f"l{i}.ctx", f"l{i}.o", f"l{i}.attn_out", H)
         x1 = add_ln(ao, x, f"l{i}.ln1", f"l{i}.x1")
-        h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", I, act=spec.act)
+        if rotary:  # act(x1 Wgate) * (x1 Wup): one [2I, H] linear, then the glu op
+            h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", 2 * I)
+            ops.append(Op("glu", [h], buf(f"l{i}.glu", I), {}, {"act": spec.act}))
+            h = f"l{i}.glu"
+        else:
+            h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", I, act=spec.act)
         f = lin(h, f"l{i}.ffn2", f"l{i}.ffn_out", H)
         x = add_ln(f, x1, f"l{i}.ln2", f"l{i}.x2")
     if spec.head:  # a task head (zoi.graph.heads) instead of the embedding pool
