@@ -1,4 +1,4 @@
-"""The `zoi` command line: info, compile, encode, demo, eval, bench, serve, export, deploy."""
+"""The `zoi` command line: info, compile, convert, encode, demo, eval, bench, serve, export, deploy."""
 
 from __future__ import annotations
 
@@ -210,11 +210,22 @@ def _open_engine(args, progress: bool = True):
         device=args.device or "cpu",
         precision=args.precision,
         max_tokens=args.max_tokens,
-        calibration=getattr(args, "calibrate", None),
+        **_calibration_kwargs(args),
         progress=progress,
         **({"pooling": pooling} if pooling is not None else {}),
         **({"task": args.task} if getattr(args, "task", None) else {}),
     )
+
+
+def _calibration_kwargs(args) -> dict:
+    """zoi.compile's calibration / quant_config from --calibrate FILE and --calibration BUDGET
+    (both: the file's texts with the budget's QuantConfig preset)."""
+    texts, budget = getattr(args, "calibrate", None), getattr(args, "calibration", None)
+    if texts is not None and budget is not None:
+        from zoi.quant.config import QuantConfig
+
+        return {"calibration": texts, "quant_config": QuantConfig.preset(budget)}
+    return {"calibration": texts if texts is not None else budget}
 
 
 def cmd_compile(args) -> int:
@@ -227,6 +238,23 @@ def cmd_compile(args) -> int:
     con.print(
         f"weights {mem['weights_bytes'] / 2**20:.1f} MiB, arena {mem['arena_bytes'] / 2**20:.1f} MiB"
     )
+    return 0
+
+
+def cmd_convert(args) -> int:
+    """The folder's PyTorch pickles that zoi reads (BGE-M3's heads, Dense modules) as
+    safetensors, read by torch's weights_only loader in a child process (zoi.frontend.convert)."""
+    from zoi.frontend.convert import convert_folder
+
+    done = convert_folder(args.folder, python=args.python, force=args.force)
+    if not done:
+        print(
+            f"{args.folder}: nothing to convert (no sparse_linear / colbert_linear pickle, no "
+            "Dense module pytorch_model.bin)"
+        )
+    for c in done:
+        shapes = ", ".join(f"{k} {v}" for k, v in c.shapes.items())
+        print(f"{c.status}: {c.dst} (from {c.src.name}: {shapes})")
     return 0
 
 
@@ -593,7 +621,7 @@ def _demo_engine(con, args, precision: str):
 
     if args.no_cache:
         return zoi.compile(device=args.device, precision=precision, progress=True)
-    from zoi.tools.cache import cached_compile
+    from zoi.cache import cached_compile
 
     t0 = time.perf_counter()
     eng, how, entry = cached_compile(device=args.device, precision=precision, progress=True)
@@ -670,7 +698,22 @@ def _add_engine_args(p, with_output: bool) -> None:
     p.add_argument(
         "--calibrate", default=None, metavar="FILE", help="INT8 calibration texts, one per line"
     )
+    _add_calibration_arg(p)
     _add_pooling_arg(p)
+
+
+def _add_calibration_arg(p) -> None:
+    from zoi.quant.config import CALIBRATION_BUDGETS, CALIBRATION_ENV
+
+    p.add_argument(
+        "--calibration",
+        default=None,
+        choices=list(CALIBRATION_BUDGETS),
+        help="INT8 compile budget: fast (least quantiser time), default (meets zoi's fidelity "
+        "targets on all-MiniLM-L6-v2), thorough (SmoothQuant candidates scored with the "
+        f"GPTQ rounding that ships, ~3x the quantiser time); env {CALIBRATION_ENV}; "
+        "docs/QUANT.md",
+    )
 
 
 def _add_pooling_arg(p) -> None:
@@ -709,6 +752,28 @@ def build_parser() -> argparse.ArgumentParser:
         "does (default: what the folder is)",
     )
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert a model folder's PyTorch pickles zoi needs (BGE-M3's sparse_linear.pt / "
+        "colbert_linear.pt, Dense modules) to safetensors, once",
+        description="Reads each pickle with torch's weights_only loader in a child process "
+        "(zoi itself never unpickles) and writes <name>.safetensors beside it, atomically. "
+        "torch is needed for this alone.",
+    )
+    p.add_argument("folder", help="the model folder")
+    p.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="the interpreter whose torch reads the pickles (default: this one)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a safetensors file that differs from its pickle (default: refuse)",
+    )
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("encode", help="embed texts (arguments, --file, or stdin)")
     p.add_argument(
@@ -789,8 +854,27 @@ def build_parser() -> argparse.ArgumentParser:
             m = __import__(mod, fromlist=["register"])
         except ImportError:
             continue
-        m.register(sub)
+        sp = m.register(sub)
+        if mod == "zoi.serve.cli" and sp is not None:
+            _serve_calibration(sp)
     return ap
+
+
+def _serve_calibration(p) -> None:
+    """`zoi serve --calibration BUDGET`: the compile budget of the models it compiles to INT8,
+    passed as $ZOI_CALIBRATION (what zoi.compile and the artifact cache read when no budget is
+    named), so every compile of the server process and its workers uses it."""
+    _add_calibration_arg(p)
+    serve = p.get_default("func")
+
+    def run(args):
+        if getattr(args, "calibration", None):
+            from zoi.quant.config import CALIBRATION_ENV
+
+            os.environ[CALIBRATION_ENV] = args.calibration
+        return serve(args)
+
+    p.set_defaults(func=run)
 
 
 def _version() -> str:

@@ -38,6 +38,7 @@ from zoi.frontend import integrity
 from zoi.frontend.checkpoint import expected_shapes, load_checkpoint, read_json
 from zoi.frontend.hub import model_name as hub_model_name
 from zoi.frontend.hub import resolve_model
+from zoi.frontend.multivector import load_multivector
 from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
@@ -112,6 +113,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     device="reference").
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
+    Or the INT8 compile budget, "fast", "default" or "thorough" (zoi's set, the budget's
+    QuantConfig preset, which a dict quant_config adjusts; None: $ZOI_CALIBRATION, else
+    "default"; docs/QUANT.md). A file named like a budget: pass a Path.
     truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
     pooling: "mean", "cls" or "max" instead of the folder's own (its sentence-transformers
     Pooling config; without one, sentence-transformers' default for a plain folder: mean).
@@ -123,6 +127,11 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     device, device_index = _split_device(device)
     _check_precision(precision, device)
     _check_pooling(pooling)
+    if precision == "int8":  # a mistyped budget is refused before the model loads
+        from zoi.quant.config import budget_in_effect, check_calibration
+
+        check_calibration(calibration)
+        budget_in_effect(calibration)  # $ZOI_CALIBRATION too
     src = resolve_model(path) if path is not None else default_model_path()
     auto_tokens, auto_batch = max_tokens is None, max_batch is None
     max_tokens = _check_count(
@@ -135,7 +144,20 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     steps.step(f"loading {src.name}")
     spec, weights, tok_path = load_checkpoint(src, task=task)
     spec = spec.replace(name=model_name(src))
-    spec, pooling_meta = _choose_pooling(spec, src, pooling, steps)
+    # BGE-M3's sparse / ColBERT heads, a ColBERT checkpoint's projection (docs/MULTIVECTOR.md):
+    # the encoder compiles as an embedding model, the heads stay FP32 beside it
+    mv = load_multivector(src, spec, weights, tok_path)
+    if mv is not None:
+        spec, weights = mv.spec, mv.weights
+    if mv is not None and mv.meta["kind"] == "colbert":
+        if pooling is not None:
+            raise ValueError(
+                f"pooling={pooling!r}: {src.name} is a ColBERT model, which gives one vector "
+                "per token and pools nothing"
+            )
+        pooling_meta = None
+    else:
+        spec, pooling_meta = _choose_pooling(spec, src, pooling, steps)
     if auto_tokens and spec.head:  # SPLADE: the [T, vocab] logits size the arena (zoi.heads)
         max_tokens = _auto_max_tokens(spec, device)
         max_batch = min(max_tokens, DEFAULT_MAX_BATCH) if auto_batch else max_batch
@@ -157,9 +179,14 @@ def compile(  # noqa: A001 - the public name, as torch.compile
 
         quant = fp8_quant(spec)
     steps.step("planning memory")
+    if mv is not None:  # FP32 whatever the precision: zoi.heads.multivector runs them
+        weights = {**weights, **mv.heads}
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model, device)
     model.meta["source"] = str(src)
+    if mv is not None:
+        model.meta["multivector"] = mv.meta
+        model.meta["token_states"] = True  # every call reads them back (zoi.graph.fusion)
     # load() re-derives an automatic max_tokens for the device it loads on (a GPU compile's
     # 32768-token default would give a CPU engine an 8x bigger arena than the CPU default)
     model.meta["max_tokens_auto"] = {"device": device} if auto_tokens else None
@@ -234,6 +261,8 @@ class Engine(HeadsMixin):
             and native.vocab_size <= self.spec.vocab_size
             and self.max_seq_tokens + self.spec.position_offset <= npos
         )
+        if model.meta.get("multivector") is not None:
+            self.multivector  # noqa: B018 - its record checked now (CheckpointError), not at first use
 
     # ---- properties -------------------------------------------------------------------
     @property
@@ -394,6 +423,7 @@ class Engine(HeadsMixin):
         sentences = self._prompted(sentences, prompt, prompt_name)
         if output_value != "sentence_embedding":
             return self._other_output(sentences, output_value, batch_size, truncate)
+        self._check_pooled("encode")  # a ColBERT model has no sentence embedding
         if truncate_dim != 0 and (truncate_dim is not None or self.model.meta.get("truncate_dim")):
             out = self.encode(
                 sentences, batch_size, False, show_progress_bar, truncate, truncate_dim=0, prompt=""
@@ -570,7 +600,7 @@ def _to_torch(torch, emb: np.ndarray, stacked: bool, device):
 
 
 def _version() -> str:
-    from zoi import __version__
+    from zoi._version import __version__
 
     return __version__
 

@@ -29,7 +29,9 @@ a ``linear`` writing a copy
     copy; the output is not the graph's): then a backend may keep those float rows in scratch
     instead of its arena (the CPU core: per-thread rows, ``Engine.add_linear_i8(y_dead=...)``).
     Below that many tokens the consumer's quantise step reads the float rows as usual.
-    ``FusionPolicy.quant_out_only`` False (``ZOI_I8_YSCRATCH=0``) sets it False everywhere.
+    ``FusionPolicy.quant_out_only`` False (``ZOI_I8_YSCRATCH=0``) sets it False everywhere,
+    and so does a model whose meta says ``token_states`` (its callers read the pool's input
+    back on every call: multi-vector heads).
     A permission, not a data flow: a backend that writes the rows anyway (the CUDA backend)
     changes only its memory traffic, and records no fallback for it.
 a ``linear`` followed by the residual ``add_layernorm`` that alone reads it (no residual of its own)
@@ -51,6 +53,7 @@ copy at the consumer / running the LayerNorm on its own, and records that in its
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -122,6 +125,10 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
     policy None: FusionPolicy.from_env(). Raises ValueError for a linear with an unknown INT8
     scheme."""
     policy = policy or FusionPolicy.from_env()
+    if (getattr(model, "meta", None) or {}).get("token_states"):
+        # its callers read the pool's input back on every call (a tap: zoi.heads.multivector),
+        # and the CPU core refuses a tap at the arena offset of a linear output kept in scratch
+        policy = dataclasses.replace(policy, quant_out_only=False)
     g: Graph = model.graph
     ops = g.ops
     for op in ops:

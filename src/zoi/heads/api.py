@@ -1,7 +1,8 @@
 """The Engine's head API (mixed into zoi.engine.Engine): predict / rerank (cross-encoders and
 sequence classifiers, shaped like sentence-transformers' CrossEncoder), predict_tokens / ner
 (token classification, entities as transformers' pipeline), encode_sparse (SPLADE), and the
-per-token hidden states behind encode(output_value="token_embeddings")."""
+per-token hidden states behind encode(output_value="token_embeddings"); encode_multi and the
+multi-vector rerank of BGE-M3 and ColBERT models (zoi.heads.multivector)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from zoi.backends.base import HeadRunner
 from zoi.errors import BackendUnavailableError, HeadError, InputError, NumericalError, ZoiError
 from zoi.frontend.pairs import PairEncoder, check_pairs
 from zoi.frontend.tokenizer import Tokenizer, pack
+from zoi.heads.multivector import MultiVectorMixin
 from zoi.heads.options import EncodeOptionsMixin
 
 
@@ -147,7 +149,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-class HeadsMixin(EncodeOptionsMixin):
+class HeadsMixin(EncodeOptionsMixin, MultiVectorMixin):
     """Needs the Engine's model, spec, tokenizer, backend, _lock, max_tokens, max_batch,
     max_seq_tokens and device."""
 
@@ -324,22 +326,36 @@ class HeadsMixin(EncodeOptionsMixin):
         batch_size: int | None = None,
         activation_fn=None,
         truncation: str = "longest_first",
+        weights=None,
     ) -> list[dict]:
         """Documents ranked by the cross-encoder's score for (query, document), as
-        CrossEncoder.rank: [{"corpus_id", "score"[, "text"]}] best first, top_k of them."""
+        CrossEncoder.rank: [{"corpus_id", "score"[, "text"]}] best first, top_k of them.
+
+        A multi-vector model (docs/MULTIVECTOR.md) ranks by its own score: a ColBERT model by
+        MaxSim (summed over the query vectors); BGE-M3 by its combined score, weights (dense,
+        sparse, colbert) (default 0.4, 0.2, 0.4) divided by their sum, each result also giving
+        "scores" {dense, sparse, colbert}."""
+        cfg = self.multivector
+        if cfg is not None:
+            if activation_fn is not None or truncation != "longest_first":
+                raise ValueError(
+                    "activation_fn and truncation are a cross-encoder's; a multi-vector model "
+                    "encodes the query and the documents apart"
+                )
+            self._mv_need("rerank")
+            return self._mv_rerank(
+                cfg, *self._rerank_args(query, documents, top_k), return_documents, batch_size,
+                weights,
+            )  # fmt: skip
+        if weights is not None:
+            raise ValueError("weights are BGE-M3's (dense, sparse, colbert) modes")
         self._need("rerank", "seq_cls")
         if self.spec.num_labels != 1:
             raise HeadError(
                 f"rerank needs a cross-encoder with one label; {self.spec.name} has "
                 f"{self.spec.num_labels} ({', '.join(self.spec.labels[:5])}): use predict"
             )
-        if not isinstance(query, str):
-            raise TypeError(f"query should be a str, got {type(query).__name__}")
-        docs = Tokenizer.check_texts(documents)
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
-        ):
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        query, docs, top_k = self._rerank_args(query, documents, top_k)
         if not docs:
             return []
         scores = self.predict(
@@ -353,6 +369,17 @@ class HeadsMixin(EncodeOptionsMixin):
                 r["text"] = docs[i]
             out.append(r)
         return out
+
+    @staticmethod
+    def _rerank_args(query, documents, top_k):
+        if not isinstance(query, str):
+            raise TypeError(f"query should be a str, got {type(query).__name__}")
+        docs = Tokenizer.check_texts(documents)
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        return query, docs, top_k
 
     # ---- token classification ------------------------------------------------------------
     def _hf_encode_offsets(self, texts: list[str]):
@@ -430,14 +457,20 @@ class HeadsMixin(EncodeOptionsMixin):
         batch_size: int | None = None,
         dense: bool = False,
         top_k: int | None = None,
+        truncate: bool = True,
     ):
         """SPLADE vectors: per text (indices int32 ascending, values float32 > 0) of
         max over tokens of log1p(relu(MLM logits)); dense=True gives float32 [n, vocab]
-        instead (a str: [vocab]). top_k keeps the k largest values of each text."""
+        instead (a str: [vocab]). top_k keeps the k largest values of each text.
+        BGE-M3 (docs/MULTIVECTOR.md): its lexical weights, the same shapes (token id, weight)."""
+        cfg = self.multivector
+        if cfg is not None and cfg.sparse:
+            self._mv_need("encode_sparse")
+            return self._mv_encode_sparse(texts, batch_size, dense, top_k, truncate)
         self._need("encode_sparse", "splade")
         single = isinstance(texts, str)
         items = Tokenizer.check_texts([texts] if single else texts)
-        ids, pos, cu = self.tokenizer.encode_packed(items, True, max_len=self.max_seq_tokens)
+        ids, pos, cu = self.tokenizer.encode_packed(items, truncate, max_len=self.max_seq_tokens)
         V = self.spec.vocab_size
         full = np.zeros((len(items), V), np.float32) if dense else None
         sparse: list = []

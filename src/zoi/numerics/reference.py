@@ -153,9 +153,14 @@ def attention(
     kv_heads: int = 0,
     causal: bool = False,
     qk_norm: tuple[np.ndarray, np.ndarray, float] | None = None,
+    key_lens: np.ndarray | None = None,
 ) -> np.ndarray:
     """Varlen self-attention over packed sequences. qkv [T, (heads + 2 kv_heads) d] -> ctx
     [T, heads d].
+
+    key_lens [B] (not an IR attribute: zoi.heads.multivector's ColBERT queries whose [MASK]
+    expansion tokens no token attends to, as an attention mask of 0 does in transformers):
+    every query of sequence s sees only its first key_lens[s] keys.
 
     bias [heads, 2P-1] (MPNet's relative position bias): scores[h, i, j] += bias[h, j - i + P - 1];
     window > 0 (ModernBERT's local layers, sliding-window layers): key j is seen by query i only
@@ -188,6 +193,9 @@ def attention(
             sc = np.where(np.abs(ij) <= window, sc, sc.dtype.type(-np.inf))
         if causal:
             sc = np.where(ij <= 0, sc, sc.dtype.type(-np.inf))
+        if key_lens is not None:
+            seen = np.arange(e - a)[None, :] < int(key_lens[s])
+            sc = np.where(seen, sc, sc.dtype.type(-np.inf))
         sc = sc - sc.max(axis=-1, keepdims=True)
         p = np.exp(sc)
         p = p / p.sum(axis=-1, keepdims=True)
@@ -338,8 +346,12 @@ def execute(
     matmul_exact: bool = True,
     types=None,
     store=None,
+    key_lens=None,
 ) -> dict[str, np.ndarray]:
     """Run the op list; returns every buffer by name.
+
+    key_lens: int[B], every attention op's queries of sequence s see only its first
+    key_lens[s] keys (attention()'s key_lens); None: all of them.
 
     types: int32[T] token types for an embed op that reads them (pairs); None: type 0.
 
@@ -385,7 +397,13 @@ def execute(
             env[op.output] = y.astype(dtype)
         elif op.kind == "attention":
             env[op.output] = attention(
-                ins[0], ins[1], a["heads"], a["head_dim"], a["scale"], **attention_extras(op, W)
+                ins[0],
+                ins[1],
+                a["heads"],
+                a["head_dim"],
+                a["scale"],
+                **attention_extras(op, W),
+                key_lens=key_lens,
             )
         elif op.kind == "add_layernorm":
             # one input: a plain LayerNorm (pre-norm, MLM head)

@@ -50,8 +50,18 @@ def need(svc, route: str, *heads: str) -> None:
         raise ApiError(
             "invalid",
             f"{route} needs {a_(want)} model; {svc.model_name} is {a_(HEAD_NAMES[h])} model "
-            f"(its routes: {HEAD_ROUTES[h]})",
+            f"(its routes: {routes_text(svc.engine, h)})",
         )
+
+
+def routes_text(engine, h: str) -> str:
+    """The routes a model answers, for the messages: its head's, and its multi-vector ones
+    (a ColBERT model has no embedding routes)."""
+    from zoi.serve.openapi_heads import multivector_routes
+
+    mv = getattr(engine, "multivector", None)
+    base = "/embed_all" if mv is not None and mv.kind == "colbert" else HEAD_ROUTES[h]
+    return ", ".join([base, *multivector_routes(engine)])
 
 
 class HeadJobs:

@@ -11,7 +11,21 @@ ROUTES_OF = {
     "token_cls": (),
     "splade": ("/embed_sparse",),
 }
-ALL = ("/embed_all", "/rerank", "/predict", "/v1/rerank", "/embed_sparse")
+# the routes of a model with multi-vector / sparse heads (docs/MULTIVECTOR.md), beside its
+# embedding routes: /embed_sparse (BGE-M3's lexical weights), /embed_multivector (ColBERT vectors)
+MULTIVECTOR_ROUTES = ("/embed_sparse", "/embed_multivector")
+ALL = ("/embed_all", "/rerank", "/predict", "/v1/rerank", "/embed_sparse", "/embed_multivector")
+
+
+def multivector_routes(engine) -> tuple[str, ...]:
+    cfg = getattr(engine, "multivector", None)
+    if cfg is None:
+        return ()
+    return tuple(
+        p
+        for p, o in zip(MULTIVECTOR_ROUTES, ("sparse", "colbert"), strict=True)
+        if o in cfg.outputs
+    )
 
 
 def head_operations(head: str, hidden: int) -> dict[str, dict]:
@@ -166,5 +180,26 @@ def head_operations(head: str, hidden: int) -> dict[str, dict]:
                 },
             },
         ),
+        "/embed_multivector": post(
+            "embed_multivector: the ColBERT vectors of each input, one L2-normalised vector per "
+            "token (a query with is_query: its marker and [MASK] expansion)",
+            {
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {"inputs": inputs, "truncate": flag, "is_query": flag},
+            },
+            {"inputs": ["what is zoi?"], "is_query": True},
+            {
+                "type": "array",
+                "items": {
+                    "type": "array",
+                    "items": {"type": "array", "items": {"type": "number"}},
+                    "description": "[vectors][dimensions]",
+                },
+            },
+            tag="zoi",
+        ),
     }
-    return {p: ops[p] for p in ROUTES_OF.get(head, ())}
+    # a multi-vector route is registered only where the model has that output; the document
+    # lists the registered routes alone
+    return {p: ops[p] for p in dict.fromkeys((*ROUTES_OF.get(head, ()), *MULTIVECTOR_ROUTES))}

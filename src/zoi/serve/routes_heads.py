@@ -1,10 +1,11 @@
 """Routes of the task heads (issue 20).
 
-TEI: /rerank, /predict (sequence classification), /embed_sparse (SPLADE), /embed_all (token
-embeddings of an embedding model). Cohere-style /v1/rerank (the shape Jina and vLLM accept
-too). A route whose head the model lacks answers 400 naming the model's head. Pairs and texts
-go through the heads' dynamic batcher (zoi.serve.heads); token embeddings run on a worker
-thread. docs/SERVE.md documents every body.
+TEI: /rerank, /predict (sequence classification), /embed_sparse (SPLADE; BGE-M3's lexical
+weights), /embed_all (token embeddings of an embedding model). Cohere-style /v1/rerank (the
+shape Jina and vLLM accept too). /embed_multivector: the ColBERT vectors of BGE-M3 or a ColBERT
+model. A route whose head the model lacks answers 400 naming the model's head. Pairs and texts
+go through the heads' dynamic batcher (zoi.serve.heads); token embeddings and the multi-vector
+outputs run on a worker thread. docs/SERVE.md documents every body.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from starlette.routing import Route
 from zoi.serve.handler import admitted, json_answer
 from zoi.serve.heads import in_thread, need
 from zoi.serve.http import ApiError, json_response, parse_json, timing_headers
-from zoi.serve.openapi_heads import ALL, ROUTES_OF
+from zoi.serve.openapi_heads import ALL, ROUTES_OF, multivector_routes
 from zoi.serve.routes_tei import ANSWERS as TEI_ANSWERS
 from zoi.serve.routes_tei import _flag, _inputs
 from zoi.serve.service import Service
@@ -203,9 +204,19 @@ def make_routes(svc: Service) -> list[Route]:
         return (out[0] if single else out), res.timings, 0
 
     async def embed_sparse(request, body, t0):
-        need(svc, "/embed_sparse", "splade")
+        lexical = "/embed_sparse" in multivector_routes(svc.engine)
+        if not lexical:
+            need(svc, "/embed_sparse", "splade")
         texts = svc.check_texts(_inputs(body), "inputs")
         truncate = _flag(body, "truncate", svc.config.auto_truncate)
+        if lexical:  # BGE-M3: its heads run on the host after the forward, on a worker thread
+            rows = await in_thread(svc.engine.encode_sparse, texts, None, False, None, truncate)
+            svc.metrics.inputs.inc(len(texts))
+            out = [
+                [{"index": int(i), "value": float(v)} for i, v in zip(idx, val, strict=True)]
+                for idx, val in rows
+            ]
+            return out, None, sum(len(x) for x in out)
         seqs, tok_s = await svc.heads.text_seqs(texts, truncate)
         res = await svc.heads.run(request, seqs, tok_s, t0)
         out = []
@@ -230,19 +241,41 @@ def make_routes(svc: Service) -> list[Route]:
         svc.metrics.request_tokens.inc(ntok)
         return list(embs), None, floats
 
+    async def embed_multivector(request, body, t0):
+        texts = svc.check_texts(_inputs(body), "inputs")
+        truncate = _flag(body, "truncate", svc.config.auto_truncate)
+        is_query = _flag(body, "is_query", False)
+        eng = svc.engine
+        # the answer (vectors x dimensions floats) bounded before the model runs
+        lens = await in_thread(eng.multivector_lengths, texts, is_query, truncate)
+        dim = eng.multivector.colbert_dim
+        floats = int(lens.sum()) * dim
+        svc.check_output(floats, f"{int(lens.sum()):,} vectors x {dim} dimensions", "inputs")
+        vecs = await in_thread(eng.encode_multi, texts, "colbert", is_query, None, truncate)
+        svc.metrics.inputs.inc(len(texts))
+        svc.metrics.request_tokens.inc(int(lens.sum()))
+        return list(vecs), None, floats
+
     fns = {
         "/rerank": rerank,
         "/predict": predict,
         "/embed_sparse": embed_sparse,
         "/embed_all": embed_all,
         "/v1/rerank": cohere_rerank,
+        "/embed_multivector": embed_multivector,
     }
-    mine = ROUTES_OF.get(getattr(svc.engine, "head", ""), ())
-    return [Route(p, handler(fns[p]), methods=["POST"]) for p in mine]
+    mine = ROUTES_OF.get(getattr(svc.engine, "head", ""), ()) + multivector_routes(svc.engine)
+    return [Route(p, handler(fns[p]), methods=["POST"]) for p in dict.fromkeys(mine)]
 
 
 def absent(svc: Service, path: str):
     """A head route this model has not (not registered): 404 naming the model's head."""
+    if path == "/embed_multivector":
+        msg = (
+            f"/embed_multivector needs a model with ColBERT vectors (BGE-M3, a ColBERT "
+            f"checkpoint); {svc.model_name} has none"
+        )
+        return json_response({"error": msg, "error_type": "Validation"}, 404)
     wants = {"/embed_all": ("",), "/rerank": ("seq_cls",), "/predict": ("seq_cls",),
              "/v1/rerank": ("seq_cls",), "/embed_sparse": ("splade",)}  # fmt: skip
     try:

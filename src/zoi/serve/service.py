@@ -367,6 +367,13 @@ class Service(Admission):
             from zoi.serve.heads import need
 
             need(self, "this route", "")
+        mv = getattr(self.engine, "multivector", None) if batcher is None else None
+        if mv is not None and mv.kind == "colbert":
+            raise ApiError(
+                "invalid",
+                f"{self.model_name} is a ColBERT model: one vector per token, no sentence "
+                "embedding (its routes: /embed_multivector, /embed_all)",
+            )
         batcher = batcher or self.batcher
         t_start = time.perf_counter() if t_start is None else t_start
         ntok = int(sum(len(s) for s in seqs))
