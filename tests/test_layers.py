@@ -196,3 +196,75 @@ def test_an_import_against_the_layers_is_caught(module, source):
 )
 def test_an_import_along_the_layers_passes(module, source):
     assert violations(module, source) == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the zoi modules it imports (lazy imports included; a package's name stands
+    for its __init__)."""
+    mods = _known_modules()
+    graph: dict[str, set[str]] = {}
+    for p in _sources():
+        m = module_name(p)
+        out = set()
+        for _, n in imported_names(m, p.read_text(encoding="utf-8"), p.name == "__init__.py"):
+            while n and n not in mods:
+                n = n.rsplit(".", 1)[0] if "." in n else ""
+            if n and n != m:
+                out.add(n)
+        graph[m] = out
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a circle (lazy imports count: a
+    circle hidden inside a function is still two modules that cannot be read apart)."""
+    cycles = import_cycles(_module_graph())
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_one():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(g) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []

@@ -15,19 +15,9 @@ from zoi.errors import BackendUnavailableError, HeadError, InputError, Numerical
 from zoi.frontend.pairs import PairEncoder, check_pairs
 from zoi.frontend.tokenizer import Tokenizer, pack
 from zoi.heads.multivector import MultiVectorMixin
+from zoi.heads.names import HEAD_NAMES, a_, score_pooling
 from zoi.heads.options import EncodeOptionsMixin
 
-
-def a_(what: str) -> str:
-    return ("an " if what[:1] in "aeiou" else "a ") + what
-
-
-HEAD_NAMES = {
-    "": "embedding (no task head)",
-    "seq_cls": "sequence classification (cross-encoder)",
-    "token_cls": "token classification",
-    "splade": "SPLADE sparse (masked-LM)",
-}
 ACTIVATIONS = ("sigmoid", "softmax", "identity")
 SPLADE_ARENA_BYTES = 256 << 20  # default cap of the [max_tokens, vocab] logits buffer
 
@@ -66,14 +56,6 @@ def head_backend(model, device: str, device_index: int | None = None):
 
         return HybridHeadRunner(model, functools.partial(make_backend, device_index=device_index))
     return None
-
-
-def score_pooling(spec) -> str:
-    """The pooling of a head model's encoder as an embedding model: the rows its head reads
-    ([CLS] for a seq_cls classifier, the last token for an LLM reranker)."""
-    if spec.head != "seq_cls":
-        return spec.pooling
-    return "last" if spec.score_tokens else "cls"
 
 
 def score_of(spec, logits: np.ndarray) -> np.ndarray:

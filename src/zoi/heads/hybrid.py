@@ -19,7 +19,7 @@ import numpy as np
 from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
 from zoi.graph.heads import uses_types
-from zoi.heads.api import score_pooling
+from zoi.heads.names import score_pooling
 from zoi.numerics.reference import activation, linear_apply
 
 

@@ -56,7 +56,7 @@ class EncodeOptionsMixin:
     def _prompted(self, sentences, prompt, prompt_name):
         if self.spec.head:
             from zoi.errors import HeadError
-            from zoi.heads.api import HEAD_NAMES, a_
+            from zoi.heads.names import HEAD_NAMES, a_
 
             calls = {"seq_cls": "predict / rerank", "token_cls": "predict_tokens / ner",
                      "splade": "encode_sparse"}[self.spec.head]  # fmt: skip

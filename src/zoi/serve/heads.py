@@ -44,7 +44,7 @@ def need(svc, route: str, *heads: str) -> None:
     h = getattr(svc.engine, "head", "")
     if h not in heads:
         from zoi.heads import HEAD_NAMES
-        from zoi.heads.api import a_
+        from zoi.heads.names import a_
 
         want = " or ".join(HEAD_NAMES[x] for x in heads)
         raise ApiError(

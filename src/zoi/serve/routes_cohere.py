@@ -77,15 +77,7 @@ def make_routes(svc: Service) -> list[Route]:
         body = parse_json(raw)
         if not isinstance(body, dict):
             raise ApiError("validation", "request body should be a JSON object")
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ApiError("validation", "model should be a string", "model")
-        if model and model != svc.model_name:
-            raise ApiError(
-                "not_found",
-                f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
-                "model",
-            )
+        svc.check_model(body.get("model"))
         if "images" in body or "inputs" in body:
             raise ApiError("invalid", "this model embeds text: send `texts`", "texts")
         texts = body.get("texts")

@@ -106,15 +106,7 @@ def make_routes(svc: Service) -> list[Route]:
 
     async def cohere_rerank(request, body, t0):
         need(svc, "/v1/rerank", "seq_cls")
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ApiError("validation", "model should be a string", "model")
-        if model and model != svc.model_name:
-            raise ApiError(
-                "not_found",
-                f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
-                "model",
-            )
+        svc.check_model(body.get("model"))
         query = _str(body, "query", svc.max_input_chars)
         docs = body.get("documents")
         if not isinstance(docs, list):

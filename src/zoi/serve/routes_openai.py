@@ -83,15 +83,7 @@ def make_routes(svc: Service) -> list[Route]:
             raise ApiError("validation", "request body should be a JSON object")
         if "input" not in body:
             raise ApiError("validation", "missing required field 'input'", "input")
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ApiError("validation", "model should be a string", "model")
-        if model and model != svc.model_name:
-            raise ApiError(
-                "not_found",
-                f"the model {model!r} does not exist; this server serves {svc.model_name!r}",
-                "model",
-            )
+        svc.check_model(body.get("model"))
         fmt = body.get("encoding_format")
         if fmt is None:  # absent or null: the default
             fmt = "float"

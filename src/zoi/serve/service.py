@@ -311,6 +311,18 @@ class Service(Admission):
         self.metrics.tokenization_duration.observe(dt)
         return seqs, dt
 
+    def check_model(self, model) -> None:
+        """A request's `model` field: absent, empty or this server's name; else 404 (422 for
+        a non-string)."""
+        if model is not None and not isinstance(model, str):
+            raise ApiError("validation", "model should be a string", "model")
+        if model and model != self.model_name:
+            raise ApiError(
+                "not_found",
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                "model",
+            )
+
     def prompts(self) -> dict[str, str]:
         """The model's named prompts (config_sentence_transformers.json), {} if none."""
         meta = getattr(getattr(self.engine, "model", None), "meta", None) or {}
