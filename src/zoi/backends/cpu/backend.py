@@ -330,6 +330,12 @@ class CpuBackend(SyncSubmit):
         tap_off, tap_out = -1, None
         for name in taps:
             b = self.model.graph.buffers[name]
+            producer = next((op for op in self.model.graph.ops if op.output == name), None)
+            if producer is not None and producer.attrs.get("quant_out_only", False):
+                raise ValueError(
+                    f"{name} is the float output of an INT8 linear that only quantises it for the "
+                    "next one (its rows are not kept); compile without that fusion to read it"
+                )
             tap_off, tap_out = (
                 self.model.plan.offsets[name],
                 np.empty((len(ids), b.cols), np.float32),
