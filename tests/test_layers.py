@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("zoi",)),  # the package root: zoi.compile / zoi.load / zoi.Engine
     ("surfaces", ("zoi.serve", "zoi.bench", "zoi.tools")),
     ("scale-out", ("zoi.integrations",)),  # Triton / Ray: builds on zoi.serve and zoi.bench
-    ("cli", ("zoi.cli", "zoi.__main__")),
+    ("cli", ("zoi.cli",)),
+    ("python -m zoi", ("zoi.__main__",)),  # runs the cli
 )
 
 # inside a unit: these submodules do not import each other (each backend stands alone;

@@ -162,6 +162,8 @@ def cmd_info(args) -> int:
         t.add_row("tokenizer", _tokenizer_kind(Path(folder), spec.max_positions))
         con.print(t)
         return 0
+    if args.archs:
+        return _print_archs(con, args.json)
     info = system_info()
     if args.json:
         print(json.dumps(info, indent=1))
@@ -182,6 +184,26 @@ def cmd_info(args) -> int:
     )
     t.add_row("triton", info["triton"] or "not installed")
     t.add_row("tokenizer", info["tokenizer"])
+    con.print(t)
+    return 0
+
+
+def _print_archs(con, as_json: bool) -> int:
+    """The architectures zoi compiles, the precisions per device and the outputs."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from zoi.frontend.catalog import rows
+
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows()], indent=1))
+        return 0
+    t = Table(title="architectures (interpreter: checked under the Triton interpreter only)")
+    for col in ("architecture", "model_type", "e.g.", "CPU", "CUDA", "outputs"):
+        t.add_column(col, overflow="fold")
+    for r in rows():
+        t.add_row(r.arch, ", ".join(r.model_types), r.examples, r.cpu, r.cuda, ", ".join(r.outputs))
     con.print(t)
     return 0
 
@@ -737,6 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="machine, ISA, GPU; or a model folder / artifact")
     p.add_argument("path", nargs="?", help="a model folder or zoi artifact")
+    p.add_argument(
+        "--archs", action="store_true", help="the architectures zoi runs, per device and output"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 

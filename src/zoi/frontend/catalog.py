@@ -1,0 +1,150 @@
+"""What runs where: one row per architecture zoi compiles, with the precisions of each device and
+the outputs (`zoi info --archs`, the README's table). tests/test_catalog.py checks that every
+architecture the checkpoint loader accepts has a row, so a new one cannot go unlisted.
+
+"interpreter" marks what is checked under the Triton interpreter only (the kernels' numbers
+are the compiled ones' on a GPU; the compiled run is scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BERT_HEADS = (
+    "embeddings",
+    "token embeddings",
+    "rerank / classify",
+    "NER",
+    "SPLADE",
+    "ColBERT",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    arch: str  # ModelSpec.arch
+    model_types: tuple[str, ...]  # config.json model_type values
+    examples: str
+    cpu: str
+    cuda: str
+    outputs: tuple[str, ...]
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "bert",
+        ("bert",),
+        "all-MiniLM-L6-v2, BGE / E5 small-base",
+        "FP32, INT8",
+        "FP16, INT8",
+        BERT_HEADS,
+    ),
+    Row(
+        "distilbert",
+        ("distilbert",),
+        "msmarco-distilbert",
+        "FP32, INT8",
+        "FP16, INT8",
+        BERT_HEADS[:5],
+    ),
+    Row(
+        "roberta",
+        ("roberta", "xlm-roberta", "camembert"),
+        "all-roberta, BGE-M3, XLM-R",
+        "FP32, INT8",
+        "FP16, INT8 (BGE-M3 / ColBERT heads: CPU)",
+        (*BERT_HEADS, "BGE-M3 dense + sparse + ColBERT"),
+    ),
+    Row(
+        "mpnet",
+        ("mpnet",),
+        "all-mpnet-base-v2",
+        "FP32, INT8",
+        "FP16, INT8",
+        ("embeddings", "token embeddings"),
+    ),
+    Row(
+        "modernbert",
+        ("modernbert",),
+        "ModernBERT-base embedders",
+        "FP32, INT8",
+        "FP16, INT8",
+        ("embeddings", "token embeddings"),
+    ),
+    Row(
+        "electra",
+        ("electra",),
+        "Electra embedders",
+        "FP32, INT8",
+        "FP16, INT8",
+        ("embeddings", "token embeddings"),
+    ),
+    Row(
+        "albert",
+        ("albert",),
+        "paraphrase-albert",
+        "FP32, INT8",
+        "FP16, INT8",
+        ("embeddings", "token embeddings"),
+    ),
+    Row(
+        "nomic_bert",
+        ("nomic_bert",),
+        "nomic-embed-text v1 / v1.5",
+        "FP32, INT8",
+        "FP16, INT8 (interpreter)",
+        ("embeddings", "token embeddings", "prompts"),
+    ),
+    Row(
+        "gte",
+        ("gte", "new"),
+        "gte-base-en-v1.5, gte-multilingual-base",
+        "FP32, INT8",
+        "FP16, INT8 (interpreter)",
+        ("embeddings", "token embeddings"),
+    ),
+    Row(
+        "qwen3",
+        ("qwen3",),
+        "Qwen3-Embedding, Qwen3-Reranker",
+        "FP32, INT8",
+        "FP16, INT8 (INT8: interpreter)",
+        ("embeddings (last token)", "LLM rerank", "prompts"),
+    ),
+    Row(
+        "gemma3",
+        ("gemma3_text",),
+        "EmbeddingGemma-300m",
+        "FP32, INT8",
+        "FP16, INT8 (INT8: interpreter)",
+        ("embeddings (+ Dense)", "prompts"),
+    ),
+    Row(
+        "qwen2",
+        ("qwen2",),
+        "gte-Qwen2 style embedders",
+        "FP32, INT8",
+        "FP16, INT8 (INT8: interpreter)",
+        ("embeddings", "LLM rerank"),
+    ),
+    Row(
+        "llama",
+        ("llama",),
+        "Llama-based embedders",
+        "FP32, INT8",
+        "FP16, INT8 (INT8: interpreter)",
+        ("embeddings", "LLM rerank"),
+    ),
+    Row(
+        "mistral",
+        ("mistral",),
+        "E5-Mistral style embedders",
+        "FP32, INT8",
+        "FP16, INT8 (INT8: interpreter)",
+        ("embeddings", "LLM rerank"),
+    ),
+)
+
+
+def rows() -> tuple[Row, ...]:
+    return ROWS
