@@ -131,7 +131,7 @@ def test_encode_refuses_unknown_output_extension(small_bert, tmp_path, capsys, n
 
 
 def test_info_quant_details_not_cut(int8_art, capsys, monkeypatch):
-    from zoi.cli import quant_details
+    from zoi.tools.info import quant_details
 
     art, _ = int8_art
     monkeypatch.setenv("COLUMNS", "400")
