@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("quant", ("zoi.quant",)),  # calibrates and searches on the backends' own kernels
     ("heads", ("zoi.heads",)),  # task heads' API: the Engine mixes it in
     ("pipeline", ("zoi.pipeline",)),  # the chunk loop on submit / wait
-    ("engine parts", ("zoi.compile_checks", "zoi.savefiles")),  # the compile's checks, safe saves
+    # the compile's checks, safe saves, the task adapters' engine side
+    ("engine parts", ("zoi.compile_checks", "zoi.savefiles", "zoi.adapters")),
     ("engine", ("zoi.engine", "zoi.decoder")),  # encoders; decoders (zoi/decoder/api.py)
     ("entry points", ("zoi.api",)),  # which compiler a folder goes to
     ("artifact cache", ("zoi.cache",)),  # compile once per model and options (demo, serve)
@@ -269,3 +270,15 @@ def test_the_cycle_finder_finds_one():
     g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert import_cycles(g) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+MAX_LINES = 800  # a module longer than this does more than one thing: split it
+
+
+def test_no_module_over_the_line_limit():
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in _sources()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
