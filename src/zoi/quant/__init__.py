@@ -10,8 +10,10 @@ The one entry point the engine calls (zoi.engine.compile with precision="int8"):
     report: dict = {}
     weights_q, q = quant.quantize_model(
         spec, weights, tokenizer,          # ModelSpec, float32 weights (our names), zoi Tokenizer
-        calibration=None,                  # list[str] or a file path; None -> zoi.data.calibration_texts()
-        config=None,                       # QuantConfig | dict | None (defaults below)
+        calibration=None,                  # list[str] or a file path; None -> zoi.data.calibration_texts();
+                                           # or a budget, "fast" | "default" | "thorough"
+        config=None,                       # QuantConfig | dict | None: the budget's preset
+                                           # (QuantConfig.preset), a dict's fields on top
         progress=False,                    # tqdm bars on stderr
         graph=None,                        # the Graph; None -> zoi.graph.build_graph(spec)
         report=report,                     # optional dict, filled with the summary (JSON-able)
@@ -102,12 +104,19 @@ def quantize_model(
 ) -> tuple[dict, dict]:
     """Calibrate, smooth, quantise and choose per-layer precision. See the module doc.
 
+    calibration: texts, a file of texts, or a compile budget ("fast" | "default" |
+    "thorough", zoi.quant.config.CALIBRATION_BUDGETS; None: $ZOI_CALIBRATION, else
+    "default"), which picks the QuantConfig preset that `config` (a dict) adjusts.
     features: what the target backend runs (zoi.quant.config.FEATURES); None = everything.
     The config is narrowed to it (QuantConfig.restricted_to) so the artifact never needs a
     feature the backend lacks."""
+    from zoi.quant.config import check_calibration, config_for, is_budget
     from zoi.quant.pipeline import run_pipeline
 
-    cfg = QuantConfig.coerce(config)
+    check_calibration(calibration)
+    cfg = config_for(calibration, config)
+    if is_budget(calibration):  # a budget, not texts: zoi's calibration set
+        calibration = None
     if features is not None:
         cfg = cfg.restricted_to(features)
     if graph is None:

@@ -9,6 +9,20 @@ ACT_SCHEMES = ("dynamic", "dynamic_asym", "static")
 # {"dynamic", "static"}; the defaults need "dynamic_asym" and "act_mul"
 FEATURES = ("dynamic", "static", "dynamic_asym", "act_mul", "act_shift", "weight_only")
 SMOOTH_MODES = ("auto", "on", "off")
+SEARCH_ROUNDINGS = ("plain", "gptq")
+# the compile budgets (`zoi compile --calibration`, `zoi.compile(calibration=...)`): presets
+# of the fields below (QuantConfig.preset); docs/QUANT.md, "Calibration budgets"
+CALIBRATION_BUDGETS = ("fast", "default", "thorough")
+CALIBRATION_ENV = "ZOI_CALIBRATION"  # the budget when none is given (zoi serve's option)
+_PRESETS: dict[str, dict] = {
+    # the search on half the texts, no per-role refinement, SQNR on half the texts:
+    # about 0.6x of the default's quantiser time, fidelity a little under the default's
+    "fast": {"search_texts": 160, "search_texts_wide": 80, "sqnr_texts": 64, "alpha_step": 0.0},
+    "default": {},
+    # every SmoothQuant candidate scored with the GPTQ rounding that ships, on twice the
+    # texts: the search sees the weights the artifact will hold (about 3x the quantiser time)
+    "thorough": {"search_rounding": "gptq", "search_texts": 480, "search_texts_wide": 320},
+}
 
 
 @dataclass
@@ -55,10 +69,30 @@ class QuantConfig:
     # the alpha search uses search_texts of them, shared by the domains (issue 21: 512 / 96
     # left the prose min and three domains' top-10 under target on MiniLM, docs/QUANT.md)
     max_calib_texts: int = 1024
-    search_texts: int = 160
+    search_texts: int = 320
+    # ... for a model wider than 512 (all-mpnet-base-v2: hidden 768): each candidate's engine
+    # run costs ~hidden**2 per token, 4x MiniLM's, so half the texts keep its compile in budget
+    search_texts_wide: int = 160
     sqnr_texts: int = 128
     chunk_tokens: int = 4096
+    # how the SmoothQuant search rounds each candidate's weights: "plain" (to nearest: cheap,
+    # but it overstates the weight error of the larger alphas, which GPTQ then mostly
+    # removes, so it leans to small alphas) or "gptq" (the rounding that ships; each
+    # (linear, alpha) rounded once and kept, the chosen candidate's integers are the artifact's)
+    search_rounding: str = "plain"
+    # the search's score per domain (the worst domain counts): "pairs", the RMS change of
+    # the texts' pairwise cosine similarities (what reorders neighbours: top-10 agreement), or
+    # "cos", mean(1 - cos) + the mean of the worst 2% (each text's own embedding error)
+    search_score: str = "pairs"
+    # the budget this config was made for (QuantConfig.preset); recorded in the artifact
+    calibration: str = "default"
     extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def preset(cls, budget: str = "default", **fields) -> QuantConfig:
+        """The config of a compile budget ("fast" | "default" | "thorough"), `fields` on top."""
+        check_budget(budget)
+        return cls(**{**_PRESETS[budget], "calibration": budget, **fields}).validate()
 
     def validate(self) -> QuantConfig:
         if self.activations not in ACT_SCHEMES:
@@ -83,6 +117,13 @@ class QuantConfig:
             raise ValueError(
                 f"gptq_weighting must be one of {GRAM_WEIGHTS}, got {self.gptq_weighting!r}"
             )
+        if self.search_rounding not in SEARCH_ROUNDINGS:
+            raise ValueError(
+                f"search_rounding must be one of {SEARCH_ROUNDINGS}, got {self.search_rounding!r}"
+            )
+        if self.search_score not in ("pairs", "cos"):
+            raise ValueError(f"search_score must be 'pairs' or 'cos', got {self.search_score!r}")
+        check_budget(self.calibration)
         if self.smooth_alpha is not None and not 0.0 <= self.smooth_alpha <= 1.0:
             raise ValueError("smooth_alpha must lie in [0, 1]")
         return self
@@ -135,3 +176,78 @@ class QuantConfig:
         if isinstance(c, dict):
             return cls.from_dict(c)
         raise TypeError(f"quant_config must be a QuantConfig or a dict, got {type(c).__name__}")
+
+
+def check_budget(budget) -> str:
+    if budget not in CALIBRATION_BUDGETS:
+        raise ValueError(
+            f"calibration budget must be one of {', '.join(CALIBRATION_BUDGETS)}, got {budget!r}"
+        )
+    return budget
+
+
+def is_budget(calibration) -> bool:
+    """calibration names a budget (a str of CALIBRATION_BUDGETS), not texts or a file."""
+    return isinstance(calibration, str) and calibration in CALIBRATION_BUDGETS
+
+
+def check_calibration(calibration) -> None:
+    """Refuse, before anything is loaded, a calibration that is neither a budget name, nor
+    texts, nor an existing file of texts (a str that is none: most likely a mistyped budget)."""
+    import os
+
+    if calibration is None or is_budget(calibration):
+        return
+    if isinstance(calibration, str) and not os.path.isfile(calibration):
+        raise ValueError(
+            f"calibration={calibration!r}: not a budget ({', '.join(CALIBRATION_BUDGETS)}) "
+            "and no such file of calibration texts"
+        )
+
+
+def budget_in_effect(calibration=None, environ=None) -> str:
+    """The budget a compile with this `calibration` argument uses: its name, else
+    $ZOI_CALIBRATION, else "default" (checked)."""
+    import os
+
+    if is_budget(calibration):
+        return calibration
+    env = (os.environ if environ is None else environ).get(CALIBRATION_ENV, "").strip()
+    if env:
+        try:
+            return check_budget(env)
+        except ValueError as e:
+            raise ValueError(f"${CALIBRATION_ENV}: {e}") from None
+    return "default"
+
+
+def config_for(calibration=None, config=None) -> QuantConfig:
+    """The QuantConfig of a compile: the budget's preset (`budget_in_effect`) with a dict
+    config's fields on top; a QuantConfig is taken as it is (it carries its own budget, and
+    naming another one beside it is refused)."""
+    if isinstance(config, QuantConfig):
+        if is_budget(calibration) and calibration != config.calibration:
+            raise ValueError(
+                f"calibration={calibration!r} with a QuantConfig made for "
+                f"{config.calibration!r}: pass QuantConfig.preset({calibration!r}, ...) or a "
+                "dict of the fields to change"
+            )
+        return config.validate()
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(
+            f"quant_config must be a QuantConfig or a dict, got {type(config).__name__}"
+        )
+    budget = budget_in_effect(calibration)
+    d = dict(config or {})
+    if "calibration" in d:  # a dict may name its budget itself
+        budget = check_budget(d.pop("calibration"))
+        if is_budget(calibration) and calibration != budget:
+            raise ValueError(
+                f"calibration={calibration!r} and quant_config calibration={budget!r} disagree"
+            )
+    base = QuantConfig.preset(budget).to_dict()
+    unknown = set(d) - set(base)
+    if unknown:
+        raise ValueError(f"unknown QuantConfig fields: {sorted(unknown)}")
+    base.update(d)
+    return QuantConfig.from_dict(base)

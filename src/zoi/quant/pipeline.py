@@ -53,6 +53,8 @@ from zoi.quant.smoothquant import (
 FP32_BATCH_TOKENS = 2048
 
 LN_KINDS = ("add_layernorm", "layernorm", "embed")
+# past this hidden size the search uses QuantConfig.search_texts_wide texts
+WIDE_HIDDEN = 512
 
 
 def _domain_groups(labels) -> dict[str, list[int]]:
@@ -75,9 +77,25 @@ def _spread_per_domain(groups: dict[str, list[int]], total: int) -> list[int]:
     return sorted(out)
 
 
-def worst_domain_error(out: np.ndarray, ref: np.ndarray, labels) -> float:
-    """The search's score: the largest embedding_error over the domains of the texts."""
-    return max(embedding_error(out[ix], ref[ix])[0] for ix in _domain_groups(labels).values())
+def worst_domain_error(out: np.ndarray, ref: np.ndarray, labels, score: str = "cos") -> float:
+    """The search's score: the largest error over the domains of the texts, each domain's
+    embedding_error ("cos") or pair_error ("pairs")."""
+    f = pair_error if score == "pairs" else (lambda o, r: embedding_error(o, r)[0])
+    return max(f(out[ix], ref[ix]) for ix in _domain_groups(labels).values())
+
+
+def pair_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """RMS over the pairs of texts (i != j) of the change of their cosine similarity,
+    out_i . out_j - ref_i . ref_j (rows L2-normalised): what reorders neighbours (top-10
+    agreement). An error along a text's own direction, or orthogonal to the others, costs
+    1 - cos but reorders nothing; one towards another text's direction does."""
+    n = len(out)
+    if n < 2:
+        return embedding_error(out, ref)[0]
+    o, r = out.astype(np.float64), ref.astype(np.float64)
+    d = o @ o.T - r @ r.T  # symmetric, diagonal ~0; BLAS single-threaded (the same bits)
+    np.fill_diagonal(d, 0.0)
+    return float(np.sqrt(fixed_sum((d * d).ravel()[None, :], 1)[0] / (n * (n - 1))))
 
 
 def embedding_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, np.ndarray]:
@@ -131,29 +149,54 @@ def _spill_grams(st: dict, spill_dir: str) -> None:
             s.gram = None
 
 
+def _gptq_job(cfg, st, shifts, factors, used):
+    """(p, smoothed float w) -> GPTQ's (w_q, w_scale) of linear p under the smoothing
+    (factors, used); None where p has no Gram (plain rounding then)."""
+
+    def job(p, w):
+        if not (cfg.gptq and (st[p].gram is not None or st[p].gram_file)):
+            return None
+        return gptq_quantize(
+            w,
+            _transform_gram(  # a new array, GPTQ's to overwrite and free
+                st[p],
+                shifts.get(p) if used.get(p) == "act" else None,
+                factors.get(p) if p in used else None,
+            ),
+            cfg.gptq_damp,
+            act_order=cfg.gptq_act_order,
+            overwrite=True,
+        )
+
+    return job
+
+
 def _round_weights(cfg, st, cands, alphas, shifts, factors, used, qw, progress) -> None:
     """Step 3: per-channel INT8 weights of every linear into qw (GPTQ where a Gram exists),
     each linear's smoothed float weights made for its job alone; two linears at a time
-    (zoi.quant.blas: single-threaded BLAS each, the same bits)."""
+    (zoi.quant.blas: single-threaded BLAS each, the same bits). A search that rounded its
+    candidates with GPTQ already holds the chosen candidate's integers: they are taken as
+    they are (the same computation, so the same bytes)."""
     from tqdm.auto import tqdm
+
+    if cands.rounder is not None and cfg.gptq:
+        for p in cands.prefixes:
+            ent = cands.cache.get(cands.key(p, alphas))
+            if ent is None:  # alphas given (QuantConfig.extra) rather than searched
+                break
+        else:
+            for p in cands.prefixes:
+                qw.update(cands.cache[cands.key(p, alphas)])
+                qw.pop(p + ".w", None)
+            return
+
+    gptq_of = _gptq_job(cfg, st, shifts, factors, used)
 
     def job(p):
         ent = cands.smoothed(p, alphas)
         w = ent.pop(p + ".w")
-        if cfg.gptq and (st[p].gram is not None or st[p].gram_file):
-            ent[p + ".w_q"], ent[p + ".w_scale"] = gptq_quantize(
-                w,
-                _transform_gram(  # a new array, GPTQ's to overwrite and free
-                    st[p],
-                    shifts.get(p) if used.get(p) == "act" else None,
-                    factors.get(p) if p in used else None,
-                ),
-                cfg.gptq_damp,
-                act_order=cfg.gptq_act_order,
-                overwrite=True,
-            )
-        else:
-            ent[p + ".w_q"], ent[p + ".w_scale"] = P.quantize_weight(w)
+        q = gptq_of(p, w)
+        ent[p + ".w_q"], ent[p + ".w_scale"] = q if q is not None else P.quantize_weight(w)
         return ent
 
     with tqdm(
@@ -236,14 +279,23 @@ class _Candidates:
         out[2 * s.shape[0] :] = (1.0 / s).astype(np.float32)  # the rows apply_smoothing divides
         return out
 
+    # QuantConfig.search_rounding "gptq": (p, alphas, smoothed w) -> (w_q, w_scale); its
+    # entries are kept for the whole search (a later role's refinement reuses the alphas the
+    # model-wide stage rounded), so `keep_only` does not drop them
+    rounder = None
+
     def weights_for(self, alphas: dict) -> dict:
-        """The whole weight dict of a candidate, every linear rounded plainly to INT8, the
-        missing linears two at a time."""
+        """The whole weight dict of a candidate, every linear rounded to INT8 (to nearest, or
+        by `rounder`), the missing linears two at a time."""
         missing = [p for p in self.prefixes if self.key(p, alphas) not in self.cache]
 
         def make(p):
             ent = self.smoothed(p, alphas)
-            ent[p + ".w_q"], ent[p + ".w_scale"] = P.quantize_weight(ent.pop(p + ".w"))
+            w = ent.pop(p + ".w")
+            if self.rounder is not None:
+                ent[p + ".w_q"], ent[p + ".w_scale"] = self.rounder(p, alphas, w)
+            else:
+                ent[p + ".w_q"], ent[p + ".w_scale"] = P.quantize_weight(w)
             return ent
 
         for p, ent in zip(missing, blas.parallel_map(make, missing), strict=True):
@@ -254,8 +306,11 @@ class _Candidates:
             out.pop(p + ".w", None)
         return out
 
-    def keep_only(self, alphas: dict) -> None:
-        """Drop the cached linears the candidate `alphas` does not use."""
+    def keep_only(self, alphas: dict, force: bool = False) -> None:
+        """Drop the cached linears the candidate `alphas` does not use (with a rounder, only
+        when forced: the search's end)."""
+        if self.rounder is not None and not force:
+            return
         keep = {self.key(p, alphas) for p in self.prefixes}
         for k in [k for k in self.cache if k not in keep]:
             del self.cache[k]
@@ -323,7 +378,8 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
         raise ValueError(f"{len(labels)} domain labels for {n} calibration texts")
     groups = _domain_groups(labels)
     # search subset: spread over each domain's texts, the domains sharing search_texts
-    idx = _spread_per_domain(groups, cfg.search_texts)
+    wide = int(getattr(spec, "hidden", 0)) > WIDE_HIDDEN
+    idx = _spread_per_domain(groups, cfg.search_texts_wide if wide else cfg.search_texts)
     sbatches = token_batches([seqs[i] for i in idx], off, cfg.chunk_tokens)
     sref = cal.reference[idx].astype(np.float64)
     slabels = [labels[i] for i in idx]
@@ -356,13 +412,23 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
             absmax[p] = s.chan_absmax
     cands = _Candidates(graph, weights, prefixes, sites, set(eligible), absmax, shifts, allow_act)
     s_tokens = batch_tokens(sbatches)
+    if cfg.search_rounding == "gptq" and cfg.gptq:
+
+        def rounder(p, trial, w):
+            a = trial.get(role(p)) if p in cands.eligible else None
+            f = {p: cands.factor(p, a)} if a is not None else {}
+            job = _gptq_job(cfg, st, shifts, f, {p: sites[p]} if f else {})
+            out = job(p, w)
+            return out if out is not None else P.quantize_weight(w)
+
+        cands.rounder = rounder
 
     def evaluate(trial: dict[str, float | None]) -> float:
         eng = int8_engine(spec, cands.weights_for(trial), squant, s_tokens, graph)
         outs = [eng.run(*b, True) for b in sbatches]
         del eng
         release_file_pages(weights)  # the next candidate faults back what it reads
-        return worst_domain_error(np.concatenate(outs), sref, slabels)
+        return worst_domain_error(np.concatenate(outs), sref, slabels, cfg.search_score)
 
     def factors_for(alphas: dict[str, float | None]) -> dict[str, np.ndarray]:
         return {
@@ -387,7 +453,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
 
         grid = [cfg.smooth_alpha] if cfg.smooth_alpha is not None else list(cfg.alpha_grid)
         off_opt: list[float | None] = [None] if cfg.smoothquant == "auto" else []
-        refine = cfg.smooth_alpha is None and len(smooth_roles) > 1
+        refine = cfg.smooth_alpha is None and len(smooth_roles) > 1 and cfg.alpha_step > 0
         n_runs = (
             len(off_opt) + len(grid) + (len(smooth_roles) * (len(off_opt) + 2) if refine else 0)
         )
@@ -417,7 +483,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
                             best, best_trial = sc, trial
                         cands.keep_only(best_trial)
             alphas = best_trial
-    cands.cache.clear()
+    cands.keep_only(alphas, force=True)  # a GPTQ search's chosen integers are the artifact's
     t_search = time.perf_counter() - t_search
     fixed = (cfg.extra or {}).get("alphas")
     if fixed is not None:  # opt-in: the per-role alphas given, no search (experiments)
@@ -435,6 +501,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
     t_w = time.perf_counter()
     qw = dict(weights)
     _round_weights(cfg, st, cands, alphas, shifts, factors, used, qw, progress)
+    cands.cache.clear()
     t_w = time.perf_counter() - t_w
     smoothed = _smoothed_input(used, factors)
 

@@ -40,6 +40,15 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--calibrate", help="calibration texts, one per line (MODEL only; default: zoi's set)"
     )
     p.add_argument("--quant-config", help="QuantConfig as JSON (inline or a file), MODEL only")
+    from zoi.quant.config import CALIBRATION_BUDGETS
+
+    p.add_argument(
+        "--calibration",
+        default=None,
+        choices=list(CALIBRATION_BUDGETS),
+        help="MODEL only: the INT8 compile budget (QuantConfig preset; --quant-config fields "
+        "on top); default: $ZOI_CALIBRATION, else default",
+    )
     p.add_argument(
         "--domains",
         help="comma-separated held-out domains to measure (default: prose, questions, code, "

@@ -390,6 +390,9 @@ def main(args) -> int:
             if Path(args.quant_config).exists()
             else json.loads(args.quant_config)
         )
+    budget = getattr(args, "calibration", None)
+    if budget is not None:  # the preset, --quant-config's fields on top (quant.config.config_for)
+        cfg = {**(cfg or {}), "calibration": budget}
     rep = evaluate(
         args.model,
         texts,
