@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Regenerate the README's per-domain quality table from a committed `zoi eval` JSON report.
+"""Regenerate docs/RESULTS.md's per-domain quality table from a committed `zoi eval` report.
 
     python scripts/readme_quality.py bench/results/eval_minilm_int8_domains.json [--check]
 
 Replaces the lines between `<!-- quality-table:begin ... -->` and `<!-- quality-table:end -->`
-in README.md with zoi.quant.fidelity.markdown_table(report); --check only verifies that the
-README already holds exactly that table (tests/quant/test_domains.py runs it).
+in docs/RESULTS.md with zoi.quant.fidelity.markdown_table(report); --check only verifies that
+the file already holds exactly that table (tests/quant/test_domains.py runs it). The README
+links to that page; the script keeps its name.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     block = render(Path(argv[0]))
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "RESULTS.md"
     text = readme.read_text(encoding="utf-8")
     pat = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
     if not pat.search(text):
@@ -45,7 +46,8 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         if new != text:
             print(
-                "README.md's quality table is stale: run scripts/readme_quality.py", file=sys.stderr
+                "docs/RESULTS.md's quality table is stale: run scripts/readme_quality.py",
+                file=sys.stderr,
             )
             return 1
         return 0

@@ -84,5 +84,5 @@ def calibration_texts(multilingual: bool = False) -> list[str]:
 
 
 def eval_texts() -> list[str]:
-    """The prose held-out set (the figure the README's peer table uses)."""
+    """The prose held-out set (the figure docs/RESULTS.md's peer table uses)."""
     return read_lines(EVAL)

@@ -10,7 +10,7 @@ domain's held-out texts:
   and top-1 agreement;
 - the worst texts (lowest cosine) with their cosine, and the pass / fail of each target.
 
-`markdown_table` renders a report's domains as the README's quality table
+`markdown_table` renders a report's domains as docs/RESULTS.md's quality table
 (`zoi eval --markdown`, or `python -m zoi.quant.fidelity REPORT.json`).
 numpy only: no engine here (the caller encodes).
 """
@@ -114,7 +114,7 @@ def domain_figures(fp32, int8, domains, known: dict | None = None, worst: int = 
 
 
 def markdown_table(rep: dict) -> str:
-    """The README's quality table from a `zoi eval` report (its "domains" section)."""
+    """docs/RESULTS.md's quality table from a `zoi eval` report (its "domains" section)."""
     doms = rep.get("domains") or {}
     if not doms:
         raise ValueError("the report has no per-domain figures (run `zoi eval` without --texts)")
