@@ -86,7 +86,7 @@ def cached_compile(
         "max_tokens": max_tokens,
         "max_batch": max_batch,
         "calibration": _texts_digest(calibration),
-        # the INT8 budget in effect ($ZOI_CALIBRATION when none is named: zoi serve's option)
+        # the INT8 budget in effect ("default" when none is named)
         "calibration_budget": budget_in_effect(calibration) if precision == "int8" else None,
         "quant_config": json.dumps(quant_config, sort_keys=True, default=str)
         if quant_config is not None

@@ -531,7 +531,7 @@ def _add_engine_args(p, with_output: bool) -> None:
 
 
 def _add_calibration_arg(p) -> None:
-    from zoi.quant.config import CALIBRATION_BUDGETS, CALIBRATION_ENV
+    from zoi.quant.config import CALIBRATION_BUDGETS
 
     p.add_argument(
         "--calibration",
@@ -539,8 +539,7 @@ def _add_calibration_arg(p) -> None:
         choices=list(CALIBRATION_BUDGETS),
         help="INT8 compile budget: fast (least quantiser time), default (meets zoi's fidelity "
         "targets on all-MiniLM-L6-v2), thorough (SmoothQuant candidates scored with the "
-        f"GPTQ rounding that ships, ~3x the quantiser time); env {CALIBRATION_ENV}; "
-        "docs/QUANT.md",
+        "GPTQ rounding that ships, ~3x the quantiser time); docs/QUANT.md",
     )
 
 
@@ -685,27 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
             m = __import__(mod, fromlist=["register"])
         except ImportError:
             continue
-        sp = m.register(sub)
-        if mod == "zoi.serve.cli" and sp is not None:
-            _serve_calibration(sp)
+        m.register(sub)
     return ap
-
-
-def _serve_calibration(p) -> None:
-    """`zoi serve --calibration BUDGET`: the compile budget of the models it compiles to INT8,
-    passed as $ZOI_CALIBRATION (what zoi.compile and the artifact cache read when no budget is
-    named), so every compile of the server process and its workers uses it."""
-    _add_calibration_arg(p)
-    serve = p.get_default("func")
-
-    def run(args):
-        if getattr(args, "calibration", None):
-            from zoi.quant.config import CALIBRATION_ENV
-
-            os.environ[CALIBRATION_ENV] = args.calibration
-        return serve(args)
-
-    p.set_defaults(func=run)
 
 
 def _version() -> str:

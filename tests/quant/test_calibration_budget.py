@@ -11,7 +11,6 @@ from tests.quant.helpers import WordTokenizer, texts, tiny_spec, tiny_weights
 from zoi.quant import quantize_model
 from zoi.quant.config import (
     CALIBRATION_BUDGETS,
-    CALIBRATION_ENV,
     QuantConfig,
     budget_in_effect,
     check_calibration,
@@ -52,15 +51,10 @@ def test_budget_and_config_conflicts_refused():
         config_for("fast", {"search_txts": 3})
 
 
-def test_environment_default(monkeypatch):
-    monkeypatch.delenv(CALIBRATION_ENV, raising=False)
-    assert budget_in_effect(None) == "default"
-    monkeypatch.setenv(CALIBRATION_ENV, "thorough")
-    assert budget_in_effect(None) == "thorough" == config_for(None).calibration
-    assert budget_in_effect("fast") == "fast"  # a named budget wins
-    monkeypatch.setenv(CALIBRATION_ENV, "turbo")
-    with pytest.raises(ValueError, match=f"{CALIBRATION_ENV}.*turbo"):
-        budget_in_effect(None)
+def test_no_budget_is_the_default_and_nothing_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("ZOI_CALIBRATION", "thorough")  # the server's option, not the quantiser's
+    assert budget_in_effect(None) == "default" == config_for(None).calibration
+    assert budget_in_effect("fast") == "fast"
 
 
 def test_a_file_of_texts_is_still_calibration(tmp_path):
@@ -134,17 +128,21 @@ def test_cli_plumbing(monkeypatch):
     a = ap.parse_args(["eval", "--calibration", "thorough"])
     assert a.calibration == "thorough"
 
-    # zoi serve: the budget reaches every compile of the process as $ZOI_CALIBRATION
-    import os
+    # zoi serve: an option of the server (flag or ZOI_CALIBRATION), passed to its compiles
+    from zoi.serve.cli import open_engine
+    from zoi.serve.config import ServeConfig
 
-    import zoi.serve.cli as serve_cli
-
-    monkeypatch.delenv(CALIBRATION_ENV, raising=False)
-    monkeypatch.setattr(serve_cli, "cmd_serve", lambda args: 7)  # no server: the stub runs
+    calls = []
+    monkeypatch.setattr(
+        "zoi.cache.cached_compile", lambda path, **kw: calls.append(kw) or ("E", "cached", "/e")
+    )
+    assert open_engine("m", ServeConfig(precision="int8", calibration="fast")) == "E"
+    assert calls[-1]["calibration"] == "fast"
+    assert ServeConfig.from_env({"ZOI_CALIBRATION": "thorough"}).calibration == "thorough"
+    with pytest.raises(ValueError, match="ZOI_CALIBRATION"):
+        ServeConfig.from_env({"ZOI_CALIBRATION": "slow"})
     ap = build_parser()
-    a = ap.parse_args(["serve", "--calibration", "fast"])
-    assert a.func(a) == 7
-    assert os.environ[CALIBRATION_ENV] == "fast"
+    assert ap.parse_args(["serve", "--calibration", "fast"]).calibration == "fast"
     with pytest.raises(SystemExit):
         ap.parse_args(["serve", "--calibration", "slow"])
 

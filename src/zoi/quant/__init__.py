@@ -105,7 +105,7 @@ def quantize_model(
     """Calibrate, smooth, quantise and choose per-layer precision. See the module doc.
 
     calibration: texts, a file of texts, or a compile budget ("fast" | "default" |
-    "thorough", zoi.quant.config.CALIBRATION_BUDGETS; None: $ZOI_CALIBRATION, else
+    "thorough", zoi.quant.config.CALIBRATION_BUDGETS; None:
     "default"), which picks the QuantConfig preset that `config` (a dict) adjusts.
     features: what the target backend runs (zoi.quant.config.FEATURES); None = everything.
     The config is narrowed to it (QuantConfig.restricted_to) so the artifact never needs a

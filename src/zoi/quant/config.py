@@ -13,7 +13,6 @@ SEARCH_ROUNDINGS = ("plain", "gptq")
 # the compile budgets (`zoi compile --calibration`, `zoi.compile(calibration=...)`): presets
 # of the fields below (QuantConfig.preset); docs/QUANT.md, "Calibration budgets"
 CALIBRATION_BUDGETS = ("fast", "default", "thorough")
-CALIBRATION_ENV = "ZOI_CALIBRATION"  # the budget when none is given (zoi serve's option)
 _PRESETS: dict[str, dict] = {
     # the search on half the texts, no per-role refinement, SQNR on half the texts:
     # about 0.6x of the default's quantiser time, fidelity a little under the default's
@@ -205,19 +204,12 @@ def check_calibration(calibration) -> None:
         )
 
 
-def budget_in_effect(calibration=None, environ=None) -> str:
-    """The budget a compile with this `calibration` argument uses: its name, else
-    $ZOI_CALIBRATION, else "default" (checked)."""
-    import os
-
+def budget_in_effect(calibration=None) -> str:
+    """The budget a compile with this `calibration` argument uses: its name, else "default".
+    (zoi serve's --calibration / ZOI_CALIBRATION is read by the server's options and passed
+    down: nothing below the command line and the server reads the environment.)"""
     if is_budget(calibration):
         return calibration
-    env = (os.environ if environ is None else environ).get(CALIBRATION_ENV, "").strip()
-    if env:
-        try:
-            return check_budget(env)
-        except ValueError as e:
-            raise ValueError(f"${CALIBRATION_ENV}: {e}") from None
     return "default"
 
 

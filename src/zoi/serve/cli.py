@@ -102,7 +102,11 @@ def open_engine(model: str | None, config: ServeConfig):
         from zoi.cache import cached_compile
 
         eng, how, entry = cached_compile(
-            model, device=config.device, precision=config.precision, max_tokens=max_tokens
+            model,
+            device=config.device,
+            precision=config.precision,
+            max_tokens=max_tokens,
+            calibration=config.calibration,
         )
         print(
             f"zoi serve: {'loaded the cached' if how == 'cached' else 'compiled and cached the'} "
@@ -112,7 +116,11 @@ def open_engine(model: str | None, config: ServeConfig):
         )
         return eng
     return zoi.compile(
-        model, device=config.device, precision=config.precision, max_tokens=max_tokens
+        model,
+        device=config.device,
+        precision=config.precision,
+        max_tokens=max_tokens,
+        **({"calibration": config.calibration} if config.precision == "int8" else {}),
     )
 
 

@@ -36,6 +36,7 @@ class ServeConfig:
     payload_limit: int = 2_000_000  # bytes of request body; beyond that -> 413
     auto_truncate: bool = True  # default of `truncate` when a request does not say
     compile_cache: bool = True  # an INT8 / FP8 compile is kept in the artifact cache (zoi.cache)
+    calibration: str | None = None  # the INT8 compile budget (zoi.quant.config); None: default
     max_input_chars: int | None = (
         None  # per input, checked before tokenising; default 32 x positions
     )
@@ -206,6 +207,15 @@ OPTIONS: tuple[Option, ...] = (
         "ZOI_PAYLOAD_LIMIT",
         int,
         "bytes of request body; more are answered 413",
+    ),
+    Option(
+        "calibration",
+        "--calibration",
+        "ZOI_CALIBRATION",
+        str,
+        "INT8 compile budget of the models it compiles: fast, default or thorough "
+        "(docs/QUANT.md, 'Calibration budgets')",
+        choices=("fast", "default", "thorough"),
     ),
     Option(
         "compile_cache",

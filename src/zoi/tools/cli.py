@@ -47,7 +47,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=None,
         choices=list(CALIBRATION_BUDGETS),
         help="MODEL only: the INT8 compile budget (QuantConfig preset; --quant-config fields "
-        "on top); default: $ZOI_CALIBRATION, else default",
+        "on top); default: default",
     )
     p.add_argument(
         "--domains",
