@@ -84,11 +84,14 @@ def test_int8_tracks_fp32_and_round_trips(arch, ckpts, tmp_path):
     assert cosine(emu, q).min() > 0.9999  # the emulation the kernels reproduce
 
 
-def _st_encode(folder, texts):
+def _st_model(folder):
     from sentence_transformers import SentenceTransformer
 
-    st = SentenceTransformer(str(folder), device="cpu")
-    return st.encode(texts, convert_to_numpy=True, normalize_embeddings=False)
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def _st_encode(folder, texts):
+    return _st_model(folder).encode(texts, convert_to_numpy=True, normalize_embeddings=False)
 
 
 def test_qwen3_last_token_pooling_matches_sentence_transformers(ckpts):
@@ -121,6 +124,13 @@ def test_gemma3_dense_modules_match_sentence_transformers(ckpts, tmp_path):
         want = want / np.linalg.norm(want, axis=1, keepdims=True)
         assert cosine(got, want).min() >= 0.99999
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        # token embeddings are the transformer's last hidden state, before pool and Dense
+        tok = eng.encode(texts, output_value="token_embeddings")
+        st_tok = _st_model(folder).encode(texts, output_value="token_embeddings")
+        for g, w in zip(tok, st_tok, strict=True):
+            w = w.detach().cpu().numpy() if hasattr(w, "detach") else np.asarray(w)
+            assert g.shape == w.shape == (len(g), 42)
+            assert cosine(g, w).min() >= 0.99999
 
 
 def test_a_dense_module_with_a_pickle_only_is_refused(ckpts, tmp_path):

@@ -68,6 +68,10 @@ def liveness(graph: Graph) -> dict[str, tuple[int, int]]:
                 live[name][1] = i
         live[op.output] = [i, i]
     live[graph.output][1] = len(graph.ops)  # the output survives the run
+    pools = [op for op in graph.ops if op.kind == "pool"]
+    if pools:  # so do the token states the pool reads (encode(output_value="token_embeddings")
+        # reads them back after the run, also where Dense modules follow the pool)
+        live[pools[-1].inputs[0]][1] = len(graph.ops)
     return {k: (v[0], v[1]) for k, v in live.items()}
 
 

@@ -483,7 +483,8 @@ class HeadsMixin(EncodeOptionsMixin, MultiVectorMixin):
         self._need("encode(output_value='token_embeddings')", "")
         items = Tokenizer.check_texts(texts)
         ids, pos, cu = self.tokenizer.encode_packed(items, truncate, max_len=self.max_seq_tokens)
-        tap = self.model.graph.ops[-1].inputs[0]  # the pool's input: intact after the run
+        # the pool's input: intact after the run (Dense modules may follow the pool)
+        tap = next(op for op in reversed(self.model.graph.ops) if op.kind == "pool").inputs[0]
         out = np.empty((len(ids), self.spec.hidden), np.float32)
         for _, _, a, z, o in self._run_head(ids, pos, None, cu, (tap,), self._max_seqs(batch_size)):
             out[a:z] = o[tap]
