@@ -669,18 +669,39 @@ NB_MODULE(_cpu, m) {
       .def("add_pool", [](zoi::Engine& e, size_t in_off, size_t out_off, int H, const std::string& mode) {
         e.add_pool(in_off, out_off, H, parse_pool(mode));
       }, "in_off"_a, "out_off"_a, "H"_a, "mode"_a)
+      .def("add_lora", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const float> a, Arr<const float> b,
+                          const std::string& act, long res_off) {
+        need(a, 3, {-1, -1, -1}, "lora a");
+        const int n = a.shape(0), r = a.shape(1), K = a.shape(2);
+        need(b, 3, {n, -1, r}, "lora b");
+        e.add_lora(in_off, K, out_off, static_cast<int>(b.shape(1)), a.data(), b.data(), n, r, parse_act(act), res_off);
+      }, "in_off"_a, "out_off"_a, "a"_a, "b"_a, "act"_a, "res_off"_a = -1,
+         "task adapters after the linear step just added (without act / residual): a [n, r, K], b [n, N, r] "
+         "(s B); then act and the residual on every row (copied)")
+      .def("set_embed_lora", [](zoi::Engine& e, Arr<const float> a, Arr<const float> b, Opt<const float> type_delta) {
+        need(a, 3, {-1, -1, -1}, "lora a");
+        const int n = a.shape(0), r = a.shape(2);
+        need(b, 3, {n, r, -1}, "lora b");
+        if (type_delta) need(*type_delta, 2, {n, static_cast<int>(b.shape(2))}, "lora type");
+        e.set_embed_lora(a.data(), b.data(), type_delta ? type_delta->data() : nullptr, n, r);
+      }, "a"_a, "b"_a, "type_delta"_a.none(),
+         "the last embed's task adapters: a [n, V, r], b [n, r, H] (s B), type_delta [n, H] or None (copied)")
+      .def_prop_ro("num_tasks", &zoi::Engine::num_tasks)
       .def("finalize", &zoi::Engine::finalize)
       .def("run", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions, Arr<const int32_t> cu,
-                     bool normalize, Arr<float> out) {
+                     bool normalize, Arr<float> out, std::optional<Arr<const int32_t>> tasks) {
         const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
         if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
+        if (tasks && static_cast<int>(tasks->shape(0)) != B) throw nb::value_error("tasks must hold one id per sequence");
         const int rows = e.out_rows_t() ? T : B;
         if (out.ndim() != 2 || static_cast<int>(out.shape(0)) < rows || static_cast<int>(out.shape(1)) != e.out_cols())
           throw nb::value_error("out must be float32 [>= B, H] ([>= T, cols] for a per-token output)");
         nb::gil_scoped_release nogil;
-        e.run(ids.data(), positions.data(), cu.data(), T, B, normalize, out.data(), e.out_cols());
-      }, "ids"_a, "positions"_a, "cu_seqlens"_a, "normalize"_a, "out"_a,
-         "Runs the whole plan in one native call with the GIL released; writes out[:B]")
+        e.run(ids.data(), positions.data(), cu.data(), T, B, normalize, out.data(), e.out_cols(),
+              tasks ? tasks->data() : nullptr);
+      }, "ids"_a, "positions"_a, "cu_seqlens"_a, "normalize"_a, "out"_a, "tasks"_a.none() = nb::none(),
+         "Runs the whole plan in one native call with the GIL released; writes out[:B]; tasks [B]: the task "
+         "adapter of each sequence (-1 none)")
       .def("set_batch_rows", &zoi::Engine::set_batch_rows, "on"_a,
            "steps added while on run over the B rows of a pooled batch (heads)")
       .def("set_embed_types", [](zoi::Engine& e, Arr<const float> table) {
@@ -691,8 +712,9 @@ NB_MODULE(_cpu, m) {
            "the run's output buffer: cols columns, T rows (rows_t) or B rows")
       .def("run_ex", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
                         std::optional<Arr<const int32_t>> types, Arr<const int32_t> cu, Arr<float> out, long tap_off,
-                        std::optional<Arr<float>> tap_out) {
+                        std::optional<Arr<float>> tap_out, std::optional<Arr<const int32_t>> tasks) {
         const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        if (tasks && static_cast<int>(tasks->shape(0)) != B) throw nb::value_error("tasks must hold one id per sequence");
         if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
         if (types && static_cast<int>(types->shape(0)) != T) throw nb::value_error("types and ids differ in length");
         const int rows = e.out_rows_t() ? T : B;
@@ -706,9 +728,10 @@ NB_MODULE(_cpu, m) {
         }
         nb::gil_scoped_release nogil;
         e.run_ex(ids.data(), positions.data(), types ? types->data() : nullptr, cu.data(), T, B, false, out.data(),
-                 e.out_cols(), tap_out ? static_cast<size_t>(tap_off) : 0, tap_cols, tap_out ? tap_out->data() : nullptr);
+                 e.out_cols(), tap_out ? static_cast<size_t>(tap_off) : 0, tap_cols, tap_out ? tap_out->data() : nullptr,
+                 tasks ? tasks->data() : nullptr);
       }, "ids"_a, "positions"_a, "types"_a.none(), "cu_seqlens"_a, "out"_a, "tap_off"_a = -1,
-         "tap_out"_a.none() = nb::none(),
+         "tap_out"_a.none() = nb::none(), "tasks"_a.none() = nb::none(),
          "run with token types (None: type 0); tap_out [T, cols] gets the buffer at tap_off (heads, token embeddings)")
       .def("run_steps", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions,
                            Arr<const int32_t> cu, int first, int last) {

@@ -127,6 +127,26 @@ struct EmbedArgs {
   float eps = 1e-12f;
   float* y = nullptr; int ldy = 0;
   QuantOut qo;
+  // task adapters (LoRA): a token of task t = tok_task[t] >= 0 adds A_t[id] @ B_t to its word row
+  // (lora_a [n][V][r], lora_b [n][r][H], s folded in) and lora_type[t] [H] (or null) after the type
+  // row; tok_task null or -1: nothing
+  const int32_t* tok_task = nullptr;
+  const float* lora_a = nullptr; const float* lora_b = nullptr; const float* lora_type = nullptr;
+  int lora_r = 0, lora_V = 0;
+};
+
+// ---- the task adapters' term of a linear (LoRA), after its GEMM ran without activation or
+// residual: for each row m of task t = tok_task[m] >= 0, y[m] += (x[m] A_t^T) B_t^T; then, on every
+// row, y = act(y) (+ res). a [n][r][K] (A_t), bt [n][r][N] (s B_t transposed: rows over N).
+// Row by row, in a fixed order: a row's result depends on its own task only, never on the batch.
+constexpr int kMaxLoraRank = 256;
+struct LoraArgs {
+  const float* x = nullptr; int ldx = 0; int K = 0;
+  float* y = nullptr; int ldy = 0; int N = 0;
+  const float* a = nullptr; const float* bt = nullptr; int r = 0;
+  const int32_t* tok_task = nullptr;  // [M] or null (no row has a task)
+  int M = 0, act = 0;
+  const float* res = nullptr; int ldr = 0;
 };
 
 // ---- varlen attention: ctx = softmax(q k^T * scale) v per sequence and head
@@ -204,6 +224,7 @@ struct KernelTable {
   int (*i8_a_get)(const void* q, int ldq, int m, int k);
   void (*i8_a_set)(void* q, int ldq, int m, int k, int v);
   void (*glu)(const GluArgs& a, int tid, int nt);
+  void (*lora)(const LoraArgs& a, int tid, int nt);
 };
 
 const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU

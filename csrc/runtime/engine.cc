@@ -133,7 +133,7 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params, int 
   qo.ldq = kp;
   Step* prev = steps_.empty() ? nullptr : &steps_.back();
   auto refuse = [&](const char* why) {
-    static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
+    static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu", "lora"};
     throw std::invalid_argument(std::string("the plan asks the step before this INT8 linear (") +
                                 (prev ? names[prev->kind] : "none") + ") to write its int8 input copy, but " + why);
   };
@@ -370,6 +370,66 @@ void Engine::add_pool(size_t in_off, size_t out_off, int H, int mode) {
   steps_.push_back(s);
 }
 
+void Engine::add_lora(size_t in_off, int K, size_t out_off, int N, const float* a, const float* b, int ntasks,
+                      int r, int act, long res_off) {
+  if (ntasks < 1 || r < 1 || r > kMaxLoraRank)
+    throw std::invalid_argument("task adapters need >= 1 task and a rank in [1, " + std::to_string(kMaxLoraRank) + "]");
+  if (ntasks_ && ntasks != ntasks_) throw std::invalid_argument("every task adapter stack must hold the same tasks");
+  if (rows_b_) throw std::invalid_argument("task adapters run on token rows only");
+  Step* prev = steps_.empty() ? nullptr : &steps_.back();
+  const bool i8 = prev && prev->kind == GEMM_I8, f32 = prev && prev->kind == GEMM_F32;
+  const float* py = i8 ? prev->gi.y : f32 ? prev->gf.y : nullptr;
+  const int pn = i8 ? prev->gi.N : f32 ? prev->gf.N : 0;
+  const int pact = i8 ? prev->gi.act : f32 ? prev->gf.act : 0;
+  const bool pres = i8 ? prev->gi.res != nullptr : f32 ? prev->gf.res != nullptr : false;
+  if (!py || py != buf(out_off) || pn != N || pact != ACT_NONE || pres || (i8 && (prev->gi.qo.ldq || prev->ydead)))
+    throw std::invalid_argument("task adapters follow their linear's GEMM, added without activation, residual or "
+                                "int8 copy of its output, writing this buffer");
+  const size_t rows = static_cast<size_t>(max_tokens_);
+  check_off(in_off, rows * K * 4);
+  if (res_off >= 0) check_off(static_cast<size_t>(res_off), rows * N * 4);
+  Step s{};
+  s.kind = LORA;
+  LoraArgs& l = s.lo;
+  l.x = buf(in_off);
+  l.ldx = K;
+  l.K = K;
+  l.y = buf(out_off);
+  l.ldy = N;
+  l.N = N;
+  l.r = r;
+  const size_t na = static_cast<size_t>(ntasks) * r * K, nb = static_cast<size_t>(ntasks) * r * N;
+  l.a = copy_f(keep(na * 4), a, na);
+  float* bt = static_cast<float*>(keep(nb * 4));  // [n][N][r] -> [n][r][N]: rows over N
+  for (int t = 0; t < ntasks; ++t)
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < r; ++j)
+        bt[(static_cast<size_t>(t) * r + j) * N + n] = b[(static_cast<size_t>(t) * N + n) * r + j];
+  l.bt = bt;
+  l.act = act;
+  l.res = res_off >= 0 ? buf(static_cast<size_t>(res_off)) : nullptr;
+  l.ldr = N;
+  ntasks_ = ntasks;
+  steps_.push_back(s);
+}
+
+void Engine::set_embed_lora(const float* a, const float* b, const float* type_delta, int ntasks, int r) {
+  if (steps_.empty() || steps_.back().kind != EMBED) throw std::invalid_argument("set_embed_lora follows add_embed");
+  if (ntasks < 1 || r < 1 || r > kMaxLoraRank)
+    throw std::invalid_argument("task adapters need >= 1 task and a rank in [1, " + std::to_string(kMaxLoraRank) + "]");
+  if (ntasks_ && ntasks != ntasks_) throw std::invalid_argument("every task adapter stack must hold the same tasks");
+  EmbedArgs& e = steps_.back().em;
+  const size_t na = static_cast<size_t>(ntasks) * vocab_ * r, nb = static_cast<size_t>(ntasks) * r * e.H;
+  e.lora_a = copy_f(keep(na * 4), a, na);
+  e.lora_b = copy_f(keep(nb * 4), b, nb);
+  e.lora_type = type_delta ? copy_f(keep(static_cast<size_t>(ntasks) * e.H * 4), type_delta,
+                                    static_cast<size_t>(ntasks) * e.H)
+                           : nullptr;
+  e.lora_r = r;
+  e.lora_V = vocab_;
+  ntasks_ = ntasks;
+}
+
 void Engine::finalize() {
   if (!have_pool_) throw std::invalid_argument("the plan has no pool op");
   qbuf_bytes_ = static_cast<size_t>(max_tokens_) * (max_kp_ > 0 ? max_kp_ : 1) * kt_->i8_a_bytes;
@@ -381,6 +441,7 @@ void Engine::finalize() {
     qscale2_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
     qzp2_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
   }
+  if (ntasks_) tok_task_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
   scratch_bytes_ = (qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8) * (fused_q_ ? 2 : 1) + attn_stride_ * 4 * nthreads_;
@@ -432,7 +493,7 @@ void Engine::finalize() {
 // writes at y (every input is the start of one of the planner's buffers, and a live buffer's
 // bytes are never reused), nor the host read y as the run's output.
 void Engine::check_dead_outputs() {
-  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
+  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu", "lora"};
   auto reads = [](const Step& s, const float* r[2]) -> int {
     switch (s.kind) {
       case EMBED: return 0;
@@ -443,6 +504,7 @@ void Engine::check_dead_outputs() {
       case LN: r[0] = s.ln.x; r[1] = s.ln.r; return 2;
       case POOL: r[0] = s.po.x; return 1;
       case GLU: r[0] = s.gl.x; return 1;
+      case LORA: return -1;  // x, y (in place) and the residual: counted as reading y
     }
     return -1;  // a kind not listed: y counts as read
   };
@@ -455,6 +517,7 @@ void Engine::check_dead_outputs() {
       case LN: return s.ln.y;
       case POOL: return s.po.out;
       case GLU: return s.gl.y;
+      case LORA: return nullptr;  // updates y in place: what it reads stays live
       default: return nullptr;
     }
   };
@@ -495,6 +558,7 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
   switch (s.kind) {
     case EMBED: {
       EmbedArgs a = s.em;
+      a.tok_task = run_tasks_ && a.lora_a ? static_cast<const int32_t*>(tok_task_.get()) : nullptr;
       a.ids = ids_;
       a.positions = positions_;
       a.types = types_ && a.type ? types_ : nullptr;
@@ -538,6 +602,13 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       GluArgs a = s.gl;
       a.M = T_;
       k.glu(a, t, nt);
+      break;
+    }
+    case LORA: {
+      LoraArgs a = s.lo;
+      a.M = T_;
+      a.tok_task = run_tasks_ ? static_cast<const int32_t*>(tok_task_.get()) : nullptr;
+      k.lora(a, t, nt);
       break;
     }
     case POOL: {
@@ -607,7 +678,7 @@ void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t
 }
 
 const char* Engine::step_kind(int i) const {
-  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu"};
+  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu", "lora"};
   const Step& s = steps_.at(i);
   return names[s.kind];
 }
@@ -628,8 +699,8 @@ Engine::StepInfo Engine::step_info(int i) const {
 }
 
 void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
-                 float* out, int ldo) {
-  run_ex(ids, positions, nullptr, cu, T, B, normalize, out, ldo, 0, 0, nullptr);
+                 float* out, int ldo, const int32_t* tasks) {
+  run_ex(ids, positions, nullptr, cu, T, B, normalize, out, ldo, 0, 0, nullptr, tasks);
 }
 
 void Engine::check_batch(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu,
@@ -662,8 +733,16 @@ void Engine::launch(int first, int last) {
 }
 
 void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T,
-                    int B, bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out) {
+                    int B, bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out,
+                    const int32_t* tasks) {
   check_batch(ids, positions, types, cu, T, B);
+  if (tasks) {
+    if (!ntasks_) throw std::invalid_argument("tasks given, but the model has no task adapters");
+    for (int b = 0; b < B; ++b)
+      if (tasks[b] < -1 || tasks[b] >= ntasks_)
+        throw std::invalid_argument("task id out of range: each must be -1 (none) or in [0, " +
+                                    std::to_string(ntasks_) + ")");
+  }
   if (tap_out) check_off(tap_off, static_cast<size_t>(T) * tap_cols * 4);
   // Whether the tap's buffer is the float output of a GEMM whose rows go to scratch (y_dead) is
   // the caller's check (zoi.backends.cpu: it knows which op writes the buffer). An address test
@@ -675,8 +754,19 @@ void Engine::run_ex(const int32_t* ids, const int32_t* positions, const int32_t*
   T_ = T;
   B_ = B;
   types_ = types;
+  run_tasks_ = false;
+  if (tasks) {  // each token's task: the kernels read it per row
+    int32_t* tt = static_cast<int32_t*>(tok_task_.get());
+    bool any = false;
+    for (int b = 0; b < B; ++b) {
+      for (int t = cu[b]; t < cu[b + 1]; ++t) tt[t] = tasks[b];
+      any = any || tasks[b] >= 0;
+    }
+    run_tasks_ = any;
+  }
   launch(0, num_steps());
   types_ = nullptr;
+  run_tasks_ = false;
   const float* src = buf(out_off_);
   const int rows = out_rows_t_ ? T : B;
   for (int b = 0; b < rows; ++b) std::memcpy(out + static_cast<size_t>(b) * ldo, src + static_cast<size_t>(b) * out_cols_, out_cols_ * 4);
@@ -696,6 +786,7 @@ void Engine::run_steps(const int32_t* ids, const int32_t* positions, const int32
   T_ = T;
   B_ = B;
   types_ = nullptr;
+  run_tasks_ = false;
   launch(first, last);
 }
 

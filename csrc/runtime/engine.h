@@ -73,6 +73,17 @@ class Engine {
                      bool rms = false, bool post = false);
   void add_pool(size_t in_off, size_t out_off, int H, int mode);
 
+  // ---- task adapters (LoRA, per sequence: a run's tasks[b], -1 none; docs/ARCHITECTURE.md)
+  // after the linear step just added (added without activation or residual): y += the adapters'
+  // term of each row of a task, then act and the residual (res_off >= 0) on every row. a [n][r][K]
+  // (A_t), b [n][N][r] (s B_t); both copied
+  void add_lora(size_t in_off, int K, size_t out_off, int N, const float* a, const float* b, int ntasks, int r,
+                int act, long res_off);
+  // the last embed step adds A_t[id] B_t (a [n][V][r], b [n][r][H]) and type_delta[t] ([n][H] or
+  // null) to the tokens of a sequence of task t (copied)
+  void set_embed_lora(const float* a, const float* b, const float* type_delta, int ntasks, int r);
+  int num_tasks() const { return ntasks_; }
+
   // ---- heads
   // steps added while on run over the batch's B rows (a linear / LayerNorm after a pool)
   void set_batch_rows(bool on) { rows_b_ = on; }
@@ -85,12 +96,14 @@ class Engine {
   void finalize();
 
   // ---- running: out [B, ldo] float32; throws std::invalid_argument on a malformed batch
+  // tasks [B] (a model with adapters; nullptr: no sequence has a task): each in [-1, num_tasks)
   void run(const int32_t* ids, const int32_t* positions, const int32_t* cu, int T, int B, bool normalize,
-           float* out, int ldo);
+           float* out, int ldo, const int32_t* tasks = nullptr);
   // run with token types (nullptr: type 0) and, when tap_out is set, a copy of the T rows of
   // tap_cols floats at arena offset tap_off (a buffer that outlives the run)
   void run_ex(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu, int T, int B,
-              bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out);
+              bool normalize, float* out, int ldo, size_t tap_off, int tap_cols, float* tap_out,
+              const int32_t* tasks = nullptr);
   bool out_rows_t() const { return out_rows_t_; }
   // steps [first, last) only, on the same checks as run; nothing is copied out. The arena keeps
   // what earlier steps of the batch wrote, so a caller can read a buffer between two calls while
@@ -123,7 +136,7 @@ class Engine {
   int num_steps() const { return static_cast<int>(steps_.size()); }
 
  private:
-  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL, GLU };
+  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL, GLU, LORA };
   struct Step {
     Kind kind;
     bool rows_b = false;  // M = B (after a pool) instead of T
@@ -134,6 +147,7 @@ class Engine {
     AttnArgs at;
     PoolArgs po;
     GluArgs gl;
+    LoraArgs lo;
     // QUANT
     const float* qx = nullptr;
     int qldx = 0, qK = 0;
@@ -185,6 +199,9 @@ class Engine {
   bool rows_b_ = false, out_rows_t_ = false;
   int ntypes_ = 0;
   const int32_t* types_ = nullptr;
+  int ntasks_ = 0;                  // task adapters of the model (0: none)
+  AlignedBuf tok_task_;             // [max_tokens] int32: the run's task of each token
+  bool run_tasks_ = false;          // the run passed tasks (tok_task_ filled)
   std::mutex mu_;
   // per-run inputs
   const int32_t* ids_ = nullptr;

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from zoi.adapters import TaskBackend, TasksMixin, adapter_meta, check_task_ids
 from zoi.backends import make_backend
 from zoi.backends.base import Backend
 from zoi.compile_checks import (  # noqa: F401 - _auto_max_tokens, _check_arena: tests use them
@@ -114,7 +115,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     max_tokens: tokens per backend call (the arena is sized for it); bigger batches run in chunks.
     calibration: texts (or a file, one text per line) for INT8 calibration; default: zoi's set.
     Or the INT8 compile budget, "fast", "default" or "thorough" (zoi's set, the budget's
-    QuantConfig preset, which a dict quant_config adjusts; None: $ZOI_CALIBRATION, else
+    QuantConfig preset, which a dict quant_config adjusts; None:
     "default"; docs/QUANT.md). A file named like a budget: pass a Path.
     truncate_dim: encode's default Matryoshka dimension (sentence-transformers' truncate_dim).
     pooling: "mean", "cls" or "max" instead of the folder's own (its sentence-transformers
@@ -128,10 +129,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     _check_precision(precision, device)
     _check_pooling(pooling)
     if precision == "int8":  # a mistyped budget is refused before the model loads
-        from zoi.quant.config import budget_in_effect, check_calibration
+        from zoi.quant.config import check_calibration
 
         check_calibration(calibration)
-        budget_in_effect(calibration)  # $ZOI_CALIBRATION too
     src = resolve_model(path) if path is not None else default_model_path()
     auto_tokens, auto_batch = max_tokens is None, max_batch is None
     max_tokens = _check_count(
@@ -191,6 +191,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     # 32768-token default would give a CPU engine an 8x bigger arena than the CPU default)
     model.meta["max_tokens_auto"] = {"device": device} if auto_tokens else None
     model.meta.update(st_meta(src, spec, truncate_dim))  # prompts, truncate_dim (zoi.heads)
+    model.meta.update(adapter_meta(src, spec))  # task adapters' instructions (zoi.adapters)
     if pooling_meta is not None:  # `zoi info ART` says where the pooling came from
         model.meta["pooling"] = pooling_meta
     if _is_default_model(src):  # `zoi eval ART` finds the bundled model wherever it is now
@@ -213,6 +214,10 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
 
     if spec.head:  # the encoder as an embedding model, then the head (zoi.heads)
         return quantize_heads(spec, weights, tokenizer, calibration, config, progress)
+    if spec.adapters:  # the base model calibrated, the task adapters FP32 beside it
+        from zoi.adapters import quantize_with_adapters
+
+        return quantize_with_adapters(spec, weights, tokenizer, calibration, config, progress)
     report: dict = {}
     weights, q = quant.quantize_model(
         spec,
@@ -226,7 +231,7 @@ def _quantize(spec, weights, tokenizer, calibration, config, progress):
     return weights, q, report
 
 
-class Engine(HeadsMixin):
+class Engine(HeadsMixin, TasksMixin):
     """A compiled model bound to a backend. Thread-safe: calls are serialised per engine."""
 
     def __init__(
@@ -305,8 +310,10 @@ class Engine(HeadsMixin):
         positions: np.ndarray,
         cu_seqlens: np.ndarray,
         normalize: bool = False,
+        tasks: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Run packed sequences (see docs/ARCHITECTURE.md). Splits into chunks of max_tokens."""
+        """Run packed sequences (see docs/ARCHITECTURE.md). Splits into chunks of max_tokens.
+        tasks: int32 [B], each sequence's task adapter (-1: none; zoi.adapters)."""
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         positions = np.ascontiguousarray(positions, dtype=np.int32)
         cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
@@ -328,16 +335,24 @@ class Engine(HeadsMixin):
             raise InputError(f"positions must lie in [0, {npos})")
         if np.any(np.diff(cu) > self.max_tokens):
             raise InputError(f"a sequence is longer than max_tokens={self.max_tokens}")
+        if tasks is not None:
+            tasks = check_task_ids(tasks, len(self.spec.adapters), B)
         out = np.empty((B, self.spec.out_dim), np.float32)
-        self._run_chunks(ids, positions, cu, normalize, out, self.max_batch)
+        self._run_chunks(ids, positions, cu, normalize, out, self.max_batch, tasks=tasks)
         return out
 
-    def _run_chunks(self, ids, positions, cu, normalize, out, max_seqs, on_chunk=None) -> None:
+    def _run_chunks(
+        self, ids, positions, cu, normalize, out, max_seqs, on_chunk=None, tasks=None
+    ) -> None:
         """Greedy chunks of consecutive sequences under max_tokens and max_seqs (every
         sequence fits max_tokens: checked by the caller), each a slice of the packed arrays;
         NaN / Inf in the result is an error (NumericalError), never an output."""
         self._run_source(
-            ArraySource(ids, positions, cu, self.max_tokens, max_seqs), normalize, out, on_chunk
+            ArraySource(ids, positions, cu, self.max_tokens, max_seqs),
+            normalize,
+            out,
+            on_chunk,
+            tasks=tasks,
         )
 
     def _staging_for(self) -> Staging:
@@ -347,10 +362,11 @@ class Engine(HeadsMixin):
             st = self._staging = Staging(self.max_tokens, self.max_batch)
         return st
 
-    def _run_source(self, source, normalize, out, on_chunk=None, check=None) -> None:
+    def _run_source(self, source, normalize, out, on_chunk=None, check=None, tasks=None) -> None:
         """Every chunk of `source` through the backend, pipelined (zoi.pipeline), then the
-        NaN / Inf check of the result."""
+        NaN / Inf check of the result. tasks: int32 [B] task ids of the sequences (zoi.adapters)."""
         B = len(out)
+        backend = self.backend if tasks is None else TaskBackend(self.backend, tasks)
         # The lock spans the whole call, not one chunk, and must: a call's pipeline owns the
         # engine's two staging sets and both of the backend's ticket slots (Backend.submit: at
         # most two outstanding) for its duration, and every forward runs in the backend's one
@@ -361,7 +377,7 @@ class Engine(HeadsMixin):
         # tests/test_engine_threads.py: concurrent calls equal serial ones.
         with self._lock:
             done = run_chunks(
-                self.backend,
+                backend,
                 source,
                 normalize,
                 out,
@@ -395,8 +411,13 @@ class Engine(HeadsMixin):
         truncate_dim: int | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        task: str | Sequence[str | None] | None = None,
     ) -> np.ndarray:
         """Sentence embeddings: a str gives [H], a list gives [n, H] (float32), input order kept.
+
+        task: the task adapter (jina-embeddings-v3's LoRA: `engine.tasks`) of every text, or a
+        list with one per text (None: the base weights), all in one batch; each text gets its
+        task's instruction first unless prompt / prompt_name is given (zoi.adapters).
 
         sentence-transformers' options (zoi.heads): output_value="token_embeddings" gives the
         last hidden state of each text's tokens ([n_i, H] each); truncate_dim keeps the first
@@ -417,16 +438,27 @@ class Engine(HeadsMixin):
             if torch is not None:
                 emb = self.encode(
                     sentences, batch_size, normalize_embeddings, show_progress_bar, truncate,
-                    truncate_dim=truncate_dim, prompt_name=prompt_name, prompt=prompt,
+                    truncate_dim=truncate_dim, prompt_name=prompt_name, prompt=prompt, task=task,
                 )  # fmt: skip
                 return _to_torch(torch, emb, convert_to_tensor, device)
+        if task is not None:  # per-text task ids; the instructions put before the texts
+            sentences, task, prompt = self._with_task(sentences, task, prompt, prompt_name)
         sentences = self._prompted(sentences, prompt, prompt_name)
+        if output_value != "sentence_embedding" and task is not None:
+            raise ValueError("task= gives sentence embeddings; output_value must stay its default")
         if output_value != "sentence_embedding":
             return self._other_output(sentences, output_value, batch_size, truncate)
         self._check_pooled("encode")  # a ColBERT model has no sentence embedding
         if truncate_dim != 0 and (truncate_dim is not None or self.model.meta.get("truncate_dim")):
             out = self.encode(
-                sentences, batch_size, False, show_progress_bar, truncate, truncate_dim=0, prompt=""
+                sentences,
+                batch_size,
+                False,
+                show_progress_bar,
+                truncate,
+                truncate_dim=0,
+                prompt="",
+                task=task,
             )
             return self._truncated(out, truncate_dim, normalize_embeddings)
         single = isinstance(sentences, str)
@@ -448,15 +480,18 @@ class Engine(HeadsMixin):
 
             bar = tqdm(total=len(texts), desc="encode", unit="text")
         try:
+            tasks = None if task is None else np.asarray(task, np.int32)
             out = self._encode_texts(
-                texts, truncate, normalize, max_seqs, bar.update if bar else None
+                texts, truncate, normalize, max_seqs, bar.update if bar else None, tasks
             )
         finally:
             if bar is not None:
                 bar.close()
         return out[0] if single else out
 
-    def _encode_texts(self, texts, truncate, normalize, max_seqs, on_chunk=None) -> np.ndarray:
+    def _encode_texts(
+        self, texts, truncate, normalize, max_seqs, on_chunk=None, tasks=None
+    ) -> np.ndarray:
         """Texts -> float32 [B, H] embeddings, in order: the native tokenizer tokenises and
         packs each chunk into staging while the backend runs the one before (zoi.pipeline);
         with HF tokenizers every text is tokenised first, then the chunks run."""
@@ -476,7 +511,7 @@ class Engine(HeadsMixin):
         out = np.empty((B, self.spec.out_dim), np.float32)
         if B:
             check = None if self._trusted_ids else self._check_ids
-            self._run_source(source, normalize, out, on_chunk, check)
+            self._run_source(source, normalize, out, on_chunk, check, tasks)
         return out
 
     def _check_ids(self, ids, pos) -> None:

@@ -13,7 +13,8 @@ causal / grouped-KV / q-k-norm attention, SwiGLU, embeddings without a norm, las
 pooling, sentence-transformers' Dense modules as linears over the pooled rows), and the
 per-token heads (token classification logits [T, labels], SPLADE: the MLM head +
 kernels/sparse_pool.py) plus the token embeddings. Sequence classifiers run through
-zoi.heads.hybrid (GPU encoder, host head).
+zoi.heads.hybrid (GPU encoder, host head). Task adapters chosen per request (jina-embeddings-v3's
+LoRA) are refused: the CPU core and the reference run them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def cuda_missing(graph) -> list[str]:
     missing: set[str] = set()
     pooled = False  # past the pool: linears over the B pooled rows (Dense modules)
     for op in graph.ops:
+        if "lora_a" in op.weights:  # jina-embeddings-v3's adapters (zoi.frontend.adapters)
+            missing.add("per-request LoRA on the GPU (the task adapters)")
         if op.kind not in KINDS:
             missing.add(f"the {op.kind} op")
         elif op.kind in ("glu", "linear") and op.attrs.get("act", "none") not in KERNEL_ACTS:

@@ -64,3 +64,17 @@ class HeadRunner(Protocol):
         each name in taps (a buffer that outlives the run: the input of the graph's last op)};
         types: int32 [T] token types or None (type 0)."""
         ...
+
+
+@runtime_checkable
+class TaskRunner(Protocol):
+    """What task adapters chosen per sequence (jina-embeddings-v3's LoRA, zoi.adapters) ask of
+    a backend besides Backend; the CPU core and the reference satisfy it, the cuda backend
+    refuses such models (zoi.backends.arch_support)."""
+
+    def run_tasks_into(
+        self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray, tasks
+    ) -> np.ndarray:
+        """run_into with tasks: int32 [B], the adapter of each sequence (-1: the base weights);
+        synchronous; returns `out`."""
+        ...

@@ -12,11 +12,20 @@ from zoi.numerics.reference import execute, l2_normalize
 
 
 def run_graph(
-    model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32, types=None
+    model: CompiledModel, ids, positions, cu_seqlens, dtype=np.float32, types=None, tasks=None
 ) -> dict[str, np.ndarray]:
-    """Run a CompiledModel (its quantisation emulated); returns every buffer by name."""
+    """Run a CompiledModel (its quantisation emulated); returns every buffer by name.
+    tasks: int32 [B] task adapter per sequence (-1: none), for a model with adapters."""
     return execute(
-        model.graph, model.weights, ids, positions, cu_seqlens, model.quant, dtype, types=types
+        model.graph,
+        model.weights,
+        ids,
+        positions,
+        cu_seqlens,
+        model.quant,
+        dtype,
+        types=types,
+        tasks=tasks,
     )
 
 
@@ -31,7 +40,10 @@ class ReferenceBackend(SyncSubmit):
         self.dtype = dtype
 
     def run(self, ids, positions, cu_seqlens, normalize: bool) -> np.ndarray:
-        env = run_graph(self.model, ids, positions, cu_seqlens, self.dtype)
+        return self._run(ids, positions, cu_seqlens, normalize, None)
+
+    def _run(self, ids, positions, cu_seqlens, normalize: bool, tasks) -> np.ndarray:
+        env = run_graph(self.model, ids, positions, cu_seqlens, self.dtype, tasks=tasks)
         out = env[self.model.graph.output]
         if normalize:
             out = l2_normalize(out)
@@ -39,6 +51,13 @@ class ReferenceBackend(SyncSubmit):
 
     def run_into(self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray) -> np.ndarray:
         out[: len(cu_seqlens) - 1] = self.run(ids, positions, cu_seqlens, normalize)
+        return out
+
+    def run_tasks_into(
+        self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray, tasks
+    ) -> np.ndarray:
+        """Task adapters (zoi.backends.base.TaskRunner): run_into with each sequence's task."""
+        out[: len(cu_seqlens) - 1] = self._run(ids, positions, cu_seqlens, normalize, tasks)
         return out
 
     def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:

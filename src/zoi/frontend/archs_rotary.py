@@ -1,4 +1,4 @@
-"""NomicBERT and GTE: BERT's post-norm layers with rotary positions and a gated MLP.
+"""NomicBERT, GTE and jina-embeddings-v3: BERT's post-norm layers with rotary positions.
 
 Both run through the IR BERT runs (zoi.graph.build): only attributes differ. Per layer
 
@@ -8,7 +8,9 @@ Both run through the IR BERT runs (zoi.graph.build): only attributes differ. Per
 after x0 = LN(word[ids] + type[0]) (no position table), and no final norm. NomicBERT
 (nomic-embed-text v1 / v1.5) has no linear biases and SwiGLU; GTE (gte-base-en-v1.5,
 gte-multilingual-base) has biases on q / k / v / o and the down projection, GeGLU, and RoPE
-scaled for a longer context.
+scaled for a longer context. jina-embeddings-v3 (XLM-RoBERTa with RoPE, base 20000) keeps BERT's
+plain MLP (fc1, GELU, fc2) and biases everywhere; its task LoRA adapters are read by
+zoi.frontend.adapters.
 
 Accepted configs and checkpoints:
 
@@ -22,6 +24,10 @@ Accepted configs and checkpoints:
   `n_positions`, `rotary_emb_base`, `activation_function` "swiglu" / "geglu" ...), alone or
   beside transformers' keys (the hub folders rewritten for transformers 5: `_nomic_view`), and
   GTE's original `model_type` "new" (Alibaba-NLP's code: `rope_scaling` {"type": "ntk"}).
+- `model_type` jina_embeddings_v3 as transformers 5 writes it, and the hub's own jina config
+  (model_type xlm-roberta, position_embedding_type "rotary", rotary_emb_base); tensors under
+  the hub's names (`emb_ln`, `encoder.layers.N.mixer.Wqkv` / `out_proj`, `mlp.fc1` / `fc2`,
+  `norm1` / `norm2`, with or without `roberta.`) or transformers' modules' names.
 - RoPE: default; linear (`factor`); dynamic NTK (its base at max_position_embeddings, which is
   what transformers computes for every sequence zoi runs); GTE's fixed NTK "ntk" (base *
   factor, then inv_freq / factor^(2/d), as the original code computes it: the same tables as
@@ -41,10 +47,18 @@ from pathlib import Path
 import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
-from zoi.frontend.spec import ModelSpec
+from zoi.frontend.adapters import adapter_shapes
+from zoi.frontend.spec import GATED_ROTARY_ARCHS, ModelSpec
 
-# config.json model_type -> arch ("new": GTE's original code, Alibaba-NLP/new-impl)
-MODEL_TYPES = {"nomic_bert": "nomic_bert", "gte": "gte", "new": "gte"}
+# config.json model_type -> arch ("new": GTE's original code, Alibaba-NLP/new-impl); the hub's
+# jina-embeddings-v3 folder says "xlm-roberta" with position_embedding_type "rotary"
+# (checkpoint._spec_from_config: is_original_jina)
+MODEL_TYPES = {
+    "nomic_bert": "nomic_bert",
+    "gte": "gte",
+    "new": "gte",
+    "jina_embeddings_v3": "jina_v3",
+}
 _ACTS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
@@ -62,6 +76,9 @@ _DEFAULTS = {
     ),
     "gte": dict(
         theta=160000.0, act="gelu", maxpos=8192, types=1, eps=1e-12, vocab=250048, inter=3072
+    ),
+    "jina_v3": dict(
+        theta=20000.0, act="gelu", maxpos=8194, types=1, eps=1e-5, vocab=250002, inter=4096
     ),
 }
 # GTE's original NewConfig defaults (model_type "new")
@@ -88,10 +105,37 @@ def is_original_nomic(cfg: dict) -> bool:
     return any(k in cfg for k in ("n_embd", "n_layer", "n_head"))
 
 
+def is_original_jina(cfg: dict) -> bool:
+    """jina-embeddings-v3's own config (jinaai/xlm-roberta-flash-implementation): model_type
+    xlm-roberta with rotary positions (rotary_emb_base) instead of a position table."""
+    return cfg.get("model_type") == "xlm-roberta" and cfg.get("position_embedding_type") == "rotary"
+
+
+def _jina_view(cfg: dict, cpath: Path) -> dict:
+    """The original jina config as transformers' keys: rotary_emb_base is the RoPE base; its
+    options zoi does not run are refused by name (flash attention and the adapters' training
+    switches are not read)."""
+    if not is_original_jina(cfg):
+        return cfg
+    for key, ok, why in (
+        ("rotary_emb_interleaved", False, "zoi runs the GPT-NeoX rotation (false)"),
+        ("rotary_emb_fraction", 1, "zoi rotates whole heads (1.0)"),
+        ("emb_pooler", None, "zoi pools as the sentence-transformers folder says (null)"),
+    ):
+        if key in cfg and cfg[key] != ok and not (ok is None and cfg[key] is None):
+            _unsupported(cpath, key, cfg[key], why)
+    v = dict(cfg)
+    if "rope_parameters" not in cfg and "rope_theta" not in cfg:
+        v["rope_theta"] = cfg.get("rotary_emb_base", _DEFAULTS["jina_v3"]["theta"])
+    return v
+
+
 def spec_fields(arch: str, cfg: dict, cpath: Path, field) -> dict:
     """The ModelSpec keyword arguments (`field`: checkpoint._field)."""
     if arch == "nomic_bert":
         cfg = _nomic_view(cfg, cpath, field)
+    if arch == "jina_v3":
+        cfg = _jina_view(cfg, cpath)
     new = cfg.get("model_type") == "new"
     dflt = _NEW_DEFAULTS if new else _DEFAULTS[arch]
     hidden = field(cfg, cpath, "hidden_size", default=768)
@@ -285,6 +329,8 @@ def _layout(spec: ModelSpec, names: list[str]) -> str:
     or "modules" (transformers' module names, a state_dict saved as it is)."""
     if spec.arch == "nomic_bert":
         anchors = ("encoder.layers.0.attn.Wqkv.weight",)
+    elif spec.arch == "jina_v3":
+        anchors = ("encoder.layers.0.mixer.Wqkv.weight",)
     else:  # GTE's NewModel, packed (qkv_proj) or not
         anchors = tuple(f"encoder.layer.0.attention.{x}.weight" for x in ("qkv_proj", "q_proj"))
     hub = any(n == a or n.endswith("." + a) for n in names for a in anchors)
@@ -303,6 +349,8 @@ def mapping(spec: ModelSpec, names: list[str]) -> tuple[dict[str, list[str]], se
     if spec.type_vocab_size:
         m["embed.type"] = ["embeddings.token_type_embeddings.weight"]
     layout = _layout(spec, names)
+    if spec.arch == "jina_v3":
+        return _jina_mapping(spec, m, layout), set()
     nomic = spec.arch == "nomic_bert"
     bias = not nomic  # GTE: q / k / v / o and the down projection carry biases
     if layout == "hub" and nomic:
@@ -344,8 +392,34 @@ def mapping(spec: ModelSpec, names: list[str]) -> tuple[dict[str, list[str]], se
     return m, set()
 
 
+def _jina_mapping(spec: ModelSpec, m: dict, layout: str) -> dict[str, list[str]]:
+    """jina-embeddings-v3: the hub's names (its original folder, and what save_pretrained
+    writes: transformers' conversion_mapping renames them back) or transformers' modules'."""
+    if layout == "hub":
+        m["embed.ln.w"], m["embed.ln.b"] = ["emb_ln.weight"], ["emb_ln.bias"]
+    else:
+        m["embed.ln.w"] = ["embeddings.LayerNorm.weight"]
+        m["embed.ln.b"] = ["embeddings.LayerNorm.bias"]
+    for i in range(spec.layers):
+        if layout == "hub":
+            p = f"encoder.layers.{i}."
+            names = {"qkv": [p + "mixer.Wqkv"], "o": [p + "mixer.out_proj"]}
+            names.update(ln1=[p + "norm1"], ln2=[p + "norm2"])
+        else:
+            p = f"layers.{i}."
+            names = {"qkv": [p + f"self_attn.{x}_proj" for x in "qkv"]}
+            names.update(o=[p + "self_attn.o_proj"], ln1=[p + "post_attention_layernorm"])
+            names["ln2"] = [p + "post_mlp_layernorm"]
+        names.update(ffn1=[p + "mlp.fc1"], ffn2=[p + "mlp.fc2"])
+        for key, srcs in names.items():
+            m[f"l{i}.{key}.w"] = [s + ".weight" for s in srcs]
+            m[f"l{i}.{key}.b"] = [s + ".bias" for s in srcs]
+    return m
+
+
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     H, I, d = spec.hidden, spec.intermediate, spec.head_dim
+    gated = spec.arch in GATED_ROTARY_ARCHS
     q = spec.heads * d
     s: dict[str, tuple[int, ...]] = {
         "embed.word": (spec.vocab_size, H),
@@ -363,8 +437,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
                 f"l{i}.o.b": (H,),
                 f"l{i}.ln1.w": (H,),
                 f"l{i}.ln1.b": (H,),
-                f"l{i}.ffn1.w": (2 * I, H),
-                f"l{i}.ffn1.b": (2 * I,),
+                f"l{i}.ffn1.w": (2 * I if gated else I, H),
+                f"l{i}.ffn1.b": (2 * I if gated else I,),
                 f"l{i}.ffn2.w": (H, I),
                 f"l{i}.ffn2.b": (H,),
                 f"l{i}.ln2.w": (H,),
@@ -372,12 +446,17 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             }
         )
     s["rope.g.cos"] = s["rope.g.sin"] = (spec.max_positions, d // 2)
+    s.update(adapter_shapes(spec))
     return s
 
 
 def source_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Shapes of the canonical names as read from the checkpoint (before derive)."""
-    s = {k: v for k, v in expected_shapes(spec).items() if not k.startswith("rope.")}
+    s = {
+        k: v
+        for k, v in expected_shapes(spec).items()
+        if not k.startswith("rope.") and ".lora_" not in k
+    }
     for i in range(spec.layers):
         s[f"l{i}.up_gate.w"] = s[f"l{i}.ffn1.w"]
     return s

@@ -104,6 +104,14 @@ ROWS: tuple[Row, ...] = (
         ("embeddings", "token embeddings"),
     ),
     Row(
+        "jina_v3",
+        ("jina_embeddings_v3",),  # and the hub's folder: xlm-roberta with rotary positions
+        "jina-embeddings-v3 (5 task LoRA adapters chosen per request)",
+        "FP32, INT8 (adapters FP32)",
+        "FP16 (interpreter) without adapters; per-request LoRA refused",
+        ("embeddings", "embeddings per task", "token embeddings (base weights)"),
+    ),
+    Row(
         "qwen3",
         ("qwen3",),
         "Qwen3-Embedding, Qwen3-Reranker",

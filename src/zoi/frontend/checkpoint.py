@@ -16,6 +16,7 @@ import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
 from zoi.frontend import archs_decoder, archs_rotary
+from zoi.frontend.adapters import PARAM, load_adapters
 from zoi.frontend.archs import NEW_ARCHS, derive, source_shapes
 from zoi.frontend.archs import expected_shapes as arch_expected_shapes
 from zoi.frontend.archs import mapping as arch_mapping
@@ -45,7 +46,7 @@ SUPPORTED_TYPES = {
     **archs_rotary.MODEL_TYPES,
     **archs_decoder.MODEL_TYPES,
 }
-SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel, NomicBertModel, GteModel (and GTE's original NewModel), and as encoders LlamaModel, MistralModel, Qwen2Model, Qwen3Model, Gemma3TextModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert, nomic_bert, gte, new, llama, mistral, qwen2, qwen3, gemma3_text)"
+SUPPORTED_TEXT = "BertModel, DistilBertModel, RobertaModel / XLMRobertaModel, MPNetModel, ModernBertModel, ElectraModel, AlbertModel, NomicBertModel, GteModel (and GTE's original NewModel), JinaEmbeddingsV3Model (and its hub folder with task adapters), and as encoders LlamaModel, MistralModel, Qwen2Model, Qwen3Model, Gemma3TextModel (model_type bert, distilbert, roberta, xlm-roberta, camembert, mpnet, modernbert, electra, albert, nomic_bert, gte, new, jina_embeddings_v3, llama, mistral, qwen2, qwen3, gemma3_text)"
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
@@ -140,6 +141,8 @@ def _spec_from_config(folder: Path, cfg: dict) -> ModelSpec:
             f"{cpath}: model_type {mtype!r} (architectures {archs}) is not supported; zoi supports {SUPPORTED_TEXT}"
         )
     arch = SUPPORTED_TYPES[mtype]
+    if archs_rotary.is_original_jina(cfg):  # jina-embeddings-v3's hub config: XLM-R with RoPE
+        arch = "jina_v3"
     if arch in DECODER_ARCHS:
         return _new_arch_spec(folder, cfg, arch)
     if arch in NEW_ARCHS or arch in ROTARY_ARCHS:
@@ -591,9 +594,13 @@ def _legacy(name: str) -> list[str]:
 def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
     files = [SafetensorsFile(p) for p in _weight_files(folder)]
     where: dict[str, SafetensorsFile] = {}
+    real: dict[str, str] = {}  # a name read under another name -> the file's name
     for f in files:
         for n in f.names():
             where[n] = f
+            if n.endswith(PARAM):  # a module with torch parametrizations (jina's adapters)
+                alias = n[: -len(PARAM)] + ".weight"
+                where[alias], real[alias] = f, n
     names = list(where)
     optional: set[str] = set()
     if spec.arch in DECODER_ARCHS:
@@ -629,12 +636,12 @@ def load_weights(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
                     f"({', '.join(p.path.name for p in files)}); is this a complete {spec.arch} checkpoint?"
                 )
             f = where[found]
-            dtype, _ = f.meta(found)
+            dtype, _ = f.meta(real.get(found, found))
             if dtype not in ("F32", "F16", "BF16", "F64"):
                 raise CheckpointError(
                     f"{f.path}: tensor {found!r} has dtype {dtype}; expected F32, F16 or BF16"
                 )
-            parts.append(f.get(found))
+            parts.append(f.get(real.get(found, found)))
         arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         want = shapes[canon]
         if canon == "embed.pos":
@@ -693,4 +700,14 @@ def load_checkpoint(
     check_file(tok, folder)
     spec = apply_task(folder, spec, task, tok)
     weights = load_weights(folder, spec)
+    if spec.arch == "jina_v3":  # its task LoRA adapters, when the folder has them
+        spec, lora = _load_adapters(folder, spec)
+        weights.update(lora)
     return spec, weights, tok
+
+
+def _load_adapters(folder: Path, spec: ModelSpec) -> tuple[ModelSpec, dict[str, np.ndarray]]:
+    files = [SafetensorsFile(p) for p in _weight_files(folder)]
+    where = {n: f for f in files for n in f.names()}
+    cfg = read_json(folder / "config.json", folder)
+    return load_adapters(spec, cfg, folder / "config.json", list(where), lambda n: where[n].get(n))

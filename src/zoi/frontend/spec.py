@@ -9,8 +9,10 @@ SUPPORTED_ACTS = ("gelu", "gelu_tanh", "relu", "silu")  # the FFN activation (`a
 SUPPORTED_POOLING = ("mean", "cls", "max", "last")  # `pooling` (last: the last token)
 # decoder architectures (llama ... gemma3) run as encoders: embedders, rerankers
 DECODER_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
-# BERT's post-norm layers with RoPE and a gated MLP (zoi.frontend.archs_rotary)
-ROTARY_ARCHS = ("nomic_bert", "gte")
+# BERT's post-norm layers with RoPE (zoi.frontend.archs_rotary): NomicBERT / GTE with a gated
+# MLP, jina-embeddings-v3 (XLM-RoBERTa with RoPE) with BERT's plain one
+ROTARY_ARCHS = ("nomic_bert", "gte", "jina_v3")
+GATED_ROTARY_ARCHS = ("nomic_bert", "gte")
 ARCHS = (
     "bert",
     "distilbert",
@@ -75,12 +77,19 @@ class ModelSpec:
     # ids (true[, false]) whose LM-head rows are the classifier on the last token;
     # score = logit[true] - logit[false] (logit[true] alone with one id)
     score_tokens: tuple = ()
+    # task LoRA adapters chosen per sequence at run time (jina-embeddings-v3: zoi.frontend.
+    # adapters): their names, in the order of the stacked `*.lora_a` / `*.lora_b` tensors, and
+    # their rank; () / 0: none
+    adapters: tuple = ()
+    adapter_rank: int = 0
 
     def __post_init__(self):
         if not isinstance(self.labels, tuple):
             object.__setattr__(self, "labels", tuple(self.labels))
         if not isinstance(self.score_tokens, tuple):
             object.__setattr__(self, "score_tokens", tuple(self.score_tokens))
+        if not isinstance(self.adapters, tuple):
+            object.__setattr__(self, "adapters", tuple(self.adapters))
         if not isinstance(self.layer_windows, tuple):
             object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
         if not isinstance(self.dense, tuple):
@@ -187,6 +196,26 @@ class ModelSpec:
             raise ValueError(f"name must be a string, got {self.name!r}")
         self._validate_decoder()
         self._validate_head()
+        self._validate_adapters()
+
+    def _validate_adapters(self) -> None:
+        ad, r = self.adapters, self.adapter_rank
+        if type(r) is not int or r < 0 or r > 256:
+            raise ValueError(f"adapter_rank must be an integer in [0, 256], got {r!r}")
+        if not ad and not r:
+            return
+        if (
+            not ad
+            or r < 1
+            or any(not isinstance(a, str) or not a for a in ad)
+            or len(set(ad)) != len(ad)
+        ):
+            raise ValueError(
+                "adapters must be distinct non-empty task names with adapter_rank >= 1, got "
+                f"{ad!r} / rank {r!r}"
+            )
+        if self.head:
+            raise ValueError(f"task adapters on a {self.head!r} head model are not supported")
 
     def _validate_decoder(self) -> None:
         if self.norm not in NORMS:

@@ -1,14 +1,19 @@
 """ModelSpec -> Graph (the op list of a BERT-family encoder over packed tokens).
 
-NomicBERT / GTE (spec.ROTARY_ARCHS) are the same post-norm layers with other attributes: no
-position table in `embed`, RoPE tables on `attention` (heads x head_dim columns, which need
-not be H), and a gated MLP: `ffn1` writes 2I columns, `glu` (act(gate) * up) feeds `ffn2`."""
+NomicBERT / GTE / jina-embeddings-v3 (spec.ROTARY_ARCHS) are the same post-norm layers with
+other attributes: no position table in `embed`, RoPE tables on `attention` (heads x head_dim
+columns, which need not be H), and for NomicBERT / GTE a gated MLP: `ffn1` writes 2I columns,
+`glu` (act(gate) * up) feeds `ffn2`.
+
+Task adapters (spec.adapters, jina-embeddings-v3): every linear of the layers gets the weight
+roles `lora_a` / `lora_b` and the embedding `lora_a` / `lora_b` (/ `lora_type`), and the graph
+takes the per-sequence input `tasks` (docs/ARCHITECTURE.md "Task adapters")."""
 
 from __future__ import annotations
 
 import math
 
-from zoi.frontend.spec import DECODER_ARCHS, ROTARY_ARCHS, ModelSpec
+from zoi.frontend.spec import DECODER_ARCHS, GATED_ROTARY_ARCHS, ROTARY_ARCHS, ModelSpec
 from zoi.graph.build_decoder import append_pool, build_decoder
 from zoi.graph.heads import append_head, decoder_with_head, uses_types
 from zoi.graph.ir import Buffer, Graph, Op
@@ -36,16 +41,13 @@ def build_graph(spec: ModelSpec) -> Graph:
         bufs[name] = Buffer(name, rows, cols)
         return name
 
+    lora = bool(spec.adapters)
+
     def lin(x: str, prefix: str, out: str, cols: int, act: str = "none") -> str:
-        ops.append(
-            Op(
-                "linear",
-                [x],
-                buf(out, cols),
-                {"w": f"{prefix}.w", "b": f"{prefix}.b"},
-                {"act": act},
-            )
-        )
+        w = {"w": f"{prefix}.w", "b": f"{prefix}.b"}
+        if lora and prefix.startswith("l"):  # the layers' linears (not Electra's projection)
+            w.update(lora_a=f"{prefix}.lora_a", lora_b=f"{prefix}.lora_b")
+        ops.append(Op("linear", [x], buf(out, cols), w, {"act": act}))
         return out
 
     def add_ln(x: str, res: str, prefix: str, out: str) -> str:
@@ -65,6 +67,10 @@ def build_graph(spec: ModelSpec) -> Graph:
         del ew["pos"]
     if spec.type_vocab_size:
         ew["type"] = "embed.type"
+    if lora:
+        ew.update(lora_a="embed.lora_a", lora_b="embed.lora_b")
+        if spec.type_vocab_size:
+            ew["lora_type"] = "embed.lora_type"
     E = spec.embed_size or H  # Electra / ALBERT: factorised embeddings, then a projection
     ins = ["ids", "positions"] + (["types"] if uses_types(spec) else [])  # types: pairs (heads)
     ops.append(Op("embed", ins, buf("x0", E), ew, {"eps": spec.eps}))
@@ -91,7 +97,7 @@ def build_graph(spec: ModelSpec) -> Graph:
         )
         ao = lin(f"l{i}.ctx", f"l{i}.o", f"l{i}.attn_out", H)
         x1 = add_ln(ao, x, f"l{i}.ln1", f"l{i}.x1")
-        if rotary:  # act(x1 Wgate) * (x1 Wup): one [2I, H] linear, then the glu op
+        if spec.arch in GATED_ROTARY_ARCHS:  # act(x1 Wgate) * (x1 Wup): one [2I, H] linear, glu
             h = lin(x1, f"l{i}.ffn1", f"l{i}.ffn_h", 2 * I)
             ops.append(Op("glu", [h], buf(f"l{i}.glu", I), {}, {"act": spec.act}))
             h = f"l{i}.glu"
@@ -103,4 +109,6 @@ def build_graph(spec: ModelSpec) -> Graph:
         out = append_head(spec, ops, bufs, x)
         return Graph(ops, bufs, ("ids", "positions", "cu_seqlens", *ins[2:]), out)
     append_pool(spec, ops, bufs, x)
+    if lora:  # one task id per sequence (-1: the base weights)
+        return Graph(ops, bufs, ("ids", "positions", "cu_seqlens", "tasks"))
     return Graph(ops, bufs)

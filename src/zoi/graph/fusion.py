@@ -38,6 +38,10 @@ a ``linear`` followed by the residual ``add_layernorm`` that alone reads it (no 
     ``fuse_ln``: that LayerNorm's output (the LN may run in the linear's epilogue, where the
     backend's kernel sees whole rows); the LayerNorm gets ``fuse_into``: the linear's output.
 
+A ``linear`` with task adapters (``lora_a`` / ``lora_b`` weights) adds their term to its rows
+after the GEMM, then its activation and residual: it gets no ``fuse_ln``, writes no copy, and the
+float rows of its input stay in the arena (they feed the adapters).
+
 Who writes a copy: the op right before its first consumer, when it produces the consumer's
 input and its epilogue sees whole rows (``embed``, ``add_layernorm``, ``glu``: always), or is
 a ``linear`` without a residual that does not itself read a copy another linear wrote (from
@@ -149,8 +153,10 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
         mode, amax = linear_quant(model, p)
         op.attrs["quant"] = mode
         nxt = ops[i + 1] if i + 1 < len(ops) else None
+        lora = "lora_a" in op.weights  # task adapters: their term is added after the GEMM
         if (
-            nxt is not None
+            not lora
+            and nxt is not None
             and nxt.kind == "add_layernorm"
             and len(op.inputs) == 1
             and len(nxt.inputs) == 2
@@ -186,6 +192,7 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
                 elif (
                     P.kind == "linear"
                     and len(P.inputs) == 1
+                    and "lora_a" not in P.weights  # its rows are final only after the adapters
                     and not _reads_linear_copy(P, ops, writer_of)
                 ):
                     who, min_t = P.output, int(policy.linear_quant_min_tokens)
@@ -214,6 +221,7 @@ def _only_copy_read(
         and ops[j + 1].kind == "linear"
         and ops[j + 1].inputs[0] == Y
         and ops[j + 1].attrs.get("quant_in") == qname
+        and "lora_a" not in ops[j + 1].weights  # the adapters read the float rows
     )
 
 

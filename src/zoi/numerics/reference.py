@@ -106,15 +106,27 @@ def embed(ids, positions, word, pos, ln_w, ln_b, eps, type_=None, dtype=np.float
 
 
 def embed_rows(
-    word_rows, positions, pos, ln_w, ln_b, eps, type_=None, dtype=np.float32, types=None
+    word_rows,
+    positions,
+    pos,
+    ln_w,
+    ln_b,
+    eps,
+    type_=None,
+    dtype=np.float32,
+    types=None,
+    type_delta=None,
 ) -> np.ndarray:
     """embed() with the word rows already gathered (float or dequantised INT8 table);
-    types: int32[T] token types (pairs, heads), else row 0 of the type table for every token."""
+    types: int32[T] token types (pairs, heads), else row 0 of the type table for every token;
+    type_delta [T, H]: the task adapters' term of each token's type row (lora_type), or None."""
     x = word_rows.astype(dtype)
     if pos is not None:  # ModernBERT has no position table (RoPE in attention)
         x = x + pos[positions].astype(dtype)
     if type_ is not None:
         x = x + (type_[0] if types is None else type_[np.asarray(types)]).astype(dtype)
+    if type_delta is not None:
+        x = x + type_delta.astype(dtype)
     if ln_w is None:  # decoder architectures: no embedding norm
         return x
     return layernorm(x, ln_w.astype(dtype), ln_b.astype(dtype), eps)
@@ -129,6 +141,41 @@ def linear(x, w, b, act="none", residual=None) -> np.ndarray:
     if residual is not None:
         y = y + residual
     return y.astype(x.dtype)
+
+
+def task_rows(tasks, cu_seqlens) -> dict[int, np.ndarray]:
+    """{task: the token rows of its sequences} of per-sequence task ids (-1: no adapter)."""
+    cu = np.asarray(cu_seqlens)
+    tasks = np.asarray(tasks)
+    out: dict[int, np.ndarray] = {}
+    for t in np.unique(tasks[tasks >= 0]):
+        seqs = np.flatnonzero(tasks == t)
+        out[int(t)] = np.concatenate([np.arange(cu[s], cu[s + 1]) for s in seqs])
+    return out
+
+
+def lora_delta(x: np.ndarray, a: np.ndarray, b: np.ndarray, tasks, cu_seqlens) -> np.ndarray:
+    """The task adapters' term of a linear (before its activation): the rows of sequence s get
+    (x A_t^T) B_t^T with t = tasks[s] (a [n, r, K], b [n, N, r]: s * B, zoi.frontend.adapters);
+    rows of a sequence with task -1 get 0."""
+    d = np.zeros((x.shape[0], b.shape[1]), x.dtype)
+    for t, rows in task_rows(tasks, cu_seqlens).items():
+        xa = x[rows] @ a[t].T.astype(x.dtype)
+        d[rows] = xa @ b[t].T.astype(x.dtype)
+    return d
+
+
+def lora_embed(ids, a: np.ndarray, b: np.ndarray, ltype, tasks, cu_seqlens, dtype):
+    """(word delta, type delta) [T, H] of the embedding's adapters: A_t[ids] B_t (s folded into
+    b) and lora_type[t] for each token of a sequence with task t; zeros for task -1."""
+    ids = np.asarray(ids)
+    dw = np.zeros((len(ids), b.shape[2]), dtype)
+    dt = np.zeros_like(dw) if ltype is not None else None
+    for t, rows in task_rows(tasks, cu_seqlens).items():
+        dw[rows] = a[t][ids[rows]].astype(dtype) @ b[t].astype(dtype)
+        if dt is not None:
+            dt[rows] = ltype[t].astype(dtype)
+    return dw, dt
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -347,8 +394,13 @@ def execute(
     types=None,
     store=None,
     key_lens=None,
+    tasks=None,
 ) -> dict[str, np.ndarray]:
     """Run the op list; returns every buffer by name.
+
+    tasks: int[B], the task adapter of each sequence (-1: none) for ops with `lora_a` /
+    `lora_b` weights (docs/ARCHITECTURE.md "Task adapters"); None: every sequence runs the base
+    weights.
 
     key_lens: int[B], every attention op's queries of sequence s see only its first
     key_lens[s] keys (attention()'s key_lens); None: all of them.
@@ -373,8 +425,15 @@ def execute(
         ins = [env[n] for n in op.inputs]
         a, wn = op.attrs, op.weights
         if op.kind == "embed":
+            rows, type_delta = gather_rows(W, wn["word"], ins[0]), None
+            if tasks is not None and "lora_a" in wn:
+                lt = W[wn["lora_type"]] if "lora_type" in wn else None
+                dw, type_delta = lora_embed(
+                    ins[0], W[wn["lora_a"]], W[wn["lora_b"]], lt, tasks, env["cu_seqlens"], dtype
+                )
+                rows = rows.astype(dtype) + dw
             env[op.output] = embed_rows(
-                gather_rows(W, wn["word"], ins[0]),
+                rows,
                 ins[1],
                 W[wn["pos"]] if "pos" in wn else None,
                 W[wn["ln_w"]] if "ln_w" in wn else None,
@@ -383,6 +442,7 @@ def execute(
                 W[wn["type"]] if "type" in wn else None,
                 dtype,
                 ins[2] if len(ins) > 2 else None,
+                type_delta,
             )
         elif op.kind == "linear":
             p = op.weights["w"].rsplit(".", 1)[0]  # zoi.graph.build.linear_prefix
@@ -391,7 +451,11 @@ def execute(
                 y = linear_apply(ins[0], W, p, quant.get(p), matmul_exact)
             if tap is not None:
                 tap(p, ins[0], y)
-            y = activation(y.astype(dtype), a["act"])
+            y = y.astype(dtype)
+            if tasks is not None and "lora_a" in wn:  # before the activation: W + B A
+                x = ins[0].astype(dtype)
+                y = y + lora_delta(x, W[wn["lora_a"]], W[wn["lora_b"]], tasks, env["cu_seqlens"])
+            y = activation(y, a["act"])
             if len(ins) > 1:
                 y = y + ins[1]
             env[op.output] = y.astype(dtype)

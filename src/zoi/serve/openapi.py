@@ -25,11 +25,20 @@ from zoi.serve.openapi_parts import (
     _probe,
 )
 
+# a model with task adapters (jina-embeddings-v3's LoRA): the adapter of the request's texts
+_TASK = {
+    "type": "string",
+    "description": "the task adapter of every input (a model with task adapters, e.g. "
+    "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, classification, "
+    "text-matching); its instruction goes before each text unless prompt_name is given",
+}
+
 
 def operations(
-    model: str, hidden: int, vocab: int | None = None, head: str = ""
+    model: str, hidden: int, vocab: int | None = None, head: str = "", extra: tuple = ()
 ) -> dict[str, dict]:
-    """Path -> path item, for every route of create_app (paths as Starlette writes them)."""
+    """Path -> path item, for every route of create_app (paths as Starlette writes them);
+    extra: the multi-vector routes the model registers (openapi_heads.MULTIVECTOR_ROUTES)."""
     vec = {"type": "array", "items": {"type": "number"}, "description": f"{hidden} floats"}
     m_param = _param("model", {"const": model})
     v_param = _param("version", {"const": "1", "description": "the only version"})
@@ -48,6 +57,7 @@ def operations(
                 "description": "one of the model's prompts (config_sentence_transformers.json); "
                 "default: its default_prompt_name",
             },
+            "task": _TASK,
         },
     }
     openai_resp = {
@@ -96,6 +106,7 @@ def operations(
                 "description": "one of the model's prompts (config_sentence_transformers.json); "
                 "default: its default_prompt_name",
             },
+            "task": _TASK,
         },
     }
     text = {"type": "string", "minLength": 1}
@@ -235,7 +246,7 @@ def operations(
     }
     from zoi.serve.openapi_heads import head_operations
 
-    ops.update(head_operations(head, hidden))  # the routes of the model's head
+    ops.update(head_operations(head, hidden, extra))  # the routes of the model's head
     return ops
 
 
@@ -254,13 +265,17 @@ def document(
     vocab: int | None = None,
     head: str = "",
 ) -> dict:
+    from zoi.serve.openapi_heads import MULTIVECTOR_ROUTES
+
     return _document(
         model,
         version,
         f"Sentence embeddings of {model} ({hidden} dimensions) through "
         "OpenAI-, TEI- and KServe-v2-compatible routes. Options, limits and errors: "
         "docs/SERVE.md.",
-        operations(model, hidden, vocab, head),
+        operations(
+            model, hidden, vocab, head, tuple(p for p in MULTIVECTOR_ROUTES if p in route_paths)
+        ),
         route_paths,
     )
 

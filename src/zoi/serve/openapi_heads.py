@@ -28,7 +28,9 @@ def multivector_routes(engine) -> tuple[str, ...]:
     )
 
 
-def head_operations(head: str, hidden: int) -> dict[str, dict]:
+def head_operations(head: str, hidden: int, extra: tuple[str, ...] = ()) -> dict[str, dict]:
+    """The entries of the routes of `head`, and of `extra` (the multi-vector routes a model
+    with those outputs registers: MULTIVECTOR_ROUTES)."""
     text = {"type": "string", "minLength": 1}
     texts = {"type": "array", "minItems": 1, "items": text}
     inputs = {"oneOf": [text, texts]}
@@ -200,6 +202,5 @@ def head_operations(head: str, hidden: int) -> dict[str, dict]:
             tag="zoi",
         ),
     }
-    # a multi-vector route is registered only where the model has that output; the document
-    # lists the registered routes alone
-    return {p: ops[p] for p in dict.fromkeys((*ROUTES_OF.get(head, ()), *MULTIVECTOR_ROUTES))}
+    # a multi-vector route is registered only where the model has that output
+    return {p: ops[p] for p in dict.fromkeys((*ROUTES_OF.get(head, ()), *extra))}

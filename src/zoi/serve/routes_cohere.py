@@ -5,6 +5,9 @@ number formats, `output_dimension` a Matryoshka prefix.
 search_query -> "query", search_document -> "document" (or "passage"), classification ->
 "classification", clustering -> "clustering" (names compared without case). A model without
 the matching prompt embeds the text as it is (Qwen3-Embedding, for one, instructs queries only).
+A model with task adapters (jina-embeddings-v3, zoi.serve.tasks) runs the input_type's adapter
+with its instruction instead: search_query -> retrieval.query, search_document ->
+retrieval.passage, classification -> classification, clustering -> separation.
 
 Formats, all from the same normalised float rows: "float"; "base64" (little-endian float32);
 "int8" = round(127 x) and "uint8" = round(127.5 (x + 1)) (fixed scales: a unit vector's
@@ -25,6 +28,7 @@ from starlette.routing import Route
 from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import Service, as_json
+from zoi.serve.tasks import cohere_task, instruction, tagged
 
 ROUTE = "cohere"
 INPUT_TYPES = {
@@ -125,11 +129,13 @@ def make_routes(svc: Service) -> list[Route]:
                 "truncate",
             )
         texts = svc.check_texts(texts, "texts")
-        prompt = prompt_for(svc, itype)
+        # a model with task adapters: the input_type's adapter and its instruction
+        task = cohere_task(svc, itype)
+        prompt = instruction(svc, task) if task is not None else prompt_for(svc, itype)
         if prompt:
             texts = [prompt + t for t in texts]
         seqs, tok_s = await svc.tokenize(texts, trunc == "END")
-        res = await svc.embed(request, seqs, True, tok_s, t0)
+        res = await svc.embed(request, tagged(seqs, task), True, tok_s, t0)
         emb = res.embeddings
         if dims is not None and dims < svc.hidden:
             emb = emb[:, :dims]

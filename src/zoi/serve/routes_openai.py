@@ -11,6 +11,7 @@ from starlette.routing import Route
 from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import Service, as_json, flat_ids
+from zoi.serve.tasks import request_task, tagged, task_prompted
 
 ROUTE = "openai"
 _TYPES = {
@@ -102,14 +103,16 @@ def make_routes(svc: Service) -> list[Route]:
                 "dimensions",
             )
         kind, items = _parse_input(svc, body["input"])
+        task = request_task(svc, body.get("task"))  # a task adapter (zoi.serve.tasks)
         truncate = svc.config.auto_truncate
         if kind == "text":
-            texts = svc.prompted(svc.check_texts(items, "input"), body.get("prompt_name"))
+            texts = svc.check_texts(items, "input")
+            texts = task_prompted(svc, texts, task, body.get("prompt_name"))
             seqs, tok_s = await svc.tokenize(texts, truncate)
         else:
             seqs = svc.check_ids(items, truncate, "input", flat=kind == "flat")
             tok_s = 0.0
-        res = await svc.embed(request, seqs, True, tok_s, t0)
+        res = await svc.embed(request, tagged(seqs, task), True, tok_s, t0)
         emb = res.embeddings
         if dims is not None and dims < svc.hidden:  # Matryoshka: truncate, re-normalise
             emb = emb[:, :dims]

@@ -9,6 +9,7 @@ from starlette.routing import Route
 from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import Service, flat_ids
+from zoi.serve.tasks import request_task, tagged, task_prompted
 
 ROUTE = "tei"
 _ERROR_TYPES = {
@@ -71,14 +72,16 @@ def make_routes(svc: Service) -> list[Route]:
                 "only truncation_direction 'Right' is supported",
                 "truncation_direction",
             )
+        task = request_task(svc, body.get("task"))  # a task adapter (zoi.serve.tasks)
         if flat_ids(items):  # one sequence of token ids
             seqs, tok_s = svc.check_ids([items], truncate, "inputs", flat=True), 0.0
         elif items and all(isinstance(x, list) for x in items):
             seqs, tok_s = svc.check_ids(items, truncate, "inputs"), 0.0
         else:
-            texts = svc.prompted(svc.check_texts(items, "inputs"), body.get("prompt_name"))
+            texts = svc.check_texts(items, "inputs")
+            texts = task_prompted(svc, texts, task, body.get("prompt_name"))
             seqs, tok_s = await svc.tokenize(texts, truncate)
-        res = await svc.embed(request, seqs, normalize, tok_s, t0)
+        res = await svc.embed(request, tagged(seqs, task), normalize, tok_s, t0)
         emb = res.embeddings
         return await json_answer(list(emb), emb.size, headers=timing_headers(res.timings))
 

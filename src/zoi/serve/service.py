@@ -24,6 +24,7 @@ from zoi.serve.config import ServeConfig
 from zoi.serve.guard import Admission
 from zoi.serve.http import ApiError, ClientGone, dumps
 from zoi.serve.metrics import Metrics
+from zoi.serve.tasks import batch_tasks
 
 log = logging.getLogger("zoi.serve")
 
@@ -125,7 +126,8 @@ class Service(Admission):
                         f"injected engine failure (a sequence holds token {fail_on})"
                     )
                 ids, pos, cu = pack(seqs, offset)
-                return eng.run_packed(ids, pos, cu, False)
+                # each sequence's task adapter, when its request chose one (zoi.serve.tasks)
+                return eng.run_packed(ids, pos, cu, False, **batch_tasks(seqs))
 
             return run
 

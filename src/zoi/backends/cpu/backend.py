@@ -94,6 +94,11 @@ class CpuBackend(SyncSubmit):
             annotate(model)
         except ValueError as e:
             raise ValueError(f"the cpu backend: {e}") from None
+        # the float outputs this build keeps in per-thread scratch only (y_dead): a tap of one
+        # is refused (the graph's annotation is shared, so it is read here, at build time)
+        self._scratch_outputs = {
+            op.output for op in graph.ops if op.attrs.get("quant_out_only", False)
+        }
         self.fallbacks: dict[str, str] = {}
         for k, op in enumerate(graph.ops):
             if op.attrs.get("fuse_ln"):
@@ -133,10 +138,20 @@ class CpuBackend(SyncSubmit):
                 )
                 if len(op.inputs) > 2:  # token types (pairs): the whole table
                     eng.set_embed_types(_f32(W[ow["type"]]))
+                if "lora_a" in ow:  # task adapters (copied)
+                    lt = ow.get("lora_type")
+                    eng.set_embed_lora(
+                        _f32(W[ow["lora_a"]]),
+                        _f32(W[ow["lora_b"]]),
+                        _f32(W[lt]) if lt is not None else None,
+                    )
             elif op.kind == "linear":
                 p = _prefix(op)
                 act = op.attrs.get("act", "none")
                 res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
+                lora = "lora_a" in op.weights
+                if lora:  # the GEMM alone; the adapters' step adds their term, act, residual
+                    lora_act, lora_res, act, res = act, res, "none", -1
                 q = model.quant.get(p)
                 b = W.get(f"{p}.b")
                 b = _f32(b) if b is not None else None
@@ -181,6 +196,15 @@ class CpuBackend(SyncSubmit):
                         w, b = w64.astype(np.float32), b64.astype(np.float32)
                     eng.add_linear_f32(off[op.inputs[0]], off[op.output], w, b, act, res)
                     self.linear_kinds[p] = "fp32"
+                if lora:
+                    eng.add_lora(
+                        off[op.inputs[0]],
+                        off[op.output],
+                        _f32(W[op.weights["lora_a"]]),
+                        _f32(W[op.weights["lora_b"]]),
+                        lora_act,
+                        lora_res,
+                    )
             elif op.kind == "attention" and (
                 op.weights or op.attrs.get("window", 0) or op.attrs.get("causal")
             ):
@@ -314,6 +338,15 @@ class CpuBackend(SyncSubmit):
         self.engine.run(ids, positions, cu_seqlens, bool(normalize), out)
         return out
 
+    def run_tasks_into(
+        self, ids, positions, cu_seqlens, normalize: bool, out: np.ndarray, tasks
+    ) -> np.ndarray:
+        """Task adapters (zoi.backends.base.TaskRunner): run_into with each sequence's task
+        (int32 [B], -1: none), one native call whatever the mix of tasks."""
+        tasks = np.ascontiguousarray(tasks, dtype=np.int32)
+        self.engine.run(ids, positions, cu_seqlens, bool(normalize), out, tasks)
+        return out
+
     def run_outputs(self, ids, positions, cu_seqlens, types=None, taps=()) -> dict:
         """Heads (zoi.backends.base.HeadRunner): the graph's output (B or T rows) and the T
         rows of each buffer in taps (at most one: the last hidden state), one native call."""
@@ -330,11 +363,11 @@ class CpuBackend(SyncSubmit):
         tap_off, tap_out = -1, None
         for name in taps:
             b = self.model.graph.buffers[name]
-            producer = next((op for op in self.model.graph.ops if op.output == name), None)
-            if producer is not None and producer.attrs.get("quant_out_only", False):
+            if name in self._scratch_outputs:
                 raise ValueError(
                     f"{name} is the float output of an INT8 linear that only quantises it for the "
-                    "next one (its rows are not kept); compile without that fusion to read it"
+                    "next one (its rows are not kept in the arena); build the backend with "
+                    "ZOI_I8_YSCRATCH=0 to read it"
                 )
             tap_off, tap_out = (
                 self.model.plan.offsets[name],
