@@ -1,4 +1,4 @@
-"""The architectures on the CUDA backend (issue 20), FP16 and INT8, against the reference engine
+"""The architectures on the CUDA backend, FP16 and INT8, against the reference engine
 (Triton interpreter on the CPU, compiled on a GPU: scripts/gpu_check.sh): Electra / ALBERT
 (narrower embeddings + a projection), MPNet (relative position bias), ModernBERT (RoPE, GeGLU,
 alternating local / global attention, no position table, pre-norm), NomicBERT / GTE (RoPE and

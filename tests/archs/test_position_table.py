@@ -1,5 +1,5 @@
-"""ModernBERT has no position table (RoPE in attention): the CPU engine holds none (review
-finding of issue 20: it used to build a zero table of min(P, max_tokens) x H floats, ~25 MB
+"""ModernBERT has no position table (RoPE in attention): the CPU engine holds none (it
+used to build a zero table of min(P, max_tokens) x H floats, ~25 MB
 for ModernBERT-base at 8192 tokens, and count it as weights), the embed kernel adds nothing,
 and positions stay bounded by the RoPE tables."""
 

@@ -34,9 +34,11 @@ BEFORE = ([1], [16], [17], [5, 1, 9, 32], [32] * 12 + [3])
 INTERP_BEFORE = ([1], [5, 1, 9], [32, 3, 17])  # test_backend's interpreter quant_lens
 # (quantiser config, model size, cases drawn before, the case, normalised, the backend's rel)
 FIGURES = [
-    # the H200 (gpu_check.sh test, main b424ad7, 2026-12-02 02:15): [default-tiny-*] failed
-    # with 0.0682 > 3e-2; the interpreter gives 0.0682 too, bit-identical to the emulation
-    ({}, dict(max_tokens=512, max_batch=64), BEFORE[:3], [5, 1, 9, 32], False, 0.0682),
+    # the default quantiser's model: the H200 measured 0.0682 (gpu_check.sh test, main b424ad7,
+    # 2026-12-02) with the SmoothQuant search of that tree, the interpreter 0.0682 too; with
+    # today's search (pairwise-similarity score) the interpreter gives 0.02481 (the emulation
+    # 0.02481; the CUDA backend under TRITON_INTERPRET=1 against the float64 reference)
+    ({}, dict(max_tokens=512, max_batch=64), BEFORE[:3], [5, 1, 9, 32], False, 0.0248),
     # the interpreter, static + shift with the pooled Gram: [static-tiny-True] gave 0.0704
     (
         dict(activations="static", smooth_shift=True),

@@ -1,4 +1,4 @@
-"""Random-init task-head checkpoints of awkward sizes, built with transformers (issue 20)."""
+"""Random-init task-head checkpoints of awkward sizes, built with transformers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPTQ's Gram weighted by text length (QuantConfig.gptq_weighting, issue 21): the Gram is
+"""GPTQ's Gram weighted by text length (QuantConfig.gptq_weighting): the Gram is
 the weighted sum it claims to be, it is deterministic, and GPTQ on it lowers the error that
 matters for the short texts (their mean-pooled output) on a random-init model."""
 
@@ -127,7 +127,7 @@ def _small_cfg(mode: str) -> QuantConfig:
 
 def test_quantize_model_records_the_weighting_and_tracks_fp32(tiny):
     spec, w, tok, tx = tiny
-    assert QuantConfig().gptq_weighting == "pooled"  # the default since issue 21
+    assert QuantConfig().gptq_weighting == "pooled"  # the default
     rep: dict = {}
     w1, q1 = quantize_model(spec, w, tok, tx, _small_cfg("pooled"), report=rep)
     assert rep["config"]["gptq_weighting"] == "pooled"

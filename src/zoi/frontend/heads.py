@@ -1,4 +1,4 @@
-"""Task heads of a Hugging Face folder (issue 20): which head, its labels, its weights.
+"""Task heads of a Hugging Face folder: which head, its labels, its weights.
 
 Supported (`config.json` `architectures`, the first `*For*` entry decides):
 

@@ -1,4 +1,4 @@
-"""Pair tokenisation for cross-encoders (issue 20): id for id what HF `tokenizers` gives for
+"""Pair tokenisation for cross-encoders: id for id what HF `tokenizers` gives for
 `encode(a, b)` with the folder's post-processor and pair truncation.
 
 Each segment is tokenised alone without its special tokens (the native WordPiece path when

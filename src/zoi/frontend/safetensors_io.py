@@ -203,7 +203,7 @@ def save_safetensors(
 
 def _sort_metadata_in_place(path: str | os.PathLike) -> None:
     """safetensors writes `__metadata__` from a hash map: its key order changes from process
-    to process, and so would the bytes of two saves of one model (issue 21: reproducible
+    to process, and so would the bytes of two saves of one model (reproducible
     artifacts). Rewrite the header with the metadata keys sorted: same JSON length (only
     the order changes), tensors untouched."""
     with open(path, "r+b") as f:

@@ -1,4 +1,4 @@
-"""The task heads as IR ops after the encoder's last hidden state (issue 20; the weights are
+"""The task heads as IR ops after the encoder's last hidden state (the weights are
 zoi.frontend.heads'). Every head uses the ops the encoder uses: `pool`, `linear` (on "B" rows
 after a pool), `add_layernorm` with one input (a plain LayerNorm), and pool mode `splade`.
 

@@ -1,5 +1,5 @@
 """QuantMode: the one name of a linear's INT8 activation scheme, for the IR, both backends
-and the docs (issue 11). Its value is the string artifacts store in ``LinearQuant.scheme``
+and the docs. Its value is the string artifacts store in ``LinearQuant.scheme``
 (a ``str`` enum: ``QuantMode.STATIC == "static"``), so saved artifacts read unchanged.
 
 | mode | activations | weights |

@@ -1,4 +1,4 @@
-"""Cross-encoders / sequence classifiers on device="cuda" (issue 20), without head kernels in
+"""Cross-encoders / sequence classifiers on device="cuda", without head kernels in
 the CUDA backend yet: the encoder runs on the GPU backend as the embedding graph it already
 runs (pool "cls", FP16 or INT8; an LLM reranker's decoder pools its last token), the head's
 ops (a [B, H] x [H, H] pooler and the classifier, or an LLM reranker's LM-head rows, in

@@ -1,4 +1,4 @@
-"""encode's sentence-transformers options (issue 20): prompts and default_prompt_name from
+"""encode's sentence-transformers options: prompts and default_prompt_name from
 config_sentence_transformers.json, truncate_dim (Matryoshka), output_value."""
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def token_weights(cu_seqlens: np.ndarray, mode: str) -> np.ndarray | None:
       weighs the same, whatever its length;
     - "pooled": weighs 1 / L**2 (scale 1 / L): the squared error of a text's mean-pooled
       output when the tokens' errors are independent, sum_t |e_t|**2 / L**2 — short texts
-      count most, as their few tokens average the rounding noise least (issue 21: the
+      count most, as their few tokens average the rounding noise least (the
       worst text of the held-out sets is always a 4-6 token one, docs/QUANT.md)."""
     if mode == "token":
         return None

@@ -65,7 +65,7 @@ class QuantConfig:
     # per-row INT8 word-embedding table
     int8_embedding: bool = True
     # calibration data: at most this many texts (the default set has 775, every domain);
-    # the alpha search uses search_texts of them, shared by the domains (issue 21: 512 / 96
+    # the alpha search uses search_texts of them, shared by the domains (512 / 96
     # left the prose min and three domains' top-10 under target on MiniLM, docs/QUANT.md)
     max_calib_texts: int = 1024
     search_texts: int = 320

@@ -558,7 +558,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
         [p for p in below if p not in fp32_full] if cfg.fallback_weights in ("auto", "int8") else []
     )
     # opt-in: linears given FP32 activations (INT8 weights) whatever their SQNR,
-    # QuantConfig(extra={"fp32_activations": [...]}) (issue 21: docs/QUANT.md, "Fidelity per
+    # QuantConfig(extra={"fp32_activations": [...]}) (docs/QUANT.md, "Fidelity per
     # domain", l3.ffn2 on MiniLM); off by default, so the default config's digest is unchanged
     forced = list((cfg.extra or {}).get("fp32_activations", ()))
     unknown = [p for p in forced if p not in prefixes]

@@ -1,4 +1,4 @@
-"""Routes of the task heads (issue 20).
+"""Routes of the task heads.
 
 TEI: /rerank, /predict (sequence classification), /embed_sparse (SPLADE; BGE-M3's lexical
 weights), /embed_all (token embeddings of an embedding model). Cohere-style /v1/rerank (the

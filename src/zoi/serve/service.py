@@ -56,7 +56,7 @@ class Service(Admission):
         """engines: several engines of the same model (one per GPU, or CPU replicas; `engine`
         is engines[0]): the batcher spreads batches over them (zoi.serve.replicas)."""
         config.validate()
-        # ---- several engines (issue 18) ------------------------------------------------------
+        # ---- several engines ------------------------------------------------------
         if engines is not None:
             engines = list(engines)
             if not engines:
@@ -76,7 +76,7 @@ class Service(Admission):
         self.hidden = int(spec.hidden)
         # the longest sequence the engine runs: the model's positions, or its max_tokens when
         # smaller (an engine loaded with --max-batch-tokens below the positions)
-        engine_tokens = min(int(e.max_tokens) for e in self.engines)  # issue 18: every engine's
+        engine_tokens = min(int(e.max_tokens) for e in self.engines)  # every engine's
         self.max_positions = int(min(spec.max_positions, engine_tokens))
         if self.max_positions < spec.max_positions:
             log.warning(
@@ -131,7 +131,7 @@ class Service(Admission):
 
             return run
 
-        # ---- several engines (issue 18): one lane per engine -------------------------------
+        # ---- several engines: one lane per engine -------------------------------
         if self.replicated:
             from zoi.serve.replicas import ReplicaBatcher, engine_names
 
@@ -156,7 +156,7 @@ class Service(Admission):
                 self.metrics,
             )
         # ---- end several engines ---------------------------------------------------------------
-        self.heads = None  # the task heads' batcher (zoi.serve.heads, issue 20)
+        self.heads = None  # the task heads' batcher (zoi.serve.heads)
         if getattr(engine, "head", "") in ("seq_cls", "splade"):
             from zoi.serve.heads import HeadJobs
 
@@ -172,7 +172,7 @@ class Service(Admission):
 
     @property
     def device(self) -> str:
-        """cpu, cuda; with several engines their names, e.g. cuda:0,cuda:1 (issue 18)."""
+        """cpu, cuda; with several engines their names, e.g. cuda:0,cuda:1."""
         if self.replicated:
             return ",".join(self.engine_names)
         return str(self.engine.device)
@@ -421,7 +421,7 @@ class Service(Admission):
 
 
 def _check_same_model(engines: list) -> None:
-    """Several engines behind one server must compute the same thing (issue 18)."""
+    """Several engines behind one server must compute the same thing."""
     a = engines[0]
     for i, e in enumerate(engines[1:], 1):
         same = (

@@ -1,4 +1,4 @@
-"""Token classification, SPLADE and token embeddings on the CUDA backend itself (issue 20):
+"""Token classification, SPLADE and token embeddings on the CUDA backend itself:
 per-token logits [T, labels] and token embeddings copied from the arena, SPLADE pooled on the
 GPU (kernels/sparse_pool.py), FP16 and INT8, against the reference engine on the same model
 (INT8: its emulation) and transformers; NER entities aggregated on the host."""
