@@ -15,7 +15,7 @@ from zoi.errors import BackendUnavailableError, HeadError, InputError, Numerical
 from zoi.frontend.pairs import PairEncoder, check_pairs
 from zoi.frontend.tokenizer import Tokenizer, pack
 from zoi.heads.multivector import MultiVectorMixin
-from zoi.heads.names import HEAD_NAMES, a_, score_pooling
+from zoi.heads.names import HEAD_NAMES, a_, packed_chunks, score_pooling
 from zoi.heads.options import EncodeOptionsMixin
 
 ACTIVATIONS = ("sigmoid", "softmax", "identity")
@@ -201,14 +201,8 @@ class HeadsMixin(EncodeOptionsMixin, MultiVectorMixin):
                 f"token type {int(types.max())} is outside the model's "
                 f"{self.spec.type_vocab_size} types"
             )
-        B = len(cu) - 1
         max_seqs = max_seqs or self.max_batch
-        s = 0
-        while s < B:
-            e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
-            e = min(max(e, s + 1), s + max_seqs, B)
-            a, z = int(cu[s]), int(cu[e])
-            sub = np.ascontiguousarray(cu[s : e + 1] - a, dtype=np.int32)
+        for s, e, a, z, sub in packed_chunks(cu, self.max_tokens, max_seqs):
             t = None if types is None else np.ascontiguousarray(types[a:z], dtype=np.int32)
             with self._lock:
                 outs = self.backend.run_outputs(ids[a:z], pos[a:z], sub, t, taps)
@@ -220,7 +214,6 @@ class HeadsMixin(EncodeOptionsMixin, MultiVectorMixin):
                         "or the config or artifact is corrupt; re-compile from a sane checkpoint"
                     )
             yield s, e, a, z, outs
-            s = e
 
     @property
     def head_cols(self) -> int:

@@ -302,16 +302,11 @@ class MultiVectorMixin:
     def _mv_masked_chunks(self, ids, pos, cu, key_lens, tap, max_seqs):
         """_run_head's chunks through the reference executor with key lengths (queries whose
         expansion tokens no token attends to)."""
+        from zoi.heads.names import packed_chunks
         from zoi.numerics.reference import execute
 
         self._check_ids(ids, pos)
-        B = len(cu) - 1
-        s = 0
-        while s < B:
-            e = int(np.searchsorted(cu, cu[s] + self.max_tokens, side="right")) - 1
-            e = min(max(e, s + 1), s + max_seqs, B)
-            a, z = int(cu[s]), int(cu[e])
-            sub = np.ascontiguousarray(cu[s : e + 1] - a, dtype=np.int32)
+        for s, e, a, z, sub in packed_chunks(cu, self.max_tokens, max_seqs):
             env = execute(
                 self.model.graph,
                 self.model.weights,
@@ -333,7 +328,6 @@ class MultiVectorMixin:
                         "is corrupt"
                     )
             yield s, e, a, z, outs
-            s = e
 
     # ---- entry points of HeadsMixin -----------------------------------------------------------
     def _mv_encode_sparse(self, texts, batch_size, dense: bool, top_k, truncate):

@@ -108,14 +108,7 @@ def make_routes(svc: Service) -> list[Route]:
                 "embedding_types",
             )
         types = list(dict.fromkeys(types))
-        dims = body.get("output_dimension")
-        if dims is not None and (type(dims) is not int or not 1 <= dims <= svc.hidden):
-            raise ApiError(
-                "invalid",
-                f"output_dimension={dims!r} is not supported: this model gives up to "
-                f"{svc.hidden} dimensions (Matryoshka: the first ones, re-normalised)",
-                "output_dimension",
-            )
+        dims = svc.check_dims(body.get("output_dimension"), "output_dimension")
         trunc = body.get("truncate", "END")
         if trunc not in ("END", "NONE", "START"):
             raise ApiError(
@@ -137,10 +130,7 @@ def make_routes(svc: Service) -> list[Route]:
         seqs, tok_s = await svc.tokenize(texts, trunc == "END")
         res = await svc.embed(request, tagged(seqs, task), True, tok_s, t0)
         emb = res.embeddings
-        if dims is not None and dims < svc.hidden:
-            emb = emb[:, :dims]
-            n = np.sqrt((emb.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
-            emb = (emb / np.maximum(n, 1e-12)).astype(np.float32)
+        emb = svc.matryoshka(emb, dims)
         out = {
             "id": str(uuid.uuid4()),
             "embeddings": formats(emb, types),

@@ -94,14 +94,7 @@ def make_routes(svc: Service) -> list[Route]:
                 f'encoding_format should be "float" or "base64", got {as_json(fmt)}',
                 "encoding_format",
             )
-        dims = body.get("dimensions")
-        if dims is not None and (type(dims) is not int or not 1 <= dims <= svc.hidden):
-            raise ApiError(
-                "invalid",
-                f"dimensions={dims!r} is not supported: this model gives up to "
-                f"{svc.hidden} dimensions (Matryoshka: the first `dimensions`, re-normalised)",
-                "dimensions",
-            )
+        dims = svc.check_dims(body.get("dimensions"), "dimensions")
         kind, items = _parse_input(svc, body["input"])
         task = request_task(svc, body.get("task"))  # a task adapter (zoi.serve.tasks)
         truncate = svc.config.auto_truncate
@@ -114,10 +107,7 @@ def make_routes(svc: Service) -> list[Route]:
             tok_s = 0.0
         res = await svc.embed(request, tagged(seqs, task), True, tok_s, t0)
         emb = res.embeddings
-        if dims is not None and dims < svc.hidden:  # Matryoshka: truncate, re-normalise
-            emb = emb[:, :dims]
-            n = np.sqrt((emb.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
-            emb = (emb / np.maximum(n, 1e-12)).astype(np.float32)
+        emb = svc.matryoshka(emb, dims)
         if fmt == "base64":
             rows = [
                 base64.b64encode(np.ascontiguousarray(r, "<f4").tobytes()).decode() for r in emb

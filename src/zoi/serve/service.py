@@ -325,6 +325,25 @@ class Service(Admission):
                 "model",
             )
 
+    def check_dims(self, dims, param: str):
+        """A request's Matryoshka dimension (`dimensions`, `output_dimension`): None or 1..H."""
+        if dims is not None and (type(dims) is not int or not 1 <= dims <= self.hidden):
+            raise ApiError(
+                "invalid",
+                f"{param}={dims!r} is not supported: this model gives up to {self.hidden} "
+                f"dimensions (Matryoshka: the first `{param}`, re-normalised)",
+                param,
+            )
+        return dims
+
+    def matryoshka(self, emb: np.ndarray, dims: int | None) -> np.ndarray:
+        """The first `dims` dimensions of each row, re-normalised (None: the rows as they are)."""
+        if dims is None or dims >= self.hidden:
+            return emb
+        emb = emb[:, :dims]
+        n = np.sqrt((emb.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
+        return (emb / np.maximum(n, 1e-12)).astype(np.float32)
+
     def prompts(self) -> dict[str, str]:
         """The model's named prompts (config_sentence_transformers.json), {} if none."""
         meta = getattr(getattr(self.engine, "model", None), "meta", None) or {}
