@@ -399,7 +399,7 @@ def test_memory_report():
 @pytest.mark.parametrize("mode", ["force", "off", "time"])
 def test_small_bucket_paths(mode):
     """Buckets <= 256 tokens: the persistent one-launch forward (forced), the per-op graph
-    (persistent="off"), or both timed at compile time and the faster kept (default). Every
+    (persistent="off", the default), or both timed at compile time and the faster kept. Every
     choice is captured, matches the reference, and repeats bit for bit (the grid barrier
     resets across launches)."""
     model = tiny_model("fp16", max_tokens=512, max_batch=64, **MINILM)

@@ -128,7 +128,7 @@ def test_second_build_compiles_the_winner_only(tmp_path):
 
     f = tmp_path / "cuda_paths.json"
     model = tiny_model("fp16", max_tokens=256, max_batch=16, hidden=384, heads=12, inter=1536)
-    opts = CudaOptions(path_cache=str(f))
+    opts = CudaOptions(path_cache=str(f), persistent="time")
     be1 = CudaBackend(model, buckets=[16, 128, 256], options=opts)
     p1 = be1.memory()["bucket_paths"]
     assert all("per_op_us" in p1[tb] and "persistent_us" in p1[tb] for tb in (16, 128, 256))

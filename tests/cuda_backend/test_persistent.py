@@ -276,10 +276,14 @@ def test_barrier_timeout_fails_the_call_and_recovers():
     """A grid barrier that gave up (its flag set) voids that call: run() raises a clear error
     instead of returning the output, clears the flag, and the next call is sound."""
     from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.options import CudaOptions
     from zoi.errors import BackendUnavailableError
 
     model = tiny_model("fp16", max_tokens=64)
-    be = CudaBackend(model, interpret=True, buckets=[16, 64], persistent_max=256)
+    be = CudaBackend(
+        model, interpret=True, buckets=[16, 64], persistent_max=256,
+        options=CudaOptions(persistent="time"),
+    )  # fmt: skip
     assert be.memory()["bucket_paths"][16]["path"] == "persistent"
     rng = np.random.default_rng(3)
     ids, pos, cu = batch([5, 7], int(model.spec.vocab_size), rng)

@@ -117,7 +117,11 @@ def test_nan_surfaces_at_wait_and_the_next_call_is_sound(be_cases):
 @pytest.mark.skipif(COMPILED, reason="interpreter: a persistent bucket without the GPU timing")
 def test_barrier_timeout_surfaces_at_wait():
     model = tiny_model("fp16", max_tokens=64)
-    be = _backend(model, buckets=[16, 64], persistent_max=256)
+    from zoi.backends.cuda.options import CudaOptions
+
+    be = _backend(
+        model, buckets=[16, 64], persistent_max=256, options=CudaOptions(persistent="time")
+    )
     assert be.memory()["bucket_paths"][16]["path"] == "persistent"
     ids, pos, cu = batch([5, 7], int(model.spec.vocab_size), np.random.default_rng(3))
     first = be.run(ids, pos, cu, True)

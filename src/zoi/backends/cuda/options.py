@@ -63,8 +63,10 @@ class CudaOptions:
     pdl: programmatic dependent launch (None: on for compute capability >= 9.0, compiled),
     for buckets <= pdl_max_tokens. persistent_max: buckets up to this size may run the one-
     launch forward (None: PERSISTENT_MAX_TOKENS compiled, 0 in the interpreter);
-    persistent: "time" (build both, keep the faster per bucket), "force" (persistent where
-    supported), "off" (per-op graphs only). persistent_cfg: tile overrides of the persistent
+    persistent: "off" (per-op graphs only: the default, since the per-op graph won every
+    small bucket on the H100 and H200 and building the one-launch forward too cost ~11 s of a
+    cold FP16 compile, bench/results/gpu_build_time_*h100_20261206*), "time" (build both,
+    keep the faster per bucket), "force" (persistent where supported). persistent_cfg: tile overrides of the persistent
     kernel (persistent.default_cfg keys); persistent_split: one launch per stage (None: in the
     interpreter only). device_index: the GPU the backend is built on and bound to (its
     primary context, weights, arena, CUDA graphs); None: the current device (zoi.compile /
@@ -82,7 +84,7 @@ class CudaOptions:
     pdl: bool | None = None
     pdl_max_tokens: int = PDL_MAX_TOKENS
     persistent_max: int | None = None
-    persistent: str = "time"
+    persistent: str = "off"
     persistent_cfg: dict | None = None
     persistent_split: bool | None = None
     device_index: int | None = None
