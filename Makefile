@@ -47,3 +47,16 @@ gpu-check:
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache
+
+.PHONY: docs wheel
+
+# the documentation site in build/site; --strict fails on any broken link, anchor or page missing from the nav
+docs: setup
+	$(VENV) mkdocs build --strict
+
+# an sdist and a wheel in dist/ (python -m build: the wheel is built from the sdist, in a temporary
+# tree, never in ./build), then auditwheel's manylinux copy of the wheel beside it (docs/INSTALL.md)
+wheel: setup
+	rm -rf dist
+	$(VENV) python -m build --no-isolation --outdir dist .
+	$(VENV) auditwheel repair --wheel-dir dist dist/zoi-*-linux_x86_64.whl

@@ -36,8 +36,8 @@ took
 step "PyTorch 2.13.0 (tests and peer benchmarks only; ~1 minute the first time)"
 pip install -q "torch==2.13.0" ${ZOI_TORCH_INDEX:+--extra-index-url "$ZOI_TORCH_INDEX"}
 took
-step "zoi and its test / serve / dev / ray extras (builds the C++ core: ~2 minutes the first time)"
-pip install -q --no-build-isolation -e ".[test,serve,dev,ray]"
+step "zoi and its test / serve / dev / ray / docs extras (builds the C++ core: ~2 minutes the first time)"
+pip install -q --no-build-isolation -e ".[test,serve,dev,ray,docs]"
 took
 step "check"
 python -c "import zoi, zoi._cpu; print('zoi', zoi.__version__, 'native core ISA:', zoi._cpu.active_isa())"
