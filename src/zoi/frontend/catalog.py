@@ -92,7 +92,7 @@ ROWS: tuple[Row, ...] = (
         ("nomic_bert",),
         "nomic-embed-text v1 / v1.5",
         "FP32, INT8",
-        "FP16, INT8 (interpreter)",
+        "FP16, INT8",
         ("embeddings", "token embeddings", "prompts"),
     ),
     Row(
@@ -116,7 +116,7 @@ ROWS: tuple[Row, ...] = (
         ("qwen3",),
         "Qwen3-Embedding, Qwen3-Reranker",
         "FP32, INT8",
-        "FP16, INT8 (INT8: interpreter)",
+        "FP16, INT8",
         ("embeddings (last token)", "LLM rerank", "prompts"),
     ),
     Row(
@@ -124,7 +124,7 @@ ROWS: tuple[Row, ...] = (
         ("gemma3_text",),
         "EmbeddingGemma-300m",
         "FP32, INT8",
-        "FP16, INT8 (INT8: interpreter)",
+        "FP16, INT8",
         ("embeddings (+ Dense)", "prompts"),
     ),
     Row(
@@ -132,7 +132,7 @@ ROWS: tuple[Row, ...] = (
         ("qwen2",),
         "gte-Qwen2 style embedders",
         "FP32, INT8",
-        "FP16, INT8 (INT8: interpreter)",
+        "FP16, INT8",
         ("embeddings", "LLM rerank"),
     ),
     Row(
@@ -140,7 +140,7 @@ ROWS: tuple[Row, ...] = (
         ("llama",),
         "Llama-based embedders",
         "FP32, INT8",
-        "FP16, INT8 (INT8: interpreter)",
+        "FP16, INT8",
         ("embeddings", "LLM rerank"),
     ),
     Row(
@@ -148,7 +148,7 @@ ROWS: tuple[Row, ...] = (
         ("mistral",),
         "E5-Mistral style embedders",
         "FP32, INT8",
-        "FP16, INT8 (INT8: interpreter)",
+        "FP16, INT8",
         ("embeddings", "LLM rerank"),
     ),
 )
