@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from numbers import Integral
 from pathlib import Path
 
 from zoi.decoder.generator import Generator
 from zoi.decoder.loader import load_decoder
+from zoi.decoder.memory import FLAGS
 from zoi.decoder.tokenizer import DecoderTokenizer
 from zoi.errors import InputError
 
@@ -81,6 +83,21 @@ def compile_decoder(
         raise InputError(
             f"compile() options {', '.join(sorted(bad))} do not apply to decoder checkpoints"
         )
+    # An explicit size is a positive integer: 0 or a negative one is refused by name here, before
+    # the folder is read, instead of silently becoming the default (None asks for the default).
+    for name, v in (
+        ("max_seq_len", max_seq_len),
+        ("max_batch", max_batch),
+        ("kv_blocks", kv_blocks),
+        ("block_size", block_size),
+        ("max_tokens", max_tokens),
+    ):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, Integral) or v < 1):
+            flag = f" (zoi serve {FLAGS[name]})" if name in FLAGS else ""
+            raise InputError(
+                f"{name}={v!r}{flag} is out of range: it must be an integer >= 1, or None for "
+                "the default"
+            )
     if device == "auto":
         device = "cpu"
     ok = ("int8", "w8a8", "fp16", "fp32") if device in ("cuda", "gpu") else ("fp32", "int8", "w8a8")
