@@ -87,6 +87,21 @@ def test_local_ray_binds_the_loopback_address(monkeypatch):
     assert kw["dashboard_host"] == "127.0.0.1"
 
 
+@pytest.mark.parametrize(
+    "argv", [["--max-header-bytes", "1024"], ["--header-timeout", "5", "--max-connections", "9"]]
+)
+def test_transport_limits_refused_by_name(monkeypatch, argv):
+    """zoi serve's connection limits live in its own HTTP server; behind Ray's proxy they would be
+    accepted and not applied, so the command refuses them (before Ray is started)."""
+    seen = _fake_ray(monkeypatch)
+    args = build_parser().parse_args(["deploy", "ray", "ART", *argv])
+    with pytest.raises(SystemExit, match="Ray's proxy") as e:
+        args.func(args)
+    for flag in argv[::2]:
+        assert flag in str(e.value)
+    assert "init" not in seen
+
+
 def test_public_host_leaves_ray_its_own_addresses(monkeypatch):
     seen = _fake_ray(monkeypatch)
     _deploy(["--host", "0.0.0.0"])

@@ -391,7 +391,31 @@ def _single_node_ray() -> None:
         consts.ENABLE_RAY_CLUSTER = False
 
 
+# zoi serve's transport limits live in its own HTTP server (zoi.serve.http); Ray's proxy (or
+# HAProxy) accepts the connections here, so these options would be accepted and not applied
+TRANSPORT_ONLY = (
+    "header_timeout",
+    "body_timeout",
+    "max_connections",
+    "max_connections_per_client",
+    "max_header_bytes",
+    "max_url_bytes",
+)
+
+
+def _refuse_transport_options(args) -> None:
+    given = [o for o in TRANSPORT_ONLY if getattr(args, o, None) is not None]
+    if given:
+        flags = ", ".join("--" + o.replace("_", "-") for o in given)
+        raise SystemExit(
+            f"zoi deploy ray: {flags} limit zoi serve's own HTTP server; Ray's proxy accepts the "
+            "connections here and would not apply them. Drop the option(s), or put the limits "
+            "in front of Ray (a reverse proxy; docs/DEPLOY.md, Ray Serve, Limits)."
+        )
+
+
 def cmd_deploy_ray(args) -> int:
+    _refuse_transport_options(args)
     if getattr(args, "proxy", "ray") == "haproxy":
         os.environ.update(haproxy_env())
     from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
