@@ -40,6 +40,7 @@ from zoi.backends.cuda.device import device_index, on_device
 from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.outputs import memory_report, run_outputs
 from zoi.backends.cuda.plan import Launch, plan_launches, require_fp8
+from zoi.backends.cuda.prebuild import mark_built, maybe_prebuild
 from zoi.backends.cuda.steps import per_op_steps
 from zoi.backends.cuda.submit import AsyncSlots
 from zoi.backends.cuda.weights import pack_weights
@@ -145,6 +146,7 @@ class CudaBackend:
         )
         self._graphs: dict[int, tuple] = {}
         self._steps: dict[int, list] = {}
+        self.prebuild_info = maybe_prebuild(self)  # a cold build: kernels compiled in parallel
         for tb in self.buckets:
             try:
                 self._build_bucket(tb)
@@ -156,6 +158,7 @@ class CudaBackend:
                 )
                 self.pdl = False
                 self._build_bucket(tb)
+        mark_built(self)
 
     # ------------------------------------------------------------------ device
     def _init_device(self, interpret):

@@ -75,7 +75,10 @@ class CudaOptions:
     later build compiles the winner only (backends/cuda/pathcache.py; None: time every
     build). fold_quant: in the small plan, quantise an INT8 linear's input in its own GEMM
     where a quantize launch would make its copy (FOLD_QUANT above); fuse_ln_small: the IR's
-    LN fusions in the small plan too (the fused plan's are fuse_ln's)."""
+    LN fusions in the small plan too (the fused plan's are fuse_ln's). parallel_build: worker
+    processes compiling the buckets' Triton kernels before the first build of a model's shapes
+    (prebuild.py; None: one per bucket, at most 8 and half the CPUs; 0: none); only with a
+    path cache, which remembers that the shapes were built."""
 
     fuse_ln: bool = FUSE_LN
     rowq: bool = ROWQ
@@ -91,6 +94,7 @@ class CudaOptions:
     path_cache: str | None = None
     fold_quant: bool = FOLD_QUANT
     fuse_ln_small: bool = FUSE_LN_SMALL
+    parallel_build: int | None = None
 
     def __post_init__(self):
         if self.device_index is not None and (

@@ -86,6 +86,7 @@ def memory_report(be) -> dict:
         "fuse_min_tokens": be.fuse_min_tokens,
         "pdl": be.pdl,
         "device": be.device_name,
+        "prebuild": getattr(be, "prebuild_info", None),
     }
     if not be.eager:
         out["pinned_bytes"] = be.staging.nbytes + be.slots.nbytes

@@ -32,6 +32,7 @@ log = logging.getLogger("zoi")
 
 FORMAT = 1
 PATHS = ("persistent", "per-op")
+MARKS = (*PATHS, "kernels")  # "kernels": a model's kernels compiled (prebuild.py)
 
 
 def cache_key(device_name: str, capability, precision: str, spec, opts, tb: int) -> str:
@@ -47,6 +48,7 @@ def cache_key(device_name: str, capability, precision: str, spec, opts, tb: int)
     o = dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) else dict(opts)
     o.pop("path_cache", None)
     o.pop("device_index", None)  # same GPU model, any index
+    o.pop("parallel_build", None)  # how the kernels were compiled, not which
     blob = json.dumps(
         {
             "format": FORMAT,
@@ -99,14 +101,14 @@ def lookup(path, key: str) -> str | None:
     if not path:
         return None
     e = _read(Path(path)).get(key)
-    if isinstance(e, dict) and e.get("path") in PATHS:
+    if isinstance(e, dict) and e.get("path") in MARKS:
         return e["path"]
     return None
 
 
 def store(path, key: str, choice: str, times_us: dict | None = None) -> None:
     """Remember choice for key (atomic replace of the whole file); errors only warn."""
-    if not path or choice not in PATHS:
+    if not path or choice not in MARKS:
         return
     path = Path(path)
     try:
