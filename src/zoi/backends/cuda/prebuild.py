@@ -4,7 +4,7 @@ A cold GPU build spends most of its time in Triton compiling the kernels of ever
 bucket, one after another: the compile holds the GIL, so threads do not help (measured: 6
 kernels, 1.8 s serial vs 2.0 s on two threads). Before the first build of a model's shapes on
 this GPU and software, the buckets are therefore split over a few worker processes
-(``python -m zoi.backends.cuda.prebuild``), each of which builds a backend of its buckets and
+(``python -m zoi.backends.cuda.prebuild_worker``), each of which builds a backend of its buckets and
 exits; what they compile lands in Triton's on-disk cache, so the build that follows in this
 process finds every kernel compiled. The workers only warm that cache: their failures are
 logged and ignored, and this process builds (and checks) everything itself as before.
@@ -105,7 +105,7 @@ def prebuild(model, opts, buckets: list[int], n: int, device_index: int) -> dict
                 [
                     sys.executable,
                     "-m",
-                    "zoi.backends.cuda.prebuild",
+                    "zoi.backends.cuda.prebuild_worker",
                     str(folder),
                     ",".join(map(str, p)),
                     str(device_index),
@@ -170,19 +170,3 @@ def _key(be) -> str:
 
     # the bucket -1: the whole model's kernels (bucket entries are >= 16)
     return pathcache.cache_key(be.device_name, be.capability, be.precision, be.spec, be.opts, -1)
-
-
-def _worker(folder: str, buckets: str, device_index: str) -> int:
-    from zoi.backends.cuda.backend import CudaBackend
-    from zoi.backends.cuda.options import CudaOptions
-
-    folder = Path(folder)
-    model = _read_model(folder)
-    opts = CudaOptions(**json.loads((folder / "options.json").read_text()))
-    opts = opts.replace(device_index=int(device_index))
-    CudaBackend(model, buckets=[int(b) for b in buckets.split(",")], options=opts)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker(*sys.argv[1:4]))
