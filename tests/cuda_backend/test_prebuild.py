@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("triton")
 
 from tests.cuda_backend.cuda_helpers import batch, tiny_model  # noqa: E402
+
 from zoi.backends.cuda import prebuild  # noqa: E402
 from zoi.backends.cuda.options import CudaOptions  # noqa: E402
 
@@ -48,6 +49,8 @@ def test_buckets_are_shared_out_and_the_count_is_bounded():
     assert prebuild.worker_count(opts, b, 4000, 10_000) == 0  # one process: not worth it
     assert prebuild.worker_count(CudaOptions(parallel_build=0), b, 1, 10**9) == 0
     assert prebuild.worker_count(CudaOptions(), [16], 1, 10**9) == 0
+    assert prebuild.worker_count(CudaOptions(), b[:5], 1, 10**9) == 0  # few buckets: serial
+    assert prebuild.worker_count(CudaOptions(parallel_build=2), b[:5], 1, 10**9) == 2
 
 
 def test_a_failing_worker_is_logged_and_ignored(tmp_path, caplog, monkeypatch):

@@ -31,13 +31,18 @@ log = logging.getLogger("zoi")
 
 WORKER_TIMEOUT_S = 900  # a worker that hangs never holds the build up for longer
 MAX_WORKERS = 8
+# a worker costs seconds of start-up (Python, torch, triton, a CUDA context): with few buckets
+# (a small max_tokens) the serial compile is short and workers would not pay for themselves
+MIN_BUCKETS = 6
 
 
 def worker_count(opts, buckets: list[int], per_worker_bytes: int, free_bytes: int) -> int:
     """Processes for a cold build: opts.parallel_build (None: one per bucket, at most
-    MAX_WORKERS and half the CPUs), capped so that every worker's weights and arena fit in
+    MAX_WORKERS and half the CPUs, none under MIN_BUCKETS buckets), capped so that every worker's weights and arena fit in
     half of the GPU's free memory. 0 or 1: no workers."""
     want = opts.parallel_build
+    if want is None and len(buckets) < MIN_BUCKETS:
+        return 0
     if want is None:
         want = min(MAX_WORKERS, max(1, (os.cpu_count() or 2) // 2))
     n = min(int(want), len(buckets))
