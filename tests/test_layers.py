@@ -282,3 +282,18 @@ def test_no_module_over_the_line_limit():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_nothing_in_src_or_tests_imports_lab():
+    """lab/ holds experiments and their tools; the product and its tests stand without it (a
+    lab tool may use the product, never the other way round)."""
+    import re
+
+    pat = re.compile(r"^\s*(from\s+lab[.\s]|import\s+lab\b)|from lab\.|import lab\.", re.M)
+    found = [
+        str(p.relative_to(SRC.parent))
+        for top in (SRC, SRC.parent / "tests")
+        for p in top.rglob("*.py")
+        if pat.search(p.read_text(encoding="utf-8"))
+    ]
+    assert found == [], found
