@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # lowest first. A unit is a package or module of zoi (with everything under it).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("zoi.errors", "zoi.data", "zoi._cpu", "zoi._version", "zoi.paths")),
+    ("base", ("zoi.errors", "zoi.data", "zoi._cpu", "zoi._version", "zoi.paths", "zoi.procs")),
     ("numerics", ("zoi.numerics",)),  # the INT8 primitives and the numpy reference ops
     ("frontend", ("zoi.frontend",)),  # checkpoints, ModelSpec, tokenizer
     ("graph", ("zoi.graph",)),  # IR, builder, memory planner, CompiledModel

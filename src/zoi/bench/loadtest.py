@@ -18,8 +18,6 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,6 +25,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+
+from zoi.procs import ChildServer
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his her they this are be it an which "
@@ -340,7 +340,7 @@ async def scrape_batches(host: str, port: int) -> tuple[float, float] | None:
 
 
 # ---- a server subprocess ----------------------------------------------------------------------
-class ServerProcess:
+class ServerProcess(ChildServer):
     """`zoi serve` as a child process on 127.0.0.1 with a free port."""
 
     READY = re.compile(r"zoi serve: ready on (http://\S+)")
@@ -364,67 +364,13 @@ class ServerProcess:
             "0",
             *(args or []),
         ]
-        full_env = {**os.environ, **(env or {})}
         self.log_path = Path(log_path) if log_path else None
-        self._log = open(self.log_path, "w+") if self.log_path else None  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd,
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        self.lines: list[str] = []
-        self.url = self._wait_ready(startup_timeout)
-
-    def _wait_ready(self, timeout: float) -> str:
-        import threading
-
-        found: list[str] = []
-        ready = threading.Event()
-
-        def pump():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                if self._log:
-                    self._log.write(line)
-                    self._log.flush()
-                m = self.READY.search(line)
-                if m and not found:
-                    found.append(m.group(1))
-                    ready.set()
-            ready.set()
-
-        self._pump = threading.Thread(target=pump, daemon=True)
-        self._pump.start()
-        if not ready.wait(timeout) or not found:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(cmd, env={**os.environ, **(env or {})}, log_path=log_path)
+        m = self.wait_for_line(self.READY, startup_timeout)
+        if m is None:
+            self.kill()
             raise RuntimeError("zoi serve did not become ready:\n" + "".join(self.lines[-40:]))
-        return found[0]
-
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def stop(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._pump.join(5)
-        if self._log:
-            self._log.close()
-        return self.proc.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+        self.url = m.group(1)
 
 
 # ---- the command -------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 from zoi.integrations.gpus import ALL, parse_gpus
+from zoi.procs import ChildServer
 
 log = logging.getLogger("zoi.ray")
 
@@ -156,7 +158,7 @@ def make_deployment(
 
 
 # ---- a deployment as a child process (tests, `zoi bench serve --target ray`) ---------------------
-class RayServeProcess:
+class RayServeProcess(ChildServer):
     """`zoi deploy ray ARTIFACT` as a child process on 127.0.0.1 with a free port, in its own
     session (the local Ray's processes with it); SIGTERM to stop, the session killed if it hangs."""
 
@@ -171,8 +173,6 @@ class RayServeProcess:
         log_path: str | os.PathLike | None = None,
         startup_timeout: float = 300.0,
     ):
-        import subprocess
-
         cmd = [
             sys.executable,
             "-m",
@@ -186,40 +186,13 @@ class RayServeProcess:
             "0",
             *(args or []),
         ]
-        self.lines: list[str] = []
-        self._log = open(log_path, "w") if log_path else None  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
-        ready = threading.Event()
-        found: list[str] = []
-
-        def pump():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                if self._log:
-                    self._log.write(line)
-                    self._log.flush()
-                if self.READY in line and not found:
-                    found.append(line.split(self.READY, 1)[1].split()[0])
-                    ready.set()
-            ready.set()
-
-        self._pump = threading.Thread(target=pump, daemon=True)
-        self._pump.start()
-        if not ready.wait(startup_timeout) or not found:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+        super().__init__(cmd, env=env, log_path=log_path, session=True)
+        m = self.wait_for_line(re.escape(self.READY) + r"(\S+)", startup_timeout)
+        if m is None:
             self.kill()
             raise RuntimeError("zoi deploy ray did not become ready:\n" + self.log()[-4000:])
-        self.url = found[0]
-
-    def log(self) -> str:
-        return "".join(self.lines)
+        self.url = m.group(1)
 
     def session_pids(self) -> list[int]:
         """Processes of this deployment's session (driver, local Ray, replicas)."""
@@ -245,37 +218,8 @@ class RayServeProcess:
                 out.append(pid)
         return sorted(out)
 
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-
-    def stop(self, timeout: float = 90.0) -> int:
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        try:  # whatever the local Ray left behind in the session
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._pump.join(5)
-        if self._log:
-            self._log.close()
-            self._log = None
-        return self.proc.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+    def stop(self, timeout: float = 90.0) -> int | None:
+        return super().stop(timeout)
 
 
 def haproxy_env() -> dict[str, str]:

@@ -22,17 +22,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from zoi.integrations.gpus import ALL
+from zoi.procs import ChildServer
 
 DEFAULT_MAX_BATCH_SIZE = 256  # sequences per execute batch (Triton's max_batch_size)
 DEFAULT_QUEUE_DELAY_US = 500
@@ -277,7 +276,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class TritonServerProcess:
+class TritonServerProcess(ChildServer):
     """`tritonserver` from a pytriton environment on 127.0.0.1, on free ports; SIGTERM to stop.
 
     The Python backend's stub is embedded Python that finds its prefix through `python3` on
@@ -355,19 +354,7 @@ class TritonServerProcess:
             libs.append(full["LD_LIBRARY_PATH"])
         full["LD_LIBRARY_PATH"] = ":".join(libs)
         full.pop("PYTHONHOME", None)
-        self.lines: list[str] = []
-        self._log = open(log_path, "w") if log_path else None  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd,
-            env=full,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
-        self._pump = threading.Thread(target=self._read, daemon=True)
-        self._pump.start()
+        super().__init__(cmd, env=full, log_path=log_path, merge_stdout=True, session=True)
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self._wait_ready(startup_timeout)
@@ -447,33 +434,23 @@ class TritonServerProcess:
                 continue
         return out
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if self._log:
-                self._log.write(line)
-                self._log.flush()
-
     def _wait_ready(self, timeout: float) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                self._pump.join(5)
-                raise RuntimeError(
-                    f"tritonserver exited with {self.proc.returncode}:\n" + self.log()[-4000:]
-                )
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
+                    return r.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
+                return False
+
+        if self.wait_until(ready, timeout):
+            return
+        if self.proc.poll() is not None:
+            self._pump.join(5)
+            raise RuntimeError(
+                f"tritonserver exited with {self.proc.returncode}:\n" + self.log()[-4000:]
+            )
         self.stop()
         raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s:\n" + self.log()[-4000:])
-
-    def log(self) -> str:
-        return "".join(self.lines)
 
     def diagnose(self, tail: int = 3000) -> str:
         """What a failed check should print: whether the server lives (or the signal that
@@ -488,27 +465,10 @@ class TritonServerProcess:
             p for p, st, m in self._stubs() if st not in ("Z", "X") and model in (None, m)
         )
 
-    def stop(self, timeout: float = 60.0) -> int:
+    def stop(self, timeout: float = 60.0) -> int | None:
         if getattr(self, "_stop", None) is not None:
-            self._stop.set()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._pump.join(5)
-        if self._log:
-            self._log.close()
-            self._log = None
-        return self.proc.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+            self._stop.set()  # the supervisor first: no reload of what is being stopped
+        return super().stop(timeout)
 
 
 # ---- the command ----------------------------------------------------------------------------------
