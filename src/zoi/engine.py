@@ -514,17 +514,6 @@ class Engine(HeadsMixin, TasksMixin):
             self._run_source(source, normalize, out, on_chunk, check, tasks)
         return out
 
-    def _check_ids(self, ids, pos) -> None:
-        """A chunk's ids and positions within the tables (a tokenizer the engine cannot trust)."""
-        npos = self.model.position_rows()
-        if len(ids) and (ids.max() >= self.spec.vocab_size or ids.min() < 0):
-            raise InputError(
-                f"the tokenizer produced ids outside the model's vocabulary of "
-                f"{self.spec.vocab_size}; the tokenizer.json does not belong to this model"
-            )
-        if len(pos) and pos.max() >= npos:
-            raise InputError(f"positions must lie in [0, {npos})")
-
     def _output_torch(self, convert_to_numpy, convert_to_tensor, device):
         """Check encode's sentence-transformers arguments; the torch module when the result
         is to be torch tensors, None for the numpy array."""

@@ -21,7 +21,7 @@ from zoi.graph.ir import Buffer, Graph, Op
 
 def linear_prefix(op: Op) -> str:
     """Weight prefix of a linear op, e.g. 'l0.qkv' (its weights are prefix.w / prefix.b)."""
-    return op.weights["w"].rsplit(".", 1)[0]
+    return op.prefix
 
 
 def build_graph(spec: ModelSpec) -> Graph:

@@ -105,10 +105,6 @@ def linear_quant(model, prefix: str) -> tuple[QuantMode, float]:
     return QuantMode.FLOAT, 0.0
 
 
-def _prefix(op: Op) -> str:
-    return op.weights["w"].rsplit(".", 1)[0]
-
-
 _KEYS = (
     "quant",
     "quant_in",
@@ -149,7 +145,7 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
     for i, op in enumerate(ops):
         if op.kind != "linear":
             continue
-        p = _prefix(op)
+        p = op.prefix
         mode, amax = linear_quant(model, p)
         op.attrs["quant"] = mode
         nxt = ops[i + 1] if i + 1 < len(ops) else None
@@ -248,7 +244,7 @@ def decisions(graph: Graph, tokens: int) -> list[tuple[str, str, str]]:
     """[(linear weight prefix, copy name, who makes it)] for every INT8 linear, in op order,
     at a call of `tokens` tokens: the plan both backends realise (tests compare them)."""
     return [
-        (_prefix(o), o.attrs["quant_in"], copy_made_by(graph, o, tokens))
+        (o.prefix, o.attrs["quant_in"], copy_made_by(graph, o, tokens))
         for o in graph.ops
         if o.kind == "linear" and o.attrs.get("quant_in")
     ]

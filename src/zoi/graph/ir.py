@@ -37,6 +37,12 @@ class Op:
     weights: dict[str, str] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
 
+    @property
+    def prefix(self) -> str:
+        """A linear's weight prefix, e.g. 'l0.qkv' (its weights are prefix.w / prefix.b): the name
+        the quantiser, the plans and the backends key a linear's tables by."""
+        return self.weights["w"].rsplit(".", 1)[0]
+
     def __post_init__(self):
         if self.kind not in OP_KINDS:
             raise ValueError(f"unknown op kind {self.kind!r}: the IR has {', '.join(OP_KINDS)}")

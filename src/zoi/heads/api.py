@@ -174,6 +174,8 @@ class HeadsMixin(EncodeOptionsMixin, MultiVectorMixin):
         return enc
 
     def _check_ids(self, ids: np.ndarray, pos: np.ndarray) -> None:
+        """A chunk's ids and positions within the tables (a tokenizer the engine cannot trust):
+        the encoder path and the heads' both check here."""
         npos = self.model.position_rows()
         if len(ids) and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
             raise InputError(

@@ -63,7 +63,7 @@ class HybridHeadRunner(SyncSubmit):
     def _head(self, pooled: np.ndarray) -> np.ndarray:
         env = {self.pooled: pooled.astype(np.float32)}
         for op in self.head_ops:
-            p = op.weights["w"].rsplit(".", 1)[0]
+            p = op.prefix
             y = linear_apply(env[op.inputs[0]], self.model.weights, p, self.model.quant.get(p))
             env[op.output] = activation(y, op.attrs.get("act", "none"))
         return env[self.model.graph.output]

@@ -445,7 +445,7 @@ def execute(
                 type_delta,
             )
         elif op.kind == "linear":
-            p = op.weights["w"].rsplit(".", 1)[0]  # zoi.graph.build.linear_prefix
+            p = op.prefix
             y = override(p, ins[0]) if override is not None else None
             if y is None:
                 y = linear_apply(ins[0], W, p, quant.get(p), matmul_exact)

@@ -24,10 +24,6 @@ from zoi.graph.quantmode import QuantMode
 __all__ = ["CpuBackend"]
 
 
-def _prefix(op) -> str:
-    return op.weights["w"].rsplit(".", 1)[0]
-
-
 def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -146,7 +142,7 @@ class CpuBackend(SyncSubmit):
                         _f32(W[lt]) if lt is not None else None,
                     )
             elif op.kind == "linear":
-                p = _prefix(op)
+                p = op.prefix
                 act = op.attrs.get("act", "none")
                 res = off[op.inputs[1]] if len(op.inputs) > 1 else -1
                 lora = "lora_a" in op.weights
@@ -279,7 +275,7 @@ class CpuBackend(SyncSubmit):
             why = None
             if prev is None or prev.output != by:
                 why = "the producer is not the previous step (the scratch holds one copy)"
-            elif prev.kind == "linear" and self.linear_kinds.get(_prefix(prev)) == "fp32":
+            elif prev.kind == "linear" and self.linear_kinds.get(prev.prefix) == "fp32":
                 why = "an FP32 GEMM has no int8 epilogue"
             elif prev.kind not in ("embed", "add_layernorm", "glu", "linear"):
                 why = f"a {prev.kind} step has no int8 epilogue"
@@ -314,7 +310,7 @@ class CpuBackend(SyncSubmit):
             else:
                 assert p["writes_copy"], (op.output, p)
                 who = kinds[p["kind"]]
-            out.append((_prefix(op), op.attrs["quant_in"], who))
+            out.append((op.prefix, op.attrs["quant_in"], who))
         return out
 
     def _hold(self, a: np.ndarray) -> np.ndarray:

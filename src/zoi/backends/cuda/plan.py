@@ -98,7 +98,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         elif op.kind == "linear" and g.buffers[op.output].rows == "B":
             out.append(_rows_linear(model, op, g, fallbacks))
         elif op.kind == "linear":
-            prefix = op.weights["w"].rsplit(".", 1)[0]
+            prefix = op.prefix
             mode = op.attrs["quant"]
             samax = op.attrs.get("quant_static_amax", 0.0)
             wq = model.weights.get(f"{prefix}.w_q")
@@ -308,7 +308,7 @@ def _rows_linear(model, op, g, fallbacks: dict) -> Launch:
     """A linear over the B pooled rows (sentence-transformers' Dense modules): fp32 [max_batch,
     N] in the arena, FP16 weights (an INT8 scheme of the IR runs dequantised: a quantize launch
     would cost more than a GEMM of a few rows; recorded in the fallbacks)."""
-    prefix = op.weights["w"].rsplit(".", 1)[0]
+    prefix = op.prefix
     wq = model.weights.get(f"{prefix}.w_q")
     N, K = wq.shape if wq is not None else model.weights[f"{prefix}.w"].shape
     if op.attrs["quant"].quantized:
