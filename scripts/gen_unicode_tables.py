@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate csrc/tokenizer/unicode_tables.h: the per-codepoint tables of the native WordPiece
 tokenizer (BertNormalizer + BertPreTokenizer), made from Python's `unicodedata` and checked
-against HF `tokenizers` on every codepoint.
+against HF `tokenizers` on every codepoint, and those of the native byte-level BPE tokenizer
+(the classes of its pre-tokenizer regexes and NFC composition).
 
 HF `tokenizers` does not use one Unicode version: categories (control, punctuation, nonspacing
 mark) come from the `unicode_categories` crate (an old Unicode), whitespace and lowercase from
@@ -14,6 +15,12 @@ printed (the header records the counts). Needs `tokenizers` installed:
     python scripts/gen_unicode_tables.py --check    # exits 1 if the header is stale
 
 tests/tokenizer/test_unicode_tables.py checks the built tokenizer against HF on every codepoint.
+
+The byte-level BPE tables are HF's answers only: `\\p{L}`, `\\p{N}` and `\\s` as HF's Split
+pre-tokenizer matches them (Oniguruma, whose Unicode is newer than Python's), and NFC as HF's
+NFC normalizer composes (the `unicode-normalization` crate, which lags Python's Unicode in
+places: it neither decomposes nor composes U+11938). Composition pairs are Python's canonical
+pairs that HF composes; every codepoint HF keeps composed must come from one of them.
 """
 
 from __future__ import annotations
@@ -23,11 +30,17 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from tokenizers import normalizers, pre_tokenizers
+from tokenizers import Regex, normalizers, pre_tokenizers
 
 OUT = Path(__file__).resolve().parents[1] / "csrc" / "tokenizer" / "unicode_tables.h"
 MAXCP = 0x110000
 F_DROP, F_WS, F_PUNCT, F_MN, F_LOWER, F_DECOMP, F_CJK = 1, 2, 4, 8, 16, 32, 64
+# byte-level BPE: regex classes and the NFC boundary (ccc 0, NFC_Quick_Check=Yes: nothing
+# before it composes or reorders with it or anything after it)
+RX_L, RX_N, RX_WS, RX_NFC_BOUNDARY = 1, 2, 4, 8
+# Hangul jamo that compose with the syllable or jamo before them (algorithmic composition)
+HANGUL_V = range(0x1161, 0x1176)
+HANGUL_T = range(0x11A8, 0x11C3)
 # CJK ranges of handle_chinese_chars as HF writes them (0x2B920, not BERT's 0x2B820); checked below
 CJK = [
     (0x4E00, 0x9FFF),
@@ -183,6 +196,83 @@ def build() -> tuple[list[int], list[int], dict, dict, dict]:
     return flags, ccc, lower, decomp, over
 
 
+def probe_regex_class(pattern: str) -> set[int]:
+    """The codepoints HF's Split pre-tokenizer matches with `pattern` (one codepoint long)."""
+    split = pre_tokenizers.Split(Regex(pattern), behavior="removed")
+    hits: set[int] = set()
+    for base in range(0, MAXCP, 4096):
+        cps = [c for c in range(base, min(MAXCP, base + 4096)) if not is_surrogate(c)]
+        kept = bytearray(len(cps))
+        for _, (a, b) in split.pre_tokenize_str("".join(map(chr, cps))):
+            kept[a:b] = b"\x01" * (b - a)
+        hits.update(c for k, c in enumerate(cps) if not kept[k])
+    return hits
+
+
+def hf_batch(norm, cps: list[int]) -> dict[int, str]:
+    """norm applied to each codepoint alone (NUL-separated batches: NUL is a starter that
+    composes with nothing; codepoint 0 itself is normalised alone)."""
+    out = {0: norm.normalize_str("\x00")} if 0 in cps else {}
+    rest = [c for c in cps if c]
+    for base in range(0, len(rest), 8192):
+        chunk = rest[base : base + 8192]
+        parts = norm.normalize_str("\x00".join(map(chr, chunk))).split("\x00")
+        assert len(parts) == len(chunk)
+        out.update(zip(chunk, parts, strict=True))
+    return out
+
+
+def build_bpe(ccc: list[int]) -> tuple[list[int], list[tuple[int, int, int]], dict]:
+    """(per-codepoint RX_* flags, NFC composition pairs (first, second, composite), counts)."""
+    letters = probe_regex_class(r"\p{L}")
+    numbers = probe_regex_class(r"\p{N}")
+    spaces = probe_regex_class(r"\s")
+    cps = [c for c in range(MAXCP) if not is_surrogate(c)]
+    nfc = hf_batch(normalizers.NFC(), cps)
+    nfd = hf_batch(normalizers.NFD(), cps)
+    pairs = []
+    for c in cps:
+        d = unicodedata.decomposition(chr(c))
+        if not d or d.startswith("<") or len(d.split()) != 2:
+            continue
+        x, y = (int(v, 16) for v in d.split())
+        # HF's own answer: the pair composes to c (not excluded, known to its Unicode)
+        if normalizers.NFC().normalize_str(chr(x) + chr(y)) == chr(c):
+            pairs.append((x, y, c))
+    composed = {c for _, _, c in pairs}
+    for c in cps:  # every composite HF keeps comes from a pair (Hangul: algorithmic)
+        if nfd[c] != chr(c) and nfc[c] == chr(c) and not 0xAC00 <= c <= 0xD7A3:
+            assert c in composed, f"U+{c:04X}: HF keeps it composed but no pair composes it"
+    seconds = {y for _, y, _ in pairs} | set(HANGUL_V) | set(HANGUL_T)
+    flags = [0] * MAXCP
+    nbound = 0
+    for c in cps:
+        f = (RX_L if c in letters else 0) | (RX_N if c in numbers else 0)
+        f |= RX_WS if c in spaces else 0
+        first = ord(nfd[c][0])
+        if (
+            nfc[c] == chr(c)
+            and c not in seconds
+            and first not in seconds
+            and ccc[first] == 0
+            # decomposed codepoints carry class 0 in `ccc` (their parts' classes count)
+            and (ccc[c] if nfd[c] == chr(c) else unicodedata.combining(chr(c))) == 0
+        ):
+            f |= RX_NFC_BOUNDARY
+            nbound += 1
+        flags[c] = f
+    # the native NFC copies ASCII without a table lookup
+    assert all(flags[c] & RX_NFC_BOUNDARY for c in range(128))
+    counts = {
+        "L": len(letters),
+        "N": len(numbers),
+        "WS": len(spaces),
+        "NFC pairs": len(pairs),
+        "NFC boundaries": nbound,
+    }
+    return flags, sorted(pairs), counts
+
+
 def two_stage(values: list[int], block: int = 256) -> tuple[list[int], list[int]]:
     blocks: dict[tuple, int] = {}
     stage1, stage2 = [], []
@@ -203,7 +293,7 @@ def c_array(ctype: str, name: str, vals: list[int], per_line: int = 24) -> str:
     return "\n".join(lines)
 
 
-def render(flags, ccc, lower, decomp, over) -> str:
+def render(flags, ccc, lower, decomp, over, bpe) -> str:
     props = [f | (k << 8) for f, k in zip(flags, ccc, strict=True)]
     s1, s2 = two_stage(props)
     single = sorted((c, ord(s)) for c, s in lower.items() if len(s) == 1)
@@ -221,15 +311,20 @@ def render(flags, ccc, lower, decomp, over) -> str:
         doff.append(len(ddata))
     import tokenizers
 
+    rx, comp, bcounts = bpe
+    r1, r2 = two_stage(rx)
     head = f"""// GENERATED by scripts/gen_unicode_tables.py - do not edit.
 // Python unicodedata {unicodedata.unidata_version}, checked against HF tokenizers {tokenizers.__version__} on every
 // codepoint; HF's answer replaced unicodedata's for: {", ".join(f"{k} {v}" for k, v in over.items())}.
 // props = flags | ccc << 8 (two-stage table over blocks of 256 codepoints).
+// Byte-level BPE (HF's answers only): {", ".join(f"{k} {v}" for k, v in bcounts.items())}.
+// rx = RX_* flags (two-stage table); kComp* = NFC pairs (first << 21 | second, sorted) -> composite.
 #pragma once
 #include <cstdint>
 
 namespace zoi::tok::uni {{
 inline constexpr uint16_t F_DROP = {F_DROP}, F_WS = {F_WS}, F_PUNCT = {F_PUNCT}, F_MN = {F_MN}, F_LOWER = {F_LOWER}, F_DECOMP = {F_DECOMP}, F_CJK = {F_CJK};
+inline constexpr uint8_t RX_L = {RX_L}, RX_N = {RX_N}, RX_WS = {RX_WS}, RX_NFC_BOUNDARY = {RX_NFC_BOUNDARY};
 """
     body = [
         c_array("uint16_t", "kStage1", s1),
@@ -242,6 +337,10 @@ inline constexpr uint16_t F_DROP = {F_DROP}, F_WS = {F_WS}, F_PUNCT = {F_PUNCT},
         c_array("uint32_t", "kDecompCp", dcp),
         c_array("uint16_t", "kDecompOff", doff),
         c_array("uint32_t", "kDecompData", ddata),
+        c_array("uint16_t", "kRxStage1", r1),
+        c_array("uint8_t", "kRxStage2", r2),
+        c_array("uint64_t", "kCompKey", [x << 21 | y for x, y, _ in comp], per_line=12),
+        c_array("uint32_t", "kCompTo", [c for _, _, c in comp]),
     ]
     return head + "\n".join(body) + "\n}  // namespace zoi::tok::uni\n"
 
@@ -250,7 +349,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if the committed header is stale")
     args = ap.parse_args()
-    text = render(*build())
+    built = build()
+    text = render(*built, build_bpe(built[1]))
     if args.check:
         if not OUT.exists() or OUT.read_text() != text:
             print(f"{OUT} is stale: run python scripts/gen_unicode_tables.py", file=sys.stderr)

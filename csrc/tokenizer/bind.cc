@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/pool.h"
+#include "tokenizer/bpe.h"
 #include "tokenizer/encoder.h"
 #include "tokenizer/wordpiece.h"
 
@@ -341,4 +342,44 @@ void bind_tokenizer(nb::module_& m) {
            "tail"_a, "max_len"_a)
       .def_prop_ro("vocab_size", &zoi::tok::WordPiece::vocab_size)
       .def_prop_ro("max_len", [](const zoi::tok::WordPiece& t) { return t.config().max_len; });
+
+  nb::class_<zoi::tok::ByteBPE, TextEncoder>(m, "ByteBPE")
+      .def("__init__",
+           [](zoi::tok::ByteBPE* self, const std::vector<std::string>& vocab, const std::vector<int32_t>& ids,
+              const std::vector<std::string>& merges, bool paired, const std::vector<std::string>& added,
+              const std::vector<int32_t>& added_ids, const std::vector<int>& added_flags,
+              const std::vector<std::string>& norm_added, const std::vector<int32_t>& norm_added_ids,
+              const std::vector<int>& norm_added_flags, const std::vector<int>& splits, bool nfc,
+              bool ignore_merges, int32_t unk_id, bool fuse_unk, const std::vector<int32_t>& head,
+              const std::vector<int32_t>& tail, int max_len) {
+             zoi::tok::BpeConfig c;
+             c.splits = splits;
+             c.nfc = nfc;
+             c.ignore_merges = ignore_merges;
+             c.unk_id = unk_id;
+             c.fuse_unk = fuse_unk;
+             c.head = head;
+             c.tail = tail;
+             c.max_len = max_len;
+             std::string err;
+             {
+               nb::gil_scoped_release nogil;  // a 150k-token vocabulary takes a while to index
+               try {
+                 new (self) zoi::tok::ByteBPE(vocab, ids, merges, paired, added, added_ids, added_flags, norm_added,
+                                              norm_added_ids, norm_added_flags, std::move(c));
+               } catch (const std::invalid_argument& e) {
+                 err = e.what();
+               }
+             }
+             if (!err.empty()) throw nb::value_error(err.c_str());
+           },
+           "vocab"_a, "ids"_a, "merges"_a, "paired"_a, "added"_a, "added_ids"_a, "added_flags"_a,
+           "norm_added"_a, "norm_added_ids"_a, "norm_added_flags"_a, "splits"_a, "nfc"_a, "ignore_merges"_a, "unk_id"_a, "fuse_unk"_a, "head"_a,
+           "tail"_a, "max_len"_a)
+      .def_prop_ro("vocab_size", &zoi::tok::ByteBPE::vocab_size)
+      .def_prop_ro("max_len", [](const zoi::tok::ByteBPE& t) { return t.config().max_len; })
+      .def("normalize", &zoi::tok::ByteBPE::normalize, "text"_a,
+           "the text as the normaliser leaves it (NFC, or as it is)")
+      .def("pre_tokenize", &zoi::tok::ByteBPE::pre_tokenize, "text"_a,
+           "the pre-tokenizer's pieces of a (normalised) text, before the byte-level BPE");
 }

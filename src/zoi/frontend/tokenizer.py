@@ -1,5 +1,5 @@
-"""Tokenisation: the native WordPiece tokenizer, or HF `tokenizers` for the other families;
-truncation per call, packing without padding."""
+"""Tokenisation: the native WordPiece and byte-level BPE tokenizers, or HF `tokenizers` for
+the other families; truncation per call, packing without padding."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from zoi.errors import CheckpointError, InputError
+from zoi.frontend import bpe
 from zoi.frontend.wordpiece import native_config
 
 # Characters kept per usable position before tokenising. A token is rarely longer than ~10
@@ -44,9 +45,10 @@ def _native_module():
 
 
 class Tokenizer:
-    """Texts -> token ids. The native WordPiece tokenizer (zoi._cpu.WordPiece, exact to HF)
-    runs the files it covers (zoi.frontend.wordpiece); HF `tokenizers` runs the others, or
-    every file with ZOI_TOKENIZER=hf. Thread-safe: truncation is an argument of each call."""
+    """Texts -> token ids. The native tokenizers, exact to HF, run the files they cover:
+    WordPiece (zoi._cpu.WordPiece, zoi.frontend.wordpiece) and byte-level BPE
+    (zoi._cpu.ByteBPE, zoi.frontend.bpe); HF `tokenizers` runs the others, or every file with
+    ZOI_TOKENIZER=hf. Thread-safe: truncation is an argument of each call."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class Tokenizer:
         self.position_offset = position_offset
         self.max_chars = CHARS_PER_POSITION * max_positions
         self.native = None
+        self.native_kind = ""
         self.fallback_reason = ""
         self._lock = threading.Lock()
         self._hf_limits: dict = {}
@@ -81,11 +84,7 @@ class Tokenizer:
                 raise CheckpointError(
                     f"{source}: not a valid tokenizers file (not JSON: {e})"
                 ) from e
-            cfg = native_config(parsed, max_positions)
-            if isinstance(cfg, str):
-                self.fallback_reason = cfg
-            else:
-                self.native = cpu.WordPiece(**cfg)
+            self._native_from(cpu, parsed, max_positions)
         if want == "native" and self.native is None:
             raise CheckpointError(
                 f"{source}: ZOI_TOKENIZER=native, but the native tokenizer cannot run this file "
@@ -95,6 +94,30 @@ class Tokenizer:
         self._hf_pair = None
         if self.native is None or validate:  # a bad file fails here, not at the first call
             self._hf_instances()
+
+    def _native_from(self, cpu, parsed, max_positions: int) -> None:
+        """The native tokenizer for this file, or the reason there is none."""
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        if isinstance(model, dict) and model.get("type") == "BPE":
+            cfg = bpe.native_config(parsed, max_positions)
+            if not hasattr(cpu, "ByteBPE"):  # pragma: no cover - a core built before it
+                cfg = "a native core without it"
+            if isinstance(cfg, str):
+                self.fallback_reason = f"model type 'BPE' with {cfg}"
+                return
+            try:
+                self.native = cpu.ByteBPE(**cfg)
+            except ValueError as e:  # HF refuses such a file too (a merge outside the vocab)
+                self.fallback_reason = f"model type 'BPE': {e}"
+                return
+            self.native_kind = "native byte-level BPE"
+            return
+        cfg = native_config(parsed, max_positions)
+        if isinstance(cfg, str):
+            self.fallback_reason = cfg
+        else:
+            self.native = cpu.WordPiece(**cfg)
+            self.native_kind = "native WordPiece"
 
     # HF `tokenizers` proves a new file at compile time; loading an artifact whose file the
     # native tokenizer runs, it is imported only when a caller needs what only it gives
@@ -139,9 +162,10 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """Which tokenizer runs: 'native WordPiece' or 'HF tokenizers (<why>)'."""
+        """Which tokenizer runs: 'native WordPiece', 'native byte-level BPE' or
+        'HF tokenizers (<why>)'."""
         if self.native is not None:
-            return "native WordPiece"
+            return self.native_kind
         return f"HF tokenizers ({self.fallback_reason})"
 
     @classmethod

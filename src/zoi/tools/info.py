@@ -54,7 +54,9 @@ def system_info() -> dict:
 
     has_native = _native_module() is not None
     info["tokenizer"] = (
-        "native WordPiece (zoi._cpu) for WordPiece files" if has_native else "no native tokenizer"
+        "native WordPiece and byte-level BPE (zoi._cpu) for the files they cover exactly"
+        if has_native
+        else "no native tokenizer"
     ) + f", HF tokenizers for the others; ZOI_TOKENIZER={os.environ.get('ZOI_TOKENIZER', 'auto')}"
     try:
         import triton
