@@ -18,7 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 needs_mkdocs = pytest.mark.skipif(
-    importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (the docs extra)"
+    any(importlib.util.find_spec(m) is None for m in ("mkdocs", "mkdocstrings_handlers.python")),
+    reason="mkdocs or mkdocstrings-python is not installed (the docs extra)",
 )
 
 
@@ -37,6 +38,9 @@ def test_mkdocs_build_strict(tmp_path):
     pages = ["index.html", "CHANGELOG.html", "docs/index.html"]
     pages += [f"docs/{p.stem}.html" for p in (REPO / "docs").glob("*.md") if p.stem != "README"]
     assert not [p for p in pages if not (site / p).is_file()]
+    # the API reference is rendered from the docstrings (mkdocstrings), not left as `::: name`
+    api = (site / "docs" / "API.html").read_text(encoding="utf-8")
+    assert ":::" not in api and "normalize_embeddings" in api and "zoi.engine.Engine" in api
 
 
 @needs_mkdocs

@@ -1,13 +1,16 @@
-"""Real clients against the real server: openai, tritonclient[http], TEI-style JSON, curl-like calls."""
+"""Real clients against the real server: openai, tritonclient[http], TEI-style JSON, curl-like
+calls; and the recipes of docs/CLIENTS.md (openai, cohere, LangChain, LlamaIndex,
+sentence-transformers-style code), run as written."""
 
 from __future__ import annotations
 
 import base64
+import re
 
 import numpy as np
 import pytest
 
-from .serve_helpers import MODEL_NAME, cosine_rows, mixed_texts
+from .serve_helpers import MODEL_NAME, REPO, cosine_rows, mixed_texts
 
 httpx = pytest.importorskip("httpx")
 
@@ -204,3 +207,179 @@ def test_tei_token_ids(server, engine):
     ref = engine.encode("token ids in, embedding out")
     assert cosine_rows(np.array(r1.json()[0]), ref)[()] >= 0.9999
     assert cosine_rows(np.array(r2.json()[0]), ref)[()] >= 0.9999 and len(r2.json()) == 2
+
+
+# ---- the client recipes of docs/CLIENTS.md, run as written ------------------------------------
+# Each marked block is executed against one `zoi serve` holding both of the page's models: a
+# cross-encoder named as the page's reranker (random weights, first, so that TEI-style requests
+# that name no model reach it) and the bundled MiniLM. The page's two addresses (8080 for
+# embeddings, 8081 for rerank) both become this server's; nothing else in a block changes.
+
+CLIENTS = (REPO / "docs" / "CLIENTS.md").read_text(encoding="utf-8")
+RERANKER = "ms-marco-MiniLM-L-6-v2"
+EMB_TEXTS = ["A man is eating food.", "A monkey is playing drums."]
+DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "Berlin is in Germany."]
+QUERY = "capital of France"
+
+
+def recipe(name: str) -> str:
+    m = re.search(rf"<!-- tested: {re.escape(name)} -->\n```python\n(.*?)```", CLIENTS, re.S)
+    assert m, f"docs/CLIENTS.md has no block marked {name!r}"
+    return m.group(1)
+
+
+def run_recipe(name: str, url: str, device: str = "cpu") -> dict:
+    code = recipe(name)
+    for port in ("8080", "8081"):
+        code = code.replace(f"http://127.0.0.1:{port}", url)
+    if device != "cpu":  # no native core built: the numpy reference engine
+        code = code.replace("zoi.compile(folder)", f"zoi.compile(folder, device={device!r})")
+    ns: dict = {"__name__": f"clients_{name}"}
+    exec(compile(code, f"docs/CLIENTS.md[{name}]", "exec"), ns)  # noqa: S102 - the doc's code
+    return ns
+
+
+@pytest.fixture(scope="module")
+def recipes(device, tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.heads.builders import head_checkpoint
+
+    from zoi.bench.loadtest import ServerProcess
+    from zoi.engine import default_model_path
+
+    ce, _ = head_checkpoint(tmp_path_factory.mktemp("ce") / RERANKER, "bert", "seq", num_labels=1)
+    srv = ServerProcess(
+        env={"ZOI_DEVICE": device, "ZOI_LOG_LEVEL": "warning"},
+        args=[f"{RERANKER}={ce}", f"{MODEL_NAME}={default_model_path()}"],
+        log_path=tmp_path_factory.mktemp("recipes") / "server.log",
+    )
+    yield srv, ce
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reranker(recipes, device):
+    import zoi
+
+    return zoi.compile(recipes[1], device=device)
+
+
+def _unit(rows) -> np.ndarray:
+    a = np.asarray(rows, np.float64)
+    return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+
+def _check_ranking(got: list[tuple[int, float]], reranker, top: int = 2):
+    """(index, score) pairs against the in-process cross-encoder: each score its document's,
+    best first (a random-weight model's scores are close, so ties are compared by score)."""
+    want = {w["corpus_id"]: w["score"] for w in reranker.rerank(QUERY, DOCS)}
+    assert len(got) == top
+    for i, s in got:
+        assert abs(s - want[i]) <= 1e-4, (got, want)
+    scores = [s for _, s in got]
+    assert scores == sorted(scores, reverse=True)
+    assert min(scores) >= sorted(want.values(), reverse=True)[top - 1] - 1e-4
+
+
+def test_recipe_openai(recipes, engine):
+    pytest.importorskip("openai")
+    ns = run_recipe("openai", recipes[0].url)
+    ref = engine.encode(EMB_TEXTS)
+    for key in ("vectors", "floats"):
+        got = np.array(ns[key], np.float32)
+        assert got.shape == (2, 384) and cosine_rows(got, ref).min() >= 0.9999, key
+    assert ns["tokens"] == sum(len(s) for s in engine.tokenize(EMB_TEXTS))
+    short = np.array(ns["short"])
+    assert short.shape == (2, 128)
+    assert np.allclose(short, _unit(ref[:, :128]), atol=1e-4)
+
+
+def test_recipe_cohere(recipes, engine, reranker):
+    pytest.importorskip("cohere")
+    ns = run_recipe("cohere", recipes[0].url)
+    ref = engine.encode(EMB_TEXTS)
+    assert cosine_rows(np.array(ns["vectors"]), ref).min() >= 0.9999
+    assert np.abs(np.array(ns["int8"]) - np.rint(ref * 127)).max() <= 1
+    _check_ranking(ns["best"], reranker)
+
+
+def test_recipe_langchain(recipes, engine):
+    pytest.importorskip("langchain_openai")
+    ns = run_recipe("langchain", recipes[0].url)
+    assert cosine_rows(np.array(ns["docs"]), engine.encode(EMB_TEXTS)).min() >= 0.9999
+    assert cosine_rows(np.array(ns["query"]), engine.encode("Someone is eating."))[()] >= 0.9999
+
+
+def test_langchain_default_token_ids_are_refused_naming_the_setting(recipes, monkeypatch):
+    """OpenAIEmbeddings' default sends tiktoken ids; zoi's 422 for those outside the vocabulary
+    names the setting. tiktoken's vocabulary file is a download, so a stand-in encoding gives
+    ids in its range (one past MiniLM's 30522)."""
+    lc = pytest.importorskip("langchain_openai")
+    import openai
+    import tiktoken
+
+    class Encoding:
+        def encode_ordinary(self, text: str) -> list[int]:
+            return [32, 1332, 31261]
+
+        encode = encode_ordinary
+
+    def get(*_a, **_k):
+        return Encoding()
+
+    monkeypatch.setattr(tiktoken, "encoding_for_model", get)
+    monkeypatch.setattr(tiktoken, "get_encoding", get)
+    emb = lc.OpenAIEmbeddings(
+        model=MODEL_NAME, base_url=recipes[0].url + "/v1", api_key="unused", max_retries=0
+    )
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        emb.embed_query("Someone is eating.")
+    err = e.value.body if isinstance(e.value.body, dict) else {}
+    err = err.get("error", err)
+    assert err["param"] == "input" and err["code"] == "invalid_value", err
+    assert "token id 31261, outside the vocabulary [0, 30522)" in err["message"], err
+    assert "check_embedding_ctx_length=False" in err["message"], err
+    # the page quotes the message
+    assert " ".join(err["message"].split()) in " ".join(CLIENTS.split())
+
+
+def test_recipe_llamaindex_embedding(recipes, engine):
+    pytest.importorskip("llama_index.embeddings.openai_like")
+    ns = run_recipe("llamaindex-embed", recipes[0].url)
+    assert cosine_rows(np.array(ns["docs"]), engine.encode(EMB_TEXTS)).min() >= 0.9999
+    assert cosine_rows(np.array(ns["query"]), engine.encode("Someone is eating."))[()] >= 0.9999
+
+
+def test_recipe_llamaindex_rerank(recipes, reranker):
+    pytest.importorskip("llama_index.postprocessor.jinaai_rerank")
+    pytest.importorskip("llama_index.postprocessor.tei_rerank")
+    ns = run_recipe("llamaindex-rerank", recipes[0].url)
+    for key in ("best", "best_tei"):
+        got = [(DOCS.index(n.node.get_content()), n.score) for n in ns[key]]
+        _check_ranking(got, reranker)
+
+
+def test_recipe_sentence_transformers(device):
+    pytest.importorskip("sentence_transformers")
+    torch = pytest.importorskip("torch")
+    ns = run_recipe("sentence-transformers", "", device)
+    emb, ref = ns["emb"], ns["reference"]
+    assert emb.dtype == np.float32 and emb.shape == ref.shape == (2, 384) and ns["dim"] == 384
+    assert np.abs(emb - ref).max() <= 1e-4 and cosine_rows(emb, ref).min() >= 0.99999
+    assert isinstance(ns["tensor"], torch.Tensor)
+    assert np.allclose(ns["tensor"].numpy(), emb, atol=1e-6)
+
+
+def test_the_page_names_the_pinned_versions():
+    """docs/CLIENTS.md's version table: each package at the version the test extra pins."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pins = dict(
+        re.match(r"([\w.-]+)(?:\[[^\]]*\])?==([\w.]+)", r).groups()
+        for r in project["optional-dependencies"]["test"]
+        if "==" in r
+    )
+    rows = re.findall(r"^\| `([\w.-]+)` \| ([\w.]+) \|", CLIENTS, re.M)
+    assert len(rows) >= 6
+    for name, version in rows:
+        assert pins.get(name) == version, (name, version, pins.get(name))

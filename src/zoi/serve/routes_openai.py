@@ -76,6 +76,14 @@ def _parse_input(svc: Service, inp):
     )
 
 
+# LangChain's OpenAIEmbeddings tokenises with tiktoken by default and sends those ids, which
+# belong to another vocabulary: the commonest client to send ids this model never made
+IDS_HINT = (
+    "LangChain's OpenAIEmbeddings sends tiktoken ids unless built with "
+    "check_embedding_ctx_length=False; see docs/CLIENTS.md"
+)
+
+
 def make_routes(svc: Service) -> list[Route]:
     @admitted(svc, ROUTE, ANSWERS)
     async def embeddings(request: Request, raw: bytes, t0: float):
@@ -103,7 +111,7 @@ def make_routes(svc: Service) -> list[Route]:
             texts = task_prompted(svc, texts, task, body.get("prompt_name"))
             seqs, tok_s = await svc.tokenize(texts, truncate)
         else:
-            seqs = svc.check_ids(items, truncate, "input", flat=kind == "flat")
+            seqs = svc.check_ids(items, truncate, "input", kind == "flat", IDS_HINT)
             tok_s = 0.0
         res = await svc.embed(request, tagged(seqs, task), True, tok_s, t0)
         emb = res.embeddings

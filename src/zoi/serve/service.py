@@ -227,10 +227,16 @@ class Service(Admission):
         return texts
 
     def check_ids(
-        self, seqs: list, truncate: bool, param: str = "input", flat: bool = False
+        self,
+        seqs: list,
+        truncate: bool,
+        param: str = "input",
+        flat: bool = False,
+        hint: str = "",
     ) -> list[np.ndarray]:
         """Token id arrays: each a non-empty array of integers in [0, vocab). flat: the client
-        sent one array (`seqs` is [it]), so errors name its elements as param[j]."""
+        sent one array (`seqs` is [it]), so errors name its elements as param[j]. hint: a
+        sentence the route adds to the message of an id outside the vocabulary."""
         self.check_count(len(seqs), param)
         out = []
         for i, s in enumerate(seqs):
@@ -250,7 +256,7 @@ class Service(Admission):
                 except OverflowError:  # an id past 64 bits: out of any vocabulary
                     a = None
             if a is None or a.min() < 0 or a.max() >= self.vocab_size:
-                raise ApiError("validation", self._bad_id(s, name), param)
+                raise ApiError("validation", self._bad_id(s, name, hint), param)
             if len(a) > self.max_positions:
                 if not truncate:
                     raise ApiError(
@@ -263,7 +269,7 @@ class Service(Admission):
             out.append(a.astype(np.int32))
         return out
 
-    def _bad_id(self, s: list, name: str) -> str:
+    def _bad_id(self, s: list, name: str, hint: str = "") -> str:
         """The message for the first element of `s` that is not a token id of this model."""
         v = self.vocab_size
         for j, x in enumerate(s):
@@ -275,7 +281,7 @@ class Service(Admission):
             if not 0 <= x < v:
                 return (
                     f"{name}[{j}] is token id {x}, outside the vocabulary [0, {v}); send the "
-                    "ids this model's tokenizer gives"
+                    "ids this model's tokenizer gives" + (f" ({hint})" if hint else "")
                 )
         return f"{name} holds token ids outside [0, {v})"  # pragma: no cover - found above
 
