@@ -14,7 +14,7 @@ from zoi.serve.batcher import Batcher
 from zoi.serve.http import ApiError
 
 HEAD_ROUTES = {
-    "seq_cls": "/rerank, /predict, /v1/rerank",
+    "seq_cls": "/rerank, /predict, /v1/rerank, /v2/rerank",
     "token_cls": "/predict_tokens",
     "splade": "/embed_sparse",
     "": "/embed, /embed_all, /v1/embeddings",

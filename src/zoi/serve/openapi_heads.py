@@ -7,14 +7,22 @@ from zoi.serve.openapi_parts import _post
 
 ROUTES_OF = {
     "": ("/embed_all",),
-    "seq_cls": ("/rerank", "/predict", "/v1/rerank"),
+    "seq_cls": ("/rerank", "/predict", "/v1/rerank", "/v2/rerank"),
     "token_cls": (),
     "splade": ("/embed_sparse",),
 }
 # the routes of a model with multi-vector / sparse heads (docs/MULTIVECTOR.md), beside its
 # embedding routes: /embed_sparse (BGE-M3's lexical weights), /embed_multivector (ColBERT vectors)
 MULTIVECTOR_ROUTES = ("/embed_sparse", "/embed_multivector")
-ALL = ("/embed_all", "/rerank", "/predict", "/v1/rerank", "/embed_sparse", "/embed_multivector")
+ALL = (
+    "/embed_all",
+    "/rerank",
+    "/predict",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/embed_sparse",
+    "/embed_multivector",
+)
 
 
 def multivector_routes(engine) -> tuple[str, ...]:
@@ -201,6 +209,12 @@ def head_operations(head: str, hidden: int, extra: tuple[str, ...] = ()) -> dict
             },
             tag="zoi",
         ),
+    }
+    ops["/v2/rerank"] = {
+        "post": {
+            **ops["/v1/rerank"]["post"],
+            "summary": "Cohere v2 rerank (cohere.ClientV2.rerank): the /v1/rerank body and answer",
+        }
     }
     # a multi-vector route is registered only where the model has that output
     return {p: ops[p] for p in dict.fromkeys((*ROUTES_OF.get(head, ()), *extra))}

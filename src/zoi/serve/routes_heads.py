@@ -104,8 +104,8 @@ def make_routes(svc: Service) -> list[Route]:
             out.append(r)
         return out, res.timings, 0
 
-    async def cohere_rerank(request, body, t0):
-        need(svc, "/v1/rerank", "seq_cls")
+    async def cohere_rerank(request, body, t0, path="/v1/rerank"):
+        need(svc, path, "seq_cls")
         svc.check_model(body.get("model"))
         query = _str(body, "query", svc.max_input_chars)
         docs = body.get("documents")
@@ -125,7 +125,7 @@ def make_routes(svc: Service) -> list[Route]:
         if logits.shape[1] != 1:
             raise ApiError(
                 "invalid",
-                f"/v1/rerank needs a one-label cross-encoder; this one has {logits.shape[1]} labels",
+                f"{path} needs a one-label cross-encoder; this one has {logits.shape[1]} labels",
             )
         s = _sigmoid(logits[:, 0])
         results = []
@@ -142,6 +142,11 @@ def make_routes(svc: Service) -> list[Route]:
             "meta": {"billed_units": {"search_units": 1}},
         }
         return out, res.timings, 0
+
+    async def cohere_rerank_v2(request, body, t0):
+        # Cohere's v2 client (cohere.ClientV2.rerank, LlamaIndex's CohereRerank): the v1 body
+        # and answer, which v2 reads (documents as strings; return_documents is v1's)
+        return await cohere_rerank(request, body, t0, "/v2/rerank")
 
     async def predict(request, body, t0):
         need(svc, "/predict", "seq_cls")
@@ -254,6 +259,7 @@ def make_routes(svc: Service) -> list[Route]:
         "/embed_sparse": embed_sparse,
         "/embed_all": embed_all,
         "/v1/rerank": cohere_rerank,
+        "/v2/rerank": cohere_rerank_v2,
         "/embed_multivector": embed_multivector,
     }
     mine = ROUTES_OF.get(getattr(svc.engine, "head", ""), ()) + multivector_routes(svc.engine)
@@ -269,7 +275,8 @@ def absent(svc: Service, path: str):
         )
         return json_response({"error": msg, "error_type": "Validation"}, 404)
     wants = {"/embed_all": ("",), "/rerank": ("seq_cls",), "/predict": ("seq_cls",),
-             "/v1/rerank": ("seq_cls",), "/embed_sparse": ("splade",)}  # fmt: skip
+             "/v1/rerank": ("seq_cls",), "/v2/rerank": ("seq_cls",),
+             "/embed_sparse": ("splade",)}  # fmt: skip
     try:
         need(svc, path, *wants[path])
     except ApiError as e:
