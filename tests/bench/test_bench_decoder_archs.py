@@ -436,3 +436,23 @@ def test_head_module_pools_the_last_real_token(monkeypatch):
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
     monkeypatch.setattr(H, "read_head", lambda d: Head("lasttoken", (), False))
     torch.testing.assert_close(head_module("unused")(h, mask), torch.stack([h[0, 4], h[1, 1]]))
+
+
+def test_large_decoder_graphs_skip_the_offline_optimiser(tiny_cache, tmp_path, monkeypatch):
+    """Past SESSION_FUSIONS_BYTES a decoder embedder's graph goes to ONNX Runtime as exported
+    (its session fuses at load): the offline optimiser is never called, INT8 quantises it."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    _, refs = tiny_cache
+    ref = refs["qwen3-embed"]
+    monkeypatch.setattr(C, "SESSION_FUSIONS_BYTES", 0)
+    import onnxruntime.transformers.optimizer as opt
+
+    def boom(*a, **k):
+        raise AssertionError("the offline optimiser ran")
+
+    monkeypatch.setattr(opt, "optimize_model", boom)
+    raw = C.onnx_raw(ref, tmp_path)
+    assert C.onnx_fp32(ref, tmp_path) == raw
+    q = C.onnx_int8(ref, tmp_path)
+    assert q.exists() and q != raw

@@ -203,10 +203,12 @@ def fusion_stats_path(onnx_file: Path | str) -> Path:
 
 
 # the decoder-architecture embedders: the offline optimiser finds no attention to fuse in them
-# (above), and on the 0.6B graph it grew past 21 GB and was killed on a 24 GB host; ONNX
-# Runtime's session applies its LayerNorm / Gelu / MatMul fusions itself when it loads a graph
-# (graph optimisation level "all", the default), so the exported graph is used as it is
+# (above), and on the 0.6B graph (2.4 GB of weights) it grew past 21 GB and was killed on a
+# 24 GB host; ONNX Runtime's session applies its LayerNorm / Gelu / MatMul fusions itself when
+# it loads a graph (graph optimisation level "all", the provider's setting), so a graph of these
+# past SESSION_FUSIONS_BYTES of weights is used as exported
 SESSION_FUSIONS_ONLY = ("gemma-embed", "qwen3-embed")
+SESSION_FUSIONS_BYTES = 1 << 30
 
 
 def onnx_fp32(model: ModelRef, cache: Path) -> Path:
@@ -214,7 +216,9 @@ def onnx_fp32(model: ModelRef, cache: Path) -> Path:
     import json
 
     raw = onnx_raw(model, cache)
-    if model.name in SESSION_FUSIONS_ONLY:
+    data = external_data(raw)
+    size = raw.stat().st_size + (data.stat().st_size if data else 0)
+    if model.name in SESSION_FUSIONS_ONLY and size > SESSION_FUSIONS_BYTES:
         return raw
     out = raw.parent / f"model_opt_ort{_ver('onnxruntime')}.onnx"
 
