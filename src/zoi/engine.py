@@ -201,9 +201,22 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         model.meta["inputs"] = report.get("inputs")  # digests (zoi.quant.provenance)
     steps.done()
     steps.step(f"building the {device} backend")
-    engine = Engine(model, tokenizer, device, device_index=device_index)
+    engine = Engine(
+        model, tokenizer, device, device_index=device_index, cuda_options=_cuda_options(device)
+    )
     steps.done()
     return engine
+
+
+def _cuda_options(device: str):
+    """The CUDA backend's switches for zoi.compile / zoi.load, the API's edge: the measured
+    defaults with the environment's overrides (ZOI_PERSISTENT, ZOI_CUDA_PATH_CACHE, ...; the one
+    place below the CLI that reads them); None for the other devices."""
+    if device != "cuda":
+        return None
+    from zoi.backends.cuda.options import CudaOptions
+
+    return CudaOptions.from_env()
 
 
 def _quantize(spec, weights, tokenizer, calibration, config, progress):
@@ -241,19 +254,22 @@ class Engine(HeadsMixin, TasksMixin):
         device: str,
         device_index: int | None = None,
         threads: int | None = None,
+        cuda_options=None,
     ):
         """device_index: the GPU of device='cuda' (None: the current one); threads: engine
-        threads of device='cpu' (None: the process pool's). Several Engines may share one
-        CompiledModel (zoi.serve.replicas: one per GPU)."""
+        threads of device='cpu' (None: the process pool's); cuda_options: the CUDA backend's
+        switches (zoi.backends.cuda.options.CudaOptions; None: its defaults). Several Engines
+        may share one CompiledModel (zoi.serve.replicas: one per GPU)."""
         self.model = model
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
         self.device = device  # the kind: cpu, cuda, reference
         self.device_index = device_index
+        self.cuda_options = cuda_options
         # a head model on cuda: zoi.heads' hybrid backend (GPU encoder, host head)
-        self.backend: Backend = head_backend(model, device, device_index) or make_backend(
-            model, device, device_index, threads
-        )
+        self.backend: Backend = head_backend(
+            model, device, device_index, cuda_options
+        ) or make_backend(model, device, device_index, threads, cuda_options)
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
         self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)
@@ -734,6 +750,8 @@ def load(
         model.meta["max_tokens_auto"] = None
     elif rederived:  # the default of this device now
         model.meta["max_tokens_auto"] = {"device": device}
-    engine = Engine(model, tokenizer, device, device_index=device_index)
+    engine = Engine(
+        model, tokenizer, device, device_index=device_index, cuda_options=_cuda_options(device)
+    )
     f.release()  # the pages the backend's packing read: it keeps what it runs on
     return engine

@@ -109,3 +109,32 @@ def test_attention_and_its_step_written_once():
             assert "tcum_ptr + tl.maximum(b - 1, 0)" not in src, p.name
         assert not re.search(r"tl\.max\(tl\.where\([^)]*tl\.abs\(", src), p.name
     assert (CUDA / "steps.py").read_text().count("launch_attention(") == 1
+
+
+def test_the_environment_is_read_at_the_api_edge_and_passed_down(monkeypatch, tmp_path):
+    """zoi.compile / zoi.load read CudaOptions.from_env (engine._cuda_options) and the Engine
+    hands that object to make_backend; make_backend itself reads no environment."""
+    import zoi.engine as E
+    from zoi import backends
+
+    monkeypatch.setenv("ZOI_PERSISTENT", "1")
+    monkeypatch.setenv("ZOI_CACHE_DIR", str(tmp_path))
+    o = E._cuda_options("cuda")
+    assert o.persistent == "force" and o.path_cache == str(tmp_path / "cuda_paths.json")
+    assert E._cuda_options("cpu") is None
+    seen = {}
+
+    def fake_make_backend(model, device, device_index=None, threads=None, cuda_options=None):
+        seen.update(device=device, options=cuda_options)
+        raise RuntimeError("stop")
+
+    class _Model:
+        spec = None
+
+    monkeypatch.setattr(E, "make_backend", fake_make_backend)
+    monkeypatch.setattr(E, "head_backend", lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match="stop"):
+        E.Engine(_Model(), None, "cuda", cuda_options=o)
+    assert seen == {"device": "cuda", "options": o}
+    src = (Path(backends.__file__)).read_text()
+    assert "from_env(" not in src.replace("CudaOptions.from_env())", "")  # the docstring's mention

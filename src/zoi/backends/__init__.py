@@ -101,10 +101,15 @@ def resolve_device(device: str) -> str:
 
 
 def make_backend(
-    model: CompiledModel, device: str, device_index: int | None = None, threads: int | None = None
+    model: CompiledModel,
+    device: str,
+    device_index: int | None = None,
+    threads: int | None = None,
+    cuda_options=None,
 ) -> Backend:
     """device_index: the GPU of a cuda backend (None: the current device); threads: a cpu
-    backend's engine threads (None: the process pool's)."""
+    backend's engine threads (None: the process pool's); cuda_options: the CUDA backend's
+    CudaOptions (None: its defaults; zoi.compile / zoi.load pass CudaOptions.from_env())."""
     if device_index is not None and device != "cuda":
         raise ValueError(f"device_index is for device='cuda', not {device!r}")
     if threads is not None and device != "cpu":
@@ -127,6 +132,6 @@ def make_backend(
         from zoi.backends.cuda.options import CudaOptions
 
         check_cuda(model)
-        # the engine's edge: ZOI_PERSISTENT=0|1 etc. override the measured defaults here only
-        return CudaBackend(model, options=CudaOptions.from_env(device_index=device_index))
+        opts = (cuda_options or CudaOptions()).replace(device_index=device_index)
+        return CudaBackend(model, options=opts)
     raise ValueError(f"unknown device {device!r}")

@@ -44,9 +44,10 @@ def check_head_device(spec, device: str) -> None:
         )
 
 
-def head_backend(model, device: str, device_index: int | None = None):
+def head_backend(model, device: str, device_index: int | None = None, cuda_options=None):
     """The backend of a head model where the device's own backend does not run heads (cuda:
-    zoi.heads.hybrid); None where make_backend's does. device_index: the GPU (cuda:N)."""
+    zoi.heads.hybrid); None where make_backend's does. device_index: the GPU (cuda:N);
+    cuda_options: the CUDA backend's switches (make_backend)."""
     check_head_device(model.spec, device)
     if model.spec.head == "seq_cls" and device == "cuda":
         import functools
@@ -54,7 +55,10 @@ def head_backend(model, device: str, device_index: int | None = None):
         from zoi.backends import make_backend
         from zoi.heads.hybrid import HybridHeadRunner
 
-        return HybridHeadRunner(model, functools.partial(make_backend, device_index=device_index))
+        return HybridHeadRunner(
+            model,
+            functools.partial(make_backend, device_index=device_index, cuda_options=cuda_options),
+        )
     return None
 
 

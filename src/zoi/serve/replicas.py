@@ -367,7 +367,10 @@ def replicate(engine, device: str, threads: int | None = None):
     from zoi.engine import Engine
 
     kind, index = split_device(device)
-    return Engine(engine.model, engine.tokenizer, kind, device_index=index, threads=threads)
+    return Engine(
+        engine.model, engine.tokenizer, kind, device_index=index, threads=threads,
+        cuda_options=getattr(engine, "cuda_options", None),
+    )  # fmt: skip
 
 
 def open_engines(model: str | None, config, plan: EnginePlan, open_one) -> list:

@@ -2,8 +2,9 @@
 
 The defaults are what the H200 measurements chose (docs/GPU.md); tests and lab tools pass
 other values. Nothing in the backend reads environment variables: ``CudaOptions.from_env``
-is the one place that does, called by ``zoi.backends.make_backend`` (the engine's edge) so
-that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by ``zoi.load(..., device='cuda')``;
+is the one place that does, called by ``zoi.compile`` / ``zoi.load`` (the API's edge) and passed
+down (Engine -> make_backend) so that ``ZOI_PERSISTENT=0|1`` still overrides an engine built by
+``zoi.load(..., device='cuda')``;
 ``triton_interpreting`` reads Triton's own ``TRITON_INTERPRET`` (fixed when triton is
 imported, not a zoi switch), against which the backend checks its ``interpret`` argument.
 Fusion and the int8 copies are not options of this backend but decisions of the IR
