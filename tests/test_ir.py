@@ -184,12 +184,11 @@ def test_policy_sets_the_linear_threshold_and_head_rows():
     assert [w for *_, w in fusion.decisions(g, 31)][3] == "loop"
 
 
-def test_quant_out_only_marks_the_linears_whose_float_output_only_the_copy_reads(monkeypatch):
+def test_quant_out_only_marks_the_linears_whose_float_output_only_the_copy_reads():
     """quant_out_only: on the linear writers of a copy (the FFN1s) whose float output nothing
     else reads; never on the other writers (embed / LayerNorm) or non-writers; off everywhere by
-    FusionPolicy(quant_out_only=False) and by ZOI_I8_YSCRATCH=0 (FusionPolicy.from_env, which
-    annotate uses when it gets no policy); a value that is not an integer is refused."""
-    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
+    FusionPolicy(quant_out_only=False); annotate without a policy takes the defaults (the pass
+    reads no environment)."""
     m = _model(default="dynamic")
     g = fusion.annotate(m)
     lin = _by_prefix(g)
@@ -198,32 +197,20 @@ def test_quant_out_only_marks_the_linears_whose_float_output_only_the_copy_reads
     assert not any("quant_out_only" in o.attrs for o in g.ops if "quant_out" not in o.attrs)
     assert not any("quant_out_only" in o.attrs for o in g.ops if o.kind != "linear")
     writers = [o for o in g.linears() if "quant_out" in o.attrs]
-    for policy, env, want in [
-        (fusion.FusionPolicy(quant_out_only=False), None, False),
-        (fusion.FusionPolicy(), "0", True),  # an explicit policy: the environment is not read
-        (None, "0", False),
-        (None, " 0 ", False),
-        (None, "1", True),
-        (None, "", True),
+    for policy, want in [
+        (fusion.FusionPolicy(quant_out_only=False), False),
+        (fusion.FusionPolicy(), True),
+        (None, True),
     ]:
-        if env is None:
-            monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
-        else:
-            monkeypatch.setenv("ZOI_I8_YSCRATCH", env)
         fusion.annotate(m, policy)
-        assert [o.attrs["quant_out_only"] for o in writers] == [want, want], (policy, env)
-    monkeypatch.setenv("ZOI_I8_YSCRATCH", "off")
-    with pytest.raises(ValueError, match="ZOI_I8_YSCRATCH must be an integer"):
-        fusion.annotate(m)
-    assert not fusion.FusionPolicy.from_env({"ZOI_I8_YSCRATCH": "0"}).quant_out_only
-    assert fusion.FusionPolicy.from_env({}).quant_out_only
+        assert [o.attrs["quant_out_only"] for o in writers] == [want, want], policy
+    assert not hasattr(fusion.FusionPolicy, "from_env")
 
 
 @pytest.mark.parametrize("other", ["residual", "output"])
 def test_quant_out_only_is_off_where_something_else_reads_the_float_output(other, monkeypatch):
     """The FFN1 still writes FFN2's copy, but its float output is read by more than the copy's
     quantisation: as FFN2's residual too, or as the graph's output (the host reads it)."""
-    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
     m = _model(default="dynamic")
     lin = _by_prefix(m.graph)
     if other == "residual":
@@ -259,7 +246,6 @@ def test_the_cpu_engine_runs_the_irs_decisions(case, monkeypatch):
     pytest.importorskip("zoi._cpu")
     from zoi.backends.cpu import CpuBackend
 
-    monkeypatch.delenv("ZOI_I8_YSCRATCH", raising=False)
     m = _model(**CPU_CASES[case], hidden=48, heads=3, inter=80)
     be = CpuBackend(m, nthreads=1)
     g = m.graph

@@ -1,6 +1,6 @@
 """MiniLM forward (random weights, INT8, 6 layers): the fused FFN1 -> FFN2 quantisation with the
 FFN1 float rows in per-thread scratch (the plan's quant_out_only, zoi.graph.fusion: the default)
-against the same rows written to the arena (ZOI_I8_YSCRATCH=0), per ISA, in one process, rounds
+against the same rows written to the arena (FusionPolicy(quant_out_only=False)), per ISA, in one process, rounds
 interleaved. Per call: the calling thread's CPU time of the whole forward (1 thread: all of it runs
 there) and wall; and, from Engine.profile, the thread CPU time summed over the FFN1 GEMMs (the
 steps marked y_scratch), median of `--rounds` profiles. Setup shared with amx_engine_ab.py:
@@ -22,15 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_ab_common as ab  # noqa: E402
 
 from zoi.backends.cpu import CpuBackend  # noqa: E402
+from zoi.graph.fusion import FusionPolicy  # noqa: E402
 
 
 def _backend(model, isa, threads, flag):
-    # read by the fusion pass (FusionPolicy.from_env) when the backend annotates the graph
-    os.environ["ZOI_I8_YSCRATCH"] = flag
-    try:
-        return CpuBackend(model, isa=isa, nthreads=threads)
-    finally:
-        del os.environ["ZOI_I8_YSCRATCH"]
+    # the fusion pass's switch: FFN1's float rows in per-thread scratch ("1") or the arena ("0")
+    return CpuBackend(
+        model, isa=isa, nthreads=threads, fusion=FusionPolicy(quant_out_only=flag == "1")
+    )
 
 
 def main() -> None:
@@ -91,7 +90,7 @@ def main() -> None:
     ab.write_json(
         a.json,
         rows,
-        what="FFN1 float rows in per-thread scratch (ZOI_I8_YSCRATCH default) vs arena (=0)",
+        what="FFN1 float rows in per-thread scratch (the default) vs the arena (quant_out_only off)",
         load_before=list(load0),
     )
 

@@ -10,6 +10,7 @@ import pytest
 from helpers import batch, make_model, small_spec, supported_isas
 
 from zoi.backends.cpu import CpuBackend
+from zoi.graph.fusion import FusionPolicy
 
 ISAS = supported_isas()
 LENGTHS = [80, 79, 80, 3, 80, 1]  # 323 tokens: fused; each sequence alone: not
@@ -51,7 +52,7 @@ def test_fused_output_quantisation_is_the_quantise_step(isa, default_scheme, sch
 
 # ---- the float rows of the fused path in per-thread scratch (GemmI8Args::y_scratch): where the
 # plan says nothing reads the FFN1 output but its quantisation (zoi.graph.fusion quant_out_only,
-# add_linear_i8's y_dead; ZOI_I8_YSCRATCH=0 turns it off); Engine::check_dead_outputs verifies it
+# add_linear_i8's y_dead; FusionPolicy(quant_out_only=False) turns it off); Engine::check_dead_outputs verifies it
 
 
 def _fusedq(isa, x, w, ws, b, act, y_scratch, nt, static_amax=-1.0, asym=False):
@@ -97,15 +98,14 @@ def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, 
 )  # 323 tokens (fused), 133 (not)
 def test_engine_scratch_rows_bit_identical_to_arena_rows(isa, lengths, monkeypatch):
     """The engine with the FFN1 float rows in scratch (default where the plan allows it) against
-    ZOI_I8_YSCRATCH=0 (into the arena): the same bits, above and below q_min_m (256), 2 threads;
+    FusionPolicy(quant_out_only=False) (into the arena): the same bits, above and below q_min_m (256), 2 threads;
     the IR marks the FFN1s (quant_out_only) only when on, and the engine's GEMM steps marked
     (steps_info y_scratch) are exactly those of the marked linears, each writing a copy."""
     m = make_model(small_spec(intermediate=300), "int8", max_tokens=400, max_batch=8)
     ids, pos, cu = batch(lengths, m.spec.vocab_size, 5)
     outs = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("ZOI_I8_YSCRATCH", flag)
-        be = CpuBackend(m, isa=isa, nthreads=2)
+        be = CpuBackend(m, isa=isa, nthreads=2, fusion=FusionPolicy(quant_out_only=flag == "1"))
         info = be.engine.steps_info()
         marked = [s for s in info if s.get("y_scratch")]
         ir = {_prefix(o): bool(o.attrs.get("quant_out_only")) for o in m.graph.linears()}
@@ -177,8 +177,7 @@ def test_engine_realises_y_dead_and_refuses_it_where_the_float_output_is_read(re
     finalize, naming the reader, where a later step reads it (a LayerNorm on it) or it is the run's
     output; a later step that first overwrites that buffer (another LayerNorm writing at its start)
     makes a read after it, or the output there, harmless. Without y_dead the engine decides
-    nothing (no scratch anywhere); the environment is the plan's business, not the engine's."""
-    monkeypatch.setenv("ZOI_I8_YSCRATCH", "1")
+    nothing (no scratch anywhere): the switch is the plan's business, not the engine's."""
     ok = reader in ("none", "overwritten_then_read", "overwritten_output")
     e = _hand_plan(reader, True)
     if not ok:
@@ -193,7 +192,6 @@ def test_engine_realises_y_dead_and_refuses_it_where_the_float_output_is_read(re
         assert info[1]["y_scratch"], info
         assert not any(s.get("y_scratch") for i, s in enumerate(info) if i != 1)
         assert e.scratch_bytes > 0
-    monkeypatch.setenv("ZOI_I8_YSCRATCH", "0")  # read by the fusion pass only
     e = _hand_plan(reader, ok)
     e.finalize()
     assert e.steps_info()[1]["y_scratch"] == ok
@@ -220,15 +218,14 @@ def test_engine_refuses_y_dead_on_a_gemm_that_writes_no_copy():
 
 def test_a_tap_of_a_scratch_output_is_refused(monkeypatch):
     """A tap (run_outputs) of an FFN1 output whose rows went to scratch would read stale arena
-    bytes: refused with the fix in the message; with ZOI_I8_YSCRATCH=0 the tap reads the rows."""
+    bytes: refused with the fix in the message; with quant_out_only off the tap reads the rows."""
     m = make_model(small_spec(intermediate=300), "int8", max_tokens=400, max_batch=8)
     ids, pos, cu = batch(LENGTHS, m.spec.vocab_size, 5)
-    monkeypatch.setenv("ZOI_I8_YSCRATCH", "1")
     be = CpuBackend(m, nthreads=1)
     lin = {o.output: o for o in m.graph.ops if o.kind == "linear"}
     name = next(n for n, o in lin.items() if o.attrs.get("quant_out"))
-    with pytest.raises(ValueError, match="ZOI_I8_YSCRATCH=0"):
+    with pytest.raises(ValueError, match=r"FusionPolicy\(quant_out_only=False\)"):
         be.run_outputs(ids, pos, cu, taps=(name,))
-    monkeypatch.setenv("ZOI_I8_YSCRATCH", "0")
-    out = CpuBackend(m, nthreads=1).run_outputs(ids, pos, cu, taps=(name,))
+    off = FusionPolicy(quant_out_only=False)
+    out = CpuBackend(m, nthreads=1, fusion=off).run_outputs(ids, pos, cu, taps=(name,))
     assert np.isfinite(out[name]).all()

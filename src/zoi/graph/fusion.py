@@ -29,7 +29,7 @@ a ``linear`` writing a copy
     copy; the output is not the graph's): then a backend may keep those float rows in scratch
     instead of its arena (the CPU core: per-thread rows, ``Engine.add_linear_i8(y_dead=...)``).
     Below that many tokens the consumer's quantise step reads the float rows as usual.
-    ``FusionPolicy.quant_out_only`` False (``ZOI_I8_YSCRATCH=0``) sets it False everywhere,
+    ``FusionPolicy.quant_out_only`` False (an A/B of the backends, lab/cpu/yscratch_ab.py) sets it False everywhere,
     and so does a model whose meta says ``token_states`` (its callers read the pool's input
     back on every call: multi-vector heads).
     A permission, not a data flow: a backend that writes the rows anyway (the CUDA backend)
@@ -58,7 +58,6 @@ copy at the consumer / running the LayerNorm on its own, and records that in its
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 from zoi.graph.ir import Buffer, Graph, Op
@@ -72,24 +71,11 @@ WHOLE_ROWS = ("embed", "add_layernorm", "glu")  # ops whose epilogue sees whole 
 
 @dataclass(frozen=True)
 class FusionPolicy:
-    """The tunables of the pass (compile arguments; ``from_env`` is the one edge that reads the
-    environment, used when ``annotate`` gets no policy)."""
+    """The tunables of the pass (arguments: a backend passes its own, e.g.
+    ``CpuBackend(model, fusion=FusionPolicy(quant_out_only=False))``; no environment is read)."""
 
     linear_quant_min_tokens: int = LINEAR_QUANT_MIN_TOKENS
     quant_out_only: bool = True  # False: no linear's float output is marked dead (A/B, taps)
-
-    @classmethod
-    def from_env(cls, env=None) -> FusionPolicy:
-        """The defaults, with ZOI_I8_YSCRATCH=0 (a non-empty value that is the integer 0) turning
-        quant_out_only off: every float output is written to the arena (lab/cpu/yscratch_ab.py,
-        taps of an FFN1 output)."""
-        env = os.environ if env is None else env
-        v = (env.get("ZOI_I8_YSCRATCH") or "").strip()
-        try:
-            off = v != "" and int(v) == 0
-        except ValueError:
-            raise ValueError(f"ZOI_I8_YSCRATCH must be an integer (0: off), got {v!r}") from None
-        return cls(quant_out_only=not off)
 
 
 def linear_quant(model, prefix: str) -> tuple[QuantMode, float]:
@@ -122,9 +108,9 @@ _KEYS = (
 
 def annotate(model, policy: FusionPolicy | None = None) -> Graph:
     """Write the fusion attributes (module docstring) on model.graph's ops; returns the graph.
-    policy None: FusionPolicy.from_env(). Raises ValueError for a linear with an unknown INT8
+    policy None: FusionPolicy() (the defaults). Raises ValueError for a linear with an unknown INT8
     scheme."""
-    policy = policy or FusionPolicy.from_env()
+    policy = policy or FusionPolicy()
     if (getattr(model, "meta", None) or {}).get("token_states"):
         # its callers read the pool's input back on every call (a tap: zoi.heads.multivector),
         # and the CPU core refuses a tap at the arena offset of a linear output kept in scratch

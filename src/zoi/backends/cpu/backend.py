@@ -18,7 +18,7 @@ import numpy as np
 from zoi import _cpu
 from zoi.backends.base import SyncSubmit
 from zoi.graph.compiled import CompiledModel
-from zoi.graph.fusion import annotate
+from zoi.graph.fusion import FusionPolicy, annotate
 from zoi.graph.quantmode import QuantMode
 
 __all__ = ["CpuBackend"]
@@ -67,7 +67,16 @@ class CpuBackend(SyncSubmit):
 
     name = "cpu"
 
-    def __init__(self, model: CompiledModel, isa: str | None = None, nthreads: int | None = None):
+    def __init__(
+        self,
+        model: CompiledModel,
+        isa: str | None = None,
+        nthreads: int | None = None,
+        fusion: FusionPolicy | None = None,
+    ):
+        """isa: force one kernel table (None: the best this CPU runs); nthreads: engine threads
+        (None: the process pool's); fusion: the IR fusion pass's switches (zoi.graph.fusion;
+        None: its defaults)."""
         self.model = model
         plan, graph, W = model.plan, model.graph, model.weights
         self._keep: list[np.ndarray] = []  # tables the engine references without copying
@@ -87,7 +96,7 @@ class CpuBackend(SyncSubmit):
         # fusion and the int8 copies: the IR's decisions (zoi.graph.fusion), realised here;
         # what this core cannot do is recorded in `fallbacks` (IR buffer / copy -> reason)
         try:
-            annotate(model)
+            annotate(model, fusion)
         except ValueError as e:
             raise ValueError(f"the cpu backend: {e}") from None
         # the float outputs this build keeps in per-thread scratch only (y_dead): a tap of one
@@ -363,7 +372,7 @@ class CpuBackend(SyncSubmit):
                 raise ValueError(
                     f"{name} is the float output of an INT8 linear that only quantises it for the "
                     "next one (its rows are not kept in the arena); build the backend with "
-                    "ZOI_I8_YSCRATCH=0 to read it"
+                    "fusion=FusionPolicy(quant_out_only=False) (zoi.graph.fusion) to read it"
                 )
             tap_off, tap_out = (
                 self.model.plan.offsets[name],
