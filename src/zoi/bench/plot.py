@@ -57,7 +57,9 @@ def _style(names: list[str]) -> dict[str, dict]:
     for n in names:
         f = n.rsplit("-", 1)[0] if n.startswith(("zoi", "torch-cuda")) else n.split("-")[0]
         i = families.index(f)
-        low = any(k in n for k in ("int8", "fp16"))
+        # the light shade for the lower precision of a family: FP32 / INT8 on the CPU, FP16 /
+        # INT8 on the GPU (a GPU family has no FP32, so FP16 takes the dark shade there)
+        low = "int8" in n or ("fp16" in n and not n.startswith("zoi-cuda"))
         st[n] = {
             "color": cmap((2 * i + int(low)) % 20),
             "marker": "os^vD<>ph*"[i % 10],
@@ -88,9 +90,11 @@ def plot_result(path: Path, out_dir: Path | None = None) -> list[Path]:
     written = []
 
     # latency against batch size (seq 128)
+    # every model measured at 128 tokens, in the run's order (MiniLM, BERT-base, the decoder
+    # embedders' shapes, ...)
     models = [
         m
-        for m in ("minilm", "bert-base")
+        for m in dict.fromkeys(r["model"] for r in rows)
         if any(r["model"] == m and r.get("seq") == 128 for r in rows)
     ]
     if models:
