@@ -1,6 +1,8 @@
 #include "isa.h"
 
+#if defined(ZOI_ARCH_X86)
 #include <cpuid.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -8,10 +10,19 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if defined(ZOI_ARCH_ARM64) && defined(__linux__)
+#include <sys/auxv.h>
+
+#include <fstream>
+#endif
+#if defined(ZOI_ARCH_ARM64) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
 namespace zoi {
 namespace {
 
+#if defined(ZOI_ARCH_X86)
 unsigned long long xgetbv0() {
   unsigned int eax, edx;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
@@ -69,9 +80,73 @@ CpuFeatures detect() {
   }
   return f;
 }
+#elif defined(ZOI_ARCH_ARM64)
+#if defined(__linux__)
+// the kernel's HWCAP bits (asm/hwcap.h), spelled out for older C libraries' headers
+constexpr unsigned long kHwcapAsimd = 1ul << 1, kHwcapAsimddp = 1ul << 20, kHwcapSve = 1ul << 22;
+constexpr unsigned long kHwcap2Sve2 = 1ul << 1, kHwcap2I8mm = 1ul << 13;
+
+// "Neoverse-N1", ... from /proc/cpuinfo's first "CPU part" (Arm Ltd. cores; others by number)
+std::string arm_brand() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, impl, part;
+  while (std::getline(in, line) && (impl.empty() || part.empty())) {
+    const size_t c = line.find(':');
+    if (c == std::string::npos) continue;
+    std::string v = line.substr(c + 1);
+    v.erase(0, v.find_first_not_of(" \t"));
+    if (line.rfind("CPU implementer", 0) == 0 && impl.empty()) impl = v;
+    if (line.rfind("CPU part", 0) == 0 && part.empty()) part = v;
+  }
+  if (part.empty()) return "";
+  if (impl == "0x41") {
+    static const struct { const char* part; const char* name; } kArm[] = {
+        {"0xd03", "Cortex-A53"}, {"0xd05", "Cortex-A55"}, {"0xd07", "Cortex-A57"}, {"0xd08", "Cortex-A72"},
+        {"0xd0b", "Cortex-A76"}, {"0xd0c", "Neoverse-N1"}, {"0xd40", "Neoverse-V1"}, {"0xd41", "Cortex-A78"},
+        {"0xd46", "Cortex-A510"}, {"0xd47", "Cortex-A710"}, {"0xd49", "Neoverse-N2"}, {"0xd4f", "Neoverse-V2"},
+        {"0xd8e", "Neoverse-N3"}, {"0xd84", "Neoverse-V3"}};
+    for (const auto& k : kArm)
+      if (part == k.part) return k.name;
+  }
+  return "implementer " + impl + " part " + part;
+}
+#endif
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(__linux__)
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f.asimd = hw & kHwcapAsimd;
+  f.asimddp = hw & kHwcapAsimddp;
+  f.sve = hw & kHwcapSve;
+  f.sve2 = hw2 & kHwcap2Sve2;
+  f.i8mm = hw2 & kHwcap2I8mm;
+  f.vendor = "arm";
+  f.brand = arm_brand();
+#elif defined(__APPLE__)
+  auto flag = [](const char* name) {
+    int v = 0;
+    size_t len = sizeof(v);
+    return sysctlbyname(name, &v, &len, nullptr, 0) == 0 && v != 0;
+  };
+  f.asimd = true;  // Advanced SIMD is part of every Apple arm64 CPU (and of the arm64 ABI)
+  f.asimddp = flag("hw.optional.arm.FEAT_DotProd");
+  f.i8mm = flag("hw.optional.arm.FEAT_I8MM");
+  f.vendor = "apple";
+  char brand[128] = {0};
+  size_t len = sizeof(brand) - 1;
+  if (sysctlbyname("machdep.cpu.brand_string", brand, &len, nullptr, 0) == 0) f.brand = brand;
+#else
+  f.asimd = true;  // other aarch64 systems: Advanced SIMD only (the arm64 ABIs require it)
+#endif
+  return f;
+}
+#else
+CpuFeatures detect() { return CpuFeatures{}; }  // portable build: the scalar table only
+#endif
 
 bool request_amx() {
-#if defined(__linux__) && defined(SYS_arch_prctl)
+#if defined(ZOI_ARCH_X86) && defined(__linux__) && defined(SYS_arch_prctl)
   constexpr long kReqXcompPerm = 0x1023, kGetXcompPerm = 0x1022, kXtiledata = 18;
   if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) != 0) return false;
   unsigned long long mask = 0;
@@ -106,6 +181,11 @@ bool isa_supported(Isa isa) {
     case Isa::Vnni: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.fma;
     case Isa::AvxVnni: return f.avx2 && f.fma && f.avx_vnni;
     case Isa::Amx: return isa_supported(Isa::Vnni) && f.amx_tile && f.amx_int8 && amx_permission();
+    // x86 builds have no ARM tables and aarch64 builds no x86 ones: the features of the other
+    // architecture are never set, so those ISAs are never supported
+    case Isa::Neon: return f.asimd;
+    case Isa::Dotprod: return f.asimd && f.asimddp;
+    case Isa::I8mm: return f.asimd && f.asimddp && f.i8mm;
   }
   return false;
 }
@@ -114,7 +194,7 @@ Isa best_isa() {
   // AVX-VNNI (Alder Lake+, Zen 5 client) after AVX-512: a CPU with both has AVX-512 VNNI too.
   // amx first: cpuid AMX-TILE + AMX-INT8, XCR0 tile state, and Linux's XTILEDATA permission
   // (refused: vnni). Its GEMM is bit-identical to vnni's (tests/cpu/test_amx.py).
-  for (Isa i : {Isa::Amx, Isa::Vnni, Isa::Avx512, Isa::AvxVnni, Isa::Avx2})
+  for (Isa i : {Isa::Amx, Isa::Vnni, Isa::Avx512, Isa::AvxVnni, Isa::Avx2, Isa::I8mm, Isa::Dotprod, Isa::Neon})
     if (isa_supported(i)) return i;
   return Isa::Scalar;
 }
@@ -127,12 +207,16 @@ const char* isa_name(Isa isa) {
     case Isa::Vnni: return "vnni";
     case Isa::AvxVnni: return "avxvnni";
     case Isa::Amx: return "amx";
+    case Isa::Neon: return "neon";
+    case Isa::Dotprod: return "dotprod";
+    case Isa::I8mm: return "i8mm";
   }
   return "?";
 }
 
 bool parse_isa(const std::string& s, Isa* out) {
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni, Isa::AvxVnni, Isa::Amx})
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni, Isa::AvxVnni, Isa::Amx, Isa::Neon, Isa::Dotprod,
+                Isa::I8mm})
     if (s == isa_name(i)) { *out = i; return true; }
   return false;
 }
@@ -143,7 +227,11 @@ Isa active_isa() {
     Isa want;
     if (!parse_isa(env, &want))
       throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
+#if defined(ZOI_ARCH_ARM64)
+                                  " is not one of i8mm, dotprod, neon, scalar");
+#else
                                   " is not one of amx, vnni, avx512, avxvnni, avx2, scalar");
+#endif
     if (!isa_supported(want))
       throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
                                   " is not supported by this CPU (best: " + isa_name(best_isa()) + ")");

@@ -1,16 +1,29 @@
-// CPU feature detection (cpuid + xgetbv) and the ISA the dispatcher picks.
+// CPU feature detection and the ISA the dispatcher picks: cpuid + xgetbv on x86-64; on aarch64 the
+// kernel's hardware capabilities (Linux getauxval, macOS sysctl).
 #pragma once
 #include <string>
 
+// The architecture of this build: which ISA kernel tables CMake compiled in (CMakeLists.txt picks
+// them from CMAKE_SYSTEM_PROCESSOR; any other architecture gets the portable scalar table only).
+#if defined(__x86_64__) || defined(_M_X64)
+#define ZOI_ARCH_X86 1
+#elif defined(__aarch64__) || defined(_M_ARM64)
+#define ZOI_ARCH_ARM64 1
+#endif
+
 namespace zoi {
 
-// AvxVnni: AVX2 + VEX vpdpbusd ymm; Amx: the vnni kernels + the AMX-INT8 tile GEMM (tdpbusd)
-enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Vnni = 3, AvxVnni = 4, Amx = 5 };
+// AvxVnni: AVX2 + VEX vpdpbusd ymm; Amx: the vnni kernels + the AMX-INT8 tile GEMM (tdpbusd).
+// aarch64: Neon (Armv8.0 Advanced SIMD), Dotprod (+ sdot, Armv8.2 FEAT_DotProd), I8mm (+ smmla,
+// FEAT_I8MM); each one a superset of the one before.
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Vnni = 3, AvxVnni = 4, Amx = 5, Neon = 6, Dotprod = 7, I8mm = 8 };
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512vl = false,
        avx512vnni = false, avx_vnni = false, os_avx = false, os_avx512 = false,
        amx_tile = false, amx_int8 = false, os_amx = false;  // os_amx: XCR0 bits 17-18 (XTILECFG, XTILEDATA)
+  // aarch64 (Linux HWCAP names): asimd, asimddp (sdot / udot), i8mm (smmla / usmmla), sve, sve2
+  bool asimd = false, asimddp = false, i8mm = false, sve = false, sve2 = false;
   std::string vendor, brand;
 };
 
@@ -18,10 +31,11 @@ const CpuFeatures& cpu_features();
 Isa best_isa();                 // best ISA this CPU + OS support
 Isa active_isa();               // best_isa(), or ZOI_CPU_ISA when set (and supported)
 bool isa_supported(Isa isa);
-const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512" | "vnni" | "avxvnni" | "amx"
+// "scalar" | "avx2" | "avx512" | "vnni" | "avxvnni" | "amx" | "neon" | "dotprod" | "i8mm"
+const char* isa_name(Isa isa);
 // Linux: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) once per process (the first call
 // asks, later calls return the answer); false when refused or not Linux. isa_supported(Amx) needs it.
 bool amx_permission();
-bool parse_isa(const std::string& s, Isa* out);
+bool parse_isa(const std::string& s, Isa* out);  // any name above, whether or not this build has it
 
 }  // namespace zoi

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-N=6
+N=7
 I=0
 T0=$SECONDS
 step() {
@@ -38,6 +38,23 @@ pip install -q "torch==2.13.0" ${ZOI_TORCH_INDEX:+--extra-index-url "$ZOI_TORCH_
 took
 step "zoi and its test / serve / dev / ray / docs extras (builds the C++ core: ~2 minutes the first time)"
 pip install -q --no-build-isolation -e ".[test,serve,dev,ray,docs]"
+took
+# tests/test_arm.py cross-compiles the C++ core for aarch64 and runs it under qemu-user (docs/ARM.md)
+step "aarch64 cross compiler + qemu-user (tests/test_arm.py)"
+ARM_PKGS="g++-aarch64-linux-gnu qemu-user"
+if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then
+  echo "           present" >&2
+elif [ "$(uname -s)/$(uname -m)" != "Linux/x86_64" ]; then
+  echo "           not used on $(uname -s)/$(uname -m)" >&2
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # the package lists may be missing on a fresh image: update once when the install fails
+  { apt-get install -y -q --no-install-recommends $ARM_PKGS >/dev/null ||
+    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $ARM_PKGS >/dev/null; }; } ||
+    echo "           could not install $ARM_PKGS: tests/test_arm.py will fail until they are" >&2
+else
+  echo "           missing: sudo apt-get install -y --no-install-recommends $ARM_PKGS" >&2
+  echo "           (tests/test_arm.py fails without them)" >&2
+fi
 took
 step "check"
 python -c "import zoi, zoi._cpu; print('zoi', zoi.__version__, 'native core ISA:', zoi._cpu.active_isa())"

@@ -16,6 +16,8 @@ namespace {
 constexpr int NB = 2, MR = 6;
 #elif defined(ZOI_ISA_AVX2)
 constexpr int NB = 4, MR = 3;
+#elif defined(ZOI_ISA_NEON)
+constexpr int NB = 8, MR = 2;  // 4-lane vectors: 16 accumulators + 8 weight vectors + the broadcast
 #else
 constexpr int NB = 32, MR = 2;
 #endif
@@ -34,6 +36,11 @@ ZOI_INLINE V::T wload<int8_t>(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #elif defined(ZOI_ISA_AVX2)
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#elif defined(ZOI_ISA_NEON)
+  int32_t v;  // 4 s8 -> s16 -> s32 -> f32 (exact)
+  std::memcpy(&v, p, 4);
+  const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(v)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
 #else
   return static_cast<float>(*p);
 #endif
@@ -318,6 +325,8 @@ void silu_mul(const float* gu, int ldgu, int M, int I, float* y, int ldy, int pa
 #define ZOI_DISA Isa::Avx512
 #elif defined(ZOI_ISA_AVX2)
 #define ZOI_DISA Isa::Avx2
+#elif defined(ZOI_ISA_NEON)
+#define ZOI_DISA Isa::Neon
 #else
 #define ZOI_DISA Isa::Scalar
 #endif

@@ -86,6 +86,7 @@ ZOI_DECLARE_DTABLE(vnni)
 ZOI_DECLARE_DTABLE(avx512)
 ZOI_DECLARE_DTABLE(avx2)
 ZOI_DECLARE_DTABLE(scalar)
+ZOI_DECLARE_DTABLE(neon)  // aarch64: also the dotprod and i8mm tables' (the decoder's own kernels are FP32)
 #undef ZOI_DECLARE_DTABLE
 
 }  // namespace zoi

@@ -32,11 +32,17 @@ uint64_t mix64(uint64_t z) {
 const DecKernels& dec_kernels(Isa isa) {
   if (!isa_supported(isa)) throw std::invalid_argument(std::string("ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
+#if defined(ZOI_ARCH_X86)
     case Isa::Vnni: return vnni::dec_table();
     case Isa::Amx: return vnni::dec_table();  // w8a8 GEMMs use kernel_table's amx
     case Isa::Avx512: return avx512::dec_table();
     case Isa::Avx2: return avx2::dec_table();
     case Isa::AvxVnni: return avx2::dec_table();  // the decoder's own kernels are AVX2 there; w8a8 GEMMs use kernel_table's avxvnni
+#elif defined(ZOI_ARCH_ARM64)
+    case Isa::Neon:
+    case Isa::Dotprod:
+    case Isa::I8mm: return neon::dec_table();  // w8a8 GEMMs use kernel_table's dotprod / i8mm
+#endif
     default: return scalar::dec_table();
   }
 }

@@ -46,6 +46,9 @@ constexpr int kVRegs = 32;
 #elif defined(ZOI_ISA_AVX2)
 constexpr int NQMAX_ISA = 4;  // 16 ymm: the scores of 4 rows go 2 vectors at a time (4 x 2 + 2 + 1)
 constexpr int kVRegs = 16;
+#elif defined(ZOI_ISA_NEON)
+constexpr int NQMAX_ISA = 4;  // 32 q registers, as the zmm builds
+constexpr int kVRegs = 32;
 #else
 constexpr int NQMAX_ISA = 2;
 constexpr int kVRegs = 1 << 20;
@@ -224,9 +227,23 @@ ZOI_INLINE void lanes(const __m256* r, __m256* t) {
     t[4 + m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x31);  // column 4 + m
   }
 }
+#elif defined(ZOI_ISA_NEON)
+// 4 x 4: stages 1 and 2 as x86's unpcklps / unpckhps and shufps 0x44 / 0xEE (zip of 32-bit, then of
+// 64-bit halves); one 128-bit lane, so stage 3 has nothing to do
+ZOI_INLINE float32x4_t unpacklo(float32x4_t a, float32x4_t b) { return vzip1q_f32(a, b); }
+ZOI_INLINE float32x4_t unpackhi(float32x4_t a, float32x4_t b) { return vzip2q_f32(a, b); }
+template <int IMM>
+ZOI_INLINE float32x4_t shuf(float32x4_t a, float32x4_t b) {
+  static_assert(IMM == 0x44 || IMM == 0xEE, "the two shuffles of the transpose");
+  const float64x2_t x = vreinterpretq_f64_f32(a), y = vreinterpretq_f64_f32(b);
+  return vreinterpretq_f32_f64(IMM == 0x44 ? vzip1q_f64(x, y) : vzip2q_f64(x, y));
+}
+ZOI_INLINE void lanes(const float32x4_t* r, float32x4_t* t) {
+  for (int m = 0; m < 4; ++m) t[m] = r[m];
+}
 #endif
 
-#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2) || defined(ZOI_ISA_NEON)
 // kt[c * lp + j] = kb[j * ld + c] for j < L, c < d, and 0 for L <= j < lp (lp a multiple of 16):
 // K^T of one head, W::N x W::N blocks transposed in registers (the strided scalar loop cost ~18%
 // of the attention at MiniLM 32x128)
@@ -261,7 +278,7 @@ inline void transpose_k_simd(const float* kb, size_t ld, int L, int d, int lp, f
 #endif
 
 inline void transpose_k(const float* kb, size_t ld, int L, int d, int lp, float* kt) {
-#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
+#if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2) || defined(ZOI_ISA_NEON)
   transpose_k_simd<V>(kb, ld, L, d, lp, kt);
 #else
   for (int j = 0; j < L; ++j)

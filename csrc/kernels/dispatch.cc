@@ -10,12 +10,18 @@ const KernelTable& kernel_table(Isa isa) {
   if (!isa_supported(isa))
     throw std::invalid_argument(std::string("ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
+#if defined(ZOI_ARCH_X86)
     case Isa::Vnni: return vnni::table();
     case Isa::Avx512: return avx512::table();
     case Isa::Avx2: return avx2::table();
     case Isa::AvxVnni: return avxvnni::table();
     case Isa::Amx: return amx::table();
-    case Isa::Scalar: break;
+#elif defined(ZOI_ARCH_ARM64)
+    case Isa::Neon: return neon::table();
+    case Isa::Dotprod: return dotprod::table();
+    case Isa::I8mm: return i8mm::table();
+#endif
+    default: break;  // scalar (isa_supported is false for the other architecture's ISAs)
   }
   return scalar::table();
 }

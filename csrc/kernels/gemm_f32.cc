@@ -12,6 +12,8 @@ namespace {
 constexpr int MR = 6, NB = 4;
 #elif defined(ZOI_ISA_AVX2)
 constexpr int MR = 6, NB = 2;
+#elif defined(ZOI_ISA_NEON)
+constexpr int MR = 6, NB = 4;  // 24 accumulators + 4 weight vectors + the broadcast: 29 of 32 registers
 #else
 constexpr int MR = 4, NB = 4;
 #endif

@@ -12,6 +12,13 @@
 //           a = -128, whose negation wraps.) The s32 sums are exact for K < 2^31 / (128 * 127).
 //           4 vector ops per 32 MACs, as many as the 16-bit vpmaddwd kernel, at half the bytes.
 //   scalar: plain C++ over the same packed layout
+//   aarch64 (A rows s8 as scalar's; s32 sums exact, the same as scalar's bit for bit):
+//   neon:    smull / smlal (s8 x s8 -> s16, two products per lane: |a w| + |a w| <= 2 * 128 * 127
+//            = 32512, never wraps) + sadalp (s16 pairs -> s32), 4 x 8 blocking
+//   dotprod: sdot by element (4 columns x 4 k of a weight vector against one 4-byte group of a
+//            16-byte A row load), 8 x 8 blocking
+//   i8mm:    smmla (2 rows x 8 k by 2 columns x 8 k -> 2 x 2 s32, 32 MACs), weights packed in
+//            groups of 8 k ([K/8][panel col][8]), 4 x 16 blocking
 // Register blocking MR rows x NB vectors; M is cut into chunks of <= MC rows so that a chunk of A
 // and one weight panel (K * PW bytes: K = 3072 and PW = 48, 144 KiB) stay in L2 while the panel
 // is reused.
@@ -105,6 +112,25 @@ inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm256_sub_epi32(a, _
 inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
 inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+#elif defined(ZOI_ISA_NEON)
+using IV = int32x4_t;
+// 4 s32 lanes = 4 columns per vector (LANES = V::N, the epilogue's float width); the K loops
+// are the micro-kernels below (micro_arm), not the generic one
+#if defined(ZOI_ISA_I8MM)
+// 2 row pairs x 8 column pairs: 16 smmla per 8 k on 2 A pair loads (ldr d + ld1 {.d}[1]) and 8
+// weight vectors, 16 + 2 + 8 registers. llvm-mca (Neoverse V1): 87% of the smmla peak; 8 x 8
+// (16 smmla, 4 A pairs) 79%, and 8 x 8 from 16-byte A loads split by zip1 / zip2 spills (65%)
+constexpr int LANES = 4, MR = 4, NB = 4;
+#elif defined(ZOI_ISA_DOTPROD)
+constexpr int LANES = 4, MR = 8, NB = 2;
+#else
+constexpr int LANES = 4, MR = 4, NB = 2;
+#endif
+inline IV izero() { return vdupq_n_s32(0); }
+inline IV isub_zp(IV a, int zp, const int32_t* p) { return vsubq_s32(a, vmulq_s32(vdupq_n_s32(zp), vld1q_s32(p))); }
+inline V::T tof(IV a) { return vcvtq_f32_s32(a); }
+inline void istore(int32_t* p, IV a) { vst1q_s32(p, a); }
+inline IV iload(const int32_t* p) { return vld1q_s32(p); }
 #else
 using IV = int32_t;
 constexpr int LANES = 1, MR = 4, NB = 4;
@@ -122,6 +148,17 @@ inline IV iload(const int32_t* p) { return *p; }
 #endif
 
 constexpr int PW = LANES * NB;  // columns per panel
+// k per packed weight group: KG, but 8 on i8mm (smmla's 8 k per column); A rows keep KG (Kp =
+// round_up(K, 4) on every ISA), the packed panel has round_up(Kp, KP) rows of k (zero padded)
+#if defined(ZOI_ISA_I8MM)
+constexpr int KP = 8;
+#else
+constexpr int KP = KG;
+#endif
+inline size_t panel_elems_of(int Kp) {
+  if constexpr (KP == KG) return static_cast<size_t>(Kp) * PW;
+  else return static_cast<size_t>(round_up(Kp, KP)) * PW;
+}
 constexpr int MC = 192 / MR * MR;  // rows per M chunk (multiple of MR): one chunk up to M ~ 192, so
                                 // small batches split over N (each weight byte read once)
 static_assert(MC % MR == 0, "MC must be a multiple of MR");
@@ -131,6 +168,7 @@ static_assert(MC % MR == 0, "MC must be a multiple of MR");
 // PF: software-prefetch the panel PF_DIST bytes ahead (the first row block of a panel streams
 // it from L3; later row blocks find it in L1/L2)
 constexpr int PF_DIST = 2048;
+#if !defined(ZOI_ISA_NEON)
 template <int R, bool PF>
 ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
 #pragma GCC unroll 8
@@ -156,6 +194,178 @@ ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&
     }
   }
 }
+#else
+template <bool PF>
+ZOI_INLINE void prefetch_group(const WE* wg) {
+  if (PF) {
+    constexpr int kBytes = PW * KP * static_cast<int>(sizeof(WE));
+#pragma GCC unroll 8
+    for (int o = 0; o < kBytes; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(wg) + PF_DIST + o, 0, 3);
+  }
+}
+
+#if defined(ZOI_ISA_I8MM)
+// rows (2p, 2p + 1) x columns (2q, 2q + 1) accumulate in c[p][q] = [r0c0 r0c1 r1c0 r1c1]; an odd
+// R reads its last row twice (the copy's sums are dropped). A pair operand = 8 k of each row.
+ZOI_INLINE int8x16_t pair8(const int8_t* const* rows, int p, int k) {
+  return vcombine_s8(vld1_s8(rows[2 * p] + k), vld1_s8(rows[2 * p + 1] + k));
+}
+template <int R, bool PF>
+ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
+  constexpr int RP = (R + 1) / 2, CP = 2 * NB;
+  const int8_t* rows[2 * RP];
+#pragma GCC unroll 8
+  for (int i = 0; i < 2 * RP; ++i) rows[i] = reinterpret_cast<const int8_t*>(a) + static_cast<size_t>(i < R ? i : R - 1) * lda;
+  IV c[RP][CP];
+#pragma GCC unroll 8
+  for (int p = 0; p < RP; ++p)
+#pragma GCC unroll 8
+    for (int q = 0; q < CP; ++q) c[p][q] = izero();
+  const int steps = kgroups / 2;  // whole groups of 8 k; an odd kgroups leaves 4 k
+  auto step = [&](const WE* wg, const int8x16_t (&ap)[RP]) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+    for (int q = 0; q < CP; ++q) {
+      const int8x16_t b = vld1q_s8(wg + q * 16);
+#pragma GCC unroll 8
+      for (int p = 0; p < RP; ++p) c[p][q] = vmmlaq_s32(c[p][q], ap[p], b);
+    }
+  };
+  int s = 0;
+  for (; s < steps; ++s) {  // steps of 8 k
+    const WE* wg = w + static_cast<size_t>(s) * PW * KP;
+    prefetch_group<PF>(wg);
+    int8x16_t a0[RP];
+#pragma GCC unroll 8
+    for (int p = 0; p < RP; ++p) a0[p] = pair8(rows, p, s * 8);
+    step(wg, a0);
+  }
+  if (kgroups & 1) {  // the last 4 k of the rows (Kp % 8 == 4), the upper 4 zero (as the packed weights)
+    int8x16_t a0[RP];
+#pragma GCC unroll 8
+    for (int p = 0; p < RP; ++p) {
+      uint32_t u0, u1;
+      std::memcpy(&u0, rows[2 * p] + s * 8, 4);
+      std::memcpy(&u1, rows[2 * p + 1] + s * 8, 4);
+      a0[p] = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(u0), vcreate_u64(u1)));
+    }
+    step(w + static_cast<size_t>(s) * PW * KP, a0);
+  }
+  // 2 x 2 blocks -> rows of 4 columns: row 2p = the low halves of c[p][2j], c[p][2j + 1], row 2p + 1 the high ones
+#pragma GCC unroll 8
+  for (int p = 0; p < RP; ++p)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const int64x2_t x = vreinterpretq_s64_s32(c[p][2 * j]), y = vreinterpretq_s64_s32(c[p][2 * j + 1]);
+      acc[2 * p][j] = vreinterpretq_s32_s64(vzip1q_s64(x, y));
+      if (2 * p + 1 < R) acc[2 * p + 1][j] = vreinterpretq_s32_s64(vzip2q_s64(x, y));
+    }
+}
+#elif defined(ZOI_ISA_DOTPROD)
+// one 4-k group G of 16-byte A row loads (a[r] holds groups g .. g + 3) against the group's weight
+// vectors: sdot by element (the lane is an immediate, hence the template)
+template <int G, int R>
+ZOI_INLINE void dot_group(const WE* wg, const int8x16_t (&a)[R], IV (&acc)[R][NB]) {
+  int8x16_t b[NB];
+#pragma GCC unroll 8
+  for (int j = 0; j < NB; ++j) b[j] = vld1q_s8(wg + j * LANES * KG);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[r][j] = vdotq_laneq_s32(acc[r][j], b[j], a[r], G);
+}
+template <int R, bool PF>
+ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
+  const int8_t* a8 = reinterpret_cast<const int8_t*>(a);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[r][j] = izero();
+  int g = 0;
+  for (; g + 4 <= kgroups; g += 4) {
+    const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+    prefetch_group<PF>(wg);
+    prefetch_group<PF>(wg + 2 * PW * KG);
+    int8x16_t av[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) av[r] = vld1q_s8(a8 + static_cast<size_t>(r) * lda + g * KG);
+    dot_group<0>(wg, av, acc);
+    dot_group<1>(wg + PW * KG, av, acc);
+    dot_group<2>(wg + 2 * PW * KG, av, acc);
+    dot_group<3>(wg + 3 * PW * KG, av, acc);
+  }
+  for (; g < kgroups; ++g) {  // 1-3 groups left: each row's 4 bytes broadcast
+    const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+    int8x16_t b[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) b[j] = vld1q_s8(wg + j * LANES * KG);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t v;
+      std::memcpy(&v, a8 + static_cast<size_t>(r) * lda + g * KG, 4);
+      const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(v));
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) acc[r][j] = vdotq_s32(acc[r][j], b[j], av);
+    }
+  }
+}
+#else
+// Armv8.0: per weight vector (4 columns x 4 k) and A group broadcast [a0 a1 a2 a3] x 4, smull
+// gives columns 0-1's 8 products (s16), smull2 columns 2-3's; two groups share one s16 vector
+// (smlal), sadalp adds its pairs into s32: lo = [c0 c0 c1 c1], hi = [c2 c2 c3 c3] partial sums,
+// combined at the end by one addp into [c0 c1 c2 c3]
+template <int R, bool PF>
+ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
+  const int8_t* a8 = reinterpret_cast<const int8_t*>(a);
+  IV lo[R][NB], hi[R][NB];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) lo[r][j] = hi[r][j] = izero();
+  int g = 0;
+  for (; g + 2 <= kgroups; g += 2) {
+    const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+    prefetch_group<PF>(wg);
+    int8x16_t b0[NB], b1[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      b0[j] = vld1q_s8(wg + j * LANES * KG);
+      b1[j] = vld1q_s8(wg + PW * KG + j * LANES * KG);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int32x2_t a2 = vreinterpret_s32_s8(vld1_s8(a8 + static_cast<size_t>(r) * lda + g * KG));
+      const int8x16_t a0 = vreinterpretq_s8_s32(vdupq_lane_s32(a2, 0)), a1 = vreinterpretq_s8_s32(vdupq_lane_s32(a2, 1));
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) {
+        const int16x8_t pl = vmlal_s8(vmull_s8(vget_low_s8(a0), vget_low_s8(b0[j])), vget_low_s8(a1), vget_low_s8(b1[j]));
+        const int16x8_t ph = vmlal_high_s8(vmull_high_s8(a0, b0[j]), a1, b1[j]);
+        lo[r][j] = vpadalq_s16(lo[r][j], pl);
+        hi[r][j] = vpadalq_s16(hi[r][j], ph);
+      }
+    }
+  }
+  if (g < kgroups) {  // an odd group
+    const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t v;
+      std::memcpy(&v, a8 + static_cast<size_t>(r) * lda + g * KG, 4);
+      const int8x16_t a0 = vreinterpretq_s8_s32(vdupq_n_s32(v));
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) {
+        const int8x16_t b = vld1q_s8(wg + j * LANES * KG);
+        lo[r][j] = vpadalq_s16(lo[r][j], vmull_s8(vget_low_s8(a0), vget_low_s8(b)));
+        hi[r][j] = vpadalq_s16(hi[r][j], vmull_high_s8(a0, b));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[r][j] = vpaddq_s32(lo[r][j], hi[r][j]);
+}
+#endif
+#endif
 
 template <int R, bool PF>
 __attribute__((noinline)) void micro_st(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
@@ -276,20 +486,20 @@ inline void tile_rows(int mr, const GemmI8Args& p, int m, int n0, const WE* wpan
 }
 
 size_t pack_bytes(int N, int K) {
-  return static_cast<size_t>(round_up(N, PW)) * round_up(K, KG) * sizeof(WE);
+  return static_cast<size_t>(round_up(N, PW)) * round_up(K, KP) * sizeof(WE);
 }
 
 void pack(const int8_t* w, int N, int K, void* dst, int32_t* colsum) {
-  const int Kp = round_up(K, KG), Np = round_up(N, PW);
+  const int Kp = round_up(K, KP), Np = round_up(N, PW);
   for (size_t i = 0; i < static_cast<size_t>(N) * K; ++i)  // the sign trick's bound (and the contract)
     if (w[i] == -128)
       throw_weight_out_of_range(i / K, i % K);
   WE* d = static_cast<WE*>(dst);
   for (int p = 0; p < Np / PW; ++p)
-    for (int g = 0; g < Kp / KG; ++g)
+    for (int g = 0; g < Kp / KP; ++g)
       for (int c = 0; c < PW; ++c)
-        for (int e = 0; e < KG; ++e) {
-          const int n = p * PW + c, k = g * KG + e;
+        for (int e = 0; e < KP; ++e) {
+          const int n = p * PW + c, k = g * KP + e;
           *d++ = (n < N && k < K) ? static_cast<WE>(w[static_cast<size_t>(n) * K + k]) : WE(0);
         }
   for (int n = 0; n < Np; ++n) {
@@ -309,7 +519,7 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
   if (p.M <= 0 || p.N <= 0) return;
   if (p.qo.q) {  // split over row chunks; each chunk: every panel, then its rows quantised
     const int npanels = round_up(p.N, PW) / PW;
-    const size_t panel_elems = static_cast<size_t>(p.Kp) * PW;
+    const size_t panel_elems = panel_elems_of(p.Kp);
     const int nch = (p.M + MQ - 1) / MQ;
     long lo, hi;
     split_range(nch, tid, nt, &lo, &hi);
@@ -332,7 +542,7 @@ void gemm(const GemmI8Args& p, int tid, int nt) {
   const int mc = round_up((p.M + nch - 1) / nch, MR);  // equal chunks: balanced split over M
   long lo, hi;
   split_range(static_cast<long>(nch) * npanels, tid, nt, &lo, &hi);
-  const size_t panel_elems = static_cast<size_t>(p.Kp) * PW;
+  const size_t panel_elems = panel_elems_of(p.Kp);
   for (long it = lo; it < hi; ++it) {
     const int ch = static_cast<int>(it / npanels), pn = static_cast<int>(it % npanels);
     const int m0 = ch * mc, m1 = m0 + mc < p.M ? m0 + mc : p.M;

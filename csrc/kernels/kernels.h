@@ -1,5 +1,5 @@
 // Kernel interface shared by every ISA build. Each csrc/kernels/<op>.cc is compiled once per
-// ISA (vnni, avx512, avx2, scalar) into its own namespace zoi::<isa>; table.cc gathers the
+// ISA (vnni, avx512, avx2, scalar; on aarch64 neon, dotprod, i8mm, scalar) into its own namespace zoi::<isa>; table.cc gathers the
 // entry points into a KernelTable and the runtime picks one table at construction.
 //
 // Every kernel takes (args, tid, nthreads) and computes the share of the work that belongs
@@ -37,6 +37,7 @@ struct QuantOut {
 //   vnni, avxvnni: u8,  off = 128 (symmetric) / 0 (asymmetric)
 //   avx512, avx2:  s8,  off = 0 / -128, each row followed by |a| (u8): rows of 2 * Kp bytes
 //   scalar:        s8,  off = 0 / -128
+//   neon, dotprod, i8mm (aarch64): s8, off = 0 / -128 (scalar's: smull / sdot / smmla are s8 x s8)
 // (csrc/kernels/qrow.h; i8_a_get / i8_a_set read and write it). Kp = round_up(K, 4); padding: any
 // value (its weight is 0). Weights: s8 in [-127, 127] on every ISA, packed by pack_i8 into panels
 // of `i8_panel` columns: [panel][Kp/4][panel col][4]; colsum[n] = sum_k w[n,k].
@@ -257,6 +258,9 @@ ZOI_DECLARE_TABLE(avx2)
 ZOI_DECLARE_TABLE(avxvnni)
 ZOI_DECLARE_TABLE(scalar)
 ZOI_DECLARE_TABLE(amx)  // gemm_amx.cc: vnni's table with the AMX-INT8 GEMM
+ZOI_DECLARE_TABLE(neon)     // aarch64 (docs/ARM.md): Advanced SIMD, Armv8.0
+ZOI_DECLARE_TABLE(dotprod)  // + sdot (FEAT_DotProd)
+ZOI_DECLARE_TABLE(i8mm)     // + smmla (FEAT_I8MM)
 #undef ZOI_DECLARE_TABLE
 
 }  // namespace zoi

@@ -4,6 +4,8 @@
 //   avxvnni: {vex} vpdpbusd ymm (32 MACs), 14 independent accumulators
 //   avx512: sign trick, zmm: vpblendmb (w * sign(a) from w, -w), vpmaddubsw, vpmaddwd (ones), vpaddd (64 MACs)
 //   avx2:   sign trick, ymm: vpsignb, vpmaddubsw, vpmaddwd (ones), vpaddd (32 MACs)
+//   aarch64: neon smull, smlal, smull2, smlal2, 2 sadalp (32 MACs); dotprod sdot by element (16
+//           MACs); i8mm smmla (32 MACs); 24 independent accumulators each
 // Independent accumulators hide the latency. Returns the integer ops (2 per MAC) done.
 #include "kernels.h"
 #include "simd.h"
@@ -79,6 +81,53 @@ double peak_i8(long iters) {
 #endif
 #undef ZOI_OP
   __asm__ volatile("vzeroupper" ::: "memory");
+  return per_iter * 2 * static_cast<double>(iters);  // 2 ops per MAC
+#elif defined(ZOI_ISA_NEON)
+  if (iters < 1) return 0;
+  long n = iters;
+#define ZOI_ACC24(OP)                                                                                  \
+  OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15) OP(16) OP(17) OP(18) OP(19) OP(20) OP(21) OP(22) \
+  OP(23) OP(24) OP(25) OP(26) OP(27) OP(28) OP(29) OP(30) OP(31)
+#if defined(ZOI_ISA_I8MM)
+#define ZOI_OP(r) "smmla v" #r ".4s, v0.16b, v1.16b\n\t"
+  constexpr double per_iter = 24 * 32;
+  __asm__ volatile("movi v0.16b, #1\n\tmovi v1.16b, #1\n\t"
+                   "1:\n\t" ZOI_ACC24(ZOI_OP) "subs %x0, %x0, #1\n\tb.ne 1b\n\t"
+                   : "+r"(n)
+                   :
+                   : "v0", "v1", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19",
+                     "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31", "cc");
+#elif defined(ZOI_ISA_DOTPROD)
+#define ZOI_OP(r) "sdot v" #r ".4s, v0.16b, v1.4b[0]\n\t"
+  constexpr double per_iter = 24 * 16;
+  __asm__ volatile("movi v0.16b, #1\n\tmovi v1.16b, #1\n\t"
+                   "1:\n\t" ZOI_ACC24(ZOI_OP) "subs %x0, %x0, #1\n\tb.ne 1b\n\t"
+                   : "+r"(n)
+                   :
+                   : "v0", "v1", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19",
+                     "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31", "cc");
+#else
+  // the GEMM's sequence per weight vector and 2 groups: v0 / v1 the A broadcasts, v2 / v3 the weights;
+  // temporaries v4..v7 (2 blocks in flight), accumulators v8..v31 in pairs (lo, hi)
+#define ZOI_OP2(t, u, r, s)                                                                  \
+  "smull v" #t ".8h, v0.8b, v2.8b\n\tsmull2 v" #u ".8h, v0.16b, v2.16b\n\t"                 \
+  "smlal v" #t ".8h, v1.8b, v3.8b\n\tsmlal2 v" #u ".8h, v1.16b, v3.16b\n\t"                 \
+  "sadalp v" #r ".4s, v" #t ".8h\n\tsadalp v" #s ".4s, v" #u ".8h\n\t"
+  constexpr double per_iter = 12 * 32;
+  __asm__ volatile("movi v0.16b, #1\n\tmovi v1.16b, #1\n\tmovi v2.16b, #1\n\tmovi v3.16b, #1\n\t"
+                   "1:\n\t" ZOI_OP2(4, 5, 8, 9) ZOI_OP2(6, 7, 10, 11) ZOI_OP2(4, 5, 12, 13) ZOI_OP2(6, 7, 14, 15)
+                   ZOI_OP2(4, 5, 16, 17) ZOI_OP2(6, 7, 18, 19) ZOI_OP2(4, 5, 20, 21) ZOI_OP2(6, 7, 22, 23)
+                   ZOI_OP2(4, 5, 24, 25) ZOI_OP2(6, 7, 26, 27) ZOI_OP2(4, 5, 28, 29) ZOI_OP2(6, 7, 30, 31)
+                   "subs %x0, %x0, #1\n\tb.ne 1b\n\t"
+                   : "+r"(n)
+                   :
+                   : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14",
+                     "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28",
+                     "v29", "v30", "v31", "cc");
+#undef ZOI_OP2
+#endif
+#undef ZOI_OP
+#undef ZOI_ACC24
   return per_iter * 2 * static_cast<double>(iters);  // 2 ops per MAC
 #else
   int32_t acc[8] = {0};

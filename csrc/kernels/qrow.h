@@ -20,6 +20,7 @@ namespace ZOI_NS {
 //   avx512, avx2:  s8, off = 0 (symmetric) / -128 (asymmetric), and a copy |a| (u8 <= 128) at
 //                  +ldq bytes of each row (the sign trick of gemm_int8.cc: |a| x sign(w, a))
 //   scalar:        s8, off = 0 / -128
+//   neon, dotprod, i8mm: scalar's (smull / sdot / smmla multiply s8 by s8)
 // and the stored zero point zp' = zp + off (symmetric: zp = 0), so that
 // sum_k a[k] w[k] - zp' colsum = sum_k (q[k] - zp) w[k] in every format.
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVXVNNI)
@@ -78,6 +79,19 @@ inline void q_store(void* qrow, int ldq, int k, V::T t, int n) {
       q[e] = tb[e];
       if (kAAbs) q[ldq + e] = ta[e];
     }
+  }
+#elif defined(ZOI_ISA_NEON)
+  (void)ldq;  // no |a| copy (kAAbs is false)
+  const int32x4_t i = vcvtq_s32_f32(t);  // integral already: the conversion is exact
+  const int16x4_t h = vmovn_s32(i);       // in range: narrowing keeps the low bits, -128 -> 0x80
+  const int8x8_t b = vmovn_s16(vcombine_s16(h, h));
+  if (n >= 4) {
+    const int32_t w = vget_lane_s32(vreinterpret_s32_s8(b), 0);
+    std::memcpy(q, &w, 4);
+  } else {
+    int8_t tb[8];
+    vst1_s8(tb, b);
+    for (int e = 0; e < n; ++e) q[e] = static_cast<uint8_t>(tb[e]);
   }
 #else
   (void)ldq;

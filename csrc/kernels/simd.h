@@ -10,6 +10,8 @@
 
 #if defined(ZOI_ISA_VNNI) || defined(ZOI_ISA_AVX512) || defined(ZOI_ISA_AVX2)
 #include <immintrin.h>
+#elif defined(ZOI_ISA_NEON)
+#include <arm_neon.h>
 #endif
 
 #define ZOI_INLINE inline __attribute__((always_inline))
@@ -126,6 +128,60 @@ struct V8 {
   }
 };
 using V = V8;
+#elif defined(ZOI_ISA_NEON)
+// aarch64 Advanced SIMD (neon, dotprod, i8mm builds): 4 float lanes. max / min / sel_lt keep
+// x86's and S1's operand rule (a NaN in either operand gives the second one) rather than fmax's
+// NaN propagation, so that every kernel written over V takes the same branch of a NaN as the
+// scalar and x86 builds (the quantisers' clamps, vexp2's clamp); 2 instructions instead of 1.
+struct V4 {
+  using T = float32x4_t;
+  static constexpr int N = 4;
+  static T zero() { return vdupq_n_f32(0.f); }
+  static T set(float x) { return vdupq_n_f32(x); }
+  static T load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, T x) { vst1q_f32(p, x); }
+  // a tail (n < 4) lane by lane: no element of p past n is touched; the other lanes load as 0
+  static T load_n(const float* p, int n) {
+    if (n >= 4) return vld1q_f32(p);
+    T r = vdupq_n_f32(0.f);
+    if (n > 0) r = vld1q_lane_f32(p, r, 0);
+    if (n > 1) r = vld1q_lane_f32(p + 1, r, 1);
+    if (n > 2) r = vld1q_lane_f32(p + 2, r, 2);
+    return r;
+  }
+  static void store_n(float* p, T x, int n) {
+    if (n >= 4) {
+      vst1q_f32(p, x);
+      return;
+    }
+    if (n > 0) vst1q_lane_f32(p, x, 0);
+    if (n > 1) vst1q_lane_f32(p + 1, x, 1);
+    if (n > 2) vst1q_lane_f32(p + 2, x, 2);
+  }
+  static T add(T a, T b) { return vaddq_f32(a, b); }
+  static T sub(T a, T b) { return vsubq_f32(a, b); }
+  static T mul(T a, T b) { return vmulq_f32(a, b); }
+  static T div(T a, T b) { return vdivq_f32(a, b); }
+  static T fma(T a, T b, T c) { return vfmaq_f32(c, a, b); }  // fused, as the x86 vector ISAs
+  static T fma_exact(T a, T b, T c) { return vfmaq_f32(c, a, b); }
+  static T max(T a, T b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+  static T min(T a, T b) { return vbslq_f32(vcltq_f32(a, b), a, b); }
+  static T abs(T a) { return vabsq_f32(a); }
+  static T sel_lt(T a, T b, T x, T y) { return vbslq_f32(vcltq_f32(a, b), x, y); }
+  static T round(T a) { return vrndnq_f32(a); }  // to nearest even
+  static T pow2n(T n) {
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+  }
+  static T scale2n(T x, T n) { return vmulq_f32(x, pow2n(max(n, vdupq_n_f32(-126.f)))); }
+  static float hsum(T a) { return vaddvq_f32(a); }
+  static float hmax(T a) {  // S1::max over the lanes, in lane order
+    float r = vgetq_lane_f32(a, 0);
+    r = S1::max(r, vgetq_lane_f32(a, 1));
+    r = S1::max(r, vgetq_lane_f32(a, 2));
+    return S1::max(r, vgetq_lane_f32(a, 3));
+  }
+};
+using V = V4;
 #else
 using V = S1;
 #endif

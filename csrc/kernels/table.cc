@@ -37,6 +37,12 @@ void lora(const LoraArgs& a, int tid, int nt);
 #define ZOI_ISA_ENUM Isa::AvxVnni
 #elif defined(ZOI_ISA_AVX2)
 #define ZOI_ISA_ENUM Isa::Avx2
+#elif defined(ZOI_ISA_I8MM)
+#define ZOI_ISA_ENUM Isa::I8mm
+#elif defined(ZOI_ISA_DOTPROD)
+#define ZOI_ISA_ENUM Isa::Dotprod
+#elif defined(ZOI_ISA_NEON)
+#define ZOI_ISA_ENUM Isa::Neon
 #else
 #define ZOI_ISA_ENUM Isa::Scalar
 #endif

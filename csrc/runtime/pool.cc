@@ -1,12 +1,20 @@
 #include "pool.h"
 
+#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#endif
+// Linux: futex sleeps and CPU affinity. Other systems (macOS) or ZOI_POOL_PORTABLE (to test that
+// path on Linux): sleeps poll every 50 us and no thread is pinned.
+#if defined(__linux__) && !defined(ZOI_POOL_PORTABLE)
+#define ZOI_POOL_LINUX 1
 #include <linux/futex.h>
-#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
+#endif
+#include <pthread.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 
@@ -15,13 +23,26 @@ namespace {
 
 std::atomic<int> g_sleepers{0};  // threads asleep in futex_wait_while (any address)
 
+// the spin-wait hint: pause on x86, yield on aarch64 (frees the pipeline for an SMT sibling)
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
+#if defined(ZOI_POOL_LINUX)
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0)
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set)) cpus.push_back(c);
+#else
+  for (unsigned c = 0; c < std::thread::hardware_concurrency(); ++c) cpus.push_back(static_cast<int>(c));
+#endif
   if (cpus.empty()) cpus.push_back(0);
   return cpus;
 }
@@ -34,19 +55,27 @@ constexpr int kJoinSpin = 20000;
 void futex_wait_while(std::atomic<int>* addr, int v, int spin) {
   for (int i = 0; i < spin; ++i) {
     if (addr->load(std::memory_order_acquire) != v) return;
-    _mm_pause();
+    cpu_relax();
   }
   while (addr->load(std::memory_order_acquire) == v) {
+#if defined(ZOI_POOL_LINUX)
     g_sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (addr->load(std::memory_order_seq_cst) == v)
       syscall(SYS_futex, reinterpret_cast<int*>(addr), FUTEX_WAIT_PRIVATE, v, nullptr, nullptr, 0);
     g_sleepers.fetch_sub(1, std::memory_order_seq_cst);
+#else
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+#endif
   }
 }
 
 void futex_wake_all(std::atomic<int>* addr) {
+#if defined(ZOI_POOL_LINUX)
   if (g_sleepers.load(std::memory_order_seq_cst) > 0)
     syscall(SYS_futex, reinterpret_cast<int*>(addr), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+  (void)addr;  // the sleepers poll
+#endif
 }
 
 ThreadPool& ThreadPool::instance() {
@@ -68,12 +97,14 @@ ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
   for (int t = 1; t < n_; ++t) {
     threads_.emplace_back([this, t] { worker(t); });
     if (!pin_) continue;
+#if defined(ZOI_POOL_LINUX)
     // pin worker t to the t-th allowed CPU, from here so that it holds when the constructor
     // returns (the caller, thread 0, is not pinned)
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpus_[t % cpus_.size()], &set);
     pthread_setaffinity_np(threads_.back().native_handle(), sizeof(set), &set);
+#endif
   }
 }
 
@@ -105,9 +136,12 @@ void ThreadPool::worker(int tid) {
       }
     }
     if (!joined) continue;
+    // counted once, at the join (run_all waits for n - 1 joins): counting finished workers as
+    // well as running ones, read apart, could count a worker twice and start the caller's share
+    // before a late worker joined, whose share was then skipped (a closed job) and a barrier hung
+    joined_total_.fetch_add(1, std::memory_order_acq_rel);
     // the job's parameters are stable while we are counted in active_
     if (job_gen_.load(std::memory_order_acquire) == seen && tid < job_nt_) fn_(ctx_, tid, job_nt_);
-    joined_total_.fetch_add(1, std::memory_order_acq_rel);
     active_.fetch_sub(1, std::memory_order_acq_rel);
     left_.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(&left_);
@@ -131,6 +165,7 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
   }
   // the caller is thread 0: for the job, pin it to the CPU no worker uses (else the OS may
   // run it on a worker's CPU, and the two share one core); its own mask comes back after
+#if defined(ZOI_POOL_LINUX)
   cpu_set_t saved;
   bool repin = false;
   if (pin_ && pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved) == 0 && CPU_ISSET(cpus_[0], &saved) &&
@@ -140,6 +175,7 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
     CPU_SET(cpus_[0], &one);
     repin = pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
   }
+#endif
   fn_ = fn;
   ctx_ = ctx;
   job_nt_ = nt;
@@ -150,9 +186,8 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
   futex_wake_all(&job_gen_);
   if (all) {  // static partitions: wait until every worker has joined (they all will)
     for (;;) {
-      uint32_t s = active_.load(std::memory_order_acquire);
-      if (static_cast<int>(s) + joined_total_.load(std::memory_order_acquire) >= n_ - 1) break;
-      _mm_pause();
+      if (joined_total_.load(std::memory_order_acquire) >= n_ - 1) break;
+      cpu_relax();
     }
   }
   fn(ctx, 0, nt);
@@ -165,7 +200,9 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
     futex_wait_while(&left_, l, kJoinSpin);
     s = active_.load(std::memory_order_acquire);
   }
+#if defined(ZOI_POOL_LINUX)
   if (repin) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+#endif
 }
 
 void ThreadPool::run(Fn fn, void* ctx, int nt) { launch(fn, ctx, nt, false); }
