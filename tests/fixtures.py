@@ -9,7 +9,8 @@ from zoi.graph.compiled import LinearQuant
 from zoi.graph.synthetic import random_weights, synthetic_spec  # noqa: F401  (re-exported)
 from zoi.numerics import primitives as qp
 
-ISAS = ("amx", "vnni", "avx512", "avxvnni", "avx2", "scalar")
+# x86 then Arm: supported_isas() keeps the ones this CPU runs (each ISA forced in the tests)
+ISAS = ("amx", "vnni", "avx512", "avxvnni", "avx2", "i8mm", "dotprod", "neon", "scalar")
 LINEARS = ("qkv", "o", "ffn1", "ffn2")
 
 
