@@ -40,5 +40,7 @@ def test_a_tap_on_a_fused_quantise_output_is_refused(engines):
     assert fused, "the INT8 MiniLM plan fuses its quantise steps into GEMMs"
     b = CpuBackend(i8.model)
     ids, pos, cu = i8.tokenizer.encode_packed(TEXTS)
-    with pytest.raises(ValueError, match=r"only quantises it.*FusionPolicy\(quant_out_only=False\)"):
+    with pytest.raises(
+        ValueError, match=r"only quantises it.*FusionPolicy\(quant_out_only=False\)"
+    ):
         b.run_outputs(ids, pos, cu, taps=(fused[0],))
