@@ -1,12 +1,18 @@
-"""Native byte-level BPE (zoi._cpu.ByteBPE) against HF `tokenizers`: texts -> ids, one thread.
+"""Native tokenizers against HF `tokenizers`: texts -> ids, one thread. Byte-level BPE
+(zoi._cpu.ByteBPE: Qwen3, GPT-2), Unigram and SentencePiece BPE (zoi._cpu.SentencePiece:
+XLM-R, Gemma).
 
 Builds the tokenizer.json files locally (no download): byte-level BPEs trained with HF's
 BpeTrainer on half of the bench corpus's lines plus the bundled calibration corpora (with
 --stdlib, plus the Python standard library's sources, ~13 MB: a 50k vocabulary whose merges
 look like a real one's), under Qwen2 / Qwen3's configuration (NFC, the Qwen Split regex,
-specials, <|endoftext|> appended) and GPT-2's (ByteLevel with its regex). The texts are the
-other half of the bench corpus's lines (real sentences the merges were not trained on), the
-first --texts of them, and the multilingual eval lines in a second row.
+specials, <|endoftext|> appended) and GPT-2's (ByteLevel with its regex); and, when
+sentencepiece and transformers are installed, a Unigram and a byte_fallback BPE trained by
+sentencepiece on the same lines (its nmt_nfkc charsmap) and converted by transformers as
+XLM-R's (Precompiled, WhitespaceSplit + Metaspace, <s> A </s>) and Gemma's (Replace " " ->
+"▁", <bos> A) files. The texts are the other half of the bench corpus's lines (real
+sentences the model was not trained on), the first --texts of them, and the multilingual
+eval lines in a second row.
 
 Both sides run one thread, the calling one: the native call with nthreads=1, HF's
 encode_batch with TOKENIZERS_PARALLELISM=false, in one process, interleaved, the best of
@@ -16,15 +22,18 @@ loaded machine does not count other processes' time against either side.
 per thread and a per-vocab-entry memo); "cold": the first call of a fresh instance of each.
 The ids are checked equal before anything is timed.
 
-    python bench/tokenizer_speed.py                    # 1000 sentences, small corpus (~2 s)
+    python bench/tokenizer_speed.py                    # 1000 sentences, small corpus (~30 s)
+    python bench/tokenizer_speed.py --kinds xlmr gemma # the SentencePiece files only
     python bench/tokenizer_speed.py --stdlib --vocab 50000   # a 50k vocabulary (~1 min)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,6 +82,43 @@ def build(kind: str, vocab: int, train: list[str]) -> str:
             single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", 0)]
         )
     return tok.to_str()
+
+
+def build_spm(kind: str, vocab: int, train: list[str]) -> str:
+    """A sentencepiece model on `train`, converted by transformers: XLM-R's Unigram file or
+    Gemma's byte_fallback BPE file (with its <bos> template)."""
+    import sentencepiece as spm
+    import transformers
+
+    with tempfile.TemporaryDirectory() as d:
+        text = Path(d) / "train.txt"
+        text.write_text("\n".join(train), encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(text),
+            model_prefix=str(Path(d) / "m"),
+            model_type="unigram" if kind == "xlmr" else "bpe",
+            vocab_size=vocab,
+            hard_vocab_limit=False,
+            byte_fallback=kind == "gemma",
+            character_coverage=0.9995,
+            minloglevel=2,
+        )
+        folder = Path(d) / "tok"
+        folder.mkdir()
+        name = "sentencepiece.bpe.model" if kind == "xlmr" else "tokenizer.model"
+        (folder / name).write_bytes((Path(d) / "m.model").read_bytes())
+        cls = transformers.XLMRobertaTokenizer if kind == "xlmr" else transformers.GemmaTokenizer
+        cls.from_pretrained(str(folder)).save_pretrained(str(folder / "out"))
+        tj = json.loads((folder / "out" / "tokenizer.json").read_text(encoding="utf-8"))
+    if kind == "gemma":  # Gemma's files prepend <bos>
+        bos = next(a["id"] for a in tj["added_tokens"] if a["content"] == "<bos>")
+        tj["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<bos>": {"id": "<bos>", "ids": [bos], "tokens": ["<bos>"]}},
+        }  # fmt: skip
+    return json.dumps(tj)
 
 
 clock = time.thread_time
@@ -132,6 +178,10 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=32000, help="BPE vocabulary size to train")
     ap.add_argument("--reps", type=int, default=15, help="timed runs per side (best kept)")
     ap.add_argument("--stdlib", action="store_true", help="train on the stdlib sources too")
+    ap.add_argument(
+        "--kinds", nargs="+", default=["qwen3", "gpt2", "xlmr", "gemma"],
+        choices=["qwen3", "gpt2", "xlmr", "gemma"], help="which files to build and time",
+    )  # fmt: skip
     args = ap.parse_args()
     corpus = lines(CORPUS)
     held_out = corpus[1::2]
@@ -148,7 +198,15 @@ def main() -> int:
     print(
         f"tokenizers {__import__('tokenizers').__version__}, one thread each; best of {args.reps}"
     )
-    files = {kind: build(kind, args.vocab, train) for kind in ("qwen3", "gpt2")}  # all threads
+    files = {}
+    for kind in args.kinds:  # all threads
+        if kind in ("qwen3", "gpt2"):
+            files[kind] = build(kind, args.vocab, train)
+            continue
+        try:
+            files[kind] = build_spm(kind, args.vocab, train)
+        except ImportError as e:
+            print(f"{kind}: skipped ({e}; pip install sentencepiece transformers)")
     # the timed calls: one thread (read by HF at each call)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     ratios = []
@@ -156,7 +214,10 @@ def main() -> int:
         print(f"{kind}: vocabulary {Tokenizer.from_str(js).get_vocab_size()}")
         ratios.append(row(f"{kind}: bench corpus sentences", js, texts, args.reps))
         row(f"{kind}: multilingual sentences", js, multi, args.reps)
-    print(f"native / HF speed-up on the bench sentences, warm or cold: {min(ratios):.1f}x or more")
+    if ratios:
+        print(
+            f"native / HF speed-up on the bench sentences, warm or cold: {min(ratios):.1f}x or more"
+        )
     return 0
 
 

@@ -21,11 +21,20 @@ pre-tokenizer matches them (Oniguruma, whose Unicode is newer than Python's), an
 NFC normalizer composes (the `unicode-normalization` crate, which lags Python's Unicode in
 places: it neither decomposes nor composes U+11938). Composition pairs are Python's canonical
 pairs that HF composes; every codepoint HF keeps composed must come from one of them.
+
+It also writes csrc/tokenizer/grapheme_tables.h: the extended grapheme cluster classes of the
+SentencePiece tokenizers' Precompiled normalizer (HF splits its text into clusters with the
+`unicode-segmentation` crate, Unicode 17). They come from the `regex` module's
+Grapheme_Cluster_Break, Extended_Pictographic and Indic_Conjunct_Break properties, where
+they differ from the crate's tables (HF16_OVERRIDES below, a few dozen codepoints); the
+classes HF's answers reveal directly (what joins after a letter, Prepend, Control) are
+probed on every codepoint through a one-key charsmap.
 """
 
 from __future__ import annotations
 
 import argparse
+import struct
 import sys
 import unicodedata
 from pathlib import Path
@@ -33,6 +42,7 @@ from pathlib import Path
 from tokenizers import Regex, normalizers, pre_tokenizers
 
 OUT = Path(__file__).resolve().parents[1] / "csrc" / "tokenizer" / "unicode_tables.h"
+OUT_GRAPHEME = OUT.parent / "grapheme_tables.h"
 MAXCP = 0x110000
 F_DROP, F_WS, F_PUNCT, F_MN, F_LOWER, F_DECOMP, F_CJK = 1, 2, 4, 8, 16, 32, 64
 # byte-level BPE: regex classes and the NFC boundary (ccc 0, NFC_Quick_Check=Yes: nothing
@@ -345,21 +355,145 @@ inline constexpr uint8_t RX_L = {RX_L}, RX_N = {RX_N}, RX_WS = {RX_WS}, RX_NFC_B
     return head + "\n".join(body) + "\n}  // namespace zoi::tok::uni\n"
 
 
+# ---- grapheme clusters (the SentencePiece tokenizers' Precompiled normalizer) ----
+
+# the classes, as csrc/tokenizer/sentencepiece.cc names them
+GC = ["Other", "CR", "LF", "Control", "Extend", "ZWJ", "RI", "Prepend", "SpacingMark", "L", "V",
+      "T", "LV", "LVT", "Pict", "Consonant"]  # fmt: skip
+GC_LINKER, GC_INCB_EXTEND = 16, 32
+GCB_NAMES = {"CR": "CR", "LF": "LF", "Control": "Control", "Extend": "Extend", "ZWJ": "ZWJ",
+             "Regional_Indicator": "RI", "Prepend": "Prepend", "SpacingMark": "SpacingMark",
+             "L": "L", "V": "V", "T": "T", "LV": "LV", "LVT": "LVT"}  # fmt: skip
+# where the crate HF builds with (unicode-segmentation 1.13, Unicode 17) differs from the
+# regex module (2026.12): its classes, its InCB linkers and InCB extenders
+HF_GRAPHEME_CLASS = {
+    "Pict": [(0x1F1AE, 0x1F1AE), (0x1F7DA, 0x1F7DB), (0x1F7F1, 0x1F7FF)],
+    "Other": [(0x5C8, 0x5C9), (0xB53, 0xB54), (0x1ADE, 0x1ADF), (0x1AEC, 0x1AF0),
+              (0x10ECB, 0x10ECF), (0x10EF0, 0x10EF9), (0x11DF0, 0x11DF0), (0x1D127, 0x1D128),
+              (0x1D250, 0x1D252), (0x1D25B, 0x1D25C), (0x1D25F, 0x1D25F), (0x1D280, 0x1D281),
+              (0x11B0A, 0x11B0A), (0x11DF1, 0x11DF1)],
+}  # fmt: skip
+HF_NOT_LINKER = [0x11A3A, 0x1CF5, 0x1CF6]
+
+
+def _regex_set(pattern: str, text: str) -> set[int]:
+    import regex
+
+    return {ord(ch) for m in regex.finditer(pattern + "+", text) for ch in m.group()}
+
+
+def charsmap_one(key: str, rep: str) -> bytes:
+    """A precompiled_charsmap (darts-clone double array) holding one key."""
+    kb = key.encode()
+    units: dict[int, int] = {}
+    pos, base = 0, 256
+    for c in kb:
+        off = pos ^ base
+        units[pos] = units.get(pos, 0) | off << 10
+        pos = base ^ c
+        units[pos] = c
+        base += 256
+    units[pos] |= 1 << 8 | (pos ^ base) << 10  # has a leaf: its value at pos ^ offset
+    units[base] = 1 << 31  # value 0: the first replacement
+    size = max(units) // 256 * 256 + 256
+    arr = [units.get(i, 0) for i in range(size)]
+    return struct.pack(f"<I{size}I", 4 * size, *arr) + rep.encode() + b"\0"
+
+
+def _hf_parts(key: str, texts: list[str]) -> list[str]:
+    """Each text as HF's Precompiled normalizer leaves it with the charsmap {key: "@"}: a
+    cluster of under 6 bytes that starts with the key becomes "@" (the rest of it dropped)."""
+    norm = normalizers.Precompiled(charsmap_one(key, "@"))
+    out: list[str] = []
+    for base in range(0, len(texts), 8192):
+        chunk = texts[base : base + 8192]
+        parts = norm.normalize_str("\x01".join(chunk)).split("\x01")  # U+0001 joins nothing
+        assert len(parts) == len(chunk)
+        out += parts
+    return out
+
+
+def build_grapheme() -> tuple[list[int], dict]:
+    cps = [c for c in range(MAXCP) if not is_surrogate(c)]
+    text = "".join(map(chr, cps))
+    cls = [0] * MAXCP
+    props = [("Pict", r"\p{Extended_Pictographic}"), ("Consonant", r"\p{InCB=Consonant}")]
+    props += [(k, rf"\p{{Grapheme_Cluster_Break={g}}}") for g, k in GCB_NAMES.items()]
+    for name, pattern in props:
+        for c in _regex_set(pattern, text):
+            cls[c] = GC.index(name)
+    for name, ranges in HF_GRAPHEME_CLASS.items():
+        for a, b in ranges:
+            for c in range(a, b + 1):
+                cls[c] = GC.index(name)
+    linkers = _regex_set(r"\p{InCB=Linker}", text) - set(HF_NOT_LINKER)
+    extenders = _regex_set(r"\p{InCB=Extend}", text)
+    extenders -= {c for a, b in HF_GRAPHEME_CLASS["Other"] for c in range(a, b + 1)}
+    # HF's answers where they show: what joins a letter (Extend, ZWJ, SpacingMark: "a" + c
+    # is one cluster, "@"); Prepend (c + "x\u0301" one cluster: the accent stays, else "x"
+    # starts a cluster that drops it); not Control / CR / LF (U+0340 joins c, likewise)
+    probe = [c for c in cps if c not in (1, ord("a"), ord("x"), 0x340, 0x301)]
+    after = _hf_parts("a", ["a" + chr(c) for c in probe])
+    prepend = _hf_parts("x", [chr(c) + "x\u0301" for c in probe])
+    control = _hf_parts("\u0340", [chr(c) + "\u0340\u0301" for c in probe])
+    joins = {GC.index(k) for k in ("Extend", "ZWJ", "SpacingMark")}
+    ctl = {GC.index(k) for k in ("Control", "CR", "LF")}
+    for k, c in enumerate(probe):
+        assert (after[k] == "@") == (cls[c] in joins), f"U+{c:04X} after a letter"
+        assert prepend[k].endswith("\u0301") == (cls[c] == GC.index("Prepend")), (
+            f"U+{c:04X} Prepend"
+        )
+        assert control[k].endswith("\u0301") == (cls[c] not in ctl), f"U+{c:04X} Control"
+    vals = [
+        cls[c] | (GC_LINKER if c in linkers else 0) | (GC_INCB_EXTEND if c in extenders else 0)
+        for c in range(MAXCP)
+    ]
+    counts = {k: cls.count(i) for i, k in enumerate(GC) if k != "Other"}
+    counts["linkers"] = len(linkers)
+    counts["InCB extenders"] = len(extenders)
+    return vals, counts
+
+
+def render_grapheme(vals: list[int], counts: dict) -> str:
+    import tokenizers
+
+    s1, s2 = two_stage(vals)
+    names = ", ".join(f"k{k} = {i}" for i, k in enumerate(GC))
+    return f"""// GENERATED by scripts/gen_unicode_tables.py - do not edit.
+// Extended grapheme cluster classes as HF tokenizers {tokenizers.__version__} segments text (its
+// unicode-segmentation crate): {", ".join(f"{k} {v}" for k, v in counts.items())}.
+// gc = class | kLinker (InCB=Linker) | kInCBExtend (InCB=Extend), two-stage over blocks of 256.
+#pragma once
+#include <cstdint>
+
+namespace zoi::tok::gr {{
+inline constexpr uint8_t {names};
+inline constexpr uint8_t kCatMask = 15, kLinker = {GC_LINKER}, kInCBExtend = {GC_INCB_EXTEND};
+{c_array("uint16_t", "kGcStage1", s1)}
+{c_array("uint8_t", "kGcStage2", s2)}
+}}  // namespace zoi::tok::gr
+"""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if the committed header is stale")
     args = ap.parse_args()
     built = build()
-    text = render(*built, build_bpe(built[1]))
+    outs = {
+        OUT: render(*built, build_bpe(built[1])),
+        OUT_GRAPHEME: render_grapheme(*build_grapheme()),
+    }
     if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python scripts/gen_unicode_tables.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({len(text) // 1024} KB)", file=sys.stderr)
-    print(text.splitlines()[2], file=sys.stderr)
+        stale = [p for p, text in outs.items() if not p.exists() or p.read_text() != text]
+        for p in stale:
+            print(f"{p} is stale: run python scripts/gen_unicode_tables.py", file=sys.stderr)
+        return 1 if stale else 0
+    for p, text in outs.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        print(f"wrote {p} ({len(text) // 1024} KB)", file=sys.stderr)
+        print(text.splitlines()[2], file=sys.stderr)
     return 0
 
 

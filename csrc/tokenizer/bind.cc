@@ -1,4 +1,4 @@
-// zoi._cpu.WordPiece: the native tokenizer's Python binding. A batch is read under the GIL
+// zoi._cpu.WordPiece / ByteBPE / SentencePiece: the native tokenizers' Python bindings. A batch is read under the GIL
 // (each str's UTF-8, cached by Python), tokenised with the GIL released (big batches spread
 // over the core's pool, texts claimed in small blocks) and handed back packed: ids,
 // positions and cu_seqlens as int32 numpy arrays that own their buffers (no copy).
@@ -17,6 +17,7 @@
 #include "runtime/pool.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/encoder.h"
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/wordpiece.h"
 
 namespace nb = nanobind;
@@ -382,4 +383,58 @@ void bind_tokenizer(nb::module_& m) {
            "the text as the normaliser leaves it (NFC, or as it is)")
       .def("pre_tokenize", &zoi::tok::ByteBPE::pre_tokenize, "text"_a,
            "the pre-tokenizer's pieces of a (normalised) text, before the byte-level BPE");
+
+  nb::class_<zoi::tok::SentencePiece, TextEncoder>(m, "SentencePiece")
+      .def("__init__",
+           [](zoi::tok::SentencePiece* self, bool unigram, const std::vector<std::string>& vocab,
+              const std::vector<int32_t>& ids, const std::vector<double>& scores,
+              const std::vector<std::string>& merges, nb::bytes charsmap, const std::vector<int>& norm_kinds,
+              const std::vector<std::string>& norm_a, const std::vector<std::string>& norm_b,
+              const std::vector<int>& norm_n, const std::vector<int>& pre_kinds, const std::vector<std::string>& pre_a,
+              const std::vector<int>& pre_n, const std::vector<int>& pre_split, const std::vector<std::string>& added,
+              const std::vector<int32_t>& added_ids, const std::vector<int>& added_flags,
+              const std::vector<std::string>& norm_added, const std::vector<int32_t>& norm_added_ids,
+              const std::vector<int>& norm_added_flags, int32_t unk_id, bool byte_fallback, bool fuse_unk,
+              bool ignore_merges, const std::string& cut, const std::vector<int32_t>& head,
+              const std::vector<int32_t>& tail, int max_len) {
+             zoi::tok::SpConfig c;
+             c.unigram = unigram;
+             if (norm_a.size() != norm_kinds.size() || norm_b.size() != norm_kinds.size() ||
+                 norm_n.size() != norm_kinds.size() || pre_a.size() != pre_kinds.size() ||
+                 pre_n.size() != pre_kinds.size() || pre_split.size() != pre_kinds.size())
+               throw nb::value_error("normalizer / pre-tokenizer step lists differ in length");
+             for (size_t i = 0; i < norm_kinds.size(); ++i)
+               c.norm.push_back({norm_kinds[i], norm_a[i], norm_b[i], norm_n[i]});
+             for (size_t i = 0; i < pre_kinds.size(); ++i)
+               c.pre.push_back({pre_kinds[i], pre_a[i], pre_n[i], static_cast<bool>(pre_split[i])});
+             c.unk_id = unk_id;
+             c.byte_fallback = byte_fallback;
+             c.fuse_unk = fuse_unk;
+             c.ignore_merges = ignore_merges;
+             c.cut = cut;
+             c.head = head;
+             c.tail = tail;
+             c.max_len = max_len;
+             const std::string blob(charsmap.c_str(), charsmap.size());
+             std::string err;
+             {
+               nb::gil_scoped_release nogil;  // a 250k-entry vocabulary takes a while to index
+               try {
+                 new (self) zoi::tok::SentencePiece(vocab, ids, scores, merges, blob, added, added_ids, added_flags,
+                                                    norm_added, norm_added_ids, norm_added_flags, std::move(c));
+               } catch (const std::invalid_argument& e) {
+                 err = e.what();
+               }
+             }
+             if (!err.empty()) throw nb::value_error(err.c_str());
+           },
+           "unigram"_a, "vocab"_a, "ids"_a, "scores"_a, "merges"_a, "charsmap"_a, "norm_kinds"_a, "norm_a"_a,
+           "norm_b"_a, "norm_n"_a, "pre_kinds"_a, "pre_a"_a, "pre_n"_a, "pre_split"_a, "added"_a, "added_ids"_a,
+           "added_flags"_a, "norm_added"_a, "norm_added_ids"_a, "norm_added_flags"_a, "unk_id"_a,
+           "byte_fallback"_a, "fuse_unk"_a, "ignore_merges"_a, "cut"_a, "head"_a, "tail"_a, "max_len"_a)
+      .def_prop_ro("vocab_size", &zoi::tok::SentencePiece::vocab_size)
+      .def_prop_ro("max_len", [](const zoi::tok::SentencePiece& t) { return t.config().max_len; })
+      .def("normalize", &zoi::tok::SentencePiece::normalize, "text"_a, "the text as the normalizer leaves it")
+      .def("pre_tokenize", &zoi::tok::SentencePiece::pre_tokenize, "text"_a,
+           "the pre-tokenizer's words of a (normalised) text, before the model");
 }

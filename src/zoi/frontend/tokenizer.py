@@ -1,5 +1,6 @@
-"""Tokenisation: the native WordPiece and byte-level BPE tokenizers, or HF `tokenizers` for
-the other families; truncation per call, packing without padding."""
+"""Tokenisation: the native WordPiece, byte-level BPE and SentencePiece (Unigram,
+SentencePiece BPE) tokenizers, or HF `tokenizers` for the other families; truncation per
+call, packing without padding."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from zoi.errors import CheckpointError, InputError
-from zoi.frontend import bpe
+from zoi.frontend import bpe, sentencepiece
 from zoi.frontend.wordpiece import native_config
 
 # Characters kept per usable position before tokenising. A token is rarely longer than ~10
@@ -46,9 +47,10 @@ def _native_module():
 
 class Tokenizer:
     """Texts -> token ids. The native tokenizers, exact to HF, run the files they cover:
-    WordPiece (zoi._cpu.WordPiece, zoi.frontend.wordpiece) and byte-level BPE
-    (zoi._cpu.ByteBPE, zoi.frontend.bpe); HF `tokenizers` runs the others, or every file with
-    ZOI_TOKENIZER=hf. Thread-safe: truncation is an argument of each call."""
+    WordPiece (zoi._cpu.WordPiece, zoi.frontend.wordpiece), byte-level BPE
+    (zoi._cpu.ByteBPE, zoi.frontend.bpe), Unigram and SentencePiece BPE
+    (zoi._cpu.SentencePiece, zoi.frontend.sentencepiece); HF `tokenizers` runs the others, or
+    every file with ZOI_TOKENIZER=hf. Thread-safe: truncation is an argument of each call."""
 
     def __init__(
         self,
@@ -98,7 +100,24 @@ class Tokenizer:
     def _native_from(self, cpu, parsed, max_positions: int) -> None:
         """The native tokenizer for this file, or the reason there is none."""
         model = parsed.get("model") if isinstance(parsed, dict) else None
-        if isinstance(model, dict) and model.get("type") == "BPE":
+        mtype = model.get("type") if isinstance(model, dict) else None
+        if mtype == "Unigram" or (mtype == "BPE" and sentencepiece.is_sentencepiece_bpe(parsed)):
+            cfg = sentencepiece.native_config(parsed, max_positions)
+            if not hasattr(cpu, "SentencePiece"):  # pragma: no cover - a core built before it
+                cfg = "a native core without it"
+            if isinstance(cfg, str):
+                self.fallback_reason = f"model type {mtype!r} with {cfg}"
+                return
+            try:
+                self.native = cpu.SentencePiece(**cfg)
+            except ValueError as e:  # HF refuses such a file too (a merge outside the vocab)
+                self.fallback_reason = f"model type {mtype!r}: {e}"
+                return
+            self.native_kind = (
+                "native Unigram" if mtype == "Unigram" else "native SentencePiece BPE"
+            )
+            return
+        if mtype == "BPE":
             cfg = bpe.native_config(parsed, max_positions)
             if not hasattr(cpu, "ByteBPE"):  # pragma: no cover - a core built before it
                 cfg = "a native core without it"
@@ -162,8 +181,8 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """Which tokenizer runs: 'native WordPiece', 'native byte-level BPE' or
-        'HF tokenizers (<why>)'."""
+        """Which tokenizer runs: 'native WordPiece', 'native byte-level BPE', 'native Unigram',
+        'native SentencePiece BPE' or 'HF tokenizers (<why>)'."""
         if self.native is not None:
             return self.native_kind
         return f"HF tokenizers ({self.fallback_reason})"

@@ -54,7 +54,8 @@ def system_info() -> dict:
 
     has_native = _native_module() is not None
     info["tokenizer"] = (
-        "native WordPiece and byte-level BPE (zoi._cpu) for the files they cover exactly"
+        "native WordPiece, byte-level BPE, SentencePiece BPE and Unigram (zoi._cpu) for the files "
+        "they cover exactly"
         if has_native
         else "no native tokenizer"
     ) + f", HF tokenizers for the others; ZOI_TOKENIZER={os.environ.get('ZOI_TOKENIZER', 'auto')}"
