@@ -29,10 +29,19 @@ using Arr = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
 template <class T>
 using Opt = std::optional<Arr<T>>;
 
+// the ISA names of this build's architecture (any other is refused as unsupported)
+#if defined(ZOI_ARCH_ARM64)
+constexpr const char* kUnknownIsa = "unknown ISA; expected i8mm|dotprod|neon|scalar";
+#elif defined(ZOI_ARCH_X86)
+constexpr const char* kUnknownIsa = "unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar";
+#else
+constexpr const char* kUnknownIsa = "unknown ISA; expected scalar";
+#endif
+
 const zoi::KernelTable& table_for(const std::string& isa) {
   zoi::Isa i;
   if (isa.empty()) return zoi::kernel_table(zoi::active_isa());
-  if (!zoi::parse_isa(isa, &i)) throw nb::value_error("unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar");
+  if (!zoi::parse_isa(isa, &i)) throw nb::value_error(kUnknownIsa);
   return zoi::kernel_table(i);
 }
 
@@ -136,6 +145,14 @@ NB_MODULE(_cpu, m) {
     nb::dict d;
     d["vendor"] = f.vendor;
     d["brand"] = f.brand;
+#if defined(ZOI_ARCH_ARM64)
+    // the Linux HWCAP names (/proc/cpuinfo's flags)
+    d["asimd"] = f.asimd;
+    d["asimddp"] = f.asimddp;
+    d["i8mm"] = f.i8mm;
+    d["sve"] = f.sve;
+    d["sve2"] = f.sve2;
+#else
     d["avx2"] = f.avx2;
     d["fma"] = f.fma;
     d["avx512f"] = f.avx512f;
@@ -145,6 +162,7 @@ NB_MODULE(_cpu, m) {
     d["avx_vnni"] = f.avx_vnni;
     d["amx_tile"] = f.amx_tile;
     d["amx_int8"] = f.amx_int8;
+#endif
     d["best_isa"] = zoi::isa_name(zoi::best_isa());
     return d;
   });
@@ -152,7 +170,7 @@ NB_MODULE(_cpu, m) {
         "ISA the dispatcher uses (ZOI_CPU_ISA overrides; raises ValueError if unsupported)");
   m.def("isa_supported", [](const std::string& s) {
     zoi::Isa i;
-    if (!zoi::parse_isa(s, &i)) throw nb::value_error("unknown ISA; expected amx|vnni|avx512|avxvnni|avx2|scalar");
+    if (!zoi::parse_isa(s, &i)) throw nb::value_error(kUnknownIsa);
     return zoi::isa_supported(i);
   });
   m.def("pool_size", []() { return zoi::ThreadPool::instance().size(); },
@@ -197,7 +215,7 @@ NB_MODULE(_cpu, m) {
 
   // exact integer sums: q int16 [M,K] (symmetric -127..127 when zp is None; else 0..255 with zp [M])
   m.def("k_gemm_s32", [](Arr<const int16_t> q, Opt<const int32_t> zp, Arr<const int8_t> wq, Arr<int32_t> out,
-                         const std::string& isa, int nt) {
+                         const std::string& isa, int nt, int w_bits) {
     const auto& kt = table_for(isa);
     need(q, 2, {-1, -1}, "q");
     const int M = q.shape(0), K = q.shape(1);
@@ -220,12 +238,15 @@ NB_MODULE(_cpu, m) {
     a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
     a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
     a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.ldy = N; a.y_i32 = out.data();
+    zoi::check_i8_weight_bits(wq.data(), N, K, w_bits);
+    a.w_bits = w_bits;
     for_threads(nt, [&](int t, int n) { kt.gemm_i8(a, t, n); });
-  }, "q"_a, "zp"_a.none(), "w_q"_a, "out"_a, "isa"_a = "", "nt"_a = 1);
+  }, "q"_a, "zp"_a.none(), "w_q"_a, "out"_a, "isa"_a = "", "nt"_a = 1, "w_bits"_a = 8);
 
   m.def("k_linear_i8", [](Arr<const float> x, Arr<const int8_t> wq, Arr<const float> w_scale, Opt<const float> b,
                           const std::string& act, Opt<const float> res, float static_amax, Arr<float> y,
-                          const std::string& isa, int nt, bool asym, Opt<const float> shift, Opt<const float> mul) {
+                          const std::string& isa, int nt, bool asym, Opt<const float> shift, Opt<const float> mul,
+                          int w_bits) {
     const auto& kt = table_for(isa);
     need(x, 2, {-1, -1}, "x");
     const int M = x.shape(0), K = x.shape(1);
@@ -250,9 +271,12 @@ NB_MODULE(_cpu, m) {
     a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
     a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N;
     a.res = res ? res->data() : nullptr; a.ldr = N; a.act = parse_act(act);
+    zoi::check_i8_weight_bits(wq.data(), N, K, w_bits);
+    a.w_bits = w_bits;
     for_threads(nt, [&](int t, int n) { kt.gemm_i8(a, t, n); });
   }, "x"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res"_a.none(), "static_amax"_a, "y"_a,
-     "isa"_a = "", "nt"_a = 1, "asym"_a = false, "shift"_a.none() = nb::none(), "mul"_a.none() = nb::none());
+     "isa"_a = "", "nt"_a = 1, "asym"_a = false, "shift"_a.none() = nb::none(), "mul"_a.none() = nb::none(),
+     "w_bits"_a = 8);
 
   // tests: an INT8 GEMM that quantises its output rows (N = K of the next GEMM) as the engine's
   // FFN1 -> FFN2 does; y_scratch: the float rows go to per-thread scratch, y is not written.
@@ -528,7 +552,10 @@ NB_MODULE(_cpu, m) {
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
       return ts.tv_sec + 1e-9 * ts.tv_nsec;
     };
-    if (kind == "i8") {
+    if (kind == "i8" || kind == "i8w7") {  // i8w7: weights in [-63, 63] run as 7-bit (GemmI8Args::w_bits)
+      const bool w7 = kind == "i8w7";
+      if (w7)
+        for (auto& v : wq) v = static_cast<int8_t>(v / 2);
       QBuf qb(kt, M, K, zoi::QuantOut{});
       kt.quantize_rows(x.data(), K, M, K, qb.qo, 0, 1);
       PackedI8 pw(kt, wq.data(), N, K, ws.data(), b.data());
@@ -536,6 +563,7 @@ NB_MODULE(_cpu, m) {
       a.a = qb.bytes.data(); a.lda = qb.qo.ldq; a.a_scale = qb.scale.data(); a.a_zp = qb.zp.data();
       a.w = pw.w; a.colsum = pw.colsum.data(); a.w_scale = pw.ws.data(); a.bias = pw.bias.data();
       a.M = M; a.N = N; a.Kp = qb.qo.ldq; a.y = y.data(); a.ldy = N; a.act = parse_act(act);
+      a.w_bits = w7 ? 7 : 8;
       nb::gil_scoped_release nogil;
       auto f = [&](int t, int n) {
         for (int i = 0; i < iters; ++i) { kt.gemm_i8(a, t, n); zoi::ThreadPool::instance().barrier(); }
@@ -565,7 +593,7 @@ NB_MODULE(_cpu, m) {
       cpu = cpu_now() - c0;
       sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
-      throw nb::value_error("kind must be i8 or f32");
+      throw nb::value_error("kind must be i8, i8w7 or f32");
     }
     return nb::make_tuple(sec / iters, cpu / iters);
   }, "kind"_a, "M"_a, "N"_a, "K"_a, "isa"_a = "", "nt"_a = 1, "iters"_a = 10, "act"_a = "none",
@@ -612,7 +640,7 @@ NB_MODULE(_cpu, m) {
       .def("add_linear_i8", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const int8_t> w_q,
                                Arr<const float> w_scale, Opt<const float> b, const std::string& act, long res_off,
                                float static_amax, bool asym, Opt<const float> act_shift, Opt<const float> act_mul,
-                               int q_from, int q_min_m, bool y_dead) {
+                               int q_from, int q_min_m, bool y_dead, int w_bits) {
         need(w_q, 2, {-1, -1}, "w_q");
         const int N = w_q.shape(0), K = w_q.shape(1);
         need(w_scale, 1, {N}, "w_scale");
@@ -621,14 +649,16 @@ NB_MODULE(_cpu, m) {
         if (act_mul) need(*act_mul, 1, {K}, "act_mul");
         e.add_linear_i8(in_off, K, out_off, N, w_q.data(), w_scale.data(), b ? b->data() : nullptr, parse_act(act),
                         res_off, static_amax, asym, act_shift ? act_shift->data() : nullptr,
-                        act_mul ? act_mul->data() : nullptr, q_from, q_min_m, y_dead);
+                        act_mul ? act_mul->data() : nullptr, q_from, q_min_m, y_dead, w_bits);
       }, "in_off"_a, "out_off"_a, "w_q"_a, "w_scale"_a, "b"_a.none(), "act"_a, "res_off"_a = -1,
          "static_amax"_a = -1.f, "asym"_a = false, "act_shift"_a.none() = nb::none(), "act_mul"_a.none() = nb::none(),
-         "q_from"_a, "q_min_m"_a = 0, "y_dead"_a = false,
+         "q_from"_a, "q_min_m"_a = 0, "y_dead"_a = false, "w_bits"_a = 8,
          "q_from (the plan's decision, zoi.graph.fusion): 0 a quantise step makes the int8 input copy, 1 the "
          "previous step's epilogue (an INT8 GEMM's from q_min_m rows); refused when that step cannot. "
          "y_dead (the plan's quant_out_only): nothing but the next INT8 linear's copy reads this GEMM's float "
          "output, whose rows then go to per-thread scratch; finalize refuses it when the steps contradict it")
+      .def("set_first_row_residual", &zoi::Engine::set_first_row_residual,
+           "follows add_linear_i8: the first row of each sequence of its input quantised twice (docs/QUANT.md)")
       .def("add_attention", &zoi::Engine::add_attention, "in_off"_a, "out_off"_a, "heads"_a, "head_dim"_a, "scale"_a,
            "kv_heads"_a = 0)
       .def("set_attention_precision", &zoi::Engine::set_attention_precision, "mode"_a,

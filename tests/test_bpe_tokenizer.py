@@ -25,6 +25,15 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers")
+from tests.tokenizer.helpers import (  # noqa: E402
+    assert_same,
+    corpus,
+    hf_ids,
+    mutated,
+    native_ids,
+    native_of,
+    wrapper_pair,
+)
 from tokenizers import Regex, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 from tokenizers import Tokenizer as HF  # noqa: E402
 from tokenizers.models import BPE  # noqa: E402
@@ -37,19 +46,7 @@ _cpu = pytest.importorskip("zoi._cpu")
 if not hasattr(_cpu, "ByteBPE"):  # pragma: no cover - a core built before it
     pytest.skip("the native core has no ByteBPE", allow_module_level=True)
 
-REPO = Path(__file__).resolve().parents[1]
-CORPORA = sorted((REPO / "src" / "zoi" / "data").glob("*.txt")) + [
-    REPO / "src" / "zoi" / "bench" / "data" / "corpus.txt"
-]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-@functools.lru_cache(maxsize=1)
-def corpus() -> list[str]:
-    lines: list[str] = []
-    for p in CORPORA:
-        lines += [x for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
-    return lines
 
 
 def _train(pre, norm, specials, vocab_size: int = 4000, alphabet: bool = True) -> HF:
@@ -147,37 +144,6 @@ def variant_json(name: str) -> str:
 
 
 VARIANTS = ["qwen3", "qwen2-transformers", "gpt2", "llama3", "roberta", "nested"]
-
-
-def native_of(js: str, max_len: int = 1 << 20):
-    cfg = bpe.native_config(json.loads(js), max_len)
-    assert not isinstance(cfg, str), cfg
-    return _cpu.ByteBPE(**cfg)
-
-
-def native_ids(nat, texts: list[str], nthreads: int = 1) -> list[list[int]]:
-    ids, _, cu, bad = nat.encode_packed(texts, True, 0, nthreads, 0)
-    assert bad == -1
-    return [ids[cu[i] : cu[i + 1]].tolist() for i in range(len(texts))]
-
-
-def hf_ids(js: str, texts: list[str], max_len: int | None = None) -> list[list[int]]:
-    hf = HF.from_str(js)
-    hf.no_padding()
-    if max_len is None:
-        hf.no_truncation()
-    else:
-        hf.enable_truncation(max_len)
-    return [e.ids for e in hf.encode_batch(texts, add_special_tokens=True)]
-
-
-def assert_same(js: str, texts: list[str]) -> int:
-    """Every text's ids equal HF's; returns how many texts were compared."""
-    got = native_ids(native_of(js), texts)
-    want = hf_ids(js, texts)
-    for t, g, w in zip(texts, got, want, strict=True):
-        assert g == w, f"{t[:200]!r}: native {g[:40]} != HF {w[:40]}"
-    return len(texts)
 
 
 # ---- the torture set and the random strings ----
@@ -374,21 +340,11 @@ def test_long_words_and_many_merges():
     assert_same(js, words + [" ".join(words[:50])])
 
 
-def _wrapper_pair(name: str, max_len: int, monkeypatch, offset: int = 0):
-    js = variant_json(name)
-    nat = Tokenizer(js, max_len, position_offset=offset)
-    monkeypatch.setenv("ZOI_TOKENIZER", "hf")
-    ref = Tokenizer(js, max_len, position_offset=offset)
-    monkeypatch.delenv("ZOI_TOKENIZER")
-    assert nat.native is not None and ref.native is None
-    return nat, ref
-
-
 @pytest.mark.parametrize("name", ["qwen3", "roberta", "gpt2"])
-def test_truncation_and_packing_as_hf(name, monkeypatch):
+def test_truncation_and_packing_as_hf(name):
     """encode_packed (ids, positions, cu_seqlens) equal to the HF path's, truncated at the
     model's limit and at smaller engine limits, with a position offset (RoBERTa's 2)."""
-    nat, ref = _wrapper_pair(name, 64, monkeypatch, offset=2)
+    nat, ref = wrapper_pair(variant_json(name), 64, offset=2)
     texts = torture()[:150] + random_texts(300, seed=5) + corpus()[:200]
     texts = [t for t in texts if len(t) < 2000]  # the HF path caps characters, not tokens
     for max_len in (None, 2, 3, 7, 16, 63):
@@ -408,8 +364,8 @@ def test_truncation_of_huge_text_stops_early():
     assert ids.tolist() == want
 
 
-def test_over_the_limit_names_the_text(monkeypatch):
-    nat, ref = _wrapper_pair("qwen3", 16, monkeypatch)
+def test_over_the_limit_names_the_text():
+    nat, ref = wrapper_pair(variant_json("qwen3"), 16)
     texts = ["short", "a long text " * 20, "short too"]
     for t in (nat, ref):
         with pytest.raises(InputError, match=r"texts\[1\] has \d+ tokens"):
@@ -450,12 +406,6 @@ def test_lone_surrogate_is_an_input_error():
         nat.encode_packed(["ok", "bad \ud800 text"])
 
 
-def _mutated(name: str, fn) -> str:
-    tj = json.loads(variant_json(name))
-    fn(tj)
-    return json.dumps(tj)
-
-
 def test_merges_as_strings_and_version_line():
     """Both merges formats give the same ids; a "#version" line is skipped as HF skips it."""
     texts = torture()[:200] + random_texts(500, seed=17)
@@ -463,7 +413,7 @@ def test_merges_as_strings_and_version_line():
     def strings(tj):
         tj["model"]["merges"] = ["#version: 0.2"] + [" ".join(m) for m in tj["model"]["merges"]]
 
-    js = _mutated("qwen3", strings)
+    js = mutated(variant_json("qwen3"), strings)
     assert isinstance(json.loads(js)["model"]["merges"][1], str)
     assert_same(js, texts)
     assert native_ids(native_of(js), texts) == native_ids(native_of(variant_json("qwen3")), texts)
@@ -497,7 +447,7 @@ def test_lstrip_rstrip_added_tokens(flags):
             if a["content"] == "<|im_end|>":  # matched after NFC, stripping too
                 a["normalized"], a["lstrip"], a["rstrip"] = True, rstrip, lstrip
 
-    js = _mutated("qwen3", strip)
+    js = mutated(variant_json("qwen3"), strip)
     ws = "".join(WS)
     texts = [f"a{w}<|im_start|>{w}b{w}<|im_end|>{w}c" for w in WS + [ws, "  \n ", ""]] + [
         "<|im_start|>",
@@ -526,7 +476,7 @@ def test_overlapping_and_normalized_added_tokens():
                  "rstrip": False, "normalized": normalized, "special": special}
             )  # fmt: skip
 
-    js = _mutated("qwen3", add)
+    js = mutated(variant_json("qwen3"), add)
     texts = [
         "<|im_start|>x <|im_start|> <|im <|im_end|> <|im_start|>xx",
         "café! cafe\u0301! cafe\u0301\u0301! CAFÉ! café!!",
@@ -558,9 +508,9 @@ def test_overlapping_and_normalized_added_tokens():
         (lambda tj: tj.update(post_processor={"type": "Unknown"}), "post-processor 'Unknown'"),
     ],
 )  # fmt: skip
-def test_fallback_reasons_and_ids(mutate, reason, monkeypatch):
+def test_fallback_reasons_and_ids(mutate, reason):
     """Anything the native tokenizer does not do exactly runs on HF (never a different id)."""
-    js = _mutated("qwen3", mutate)
+    js = mutated(variant_json("qwen3"), mutate)
     tj = json.loads(js)
     assert isinstance(bpe.native_config(tj, 512), str)
     try:
@@ -572,10 +522,8 @@ def test_fallback_reasons_and_ids(mutate, reason, monkeypatch):
     t = Tokenizer(js, 512)
     assert t.native is None and reason in t.kind and "model type 'BPE'" in t.kind, t.kind
     texts = torture()[:100]
-    monkeypatch.setenv("ZOI_TOKENIZER", "native")
-    with pytest.raises(Exception, match="ZOI_TOKENIZER=native"):
-        Tokenizer(js, 512)
-    monkeypatch.delenv("ZOI_TOKENIZER")
+    with pytest.raises(Exception, match="tokenizer='native'"):
+        Tokenizer(js, 512, tokenizer="native")
     if reason == "dropout":  # random merges: two HF runs differ too
         return
     want = hf_ids(js, texts, 512)
@@ -586,7 +534,7 @@ def test_merge_outside_the_vocab_falls_back_to_hf_error():
     def bad(tj):
         tj["model"]["merges"].append(["zzzq", "qqqz"])
 
-    js = _mutated("qwen3", bad)
+    js = mutated(variant_json("qwen3"), bad)
     with pytest.raises(ValueError, match="not in the vocabulary"):
         native_of(js)
     with pytest.raises(Exception):  # noqa: B017 - HF refuses the file: the wrapper names it
@@ -616,5 +564,5 @@ def test_gpt2_byte_level_regex_is_the_split_regex():
 def test_variant_files_are_independent():
     """The cached files are not changed by the tests that mutate copies of them."""
     before = copy.deepcopy(json.loads(variant_json("qwen3")))
-    _mutated("qwen3", lambda tj: tj.update(normalizer=None))
+    mutated(variant_json("qwen3"), lambda tj: tj.update(normalizer=None))
     assert json.loads(variant_json("qwen3")) == before

@@ -24,14 +24,20 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("sentencepiece")
 pytest.importorskip("transformers")
-from tests.test_bpe_tokenizer import corpus, hf_ids, random_texts  # noqa: E402
+from tests.test_bpe_tokenizer import random_texts  # noqa: E402
 from tests.test_unigram_tokenizer import (  # noqa: E402
-    assert_same,
     from_folder,
-    native_of,
     sp_random,
     sp_torture,
     train,
+)
+from tests.tokenizer.helpers import (  # noqa: E402
+    assert_same,
+    corpus,
+    hf_ids,
+    mutated,
+    native_of,
+    wrapper_pair,
 )
 from tokenizers import Tokenizer as HF  # noqa: E402
 
@@ -125,12 +131,6 @@ def test_corpora_equal_hf(name):
     assert_same(variant_json(name), texts)
 
 
-def _mutated(name: str, fn) -> str:
-    tj = json.loads(variant_json(name))
-    fn(tj)
-    return json.dumps(tj)
-
-
 def test_merges_across_the_replacement_disable_cutting():
     """A merge that joins a character and a following "▁..." piece: words are merged whole
     (no cut), still HF's ids; both merges formats."""
@@ -142,11 +142,11 @@ def test_merges_across_the_replacement_disable_cutting():
                 v[a + b] = max(v.values()) + 1
             tj["model"]["merges"].insert(0, [a, b])
 
-    js = _mutated("llama2-hub", cross)
+    js = mutated(variant_json("llama2-hub"), cross)
     assert sp.native_config(json.loads(js), 512)["cut"] == ""
     texts = ["a b e the. x", "tea table. ", "a  b", "ab a b"] + sp_random(500, seed=7)
     assert_same(js, texts)
-    js2 = _mutated("llama2-hub", lambda tj: tj["model"].update(
+    js2 = mutated(variant_json("llama2-hub"), lambda tj: tj["model"].update(
         merges=["#version: 0.2"] + [" ".join(m) for m in tj["model"]["merges"]]))  # fmt: skip
     assert_same(js2, texts)
 
@@ -168,7 +168,7 @@ def test_byte_fallback_and_unknown(unk, fuse, bytes_kept):
         m["vocab"] = {k: v for k, v in m["vocab"].items() if k not in gone}
         tj["added_tokens"] = [a for a in tj["added_tokens"] if a["content"] not in gone]
 
-    js = _mutated("llama2-hub", setup)
+    js = mutated(variant_json("llama2-hub"), setup)
     texts = ["café ☃ 日本語 x", "☃☃☃", "a☃\U0001f600b", "\U0001f600\u2603é", "𝕳𝖊𝖑𝖑𝖔", "é" * 50]
     try:
         HF.from_str(js)
@@ -181,7 +181,7 @@ def test_byte_fallback_and_unknown(unk, fuse, bytes_kept):
 
 
 def test_ignore_merges():
-    js = _mutated("gemma", lambda tj: tj["model"].update(ignore_merges=True))
+    js = mutated(variant_json("gemma"), lambda tj: tj["model"].update(ignore_merges=True))
     assert_same(js, sp_torture()[:300] + sp_random(500, seed=13))
 
 
@@ -195,19 +195,9 @@ def test_long_words_and_many_merges():
         assert_same(variant_json(name), words)
 
 
-def _wrapper_pair(name: str, max_len: int, monkeypatch):
-    js = variant_json(name)
-    nat = Tokenizer(js, max_len)
-    monkeypatch.setenv("ZOI_TOKENIZER", "hf")
-    ref = Tokenizer(js, max_len)
-    monkeypatch.delenv("ZOI_TOKENIZER")
-    assert nat.native is not None and ref.native is None
-    return nat, ref
-
-
 @pytest.mark.parametrize("name", ["gemma", "llama2-hub", "llama"])
-def test_truncation_and_packing_as_hf(name, monkeypatch):
-    nat, ref = _wrapper_pair(name, 64, monkeypatch)
+def test_truncation_and_packing_as_hf(name):
+    nat, ref = wrapper_pair(variant_json(name), 64)
     texts = sp_torture()[:150] + sp_random(300, seed=5) + corpus()[:200]
     texts = [t for t in texts if len(t) < 2000]
     for max_len in (None, 2, 3, 7, 16, 63):
@@ -258,8 +248,8 @@ def test_stream_and_threads():
         (lambda tj: tj["added_tokens"][1].update(single_word=True), "single_word"),
     ],
 )  # fmt: skip
-def test_fallback_reasons_and_ids(mutate, reason, monkeypatch):
-    js = _mutated("gemma", mutate)
+def test_fallback_reasons_and_ids(mutate, reason):
+    js = mutated(variant_json("gemma"), mutate)
     assert isinstance(sp.native_config(json.loads(js), 512), str)
     try:
         HF.from_str(js)

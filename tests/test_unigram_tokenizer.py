@@ -36,11 +36,17 @@ from tests.test_bpe_tokenizer import (  # noqa: E402
     MARKS,
     SCRIPTS,
     WS,
-    corpus,
-    hf_ids,
-    native_ids,
     random_texts,
     torture,
+)
+from tests.tokenizer.helpers import (  # noqa: E402
+    assert_same,
+    corpus,
+    hf_ids,
+    mutated,
+    native_ids,
+    native_of,
+    wrapper_pair,
 )
 from tokenizers import Tokenizer as HF  # noqa: E402
 
@@ -167,21 +173,6 @@ def variant_json(name: str) -> str:
 
 
 VARIANTS = ["xlmr", "spm-unigram", "byte-fallback", "xlmr-hub", "bge-m3"]
-
-
-def native_of(js: str, max_len: int = 1 << 20):
-    cfg = sp.native_config(json.loads(js), max_len)
-    assert not isinstance(cfg, str), cfg
-    return _cpu.SentencePiece(**cfg)
-
-
-def assert_same(js: str, texts: list[str]) -> int:
-    """Every text's ids equal HF's; returns how many texts were compared."""
-    got = native_ids(native_of(js), texts)
-    want = hf_ids(js, texts)
-    for t, g, w in zip(texts, got, want, strict=True):
-        assert g == w, f"{t[:200]!r}: native {g[:40]} != HF {w[:40]}"
-    return len(texts)
 
 
 def sp_torture() -> list[str]:
@@ -348,21 +339,11 @@ def test_long_pieces_and_many_nodes():
         assert_same(variant_json(name), words + [" ".join(words[:50])])
 
 
-def _wrapper_pair(name: str, max_len: int, monkeypatch, offset: int = 0):
-    js = variant_json(name)
-    nat = Tokenizer(js, max_len, position_offset=offset)
-    monkeypatch.setenv("ZOI_TOKENIZER", "hf")
-    ref = Tokenizer(js, max_len, position_offset=offset)
-    monkeypatch.delenv("ZOI_TOKENIZER")
-    assert nat.native is not None and ref.native is None
-    return nat, ref
-
-
 @pytest.mark.parametrize("name", ["xlmr", "xlmr-hub", "spm-unigram"])
-def test_truncation_and_packing_as_hf(name, monkeypatch):
+def test_truncation_and_packing_as_hf(name):
     """encode_packed (ids, positions, cu_seqlens) equal to the HF path's, truncated at the
     model's limit and at smaller engine limits, with XLM-R's position offset of 2."""
-    nat, ref = _wrapper_pair(name, 64, monkeypatch, offset=2)
+    nat, ref = wrapper_pair(variant_json(name), 64, offset=2)
     texts = sp_torture()[:150] + sp_random(300, seed=5) + corpus()[:200]
     texts = [t for t in texts if len(t) < 2000]  # the HF path caps characters, not tokens
     for max_len in (None, 2, 3, 7, 16, 63):
@@ -381,8 +362,8 @@ def test_truncation_of_huge_text_stops_early():
     assert ids.tolist() == want and len(ids) == 32
 
 
-def test_over_the_limit_names_the_text(monkeypatch):
-    nat, ref = _wrapper_pair("xlmr", 16, monkeypatch)
+def test_over_the_limit_names_the_text():
+    nat, ref = wrapper_pair(variant_json("xlmr"), 16)
     texts = ["short", "a long text " * 20, "short too"]
     for t in (nat, ref):
         with pytest.raises(InputError, match=r"texts\[1\] has \d+ tokens"):
@@ -418,12 +399,6 @@ def test_lone_surrogate_is_an_input_error():
     nat = Tokenizer(variant_json("xlmr"), 64)
     with pytest.raises(InputError, match=r"texts\[1\].*surrogate"):
         nat.encode_packed(["ok", "bad \ud800 text"])
-
-
-def _mutated(name: str, fn) -> str:
-    tj = json.loads(variant_json(name))
-    fn(tj)
-    return json.dumps(tj)
 
 
 def _tiny(vocab, unk_id=0, byte_fallback=False, **extra) -> str:
@@ -467,7 +442,7 @@ def test_metaspace_schemes(scheme, split, ws_split):
         steps = ([{"type": "WhitespaceSplit"}] if ws_split else []) + [ms]
         tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": steps}
 
-    js = _mutated("xlmr", setup)
+    js = mutated(variant_json("xlmr"), setup)
     texts = ["hello world", " hello", "<s>hello", "hello<s> world", "  a  b  ", "▁x", "x▁y",
              "<mask>a", "a<mask>", "", " ", "▁", "a\tb\nc"]  # fmt: skip
     assert Tokenizer(js, 512).native is not None
@@ -498,8 +473,9 @@ def test_normalizer_steps():
     rng = random.Random(67)
     for k in range(24):
         steps = [pre] * (k % 2) + rng.sample(forms, rng.randint(1, 4))
-        js = _mutated(
-            "xlmr", lambda tj, s=steps: tj.update(normalizer={"type": "Sequence", "normalizers": s})
+        js = mutated(
+            variant_json("xlmr"),
+            lambda tj, s=steps: tj.update(normalizer={"type": "Sequence", "normalizers": s}),
         )
         assert Tokenizer(js, 512).native is not None, steps
         assert_same(js, texts + sp_random(200, seed=k))
@@ -522,7 +498,7 @@ def test_added_tokens_normalized_lstrip_rstrip():
                  "rstrip": rstrip, "normalized": normalized, "special": False}
             )  # fmt: skip
 
-    js = _mutated("bge-m3", add)
+    js = mutated(variant_json("bge-m3"), add)
     assert Tokenizer(js, 512).native is not None
     texts = [
         "foo ｆｏｏ foo",
@@ -554,9 +530,9 @@ def test_added_tokens_normalized_lstrip_rstrip():
         (lambda tj: tj.update(post_processor={"type": "Unknown"}), "post-processor 'Unknown'"),
     ],
 )  # fmt: skip
-def test_fallback_reasons_and_ids(mutate, reason, monkeypatch):
+def test_fallback_reasons_and_ids(mutate, reason):
     """Anything the native tokenizer does not do exactly runs on HF (never a different id)."""
-    js = _mutated("xlmr", mutate)
+    js = mutated(variant_json("xlmr"), mutate)
     tj = json.loads(js)
     assert isinstance(sp.native_config(tj, 512), str)
     try:
@@ -567,10 +543,8 @@ def test_fallback_reasons_and_ids(mutate, reason, monkeypatch):
         return
     t = Tokenizer(js, 512)
     assert t.native is None and reason in t.kind and "model type 'Unigram'" in t.kind, t.kind
-    monkeypatch.setenv("ZOI_TOKENIZER", "native")
-    with pytest.raises(Exception, match="ZOI_TOKENIZER=native"):
-        Tokenizer(js, 512)
-    monkeypatch.delenv("ZOI_TOKENIZER")
+    with pytest.raises(Exception, match="tokenizer='native'"):
+        Tokenizer(js, 512, tokenizer="native")
     texts = [x for x in sp_torture()[:120] if "\u2603" not in x]
     try:
         want = hf_ids(js, texts, 512)
@@ -583,7 +557,7 @@ def test_fallback_reasons_and_ids(mutate, reason, monkeypatch):
 
 def test_variant_files_are_independent():
     before = json.loads(variant_json("xlmr"))
-    _mutated("xlmr", lambda tj: tj.update(normalizer=None))
+    mutated(variant_json("xlmr"), lambda tj: tj.update(normalizer=None))
     assert json.loads(variant_json("xlmr")) == before
 
 

@@ -155,6 +155,32 @@ inline void epilogue(const GemmI8Args& p, int m, int mr, int n0, const int32_t* 
       V::store(t + r * PW + j * 16, V::add(V::mul(_mm512_cvtepi32_ps(s), V::mul(as, ws[j])), bs[j]));
     }
   }
+  if (p.a2) {  // the first rows' second quantisation (GemmI8Args::a2), as gemm_int8.cc adds it
+    int seq[TR];
+    if (first_rows_in(p.cu, p.B, p.row0 + m, mr, seq) > 0) {
+      const int8_t* panel = static_cast<const int8_t*>(p.w) + static_cast<size_t>(n0 / PW) * p.Kp * PW;
+      for (int r = 0; r < mr; ++r) {
+        const int b = seq[r];
+        if (b < 0) continue;
+        const uint8_t* a2 = static_cast<const uint8_t*>(p.a2) + static_cast<size_t>(b) * p.lda;
+        __m512i acc[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int g = 0; g < p.Kp / 4; ++g) {
+          int32_t v;
+          std::memcpy(&v, a2 + g * 4, 4);
+          const __m512i av = _mm512_set1_epi32(v);
+          const int8_t* w = panel + static_cast<size_t>(g) * BSTRIDE;
+          for (int j = 0; j < 3; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_load_si512(w + 64 * j));
+        }
+        const V::T s2 = V::set(p.a2_scale[b]);
+        const __m512i zp2 = _mm512_set1_epi32(p.a2_zp[b]);
+        for (int j = 0; j < 3; ++j) {
+          const __m512i sum = _mm512_sub_epi32(acc[j], _mm512_mullo_epi32(zp2, cs[j]));
+          const V::T d = V::mul(_mm512_cvtepi32_ps(sum), V::mul(s2, ws[j]));
+          V::store(t + r * PW + j * 16, V::add(V::load(t + r * PW + j * 16), d));
+        }
+      }
+    }
+  }
   if (p.act != ACT_NONE) vact_inplace(t, mr * PW, p.act);
   if (nt_store && ncols == PW) {  // large outputs: streaming stores (no read-for-ownership)
     for (int r = 0; r < mr; ++r) {

@@ -71,6 +71,12 @@ inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm512_sub_epi32(a, _
 inline V::T tof(IV a) { return _mm512_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm512_store_si512(p, a); }
 inline IV iload(const int32_t* p) { return _mm512_load_si512(p); }
+// 7-bit weights (GemmI8Args::w_bits = 7, |w| <= 63): see the AVX2 block below
+#define ZOI_I8_W7 1
+inline IV arow7(const uint8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm512_xor_si512(_mm512_set1_epi32(v), _mm512_set1_epi8(char(0x80))); }
+inline IV loadw7(const WE* p) { return _mm512_load_si512(p); }
+inline IV dot7(IV acc, IV u, IV w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, w), _mm512_set1_epi16(1))); }
+inline IV w7_init(const int32_t* cs) { return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(cs), 7)); }
 #elif defined(ZOI_ISA_AVXVNNI)
 using IV = __m256i;
 // VEX vpdpbusd ymm (u8 a x s8 w -> s32, 32 MACs, 1 instruction): 4 x 3 accumulators + 3 weight
@@ -112,6 +118,18 @@ inline IV isub_zp(IV a, int zp, const int32_t* p) { return _mm256_sub_epi32(a, _
 inline V::T tof(IV a) { return _mm256_cvtepi32_ps(a); }
 inline void istore(int32_t* p, IV a) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), a); }
 inline IV iload(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+// 7-bit weights (GemmI8Args::w_bits = 7, |w| <= 63): u = a ^ 0x80 = a + 128 in [0, 255] (u8) x w
+// (s8) in vpmaddubsw: every s16 pair is at most 2 * 255 * 63 = 32130 < 32767, never saturates, so
+// no sign trick: vpmaddubsw, vpmaddwd, vpaddd per 32 MACs and one vpxor per row and k-group (3.2
+// ops at 5 x 2 against 4). The + 128 sum(w) it adds is taken off up front: the accumulators start
+// at -128 colsum, so the s32 sums equal the 8-bit path's bit for bit. Same panels, same |a| rows
+// (unread). (Two k-groups' sign-trick pairs summed in s16 before one vpmaddwd, 3.5 ops, needs 4
+// weight and 4 A vectors live and measured slower: lab/cpu/avx2_w7_formulations.cc.)
+#define ZOI_I8_W7 1
+inline IV arow7(const uint8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_xor_si256(_mm256_set1_epi32(v), _mm256_set1_epi8(char(0x80))); }
+inline IV loadw7(const WE* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IV dot7(IV acc, IV u, IV w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, w), _mm256_set1_epi16(1))); }
+inline IV w7_init(const int32_t* cs) { return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cs)), 7)); }
 #elif defined(ZOI_ISA_NEON)
 using IV = int32x4_t;
 // 4 s32 lanes = 4 columns per vector (LANES = V::N, the epilogue's float width); the K loops
@@ -169,8 +187,40 @@ static_assert(MC % MR == 0, "MC must be a multiple of MR");
 // it from L3; later row blocks find it in L1/L2)
 constexpr int PF_DIST = 2048;
 #if !defined(ZOI_ISA_NEON)
-template <int R, bool PF>
-ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB]) {
+// W7: the 7-bit-weight loop (ISAs with ZOI_I8_W7); colsum: the panel's, for its start value
+template <int R, bool PF, bool W7 = false>
+ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&acc)[R][NB],
+                      [[maybe_unused]] const int32_t* colsum = nullptr) {
+#if defined(ZOI_I8_W7)
+  if constexpr (W7) {
+    IV c0[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) c0[j] = w7_init(colsum + j * LANES);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) acc[r][j] = c0[j];
+    for (int g = 0; g < kgroups; ++g) {
+      const WE* wg = w + static_cast<size_t>(g) * PW * KG;
+      if (PF) {
+        constexpr int kBytes = PW * KG * static_cast<int>(sizeof(WE));
+#pragma GCC unroll 8
+        for (int o = 0; o < kBytes; o += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(wg) + PF_DIST + o, 0, 3);
+      }
+      IV b[NB];
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) b[j] = loadw7(wg + j * LANES * KG);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const IV u = arow7(a + static_cast<size_t>(r) * lda * kABytes + g * KG);
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) acc[r][j] = dot7(acc[r][j], u, b[j]);
+      }
+    }
+    return;
+  }
+#endif
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -367,10 +417,11 @@ ZOI_INLINE void micro(const uint8_t* a, int lda, const WE* w, int kgroups, IV (&
 #endif
 #endif
 
-template <int R, bool PF>
-__attribute__((noinline)) void micro_st(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out) {
+template <int R, bool PF, bool W7 = false>
+__attribute__((noinline)) void micro_st(const uint8_t* a, int lda, const WE* w, int kgroups, int32_t* out,
+                                        const int32_t* colsum = nullptr) {
   IV acc[R][NB];
-  micro<R, PF>(a, lda, w, kgroups, acc);
+  micro<R, PF, W7>(a, lda, w, kgroups, acc, colsum);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -424,6 +475,42 @@ ZOI_INLINE void dequant_regs(const GemmI8Args& p, int m, int n0, IV (&acc)[R][NB
   }
 }
 
+// the second quantisation of the first rows of sequences among rows [m, m + R) (GemmI8Args::a2):
+// each such row of the dequantised tile t (bias added) gets float(sum2 - zp2 * colsum) * (s2 *
+// w_scale), its integer sum from the same (L1-hot) weight panel (the 8-bit K loop: the same
+// sums as the 7-bit one). has_first_rows: whether the tile holds such a row (then it takes the
+// general epilogue, not epi_regs).
+template <int R>
+ZOI_INLINE bool has_first_rows(const GemmI8Args& p, int m) {
+  int seq[R];
+  return p.a2 && first_rows_in(p.cu, p.B, p.row0 + m, R, seq) > 0;
+}
+template <int R>
+__attribute__((noinline)) void add_first_rows(const GemmI8Args& p, int m, int n0, const WE* wpanel, float* t) {
+  int seq[R];
+  if (first_rows_in(p.cu, p.B, p.row0 + m, R, seq) == 0) return;
+  for (int r = 0; r < R; ++r) {
+    const int b = seq[r];
+    if (b < 0) continue;
+    const uint8_t* a2 = static_cast<const uint8_t*>(p.a2) + static_cast<size_t>(b) * p.lda * kABytes;
+    IV sacc[1][NB];
+#if defined(ZOI_ISA_AVX2) && !defined(ZOI_ISA_AVXVNNI)
+    alignas(32) int32_t st[PW];
+    micro_st<1, false>(a2, p.lda, wpanel, p.Kp / KG, st);
+    for (int j = 0; j < NB; ++j) sacc[0][j] = iload(st + j * LANES);
+#else
+    micro<1, false>(a2, p.lda, wpanel, p.Kp / KG, sacc);
+#endif
+    const V::T s2 = V::set(p.a2_scale[b]);
+    const int zp2 = p.a2_zp[b];
+    for (int j = 0; j < NB; ++j) {
+      const V::T ws = V::load(p.w_scale + n0 + j * LANES);
+      const V::T d = V::mul(tof(isub_zp(sacc[0][j], zp2, p.colsum + n0 + j * LANES)), V::mul(s2, ws));
+      V::store(t + r * PW + j * LANES, V::add(V::load(t + r * PW + j * LANES), d));
+    }
+  }
+}
+
 template <int R>
 inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool first) {
   IV racc[R][NB];
@@ -432,13 +519,22 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool firs
   // the sign-trick K loop needs all 16 ymm registers: compiled apart (no epilogue value live
   // across it), its sums through the L1-hot tile (in registers: 10% slower, spills)
   alignas(32) int32_t st[R * PW];
-  if (first) micro_st<R, true>(a, p.lda, wpanel, p.Kp / KG, st);
+  if (p.w_bits == 7) {  // the 7-bit-weight loop (above): the same sums
+    if (first) micro_st<R, true, true>(a, p.lda, wpanel, p.Kp / KG, st, p.colsum + n0);
+    else micro_st<R, false, true>(a, p.lda, wpanel, p.Kp / KG, st, p.colsum + n0);
+  } else if (first) micro_st<R, true>(a, p.lda, wpanel, p.Kp / KG, st);
   else micro_st<R, false>(a, p.lda, wpanel, p.Kp / KG, st);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) racc[r][j] = iload(st + r * PW + j * LANES);
 #else
+#if defined(ZOI_I8_W7)
+  if (p.w_bits == 7) {
+    if (first) micro<R, true, true>(a, p.lda, wpanel, p.Kp / KG, racc, p.colsum + n0);
+    else micro<R, false, true>(a, p.lda, wpanel, p.Kp / KG, racc, p.colsum + n0);
+  } else
+#endif
   if (first) micro<R, true>(a, p.lda, wpanel, p.Kp / KG, racc);
   else micro<R, false>(a, p.lda, wpanel, p.Kp / KG, racc);
 #endif
@@ -456,7 +552,7 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool firs
     }
     return;
   }
-  if (p.act == ACT_NONE && ncols == PW) {  // one pass from the registers straight into y
+  if (p.act == ACT_NONE && ncols == PW && !has_first_rows<R>(p, m)) {  // one pass from the registers straight into y
     epi_regs<R>(p, m, n0, racc);
     return;
   }
@@ -464,6 +560,7 @@ inline void tile(const GemmI8Args& p, int m, int n0, const WE* wpanel, bool firs
   //    w_scale = bias = 0 and colsum = 0)
   alignas(64) float t[R * PW];
   dequant_regs<R>(p, m, n0, racc, t);
+  if (p.a2) add_first_rows<R>(p, m, n0, wpanel, t);
   // 2. activation over the whole tile (independent vectors interleaved)
   if (p.act != ACT_NONE) vact_inplace(t, R * PW, p.act);
   // 3. residual, store

@@ -27,6 +27,16 @@ struct QuantOut {
   int asym = 0;                 // 1: dynamic_asym (per-token UINT8 with zero point)
   const float* shift = nullptr; // [K] or nullptr
   const float* mul = nullptr;   // [K] or nullptr
+  // optional (appended; docs/QUANT.md "The first row of each sequence quantised twice"): the first
+  // row of each sequence (row cu[b]) also gets its residual x' - deq(q) quantised, symmetric with
+  // its own per-token scale (any mode of the row itself), into row b of q2 / scale2 / zp2 (the same
+  // A format and ldq). first_row: the build's flag (the engine sets the pointers and cu / B per run)
+  int first_row = 0;
+  void* q2 = nullptr;           // [B, ldq * i8_a_bytes]; nullptr = off
+  float* scale2 = nullptr;      // [B]
+  int32_t* zp2 = nullptr;       // [B] stored zero point (the symmetric offset of the ISA)
+  const int32_t* cu = nullptr;  // [B + 1] sequence starts in rows of x
+  int B = 0;
 };
 
 // ---- INT8 GEMM:
@@ -66,6 +76,20 @@ struct GemmI8Args {
   // for the float rows of one row chunk; then y is NOT written (the rows are quantised from the
   // scratch). The engine sets it only where nothing reads y after the quantisation (Engine::finalize).
   float* y_scratch = nullptr;
+  // 7: every weight of w is in [-63, 63] (the engine checks it at load: check_i8_weight_bits), so
+  // avx2 / avx512 run a cheaper exact K loop (gemm_int8.cc); the integer sums are the same, and
+  // the other ISAs ignore it. 8: any weight in [-127, 127].
+  int w_bits = 8;
+  // optional (appended): the second quantisation of the first row of each sequence (QuantOut's
+  // q2): row m0 + m = cu[b] adds float(sum_k a2[b,k] w[n,k] - a2_zp[b] colsum[n]) * (a2_scale[b] *
+  // w_scale[n]) after its bias, before the activation; y_i32 leaves it out. row0: the row of cu's
+  // numbering that row 0 of a is (a row chunk run as a GEMM of its own)
+  const void* a2 = nullptr;         // [B, lda * i8_a_bytes]; nullptr = off
+  const float* a2_scale = nullptr;  // [B]
+  const int32_t* a2_zp = nullptr;   // [B]
+  const int32_t* cu = nullptr;      // [B + 1]
+  int B = 0;
+  int row0 = 0;
 };
 constexpr int kI8FuseQuantMinM = 256;
 constexpr int kI8QChunkRows = 64;  // the most rows of a fused-quant chunk (gemm_int8.cc / gemm_amx.cc MQ)
@@ -77,6 +101,7 @@ inline GemmI8Args i8_chunk_to_scratch(const GemmI8Args& p, int m0, int mr, size_
   c.a = static_cast<const char*>(p.a) + static_cast<size_t>(m0) * a_row_bytes;
   c.a_scale = p.a_scale + m0;
   c.a_zp = p.a_zp + m0;
+  c.row0 = p.row0 + m0;
   if (p.res) c.res = p.res + static_cast<size_t>(m0) * p.ldr;
   c.M = mr;
   c.y = p.y_scratch;

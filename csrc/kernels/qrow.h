@@ -214,8 +214,79 @@ inline void* qrow_ptr(const QuantOut& qo, int row) {
   return static_cast<uint8_t*>(qo.q) + static_cast<size_t>(row) * qo.ldq * kABytes;
 }
 
+// the sequence b whose first row is `row` (row == cu[b]), or -1; cu [B + 1] increasing
+inline int first_row_seq(const int32_t* cu, int B, int row) {
+  int lo = 0, hi = B;  // the first b in [0, B) with cu[b] >= row
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (cu[mid] < row) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < B && cu[lo] == row ? lo : -1;
+}
+
+// The second quantisation of a first row (QuantOut::q2): r = x' - float(stored - zp') * scale
+// (two roundings: the product, then the difference), x' the transformed row as quantize_row read
+// it; r quantised symmetric per token (dynamic) whatever the mode of the row itself: for a static
+// amax it also carries what the clip cut off. Once per sequence: scalar, r computed in each of the
+// two passes (no buffer; the same operations give the same values)
+inline void quantize_residual(const float* x, int K, const QuantOut& qo, int row, int b) {
+  const void* q = qrow_ptr(qo, row);
+  const float scale = qo.scale[row];
+  const int zp = qo.zp[row];
+  auto res = [&](int k) {
+    float v = x[k];
+    if (qo.shift) v = v - qo.shift[k];
+    if (qo.mul) v = v * qo.mul[k];
+    const float d = static_cast<float>(a_get(q, qo.ldq, 0, k) - zp) * scale;
+    return v - d;
+  };
+  float amax = 0.f;
+  bool nan = false;
+  for (int k = 0; k < K; ++k) {
+    const float r = res(k);
+    if (r != r) nan = true;
+    const float a = r < 0.f ? -r : r;
+    if (a > amax) amax = a;
+  }
+  if (nan) amax = std::numeric_limits<float>::quiet_NaN();
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  void* dst = static_cast<uint8_t*>(qo.q2) + static_cast<size_t>(b) * qo.ldq * kABytes;
+  for (int k = 0; k < K; ++k) {
+    float t = nan ? 0.f : S1::round(res(k) * inv);
+    t = t < -127.f ? -127.f : (t > 127.f ? 127.f : t);
+    a_set(dst, qo.ldq, 0, k, static_cast<int>(t) + kAOffSym);
+  }
+  for (int k = K; k < qo.ldq; ++k) a_set(dst, qo.ldq, 0, k, kAOffSym);
+  qo.scale2[b] = amax / 127.f;
+  qo.zp2[b] = kAOffSym;
+}
+
 inline void quantize_into(const float* x, int K, const QuantOut& qo, int row, const QAcc* acc = nullptr) {
   qo.scale[row] = quantize_row(x, K, qrow_ptr(qo, row), qo, qo.zp + row, acc);
+  if (qo.q2) {
+    const int b = first_row_seq(qo.cu, qo.B, row);
+    if (b >= 0) quantize_residual(x, K, qo, row, b);
+  }
+}
+
+// the first rows of sequences among rows [g0, g0 + n) of cu's numbering: fills seq[i] = b with
+// cu[b] = g0 + i (or -1); returns how many
+inline int first_rows_in(const int32_t* cu, int B, int g0, int n, int* seq) {
+  for (int i = 0; i < n; ++i) seq[i] = -1;
+  int b = first_row_seq(cu, B, g0);
+  if (b < 0) {  // the first b with cu[b] > g0
+    int lo = 0, hi = B;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (cu[mid] <= g0) lo = mid + 1;
+      else hi = mid;
+    }
+    b = lo;
+  }
+  int c = 0;
+  for (; b < B && cu[b] < g0 + n; ++b, ++c) seq[cu[b] - g0] = b;
+  return c;
 }
 
 }  // namespace ZOI_NS

@@ -39,7 +39,16 @@ Engine::Engine(size_t arena_bytes, int max_tokens, int max_batch, const std::str
     : max_tokens_(max_tokens), max_batch_(max_batch), arena_bytes_(arena_bytes) {
   Isa want;
   if (isa.empty()) want = active_isa();
-  else if (!parse_isa(isa, &want)) throw std::invalid_argument("unknown ISA '" + isa + "'; expected vnni|avx512|avx2|scalar");
+  else if (!parse_isa(isa, &want))
+    throw std::invalid_argument("unknown ISA '" + isa + "'; expected " +
+#if defined(ZOI_ARCH_ARM64)
+                                "i8mm|dotprod|neon|scalar"
+#elif defined(ZOI_ARCH_X86)
+                                "amx|vnni|avx512|avxvnni|avx2|scalar"
+#else
+                                "scalar"
+#endif
+    );
   kt_ = &kernel_table(want);
   if (max_tokens < 1 || max_batch < 1) throw std::invalid_argument("max_tokens and max_batch must be >= 1");
   const int pool_n = ThreadPool::instance().size();
@@ -178,9 +187,23 @@ QuantOut Engine::quant_target(size_t in_off, int K, const QuantOut& params, int 
   return qo;
 }
 
+void check_i8_weight_bits(const int8_t* w, int N, int K, int w_bits) {
+  if (w_bits != 7 && w_bits != 8)
+    throw std::invalid_argument("INT8 weight bits must be 8 or 7, got " + std::to_string(w_bits));
+  if (w_bits == 8) return;  // [-127, 127]: pack_i8 refuses -128
+  for (size_t i = 0; i < static_cast<size_t>(N) * K; ++i)
+    if (w[i] < -63 || w[i] > 63)  // the 7-bit K loop would saturate: never run it on such a weight
+      throw std::invalid_argument("INT8 weight " + std::to_string(int(w[i])) + " at row " + std::to_string(i / K) +
+                                  ", column " + std::to_string(i % K) +
+                                  " of a linear marked 7-bit (weight_bits 7): 7-bit weights are in [-63, 63]; "
+                                  "re-quantise the model (zoi compile --weight-bits 8 or auto)");
+}
+
 void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                            const float* b, int act, long res_off, float static_amax, bool asym,
-                           const float* act_shift, const float* act_mul, int q_from, int q_min_m, bool y_dead) {
+                           const float* act_shift, const float* act_mul, int q_from, int q_min_m, bool y_dead,
+                           int w_bits) {
+  check_i8_weight_bits(w_q, N, K, w_bits);
   const size_t rows = static_cast<size_t>(rows_b_ ? max_batch_ : max_tokens_);
   check_off(in_off, rows * K * 4);
   check_off(out_off, rows * N * 4);
@@ -218,7 +241,28 @@ void Engine::add_linear_i8(size_t in_off, int K, size_t out_off, int N, const in
   g.res = res_off >= 0 ? buf(static_cast<size_t>(res_off)) : nullptr;
   g.ldr = N;
   g.act = act;
+  g.w_bits = w_bits;
   steps_.push_back(s);
+}
+
+void Engine::set_first_row_residual() {
+  const size_t n = steps_.size();
+  if (n < 2 || steps_.back().kind != GEMM_I8) throw std::invalid_argument("set_first_row_residual follows add_linear_i8");
+  Step& g = steps_.back();
+  if (g.rows_b) throw std::invalid_argument("the first-row residual applies to token rows, not to a head's rows per sequence");
+  Step& w = steps_[n - 2];  // the writer of the int8 input copy (quant_target)
+  switch (w.kind) {
+    case QUANT:
+      w.qo.first_row = 1;
+      if (w.fusedq) steps_[n - 3].gi.qo.first_row = 1;  // the GEMM before quantises it from qmin rows
+      break;
+    case LN: w.ln.qo.first_row = 1; break;
+    case EMBED: w.em.qo.first_row = 1; break;
+    case GLU: w.gl.qo.first_row = 1; break;
+    default: throw std::invalid_argument("set_first_row_residual: no quantise step before this INT8 linear");
+  }
+  g.frr = true;
+  frr_ = true;
 }
 
 void Engine::add_linear_f32(size_t in_off, int K, size_t out_off, int N, const float* w, const float* b, int act,
@@ -441,10 +485,20 @@ void Engine::finalize() {
     qscale2_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
     qzp2_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
   }
+  if (frr_) {  // B rows per slot: the second quantisation of each sequence's first row
+    const size_t rows = static_cast<size_t>(max_batch_);
+    for (int sl = 0; sl < (fused_q_ ? 2 : 1); ++sl) {
+      q2buf_[sl] = aligned_bytes(rows * (max_kp_ > 0 ? max_kp_ : 1) * kt_->i8_a_bytes);
+      q2scale_[sl] = aligned_bytes(rows * 4);
+      q2zp_[sl] = aligned_bytes(rows * 4);
+    }
+  }
   if (ntasks_) tok_task_ = aligned_bytes(static_cast<size_t>(max_tokens_) * 4);
   attn_stride_ = max_attn_d_ > 0 ? (attn_scratch_floats(max_tokens_, max_attn_d_) + 15) / 16 * 16 : 16;
   attn_ = aligned_bytes(attn_stride_ * 4 * nthreads_);
   scratch_bytes_ = (qbuf_bytes_ + static_cast<size_t>(max_tokens_) * 8) * (fused_q_ ? 2 : 1) + attn_stride_ * 4 * nthreads_;
+  if (frr_)
+    scratch_bytes_ += static_cast<size_t>(max_batch_) * ((max_kp_ > 0 ? max_kp_ : 1) * kt_->i8_a_bytes + 8) * (fused_q_ ? 2 : 1);
   check_dead_outputs();
   scratch_bytes_ += yscr_stride_ * 4 * nthreads_;
   // work parts per step, handed out dynamically: a few per thread, so a thread that other load
@@ -464,6 +518,11 @@ void Engine::finalize() {
         qo.q = qb[slot];
         qo.scale = qs[slot];
         qo.zp = qz[slot];
+        if (qo.first_row) {
+          qo.q2 = q2buf_[slot].get();
+          qo.scale2 = static_cast<float*>(q2scale_[slot].get());
+          qo.zp2 = static_cast<int32_t*>(q2zp_[slot].get());
+        }
       }
     };
     switch (s.kind) {
@@ -473,6 +532,11 @@ void Engine::finalize() {
       case GLU: fix(s.gl.qo, 0); break;
       case GEMM_I8:
         s.gi.a = qb[s.qslot]; s.gi.a_scale = qs[s.qslot]; s.gi.a_zp = qz[s.qslot];
+        if (s.frr) {
+          s.gi.a2 = q2buf_[s.qslot].get();
+          s.gi.a2_scale = static_cast<float*>(q2scale_[s.qslot].get());
+          s.gi.a2_zp = static_cast<int32_t*>(q2zp_[s.qslot].get());
+        }
         fix(s.gi.qo, 1);
         break;
       case ATTN: s.at.scratch = static_cast<float*>(attn_.get()); s.at.scratch_stride = attn_stride_; break;
@@ -563,17 +627,28 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       a.positions = positions_;
       a.types = types_ && a.type ? types_ : nullptr;
       a.T = T_;
+      if (a.qo.q2) { a.qo.cu = cu_; a.qo.B = B_; }
       k.embed(a, t, nt);
       break;
     }
     case QUANT:  // M: tokens, or sequences for a head's B-row steps (the producer has the same M)
-      if (!(s.fusedq && M >= s.qmin)) k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt);
+      if (!(s.fusedq && M >= s.qmin)) {
+        if (s.qo.q2) {
+          QuantOut qo = s.qo;
+          qo.cu = cu_;
+          qo.B = B_;
+          k.quantize_rows(s.qx, s.qldx, M, s.qK, qo, t, nt);
+        } else {
+          k.quantize_rows(s.qx, s.qldx, M, s.qK, s.qo, t, nt);
+        }
+      }
       break;
     case GEMM_I8: {
       GemmI8Args a = s.gi;
       a.M = M;
       if (M < s.qmin) a.qo.q = nullptr;  // the QUANT step after it does it
       else if (s.ydead && a.qo.q) a.y_scratch = static_cast<float*>(yscr_.get()) + static_cast<size_t>(tid) * yscr_stride_;
+      if (a.a2 || a.qo.q2) { a.cu = cu_; a.B = B_; a.qo.cu = cu_; a.qo.B = B_; }
       k.gemm_i8(a, t, nt);
       break;
     }
@@ -595,12 +670,14 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
     case LN: {
       LnArgs a = s.ln;
       a.M = M;
+      if (a.qo.q2) { a.qo.cu = cu_; a.qo.B = B_; }
       k.layernorm(a, t, nt);
       break;
     }
     case GLU: {
       GluArgs a = s.gl;
       a.M = T_;
+      if (a.qo.q2) { a.qo.cu = cu_; a.qo.B = B_; }
       k.glu(a, t, nt);
       break;
     }

@@ -26,6 +26,10 @@ using AlignedBuf = std::unique_ptr<void, AlignedFree>;
 // activations) costs resident memory only for the rows a call actually uses.
 AlignedBuf aligned_bytes(size_t n);
 
+// w_bits of an INT8 linear (GemmI8Args::w_bits): 8, or 7 with every weight in [-63, 63]; anything
+// else throws std::invalid_argument naming the first weight out of range
+void check_i8_weight_bits(const int8_t* w, int N, int K, int w_bits);
+
 class Engine {
  public:
   // arena_bytes: the planner's arena; nthreads 0 = the whole pool; isa "" = active_isa()
@@ -47,8 +51,12 @@ class Engine {
   // scratch from q_min_m rows on; finalize refuses it when the steps contradict it
   void add_linear_i8(size_t in_off, int K, size_t out_off, int N, const int8_t* w_q, const float* w_scale,
                      const float* b, int act, long res_off, float static_amax, bool asym, const float* act_shift,
-                     const float* act_mul, int q_from, int q_min_m, bool y_dead = false);
+                     const float* act_mul, int q_from, int q_min_m, bool y_dead = false, int w_bits = 8);
   static constexpr int QFROM_STEP = 0, QFROM_PRODUCER = 1;
+  // follows add_linear_i8 (token rows only): the first row of each sequence of that linear's
+  // input is quantised twice, q1 = Q(x'), q2 = Q(x' - deq(q1)) (symmetric per token), and the GEMM
+  // adds q2's term to that row before the activation (docs/QUANT.md, kernels.h QuantOut::q2)
+  void set_first_row_residual();
   // kv_heads (0: heads): grouped KV heads, the qkv rows are q [heads d], k, v [kv_heads d]
   void add_attention(size_t in_off, size_t out_off, int heads, int head_dim, float scale, int kv_heads = 0);
   // with the optional inputs of AttnArgs (tables copied): bias [heads, 2 * span - 1] or null,
@@ -156,7 +164,11 @@ class Engine {
     int qslot = 0;        // QUANT / GEMM_I8: which quantised-activation buffer it writes / reads
     int qmin = 0;         // QUANT (fusedq) / GEMM_I8 writing a copy: rows from which the GEMM does it
     bool ydead = false;   // GEMM_I8 writing a copy: nothing reads its float y after it (the plan's y_dead): scratch rows
+    bool frr = false;     // GEMM_I8: its input's first rows quantised twice (set_first_row_residual)
   };
+  // the second quantisation of the first row of each sequence, per quantised-activation slot
+  AlignedBuf q2buf_[2], q2scale_[2], q2zp_[2];
+  bool frr_ = false;
   // per step: parts handed out dynamically (next) and parts finished (done)
   struct alignas(64) StepSync {
     std::atomic<int> next{0};

@@ -71,10 +71,6 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n) {
   h = (h ^ v) * 0x94d049bb133111ebull;
   return h ^ (h >> 29);
 }
-inline uint64_t hash_pair(uint64_t key) {
-  key *= 0x9E3779B97F4A7C15ull;
-  return key ^ (key >> 32);
-}
 
 // ---- pre-tokenizer regexes, matched by hand ----
 
@@ -335,16 +331,7 @@ struct BpeScratch {
   std::vector<uint32_t> run;   // NFC: decomposed codepoints since the last boundary
   std::vector<int32_t> pieces;  // one word's ids
   std::vector<int32_t> sym;     // BPE symbols
-  struct HSym {
-    int32_t c, prev, next;
-    uint32_t len;
-  };
-  struct HMerge {
-    uint32_t rank, pos;
-    int32_t id;
-  };
-  std::vector<HSym> hs;
-  std::vector<HMerge> heap;
+  MergeScratch merge;           // long words' merge buffers
   std::vector<std::string>* collect = nullptr;  // pre_tokenize(): the pieces, not their ids
   std::vector<int32_t>* out = nullptr;
   int count = 0;  // content tokens so far
@@ -363,8 +350,8 @@ struct BpeScratch {
     drop(run);
     drop(pieces);
     drop(sym);
-    drop(hs);
-    drop(heap);
+    drop(merge.hs);
+    drop(merge.heap);
   }
 };
 
@@ -412,10 +399,7 @@ ByteBPE::ByteBPE(const std::vector<std::string>& vocab, const std::vector<int32_
   }
   // merges, as HF reads them: a later duplicate pair replaces the earlier one's rank
   const size_t nm = paired ? merges.size() / 2 : merges.size();
-  cap = 16;
-  while (cap < nm * 2 + 2) cap <<= 1;
-  merges_.assign(cap, MergeSlot{~0ull, 0});
-  mmask_ = cap - 1;
+  merges_.reserve(nm);
   auto lookup = [&](const std::string& t) {
     auto it = by_str.find(t);
     if (it == by_str.end()) throw std::invalid_argument("merge token '" + t + "' is not in the vocabulary");
@@ -437,7 +421,7 @@ ByteBPE::ByteBPE(const std::vector<std::string>& vocab, const std::vector<int32_
       right = m.substr(sp + 1);
     }
     const int32_t a = lookup(left), c = lookup(right), id = lookup(left + right);
-    set_merge(a, c, rank++, id);
+    merges_.set(a, c, rank++, id);
   }
   auto add_list = [&](const std::vector<std::string>& src, const std::vector<int32_t>& sids,
                       const std::vector<int>& sflags, AddedSet& dst, bool normalise) {
@@ -481,31 +465,8 @@ void ByteBPE::add_bytes(const std::string& b, int32_t id) {
   slots_[h] = (hash >> 32) << 32 | entries_.size();
 }
 
-void ByteBPE::set_merge(int32_t a, int32_t b, uint32_t rank, int32_t id) {
-  const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
-  size_t h = hash_pair(key) & mmask_;
-  while (merges_[h].key != ~0ull && merges_[h].key != key) h = (h + 1) & mmask_;
-  merges_[h] = {key, static_cast<uint64_t>(rank) << 32 | static_cast<uint32_t>(id)};
-}
-
-inline bool ByteBPE::merge_of(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const {
-  const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
-  for (size_t h = hash_pair(key) & mmask_;; h = (h + 1) & mmask_) {
-    const MergeSlot& e = merges_[h];
-    if (e.key == key) {
-      *rank = static_cast<uint32_t>(e.val >> 32);
-      *id = static_cast<int32_t>(static_cast<uint32_t>(e.val));
-      return true;
-    }
-    const uint64_t k = e.key;
-    if (k == ~0ull) return false;
-  }
-}
-
 // HF BPE::merge_word + Word::merge_all: one symbol per byte ([UNK], fused or not, or nothing
-// for a byte without a symbol), then the pair of lowest rank merged first, the leftmost of
-// equal ranks. Short words keep their pairs' ranks in an array; long ones run HF's own
-// priority queue, so a 10,000-byte word costs n log n.
+// for a byte without a symbol), then the merges (tokenizer/merges.h).
 void ByteBPE::bpe(const uint8_t* w, size_t n, std::vector<int32_t>& pieces, BpeScratch& sc) const {
   std::vector<int32_t>& sym = sc.sym;
   sym.clear();
@@ -522,91 +483,7 @@ void ByteBPE::bpe(const uint8_t* w, size_t n, std::vector<int32_t>& pieces, BpeS
     }
   }
   if (unk) sym.push_back(cfg_.unk_id);
-  const size_t m = sym.size();
-  if (m <= 1) {
-    pieces.insert(pieces.end(), sym.begin(), sym.end());
-    return;
-  }
-  if (m <= 64) {
-    // pairs keyed rank << 32 | position (positions never move; a merged-away symbol and a
-    // pair without a merge hold ~0): the smallest key is the lowest rank, leftmost
-    uint64_t key[64];
-    int32_t nid[64];
-    uint8_t nxt[64], prv[64];
-    auto pair_key = [&](size_t k, size_t j) -> uint64_t {
-      uint32_t r;
-      return merge_of(sym[k], sym[j], &r, &nid[k]) ? (static_cast<uint64_t>(r) << 32 | k) : ~0ull;
-    };
-    for (size_t k = 0; k < m; ++k) {
-      nxt[k] = static_cast<uint8_t>(k + 1);
-      prv[k] = static_cast<uint8_t>(k - 1);  // wraps for k = 0: never read there
-    }
-    // the pairs' slots fetched together: a cold word waits for memory once, not per pair
-    for (size_t k = 0; k + 1 < m; ++k) {
-      const uint64_t pk = static_cast<uint64_t>(static_cast<uint32_t>(sym[k])) << 32 | static_cast<uint32_t>(sym[k + 1]);
-      __builtin_prefetch(&merges_[hash_pair(pk) & mmask_]);
-    }
-    for (size_t k = 0; k + 1 < m; ++k) key[k] = pair_key(k, k + 1);
-    key[m - 1] = ~0ull;
-    for (;;) {
-      uint64_t best = ~0ull;
-      for (size_t k = 0; k + 1 < m; ++k) best = key[k] < best ? key[k] : best;
-      if (best == ~0ull) break;
-      const size_t k = static_cast<uint32_t>(best);
-      const size_t j = nxt[k];  // merged into k
-      sym[k] = nid[k];
-      key[j] = ~0ull;
-      nxt[k] = nxt[j];
-      if (nxt[j] < m) prv[nxt[j]] = static_cast<uint8_t>(k);
-      key[k] = nxt[k] < m ? pair_key(k, nxt[k]) : ~0ull;
-      if (k > 0) key[prv[k]] = pair_key(prv[k], k);  // a merge keeps its left position
-    }
-    for (size_t k = 0; k < m; k = nxt[k]) pieces.push_back(sym[k]);
-    return;
-  }
-  using HSym = BpeScratch::HSym;
-  using HMerge = BpeScratch::HMerge;
-  std::vector<HSym>& hs = sc.hs;
-  std::vector<HMerge>& heap = sc.heap;
-  hs.resize(m);
-  heap.clear();
-  // std heap is a max-heap: "less" puts the lowest rank, then the lowest position, on top
-  auto less = [](const HMerge& a, const HMerge& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
-  for (size_t k = 0; k < m; ++k)
-    hs[k] = {sym[k], static_cast<int32_t>(k) - 1, k + 1 < m ? static_cast<int32_t>(k + 1) : -1, 1};
-  for (size_t k = 0; k + 1 < m; ++k) {
-    uint32_t r;
-    int32_t id;
-    if (merge_of(sym[k], sym[k + 1], &r, &id)) heap.push_back({r, static_cast<uint32_t>(k), id});
-  }
-  std::make_heap(heap.begin(), heap.end(), less);
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), less);
-    const HMerge top = heap.back();
-    heap.pop_back();
-    HSym& cur = hs[top.pos];
-    if (cur.len == 0 || cur.next < 0) continue;
-    const int32_t next_pos = cur.next;
-    const HSym right = hs[next_pos];
-    uint32_t r;
-    int32_t id;
-    if (!merge_of(cur.c, right.c, &r, &id) || id != top.id) continue;  // a stale entry
-    cur.c = top.id;
-    cur.len += right.len;
-    cur.next = right.next;
-    hs[next_pos].len = 0;
-    if (right.next >= 0) hs[right.next].prev = static_cast<int32_t>(top.pos);
-    if (cur.prev >= 0 && merge_of(hs[cur.prev].c, cur.c, &r, &id)) {
-      heap.push_back({r, static_cast<uint32_t>(cur.prev), id});
-      std::push_heap(heap.begin(), heap.end(), less);
-    }
-    if (cur.next >= 0 && merge_of(cur.c, hs[cur.next].c, &r, &id)) {
-      heap.push_back({r, top.pos, id});
-      std::push_heap(heap.begin(), heap.end(), less);
-    }
-  }
-  for (size_t k = 0; k < m; ++k)
-    if (hs[k].len) pieces.push_back(hs[k].c);
+  merge_word(merges_, sym, pieces, sc.merge);
 }
 
 void ByteBPE::word(const uint8_t* w, size_t n, BpeScratch& sc) const {

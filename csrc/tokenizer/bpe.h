@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tokenizer/encoder.h"
+#include "tokenizer/merges.h"
 
 namespace zoi::tok {
 
@@ -84,8 +85,6 @@ class ByteBPE final : public TextEncoder {
  private:
   int32_t find_bytes(const uint8_t* p, size_t n, uint64_t h) const;  // vocab entry index, or -1
   void add_bytes(const std::string& b, int32_t id);
-  bool merge_of(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const;
-  void set_merge(int32_t a, int32_t b, uint32_t rank, int32_t id);
   void bpe(const uint8_t* w, size_t n, std::vector<int32_t>& pieces, BpeScratch& sc) const;
   void word(const uint8_t* w, size_t n, BpeScratch& sc) const;
   void split(size_t stage, const uint8_t* s, size_t n, BpeScratch& sc) const;
@@ -113,12 +112,8 @@ class ByteBPE final : public TextEncoder {
   // whether BPE of an entry's bytes gives that entry alone: 0 unknown, 1 yes, 2 no; a memo
   // every thread may fill (the answer is the same whoever computes it)
   std::unique_ptr<std::atomic<uint8_t>[]> self_;
-  // merges: (a << 32 | b) -> rank << 32 | new id, open addressing (key ~0: empty)
-  struct MergeSlot {
-    uint64_t key, val;
-  };
-  std::vector<MergeSlot> merges_;
-  size_t mmask_ = 0;
+  // merges: (a, b) -> rank, new id
+  MergeTable merges_;
   AddedSet added_, norm_added_;
 };
 

@@ -92,10 +92,6 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n) {
   h = (h ^ v) * 0x94d049bb133111ebull;
   return h ^ (h >> 29);
 }
-inline uint64_t hash_pair(uint64_t key) {
-  key *= 0x9E3779B97F4A7C15ull;
-  return key ^ (key >> 32);
-}
 
 inline bool is_ws(uint32_t cp) { return (props(cp) & uni::F_WS) != 0; }  // Rust's char::is_whitespace
 
@@ -172,17 +168,8 @@ struct SpScratch {
   };
   std::vector<Best> best;  // Unigram: best path ending at each byte
   std::vector<int32_t> path;
-  struct HSym {
-    int32_t c, prev, next;
-    uint32_t len;
-  };
-  struct HMerge {
-    uint32_t rank, pos;
-    int32_t id;
-  };
-  std::vector<int32_t> sym;
-  std::vector<HSym> hs;
-  std::vector<HMerge> heap;
+  std::vector<int32_t> sym;  // BPE symbols
+  MergeScratch merge;         // long words' merge buffers
   std::vector<std::string>* collect = nullptr;  // pre_tokenize(): the words, not their ids
   std::vector<int32_t>* out = nullptr;
   int count = 0;
@@ -203,8 +190,8 @@ struct SpScratch {
     drop(best);
     drop(path);
     drop(sym);
-    drop(hs);
-    drop(heap);
+    drop(merge.hs);
+    drop(merge.heap);
   }
 };
 
@@ -400,10 +387,7 @@ SentencePiece::SentencePiece(const std::vector<std::string>& vocab, const std::v
     by_str.reserve(vocab.size() * 2);
     for (size_t i = 0; i < vocab.size(); ++i) by_str[vocab[i]] = ids[i];
     const size_t nm = merges.size() / 2;
-    size_t cap = 16;
-    while (cap < nm * 2 + 2) cap <<= 1;
-    merges_.assign(cap, MergeSlot{~0ull, 0});
-    mmask_ = cap - 1;
+    merges_.reserve(nm);
     auto lookup = [&](const std::string& t) {
       auto it = by_str.find(t);
       if (it == by_str.end()) throw std::invalid_argument("merge token '" + t + "' is not in the vocabulary");
@@ -412,10 +396,7 @@ SentencePiece::SentencePiece(const std::vector<std::string>& vocab, const std::v
     for (size_t i = 0; i < nm; ++i) {
       const int32_t a = lookup(merges[2 * i]), b = lookup(merges[2 * i + 1]);
       const int32_t id = lookup(merges[2 * i] + merges[2 * i + 1]);
-      const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
-      size_t h = hash_pair(key) & mmask_;
-      while (merges_[h].key != ~0ull && merges_[h].key != key) h = (h + 1) & mmask_;
-      merges_[h] = {key, static_cast<uint64_t>(i) << 32 | static_cast<uint32_t>(id)};
+      merges_.set(a, b, static_cast<uint32_t>(i), id);
     }
   }
   cut_ = cfg_.cut;
@@ -976,19 +957,6 @@ void SentencePiece::unigram(const uint8_t* w, size_t n, std::vector<int32_t>& ou
 
 // ---- BPE over characters ----
 
-inline bool SentencePiece::merge_of(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const {
-  const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
-  for (size_t h = hash_pair(key) & mmask_;; h = (h + 1) & mmask_) {
-    const MergeSlot& e = merges_[h];
-    if (e.key == key) {
-      *rank = static_cast<uint32_t>(e.val >> 32);
-      *id = static_cast<int32_t>(static_cast<uint32_t>(e.val));
-      return true;
-    }
-    if (e.key == ~0ull) return false;
-  }
-}
-
 int32_t SentencePiece::char_id(const uint8_t* p, size_t len) const {
   if (len == 1 && p[0] < 0x80) return ascii_id_[p[0]];
   return find(p, len);
@@ -996,8 +964,7 @@ int32_t SentencePiece::char_id(const uint8_t* p, size_t len) const {
 
 // HF BPE::merge_word + Word::merge_all: one symbol per character (its entry; else its bytes'
 // <0xXX> tokens with byte_fallback when all exist, added at once; else [UNK], fused or not,
-// added before the next known character), then the pair of lowest rank merged first, the
-// leftmost of equal ranks.
+// added before the next known character), then the merges (tokenizer/merges.h).
 void SentencePiece::bpe(const uint8_t* w, size_t n, std::vector<int32_t>& out, SpScratch& sc) const {
   std::vector<int32_t>& sym = sc.sym;
   sym.clear();
@@ -1025,84 +992,7 @@ void SentencePiece::bpe(const uint8_t* w, size_t n, std::vector<int32_t>& out, S
     i += len;
   }
   if (unk) sym.push_back(cfg_.unk_id);
-  const size_t m = sym.size();
-  if (m <= 1) {
-    out.insert(out.end(), sym.begin(), sym.end());
-    return;
-  }
-  if (m <= 64) {
-    // pairs keyed rank << 32 | position; the smallest key is the lowest rank, leftmost
-    uint64_t key[64];
-    int32_t nid[64];
-    uint8_t nxt[64], prv[64];
-    auto pair_key = [&](size_t k, size_t j) -> uint64_t {
-      uint32_t r;
-      return merge_of(sym[k], sym[j], &r, &nid[k]) ? (static_cast<uint64_t>(r) << 32 | k) : ~0ull;
-    };
-    for (size_t k = 0; k < m; ++k) {
-      nxt[k] = static_cast<uint8_t>(k + 1);
-      prv[k] = static_cast<uint8_t>(k - 1);
-    }
-    for (size_t k = 0; k + 1 < m; ++k) key[k] = pair_key(k, k + 1);
-    key[m - 1] = ~0ull;
-    for (;;) {
-      uint64_t bestk = ~0ull;
-      for (size_t k = 0; k + 1 < m; ++k) bestk = key[k] < bestk ? key[k] : bestk;
-      if (bestk == ~0ull) break;
-      const size_t k = static_cast<uint32_t>(bestk);
-      const size_t j = nxt[k];
-      sym[k] = nid[k];
-      key[j] = ~0ull;
-      nxt[k] = nxt[j];
-      if (nxt[j] < m) prv[nxt[j]] = static_cast<uint8_t>(k);
-      key[k] = nxt[k] < m ? pair_key(k, nxt[k]) : ~0ull;
-      if (k > 0) key[prv[k]] = pair_key(prv[k], k);
-    }
-    for (size_t k = 0; k < m; k = nxt[k]) out.push_back(sym[k]);
-    return;
-  }
-  using HSym = SpScratch::HSym;
-  using HMerge = SpScratch::HMerge;
-  std::vector<HSym>& hs = sc.hs;
-  std::vector<HMerge>& heap = sc.heap;
-  hs.resize(m);
-  heap.clear();
-  auto less = [](const HMerge& a, const HMerge& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
-  for (size_t k = 0; k < m; ++k)
-    hs[k] = {sym[k], static_cast<int32_t>(k) - 1, k + 1 < m ? static_cast<int32_t>(k + 1) : -1, 1};
-  for (size_t k = 0; k + 1 < m; ++k) {
-    uint32_t r;
-    int32_t id;
-    if (merge_of(sym[k], sym[k + 1], &r, &id)) heap.push_back({r, static_cast<uint32_t>(k), id});
-  }
-  std::make_heap(heap.begin(), heap.end(), less);
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), less);
-    const HMerge top = heap.back();
-    heap.pop_back();
-    HSym& cur = hs[top.pos];
-    if (cur.len == 0 || cur.next < 0) continue;
-    const int32_t next_pos = cur.next;
-    const HSym right = hs[next_pos];
-    uint32_t r;
-    int32_t id;
-    if (!merge_of(cur.c, right.c, &r, &id) || id != top.id) continue;
-    cur.c = top.id;
-    cur.len += right.len;
-    cur.next = right.next;
-    hs[next_pos].len = 0;
-    if (right.next >= 0) hs[right.next].prev = static_cast<int32_t>(top.pos);
-    if (cur.prev >= 0 && merge_of(hs[cur.prev].c, cur.c, &r, &id)) {
-      heap.push_back({r, static_cast<uint32_t>(cur.prev), id});
-      std::push_heap(heap.begin(), heap.end(), less);
-    }
-    if (cur.next >= 0 && merge_of(cur.c, hs[cur.next].c, &r, &id)) {
-      heap.push_back({r, top.pos, id});
-      std::push_heap(heap.begin(), heap.end(), less);
-    }
-  }
-  for (size_t k = 0; k < m; ++k)
-    if (hs[k].len) out.push_back(hs[k].c);
+  merge_word(merges_, sym, out, sc.merge);
 }
 
 // ---- entry points ----

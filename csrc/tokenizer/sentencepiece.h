@@ -131,7 +131,6 @@ class SentencePiece final : public TextEncoder {
   void unigram(const uint8_t* w, size_t n, std::vector<int32_t>& out, SpScratch& sc) const;
   void unk_run(const uint8_t* w, size_t n, std::vector<int32_t>& out) const;
   void bpe(const uint8_t* w, size_t n, std::vector<int32_t>& out, SpScratch& sc) const;
-  bool merge_of(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const;
   int32_t char_id(const uint8_t* p, size_t len) const;
 
   SpConfig cfg_;
@@ -144,13 +143,9 @@ class SentencePiece final : public TextEncoder {
   double unk_score_ = 0;
   int32_t byte_id_[256];       // <0xXX> tokens (-1: none)
   bool all_bytes_ = false;
-  // BPE: single characters' ids (ASCII direct), merges (a << 32 | b) -> rank << 32 | id
+  // BPE: single characters' ids (ASCII direct), merges (a, b) -> rank, new id
   int32_t ascii_id_[128];
-  struct MergeSlot {
-    uint64_t key, val;
-  };
-  std::vector<MergeSlot> merges_;
-  size_t mmask_ = 0;
+  MergeTable merges_;
   std::string cut_;  // SpConfig::cut
   AddedSet added_, norm_added_;
 };

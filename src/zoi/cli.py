@@ -42,6 +42,7 @@ def _open_engine(args, progress: bool = True):
         progress=progress,
         **({"pooling": pooling} if pooling is not None else {}),
         **({"task": args.task} if getattr(args, "task", None) else {}),
+        **({"weight_bits": args.weight_bits} if getattr(args, "weight_bits", None) else {}),
     )
 
 
@@ -580,6 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="rerank: a causal LM (*ForCausalLM folder) as an LLM reranker, scoring "
         "logit['yes'] - logit['no'] of the last token as sentence-transformers' CrossEncoder "
         "does (default: what the folder is)",
+    )
+    p.add_argument(
+        "--weight-bits",
+        default=None,
+        choices=["8", "7", "auto"],
+        help="INT8 weights: 8 (default), 7 (|w| <= 63: a cheaper exact AVX2 kernel, some "
+        "fidelity), or auto (7 per linear where its measured error stays close to 8-bit's; "
+        "docs/QUANT.md, 7-bit weights)",
     )
     p.set_defaults(func=cmd_compile)
 

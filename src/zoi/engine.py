@@ -43,7 +43,7 @@ from zoi.frontend.multivector import load_multivector
 from zoi.frontend.paths import check_file, read_bytes
 from zoi.frontend.safetensors_io import SafetensorsFile, save_safetensors
 from zoi.frontend.spec import ModelSpec
-from zoi.frontend.tokenizer import Tokenizer
+from zoi.frontend.tokenizer import Tokenizer, tokenizer_choice
 from zoi.graph.compiled import CompiledModel, LinearQuant
 from zoi.heads import HeadsMixin, head_backend, quantize_heads, st_meta
 from zoi.pipeline import ArraySource, Staging, StreamSource, run_chunks
@@ -101,6 +101,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     truncate_dim: int | None = None,
     pooling: str | None = None,
     task: str | None = None,
+    tokenizer: str | None = None,
 ) -> Engine:
     """Compile a Hugging Face model folder (default: the bundled all-MiniLM-L6-v2) into an Engine.
 
@@ -124,7 +125,10 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     reranker scoring logit["yes"] - logit["no"] of the last token, as sentence-transformers'
     CrossEncoder loads such a folder (docs/RERANK.md); a CrossEncoder folder with a LogitScore
     module is one without the option.
+    tokenizer: "auto" (the native tokenizer where it covers the file, else HF tokenizers),
+    "native" (refuse a file it does not cover) or "hf"; None: ZOI_TOKENIZER, else "auto".
     """
+    tok_choice = tokenizer_choice(tokenizer)  # the environment read here, at the API's edge
     device, device_index = _split_device(device)
     _check_precision(precision, device)
     _check_pooling(pooling)
@@ -164,7 +168,9 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         max_batch = _check_batch(max_batch, max_tokens)
     if max_tokens < spec.max_positions:
         spec, weights = _cap_positions(spec, weights, max_tokens, auto_tokens, steps)
-    tokenizer = Tokenizer.from_file(tok_path, spec.max_positions, spec.position_offset)
+    tokenizer = Tokenizer.from_file(
+        tok_path, spec.max_positions, spec.position_offset, tokenizer=tok_choice
+    )
     _check_tokenizer_vocab(tokenizer, spec, tok_path)
     steps.done()
     quant: dict[str, LinearQuant] = {}
@@ -660,9 +666,14 @@ def is_artifact(path: str | os.PathLike) -> bool:
 
 
 def load(
-    path: str | os.PathLike, device: str | None = None, max_tokens: int | None = None
+    path: str | os.PathLike,
+    device: str | None = None,
+    max_tokens: int | None = None,
+    tokenizer: str | None = None,
 ) -> Engine:
-    """Load an artifact written by Engine.save (no pickle: JSON + safetensors)."""
+    """Load an artifact written by Engine.save (no pickle: JSON + safetensors).
+    tokenizer: "auto" / "native" / "hf" as zoi.compile's (None: ZOI_TOKENIZER, else "auto")."""
+    tok_choice = tokenizer_choice(tokenizer)  # the environment read here, at the API's edge
     folder = Path(path)
     meta = read_artifact_meta(folder)
     try:
@@ -729,7 +740,11 @@ def load(
         else:
             raise CheckpointError(f"{folder / 'weights.safetensors'}: tensor {n} is missing")
     tokenizer = Tokenizer.from_file(
-        folder / "tokenizer.json", spec.max_positions, spec.position_offset, validate=not verified
+        folder / "tokenizer.json",
+        spec.max_positions,
+        spec.position_offset,
+        validate=not verified,
+        tokenizer=tok_choice,
     )
     auto = extra.get("max_tokens_auto")
     explicit, rederived = max_tokens is not None, False
@@ -742,6 +757,11 @@ def load(
             max_tokens, rederived = mine, True
     max_tokens = int(max_tokens or saved_tokens)
     max_batch = min(int(max_batch or max_tokens), max_tokens)
+    if device == "cpu":  # read in place a row per token: a mapping that faults in rows, not 2 MiB
+        for n in ("embed.word_q", "embed.word"):
+            table = f.row_table(n) if n in weights else None
+            if table is not None:
+                weights[n] = table
     model = CompiledModel.build(spec, weights, precision, max_tokens, max_batch, quant)
     _check_arena(model, device)
     model.meta = dict(extra)

@@ -43,9 +43,14 @@ def _hf(tj: str, max_len: int, strategy: str):
 
 
 def _check(
-    tj: str, max_positions: int, strategies=("longest_first",), pairs=None, expect_kind=None
+    tj: str,
+    max_positions: int,
+    strategies=("longest_first",),
+    pairs=None,
+    expect_kind=None,
+    tokenizer="auto",
 ):
-    tok = Tokenizer(tj, max_positions)
+    tok = Tokenizer(tj, max_positions, tokenizer=tokenizer)
     enc = PairEncoder(tok)
     if expect_kind:
         assert enc.kind == expect_kind
@@ -73,14 +78,14 @@ def _check(
 
 
 @pytest.mark.parametrize("which", ["native", "hf"])
-def test_bert_pairs_match_hf(monkeypatch, which):
-    if which == "hf":
-        monkeypatch.setenv("ZOI_TOKENIZER", "hf")
+def test_bert_pairs_match_hf(which):
     tj = (minilm_path() / "tokenizer.json").read_text()
     kind = "native segments" if which == "native" else "HF segments"
     if which == "native" and Tokenizer(tj, 64).native is None:
         pytest.skip("no native tokenizer in this build")
-    _check(tj, 128, ("longest_first", "only_first", "only_second"), expect_kind=kind)
+    choice = "hf" if which == "hf" else "auto"
+    strategies = ("longest_first", "only_first", "only_second")
+    _check(tj, 128, strategies, expect_kind=kind, tokenizer=choice)
 
 
 def _with_processor(pp) -> str:

@@ -1,4 +1,6 @@
-"""tokenizer.json variants and the native-vs-HF comparison every tokenizer test uses."""
+"""tokenizer.json variants and the native-vs-HF comparison every tokenizer test uses: the
+WordPiece variants and `Pair` (tests/tokenizer/), and the file-level harness of the BPE,
+Unigram and SentencePiece BPE tests (native_of, hf_ids, assert_same, wrapper_pair, mutated)."""
 
 from __future__ import annotations
 
@@ -170,3 +172,67 @@ def corpus_lines() -> list[str]:
     for p in CORPORA:
         out += p.read_text(encoding="utf-8").splitlines()
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def corpus() -> list[str]:
+    """The non-blank lines of the corpora."""
+    return [x for x in corpus_lines() if x.strip()]
+
+
+# ---- any tokenizer.json (BPE, Unigram, SentencePiece BPE, WordPiece) against HF ----
+
+
+def native_of(js: str, max_len: int = 1 << 20):
+    """The native tokenizer zoi picks for this file (zoi._cpu.ByteBPE / SentencePiece /
+    WordPiece); fails when the file is not covered, raises what its constructor raises."""
+    from zoi import _cpu
+    from zoi.frontend.tokenizer import native_spec
+
+    cls, cfg, _, _ = native_spec(json.loads(js), max_len)
+    assert not isinstance(cfg, str), cfg
+    return getattr(_cpu, cls)(**cfg)
+
+
+def native_ids(nat, texts: list[str], nthreads: int = 1) -> list[list[int]]:
+    ids, _, cu, bad = nat.encode_packed(texts, True, 0, nthreads, 0)
+    assert bad == -1
+    return [ids[cu[i] : cu[i + 1]].tolist() for i in range(len(texts))]
+
+
+def hf_ids(js: str, texts: list[str], max_len: int | None = None) -> list[list[int]]:
+    from tokenizers import Tokenizer as HF
+
+    hf = HF.from_str(js)
+    hf.no_padding()
+    if max_len is None:
+        hf.no_truncation()
+    else:
+        hf.enable_truncation(max_len)
+    return [e.ids for e in hf.encode_batch(texts, add_special_tokens=True)]
+
+
+def assert_same(js: str, texts: list[str]) -> int:
+    """Every text's ids equal HF's; returns how many texts were compared."""
+    got = native_ids(native_of(js), texts)
+    want = hf_ids(js, texts)
+    for t, g, w in zip(texts, got, want, strict=True):
+        assert g == w, f"{t[:200]!r}: native {g[:40]} != HF {w[:40]}"
+    return len(texts)
+
+
+def wrapper_pair(js: str, max_len: int, offset: int = 0):
+    """zoi's Tokenizer over one file twice: the native tokenizer, and HF tokenizers."""
+    from zoi.frontend.tokenizer import Tokenizer
+
+    nat = Tokenizer(js, max_len, position_offset=offset)
+    ref = Tokenizer(js, max_len, position_offset=offset, tokenizer="hf")
+    assert nat.native is not None and ref.native is None
+    return nat, ref
+
+
+def mutated(js: str, fn) -> str:
+    """The file `js` after fn(parsed) edits it in place."""
+    tj = json.loads(js)
+    fn(tj)
+    return json.dumps(tj)

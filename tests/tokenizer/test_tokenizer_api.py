@@ -11,23 +11,21 @@ import pytest
 from tests.tokenizer.helpers import corpus_lines, minilm_json, variant
 
 from zoi.errors import CheckpointError, InputError
-from zoi.frontend.tokenizer import Tokenizer
+from zoi.frontend.tokenizer import Tokenizer, tokenizer_choice
 
 
-def make(tj: dict, max_positions: int = 512) -> Tokenizer:
-    return Tokenizer(json.dumps(tj), max_positions)
+def make(tj: dict, max_positions: int = 512, tokenizer: str = "auto") -> Tokenizer:
+    return Tokenizer(json.dumps(tj), max_positions, tokenizer=tokenizer)
 
 
 @pytest.fixture(params=["native", "hf"])
-def tok(request, monkeypatch) -> Tokenizer:
-    if request.param == "hf":
-        monkeypatch.setenv("ZOI_TOKENIZER", "hf")
-    t = make(minilm_json(), 128)
+def tok(request) -> Tokenizer:
+    t = make(minilm_json(), 128, "hf" if request.param == "hf" else "auto")
     assert (t.native is not None) == (request.param == "native"), t.kind
     return t
 
 
-def test_kind_and_fallback(monkeypatch):
+def test_kind_and_fallback():
     assert make(minilm_json()).kind == "native WordPiece"
     tj = variant("uncased")
     tj["pre_tokenizer"] = {"type": "Whitespace"}
@@ -51,23 +49,36 @@ def test_kind_and_fallback(monkeypatch):
     tj = variant("uncased")
     tj["normalizer"] = {"type": "Lowercase"}
     assert "normalizer 'Lowercase'" in make(tj).kind
-    monkeypatch.setenv("ZOI_TOKENIZER", "hf")
-    assert make(minilm_json()).kind == "HF tokenizers (ZOI_TOKENIZER=hf)"
-    monkeypatch.setenv("ZOI_TOKENIZER", "native")
+    assert make(minilm_json(), tokenizer="hf").kind == "HF tokenizers (tokenizer='hf')"
+    assert make(minilm_json(), tokenizer=" Native ").kind == "native WordPiece"
     tj = variant("uncased")
     tj["pre_tokenizer"] = {"type": "Whitespace"}
-    with pytest.raises(CheckpointError, match="ZOI_TOKENIZER=native"):
-        make(tj)
-    monkeypatch.setenv("ZOI_TOKENIZER", "fast")
-    with pytest.raises(ValueError, match="ZOI_TOKENIZER"):
-        make(minilm_json())
+    with pytest.raises(CheckpointError, match="tokenizer='native'"):
+        make(tj, tokenizer="native")
+    with pytest.raises(ValueError, match="tokenizer must be 'auto'.*got 'fast'"):
+        make(minilm_json(), tokenizer="fast")
 
 
-def test_native_equals_hf_through_the_wrapper(monkeypatch):
+def test_the_environment_is_read_at_the_edge_only(monkeypatch):
+    """ZOI_TOKENIZER is the default of zoi.compile / zoi.load's tokenizer option
+    (tokenizer_choice, at the API's edge); the Tokenizer itself never reads it."""
+    assert tokenizer_choice(env={}) == "auto"
+    assert tokenizer_choice(env={"ZOI_TOKENIZER": "HF "}) == "hf"
+    assert tokenizer_choice("native", env={"ZOI_TOKENIZER": "hf"}) == "native"  # the argument wins
+    with pytest.raises(ValueError, match="ZOI_TOKENIZER must be 'auto'.*got 'fast'"):
+        tokenizer_choice(env={"ZOI_TOKENIZER": "fast"})
+    with pytest.raises(ValueError, match="tokenizer must be"):
+        tokenizer_choice(3, env={})
+    monkeypatch.setenv("ZOI_TOKENIZER", "hf")
+    assert tokenizer_choice() == "hf"
+    assert make(minilm_json()).kind == "native WordPiece"  # not read below the edge
+
+
+def test_native_equals_hf_through_the_wrapper():
     texts = corpus_lines()[:300] + ["", "x" * 3000, "word " * 300]
     a = make(minilm_json(), 128)
-    monkeypatch.setenv("ZOI_TOKENIZER", "hf")
-    b = make(minilm_json(), 128)
+    b = make(minilm_json(), 128, "hf")
+    assert a.native is not None and b.native is None
     for x, y in zip(a.encode_ids(texts), b.encode_ids(texts), strict=True):
         assert x.dtype == np.int32 and np.array_equal(x, y)
     ids, pos, cu = a.encode_packed(texts)

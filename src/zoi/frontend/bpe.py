@@ -164,6 +164,33 @@ def _added_tokens(tj: dict, vocab: dict[str, int]) -> tuple[list, list] | str:
     return raw, norm
 
 
+def specials_config(tj: dict, vocab: dict[str, int], max_len: int) -> dict | str:
+    """The added tokens and the post-processor's special tokens as keyword arguments of the
+    native BPE-family tokenizers (zoi._cpu.ByteBPE, zoi._cpu.SentencePiece: added*,
+    norm_added*, head, tail, max_len), or why not."""
+    added = _added_tokens(tj, vocab)
+    if isinstance(added, str):
+        return added
+    raw, norm = added
+    r = _post_processor(tj.get("post_processor"), {c: i for c, i, _ in raw + norm})
+    if isinstance(r, str):
+        return r
+    head, tail = r
+    if max_len < len(head) + len(tail):
+        return "the model's limit is shorter than its special tokens"
+    return dict(
+        added=[c for c, _, _ in raw],
+        added_ids=[i for _, i, _ in raw],
+        added_flags=[f for _, _, f in raw],
+        norm_added=[c for c, _, _ in norm],
+        norm_added_ids=[i for _, i, _ in norm],
+        norm_added_flags=[f for _, _, f in norm],
+        head=head,
+        tail=tail,
+        max_len=max_len,
+    )
+
+
 def native_config(tj: Any, max_len: int) -> dict | str:
     """Arguments of zoi._cpu.ByteBPE for this tokenizer.json (parsed), or why it can't run."""
     if not isinstance(tj, dict):
@@ -208,33 +235,18 @@ def native_config(tj: Any, max_len: int) -> dict | str:
     splits = _pre_tokenizer(tj.get("pre_tokenizer"))
     if isinstance(splits, str):
         return splits
-    added = _added_tokens(tj, vocab)
-    if isinstance(added, str):
-        return added
-    raw, norm = added
-    r = _post_processor(tj.get("post_processor"), {c: i for c, i, _ in raw + norm})
-    if isinstance(r, str):
-        return r
-    head, tail = r
-    if max_len < len(head) + len(tail):
-        return "the model's limit is shorter than its special tokens"
+    specials = specials_config(tj, vocab, max_len)
+    if isinstance(specials, str):
+        return specials
     return dict(
         vocab=list(vocab.keys()),
         ids=ids,
         merges=flat,
         paired=paired,
-        added=[c for c, _, _ in raw],
-        added_ids=[i for _, i, _ in raw],
-        added_flags=[f for _, _, f in raw],
-        norm_added=[c for c, _, _ in norm],
-        norm_added_ids=[i for _, i, _ in norm],
-        norm_added_flags=[f for _, _, f in norm],
         splits=splits,
         nfc=nfc,
         ignore_merges=ignore_merges,
         unk_id=-1 if unk is None else vocab[unk],
         fuse_unk=fuse_unk,
-        head=head,
-        tail=tail,
-        max_len=max_len,
+        **specials,
     )

@@ -38,6 +38,82 @@ class _Duplicate(Exception):
     pass
 
 
+# A file mapping placed off the huge-page grid (Linux). A file written moments ago (an artifact
+# just compiled) sits in the page cache as 2 MiB folios, and the kernel maps a whole such folio
+# on the first fault anywhere in it whenever the mapping's address is congruent to its file
+# offset modulo 2 MiB, which it chooses for every mapping of 2 MiB or more. A table read a row
+# per token (the CPU engine's word embeddings) then makes up to 2 MiB resident per lookup
+# (11 MB of MiniLM's 11.7 MB INT8 table for one 128-token text); one page off the grid, a
+# lookup maps only the fault-around window (64 KiB) of pages already cached. Same bytes.
+_HUGE = 2 << 20
+_MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)  # Linux's value (Python 3.11 does not name it)
+
+
+class _OffGridMap:
+    """[offset, offset + length) of a file, read-only and shared, at a virtual address one
+    page off its file offset's 2 MiB alignment; unmapped when the last array over it goes
+    (numpy keeps this object as the arrays' base, through __array_interface__)."""
+
+    def __init__(self, libc, addr: int, span: int):
+        self._libc, self.addr, self.span = libc, addr, span
+        self.__array_interface__ = {
+            "data": (addr, True),
+            "shape": (span,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+    def __del__(self):
+        try:
+            self._libc.munmap(self.addr, self.span)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the process unmaps it anyway
+            pass
+
+    @staticmethod
+    def create(path, offset: int, length: int) -> _OffGridMap | None:
+        """None where the platform gives no such mapping (the caller keeps its own)."""
+        import ctypes
+        import sys
+
+        if not sys.platform.startswith("linux") or length <= 0:
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            mmap_ = libc.mmap
+        except (OSError, AttributeError):
+            return None
+        mmap_.restype = ctypes.c_void_p
+        mmap_.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+        mmap_.argtypes += [ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        page = mmap.PAGESIZE
+        span = length + (-length) % page
+        failed = ctypes.c_void_p(-1).value
+        # reserve room, place the file one page past a 2 MiB boundary + its offset's phase,
+        # give back the rest of the reservation
+        room = span + 2 * _HUGE
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+        res = mmap_(None, room, 0, flags, -1, 0)  # PROT_NONE: address space only
+        if res is None or res == failed:
+            return None
+        want = -(-res // _HUGE) * _HUGE + offset % _HUGE + page
+        fd = -1
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            got = mmap_(want, span, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
+        except OSError:
+            got = None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if got != want:
+            libc.munmap(res, room)
+            return None
+        libc.munmap(res, want - res)
+        libc.munmap(want + span, res + room - want - span)
+        return _OffGridMap(libc, want, span)
+
+
 def _int(v) -> int:
     if type(v) is not int:
         raise TypeError(f"expected an integer, got {v!r}")
@@ -172,6 +248,24 @@ class SafetensorsFile:
                 mmo.madvise(mmap.MADV_DONTNEED, start, stop - start)
             except (OSError, ValueError):  # advice only: the mapping stays valid either way
                 pass
+
+    def row_table(self, name: str) -> np.ndarray | None:
+        """Tensor `name` (a float32 or int8 table read a row at a time, at random: the CPU
+        engine's word embeddings) in a mapping of its own, off the huge-page grid (see
+        _OffGridMap), or None where there is none to give (the caller keeps get()'s)."""
+        dtype, shape, begin, end = self._info[name]
+        if dtype not in ("F32", "I8") or end <= begin:
+            return None
+        page = mmap.PAGESIZE
+        start = self._base + begin
+        lo = start - start % page
+        m = _OffGridMap.create(self.path, lo, self._base + end - lo)
+        if m is None:
+            return None
+        raw = np.asarray(m)[start - lo : start - lo + (end - begin)]
+        arr = raw.view(_DTYPES[dtype]).reshape(shape)
+        arr.flags.writeable = False
+        return arr
 
     def get(self, name: str, float32: bool = True) -> np.ndarray:
         """The tensor, memory-mapped; float tensors widened to float32 when float32=True."""

@@ -257,16 +257,9 @@ def native_config(tj: Any, max_len: int) -> dict | str:
     if isinstance(norm, str):
         return norm
     steps, blob = norm
-    added = bpe._added_tokens(tj, vocab)
-    if isinstance(added, str):
-        return added
-    raw, normed = added
-    r = bpe._post_processor(tj.get("post_processor"), {c: i for c, i, _ in raw + normed})
-    if isinstance(r, str):
-        return r
-    head, tail = r
-    if max_len < len(head) + len(tail):
-        return "the model's limit is shorter than its special tokens"
+    specials = bpe.specials_config(tj, vocab, max_len)
+    if isinstance(specials, str):
+        return specials
     return dict(
         unigram=kind == "Unigram",
         vocab=list(vocab.keys()),
@@ -282,20 +275,12 @@ def native_config(tj: Any, max_len: int) -> dict | str:
         pre_a=[p[1] for p in pre],
         pre_n=[p[2] for p in pre],
         pre_split=[int(p[3]) for p in pre],
-        added=[c for c, _, _ in raw],
-        added_ids=[i for _, i, _ in raw],
-        added_flags=[f for _, _, f in raw],
-        norm_added=[c for c, _, _ in normed],
-        norm_added_ids=[i for _, i, _ in normed],
-        norm_added_flags=[f for _, _, f in normed],
         unk_id=unk_id,
         byte_fallback=byte_fallback,
         fuse_unk=fuse_unk,
         ignore_merges=ignore_merges,
         cut=cut,
-        head=head,
-        tail=tail,
-        max_len=max_len,
+        **specials,
     )
 
 

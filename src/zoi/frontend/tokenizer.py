@@ -37,6 +37,32 @@ def clip_text(t: str, n: int) -> str:
     return t
 
 
+TOKENIZER_CHOICES = ("auto", "native", "hf")
+TOKENIZER_ENV = "ZOI_TOKENIZER"
+
+
+def check_tokenizer_choice(choice: str, what: str = "tokenizer") -> str:
+    """`choice` normalised, or a ValueError naming the option (`what`)."""
+    want = choice.strip().lower() if isinstance(choice, str) else choice
+    if want not in TOKENIZER_CHOICES:
+        raise ValueError(
+            f"{what} must be 'auto' (the native tokenizer where it covers the file, else HF "
+            f"tokenizers), 'native' or 'hf', got {choice!r}"
+        )
+    return want
+
+
+def tokenizer_choice(choice: str | None = None, env=None) -> str:
+    """The tokenizer option at the API's edge (zoi.compile / zoi.load / the CLI): `choice`
+    when given, else ZOI_TOKENIZER from the environment, else 'auto'. The one place that reads
+    ZOI_TOKENIZER; everything below takes the result as an argument."""
+    if choice is not None:
+        return check_tokenizer_choice(choice)
+    env = os.environ if env is None else env
+    raw = env.get(TOKENIZER_ENV)
+    return "auto" if raw is None else check_tokenizer_choice(raw, TOKENIZER_ENV)
+
+
 def _native_module():
     try:
         from zoi import _cpu
@@ -45,12 +71,28 @@ def _native_module():
     return _cpu if hasattr(_cpu, "WordPiece") else None
 
 
+def native_spec(parsed, max_positions: int) -> tuple[str, dict | str, str, str]:
+    """Which native tokenizer runs this tokenizer.json (parsed): (zoi._cpu class name, its
+    keyword arguments or the reason the family's reader refuses the file, the prefix of that
+    reason, the kind reported)."""
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    mtype = model.get("type") if isinstance(model, dict) else None
+    if mtype == "Unigram" or (mtype == "BPE" and sentencepiece.is_sentencepiece_bpe(parsed)):
+        kind = "native Unigram" if mtype == "Unigram" else "native SentencePiece BPE"
+        cfg = sentencepiece.native_config(parsed, max_positions)
+        return "SentencePiece", cfg, f"model type {mtype!r}", kind
+    if mtype == "BPE":
+        cfg = bpe.native_config(parsed, max_positions)
+        return "ByteBPE", cfg, "model type 'BPE'", "native byte-level BPE"
+    return "WordPiece", native_config(parsed, max_positions), "", "native WordPiece"
+
+
 class Tokenizer:
     """Texts -> token ids. The native tokenizers, exact to HF, run the files they cover:
     WordPiece (zoi._cpu.WordPiece, zoi.frontend.wordpiece), byte-level BPE
     (zoi._cpu.ByteBPE, zoi.frontend.bpe), Unigram and SentencePiece BPE
     (zoi._cpu.SentencePiece, zoi.frontend.sentencepiece); HF `tokenizers` runs the others, or
-    every file with ZOI_TOKENIZER=hf. Thread-safe: truncation is an argument of each call."""
+    every file with tokenizer="hf". Thread-safe: truncation is an argument of each call."""
 
     def __init__(
         self,
@@ -59,9 +101,14 @@ class Tokenizer:
         position_offset: int = 0,
         source: str = "tokenizer.json",
         validate: bool = True,
+        tokenizer: str = "auto",
     ):
         """validate=False: the file is known good (an artifact's, checked against its digest
-        when it was compiled), so HF `tokenizers` need not load it to prove it."""
+        when it was compiled), so HF `tokenizers` need not load it to prove it.
+        tokenizer: "auto" (native where it covers the file, else HF tokenizers), "native"
+        (refuse a file it does not cover) or "hf" (HF tokenizers for every file); the
+        environment (ZOI_TOKENIZER) is read by the callers at the API's edge
+        (`tokenizer_choice`), never here."""
         self.json = tokenizer_json
         self.max_positions = max_positions
         self.position_offset = position_offset
@@ -71,12 +118,10 @@ class Tokenizer:
         self.fallback_reason = ""
         self._lock = threading.Lock()
         self._hf_limits: dict = {}
-        want = os.environ.get("ZOI_TOKENIZER", "auto").strip().lower()
-        if want not in ("auto", "native", "hf"):
-            raise ValueError(f"ZOI_TOKENIZER must be auto, native or hf, got {want!r}")
+        want = self.choice = check_tokenizer_choice(tokenizer)
         cpu = _native_module()
         if want == "hf":
-            self.fallback_reason = "ZOI_TOKENIZER=hf"
+            self.fallback_reason = "tokenizer='hf'"
         elif cpu is None:
             self.fallback_reason = "the native core has no tokenizer"
         else:
@@ -89,8 +134,9 @@ class Tokenizer:
             self._native_from(cpu, parsed, max_positions)
         if want == "native" and self.native is None:
             raise CheckpointError(
-                f"{source}: ZOI_TOKENIZER=native, but the native tokenizer cannot run this file "
-                f"({self.fallback_reason}); unset ZOI_TOKENIZER to use HF tokenizers"
+                f"{source}: tokenizer='native' (or ZOI_TOKENIZER=native), but the native "
+                f"tokenizer cannot run this file ({self.fallback_reason}); pass tokenizer='auto' "
+                "(and unset ZOI_TOKENIZER) to use HF tokenizers for it"
             )
         self._source = source
         self._hf_pair = None
@@ -99,44 +145,22 @@ class Tokenizer:
 
     def _native_from(self, cpu, parsed, max_positions: int) -> None:
         """The native tokenizer for this file, or the reason there is none."""
-        model = parsed.get("model") if isinstance(parsed, dict) else None
-        mtype = model.get("type") if isinstance(model, dict) else None
-        if mtype == "Unigram" or (mtype == "BPE" and sentencepiece.is_sentencepiece_bpe(parsed)):
-            cfg = sentencepiece.native_config(parsed, max_positions)
-            if not hasattr(cpu, "SentencePiece"):  # pragma: no cover - a core built before it
-                cfg = "a native core without it"
-            if isinstance(cfg, str):
-                self.fallback_reason = f"model type {mtype!r} with {cfg}"
-                return
-            try:
-                self.native = cpu.SentencePiece(**cfg)
-            except ValueError as e:  # HF refuses such a file too (a merge outside the vocab)
-                self.fallback_reason = f"model type {mtype!r}: {e}"
-                return
-            self.native_kind = (
-                "native Unigram" if mtype == "Unigram" else "native SentencePiece BPE"
-            )
-            return
-        if mtype == "BPE":
-            cfg = bpe.native_config(parsed, max_positions)
-            if not hasattr(cpu, "ByteBPE"):  # pragma: no cover - a core built before it
-                cfg = "a native core without it"
-            if isinstance(cfg, str):
-                self.fallback_reason = f"model type 'BPE' with {cfg}"
-                return
-            try:
-                self.native = cpu.ByteBPE(**cfg)
-            except ValueError as e:  # HF refuses such a file too (a merge outside the vocab)
-                self.fallback_reason = f"model type 'BPE': {e}"
-                return
-            self.native_kind = "native byte-level BPE"
-            return
-        cfg = native_config(parsed, max_positions)
+        self._build_native(cpu, *native_spec(parsed, max_positions))
+
+    def _build_native(self, cpu, cls: str, cfg: dict | str, what: str, kind: str) -> None:
+        """zoi._cpu.<cls>(**cfg) as this tokenizer's native one, or the reason it cannot be
+        (cfg a str: why the family's reader refuses the file; `what` prefixes it)."""
+        if not isinstance(cfg, str) and not hasattr(cpu, cls):  # pragma: no cover - an older core
+            cfg = "a native core without it"
         if isinstance(cfg, str):
-            self.fallback_reason = cfg
-        else:
-            self.native = cpu.WordPiece(**cfg)
-            self.native_kind = "native WordPiece"
+            self.fallback_reason = f"{what} with {cfg}" if what else cfg
+            return
+        try:
+            self.native = getattr(cpu, cls)(**cfg)
+        except ValueError as e:  # HF refuses such a file too (a merge outside the vocab)
+            self.fallback_reason = f"{what}: {e}" if what else str(e)
+            return
+        self.native_kind = kind
 
     # HF `tokenizers` proves a new file at compile time; loading an artifact whose file the
     # native tokenizer runs, it is imported only when a caller needs what only it gives
@@ -189,13 +213,25 @@ class Tokenizer:
 
     @classmethod
     def from_file(
-        cls, path: str | Path, max_positions: int, position_offset: int = 0, validate: bool = True
+        cls,
+        path: str | Path,
+        max_positions: int,
+        position_offset: int = 0,
+        validate: bool = True,
+        tokenizer: str = "auto",
     ) -> Tokenizer:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{path}: cannot read ({e})") from e
-        return cls(text, max_positions, position_offset, source=str(path), validate=validate)
+        return cls(
+            text,
+            max_positions,
+            position_offset,
+            source=str(path),
+            validate=validate,
+            tokenizer=tokenizer,
+        )
 
     @staticmethod
     def check_texts(texts) -> list[str]:

@@ -23,16 +23,29 @@ class LinearQuant:
     info: dict[str, Any] = field(
         default_factory=dict
     )  # sqnr_db, smooth alpha, ... (reporting only)
+    # INT8 schemes: the first row of each sequence quantised twice, q1 = Q(x), q2 = Q(x - deq(q1))
+    # per token (zoi.numerics.primitives.first_row_residual; docs/QUANT.md). Artifacts without the
+    # key run without it.
+    first_row: bool = False
 
     def __post_init__(self):
         self.scheme = QuantMode.coerce(self.scheme)  # unknown ones: the loader says so
 
     def to_dict(self) -> dict:
-        return {"scheme": str(self.scheme), "amax": self.amax, "info": self.info}
+        d = {"scheme": str(self.scheme), "amax": self.amax, "info": self.info}
+        # absent when off (the records of earlier artifacts unchanged) and on float linears
+        if self.first_row and QuantMode.coerce(self.scheme).is_int8:
+            d["first_row_residual"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> LinearQuant:
-        return cls(d.get("scheme", "dynamic"), d.get("amax"), d.get("info", {}))
+        return cls(
+            d.get("scheme", "dynamic"),
+            d.get("amax"),
+            d.get("info", {}),
+            bool(d.get("first_row_residual", False)),
+        )
 
 
 @dataclass

@@ -205,3 +205,48 @@ def act_transform(
     if act_mul is not None:
         x = (x * np.asarray(act_mul, np.float32)[None, :]).astype(np.float32)
     return x
+
+
+# ---- the first row of each sequence quantised twice (LinearQuant.first_row) ----------------
+#
+# The first row of a sequence (the [CLS] / attention-sink row: its massive channels take the
+# per-token scale) also gets its residual quantised, symmetric per token whatever the row's own
+# mode (dynamic, static amax, asymmetric):
+#   r = x' - float32(q - zp) * a_scale        (float32: the product rounded, then the difference)
+#   (q2, s2) = quantize_act(r)                 (dynamic symmetric; a static row's clip included)
+#   y[row] = (acc * (a_scale * w_scale) + b) + float(q2 . w_q) * (s2 * w_scale)
+# (the bias before the second term: the kernels add it to the finished first-row tile)
+
+
+def first_rows(cu_seqlens, n_rows: int) -> np.ndarray:
+    """Row index of each sequence's first row: cu_seqlens[:-1] (rows of a token batch)."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    if cu.ndim != 1 or len(cu) < 2 or cu[0] != 0 or cu[-1] != n_rows:
+        raise ValueError(
+            f"the first-row residual needs cu_seqlens [B + 1] from 0 to the {n_rows} rows, got {cu}"
+        )
+    return cu[:-1]
+
+
+def first_row_residual(
+    x: np.ndarray, q: np.ndarray, a_scale: np.ndarray, zp: np.ndarray | None, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The second quantisation of rows `rows` of x (float32 [T, K], the transformed input)
+    quantised as q (int8 or uint8 [T, K]), a_scale [T], zp [T] (None: symmetric):
+    (q2 int8 [B, K], s2 float32 [B])."""
+    xr = np.asarray(x, np.float32)[rows]
+    qr = q[rows].astype(np.float32)
+    if zp is not None:
+        qr = qr - np.asarray(zp, np.float32)[rows][:, None]
+    d = (qr * np.asarray(a_scale, np.float32)[rows][:, None]).astype(np.float32)
+    return quantize_act((xr - d).astype(np.float32), None)
+
+
+def add_first_row_term(
+    y: np.ndarray, q2: np.ndarray, s2: np.ndarray, w_q: np.ndarray, w_scale: np.ndarray, rows
+) -> np.ndarray:
+    """y[rows] += float(q2 w_q^T) * (s2 * w_scale), in float32 (y: the linear's output, bias in)."""
+    acc = int8_matmul_fast(q2, w_q).astype(np.float32)
+    y = np.array(y, np.float32)
+    y[rows] = y[rows] + acc * (s2[:, None] * np.asarray(w_scale, np.float32)[None, :])
+    return y

@@ -332,12 +332,19 @@ def pre_transform(x: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
 
 
 def linear_apply(
-    x: np.ndarray, weights: dict, prefix: str, lq=None, matmul_exact: bool = True
+    x: np.ndarray,
+    weights: dict,
+    prefix: str,
+    lq=None,
+    matmul_exact: bool = True,
+    cu_seqlens=None,
 ) -> np.ndarray:
     """x @ w.T + b of one linear (before activation / residual): float, or emulated INT8 by
     `lq.scheme` ("dynamic" | "static" | "dynamic_asym"; "fp8": emulated E4M3, zoi.numerics.fp8;
     "fp32" or None: float). Float
-    inputs keep their dtype (float64 for golden runs); INT8 runs in float32 as the kernels."""
+    inputs keep their dtype (float64 for golden runs); INT8 runs in float32 as the kernels.
+    cu_seqlens: the token batch's sequences, for an INT8 `lq.first_row` (the first row of each
+    sequence quantised twice, zoi.numerics.primitives.first_row_residual); None: not applied."""
     b = weights.get(prefix + ".b")
     scheme = getattr(lq, "scheme", "fp32") if lq is not None else "fp32"
     x = pre_transform(x, weights, prefix)
@@ -355,6 +362,7 @@ def linear_apply(
         w_q, w_s = weights[prefix + ".w_q"], weights[prefix + ".w_scale"]
     else:
         w_q, w_s = qp.quantize_weight(weights[prefix + ".w"])
+    zp = None
     if scheme == "dynamic_asym":
         q, a_scale, zp = qp.quantize_act_asym(x)
         if matmul_exact:
@@ -377,6 +385,10 @@ def linear_apply(
     y = acc * (a_scale[:, None] * w_s[None, :])
     if b is not None:
         y = y + np.asarray(b, np.float32)[None, :]
+    if getattr(lq, "first_row", False) and cu_seqlens is not None:
+        rows = qp.first_rows(cu_seqlens, x.shape[0])
+        q2, s2 = qp.first_row_residual(x, q, a_scale, zp, rows)
+        y = qp.add_first_row_term(y, q2, s2, w_q, w_s, rows)
     return y.astype(np.float32)
 
 
@@ -448,7 +460,8 @@ def execute(
             p = op.prefix
             y = override(p, ins[0]) if override is not None else None
             if y is None:
-                y = linear_apply(ins[0], W, p, quant.get(p), matmul_exact)
+                cu = env["cu_seqlens"] if len(ins[0]) == int(env["cu_seqlens"][-1]) else None
+                y = linear_apply(ins[0], W, p, quant.get(p), matmul_exact, cu)
             if tap is not None:
                 tap(p, ins[0], y)
             y = y.astype(dtype)

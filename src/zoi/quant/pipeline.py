@@ -35,7 +35,13 @@ from zoi.quant import blas
 from zoi.quant.calibrate import calibrate, observe, token_batches, tokenize
 from zoi.quant.config import QuantConfig
 from zoi.quant.detmath import fixed_mean, fixed_sum
-from zoi.quant.gptq import gptq_quantize
+from zoi.quant.gptq import (
+    QMAX_OF,
+    choose_weight_bits,
+    gptq_quantize,
+    round_weight,
+    weight_bits_option,
+)
 from zoi.quant.native import LinearInputs, batch_tokens, int8_engine, release_file_pages
 from zoi.quant.observers import make_observer
 from zoi.quant.sensitivity import choose_fallback, fallback_cost, layer_sqnr
@@ -149,9 +155,9 @@ def _spill_grams(st: dict, spill_dir: str) -> None:
             s.gram = None
 
 
-def _gptq_job(cfg, st, shifts, factors, used):
+def _gptq_job(cfg, st, shifts, factors, used, qmax=127):
     """(p, smoothed float w) -> GPTQ's (w_q, w_scale) of linear p under the smoothing
-    (factors, used); None where p has no Gram (plain rounding then)."""
+    (factors, used); None where p has no Gram (plain rounding then). qmax: 63 for 7-bit."""
 
     def job(p, w):
         if not (cfg.gptq and (st[p].gram is not None or st[p].gram_file)):
@@ -166,6 +172,7 @@ def _gptq_job(cfg, st, shifts, factors, used):
             cfg.gptq_damp,
             act_order=cfg.gptq_act_order,
             overwrite=True,
+            qmax=qmax,
         )
 
     return job
@@ -384,7 +391,8 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
     sref = cal.reference[idx].astype(np.float64)
     slabels = [labels[i] for i in idx]
     search_scheme = "dynamic" if cfg.activations == "static" else cfg.activations
-    squant = {p: LinearQuant(search_scheme) for p in prefixes}
+    frr = bool(cfg.first_row_residual)  # the search sees the numerics that ship
+    squant = {p: LinearQuant(search_scheme, first_row=frr) for p in prefixes}
 
     # 2. SmoothQuant
     sites = {p: smoothing_site(graph, p) for p in prefixes}
@@ -518,7 +526,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
             graph=graph,
         )
         amax = {p: float(obs[p].amax()) for p in prefixes}
-    quant = {p: LinearQuant(cfg.activations, amax[p], {}) for p in prefixes}
+    quant = {p: LinearQuant(cfg.activations, amax[p], {}, frr) for p in prefixes}
 
     # 5. sensitivity and mixed precision
     t_s = time.perf_counter()
@@ -536,9 +544,26 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
     sqnr_by = layer_sqnr(
         runner, sq_batches, weights, qw, quant, smoothed, out_scale, progress=progress
     )
+    sqnr = {p: min(v[p] for v in sqnr_by.values()) for p in prefixes}
+    # 7-bit weights (QuantConfig.extra["weight_bits"]; docs/QUANT.md "7-bit weights"): every
+    # linear's 7-bit GPTQ integers, and for "auto" their per-layer SQNR on the same batches
+    wbits = weight_bits_option(cfg.extra)
+    qw7, sqnr7 = {}, {}
+    if wbits != 8:
+        gptq7 = _gptq_job(cfg, st, shifts, factors, used, qmax=QMAX_OF[7])
+
+        def job7(p):
+            w = cands.smoothed(p, alphas)[p + ".w"]
+            q = gptq7(p, w)
+            return q if q is not None else round_weight(w, 7)
+
+        for p, q in zip(prefixes, blas.parallel_map(job7, prefixes), strict=True):
+            qw7[p + ".w_q"], qw7[p + ".w_scale"] = q
+        if wbits == "auto":
+            by7 = layer_sqnr(runner, sq_batches, weights, {**qw, **qw7}, quant, smoothed, out_scale)
+            sqnr7 = {p: min(v[p] for v in by7.values()) for p in prefixes}
     del runner
     release_file_pages(weights)
-    sqnr = {p: min(v[p] for v in sqnr_by.values()) for p in prefixes}
     sqnr_worst = {p: min(sqnr_by, key=lambda d: sqnr_by[d][p]) for p in prefixes}
     t_s = time.perf_counter() - t_s
     out = dict(qw)
@@ -608,6 +633,15 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
             else f"sqnr {sqnr[p]:.1f} dB < {cfg.sensitivity_db:g} dB"
         )
 
+    if wbits != 8:  # 7-bit integers where chosen, among the linears left INT8 end to end
+        i8 = [p for p in prefixes if quant[p].scheme != "fp32"]
+        loss = (cfg.extra or {}).get("weight_bits_loss_db")
+        for p, b in choose_weight_bits(wbits, sqnr, sqnr7, i8, loss).items():
+            if p in sqnr7:
+                quant[p].info["sqnr7_db"] = round(float(sqnr7[p]), 3)
+            if b == 7:
+                out[p + ".w_q"], out[p + ".w_scale"] = qw7[p + ".w_q"], qw7[p + ".w_scale"]
+                quant[p].info["weight_bits"] = 7
     for p in prefixes:
         quant[p].info.update(
             {

@@ -112,7 +112,9 @@ class Service(Admission):
             from zoi.frontend.tokenizer import Tokenizer
 
             t = engine.tokenizer
-            self._loop_tok = Tokenizer(t.json, t.max_positions, t.position_offset)
+            self._loop_tok = Tokenizer(
+                t.json, t.max_positions, t.position_offset, tokenizer=t.choice
+            )
         except Exception as e:  # pragma: no cover - an engine without the usual tokenizer
             log.warning("inline tokenisation off (%s)", e)
             self._loop_tok = None

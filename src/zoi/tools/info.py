@@ -71,10 +71,11 @@ def system_info() -> dict:
 def _tokenizer_kind(folder: Path, max_positions: int) -> str:
     """Which tokenizer runs this model's tokenizer.json (native WordPiece or HF)."""
     from zoi.errors import ZoiError
-    from zoi.frontend.tokenizer import Tokenizer
+    from zoi.frontend.tokenizer import Tokenizer, tokenizer_choice
 
     try:
-        return Tokenizer.from_file(folder / "tokenizer.json", max_positions).kind
+        choice = tokenizer_choice()  # the CLI's edge: ZOI_TOKENIZER, else auto
+        return Tokenizer.from_file(folder / "tokenizer.json", max_positions, tokenizer=choice).kind
     except ZoiError as e:
         return f"error: {e}"
 

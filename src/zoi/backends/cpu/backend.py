@@ -105,7 +105,9 @@ class CpuBackend(SyncSubmit):
             op.output for op in graph.ops if op.attrs.get("quant_out_only", False)
         }
         self.fallbacks: dict[str, str] = {}
+        pooled = False  # ops after the pool run on one row per sequence
         for k, op in enumerate(graph.ops):
+            pooled = pooled or op.kind == "pool"
             if op.attrs.get("fuse_ln"):
                 self.fallbacks[op.attrs["fuse_ln"]] = (
                     "LayerNorm on its own (the CPU GEMMs have no LayerNorm epilogue)"
@@ -183,7 +185,13 @@ class CpuBackend(SyncSubmit):
                         q_min,
                         # the IR's: nothing reads the float rows but the copy's quantisation
                         y_dead=bool(op.attrs.get("quant_out_only", False)),
+                        # the quantiser's per-linear choice (zoi.quant.gptq): 7 runs AVX2's
+                        # cheaper exact loop; the engine refuses a weight outside [-63, 63]
+                        w_bits=int(q.info.get("weight_bits", 8)) if q is not None else 8,
                     )
+                    if getattr(q, "first_row", False) and not pooled:
+                        # token rows: the first row of each sequence quantised twice
+                        eng.set_first_row_residual()
                     self.released_bytes += _release_file_pages([W[f"{p}.w_q"]])
                     self.linear_kinds[p] = (
                         "int8" if scheme is QuantMode.DYNAMIC else f"int8-{scheme.value}"

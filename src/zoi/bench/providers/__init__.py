@@ -55,6 +55,17 @@ SPECS: list[Spec] = [
         ("zoi",),
         {"device": "cpu", "precision": "int8"},
     ),
+    Spec(  # the quantiser's per-linear 7-bit weights (docs/QUANT.md "7-bit weights"): on request
+        "zoi-cpu-int8-w7",
+        "zoi CPU INT8 (7-bit weights where chosen)",
+        "cpu",
+        "int8",
+        _P + "zoi_engine",
+        "ZoiProvider",
+        ("zoi",),
+        {"device": "cpu", "precision": "int8", "weight_bits": "auto"},
+        default=False,
+    ),
     Spec(
         "torch-fp32",
         "PyTorch eager FP32",

@@ -50,7 +50,10 @@ class ZoiProvider(Provider):
             return {}  # GPU-only precision: compiled in the worker (no calibration)
         import zoi
 
+        wbits = spec.options.get("weight_bits")  # zoi.compile's weight_bits ("auto": per linear)
         dst = Path(cache) / model.name / f"zoi-{zoi.__version__}-{source_hash()}" / spec.precision
+        if wbits:
+            dst = dst.with_name(f"{spec.precision}-w{wbits}")
         if not (dst / "zoi.json").exists():
             engine = zoi.compile(
                 str(model.path),
@@ -60,6 +63,7 @@ class ZoiProvider(Provider):
                 # a batch takes a token per sequence at least: zoi refuses more sequences
                 # than max_tokens (a model whose max_len is under 256, as in the tests)
                 max_batch=min(ARTIFACT_MAX_BATCH, model.max_len),
+                **({"weight_bits": wbits} if wbits else {}),
             )
             engine.save(dst)
         return {"artifact": str(dst)}
