@@ -8,11 +8,17 @@
 #   -cpu cortex-a53    Armv8.0 (NEON only): detection must pick neon and refuse dotprod / i8mm
 #   -cpu neoverse-n1   dot product, no i8mm: detection must pick dotprod
 # The same driver built natively for x86-64 (scalar table only) writes the reference outputs.
-# Compiler flags and kernel sources come from CMakeLists.txt; objects are cached in build/arm,
-# keyed on a hash of the compiler, flags and sources (a warm run only runs the tests).
+# End to end: scripts/arm_engine_export.py compiles the bundled all-MiniLM-L6-v2 INT8 here and
+# exports its native plan (the engine's build calls and arrays) with the x86-64 engine's embeddings
+# of a few texts; csrc/tests/arm_engine_test.cc replays it into the same csrc/runtime/engine.cc on
+# aarch64 and compares (-cpu max: scalar, neon, dotprod, i8mm; -cpu cortex-a53: the detected neon).
+# Compiler flags and kernel sources come from CMakeLists.txt; objects are cached outside the tree
+# ($ZOI_ARM_CACHE, default ~/.cache/zoi/arm-obj: shared by every clone on the machine), keyed on a
+# hash of the compiler, flags, source and headers (a warm run only links and runs the tests).
 #
-# Usage: scripts/arm_check.sh [--quick] [--cmake]
+# Usage: scripts/arm_check.sh [--quick] [--cmake] [--no-engine]
 #   --quick  fewer shapes and one run per CPU model (the pytest uses the full set)
+#   --no-engine  without the end-to-end engine runs (no zoi Python environment needed)
 #   --cmake  also cross-build the whole Python extension with CMakeLists.txt (build/arm/cmake;
 #            minutes the first time): the proof that `pip install .` configures on aarch64
 # Exit status: 0 all passed; 1 a test failed; 3 the toolchain is missing (what to install printed).
@@ -20,10 +26,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
 CMAKE=0
+ENGINE=1
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     --cmake) CMAKE=1 ;;
+    --no-engine) ENGINE=0 ;;
     *) echo "unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +53,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   exit 3
 fi
 
-mkdir -p "$B/obj" "$B/logs"
+OBJ=${ZOI_ARM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/zoi/arm-obj}
+mkdir -p "$B" "$OBJ" "$B/logs"
+rm -f "$B"/logs/*.log  # no log of an earlier run is read as this one's
+# objects unused for 30 days go (the keys of older sources); a hit refreshes the time below
+find "$OBJ" -name '*.o' -mtime +30 -delete 2>/dev/null || true
 # one run at a time per tree (pytest-xdist workers, two shells): the runs share build/arm
 # (tests/test_arm.py holds the lock itself, through its reading of the results)
 if [ -z "${ZOI_ARM_LOCK_HELD:-}" ] && command -v flock >/dev/null; then
@@ -81,20 +93,25 @@ H_KERNELS=$(hash_of csrc/isa.h csrc/kernels/*.h csrc/decoder/dkernels.h csrc/run
 H_TOKENIZER=$(hash_of csrc/tokenizer/*.h)
 H_ALL="$H_KERNELS$H_TOKENIZER"
 HDR_HASH=$H_KERNELS
-CMDS="$B/obj/commands"
+CMDS="$B/commands"
 : >"$CMDS"
 # obj TARGET NAME CXX SRC FLAGS...: echoes the cached object's path (keyed on the compiler, flags,
-# source and $HDR_HASH); queues its compile if absent
+# source and $HDR_HASH: paths are relative, so every clone computes the same key); queues its
+# compile if absent. The cache is shared: an object is written to a temporary name and renamed
+# (two runs compiling the same object both write a complete one), never deleted while fresh
+ID_ARM=$("$CXX_ARM" --version | head -1)
+ID_HOST=$("$CXX_HOST" --version | head -1)
 obj() {
   local target=$1 name=$2 cxx=$3 src=$4
   shift 4
   local key
-  key=$( { "$cxx" --version | head -1; echo "$*"; echo "$src"; cat "$src"; echo "$HDR_HASH"; } | sha256sum | cut -c1-16)
-  local o="$B/obj/$target/$name.$key.o"
-  if [ ! -f "$o" ]; then
-    mkdir -p "$B/obj/$target"
-    rm -f "$B/obj/$target/$name".*.o  # an older key of this object
-    printf '%s\0' "$cxx -std=gnu++17 $* -Icsrc -c $src -o $o.tmp && mv $o.tmp $o" >>"$CMDS"
+  key=$( { if [ "$cxx" = "$CXX_ARM" ]; then echo "$ID_ARM"; else echo "$ID_HOST"; fi; echo "$*"; echo "$src"; cat "$src"; echo "$HDR_HASH"; } | sha256sum | cut -c1-16)
+  local o="$OBJ/$target/$name.$key.o"
+  if [ -f "$o" ]; then
+    touch "$o"
+  else
+    mkdir -p "$OBJ/$target"
+    printf '%s\0' "$cxx -std=gnu++17 $* -Icsrc -c $src -o $o.\$\$.tmp && mv $o.\$\$.tmp $o" >>"$CMDS"
   fi
   echo "$o"
 }
@@ -119,6 +136,13 @@ HDR_HASH=$H_TOKENIZER
 ARM_OBJS+=("$(obj arm base_wordpiece "$CXX_ARM" csrc/tokenizer/wordpiece.cc "${BASE_ARM[@]}")")
 HDR_HASH=$H_ALL
 ARM_OBJS+=("$(obj arm base_driver "$CXX_ARM" csrc/tests/arm_kernels_test.cc "${BASE_ARM[@]}")")
+HDR_HASH=$H_KERNELS
+# the end-to-end driver: the kernels above (not the kernel driver) + the runtime's engine.cc
+H_ENGINE=$(hash_of csrc/isa.h csrc/kernels/*.h csrc/runtime/*.h)
+HDR_HASH=$H_ENGINE
+ENGINE_OBJS=("${ARM_OBJS[@]:0:${#ARM_OBJS[@]}-2}"
+  "$(obj arm base_engine "$CXX_ARM" csrc/runtime/engine.cc "${BASE_ARM[@]}")"
+  "$(obj arm base_engine_driver "$CXX_ARM" csrc/tests/arm_engine_test.cc "${BASE_ARM[@]}")")
 HDR_HASH=$H_KERNELS
 
 # the x86-64 reference: the scalar table with the flags of the extension's zoi_k_scalar
@@ -155,6 +179,7 @@ link() {  # link OUT CXX FLAGS -- OBJS: relinks when the object list changed
 }
 link "$B/arm_kernels_test" "$CXX_ARM" -static "${ARM_OBJS[@]}"
 link "$B/x86_kernels_test" "$CXX_HOST" "${X86_OBJS[@]}"
+[ $ENGINE = 0 ] || link "$B/arm_engine_test" "$CXX_ARM" -static "${ENGINE_OBJS[@]}"
 echo "arm_check: built in $((SECONDS - T0)) s"
 
 FIX=csrc/tests/wordpiece_fixture.txt
@@ -166,8 +191,26 @@ rm -f "$B"/export_*/*.bin "$B/ref_x86.bin"  # nothing from an earlier run is rea
 "$B/x86_kernels_test" --isas scalar --passes 0 --dump "$B/ref_x86.bin" --export-gemm "$B/export_x86" --tok "$FIX" \
   >"$B/logs/x86.log" 2>&1 || { cat "$B/logs/x86.log"; echo "arm_check: FAILED (x86-64 reference build)"; exit 1; }
 
-# 2. the aarch64 runs, two at a time: NAME CPU ENV ARGS...
-RUNS=(
+# the end-to-end plan: exported by this machine's zoi (its engine's embeddings on every x86 ISA)
+if [ $ENGINE = 1 ]; then
+  PY=${ZOI_PYTHON:-python3}
+  [ -z "${ZOI_PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
+  rm -f "$B/engine_plan.bin"
+  t=$SECONDS
+  "$PY" scripts/arm_engine_export.py "$B/engine_plan.bin" >"$B/logs/export.log" 2>&1 ||
+    { tail -20 "$B/logs/export.log"; echo "arm_check: FAILED (exporting the engine plan; --no-engine skips it)"; exit 1; }
+  echo "arm_check: $(tail -1 "$B/logs/export.log") [$((SECONDS - t)) s]"
+fi
+
+# 2. the aarch64 runs, two at a time: NAME CPU ENV ARGS... (BINARY: arm_kernels_test unless named)
+RUNS=()
+if [ $ENGINE = 1 ]; then
+  # the whole MiniLM INT8 forward (the longest runs: first): each ISA forced through the engine's
+  # option, then detection on Armv8.0
+  RUNS+=("engine-max|max||$B/engine_plan.bin --isas scalar,neon,dotprod,i8mm --expect-active i8mm|arm_engine_test"
+    "engine-cortex-a53|cortex-a53||$B/engine_plan.bin --isas active --expect-active neon --expect-refused dotprod,i8mm|arm_engine_test")
+fi
+RUNS+=(
   "max|max||--isas all --expect-best i8mm --ref $B/ref_x86.bin --tok $FIX --passes $PASSES --export-gemm $B/export_arm"
   "cortex-a53|cortex-a53||--isas all --expect-best neon --expect-unsupported dotprod,i8mm --ref $B/ref_x86.bin --passes 0"
   "neoverse-n1|neoverse-n1||--isas all --expect-best dotprod --expect-unsupported i8mm --quick --passes 0"
@@ -178,10 +221,10 @@ if [ $QUICK = 0 ]; then
   done
 fi
 run_one() {
-  IFS='|' read -r name cpu envs args <<<"$1"
+  IFS='|' read -r name cpu envs args bin <<<"$1"
   local t=$SECONDS
   # shellcheck disable=SC2086
-  if env $envs "$QEMU" -cpu "$cpu" "$B/arm_kernels_test" $args >"$B/logs/$name.log" 2>&1; then
+  if env $envs "$QEMU" -cpu "$cpu" "$B/${bin:-arm_kernels_test}" $args >"$B/logs/$name.log" 2>&1; then
     echo "arm_check: $name ($cpu${envs:+, $envs}): $(tail -1 "$B/logs/$name.log") [$((SECONDS - t)) s]"
   else
     echo "arm_check: $name ($cpu${envs:+, $envs}) FAILED [$((SECONDS - t)) s]:"

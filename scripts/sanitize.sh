@@ -10,10 +10,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 B=build/sanitize
-# ccache, where installed, makes a fresh clone's ASan build (77 objects, ~5 min on 2 cores) a
-# cache hit when the sources did not change; the objects are the same either way
+# ccache, where installed (scripts/setup.sh installs it), makes a fresh clone's ASan build (77
+# objects, ~5 min on 2 cores) a cache hit when the sources did not change; the objects are the
+# same either way. base_dir: paths are hashed relative to the clone, wherever it is; the -g
+# builds' working directory is not hashed (it only names where the debug info was made)
 LAUNCHER=()
-command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if command -v ccache >/dev/null; then
+  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+fi
 cmake -S . -B "$B" -G Ninja -DZOI_SANITIZE=ON -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$(command -v python)" "${LAUNCHER[@]}" >/dev/null
 cmake --build "$B" -j "${JOBS:-2}"

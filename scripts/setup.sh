@@ -36,25 +36,37 @@ took
 step "PyTorch 2.13.0 (tests and peer benchmarks only; ~1 minute the first time)"
 pip install -q "torch==2.13.0" ${ZOI_TORCH_INDEX:+--extra-index-url "$ZOI_TORCH_INDEX"}
 took
-step "zoi and its test / serve / dev / ray / docs extras (builds the C++ core: ~2 minutes the first time)"
-pip install -q --no-build-isolation -e ".[test,serve,dev,ray,docs]"
-took
-# tests/test_arm.py cross-compiles the C++ core for aarch64 and runs it under qemu-user (docs/ARM.md)
-step "aarch64 cross compiler + qemu-user (tests/test_arm.py)"
-ARM_PKGS="g++-aarch64-linux-gnu qemu-user"
-if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then
+# Debian packages: ccache (the C++ core's builds below and scripts/sanitize.sh's ASan build:
+# a rebuild of unchanged sources, in any clone, is a cache hit) and, for tests/test_arm.py, the
+# aarch64 cross compiler + qemu-user (docs/ARM.md). Installed when missing and run as root.
+step "Debian packages: ccache, aarch64 cross compiler + qemu-user"
+APT_PKGS=()
+command -v ccache >/dev/null || APT_PKGS+=(ccache)
+if [ "$(uname -s)/$(uname -m)" = "Linux/x86_64" ]; then
+  command -v aarch64-linux-gnu-g++ >/dev/null || APT_PKGS+=(g++-aarch64-linux-gnu)
+  command -v qemu-aarch64 >/dev/null || APT_PKGS+=(qemu-user)
+fi
+if [ ${#APT_PKGS[@]} = 0 ]; then
   echo "           present" >&2
-elif [ "$(uname -s)/$(uname -m)" != "Linux/x86_64" ]; then
-  echo "           not used on $(uname -s)/$(uname -m)" >&2
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # the package lists may be missing on a fresh image: update once when the install fails
-  { apt-get install -y -q --no-install-recommends $ARM_PKGS >/dev/null ||
-    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $ARM_PKGS >/dev/null; }; } ||
-    echo "           could not install $ARM_PKGS: tests/test_arm.py will fail until they are" >&2
+  { apt-get install -y -q --no-install-recommends "${APT_PKGS[@]}" >/dev/null ||
+    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${APT_PKGS[@]}" >/dev/null; }; } ||
+    echo "           could not install ${APT_PKGS[*]}: tests/test_arm.py fails without the cross tools" >&2
 else
-  echo "           missing: sudo apt-get install -y --no-install-recommends $ARM_PKGS" >&2
-  echo "           (tests/test_arm.py fails without them)" >&2
+  echo "           missing: sudo apt-get install -y --no-install-recommends ${APT_PKGS[*]}" >&2
+  echo "           (tests/test_arm.py fails without the cross tools; ccache only saves time)" >&2
 fi
+took
+step "zoi and its test / serve / dev / ray / docs extras (builds the C++ core: ~2 minutes the first time)"
+# ccache: CMake takes the launcher from the environment; paths under the clone are hashed
+# relative to it (base_dir), so another clone of the same sources hits the cache
+# (~/.cache/ccache, kept between CI runs on one machine)
+if command -v ccache >/dev/null; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR="$PWD"
+  export CCACHE_NOHASHDIR=1  # -g builds (sanitize.sh): the debug info's directory is not hashed
+fi
+pip install -q --no-build-isolation -e ".[test,serve,dev,ray,docs]"
 took
 step "check"
 python -c "import zoi, zoi._cpu; print('zoi', zoi.__version__, 'native core ISA:', zoi._cpu.active_isa())"

@@ -35,20 +35,40 @@ def versions() -> dict:
     return out
 
 
+# the instruction-set flags a result records: x86-64 /proc/cpuinfo "flags", aarch64 "Features"
+# (Linux HWCAP names: asimddp = sdot / udot, i8mm = smmla, sve / sve2, bf16; docs/ARM.md)
+_ISA_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
+_ARM_FLAGS = ("asimd", "asimddp", "asimdhp", "i8mm", "bf16", "sve", "sve2", "svei8mm", "sme")
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
+    """(model name, sorted ISA flags) from the text of /proc/cpuinfo, x86-64 or aarch64. An
+    aarch64 kernel names no model: "ARM implementer 0x41 part 0xd0c" (Neoverse N1) instead."""
+    model, flags, arm_ids = None, None, {}
+    for ln in text.splitlines():
+        k, _, v = ln.partition(":")
+        k, v = k.strip(), v.strip()
+        if k == "model name" and model is None:
+            model = v
+        elif k in ("flags", "Features") and flags is None:
+            flags = set(v.split())
+        elif k in ("CPU implementer", "CPU part") and k not in arm_ids:
+            arm_ids[k] = v
+    if model is None and arm_ids:
+        model = f"ARM implementer {arm_ids.get('CPU implementer', '?')} part {arm_ids.get('CPU part', '?')}"
+    flags = flags or set()
+    isa = sorted(f for f in flags if f.startswith(_ISA_PREFIXES) or f in _ARM_FLAGS)
+    return model, isa
+
+
 def cpu_info() -> dict:
-    model, flags = platform.processor() or "unknown", set()
+    model, isa = None, []
     try:
         with open("/proc/cpuinfo") as f:
-            for ln in f:
-                k, _, v = ln.partition(":")
-                k = k.strip()
-                if k == "model name" and model in ("unknown", "", platform.processor()):
-                    model = v.strip()
-                elif k == "flags" and not flags:
-                    flags = set(v.split())
+            model, isa = parse_cpuinfo(f.read())
     except OSError:
         pass
-    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    model = model or platform.processor() or "unknown"
     try:  # the kernels zoi's CPU core picks here (ZOI_CPU_ISA forces one)
         from zoi.backends import cpu_info as zoi_cpu_info
 
