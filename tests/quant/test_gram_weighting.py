@@ -159,3 +159,32 @@ def test_gptq_act_order_is_a_column_permutation_of_the_same_rounding():
     assert q2.tobytes() == q0[:, p].tobytes() and s2.tobytes() == s0.tobytes()
     q3, _ = gptq_quantize(w[:, p], gram[np.ix_(p, p)])  # without it the order matters
     assert q3.tobytes() != q0[:, p].tobytes()
+
+
+def test_spread_batches_keeps_the_token_budget_spread_over_the_set():
+    from zoi.quant.calibrate import spread_batches
+
+    b = [(np.zeros(n, np.int32), None, None) for n in (2000, 2040, 1900, 2048, 2000, 1500)]
+    assert spread_batches(b, 0) is None and spread_batches(b, 11488) is None
+    for cap in (1500, 4000, 6000, 9000):
+        idx = spread_batches(b, cap)
+        assert sum(len(b[i][0]) for i in idx) <= cap
+        assert 0 < len(idx) < len(b)
+    assert {0, 5} <= spread_batches(b, 6000)  # both ends of the set
+
+
+def test_gram_batches_sum_only_the_chosen_batches(tiny):
+    """The Grams of a wide model's budget (QuantConfig.gram_tokens_wide) are those of the
+    chosen batches alone; every other statistic still sees every token."""
+    spec, w, tok, tx = tiny
+    batches = token_batches(tok.encode_ids(tx), 0, 96)
+    assert len(batches) > 3
+    part = calibrate(spec, w, batches, gram=True, gram_batches={0, 2})
+    only = calibrate(spec, w, [batches[0], batches[2]], gram=True)
+    full = calibrate(spec, w, batches, gram=True)
+    for p, st in part.stats.items():
+        np.testing.assert_array_equal(st.gram, only.stats[p].gram)
+        assert st.gram_weight == only.stats[p].gram_weight
+        np.testing.assert_array_equal(st.chan_absmax, full.stats[p].chan_absmax)
+        assert st.tokens == full.stats[p].tokens
+        assert not np.array_equal(st.gram, full.stats[p].gram)

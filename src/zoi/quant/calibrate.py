@@ -146,6 +146,20 @@ def _progress_bar(total: int, desc: str, enabled: bool):
 GRAM_WEIGHTS = ("token", "text", "pooled")
 
 
+def spread_batches(batches: Sequence[Batch], max_tokens: int) -> set[int] | None:
+    """Indices of batches spread evenly over `batches` whose tokens add up to at most
+    max_tokens (at least one batch); None when all fit or max_tokens <= 0."""
+    sizes = [len(b[0]) for b in batches]
+    if max_tokens <= 0 or sum(sizes) <= max_tokens:
+        return None
+    n = len(sizes)
+    for k in range(n, 0, -1):
+        idx = {round(j * (n - 1) / max(k - 1, 1)) for j in range(k)} if k > 1 else {n // 2}
+        if sum(sizes[i] for i in idx) <= max_tokens:
+            return idx
+    return {int(np.argmin(sizes))}
+
+
 def token_weights(cu_seqlens: np.ndarray, mode: str) -> np.ndarray | None:
     """Row scales of the Gram (LinearStats.update) for the tokens of a packed batch.
 
@@ -188,11 +202,13 @@ def calibrate(
     desc: str = "calibrating",
     gram_weight: str = "token",
     graph=None,
+    gram_batches=None,
 ) -> Calibration:
     """One FP32 pass (the native CPU engine of spec + weights; graph: the op list when not
     spec's own) over `batches`; returns the per-linear statistics and the reference
     embeddings (L2-normalised pooled outputs). gram_weight: how the Gram weighs each token
-    (`token_weights`)."""
+    (`token_weights`); gram_batches: the indices of the batches whose tokens enter the Grams
+    (None: all)."""
     from zoi.quant.native import LinearInputs, batch_tokens, l2_normalize
 
     t0 = time.perf_counter()
@@ -202,18 +218,20 @@ def calibrate(
     ks = {p: cols for _, p, _, cols, _ in runner.linears}
     stats = new_stats(ks, observer_factory)
     scale: list = [None]
+    gram_now = [gram]
 
     def visit(p, x):
         # token weights apply to token rows; a linear over the pooled rows (sentence-transformers'
         # Dense modules) sees one row per text, each weighing the same
         rs = scale[0] if scale[0] is not None and len(scale[0]) == len(x) else None
-        stats[p].update(x, gram, rs)
+        stats[p].update(x, gram_now[0], rs)
 
     refs = []
     total = int(sum(len(b[0]) for b in batches))
     with blas.single_threaded(), _progress_bar(total, desc, progress) as bar:
-        for ids, pos, cu in batches:
-            scale[0] = token_weights(cu, gram_weight) if gram else None
+        for i, (ids, pos, cu) in enumerate(batches):
+            gram_now[0] = gram and (gram_batches is None or i in gram_batches)
+            scale[0] = token_weights(cu, gram_weight) if gram_now[0] else None
             refs.append(l2_normalize(runner.run(ids, pos, cu, visit)))
             bar.update(len(ids))
     del runner

@@ -72,6 +72,11 @@ class QuantConfig:
     # ... for a model wider than 512 (all-mpnet-base-v2: hidden 768): each candidate's engine
     # run costs ~hidden**2 per token, 4x MiniLM's, so half the texts keep its compile in budget
     search_texts_wide: int = 160
+    # ... and the GPTQ Grams of a wide model from at most this many calibration tokens (batches
+    # spread over the set; 0: all): a Gram costs K**2 per token (MPNet's FFN down-projection,
+    # K 3072, is 84% of them) and is what keeps a wide model's compile over its budget; every
+    # other statistic still sees every token
+    gram_tokens_wide: int = 6144
     sqnr_texts: int = 128
     chunk_tokens: int = 4096
     # how the SmoothQuant search rounds each candidate's weights: "plain" (to nearest: cheap,

@@ -32,7 +32,7 @@ from zoi.graph.build import linear_prefix
 from zoi.numerics import primitives as P
 from zoi.numerics.reference import pre_transform
 from zoi.quant import blas
-from zoi.quant.calibrate import calibrate, observe, token_batches, tokenize
+from zoi.quant.calibrate import calibrate, observe, spread_batches, token_batches, tokenize
 from zoi.quant.config import QuantConfig
 from zoi.quant.detmath import fixed_mean, fixed_sum
 from zoi.quant.gptq import (
@@ -366,6 +366,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
     roles = sorted({role(p) for p in prefixes}, key=lambda r: [role(p) for p in prefixes].index(r))
 
     # 1. calibration
+    wide = int(getattr(spec, "hidden", 0)) > WIDE_HIDDEN
     cal = calibrate(
         spec,
         weights,
@@ -374,6 +375,7 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
         progress=progress,
         gram_weight=cfg.gptq_weighting,
         graph=graph,
+        gram_batches=spread_batches(batches, cfg.gram_tokens_wide) if wide else None,
     )
     st = cal.stats
     _spill_grams(st, spill_dir)
@@ -385,7 +387,6 @@ def _run(spec, graph, weights, tokenizer, texts, cfg, progress, domains, spill_d
         raise ValueError(f"{len(labels)} domain labels for {n} calibration texts")
     groups = _domain_groups(labels)
     # search subset: spread over each domain's texts, the domains sharing search_texts
-    wide = int(getattr(spec, "hidden", 0)) > WIDE_HIDDEN
     idx = _spread_per_domain(groups, cfg.search_texts_wide if wide else cfg.search_texts)
     sbatches = token_batches([seqs[i] for i in idx], off, cfg.chunk_tokens)
     sref = cal.reference[idx].astype(np.float64)
