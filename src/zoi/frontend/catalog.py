@@ -100,7 +100,7 @@ ROWS: tuple[Row, ...] = (
         ("gte", "new"),
         "gte-base-en-v1.5, gte-multilingual-base",
         "FP32, INT8",
-        "FP16, INT8 (interpreter)",
+        "FP16, INT8",
         ("embeddings", "token embeddings"),
     ),
     Row(
