@@ -91,10 +91,9 @@ class QuantConfig:
     # the first row of each sequence (the [CLS] / attention-sink row, whose massive channels
     # take the per-token scale) quantised twice in every INT8 linear: q1 = Q(x), q2 = Q(x -
     # deq(q1)) per token, one more INT8 row per sequence and linear (LinearQuant.first_row;
-    # docs/QUANT.md "The first row of each sequence quantised twice"). Off by default until
-    # the GPU's kernels run it (the CPU core and the emulation do): an artifact with it runs
-    # on the GPU with one quantisation per row
-    first_row_residual: bool = False
+    # docs/QUANT.md "The first row of each sequence quantised twice"). On: the CPU core, the
+    # GPU's Triton kernels and the emulation all run it; False compiles the numerics before it
+    first_row_residual: bool = True
     # the budget this config was made for (QuantConfig.preset); recorded in the artifact
     calibration: str = "default"
     extra: dict = field(default_factory=dict)

@@ -37,6 +37,7 @@ import numpy as np
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
 from zoi.backends.cuda.device import device_index, on_device
+from zoi.backends.cuda.megakernel import megakernel_options, megakernel_steps
 from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
 from zoi.backends.cuda.outputs import memory_report, run_outputs
 from zoi.backends.cuda.plan import Launch, plan_launches, require_fp8
@@ -118,6 +119,7 @@ class CudaBackend:
         )
         self.persistent_max = 0 if opts.persistent == "off" else int(pmax)
         self.persistent_choice = opts.persistent  # "time": build both, keep the faster
+        megakernel_options(self, opts)  # the CUDA C++ kernel's buckets, where it is on
         self.bucket_paths: dict[int, dict] = {}
         self._pplans: dict[int, object] = {}  # bucket -> PersistentPlan (its barrier flag)
         self.launches = self.plans[True]["launches"]
@@ -224,6 +226,8 @@ class CudaBackend:
         persistent: the one-launch forward (default: for buckets <= persistent_max)."""
         if persistent is None:
             persistent = tb <= self.persistent_max
+        if persistent and self.opts.megakernel != "off" and not self.eager:
+            return megakernel_steps(self, tb)  # the per-op steps where unsupported
         if persistent:
             from zoi.backends.cuda.persistent import PersistentPlan, PersistentUnsupported
 
@@ -371,6 +375,8 @@ class CudaBackend:
         if not self.eager:
             self.torch.cuda.synchronize(self.dev)
             self.staging.h_flag[0] = 0
+        if hasattr(plan, "error_message"):  # the megakernel: a dependency wait gave up
+            raise BackendUnavailableError(plan.error_message())
         raise BackendUnavailableError(
             f"cuda: the one-launch forward of bucket {tb} timed out in a grid barrier (its "
             "programs were not all resident: is the GPU shared with long-running work?); this "

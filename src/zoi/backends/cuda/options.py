@@ -50,6 +50,11 @@ PDL_MAX_TOKENS = 64  # programmatic dependent launch: measured faster at 16 toke
 # weights; kernels/persistent.py): at a few sequences the per-op graph is bound by ~44 nodes
 PERSISTENT_MAX_TOKENS = 256
 PERSISTENT_CHOICES = ("time", "force", "off")
+# the CUDA C++ persistent encoder kernel (csrc/cuda/megakernel.cu, docs/MEGAKERNEL.md) for
+# buckets up to this many tokens: "off" (default until measured), "on" (where supported),
+# "auto" (build it and the per-op graph, keep the faster per bucket, like persistent="time")
+MEGAKERNEL_CHOICES = ("off", "on", "auto")
+MEGAKERNEL_MAX_TOKENS = 1024
 
 
 def triton_interpreting(env=None) -> bool:
@@ -79,7 +84,9 @@ class CudaOptions:
     LN fusions in the small plan too (the fused plan's are fuse_ln's). parallel_build: worker
     processes compiling the buckets' Triton kernels before the first build of a model's shapes
     (prebuild.py; None: one per bucket, at most 8 and half the CPUs; 0: none); only with a
-    path cache, which remembers that the shapes were built."""
+    path cache, which remembers that the shapes were built. megakernel: the CUDA C++
+    persistent encoder kernel for buckets <= megakernel_max ("off" / "on" / "auto", above;
+    it takes the place of the Triton one-launch forward where it is on)."""
 
     fuse_ln: bool = FUSE_LN
     rowq: bool = ROWQ
@@ -96,6 +103,8 @@ class CudaOptions:
     fold_quant: bool = FOLD_QUANT
     fuse_ln_small: bool = FUSE_LN_SMALL
     parallel_build: int | None = None
+    megakernel: str = "off"
+    megakernel_max: int = MEGAKERNEL_MAX_TOKENS
 
     def __post_init__(self):
         if self.device_index is not None and (
@@ -109,6 +118,11 @@ class CudaOptions:
             raise ValueError(
                 f"CudaOptions.persistent must be one of {PERSISTENT_CHOICES}, got "
                 f"{self.persistent!r}"
+            )
+        if self.megakernel not in MEGAKERNEL_CHOICES:
+            raise ValueError(
+                f"CudaOptions.megakernel must be one of {MEGAKERNEL_CHOICES}, got "
+                f"{self.megakernel!r}"
             )
 
     def replace(self, **kw) -> CudaOptions:

@@ -33,6 +33,7 @@ from zoi.graph.quantmode import QuantMode
 @dataclass
 class Launch:
     kind: str  # embed | linear | attention | add_layernorm | quantize | pool | glu | sparse_pool
+    # | first_row_map | first_row (the first row of each sequence quantised twice: first_row.py)
     # (a linear with extra["splade"]: the MLM decoder fused with SPLADE's pool, out = the pool's)
     op: object
     out: str
@@ -273,7 +274,9 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         L.prequant = True
         L.extra["qname"] = qname
         final.append(L)
-    out = final
+    from zoi.backends.cuda.first_row import first_rows  # (it builds Launch objects)
+
+    out = first_rows(model, final, fallbacks, warn=fuse)
     # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
     need = {
         L.ins[0]

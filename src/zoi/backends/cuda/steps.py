@@ -107,11 +107,17 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             ln = L.ln is not None
             norm = _norm_kw(L.ln) if ln else {}
             rowq = bool(L.extra.get("q")) and not ln
+            fr = L.extra.get("first_row")  # the first rows' second quantisation (plan)
+            fr = (
+                (arena.first_row_map(plan, tb), *arena.first_row(plan, fr, max_batch))
+                if fr
+                else None
+            )
             cfg = k_lin.pick_config(
                 tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
             )
             steps.append(
-                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), fold=fold, norm=norm: (
+                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), fold=fold, norm=norm, fr=fr: (
                     k_lin.launch_linear(
                         a,
                         a_sc,
@@ -138,7 +144,29 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         **(fold or dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)),
                         **qo,
                         **norm,
+                        first_row=fr,
                     )
+                )
+            )
+        elif L.kind == "first_row_map":  # row -> the sequence it starts (the call's B)
+            frm = arena.first_row_map(plan, tb)
+            steps.append(lambda frm=frm: k_q.launch_first_row_map(cu, hdr[1:2], frm, tb))
+        elif L.kind == "first_row":  # (q2, s2) of the first rows, from the rows A came from
+            p, (q2, s2) = L.extra["prefix"], arena.first_row(plan, L.out, max_batch)
+            steps.append(
+                lambda x=act(L.ins[0]), q2=q2, s2=s2, p=p, L=L: k_q.launch_first_row_q2(
+                    x,
+                    cu,
+                    hdr[1:2],
+                    w.get(f"{p}.act_shift"),
+                    w.get(f"{p}.act_mul"),
+                    q2,
+                    s2,
+                    L.k,
+                    nseq,
+                    mode=L.mode.value,
+                    static_amax=L.static_amax,
+                    amax=amx(L.ins[0]) if L.extra["amax"] else None,
                 )
             )
         elif L.kind == "quantize":

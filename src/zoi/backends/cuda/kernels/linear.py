@@ -75,6 +75,37 @@ from zoi.backends.cuda.kernels.quantize import (
 
 
 @triton.jit
+def first_row_term(
+    y, fr_ptr, q2_ptr, s2_ptr, w_ptr, ws_ptr, rm_c, rn, n_mask, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """y (bias in) + float(q2 . w) * (s2 * ws[n]) on the tile's rows that start a sequence
+    (``fr_ptr``: row -> its sequence b, or -1; q2 [B, K] int8 / s2 [B] from
+    quantize.first_row_q2_kernel), == primitives.add_first_row_term. Only a tile holding such
+    a row runs the second K loop (the weight tiles it reloads were just read: L2-hot)."""
+    fr = tl.load(fr_ptr + rm_c)
+    if tl.max(fr, axis=0) >= 0:
+        has = fr >= 0
+        frc = tl.where(has, fr, 0)
+        rk = tl.arange(0, BLOCK_K)
+        rn_c = tl.where(n_mask, rn, 0)
+        q_ptrs = q2_ptr + frc[:, None].to(tl.int64) * K + rk[None, :]
+        w_ptrs = w_ptr + rn_c[None, :].to(tl.int64) * K + rk[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for k in range(0, K, BLOCK_K):
+            k_ok = (k + rk) < K
+            q = tl.load(q_ptrs, mask=has[:, None] & k_ok[None, :], other=0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+            acc = tl.dot(q, w, acc, out_dtype=tl.int32)
+            q_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        s2 = tl.load(s2_ptr + frc, mask=has, other=0.0)
+        ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
+        y = tl.where(has[:, None], y + acc.to(tl.float32) * (s2[:, None] * ws[None, :]), y)
+    return y
+
+
+@triton.jit
 def gemm_tile(
     a_ptr,
     a_amax_ptr,
@@ -95,8 +126,13 @@ def gemm_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FIRST_ROW: tl.constexpr = False,
+    fr_ptr=None,
+    q2_ptr=None,
+    s2_ptr=None,
 ):
-    """One output tile (rows rm_c, clamped in bounds; columns rn): act(A W^T dequantised + b), fp32."""
+    """One output tile (rows rm_c, clamped in bounds; columns rn): act(A W^T dequantised + b),
+    fp32; FIRST_ROW: with the first rows' second term (first_row_term, its three pointers)."""
     rk = tl.arange(0, BLOCK_K)
     rn_c = tl.where(n_mask, rn, 0)
     a_ptrs = a_ptr + rm_c[:, None].to(tl.int64) * lda + rk[None, :]
@@ -163,6 +199,10 @@ def gemm_tile(
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
     y = y + bias[None, :]
+    if FIRST_ROW:
+        y = first_row_term(
+            y, fr_ptr, q2_ptr, s2_ptr, w_ptr, ws_ptr, rm_c, rn, n_mask, K, BLOCK_M, BLOCK_N, BLOCK_K
+        )
     return activation(y, ACT)
 
 
@@ -188,6 +228,10 @@ def gemm_tile_fold(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FIRST_ROW: tl.constexpr = False,
+    fr_ptr=None,
+    q2_ptr=None,
+    s2_ptr=None,
 ):
     """QUANT 16: one output tile of an INT8 linear over fp16 A, quantised per row in the GEMM
     exactly as quantize_kernel would (statistics of the whole row first, then the codes)."""
@@ -220,7 +264,12 @@ def gemm_tile_fold(
     ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
     y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
-    return activation(y + bias[None, :], ACT)
+    y = y + bias[None, :]
+    if FIRST_ROW:
+        y = first_row_term(
+            y, fr_ptr, q2_ptr, s2_ptr, w_ptr, ws_ptr, rm_c, rn, n_mask, K, BLOCK_M, BLOCK_N, BLOCK_K
+        )
+    return activation(y, ACT)
 
 
 @triton.jit
@@ -244,6 +293,9 @@ def linear_kernel(
     qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
     in_shift_ptr,  # [K] fp32 this linear's act_shift (QUANT 16, IN_SHIFT)
     in_mul_ptr,  # [K] fp32 this linear's act_mul (QUANT 16, IN_MUL)
+    fr_ptr,  # [M] int32 row -> sequence whose first row it is, or -1 (FIRST_ROW)
+    q2_ptr,  # [B, K] int8 second quantisation of the first rows (FIRST_ROW)
+    s2_ptr,  # [B] fp32 its per-row scale (FIRST_ROW)
     M,
     N,
     K,
@@ -274,6 +326,7 @@ def linear_kernel(
     IN_MUL: tl.constexpr,
     RMS: tl.constexpr = False,  # LN: RMSNorm
     POST: tl.constexpr = False,  # LN with HAS_RES: norm(y) + r
+    FIRST_ROW: tl.constexpr = False,  # INT8: the first rows' second quantisation (q2_ptr)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -291,7 +344,8 @@ def linear_kernel(
             n_mask = rn < N
             y = gemm_tile(
                 a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
-                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
+                fr_ptr, q2_ptr, s2_ptr,
             )  # fmt: skip
             out = y.to(y_ptr.dtype.element_ty)
             tl.store(y_rows + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
@@ -334,12 +388,13 @@ def linear_kernel(
             y = gemm_tile_fold(
                 a_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, in_shift_ptr, in_mul_ptr, rm_c, rn,
                 n_mask, K, lda, static_amax, IN_QM, IN_SHIFT, IN_MUL, ACT, BLOCK_M, BLOCK_N,
-                BLOCK_K,
+                BLOCK_K, FIRST_ROW, fr_ptr, q2_ptr, s2_ptr,
             )  # fmt: skip
         else:
             y = gemm_tile(
                 a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
-                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
+                fr_ptr, q2_ptr, s2_ptr,
             )  # fmt: skip
         mask2 = m_mask[:, None] & n_mask[None, :]
         if HAS_RES:
@@ -708,6 +763,7 @@ def launch_linear(
     in_mul=None,
     rms=False,
     post=False,
+    first_row=None,
 ):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts).
 
@@ -718,7 +774,11 @@ def launch_linear(
     N tiles storing y, then reads its rows back and quantises them).
     quant 16: A is fp16, quantised in the GEMM in in_mode ("dynamic", "static",
     "dynamic_asym": colsum needed) after this linear's in_shift / in_mul, as a quantize launch
-    would (static_amax: the static scheme's). rms / post (LN mode): RMSNorm / norm(y) + r."""
+    would (static_amax: the static scheme's). rms / post (LN mode): RMSNorm / norm(y) + r.
+    first_row (INT8 only): (fr_map int32 [M], q2 int8 [B, K], s2 fp32 [B]) of
+    quantize.launch_first_row_map / launch_first_row_q2: the first row of each sequence
+    quantised twice (zoi.numerics.primitives.first_row_residual)."""
+    assert first_row is None or quant in (1, 2, 4, 16), "the first-row residual is INT8 only"
     assert ln or not (rms or post), "rms / post are modes of the LN epilogue"
     rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
     in_qm = 0
@@ -756,6 +816,9 @@ def launch_linear(
         q_mul if q_mul is not None else dummy,
         in_shift if in_shift is not None else dummy,
         in_mul if in_mul is not None else dummy,
+        first_row[0] if first_row is not None else dummy,
+        first_row[1] if first_row is not None else dummy,
+        first_row[2] if first_row is not None else dummy,
         M,
         N,
         K,
@@ -782,6 +845,7 @@ def launch_linear(
         IN_MUL=in_mul is not None,
         RMS=bool(rms),
         POST=bool(post),
+        FIRST_ROW=first_row is not None,
         launch_pdl=pdl,
         **cfg,
     )
