@@ -3,12 +3,15 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|multigpu|multibench|fp8] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|multigpu|multibench|fp8|mega] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
 #   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
 #   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
 #   multibench (explicit only): scripts/bench_multigpu.sh (1 GPU vs 2 on zoi serve, Triton, Ray)
 #   fp8 (explicit only, sm_89+): FP8 tests compiled, zoi eval --precision fp8, zoi bench fp8/int8/fp16
+#   mega (explicit only): the CUDA C++ megakernel: nvcc build + ptxas report, its GPU tests, MiniLM
+#   1x16 / 1x128 / 8x128 megakernel vs per-op graph vs PyTorch FP16 + CUDA graph (JSON);
+#   MEGA_SANITIZE=1 adds compute-sanitizer memcheck + racecheck of a few megakernel forwards
 set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -104,6 +107,35 @@ if [[ " $STAGES " == *" fp8 "* ]]; then  # explicit only (an sm_89+ GPU), ~8 min
     $PY -m zoi.bench.cli --device cuda --no-rss --providers zoi-cuda-fp8,zoi-cuda-int8,zoi-cuda-fp16 \
     --workloads "${FP8_WORKLOADS:-minilm-32x128,minilm-256x128}" --rounds 5 \
     --out "$OUT/gpu_bench_fp8_${STAMP}.json" 2>&1 | tail -30 | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" mega "* ]]; then  # explicit only, ~5 min: the CUDA C++ megakernel (docs/MEGAKERNEL.md)
+  log "mega: build csrc/cuda/megakernel.cu, GPU tests, MiniLM megakernel vs per-op vs PyTorch FP16 graph" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  MK_LOG="$OUT/gpu_megakernel_${STAMP}.ptxas.txt"
+  if command -v nvcc >/dev/null; then  # the device's own nvcc: the cubin always matches its driver
+    mkdir -p src/zoi/_cuda
+    nvcc --version | tail -1 | tee -a "$OUT/gpu_check_${STAMP}.log"
+    nvcc -cubin -O3 -std=c++17 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
+      -o src/zoi/_cuda/megakernel.cubin csrc/cuda/megakernel.cu >"$MK_LOG" 2>&1
+    echo "nvcc exit $?" | tee -a "$MK_LOG" "$OUT/gpu_check_${STAMP}.log"
+    cat "$MK_LOG" | tee -a "$OUT/gpu_check_${STAMP}.log"
+    command -v cuobjdump >/dev/null && cuobjdump -res-usage src/zoi/_cuda/megakernel.cubin 2>&1 | tail -4 | tee -a "$OUT/gpu_check_${STAMP}.log"
+    cp src/zoi/_cuda/megakernel.cubin "$OUT/gpu_megakernel_${STAMP}.cubin" 2>/dev/null
+  else
+    echo "no nvcc here: the carried src/zoi/_cuda/megakernel.cubin (if any) is used" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  fi
+  ZOI_TRITON_COMPILED=1 timeout "${MEGA_TEST_TIMEOUT:-330}" $PY -m pytest tests/cuda_backend/test_megakernel_gpu.py tests/cuda_backend/test_megakernel.py \
+    -q -rA -p no:cacheprovider --tb=short 2>&1 | grep -v "^PASSED" | tail -80 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  mkrc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$mkrc
+  echo "megakernel tests exit code $mkrc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  if [[ -n "${MEGA_SANITIZE:-}" ]]; then  # memcheck + racecheck (shared memory) on a few small forwards
+    for tool in memcheck racecheck; do
+      ZOI_TRITON_COMPILED=1 timeout 240 compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
+        $PY csrc/cuda/bench_megakernel.py --out /dev/null --sanitize 2>&1 | grep -v "Host Frame" | tail -25 | tee -a "$OUT/gpu_check_${STAMP}.log"
+      echo "megakernel $tool exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_check_${STAMP}.log"
+    done
+  fi
+  ZOI_TRITON_COMPILED=1 timeout "${MEGA_BENCH_TIMEOUT:-200}" $PY csrc/cuda/bench_megakernel.py ${MEGA_BENCH_ARGS:-} \
+    --out "$OUT/gpu_megakernel_${STAMP}.json" 2>&1 | tail -30 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if has sanitize; then
   log "compute-sanitizer memcheck (one forward per precision)" | tee -a "$OUT/gpu_check_${STAMP}.log"

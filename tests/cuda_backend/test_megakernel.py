@@ -1,0 +1,251 @@
+"""The megakernel's host side on the CPU: the instruction-list builder (dependencies, hazards,
+queue balance), its numpy emulation against the float64 reference, the model checks, and the
+nvcc build of csrc/cuda/megakernel.cu for sm_90a / sm_90 with its ptxas report."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+
+from zoi.backends.cuda import megakernel as mk  # noqa: E402
+from zoi.backends.cuda.arena import header_ints  # noqa: E402
+from zoi.backends.cuda.options import CudaOptions  # noqa: E402
+from zoi.backends.reference import ReferenceBackend  # noqa: E402
+
+
+def _model(**kw):
+    from zoi.graph.compiled import CompiledModel
+    from zoi.graph.synthetic import random_weights, synthetic_spec
+
+    seed = kw.pop("seed", 0)
+    spec = dataclasses.replace(synthetic_spec(**kw), max_positions=512)
+    return CompiledModel.build(spec, random_weights(spec, seed), "fp16", 512, None, {})
+
+
+def _desc(model):
+    from zoi.backends.cuda.plan import plan_launches
+    from zoi.backends.cuda.weights import pack_weights
+
+    plans = [plan_launches(model, f, CudaOptions()) for f in (False, True)]
+    wbuf, w, _ = pack_weights(model, plans, torch, "cpu")
+    return mk.describe(plans[0]["launches"], w, wbuf.data_ptr()), wbuf
+
+
+MINILM = dict(hidden=384, heads=12, layers=2, inter=1536)
+
+
+@pytest.fixture(scope="module")
+def minilm_desc():
+    return _desc(_model(**MINILM))[0]
+
+
+@pytest.mark.parametrize("tb", [1, 16, 17, 128, 300, 512, 1024])
+@pytest.mark.parametrize("blocks", [1, 7, 132])
+def test_program_dependencies_and_hazards(minilm_desc, tb, blocks):
+    prog = mk.build_program(minilm_desc, tb, blocks, max_seq=min(tb, 64))
+    st = mk.check_program(prog)  # every read after its write through counters, no deadlock
+    assert st["instructions"] == len(prog.rows) and prog.n_blocks == blocks
+    R = prog.rows
+    assert (R[:, mk.F_OP] > 0).all()
+    gemm = R[R[:, mk.F_OP] == mk.OP_GEMM]
+    assert (gemm[:, mk.F_K] % 8 == 0).all()  # 16-byte rows for cp.async
+    assert prog.scratch_bytes % 256 == 0
+
+
+def test_queue_balance(minilm_desc):
+    prog = mk.build_program(minilm_desc, 128, 132, max_seq=128)
+    load = np.array(mk.check_program(prog)["load"])
+    assert load.max() <= 1.5 * load.mean() + max(prog.cost), (load.max(), load.mean())
+    assert min(len(q) for q in prog.queues) > 0  # every block has work at 128 tokens
+
+
+def test_ffn2_splits():
+    assert mk.ffn2_splits(1536, 24, 132) == [(0, 384), (384, 768), (768, 1152), (1152, 1536)]
+    assert mk.ffn2_splits(1536, 48, 132) == [(0, 768), (768, 1536)]  # 4 x 48 > 132
+    assert mk.ffn2_splits(96, 1, 132) == [(0, 64), (64, 96)]  # a partial last step
+    assert mk.ffn2_splits(1536, 132, 132) == [(0, 1536)]
+
+
+def test_checker_finds_a_missing_counter(minilm_desc):
+    prog = mk.build_program(minilm_desc, 64, 8)
+    k = next(i for i, r in enumerate(prog.rows) if r[mk.F_OP] == mk.OP_ATTN)
+    prog.rows[k, mk.F_WAIT] = -1  # attention no longer waits for its qkv tiles
+    with pytest.raises(AssertionError, match="no counter between them"):
+        mk.check_program(prog)
+
+
+def test_checker_finds_a_short_wait(minilm_desc):
+    prog = mk.build_program(minilm_desc, 64, 8)
+    k = next(i for i, r in enumerate(prog.rows) if r[mk.F_OP] == mk.OP_LN)
+    prog.rows[k, mk.F_WAIT_N] -= 1
+    with pytest.raises(AssertionError, match="waits for"):
+        mk.check_program(prog)
+
+
+def _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed):
+    ids, pos, cu = batch(lens, int(model.spec.vocab_size), seed)
+    hi = header_ints(64)
+    d_in = np.zeros(hi + 2 * tb, np.int32)
+    d_in[:4] = [int(norm), len(lens), len(ids), 0]
+    d_in[4 : 4 + len(cu)] = cu
+    d_in[hi : hi + len(ids)] = ids
+    d_in[hi + tb : hi + tb + len(ids)] = pos
+    out = np.full((64, desc["H"]), np.nan, np.float32)  # poisoned
+    prog = mk.build_program(desc, tb, blocks, max_seq=min(tb, 64))
+    mk.emulate(prog, wbuf.numpy().view(np.uint8), d_in, hi, out)
+    return out[: len(lens)], ReferenceBackend(model, dtype=np.float64).run(ids, pos, cu, norm)
+
+
+@pytest.mark.parametrize(
+    "kw,lens,tb",
+    [
+        (dict(), [5, 1, 9, 40], 64),
+        (dict(hidden=64, heads=2, layers=1, inter=96, pooling="cls", type_vocab=0), [7], 16),
+        (dict(hidden=64, heads=2, layers=1, inter=96, seed=3), [1, 30, 2, 60], 128),
+        (dict(hidden=32, heads=2, layers=1, inter=40, seed=4), [300], 300),
+    ],
+)
+def test_emulation_matches_reference(kw, lens, tb):
+    """The instruction fields, read as the kernel reads them, compute the model's forward."""
+    model = _model(**kw)
+    desc, wbuf = _desc(model)
+    # 132 blocks: ffn2 split in up to 4 k ranges (fp32 partials summed by the LN)
+    for norm, blocks in ((True, 5), (False, 1), (True, 132)):
+        got, want = _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed=len(lens))
+        assert np.isfinite(got).all()
+        assert rel(got, want) < 5e-3 and min_cosine(got, want) > 0.9999, rel(got, want)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(pooling="max"), "pooling"),
+        (dict(act="relu"), "activation"),
+        (dict(hidden=36, heads=2, inter=72), "hidden"),  # head_dim 18 fine, hidden % 8 != 0
+        (dict(hidden=768, heads=12, inter=64), "hidden"),  # wider than a warp's 16 x 32 columns
+    ],
+)
+def test_unsupported_models_refused(kw, match):
+    with pytest.raises(mk.MegakernelUnsupported, match=match):
+        _desc(_model(**kw))
+
+
+def test_int8_refused():
+    from zoi.backends.cuda.plan import plan_launches
+    from zoi.backends.cuda.weights import pack_weights
+
+    model = tiny_model("int8")
+    plans = [plan_launches(model, f, CudaOptions()) for f in (False, True)]
+    wbuf, w, _ = pack_weights(model, plans, torch, "cpu")
+    with pytest.raises(mk.MegakernelUnsupported):
+        mk.describe(plans[0]["launches"], w, wbuf.data_ptr())
+
+
+def test_option_checked():
+    assert CudaOptions().megakernel == "off"
+    with pytest.raises(ValueError, match="megakernel"):
+        CudaOptions(megakernel="yes")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
+def test_nvcc_builds_the_kernel(tmp_path, arch):
+    out = tmp_path / f"mk_{arch}.cubin"
+    report = mk.compile_cubin(out, arch)
+    assert out.stat().st_size > 10_000
+    r = mk.ptxas_report(report)
+    # one 256-thread block per SM: up to 255 registers, no local-memory spills, static
+    # shared memory within the 48 KB a block gets without opting in
+    assert 0 < r["registers"] <= 255, report
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, report
+    assert 0 < r["smem"] <= 48 * 1024, report
+
+
+def test_ptxas_report_parsed():
+    text = (
+        "ptxas info    : Function properties for zoi_megakernel\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 163 registers, used 1 barriers, 37380 bytes smem\n"
+    )
+    assert mk.ptxas_report(text) == dict(
+        registers=163, stack=8, spill_stores=4, spill_loads=12, smem=37380
+    )
+
+
+class _FakeDriver:
+    """The driver calls MegakernelPlan makes, recorded (cuda.bindings' (err, value) returns)."""
+
+    def __init__(self):
+        import types
+
+        self.calls = []
+        rec = lambda name, ret=None: lambda *a: self.calls.append((name, a)) or (0, ret)  # noqa: E731
+        self.cu = types.SimpleNamespace(
+            cuModuleLoadData=rec("load", "module"),
+            cuModuleGetFunction=rec("get", "function"),
+            cuFuncSetAttribute=rec("attr"),
+            cuLaunchKernel=rec("launch"),
+            CUstream=lambda s: ("stream", s),
+            CUfunction_attribute=types.SimpleNamespace(
+                CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="max_dyn_smem"
+            ),
+        )
+
+    def check(self, res):
+        assert res[0] == 0
+        return res[1] if len(res) == 2 else None
+
+
+@pytest.mark.skipif(not mk.packaged_cubins() and shutil.which("nvcc") is None, reason="no cubin")
+def test_plan_packs_parameters_and_launches(monkeypatch, tmp_path):
+    """The host side of a launch without a GPU: the parameter block matches the kernel's
+    Params layout (static_assert there), dynamic shared memory is raised and passed."""
+    import ctypes
+    import struct
+    import types
+
+    from zoi.backends.cuda.plan import plan_launches
+    from zoi.backends.cuda.weights import pack_weights
+
+    model = _model(hidden=64, heads=2, layers=1, inter=96)
+    plans = [plan_launches(model, f, CudaOptions()) for f in (False, True)]
+    wbuf, w, _ = pack_weights(model, plans, torch, "cpu")
+    hi = header_ints(64)
+    fake_torch = types.SimpleNamespace(
+        from_numpy=torch.from_numpy, zeros=torch.zeros, int64=torch.int64, uint8=torch.uint8,
+        cuda=types.SimpleNamespace(current_stream=lambda dev: types.SimpleNamespace(cuda_stream=7)),
+    )  # fmt: skip
+    be = types.SimpleNamespace(
+        torch=fake_torch, eager=False, max_tokens=512, max_batch=64, plans={False: plans[0]},
+        w=w, wbuf=wbuf, sm=8, drv=_FakeDriver(), device_index=0, capability=(9, 0), dev="cpu",
+        d_in=torch.zeros(hi + 2 * 128, dtype=torch.int32), hdr_ints=hi,
+        d_out=torch.zeros(64, 64, dtype=torch.float32),
+    )  # fmt: skip
+    monkeypatch.setattr(mk.MegakernelPlan, "_modules", {})
+    monkeypatch.setenv("ZOI_CACHE_DIR", str(tmp_path))  # a first-use nvcc build lands here
+    plan = mk.MegakernelPlan(be, 128)
+    f = struct.unpack("<8Q3i4xqQ", plan.params)
+    assert f[:8] == (
+        plan.instr.data_ptr(), plan.qoff.data_ptr(), plan.queue.data_ptr(), plan.bar.data_ptr(),
+        wbuf.data_ptr(), plan.scratch.data_ptr(), be.d_in.data_ptr(), be.d_out.data_ptr(),
+    )  # fmt: skip
+    assert f[8:] == (hi, 128, 8, mk.POLL_LIMIT, 0)  # no profile buffer
+    assert plan.bar.numel() == mk.STATE_CTR + len(plan.prog.per_call)
+    mk.check_program(plan.prog)
+    plan.steps()[0]()
+    name, args = be.drv.calls[-1]
+    assert name == "launch" and args[1:8] == (8, 1, 1, mk.THREADS, 1, 1, mk.SMEM_BYTES)
+    assert args[8] == ("stream", 7)
+    pp = ctypes.cast(args[9], ctypes.POINTER(ctypes.c_void_p))[0]  # kernelParams[0]
+    assert ctypes.string_at(pp, len(plan.params)) == plan.params
+    assert ("attr", ("function", "max_dyn_smem", mk.SMEM_BYTES)) in be.drv.calls
+    assert not plan.barrier_timed_out()
+    plan.bar[mk.STATE_ERR] = 1
+    assert plan.barrier_timed_out() and "gave up waiting" in plan.error_message()
