@@ -91,9 +91,11 @@ class QuantConfig:
     # the first row of each sequence (the [CLS] / attention-sink row, whose massive channels
     # take the per-token scale) quantised twice in every INT8 linear: q1 = Q(x), q2 = Q(x -
     # deq(q1)) per token, one more INT8 row per sequence and linear (LinearQuant.first_row;
-    # docs/QUANT.md "The first row of each sequence quantised twice"). On: the CPU core, the
-    # GPU's Triton kernels and the emulation all run it; False compiles the numerics before it
-    first_row_residual: bool = True
+    # docs/QUANT.md "The first row of each sequence quantised twice"). The CPU core, the GPU's
+    # Triton kernels and the emulation all run it, but opt-in: on an H100 its extra launches
+    # (a row map, one q2 launch per linear) cost MiniLM INT8 1x128 195 -> 302 us
+    # (lab/gpu/first_row_bench.py), and a few compiled GPU checks still miss their bound
+    first_row_residual: bool = False
     # the budget this config was made for (QuantConfig.preset); recorded in the artifact
     calibration: str = "default"
     extra: dict = field(default_factory=dict)
