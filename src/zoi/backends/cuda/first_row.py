@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 
-from zoi.backends.cuda.plan import Launch, _max_batch
 from zoi.backends.cuda.weights import align
 
 log = logging.getLogger("zoi")
@@ -14,7 +13,7 @@ log = logging.getLogger("zoi")
 FIRST_ROW_MAP = "#first_rows"  # int32 [T]: row -> the sequence it starts, or -1
 
 
-def first_rows(model, launches: list, fallbacks: dict, warn: bool) -> list:
+def first_rows(model, launches: list, fallbacks: dict, warn: bool, Launch, max_batch: int) -> list:
     """The first row of each sequence quantised twice (LinearQuant.first_row; zoi.numerics.
     primitives.first_row_residual): one "first_row_map" launch after the embedding (row ->
     sequence, shared by every such linear), and before each such INT8 linear a "first_row"
@@ -23,10 +22,12 @@ def first_rows(model, launches: list, fallbacks: dict, warn: bool) -> list:
     bit for bit); the linear adds the term in its GEMM (kernels/linear.py first_row_term).
     SPLADE's fused decoder does not run it: listed in the fallbacks ("<prefix>#q2") and warned
     of (warn: once per backend, from its fused plan). The one-launch forwards (persistent,
-    megakernel) refuse such a launch list (persistent._layers): the per-op kernels run it."""
+    megakernel) refuse such a launch list (persistent._layers): the per-op kernels run it.
+    Launch, max_batch: plan.py's launch class and the model's max_batch (passed in: plan.py
+    imports this module)."""
     quant = getattr(model, "quant", None) or {}
-    mb = _max_batch(model)
-    out: list[Launch] = []
+    mb = max_batch
+    out: list = []
     for L in launches:
         p = L.extra.get("prefix")
         lq = quant.get(p) if L.kind == "linear" else None

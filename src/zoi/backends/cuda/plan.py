@@ -276,7 +276,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         final.append(L)
     from zoi.backends.cuda.first_row import first_rows  # (it builds Launch objects)
 
-    out = first_rows(model, final, fallbacks, warn=fuse)
+    out = first_rows(model, final, fallbacks, warn=fuse, Launch=Launch, max_batch=_max_batch(model))
     # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
     need = {
         L.ins[0]
