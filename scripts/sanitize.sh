@@ -48,7 +48,8 @@ set +e
 # test_alloc preloads its own malloc counter, which cannot sit beside ASan's allocator; its
 # peak-RSS bound measures zoi's pages, which ASan's shadow memory and quarantine inflate (both
 # run, asserted, in make test's main pytest run on every ISA)
-python -m pytest -q -p no:xdist -p no:cacheprovider --capture=sys \
+# two workers (one per core): the sanitized tests take ~2 min of a CI run's budget on one
+python -m pytest -q -n "${JOBS:-2}" --dist loadfile -p no:cacheprovider --capture=sys \
   --deselect tests/cpu/test_alloc.py::test_zero_allocations_in_steady_state \
   --deselect tests/cpu/test_alloc.py::test_engine_rss_is_weights_plus_touched_rows "${ARGS[@]}"
 rc=$?
