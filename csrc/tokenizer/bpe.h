@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tokenizer/added.h"
 #include "tokenizer/encoder.h"
 #include "tokenizer/merges.h"
 
@@ -47,16 +48,6 @@ struct BpeConfig {
 };
 
 struct BpeScratch;  // per-thread work buffers (thread_local inside encode)
-
-// Added tokens of one kind (matched in the raw text, or in the normalised text).
-struct AddedSet {
-  enum : uint8_t { kLstrip = 1, kRstrip = 2 };  // take in the whitespace before / after
-  std::vector<std::string> toks;
-  std::vector<int32_t> ids;
-  std::vector<uint8_t> flags;
-  bool first[256] = {};  // a token starts with this byte
-  bool empty() const { return toks.empty(); }
-};
 
 class ByteBPE final : public TextEncoder {
  public:

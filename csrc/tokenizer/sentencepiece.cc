@@ -632,60 +632,17 @@ std::string SentencePiece::normalize(const std::string& s) const {
 
 // ---- the pipeline ----
 
-// HF AddedVocabulary::find_matches: leftmost-longest; lstrip takes in the whitespace before
-// the token (not past the previous token), rstrip the whitespace after it.
+// the added tokens of one set in s (added.h split_added); the text between them is a raw
+// segment (normalised, then matched against the normalised set) or, raw = false, already
+// normalised text to pre-tokenize (at0: s starts the input, for the dummy prefix)
 void SentencePiece::take_added(const AddedSet& set, const uint8_t* s, size_t n, bool raw, bool at0,
                                SpScratch& sc) const {
-  auto text = [&](size_t a, size_t b) {
-    if (b <= a) return;
-    if (raw) segment(s + a, b - a, at0 && a == 0, sc);
-    else pre(0, s + a, b - a, at0 && a == 0, sc);
-  };
-  size_t seg = 0;
-  for (size_t i = 0; i < n && !sc.stop;) {
-    size_t len = 0, k = 0;
-    if (set.first[s[i]]) {
-      for (size_t t = 0; t < set.toks.size(); ++t) {
-        const std::string& a = set.toks[t];
-        if (a.size() > len && a.size() <= n - i && std::memcmp(a.data(), s + i, a.size()) == 0) {
-          len = a.size();
-          k = t;
-        }
-      }
-    }
-    if (!len) {
-      ++i;
-      continue;
-    }
-    size_t start = i, stop = i + len;
-    if (set.flags[k] & AddedSet::kLstrip) {
-      while (start > seg) {
-        size_t p = start - 1;
-        while (p > seg && (s[p] & 0xC0) == 0x80) --p;
-        size_t q = p;
-        if (!(utf8::props(next_cp(s, n, q)) & uni::F_WS)) break;
-        start = p;
-      }
-    }
-    if (set.flags[k] & AddedSet::kRstrip) {
-      while (stop < n) {
-        size_t q = stop;
-        if (!(utf8::props(next_cp(s, n, q)) & uni::F_WS)) break;
-        stop = q;
-      }
-    }
-    text(seg, start);
-    if (sc.stop) return;
-    if (sc.count == sc.limit) {
-      sc.stop = true;
-      sc.over = !sc.truncate;
-      return;
-    }
-    sc.out->push_back(set.ids[k]);
-    ++sc.count;
-    i = seg = stop;
-  }
-  if (!sc.stop) text(seg, n);
+  split_added(
+      set, s, n, sc, [](uint32_t cp) { return (utf8::props(cp) & uni::F_WS) != 0; },
+      [&](size_t a, size_t b) {
+        if (raw) segment(s + a, b - a, at0 && a == 0, sc);
+        else pre(0, s + a, b - a, at0 && a == 0, sc);
+      });
 }
 
 // one piece of the raw text between added tokens: normalise, take out the added tokens
