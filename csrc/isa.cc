@@ -3,9 +3,11 @@
 #if defined(ZOI_ARCH_X86)
 #include <cpuid.h>
 #endif
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -221,23 +223,43 @@ bool parse_isa(const std::string& s, Isa* out) {
   return false;
 }
 
-Isa active_isa() {
-  const char* env = std::getenv("ZOI_CPU_ISA");
-  if (env && *env) {
-    Isa want;
-    if (!parse_isa(env, &want))
-      throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
-#if defined(ZOI_ARCH_ARM64)
-                                  " is not one of i8mm, dotprod, neon, scalar");
-#else
-                                  " is not one of amx, vnni, avx512, avxvnni, avx2, scalar");
-#endif
-    if (!isa_supported(want))
-      throw std::invalid_argument(std::string("ZOI_CPU_ISA=") + env +
-                                  " is not supported by this CPU (best: " + isa_name(best_isa()) + ")");
-    return want;
+namespace {
+std::atomic<int> g_forced_isa{-1};  // an Isa, or -1: best_isa()
+std::atomic<int> g_amx_min_m{kAmxMinMDefault};
+std::atomic<long> g_amx_nt_bytes{kAmxNtBytesDefault};
+}  // namespace
+
+void set_forced_isa(const std::string& name) {
+  if (name.empty()) {
+    g_forced_isa.store(-1, std::memory_order_relaxed);
+    return;
   }
-  return best_isa();
+  Isa want;
+  if (!parse_isa(name, &want))
+    throw std::invalid_argument("isa '" + name +
+#if defined(ZOI_ARCH_ARM64)
+                                "' is not one of i8mm, dotprod, neon, scalar");
+#else
+                                "' is not one of amx, vnni, avx512, avxvnni, avx2, scalar");
+#endif
+  if (!isa_supported(want))
+    throw std::invalid_argument("isa '" + name + "' is not supported by this CPU (best: " + isa_name(best_isa()) + ")");
+  g_forced_isa.store(static_cast<int>(want), std::memory_order_relaxed);
 }
+
+Isa active_isa() {
+  const int v = g_forced_isa.load(std::memory_order_relaxed);
+  return v < 0 ? best_isa() : static_cast<Isa>(v);
+}
+
+void set_amx_thresholds(int min_m, long nt_bytes) {
+  if (min_m < 1) throw std::invalid_argument("amx_min_m must be >= 1, got " + std::to_string(min_m));
+  if (nt_bytes < 0) throw std::invalid_argument("amx_nt_bytes must be >= 0 (0: never), got " + std::to_string(nt_bytes));
+  g_amx_min_m.store(min_m, std::memory_order_relaxed);
+  g_amx_nt_bytes.store(nt_bytes, std::memory_order_relaxed);
+}
+
+int amx_min_m_option() { return g_amx_min_m.load(std::memory_order_relaxed); }
+long amx_nt_bytes_option() { return g_amx_nt_bytes.load(std::memory_order_relaxed); }
 
 }  // namespace zoi

@@ -29,7 +29,7 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features();
 Isa best_isa();                 // best ISA this CPU + OS support
-Isa active_isa();               // best_isa(), or ZOI_CPU_ISA when set (and supported)
+Isa active_isa();               // best_isa(), or the ISA set_forced_isa chose
 bool isa_supported(Isa isa);
 // "scalar" | "avx2" | "avx512" | "vnni" | "avxvnni" | "amx" | "neon" | "dotprod" | "i8mm"
 const char* isa_name(Isa isa);
@@ -37,5 +37,19 @@ const char* isa_name(Isa isa);
 // asks, later calls return the answer); false when refused or not Linux. isa_supported(Amx) needs it.
 bool amx_permission();
 bool parse_isa(const std::string& s, Isa* out);  // any name above, whether or not this build has it
+
+// The CPU options (zoi.backends.cpu.options.CpuOptions): set from Python, at the API's edge, before an
+// engine is built; the core reads no environment variable. Process-wide, like the thread pool.
+// The ISA an engine of isa "" (and active_isa) uses: "" = best_isa(); a name this CPU lacks or an
+// unknown one throws std::invalid_argument (the setting is kept).
+void set_forced_isa(const std::string& name);
+// The AMX-INT8 GEMM's thresholds (kernels/gemm_amx.cc): below min_m rows, vnni's kernel (measured:
+// lab/cpu/README.md "AMX"); float outputs of nt_bytes or more leave through streaming stores (0:
+// never). Read at every GEMM call. min_m < 1 or nt_bytes < 0 throws std::invalid_argument.
+constexpr int kAmxMinMDefault = 16;
+constexpr long kAmxNtBytesDefault = 12l << 20;
+void set_amx_thresholds(int min_m, long nt_bytes);
+int amx_min_m_option();
+long amx_nt_bytes_option();
 
 }  // namespace zoi

@@ -167,18 +167,41 @@ NB_MODULE(_cpu, m) {
     return d;
   });
   m.def("active_isa", []() { return std::string(zoi::isa_name(zoi::active_isa())); },
-        "ISA the dispatcher uses (ZOI_CPU_ISA overrides; raises ValueError if unsupported)");
+        "ISA the dispatcher uses: the best this CPU runs, or the one set_forced_isa chose");
   m.def("isa_supported", [](const std::string& s) {
     zoi::Isa i;
     if (!zoi::parse_isa(s, &i)) throw nb::value_error(kUnknownIsa);
     return zoi::isa_supported(i);
   });
   m.def("pool_size", []() { return zoi::ThreadPool::instance().size(); },
-        "threads of the shared pool (ZOI_NUM_THREADS, default: CPUs in the affinity mask)");
+        "threads of the shared pool (configure_pool; default: CPUs in the affinity mask)");
   m.def("pool_cpus", []() {
     nb::list l;
     for (int c : zoi::ThreadPool::instance().cpus()) l.append(c);
     return l;
+  });
+
+  // ------------------------------------------------------------------ CPU options
+  // Set by zoi.backends.cpu.options (CpuOptions.apply) before an engine is built: the core reads
+  // no environment variable. Process-wide; bad values raise ValueError.
+  m.def("set_forced_isa", [](const std::string& isa) { zoi::set_forced_isa(isa); }, "isa"_a,
+        "the ISA of engines built with isa '' and of active_isa ('' : the best this CPU runs)");
+  m.def("configure_pool", [](int num_threads, bool pin) { zoi::ThreadPool::configure(num_threads, pin); },
+        "num_threads"_a, "pin"_a, nb::call_guard<nb::gil_scoped_release>(),
+        "the shared pool's threads (0: one per CPU of the affinity mask) and pinning; a running pool "
+        "restarts its workers once its current job is done");
+  m.def("pool_pinned", []() { return zoi::ThreadPool::instance().pinned(); });
+  m.def("set_amx_thresholds", [](int min_m, long nt_bytes) { zoi::set_amx_thresholds(min_m, nt_bytes); },
+        "min_m"_a, "nt_bytes"_a, "the AMX-INT8 GEMM: vnni's kernel below min_m rows; streaming stores from nt_bytes");
+  m.def("amx_thresholds", []() { return nb::make_tuple(zoi::amx_min_m_option(), zoi::amx_nt_bytes_option()); });
+  m.def("cpu_option_defaults", []() {
+    nb::dict d;
+    d["isa"] = nb::none();
+    d["num_threads"] = 0;
+    d["pin"] = true;
+    d["amx_min_m"] = zoi::kAmxMinMDefault;
+    d["amx_nt_bytes"] = zoi::kAmxNtBytesDefault;
+    return d;
   });
 
   // ------------------------------------------------------------------ kernels (tests / lab)
@@ -212,6 +235,60 @@ NB_MODULE(_cpu, m) {
     }
   }, "x"_a, "q"_a, "scale"_a, "zp"_a, "static_amax"_a = -1.f, "asym"_a = false, "shift"_a.none() = nb::none(),
      "mul"_a.none() = nb::none(), "isa"_a = "", "nt"_a = 1);
+
+  // k_quantize with the first-row residual on (QuantOut::q2): rows cu[b] also write q2 [B, W >= K]
+  // (logical -127..127; columns K..W-1: the stored padding as logical values, then 0) and scale2 [B];
+  // the buffers are poisoned first, so a code or padding left unwritten shows
+  m.def("k_quantize_first_rows", [](Arr<const float> x, Arr<const int32_t> cu, Arr<int16_t> q, Arr<float> scale,
+                                    Arr<int32_t> zp, Arr<int16_t> q2, Arr<float> scale2, float static_amax, bool asym,
+                                    Opt<const float> shift, Opt<const float> mul, const std::string& isa, int nt) {
+    const auto& kt = table_for(isa);
+    need(x, 2, {-1, -1}, "x");
+    const int M = x.shape(0), K = x.shape(1);
+    need(cu, 1, {-1}, "cu_seqlens");
+    const int B = static_cast<int>(cu.shape(0)) - 1;
+    if (B < 1 || cu.data()[0] != 0 || cu.data()[B] != M)
+      throw nb::value_error("cu_seqlens must run from 0 to the rows of x");
+    need(q, 2, {M, K}, "q");
+    need(scale, 1, {M}, "scale");
+    need(zp, 1, {M}, "zp");
+    need(q2, 2, {B, -1}, "q2");
+    need(scale2, 1, {B}, "scale2");
+    if (q2.shape(1) < static_cast<size_t>(K)) throw nb::value_error("q2 needs at least K columns");
+    if (shift) need(*shift, 1, {K}, "shift");
+    if (mul) need(*mul, 1, {K}, "mul");
+    zoi::QuantOut params;
+    params.static_amax = static_amax;
+    params.asym = asym;
+    params.shift = shift ? shift->data() : nullptr;
+    params.mul = mul ? mul->data() : nullptr;
+    QBuf qb(kt, M, K, params);
+    QBuf q2b(kt, B, K, zoi::QuantOut{});
+    std::fill(q2b.bytes.begin(), q2b.bytes.end(), uint8_t{0x5A});
+    std::vector<int32_t> zp2(B, -999);
+    for (int b = 0; b < B; ++b) q2b.scale[b] = -1.f;
+    qb.qo.first_row = 1;
+    qb.qo.q2 = q2b.bytes.data();
+    qb.qo.scale2 = q2b.scale.data();
+    qb.qo.zp2 = zp2.data();
+    qb.qo.cu = cu.data();
+    qb.qo.B = B;
+    for_threads(nt, [&](int t, int n) { kt.quantize_rows(x.data(), K, M, K, qb.qo, t, n); });
+    const int off = asym ? kt.i8_a_off_asym : kt.i8_a_off_sym, off2 = kt.i8_a_off_sym;
+    for (int i = 0; i < M; ++i) {
+      scale.data()[i] = qb.scale[i];
+      zp.data()[i] = qb.zp[i] - off;
+      for (int k = 0; k < K; ++k) q.data()[static_cast<size_t>(i) * K + k] = static_cast<int16_t>(qb.stored(kt, i, k) - off);
+    }
+    const int W = static_cast<int>(q2.shape(1));
+    for (int b = 0; b < B; ++b) {
+      if (zp2[b] != off2) throw std::runtime_error("k_quantize_first_rows: a first row's zp2 was not written");
+      scale2.data()[b] = q2b.scale[b];
+      for (int k = 0; k < W; ++k)
+        q2.data()[static_cast<size_t>(b) * W + k] = static_cast<int16_t>(k < q2b.qo.ldq ? q2b.stored(kt, b, k) - off2 : 0);
+    }
+  }, "x"_a, "cu"_a, "q"_a, "scale"_a, "zp"_a, "q2"_a, "scale2"_a, "static_amax"_a = -1.f, "asym"_a = false,
+     "shift"_a.none() = nb::none(), "mul"_a.none() = nb::none(), "isa"_a = "", "nt"_a = 1);
 
   // exact integer sums: q int16 [M,K] (symmetric -127..127 when zp is None; else 0..255 with zp [M])
   m.def("k_gemm_s32", [](Arr<const int16_t> q, Opt<const int32_t> zp, Arr<const int8_t> wq, Arr<int32_t> out,

@@ -4,7 +4,7 @@
 // A rows u8 = q + 128 (symmetric) / q (asymmetric), zp' = zp + off, and the same epilogue maths).
 //
 // Weights: vnni's packed panels, unchanged ([panel of 48 columns][Kp/4][48][4] s8, colsum), so a
-// weight packed once serves both kernels and small M goes to vnni's gemm_i8 (kAmxMinM below).
+// weight packed once serves both kernels and small M goes to vnni's gemm_i8 (amx_min_m below).
 // The panel already is AMX's B layout: a B tile (16 k-groups x 16 columns x 4 bytes) is 16 rows of
 // 64 bytes at a stride of 48 * 4 = 192 bytes; a panel is 3 B tiles per 64 k.
 // Tiles: C0-C2 = 16 rows x 48 columns of s32 (one row block x one panel), A (16 rows x 64 u8,
@@ -49,20 +49,11 @@ constexpr int BSTRIDE = PW * 4; // bytes between k-groups in a panel
 constexpr int MC = 256;         // rows per M chunk (A chunk + one panel in L2)
 constexpr int MQ = 64;          // rows per chunk when the GEMM quantises its output rows
 static_assert(MQ <= kI8QChunkRows, "y_scratch holds kI8QChunkRows rows");
-// below this M, vnni's kernel (measured: lab/cpu/README.md "AMX"); ZOI_AMX_MIN_M overrides (tests)
-constexpr int kAmxMinM = 16;
+// below this M, vnni's kernel (default kAmxMinMDefault = 16, measured: lab/cpu/README.md "AMX");
+// CpuOptions.amx_min_m sets it (isa.h)
+int amx_min_m() { return amx_min_m_option(); }
 
-int amx_min_m() {
-  const char* e = std::getenv("ZOI_AMX_MIN_M");
-  if (e && *e) return std::atoi(e);
-  return kAmxMinM;
-}
-
-long nt_min_bytes() {  // ZOI_AMX_NT_BYTES overrides (0: never)
-  const char* e = std::getenv("ZOI_AMX_NT_BYTES");
-  if (e && *e) return std::atol(e);
-  return 12l << 20;
-}
+long nt_min_bytes() { return amx_nt_bytes_option(); }  // CpuOptions.amx_nt_bytes (0: never)
 
 struct alignas(64) TileCfg {
   uint8_t palette = 1, start_row = 0;

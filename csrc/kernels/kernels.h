@@ -29,8 +29,9 @@ struct QuantOut {
   const float* mul = nullptr;   // [K] or nullptr
   // optional (appended; docs/QUANT.md "The first row of each sequence quantised twice"): the first
   // row of each sequence (row cu[b]) also gets its residual x' - deq(q) quantised, symmetric with
-  // its own per-token scale (any mode of the row itself), into row b of q2 / scale2 / zp2 (the same
-  // A format and ldq). first_row: the build's flag (the engine sets the pointers and cu / B per run)
+  // the fixed step scale2 = scale * 2^-8 (any mode of the row itself; qrow.h), into row b of q2 /
+  // scale2 / zp2 (the same A format and ldq). first_row: the build's flag (the engine sets the
+  // pointers and cu / B per run)
   int first_row = 0;
   void* q2 = nullptr;           // [B, ldq * i8_a_bytes]; nullptr = off
   float* scale2 = nullptr;      // [B]

@@ -6,6 +6,9 @@
 //   asymmetric: lo = min(min x', 0), hi = max(max x', 0), r = hi - lo, inv = 255 / r (r 0 -> 0),
 //               zp = clip(rint(-lo * inv), 0, 255), q = clip(rint(x' * inv) + zp, 0, 255),
 //               scale = r / 255
+//   first row of a sequence (QuantOut::q2): r = x' - float(q - zp) * scale (two roundings),
+//               s2 = scale * 2^-8, q2 = clip(rint(r / s2), -127, 127) (IEEE division; q2 = 0
+//               where s2 is not finite and > 0), in the same pass as q
 #pragma once
 #include <limits>
 
@@ -143,8 +146,12 @@ inline bool q_needs_range(const QuantOut& qo) { return qo.asym || qo.static_amax
 
 // x [K] -> stored row (ldq >= round_up(K, KG) elements, padding written); returns a_scale, *zp_out.
 // acc: the row's range gathered by the caller (QAcc), else a pass over x here.
+// R (a sequence's first row): also the residual's row q2row (same format and ldq) and *s2_out, in
+// the same pass: its step s2 = scale * 2^-8 is known once scale is, so each q2 code needs only its
+// own element (zoi.numerics.primitives.first_row_residual)
+template <bool R = false>
 inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo, int32_t* zp_out,
-                          const QAcc* acc = nullptr) {
+                          const QAcc* acc = nullptr, void* q2row = nullptr, float* s2_out = nullptr) {
   using T = V::T;
   QAcc own;
   if (!acc && q_needs_range(qo)) {
@@ -183,16 +190,30 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
   // (the clamp below would turn one into a finite code): x - x is NaN for NaN and +-inf
   const bool check = !q_needs_range(qo);
   T chk = V::zero();
+  // the residual's step; a row whose s2 is 0, NaN or infinite gets q2 = 0 (its output is NaN
+  // or it has none to add), written after the loop
+  const float s2 = scale * 0x1p-8f;
+  const bool r_on = R && s2 > 0.f && s2 <= std::numeric_limits<float>::max();
+  const T vscale = V::set(scale), vs2 = V::set(s2), vq2max = V::set(127.f), vq2min = V::set(-127.f),
+          vq2off = V::set(static_cast<float>(kAOffSym));
   auto qv = [&](int k, int n) __attribute__((always_inline)) {
     const T xv = qx_load<V>(x, qo, k, n);
     if (check) chk = V::add(chk, V::sub(xv, xv));
-    const T t = V::add(V::round(V::mul(xv, vinv)), vzp);
-    return V::add(V::min(V::max(t, vlo), vhi), voff);
+    const T t = V::min(V::max(V::add(V::round(V::mul(xv, vinv)), vzp), vlo), vhi);
+    if constexpr (R) {
+      if (r_on) {  // r = x' - float(q - zp) * scale: the product rounded, then the difference
+        const T r = V::sub(xv, V::mul(V::sub(t, vzp), vscale));
+        const T t2 = V::min(V::max(V::round(V::div(r, vs2)), vq2min), vq2max);
+        q_store(q2row, qo.ldq, k, V::add(t2, vq2off), n);
+      }
+    }
+    return V::add(t, voff);
   };
   int k = 0;
 #if defined(ZOI_ISA_AVX2)
-  for (; k + 4 * V::N <= K; k += 4 * V::N)
-    q_store32(qrow, qo.ldq, k, qv(k, V::N), qv(k + V::N, V::N), qv(k + 2 * V::N, V::N), qv(k + 3 * V::N, V::N));
+  if constexpr (!R)
+    for (; k + 4 * V::N <= K; k += 4 * V::N)
+      q_store32(qrow, qo.ldq, k, qv(k, V::N), qv(k + V::N, V::N), qv(k + 2 * V::N, V::N), qv(k + 3 * V::N, V::N));
 #endif
   for (; k < K; k += V::N) q_store(qrow, qo.ldq, k, qv(k, K - k), K - k);
   if (check) {  // an infinity saturates (the reference's clip); only a NaN makes the scale NaN
@@ -207,6 +228,12 @@ inline float quantize_row(const float* x, int K, void* qrow, const QuantOut& qo,
   // padding: the stored value of a zero (its weight is 0 anyway)
   const int pad = static_cast<int>(off + zpf);
   for (int kk = K; kk < qo.ldq; ++kk) a_set(qrow, qo.ldq, 0, kk, pad);
+  if constexpr (R) {
+    // a static row found to hold a NaN above: its scale, so s2, is NaN and its codes 0
+    const bool wrote = r_on && scale == scale;
+    for (int kk = wrote ? K : 0; kk < qo.ldq; ++kk) a_set(q2row, qo.ldq, 0, kk, kAOffSym);
+    *s2_out = scale * 0x1p-8f;
+  }
   return scale;
 }
 
@@ -225,49 +252,17 @@ inline int first_row_seq(const int32_t* cu, int B, int row) {
   return lo < B && cu[lo] == row ? lo : -1;
 }
 
-// The second quantisation of a first row (QuantOut::q2): r = x' - float(stored - zp') * scale
-// (two roundings: the product, then the difference), x' the transformed row as quantize_row read
-// it; r quantised symmetric per token (dynamic) whatever the mode of the row itself: for a static
-// amax it also carries what the clip cut off. Once per sequence: scalar, r computed in each of the
-// two passes (no buffer; the same operations give the same values)
-inline void quantize_residual(const float* x, int K, const QuantOut& qo, int row, int b) {
-  const void* q = qrow_ptr(qo, row);
-  const float scale = qo.scale[row];
-  const int zp = qo.zp[row];
-  auto res = [&](int k) {
-    float v = x[k];
-    if (qo.shift) v = v - qo.shift[k];
-    if (qo.mul) v = v * qo.mul[k];
-    const float d = static_cast<float>(a_get(q, qo.ldq, 0, k) - zp) * scale;
-    return v - d;
-  };
-  float amax = 0.f;
-  bool nan = false;
-  for (int k = 0; k < K; ++k) {
-    const float r = res(k);
-    if (r != r) nan = true;
-    const float a = r < 0.f ? -r : r;
-    if (a > amax) amax = a;
-  }
-  if (nan) amax = std::numeric_limits<float>::quiet_NaN();
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  void* dst = static_cast<uint8_t*>(qo.q2) + static_cast<size_t>(b) * qo.ldq * kABytes;
-  for (int k = 0; k < K; ++k) {
-    float t = nan ? 0.f : S1::round(res(k) * inv);
-    t = t < -127.f ? -127.f : (t > 127.f ? 127.f : t);
-    a_set(dst, qo.ldq, 0, k, static_cast<int>(t) + kAOffSym);
-  }
-  for (int k = K; k < qo.ldq; ++k) a_set(dst, qo.ldq, 0, k, kAOffSym);
-  qo.scale2[b] = amax / 127.f;
-  qo.zp2[b] = kAOffSym;
-}
-
+// quantize_row into row `row` of qo; a sequence's first row (QuantOut::q2 on) also gets its
+// residual into row b of q2 / scale2 / zp2
 inline void quantize_into(const float* x, int K, const QuantOut& qo, int row, const QAcc* acc = nullptr) {
-  qo.scale[row] = quantize_row(x, K, qrow_ptr(qo, row), qo, qo.zp + row, acc);
-  if (qo.q2) {
-    const int b = first_row_seq(qo.cu, qo.B, row);
-    if (b >= 0) quantize_residual(x, K, qo, row, b);
+  const int b = qo.q2 ? first_row_seq(qo.cu, qo.B, row) : -1;
+  if (b < 0) {
+    qo.scale[row] = quantize_row(x, K, qrow_ptr(qo, row), qo, qo.zp + row, acc);
+    return;
   }
+  void* q2row = static_cast<uint8_t*>(qo.q2) + static_cast<size_t>(b) * qo.ldq * kABytes;
+  qo.scale[row] = quantize_row<true>(x, K, qrow_ptr(qo, row), qo, qo.zp + row, acc, q2row, qo.scale2 + b);
+  qo.zp2[b] = kAOffSym;
 }
 
 // the first rows of sequences among rows [g0, g0 + n) of cu's numbering: fills seq[i] = b with

@@ -54,7 +54,7 @@ class Engine {
                      const float* act_mul, int q_from, int q_min_m, bool y_dead = false, int w_bits = 8);
   static constexpr int QFROM_STEP = 0, QFROM_PRODUCER = 1;
   // follows add_linear_i8 (token rows only): the first row of each sequence of that linear's
-  // input is quantised twice, q1 = Q(x'), q2 = Q(x' - deq(q1)) (symmetric per token), and the GEMM
+  // input is quantised twice, q1 = Q(x'), q2 = Q(x' - deq(q1)) (symmetric, step scale1 * 2^-8), and the GEMM
   // adds q2's term to that row before the activation (docs/QUANT.md, kernels.h QuantOut::q2)
   void set_first_row_residual();
   // kv_heads (0: heads): grouped KV heads, the qkv rows are q [heads d], k, v [kv_heads d]

@@ -16,7 +16,8 @@
 
 #include <chrono>
 #include <climits>
-#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 namespace zoi {
 namespace {
@@ -78,25 +79,53 @@ void futex_wake_all(std::atomic<int>* addr) {
 #endif
 }
 
+namespace {
+// the settings the pool starts with (configure), and the pool once started
+std::mutex g_pool_mutex;
+int g_pool_threads = 0;
+bool g_pool_pin = true;
+std::atomic<ThreadPool*> g_pool{nullptr};
+}  // namespace
+
 ThreadPool& ThreadPool::instance() {
-  // Never destroyed: at process exit a daemon thread may still hold run_mutex_ (or be inside a
-  // job), and joining the workers then could hang the exit; exit() ends them instead.
-  static ThreadPool* pool = new ThreadPool([] {
-    const char* env = std::getenv("ZOI_NUM_THREADS");
-    int n = env && *env ? std::atoi(env) : 0;
-    if (n <= 0) n = static_cast<int>(allowed_cpus().size());
-    return n;
-  }());
-  return *pool;
+  ThreadPool* p = g_pool.load(std::memory_order_acquire);
+  if (p) return *p;
+  std::lock_guard<std::mutex> g(g_pool_mutex);
+  p = g_pool.load(std::memory_order_relaxed);
+  if (!p) {
+    // Never destroyed: at process exit a daemon thread may still hold run_mutex_ (or be inside a
+    // job), and joining the workers then could hang the exit; exit() ends them instead.
+    p = new ThreadPool(g_pool_threads > 0 ? g_pool_threads : static_cast<int>(allowed_cpus().size()), g_pool_pin);
+    g_pool.store(p, std::memory_order_release);
+  }
+  return *p;
 }
 
-ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
+void ThreadPool::configure(int nthreads, bool pin) {
+  if (nthreads < 0)
+    throw std::invalid_argument("num_threads must be >= 0 (0: one per CPU), got " + std::to_string(nthreads));
+  std::lock_guard<std::mutex> g(g_pool_mutex);
+  g_pool_threads = nthreads;
+  g_pool_pin = pin;
+  if (ThreadPool* p = g_pool.load(std::memory_order_acquire)) p->restart(nthreads, pin);
+}
+
+ThreadPool::ThreadPool(int nthreads, bool pin) : n_(nthreads < 1 ? 1 : nthreads), pin_(pin) {
   cpus_ = allowed_cpus();
-  const char* pin_env = std::getenv("ZOI_PIN");
-  pin_ = !(pin_env && pin_env[0] == '0');  // ZOI_PIN=0: leave placement to the OS
-  for (int t = 1; t < n_; ++t) {
-    threads_.emplace_back([this, t] { worker(t); });
-    if (!pin_) continue;
+  start_workers();
+}
+
+ThreadPool::~ThreadPool() {
+  std::lock_guard<std::mutex> g(run_mutex_);
+  stop_workers();
+}
+
+void ThreadPool::start_workers() {
+  const int n = n_.load(std::memory_order_relaxed);
+  const int seen = job_gen_.load(std::memory_order_acquire);
+  for (int t = 1; t < n; ++t) {
+    threads_.emplace_back([this, t, seen] { worker(t, seen); });
+    if (!pin_) continue;  // CpuOptions.pin false: leave placement to the OS
 #if defined(ZOI_POOL_LINUX)
     // pin worker t to the t-th allowed CPU, from here so that it holds when the constructor
     // returns (the caller, thread 0, is not pinned)
@@ -108,20 +137,30 @@ ThreadPool::ThreadPool(int nthreads) : n_(nthreads < 1 ? 1 : nthreads) {
   }
 }
 
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> g(run_mutex_);
-    stop_ = true;
-    job_gen_.fetch_add(1, std::memory_order_seq_cst);
-    g_sleepers.fetch_add(1);  // force the wake
-    futex_wake_all(&job_gen_);
-    g_sleepers.fetch_sub(1);
-  }
+void ThreadPool::stop_workers() {
+  // run_mutex_ is held: no job runs, every worker waits for the next one
+  stop_ = true;
+  job_gen_.fetch_add(1, std::memory_order_seq_cst);
+  g_sleepers.fetch_add(1);  // force the wake
+  futex_wake_all(&job_gen_);
+  g_sleepers.fetch_sub(1);
   for (auto& th : threads_) th.join();
+  threads_.clear();
+  stop_ = false;
 }
 
-void ThreadPool::worker(int tid) {
-  int seen = 0;
+void ThreadPool::restart(int nthreads, bool pin) {
+  int n = nthreads > 0 ? nthreads : static_cast<int>(cpus_.size());
+  if (n < 1) n = 1;
+  std::lock_guard<std::mutex> g(run_mutex_);
+  if (n == n_.load(std::memory_order_relaxed) && pin == pin_) return;
+  stop_workers();
+  n_.store(n, std::memory_order_relaxed);
+  pin_ = pin;
+  start_workers();
+}
+
+void ThreadPool::worker(int tid, int seen) {
   for (;;) {
     futex_wait_while(&job_gen_, seen, kIdleSpin);
     seen = job_gen_.load(std::memory_order_acquire);
@@ -149,7 +188,7 @@ void ThreadPool::worker(int tid) {
 }
 
 void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
-  if (nt > n_) nt = n_;
+  if (nt > size()) nt = size();
   if (nt < 1) nt = 1;
   // a one-thread job runs on the caller alone and touches no pool state: no lock, so that
   // engines of one thread each (zoi serve --replicas N) run concurrently, one per caller
@@ -158,6 +197,8 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
     return;
   }
   std::lock_guard<std::mutex> g(run_mutex_);
+  const int n = size();  // stable under run_mutex_ (restart holds it)
+  if (nt > n) nt = n;
   if (nt == 1) {
     job_nt_ = 1;
     fn(ctx, 0, 1);
@@ -186,7 +227,7 @@ void ThreadPool::launch(Fn fn, void* ctx, int nt, bool all) {
   futex_wake_all(&job_gen_);
   if (all) {  // static partitions: wait until every worker has joined (they all will)
     for (;;) {
-      if (joined_total_.load(std::memory_order_acquire) >= n_ - 1) break;
+      if (joined_total_.load(std::memory_order_acquire) >= n - 1) break;
       cpu_relax();
     }
   }

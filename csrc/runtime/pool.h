@@ -1,6 +1,7 @@
 // Persistent thread pool shared by every engine of the process: one thread per core
-// (ZOI_NUM_THREADS overrides), workers pinned with pthread_setaffinity_np, the calling
-// thread takes part as thread 0. Waits spin first, then sleep on a futex.
+// (CpuOptions.num_threads overrides, through configure()), workers pinned with
+// pthread_setaffinity_np (CpuOptions.pin), the calling thread takes part as thread 0.
+// Waits spin first, then sleep on a futex.
 //
 // A job is joined, not assigned: a worker that wakes up late (descheduled by other load)
 // and finds the job closed skips it, so the caller never waits for a thread that has not
@@ -23,11 +24,18 @@ class ThreadPool {
  public:
   using Fn = void (*)(void* ctx, int tid, int nt);
 
-  static ThreadPool& instance();  // created on first use
-  explicit ThreadPool(int nthreads);
+  static ThreadPool& instance();  // created on first use, with the configure()d settings
+  // The process pool's settings (zoi.backends.cpu.options, set before an engine is built):
+  // nthreads 0 = one per CPU of the affinity mask; pin false leaves placement to the OS. A pool
+  // already running with other settings restarts its workers with these, once its current job
+  // is done (engines built before keep their thread counts, capped at the new size).
+  // nthreads < 0 throws std::invalid_argument.
+  static void configure(int nthreads, bool pin);
+  explicit ThreadPool(int nthreads, bool pin = true);
   ~ThreadPool();
 
-  int size() const { return n_; }
+  int size() const { return n_.load(std::memory_order_relaxed); }
+  bool pinned() const { return pin_; }
   // Runs fn(ctx, tid, nt) on the caller (tid 0) and on every worker tid < nt that joins in
   // time; returns when the caller's call and every joined worker's call are done.
   // Concurrent callers are serialised.
@@ -40,11 +48,14 @@ class ThreadPool {
   const std::vector<int>& cpus() const { return cpus_; }
 
  private:
-  void worker(int tid);
+  void worker(int tid, int seen);
   void launch(Fn fn, void* ctx, int nt, bool all);
+  void start_workers();  // threads 1..n_-1, pinned when pin_
+  void stop_workers();   // under run_mutex_: wakes, ends and joins them
+  void restart(int nthreads, bool pin);
 
   static constexpr uint32_t kClosed = 1u << 30;
-  int n_;
+  std::atomic<int> n_;
   std::vector<std::thread> threads_;
   std::vector<int> cpus_;
   std::mutex run_mutex_;
@@ -58,7 +69,7 @@ class ThreadPool {
   void* ctx_ = nullptr;
   int job_nt_ = 1;
   bool stop_ = false;
-  bool pin_ = true;
+  std::atomic<bool> pin_{true};
 };
 
 }  // namespace zoi

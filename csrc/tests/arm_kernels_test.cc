@@ -14,6 +14,7 @@
 // Usage: arm_kernels_test [--isas all|active|NAME,...] [--seed N] [--passes N] [--quick]
 //          [--dump FILE | --ref FILE] [--export-gemm DIR] [--tok FIXTURE]
 //          [--expect-best ISA] [--expect-active ISA] [--expect-unsupported ISA,...]
+// ZOI_CPU_ISA=NAME forces the active ISA (--isas active), through zoi::set_forced_isa.
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -480,7 +481,9 @@ void test_quantize(Rng& rng, bool quick) {
     rows_with_specials(rng, x.data(), M, K, ldx, true);
     fill(rng, shift.data(), K, -0.5f, 0.5f);
     fill(rng, mul.data(), K, 0.5f, 2.f);
-    for (int mode = 0; mode < 4; ++mode) {  // dynamic sym, dynamic asym, static amax, sym + shift / mul
+    // modes 0-3: dynamic sym, dynamic asym, static amax, sym + shift / mul; 4-7: the same with
+    // every row the first of a sequence (QuantOut::q2: the residual at the step scale * 2^-8)
+    for (int mode = 0; mode < 8; ++mode) {
       run_case("quantize/" + std::to_string(M) + "x" + std::to_string(K) + "/mode" + std::to_string(mode), [&](const Table& t) {
         const int ldq = zoi::round_up(K, t.kt->i8_kgroup);
         Buf<uint8_t> q(static_cast<size_t>(M) * ldq * t.kt->i8_a_bytes);
@@ -491,15 +494,31 @@ void test_quantize(Rng& rng, bool quick) {
         qo.ldq = ldq;
         qo.scale = sc.data();
         qo.zp = zp.data();
-        qo.asym = mode == 1;
-        if (mode == 2) qo.static_amax = 2.5f;
-        if (mode == 3) {
+        qo.asym = mode % 4 == 1;
+        if (mode % 4 == 2) qo.static_amax = 2.5f;
+        if (mode % 4 == 3) {
           qo.shift = shift.data();
           qo.mul = mul.data();
+        }
+        Buf<uint8_t> q2(static_cast<size_t>(M) * ldq * t.kt->i8_a_bytes);
+        Buf<float> sc2(M);
+        Buf<int32_t> zp2(M);
+        std::memset(q2.data(), 0x5A, q2.n);  // poisoned: a code or padding left unwritten shows
+        for (int m = 0; m < M; ++m) sc2[m] = kPoison;
+        std::vector<int32_t> cu(M + 1);
+        for (int m = 0; m <= M; ++m) cu[m] = m;
+        if (mode >= 4) {
+          qo.first_row = 1;
+          qo.q2 = q2.data();
+          qo.scale2 = sc2.data();
+          qo.zp2 = zp2.data();
+          qo.cu = cu.data();
+          qo.B = M;
         }
         for (int tid = 0; tid < 2; ++tid) t.kt->quantize_rows(x.data(), ldx, M, K, qo, tid, 2);
         Outs o;
         quant_outs(o, "q", *t.kt, q.data(), ldq, M, K, sc.data(), zp.data(), qo.asym);
+        if (mode >= 4) quant_outs(o, "q2", *t.kt, q2.data(), ldq, M, K, sc2.data(), zp2.data(), false);
         return o;
       });
     }
@@ -1086,18 +1105,16 @@ void check_detection(const std::string& best, const std::string& active, const s
     }
     if (!threw) fail("kernel_table(" + name + ") not refused");
 #endif
-    const char* old = std::getenv("ZOI_CPU_ISA");
-    const std::string saved = old ? old : "";
-    setenv("ZOI_CPU_ISA", name.c_str(), 1);
+    const Isa before = zoi::active_isa();
     bool refused = false;
     try {
-      zoi::active_isa();
+      zoi::set_forced_isa(name);
     } catch (const std::invalid_argument&) {
       refused = true;
     }
-    if (old) setenv("ZOI_CPU_ISA", saved.c_str(), 1);
-    else unsetenv("ZOI_CPU_ISA");
-    if (!refused) fail("ZOI_CPU_ISA=" + name + " not refused");
+    ++g_checks;
+    if (!refused) fail("forcing " + name + " not refused");
+    if (zoi::active_isa() != before) fail("a refused " + name + " changed the active ISA");
   }
   // every ISA name round-trips; an unknown one is refused
   for (int v = 0; v <= 8; ++v) {
@@ -1317,6 +1334,9 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    // this driver is its own API edge: ZOI_CPU_ISA forces the active ISA as CpuOptions.isa does
+    // (the core reads no environment variable)
+    if (const char* forced = std::getenv("ZOI_CPU_ISA"); forced && *forced) zoi::set_forced_isa(forced);
     check_detection(exp_best, exp_active, exp_unsup);
     g_tables.push_back({"scalar", table_of(Isa::Scalar), dec_of(Isa::Scalar)});
     std::vector<Isa> want;

@@ -3,7 +3,7 @@ CPU time (robust to other load; wall figures under load are not). Also the M cro
 
     python lab/cpu/amx_bench.py [--rounds 5] [--threads 1] [--json out.json] [--nt]
 
---nt: instead, the streaming-store A/B of the tile epilogue at large M (ZOI_AMX_NT_BYTES 0 vs 1),
+--nt: instead, the streaming-store A/B of the tile epilogue at large M (CpuOptions.amx_nt_bytes 0 vs 1),
 quantise + pack + GEMM through k_linear_i8 into a 64-byte aligned y, one thread, thread CPU time.
 """
 
@@ -15,6 +15,7 @@ import os
 import statistics
 
 from zoi import _cpu
+from zoi.backends.cpu.options import CpuOptions
 
 SHAPES = [
     (M, N, K)
@@ -43,7 +44,7 @@ def nt_ab(rounds: int) -> None:
         r: dict[str, list[float]] = {"0": [], "1": []}
         for _ in range(rounds):
             for nt in ("0", "1"):
-                os.environ["ZOI_AMX_NT_BYTES"] = nt
+                CpuOptions(amx_nt_bytes=int(nt)).apply()
                 t0 = time.thread_time()
                 for _ in range(5):
                     _cpu.k_linear_i8(x, w, ws, b, "none", None, -1.0, y, "amx", 1)
@@ -64,7 +65,7 @@ def main() -> None:
     if a.nt:
         nt_ab(a.rounds)
         return
-    os.environ["ZOI_AMX_MIN_M"] = "1"  # the tile kernel at every M (the crossover rows)
+    CpuOptions(amx_min_m=1).apply()  # the tile kernel at every M (the crossover rows)
     rows = []
     print(f"load {os.getloadavg()}")
     for pk in ("vnni", "amx"):

@@ -1,7 +1,7 @@
 """The AMX-INT8 tile GEMM (csrc/kernels/gemm_amx.cc, ISA "amx"): exact integer sums on adversarial
 integers at awkward M / N / K (the 16-row and 64-k tile tails, the 48-column panels), and
 bit-identical fused outputs (dequant, bias, GELU, residual) with the vnni kernel, 1-3 threads.
-ZOI_AMX_MIN_M=1 sends every M to the tile kernel (by default small M goes to vnni's).
+CpuOptions(amx_min_m=1) (ZOI_AMX_MIN_M=1) sends every M to the tile kernel (by default small M goes to vnni's).
 
 On a machine without AMX (or where Linux refuses the tile-data permission) "amx" is not in
 supported_isas(): the exactness tests run on no ISA there, and the refusal test checks that
@@ -20,6 +20,7 @@ from helpers import batch, make_model, small_spec, supported_isas
 
 from zoi import _cpu
 from zoi.backends.cpu import CpuBackend
+from zoi.backends.cpu.options import CpuOptions
 
 HAS_AMX = "amx" in supported_isas()
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason="no AMX-INT8 on this CPU (refusal tested below)")
@@ -70,8 +71,10 @@ def _exact(q, w, zp=None):
 
 
 @pytest.fixture
-def all_m_to_amx(monkeypatch):
-    monkeypatch.setenv("ZOI_AMX_MIN_M", "1")
+def all_m_to_amx():
+    CpuOptions(amx_min_m=1).apply()
+    yield
+    CpuOptions().apply()
 
 
 @needs_amx
@@ -128,9 +131,10 @@ def test_amx_fused_epilogue_bit_identical_to_vnni(M, N, K, act, asym, all_m_to_a
 
 
 @needs_amx
-def test_amx_small_m_goes_to_vnni_and_matches(monkeypatch):
+def test_amx_small_m_goes_to_vnni_and_matches():
     """The default M threshold: both sides of it give vnni's integers."""
-    monkeypatch.delenv("ZOI_AMX_MIN_M", raising=False)
+    CpuOptions().apply()
+    assert _cpu.amx_thresholds()[0] == 16
     rng = _rng("amx-thr")
     w = _w(384, 384, rng)
     for M in (1, 15, 16, 17, 64):
@@ -152,7 +156,11 @@ def test_amx_detection_consistent():
             _cpu.kernel_layout("amx")
         env = dict(os.environ, ZOI_CPU_ISA="amx")
         r = subprocess.run(
-            [sys.executable, "-c", "from zoi import _cpu; _cpu.active_isa()"],
+            [
+                sys.executable,
+                "-c",
+                "from zoi.backends.cpu.options import apply_cpu_options; apply_cpu_options()",
+            ],
             env=env,
             capture_output=True,
             text=True,
@@ -172,11 +180,12 @@ def _aligned(shape, fill=np.nan):
 @needs_amx
 @pytest.mark.parametrize("M,N,K", [(129, 1536, 384), (40, 400, 100), (300, 96, 1536)])
 @pytest.mark.parametrize("act", ["none", "gelu"])
-def test_amx_streaming_stores_bit_identical(M, N, K, act, monkeypatch):
+def test_amx_streaming_stores_bit_identical(M, N, K, act, request):
     """Large float outputs leave the tile epilogue through streaming stores (64-byte aligned rows:
-    ZOI_AMX_NT_BYTES=1 forces them at any size); the last partial panel (N = 400) keeps the
-    masked stores. Same bits as vnni, residual and poisoned output included."""
-    monkeypatch.setenv("ZOI_AMX_NT_BYTES", "1")
+    CpuOptions.amx_nt_bytes=1 forces them at any size); the last partial panel (N = 400) keeps
+    the masked stores. Same bits as vnni, residual and poisoned output included."""
+    CpuOptions(amx_nt_bytes=1).apply()
+    request.addfinalizer(lambda: CpuOptions().apply())
     rng = _rng("amx-nt", M, N, K, act)
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = _w(N, K, rng)

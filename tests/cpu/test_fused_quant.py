@@ -10,6 +10,7 @@ import pytest
 from helpers import batch, make_model, small_spec, supported_isas
 
 from zoi.backends.cpu import CpuBackend
+from zoi.backends.cpu.options import CpuOptions
 from zoi.graph.fusion import FusionPolicy
 
 ISAS = supported_isas()
@@ -72,11 +73,12 @@ def _fusedq(isa, x, w, ws, b, act, y_scratch, nt, static_amax=-1.0, asym=False):
     "M,N,K", [(1, 7, 37), (17, 300, 96), (64, 48, 64), (65, 200, 100), (300, 1536, 384)]
 )
 @pytest.mark.parametrize("nt", [1, 3])
-def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, monkeypatch):
+def test_scratch_rows_leave_y_unwritten_and_quantise_the_same(isa, M, N, K, nt, request):
     """y_scratch on: y stays poisoned (NaN in every element: the GEMM did not write it) and the int8
     rows, scales and zero points are bit-identical to the path that writes y (off), which wrote
     every element of y. M below / above the 64-row chunk and amx's 16-row tile path."""
-    monkeypatch.setenv("ZOI_AMX_MIN_M", "1")  # amx: every M on the tile kernel
+    CpuOptions(amx_min_m=1).apply()  # amx: every M on the tile kernel
+    request.addfinalizer(lambda: CpuOptions().apply())
     rng = np.random.default_rng(M * 7 + N)
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = rng.integers(-127, 128, (N, K)).astype(np.int8)

@@ -42,8 +42,8 @@ def cuda_status() -> tuple[bool, str]:
 
 def cpu_info() -> dict | None:
     """What zoi's native CPU core sees on this CPU: its feature flags (bools) and
-    "best_isa", the kernels it picks unless ZOI_CPU_ISA forces others; None when the core
-    is not built."""
+    "best_isa", the kernels it picks unless CpuOptions.isa (ZOI_CPU_ISA) forces others; None
+    when the core is not built."""
     try:
         from zoi import _cpu
     except ImportError:
@@ -106,14 +106,19 @@ def make_backend(
     device_index: int | None = None,
     threads: int | None = None,
     cuda_options=None,
+    cpu_options=None,
 ) -> Backend:
     """device_index: the GPU of a cuda backend (None: the current device); threads: a cpu
     backend's engine threads (None: the process pool's); cuda_options: the CUDA backend's
-    CudaOptions (None: its defaults; zoi.compile / zoi.load pass CudaOptions.from_env())."""
+    CudaOptions (None: its defaults; zoi.compile / zoi.load pass CudaOptions.from_env());
+    cpu_options: the CPU core's CpuOptions (zoi.backends.cpu.options; None: CpuBackend takes
+    the environment's as it is created)."""
     if device_index is not None and device != "cuda":
         raise ValueError(f"device_index is for device='cuda', not {device!r}")
     if threads is not None and device != "cpu":
         raise ValueError(f"threads is for device='cpu', not {device!r}")
+    if cpu_options is not None and device != "cpu":
+        raise ValueError(f"cpu_options is for device='cpu', not {device!r}")
     if device == "reference":
         from zoi.backends.reference import ReferenceBackend
 
@@ -125,7 +130,7 @@ def make_backend(
             raise BackendUnavailableError(
                 f"the native CPU core is not built ({e}); reinstall with `pip install -e .` or use device='reference'"
             ) from e
-        return CpuBackend(model, nthreads=threads)
+        return CpuBackend(model, nthreads=threads, options=cpu_options)
     if device == "cuda":
         from zoi.backends.arch_support import check_cuda
         from zoi.backends.cuda import CudaBackend

@@ -70,8 +70,10 @@ class CpuBackend(PagedBackend):
         max_tokens: int | None = None,
         threads: int | None = None,
         isa: str | None = None,
+        options=None,
     ):
         from zoi import _cpu
+        from zoi.backends.cpu.options import apply_cpu_options
 
         if precision not in ("fp32", "int8", "w8a8"):
             raise InputError(
@@ -101,6 +103,9 @@ class CpuBackend(PagedBackend):
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         int8 = precision in ("int8", "w8a8")
         raw = precision == "w8a8"
+        # the core's process-wide switches (CpuOptions; None: from the environment) before it
+        # builds the model: isa=None takes options.isa
+        self.options = apply_cpu_options(options)
         self.model = m = _cpu.DecoderModel(
             vocab=spec.vocab_size,
             hidden=spec.hidden_size,

@@ -13,6 +13,11 @@ from zoi.graph.ir import Graph
 from zoi.graph.planner import Plan, plan_memory
 from zoi.graph.quantmode import QuantMode
 
+# The rule of the first-row residual an artifact records as "first_row_residual" (an INT8 linear's
+# quant record): 2, the second step fixed to a_scale * 2**-8 (zoi.numerics.primitives.
+# first_row_residual). `true` was the per-token amax step of earlier versions: refused on load.
+FIRST_ROW_RULE = 2
+
 
 @dataclass
 class LinearQuant:
@@ -23,9 +28,9 @@ class LinearQuant:
     info: dict[str, Any] = field(
         default_factory=dict
     )  # sqnr_db, smooth alpha, ... (reporting only)
-    # INT8 schemes: the first row of each sequence quantised twice, q1 = Q(x), q2 = Q(x - deq(q1))
-    # per token (zoi.numerics.primitives.first_row_residual; docs/QUANT.md). Artifacts without the
-    # key run without it.
+    # INT8 schemes: the first row of each sequence quantised twice, q1 = Q(x), q2 = the residual
+    # x - deq(q1) at the fixed step a_scale * 2**-8 (zoi.numerics.primitives.first_row_residual;
+    # docs/QUANT.md). Artifacts without the key run without it.
     first_row: bool = False
 
     def __post_init__(self):
@@ -35,7 +40,7 @@ class LinearQuant:
         d = {"scheme": str(self.scheme), "amax": self.amax, "info": self.info}
         # absent when off (the records of earlier artifacts unchanged) and on float linears
         if self.first_row and QuantMode.coerce(self.scheme).is_int8:
-            d["first_row_residual"] = True
+            d["first_row_residual"] = FIRST_ROW_RULE
         return d
 
     @classmethod
@@ -44,8 +49,32 @@ class LinearQuant:
             d.get("scheme", "dynamic"),
             d.get("amax"),
             d.get("info", {}),
-            bool(d.get("first_row_residual", False)),
+            _first_row_rule(d.get("first_row_residual")),
         )
+
+
+def _first_row_rule(v) -> bool:
+    """A quant record's "first_row_residual": absent / false -> off, FIRST_ROW_RULE -> on; the
+    earlier rule (true) and unknown values are refused, so that no artifact runs numerics other
+    than those it was compiled (and its SmoothQuant search scored) with."""
+    from zoi.errors import CheckpointError
+
+    if v is None or v is False:
+        return False
+    if type(v) is int and v == FIRST_ROW_RULE:
+        return True
+    if v is True or (type(v) is int and v == 1):
+        raise CheckpointError(
+            "this artifact was compiled with the first-row residual of an earlier zoi version "
+            '("first_row_residual": true, a per-token amax step), which this version no longer '
+            "runs (it fixes the step to a_scale * 2**-8, docs/QUANT.md): recompile the model "
+            '(zoi.compile(MODEL, precision="int8", quant_config={"first_row_residual": True}))'
+        )
+    raise CheckpointError(
+        f'unknown first-row residual rule "first_row_residual": {v!r} in the artifact (this '
+        f"version runs rule {FIRST_ROW_RULE}): load it with the zoi version that wrote it, or "
+        "recompile the model with this one"
+    )
 
 
 @dataclass

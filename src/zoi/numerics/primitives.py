@@ -210,10 +210,11 @@ def act_transform(
 # ---- the first row of each sequence quantised twice (LinearQuant.first_row) ----------------
 #
 # The first row of a sequence (the [CLS] / attention-sink row: its massive channels take the
-# per-token scale) also gets its residual quantised, symmetric per token whatever the row's own
-# mode (dynamic, static amax, asymmetric):
-#   r = x' - float32(q - zp) * a_scale        (float32: the product rounded, then the difference)
-#   (q2, s2) = quantize_act(r)                 (dynamic symmetric; a static row's clip included)
+# per-token scale) also gets its residual quantised, symmetric, with a step fixed by the first
+# quantisation whatever the row's own mode (dynamic, static amax, asymmetric):
+#   r  = x' - float32(q - zp) * a_scale        (float32: the product rounded, then the difference)
+#   s2 = a_scale * 2**-8                       (|r| <= a_scale / 2 where q is not clamped)
+#   q2 = clamp(rint(r / s2), -127, 127)        (IEEE division; 0 where s2 is not finite and > 0)
 #   y[row] = (acc * (a_scale * w_scale) + b) + float(q2 . w_q) * (s2 * w_scale)
 # (the bias before the second term: the kernels add it to the finished first-row tile)
 
@@ -233,13 +234,36 @@ def first_row_residual(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The second quantisation of rows `rows` of x (float32 [T, K], the transformed input)
     quantised as q (int8 or uint8 [T, K]), a_scale [T], zp [T] (None: symmetric):
-    (q2 int8 [B, K], s2 float32 [B])."""
+    (q2 int8 [B, K], s2 float32 [B]).
+
+    The residual r = x' - d, d = float32(float32(q - zp) * a_scale) (the product rounded
+    before the subtract: no fused multiply-add), is quantised with the fixed step
+    s2 = a_scale * 2**-8 (a power-of-two scaling: exact in float32 down to the subnormals):
+    q2 = clamp(rint(r / s2), -127, 127) with a correctly rounded float32 division and ties to
+    even, and q2 = 0 on a row whose s2 is not finite and > 0 (a zero row: s2 = 0; a row with a
+    NaN or an infinity: s2 NaN or infinite, so its output is NaN whatever q2 holds).
+
+    Why a fixed step: where q is not clamped |r| <= a_scale / 2 (to the rounding of the
+    reciprocal the first quantisation multiplies by), so 2**-8 a_scale covers that half step
+    with the 255 codes (an element right at the edge, 128 steps, clamps to 127); an element the
+    first quantisation clamped (a static amax below the row's) saturates at +-127. Each q2 then depends only on its own element, x' and a_scale: a GEMM computes it
+    while it reads the row, with no pass over the residual for an amax and no extra launch.
+    """
     xr = np.asarray(x, np.float32)[rows]
     qr = q[rows].astype(np.float32)
     if zp is not None:
         qr = qr - np.asarray(zp, np.float32)[rows][:, None]
-    d = (qr * np.asarray(a_scale, np.float32)[rows][:, None]).astype(np.float32)
-    return quantize_act((xr - d).astype(np.float32), None)
+    s2 = (np.asarray(a_scale, np.float32)[rows] * np.float32(2.0**-8)).astype(np.float32)
+    ok = np.isfinite(s2) & (s2 > 0)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / infinite rows: codes 0 below
+        d = (qr * np.asarray(a_scale, np.float32)[rows][:, None]).astype(np.float32)
+        r = (xr - d).astype(np.float32)
+        t = (r / np.where(ok, s2, np.float32(1))[:, None]).astype(np.float32)
+        t = np.clip(np.rint(t), -QMAX, QMAX)
+    # r is finite where s2 is: every scheme gives a row holding a NaN or an infinity a NaN or
+    # infinite a_scale (an infinity clamped by a static amax leaves r infinite: +-127 above)
+    q2 = np.where(ok[:, None] & ~np.isnan(t), t, 0).astype(np.int8)
+    return q2, s2
 
 
 def add_first_row_term(

@@ -89,8 +89,8 @@ class QuantConfig:
     # "cos", mean(1 - cos) + the mean of the worst 2% (each text's own embedding error)
     search_score: str = "pairs"
     # the first row of each sequence (the [CLS] / attention-sink row, whose massive channels
-    # take the per-token scale) quantised twice in every INT8 linear: q1 = Q(x), q2 = Q(x -
-    # deq(q1)) per token, one more INT8 row per sequence and linear (LinearQuant.first_row;
+    # take the per-token scale) quantised twice in every INT8 linear: q1 = Q(x), q2 = x - deq(q1)
+    # at the step a_scale * 2**-8, one more INT8 row per sequence and linear (LinearQuant.first_row;
     # docs/QUANT.md "The first row of each sequence quantised twice"). The CPU core, the GPU's
     # Triton kernels and the emulation all run it, but opt-in: on an H100 its extra launches
     # (a row map, one q2 launch per linear) cost MiniLM INT8 1x128 195 -> 302 us

@@ -3,6 +3,7 @@ pooling, arena, per-linear quantisation), or the architectures zoi runs (--archs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -41,8 +42,12 @@ def system_info() -> dict:
 
         feats = _cpu.cpu_info()
         info["isa_best"] = feats["best_isa"]
-        try:
+        try:  # the CLI is the API's edge: the CPU options from the environment, as an engine gets them
+            from zoi.backends.cpu.options import apply_cpu_options
+
+            opts = apply_cpu_options()
             info["isa_active"] = _cpu.active_isa()
+            info["cpu_options"] = dataclasses.asdict(opts)
         except ValueError as e:
             info["isa_active"] = f"error: {e}"
         info["cpu_features"] = {k: v for k, v in feats.items() if isinstance(v, bool)}
@@ -174,7 +179,7 @@ def cmd_info(args) -> int:
     t.add_row(
         "ISA (active)",
         str(info.get("isa_active", "-"))
-        + ("  [ZOI_CPU_ISA]" if os.environ.get("ZOI_CPU_ISA") else ""),
+        + ("  [ZOI_CPU_ISA]" if (info.get("cpu_options") or {}).get("isa") else ""),
     )
     feats = info.get("cpu_features", {})
     t.add_row("CPU features", " ".join(k for k, v in feats.items() if v) or "-")

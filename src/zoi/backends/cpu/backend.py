@@ -2,7 +2,7 @@
 
 At construction the op list of the CompiledModel is translated into a native Engine: linear
 weights are packed into the micro-kernel layout of the ISA picked at import (AVX-512 VNNI,
-AVX-512BW, AVX2 or scalar; ``ZOI_CPU_ISA`` forces one), activations live in the planner's
+AVX-512BW, AVX2 or scalar; ``CpuOptions.isa``, from ``ZOI_CPU_ISA``, forces one), activations live in the planner's
 arena (one allocation, at construction), and a call runs every op in C++ on the shared pinned
 thread pool with the GIL released. INT8 linears reproduce ``zoi.numerics.primitives`` (integer
 accumulation exactly); fp32 linears (precision "fp32", or ``quant[p].scheme == "fp32"``) run
@@ -17,6 +17,7 @@ import numpy as np
 
 from zoi import _cpu
 from zoi.backends.base import SyncSubmit
+from zoi.backends.cpu.options import CpuOptions, apply_cpu_options
 from zoi.graph.compiled import CompiledModel
 from zoi.graph.fusion import FusionPolicy, annotate
 from zoi.graph.quantmode import QuantMode
@@ -73,10 +74,14 @@ class CpuBackend(SyncSubmit):
         isa: str | None = None,
         nthreads: int | None = None,
         fusion: FusionPolicy | None = None,
+        options: CpuOptions | None = None,
     ):
-        """isa: force one kernel table (None: the best this CPU runs); nthreads: engine threads
-        (None: the process pool's); fusion: the IR fusion pass's switches (zoi.graph.fusion;
-        None: its defaults)."""
+        """isa: force one kernel table (None: options.isa, else the best this CPU runs);
+        nthreads: engine threads (None: the process pool's); fusion: the IR fusion pass's
+        switches (zoi.graph.fusion; None: its defaults); options: the core's process-wide
+        switches (zoi.backends.cpu.options; None: CpuOptions.from_env()), applied before the
+        engine is built."""
+        self.options = apply_cpu_options(options)
         self.model = model
         plan, graph, W = model.plan, model.graph, model.weights
         self._keep: list[np.ndarray] = []  # tables the engine references without copying
