@@ -1,6 +1,6 @@
 """The first row of each sequence quantised twice (LinearQuant.first_row) on the cuda backend:
-the plan's launches (the row map once, a "first_row" launch before each such INT8 linear),
-every linear against zoi.numerics.reference.linear_apply with the batch's cu_seqlens on the
+the plan's launches (none of its own: the embedding kernel writes the row map, each such INT8
+linear computes its first rows' second quantisation in its K loop), every linear against zoi.numerics.reference.linear_apply with the batch's cu_seqlens on the
 very fp16 input it read (and visibly apart from the single-quantisation numerics on the
 first rows), and the whole CudaBackend against the ReferenceBackend. Every INT8 scheme, with
 and without SmoothQuant transforms, in the unfused (quantize launches / quantise-while-loading
@@ -52,6 +52,14 @@ def _on(model: CompiledModel) -> CompiledModel:
     )
     assert any(q.first_row for q in m.quant.values())
     return m
+
+
+def _off(model: CompiledModel) -> CompiledModel:
+    """The same artifact without the first-row residual."""
+    quant = {p: dataclasses.replace(q, first_row=False) for p, q in model.quant.items()}
+    return CompiledModel.build(
+        model.spec, model.weights, "int8", model.plan.max_tokens, model.plan.max_batch, quant
+    )
 
 
 def _backend(model, opts=None, **kw):
@@ -108,11 +116,15 @@ def _per_linear(be, model, lens, seed=0):
 @pytest.mark.parametrize("fold", [False, True])
 def test_each_linear_matches_the_emulation(name, fold):
     model = _models()[name]()
-    be = _backend(model, opts=dict(fold_quant=fold), **PLAN)
-    small = be.plans[False]["launches"]
+    opts = dict(fold_quant=fold)
+    be = _backend(model, opts=opts, **PLAN)
     n_fr = sum(bool(q.first_row) for q in model.quant.values())
-    assert [la.kind for la in small].count("first_row") == n_fr
-    assert [la.kind for la in small].count("first_row_map") == 1
+    off = _backend(_off(model), opts=opts, **PLAN)
+    for fused, pl in be.plans.items():  # no launch of its own: the same kinds as without it
+        la = pl["launches"]
+        assert [x.kind for x in la] == [x.kind for x in off.plans[fused]["launches"]], fused
+        assert la[0].kind == "embed" and la[0].extra.get("first_row_map")
+        assert sum(bool(x.extra.get("first_row")) for x in la) == n_fr
     assert not any(n.endswith("#q2") for pl in be.plans.values() for n in pl["fallbacks"])
     # the one-launch forwards (persistent, megakernel) have no first-row term: they refuse
     from zoi.backends.cuda.persistent import PersistentUnsupported, _layers
@@ -148,3 +160,148 @@ def test_backend_matches_reference(name, fused):
             got, want = be.run(ids, pos, cu, norm), ref.run(ids, pos, cu, norm)
             assert got.shape == want.shape and np.isfinite(got).all()
             assert rel(got, want) < 3e-2 and min_cosine(got, want) > 0.99, (lens, norm)
+
+
+def test_plan_marks_and_fallbacks(caplog):
+    """first_row.first_rows on a launch list: the embedding writes the row map, each first-row
+    INT8 linear is marked (no launch added); SPLADE's fused decoder and the pooled rows' linears
+    run without the term: listed in the fallbacks and warned of once."""
+    from types import SimpleNamespace as NS
+
+    from zoi.backends.cuda.first_row import FIRST_ROW_MAP, first_rows
+    from zoi.graph.quantmode import QuantMode
+
+    def la(kind, prefix=None, mode=QuantMode.DYNAMIC, **extra):
+        return NS(kind=kind, mode=mode, extra=dict(prefix=prefix, **extra))
+
+    on = NS(first_row=True)
+    model = NS(
+        quant={"a": on, "b": on, "dec": on, "dense": on, "f": on, "off": NS(first_row=False)}
+    )
+    launches = [
+        la("embed"), la("linear", "a"), la("attention"), la("linear", "b", QuantMode.STATIC),
+        la("linear", "f", QuantMode.FLOAT), la("linear", "off"), la("linear", "dec", splade=True),
+        la("linear", "dense", rows="B"),
+    ]  # fmt: skip
+    fallbacks: dict = {}
+    with caplog.at_level("WARNING", logger="zoi"):
+        out = first_rows(model, list(launches), fallbacks, warn=True)
+    assert [id(x) for x in out] == [id(x) for x in launches]  # no launch of its own
+    assert out[0].extra["first_row_map"] == FIRST_ROW_MAP
+    marked = [x.extra["prefix"] for x in out if x.extra.get("first_row")]
+    assert marked == ["a", "b"]
+    assert sorted(fallbacks) == ["dec#q2", "dense#q2"]
+    assert "2 INT8 linears without their first-row" in caplog.text and "dec, dense" in caplog.text
+    with pytest.raises(ValueError, match="row map"):  # no embedding kernel to write the map
+        first_rows(model, [la("linear", "a")], {}, warn=False)
+
+
+_PTR = {"a_zp_ptr": "*i32", "colsum_ptr": "*i32", "w_ptr": "*i8", "yq_ptr": "*i8",
+        "yqz_ptr": "*i32", "fr_ptr": "*i32", "x_ptr": "*fp16", "r_ptr": "*fp16", "y_ptr": "*fp16"}  # fmt: skip
+
+
+def compile_linear_ahead(cases: list) -> list:
+    """linear_kernel compiled for sm_90 without a GPU (TRITON_INTERPRET unset; ptxas runs), at
+    the backend's pick_config: [{regs, stack (spilled bytes), shared}] per case (kw of
+    pick_config + the kernel's constexprs)."""
+    from tests.cuda_backend.ptx_helpers import _resource_usage
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from zoi.backends.cuda.kernels import linear as kl
+
+    names, out = kl.linear_kernel.arg_names, []
+    for c in cases:
+        c = dict(c)
+        M, N, K, ln, rowq = c.pop("M"), c.pop("N"), c.pop("K"), c.get("LN", False), c["ROWQ"]
+        cfg = kl.pick_config(M, N, K, True, ln, prequant=c["QUANT"] == 4, rowq=rowq)
+        opts = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+        meta = {**c, **cfg}
+        sig = {
+            n: "constexpr" if n in meta
+            else ("*i8" if c["QUANT"] == 4 else "*fp16") if n == "a_ptr"
+            else _PTR.get(n, "*fp32") if n.endswith("_ptr")
+            else "fp32" if n in ("static_amax", "eps", "q_static_amax")
+            else "i32"
+            for n in names
+        }  # fmt: skip
+        # as the launcher specialises them: pointers 16-byte aligned, and the sizes / strides
+        # of these shapes (multiples of 16)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n][0] in "*i"}
+        const = {(names.index(k),): v for k, v in meta.items()}
+        src = ASTSource(fn=kl.linear_kernel, signature=sig, constexprs=const, attrs=attrs)
+        k = compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+        out.append({**_resource_usage(k.asm["cubin"]), "shared": int(k.metadata.shared)})
+    return out
+
+
+def fma_in_q2() -> int:
+    """fma.rn.f32 in the PTX (sm_90) of act_tf (act_shift, act_mul) + quantize.first_row_q2:
+    0, or the residual is not the emulation's x' - d with both rounded on their own."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from zoi.backends.cuda.kernels.quantize import act_tf, first_row_q2
+
+    @triton.jit
+    def probe(x_ptr, t_ptr, s1_ptr, q1_ptr, q2_ptr, R: tl.constexpr, C: tl.constexpr):
+        rows, cols = tl.arange(0, R), tl.arange(0, C)
+        offs = rows[:, None] * C + cols[None, :]
+        x = act_tf(tl.load(x_ptr + offs).to(tl.float32), cols, cols < C, t_ptr, t_ptr + C, 1, 1)
+        s1, ok = tl.load(s1_ptr + rows), (offs >= 0)
+        tl.store(q2_ptr + offs, first_row_q2(x, tl.load(q1_ptr + offs), s1, s1 * 0.00390625, ok))
+
+    sig = dict(x_ptr="*fp16", t_ptr="*fp32", s1_ptr="*fp32", q1_ptr="*fp32", q2_ptr="*i8")
+    src = ASTSource(fn=probe, signature={**sig, "R": "constexpr", "C": "constexpr"},
+                    constexprs={(5,): 4, (6,): 64})  # fmt: skip
+    return compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"].count("fma.rn.f32")
+
+
+@pytest.mark.skipif(COMPILED, reason="the GPU run compiles them for real")
+def test_first_row_kernels_compile_for_sm90():
+    """What the interpreter cannot see: every INT8 QUANT mode's FIRST_ROW kernel (both K
+    loops behind the tile's runtime test) goes through Triton's sm_90 codegen and ptxas at the
+    MiniLM shapes the backend picks for 16 and 128 tokens, without spilling; and q2's residual
+    has no FMA (the emulation rounds x' and d before the subtract)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = dict(ACT=0, HAS_RES=False, LN=False, AMAX_OUT=0, Q_OUT=0, Q_SHIFT=False,
+                Q_MUL=False, PDL=True, ROWQ=False, IN_QM=0, IN_SHIFT=False, IN_MUL=False,
+                ASYM=False, RMS=False, POST=False, FIRST_ROW=True)  # fmt: skip
+    modes = [
+        dict(QUANT=1),
+        dict(QUANT=2),
+        dict(QUANT=4, IN_MUL=True),
+        dict(QUANT=4, ASYM=True, IN_SHIFT=True, IN_MUL=True),
+        dict(QUANT=16, IN_QM=3, IN_MUL=True),
+        dict(QUANT=4, ASYM=True, IN_MUL=True, LN=True, HAS_RES=True, Q_OUT=3, N=384, K=1536),
+        dict(QUANT=4, ROWQ=True, Q_OUT=1, N=1536, K=384),
+    ]
+    cases = [{**base, "N": 1536, "K": 384, **m, "M": M} for m in modes for M in (16, 128)]
+    code = (
+        "import json, sys; from tests.cuda_backend.test_first_row_backend import "
+        "compile_linear_ahead as f, fma_in_q2 as g; "
+        "print(json.dumps([g(), f(json.loads(sys.argv[1]))]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],  # the repository root: tests/ importable
+    )
+    if r.returncode != 0 and "ptxas" in r.stderr and "not found" in r.stderr:
+        pytest.skip("no ptxas")
+    assert r.returncode == 0, r.stderr[-3000:]
+    n_fma, out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert n_fma == 0, "act_mul's or q1 * s1's multiply contracted with the residual's subtract"
+    for c, o in zip(cases, out, strict=True):
+        print(c["QUANT"], c["M"], c["LN"], c["ROWQ"], o)
+        assert o.get("stack", 0) == 0 and o["shared"] <= 227 * 1024, (c, o)

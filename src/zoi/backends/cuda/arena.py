@@ -22,8 +22,8 @@ def place(launches, T) -> tuple[dict, dict, int]:
         reads = L.ins + ([L.res] if L.res else [])
         if L.kind == "linear" and L.prequant:
             reads = [L.extra["qname"]] + reads[1:]
-        if L.extra.get("first_row"):  # its (q2, s2) and the row map, live up to here
-            reads = reads + [L.extra["first_row"], FIRST_ROW_MAP]
+        if L.extra.get("first_row"):  # the row map and the fp16 rows its q2 is computed from
+            reads = reads + [FIRST_ROW_MAP, L.ins[0]]
         for n in reads:
             if n in live:
                 live[n][1] = i
@@ -32,8 +32,9 @@ def place(launches, T) -> tuple[dict, dict, int]:
             live[L.out] = [i, i]
             if L.extra.get("out_bytes"):
                 fixed[L.out] = int(L.extra["out_bytes"])
-            if L.kind == "first_row_map":  # int32 per row
-                fixed[L.out] = T * 4
+            if L.extra.get("first_row_map"):  # the embed kernel's int32 row map
+                cols[FIRST_ROW_MAP], live[FIRST_ROW_MAP] = 1, [i, i]
+                fixed[FIRST_ROW_MAP] = T * 4
             if L.kind != "quantize" and L.extra.get("q"):  # the int8 copy it also writes
                 cols[L.extra["q"]] = L.n
                 live[L.extra["q"]] = [i, i]
@@ -98,14 +99,6 @@ class Arena:
         if nb > have:
             raise ValueError(f"{name}: fp32 [{rows}, {cols}] exceeds the {have} bytes placed")
         return self.buf[o : o + nb].view(self.torch.float32).view(rows, cols)
-
-    def first_row(self, plan: dict, name: str, max_batch: int):
-        """(q2 int8 [max_batch, K], s2 fp32 [max_batch]) of a "first_row" buffer
-        (first_row.first_row_bytes)."""
-        K, o = plan["cols"][name], plan["offs"][name]
-        q2 = self.buf[o : o + max_batch * K].view(self.torch.int8).view(max_batch, K)
-        o2 = o + align(max_batch * K)
-        return q2, self.buf[o2 : o2 + max_batch * 4].view(self.torch.float32)
 
     def first_row_map(self, plan: dict, rows: int):
         """The int32 [rows] row -> sequence map of the first-row residual."""

@@ -33,7 +33,6 @@ from zoi.graph.quantmode import QuantMode
 @dataclass
 class Launch:
     kind: str  # embed | linear | attention | add_layernorm | quantize | pool | glu | sparse_pool
-    # | first_row_map | first_row (the first row of each sequence quantised twice: first_row.py)
     # (a linear with extra["splade"]: the MLM decoder fused with SPLADE's pool, out = the pool's)
     op: object
     out: str
@@ -274,9 +273,9 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         L.prequant = True
         L.extra["qname"] = qname
         final.append(L)
-    from zoi.backends.cuda.first_row import first_rows  # (it builds Launch objects)
+    from zoi.backends.cuda.first_row import first_rows
 
-    out = first_rows(model, final, fallbacks, warn=fuse, Launch=Launch, max_batch=_max_batch(model))
+    out = first_rows(model, final, fallbacks, warn=fuse)
     # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
     need = {
         L.ins[0]

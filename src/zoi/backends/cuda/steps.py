@@ -62,8 +62,10 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
         if L.kind == "embed":
             x = act(L.out)
             nz = len(plan["atomic"])
+            # the first-row residual's row map (first_row.py), from the call's cu_seqlens
+            frm = arena.first_row_map(plan, tb) if L.extra.get("first_row_map") else None
             steps.append(
-                lambda x=x, L=L, nz=nz, qo=qout(L): k_embed.launch_embed(
+                lambda x=x, L=L, nz=nz, qo=qout(L), frm=frm: k_embed.launch_embed(
                     ids,
                     pos,
                     w.get("embed.word_q", w.get("embed.word")),
@@ -82,6 +84,7 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                     L.op.attrs["eps"],
                     tiles=(hdr, cu, arena.tcum, acfg["BLOCK_M"], k_attn.block_b(nseq)),
                     pdl=pdl,
+                    first_row_map=frm,
                     **qo,
                 )
             )
@@ -107,17 +110,19 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             ln = L.ln is not None
             norm = _norm_kw(L.ln) if ln else {}
             rowq = bool(L.extra.get("q")) and not ln
-            fr = L.extra.get("first_row")  # the first rows' second quantisation (plan)
-            fr = (
-                (arena.first_row_map(plan, tb), *arena.first_row(plan, fr, max_batch))
-                if fr
-                else None
-            )
+            # how A is read: QUANT 16's quantisation, or the asymmetric copy's colsum
+            gk = fold or dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)
+            fr = None
+            if L.extra.get("first_row"):  # q2 of the first rows in the K loop (first_row.py)
+                # QUANT 4: the fp16 rows its int8 copy came from, and this linear's transform
+                fr = (arena.first_row_map(plan, tb), act(L.ins[0]) if L.quant == 4 else None)
+                if L.quant == 4:
+                    gk.update(in_shift=w.get(f"{p}.act_shift"), in_mul=w.get(f"{p}.act_mul"))
             cfg = k_lin.pick_config(
                 tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
             )
             steps.append(
-                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), fold=fold, norm=norm, fr=fr: (
+                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), gk=gk, norm=norm, fr=fr: (
                     k_lin.launch_linear(
                         a,
                         a_sc,
@@ -141,32 +146,11 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         cfg=cfg,
                         pdl=pdl,
                         a_zp=a_zp,
-                        **(fold or dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)),
+                        **gk,
                         **qo,
                         **norm,
                         first_row=fr,
                     )
-                )
-            )
-        elif L.kind == "first_row_map":  # row -> the sequence it starts (the call's B)
-            frm = arena.first_row_map(plan, tb)
-            steps.append(lambda frm=frm: k_q.launch_first_row_map(cu, hdr[1:2], frm, tb))
-        elif L.kind == "first_row":  # (q2, s2) of the first rows, from the rows A came from
-            p, (q2, s2) = L.extra["prefix"], arena.first_row(plan, L.out, max_batch)
-            steps.append(
-                lambda x=act(L.ins[0]), q2=q2, s2=s2, p=p, L=L: k_q.launch_first_row_q2(
-                    x,
-                    cu,
-                    hdr[1:2],
-                    w.get(f"{p}.act_shift"),
-                    w.get(f"{p}.act_mul"),
-                    q2,
-                    s2,
-                    L.k,
-                    nseq,
-                    mode=L.mode.value,
-                    static_amax=L.static_amax,
-                    amax=amx(L.ins[0]) if L.extra["amax"] else None,
                 )
             )
         elif L.kind == "quantize":

@@ -16,7 +16,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
 from zoi.backends.cuda.kernels.common import amax_rows, layernorm_rows
-from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
+from zoi.backends.cuda.kernels.quantize import QMODES, first_row_seq, quant_rows
 
 
 @triton.jit
@@ -40,6 +40,7 @@ def embed_kernel(
     hdr_ptr,  # [>=3] int32 call header [flag, B, T] (TILES)
     cu_ptr,  # [B + 1] int32 cu_seqlens (TILES)
     tcum_ptr,  # [B] int32 attention tile table, written by program 0 (TILES)
+    fr_map_ptr,  # [T] int32 out: row -> the sequence it starts, or -1 (FR_MAP, with TILES)
     T,
     H,
     ldx,
@@ -62,6 +63,7 @@ def embed_kernel(
     PDL: tl.constexpr,
     HAS_POS: tl.constexpr = True,  # False: no position table (ModernBERT: RoPE in attention)
     HAS_LN: tl.constexpr = True,  # False: no embedding norm (decoder architectures)
+    FR_MAP: tl.constexpr = False,  # the first-row residual's row map (linear.py FIRST_ROW)
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -75,6 +77,9 @@ def embed_kernel(
     r_ok = rows < T
     c_ok = cols < H
     m2 = r_ok[:, None] & c_ok[None, :]
+    if FR_MAP:  # with the call's header and cu_seqlens at hand: no launch of its own
+        seq = first_row_seq(rows, tl.load(hdr_ptr + 1), cu_ptr, BLOCK_B)
+        tl.store(fr_map_ptr + rows, seq, mask=r_ok)
     ids = tl.load(ids_ptr + rows, mask=r_ok, other=0).to(tl.int64)
     w = tl.load(word_ptr + ids[:, None] * H + cols[None, :], mask=m2, other=0).to(tl.float32)
     if WORD_Q:
@@ -141,8 +146,11 @@ def launch_embed(
     q_shift=None,
     q_mul=None,
     q_static_amax=0.0,
+    first_row_map=None,
 ):
     """tiles: None, or (hdr, cu, tcum, attention BLOCK_M, BLOCK_B) to build the tile table.
+    first_row_map: also write int32 [T] row -> the sequence it starts, or -1 (needs tiles: the
+    header's B and cu_seqlens), for the linears' first-row term.
     xq: also write the int8 copy of x for the first linear (quantize.quant_rows, q_mode).
     lnw / lnb None: no embedding norm."""
     if (lnw is None) != (lnb is None):
@@ -155,6 +163,7 @@ def launch_embed(
     assert qmode == 0 or xq_scale is not None
     assert qmode != 3 or xq_zp is not None
     hdr, cu, tcum, tile_m, block_b = tiles if tiles is not None else (lnw, lnw, lnw, 16, 16)
+    assert first_row_map is None or tiles is not None, "the first-row map needs tiles (cu)"
     embed_kernel[(triton.cdiv(T, cfg["BLOCK_R"]),)](
         ids,
         pos,
@@ -175,6 +184,7 @@ def launch_embed(
         hdr,
         cu,
         tcum,
+        first_row_map if first_row_map is not None else tcum,
         T,
         H,
         x.stride(0),
@@ -192,6 +202,7 @@ def launch_embed(
         TILES=tiles is not None,
         HAS_POS=posemb is not None,
         HAS_LN=has_ln,
+        FR_MAP=first_row_map is not None,
         TILE_M=tile_m,
         BLOCK_B=block_b,
         PDL=pdl,

@@ -49,6 +49,14 @@ One Triton kernel, specialised by constexpr flags:
   ``q_params`` / ``q_apply``: the same numerics as ``quant_rows`` on the stored fp16 y), so
   that ffn2 needs no quantize launch. Measured slower than ffn1 + quantize on the H200 (the
   N tiles run one after another in a program): the backend keeps it off (``ROWQ``).
+* ``FIRST_ROW`` (INT8, every QUANT of it): the first row of each sequence quantised twice
+  (``zoi.numerics.primitives.first_row_residual``: q2 = the residual of q1 on the fixed scale
+  s2 = s1 * 2^-8). A tile holding such a row (row map ``fr_ptr`` >= 0, tested once before the
+  K loop: the other tiles run the plain loop) computes q2 of those rows in the same K loop
+  (``quantize.first_row_q2``, from x' and the block's own codes q1; QUANT 4 loads the fp16
+  rows the int8 A came from, masked to the first rows) and accumulates ``dot(q2, w)`` with the
+  W tile just loaded into a second int32 accumulator; after the bias, those rows get
+  ``+ acc2 * (s2 * ws[n])`` (``primitives.add_first_row_term``).
 * ``Q_OUT`` (LN mode, or ROWQ): also write y quantised per token for the next INT8 linear
   (``quantize.quant_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
   act_shift / act_mul applied first), with a_scale (and zp) per row, so that it runs as
@@ -67,6 +75,7 @@ from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, norm_r
 from zoi.backends.cuda.kernels.quantize import (
     QMODES,
     act_tf,
+    first_row_q2,
     q_apply,
     q_params,
     q_stats,
@@ -75,34 +84,73 @@ from zoi.backends.cuda.kernels.quantize import (
 
 
 @triton.jit
-def first_row_term(
-    y, fr_ptr, q2_ptr, s2_ptr, w_ptr, ws_ptr, rm_c, rn, n_mask, K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def int8_loop(
+    a_ptrs, w_ptrs, x_ptrs, rk, K, inv, s1, zq, has, in_shift_ptr, in_mul_ptr,
+    QUANT: tl.constexpr, IN_SHIFT: tl.constexpr, IN_MUL: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FR: tl.constexpr,
 ):  # fmt: skip
-    """y (bias in) + float(q2 . w) * (s2 * ws[n]) on the tile's rows that start a sequence
-    (``fr_ptr``: row -> its sequence b, or -1; q2 [B, K] int8 / s2 [B] from
-    quantize.first_row_q2_kernel), == primitives.add_first_row_term. Only a tile holding such
-    a row runs the second K loop (the weight tiles it reloads were just read: L2-hot)."""
-    fr = tl.load(fr_ptr + rm_c)
-    if tl.max(fr, axis=0) >= 0:
-        has = fr >= 0
-        frc = tl.where(has, fr, 0)
-        rk = tl.arange(0, BLOCK_K)
-        rn_c = tl.where(n_mask, rn, 0)
-        q_ptrs = q2_ptr + frc[:, None].to(tl.int64) * K + rk[None, :]
-        w_ptrs = w_ptr + rn_c[None, :].to(tl.int64) * K + rk[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for k in range(0, K, BLOCK_K):
-            k_ok = (k + rk) < K
-            q = tl.load(q_ptrs, mask=has[:, None] & k_ok[None, :], other=0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
-            acc = tl.dot(q, w, acc, out_dtype=tl.int32)
-            q_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        s2 = tl.load(s2_ptr + frc, mask=has, other=0.0)
-        ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
-        y = tl.where(has[:, None], y + acc.to(tl.float32) * (s2[:, None] * ws[None, :]), y)
-    return y
+    """The K loop of QUANT 1 / 2 / 4: (int32 acc, int32 acc2, QUANT 2's max bits of |a|).
+    FR (a tile holding a first row, ``has``): also q2 of those rows (quantize.first_row_q2,
+    from x' and the codes q1 of this very block, ``q1 - zp = code + zq``) into acc2 with the
+    same W tile; x' is A itself in QUANT 1 / 2 (no transform), else the fp16 rows at x_ptrs
+    (loaded for the first rows only) after act_shift / act_mul."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    a_bits = tl.zeros((BLOCK_M,), dtype=tl.int32)  # QUANT 2: max bits of |a| (NaN check)
+    s2 = s1 * 0.00390625  # spec: s2 = s1 * 2^-8 (exact)
+    for k in range(0, K, BLOCK_K):
+        k_ok = (k + rk) < K
+        if QUANT == 4:
+            q = tl.load(a_ptrs, mask=k_ok[None, :], other=0)
+        else:
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
+            if QUANT == 2:  # the static amax says nothing of a NaN in A: look for one
+                a_bits = tl.maximum(a_bits, amax_rows(a).to(tl.int32, bitcast=True))
+            s = tl.minimum(tl.maximum(a * inv[:, None], -127.0), 127.0)
+            s = rint(s)
+            q = s.to(tl.int8)
+        w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+        acc = tl.dot(q, w, acc, out_dtype=tl.int32)
+        if FR:
+            ok = has[:, None] & k_ok[None, :]
+            if QUANT == 4:
+                x = tl.load(x_ptrs, mask=ok, other=0.0).to(tl.float32)
+                x = act_tf(x, k + rk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
+                q2 = first_row_q2(x, q.to(tl.float32) + zq[:, None], s1, s2, ok)
+                x_ptrs += BLOCK_K
+            else:
+                q2 = first_row_q2(a, s, s1, s2, ok)
+            acc2 = tl.dot(q2, w, acc2, out_dtype=tl.int32)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc, acc2, a_bits
+
+
+@triton.jit
+def fold_loop(
+    a_rows, w_ptrs, rk, K, inv, z, s1, zq, has, in_shift_ptr, in_mul_ptr, IN_QM: tl.constexpr,
+    IN_SHIFT: tl.constexpr, IN_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, FR: tl.constexpr,
+):  # fmt: skip
+    """The main K loop of QUANT 16 (codes of x' with q_params' inv / z): (acc, acc2), FR as
+    int8_loop (x' and q1 are this loop's own)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    s2 = s1 * 0.00390625  # spec: s2 = s1 * 2^-8 (exact)
+    for k in range(0, K, BLOCK_K):
+        kk = k + rk
+        k_ok = kk < K
+        x = tl.load(a_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
+        q = q_apply(x, inv, z, IN_QM)  # columns past K: any code, against W's zeros
+        w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+        acc = tl.dot(q, w, acc, out_dtype=tl.int32)
+        if FR:
+            ok = has[:, None] & k_ok[None, :]
+            q2 = first_row_q2(x, q.to(tl.float32) + zq[:, None], s1, s2, ok)
+            acc2 = tl.dot(q2, w, acc2, out_dtype=tl.int32)
+        w_ptrs += BLOCK_K
+    return acc, acc2
 
 
 @triton.jit
@@ -127,12 +175,18 @@ def gemm_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FIRST_ROW: tl.constexpr = False,
-    fr_ptr=None,
-    q2_ptr=None,
-    s2_ptr=None,
+    fr=None,
+    x_ptr=None,
+    ldx=0,
+    in_shift_ptr=None,
+    in_mul_ptr=None,
+    IN_SHIFT: tl.constexpr = False,
+    IN_MUL: tl.constexpr = False,
 ):
     """One output tile (rows rm_c, clamped in bounds; columns rn): act(A W^T dequantised + b),
-    fp32; FIRST_ROW: with the first rows' second term (first_row_term, its three pointers)."""
+    fp32. FIRST_ROW (INT8): ``fr`` [BLOCK_M] the rows' sequence if they start one, else -1;
+    such rows get the second term (first_rows_term), q2 computed in the K loop from the fp16
+    rows x' comes from (QUANT 4: x_ptr, row stride ldx, this linear's act_shift / act_mul)."""
     rk = tl.arange(0, BLOCK_K)
     rn_c = tl.where(n_mask, rn, 0)
     a_ptrs = a_ptr + rm_c[:, None].to(tl.int64) * lda + rk[None, :]
@@ -168,41 +222,45 @@ def gemm_tile(
         inv = tl.where(
             amax > 0.0, tl.math.div_rn(127.0 + tl.zeros_like(amax), tl.maximum(amax, 1e-30)), 0.0
         )
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        a_bits = tl.zeros((BLOCK_M,), dtype=tl.int32)  # QUANT 2: max bits of |a| (NaN check)
-        for k in range(0, K, BLOCK_K):
-            k_ok = (k + rk) < K
-            if QUANT == 4:
-                q = tl.load(a_ptrs, mask=k_ok[None, :], other=0)
-            else:
-                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
-                if QUANT == 2:  # the static amax says nothing of a NaN in A: look for one
-                    a_bits = tl.maximum(a_bits, amax_rows(a).to(tl.int32, bitcast=True))
-                s = tl.minimum(tl.maximum(a * inv[:, None], -127.0), 127.0)
-                s = rint(s)
-                q = s.to(tl.int8)
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
-            acc = tl.dot(q, w, acc, out_dtype=tl.int32)
-            a_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
         if QUANT == 4:
-            if ASYM:  # sum_k q_u8 w = dot(q_u8 - 128, w) + 128 colsum; minus zp colsum
-                zp = tl.load(a_zp_ptr + rm_c)
-                cs = tl.load(colsum_ptr + rn_c)
-                acc += (128 - zp)[:, None] * cs[None, :]
             a_scale = amax
         else:  # QUANT 1: a NaN in A made the producer's amax NaN, so a_scale is NaN
             a_scale = tl.math.div_rn(amax, 127.0 + tl.zeros_like(amax))
-            if QUANT == 2:  # bits above +inf's: a NaN (the clamp made it a finite code)
-                a_scale = tl.where(a_bits > 0x7F800000, float("nan"), a_scale)
+        zq = tl.zeros_like(amax)  # q1 - zp = the code in A + zq (asymmetric: q_u8 - 128 in A)
+        if FIRST_ROW and ASYM:
+            zq = (128 - tl.load(a_zp_ptr + rm_c)).to(tl.float32)
+        x_ptrs = a_ptrs
+        if FIRST_ROW and QUANT == 4:
+            x_ptrs = x_ptr + rm_c[:, None].to(tl.int64) * ldx + rk[None, :]
+        if FIRST_ROW:
+            has = fr >= 0
+            if tl.max(fr, axis=0) >= 0:  # a first row in the tile: the loop that adds q2
+                acc, acc2, a_bits = int8_loop(
+                    a_ptrs, w_ptrs, x_ptrs, rk, K, inv, a_scale, zq, has, in_shift_ptr,
+                    in_mul_ptr, QUANT, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, True,
+                )  # fmt: skip
+            else:
+                acc, acc2, a_bits = int8_loop(
+                    a_ptrs, w_ptrs, x_ptrs, rk, K, inv, a_scale, zq, has, in_shift_ptr,
+                    in_mul_ptr, QUANT, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, False,
+                )  # fmt: skip
+        else:
+            acc, acc2, a_bits = int8_loop(
+                a_ptrs, w_ptrs, x_ptrs, rk, K, inv, a_scale, zq, zq > 0.0, in_shift_ptr,
+                in_mul_ptr, QUANT, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, False,
+            )  # fmt: skip
+        if ASYM:  # sum_k q_u8 w = dot(q_u8 - 128, w) + 128 colsum; minus zp colsum
+            zp = tl.load(a_zp_ptr + rm_c)
+            cs = tl.load(colsum_ptr + rn_c)
+            acc += (128 - zp)[:, None] * cs[None, :]
+        if QUANT == 2:  # bits above +inf's: a NaN (the clamp made it a finite code)
+            a_scale = tl.where(a_bits > 0x7F800000, float("nan"), a_scale)
         ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
         y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
     y = y + bias[None, :]
     if FIRST_ROW:
-        y = first_row_term(
-            y, fr_ptr, q2_ptr, s2_ptr, w_ptr, ws_ptr, rm_c, rn, n_mask, K, BLOCK_M, BLOCK_N, BLOCK_K
-        )
+        y = first_rows_term(y, acc2, a_scale, ws, fr)
     return activation(y, ACT)
 
 
@@ -229,12 +287,11 @@ def gemm_tile_fold(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FIRST_ROW: tl.constexpr = False,
-    fr_ptr=None,
-    q2_ptr=None,
-    s2_ptr=None,
+    fr=None,
 ):
     """QUANT 16: one output tile of an INT8 linear over fp16 A, quantised per row in the GEMM
-    exactly as quantize_kernel would (statistics of the whole row first, then the codes)."""
+    exactly as quantize_kernel would (statistics of the whole row first, then the codes);
+    FIRST_ROW as gemm_tile."""
     rk = tl.arange(0, BLOCK_K)
     rn_c = tl.where(n_mask, rn, 0)
     a_rows = a_ptr + rm_c[:, None].to(tl.int64) * lda
@@ -248,16 +305,26 @@ def gemm_tile_fold(
         x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
         lo, hi = q_stats(x, lo, hi, IN_QM)
     inv, z, a_scale, zp = q_params(lo, hi, static_amax, IN_QM)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k in range(0, K, BLOCK_K):
-        kk = k + rk
-        k_ok = kk < K
-        x = tl.load(a_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
-        q = q_apply(x, inv, z, IN_QM)  # columns past K: any code, against W's zeros
-        w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
-        acc = tl.dot(q, w, acc, out_dtype=tl.int32)
-        w_ptrs += BLOCK_K
+    zq = tl.zeros_like(a_scale)
+    if IN_QM == 3:
+        zq = (128 - zp).to(tl.float32)
+    if FIRST_ROW:
+        has = fr >= 0
+        if tl.max(fr, axis=0) >= 0:  # a first row in the tile: the loop that adds q2
+            acc, acc2 = fold_loop(
+                a_rows, w_ptrs, rk, K, inv, z, a_scale, zq, has, in_shift_ptr, in_mul_ptr,
+                IN_QM, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, True,
+            )  # fmt: skip
+        else:
+            acc, acc2 = fold_loop(
+                a_rows, w_ptrs, rk, K, inv, z, a_scale, zq, has, in_shift_ptr, in_mul_ptr,
+                IN_QM, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, False,
+            )  # fmt: skip
+    else:
+        acc, acc2 = fold_loop(
+            a_rows, w_ptrs, rk, K, inv, z, a_scale, zq, zq > 0.0, in_shift_ptr, in_mul_ptr,
+            IN_QM, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, False,
+        )  # fmt: skip
     if IN_QM == 3:  # sum_k q_u8 w = dot(q_u8 - 128, w) + 128 colsum; minus zp colsum
         cs = tl.load(colsum_ptr + rn_c)
         acc += (128 - zp)[:, None] * cs[None, :]
@@ -266,10 +333,16 @@ def gemm_tile_fold(
     bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
     y = y + bias[None, :]
     if FIRST_ROW:
-        y = first_row_term(
-            y, fr_ptr, q2_ptr, s2_ptr, w_ptr, ws_ptr, rm_c, rn, n_mask, K, BLOCK_M, BLOCK_N, BLOCK_K
-        )
+        y = first_rows_term(y, acc2, a_scale, ws, fr)
     return activation(y, ACT)
+
+
+@triton.jit
+def first_rows_term(y, acc2, s1, ws, fr):
+    """y (bias in) + float(q2 . w) * (s2 * ws[n]) on the rows that start a sequence (fr >= 0),
+    s2 = s1 * 2^-8 (a NaN s1, a NaN row: NaN outputs) == primitives.add_first_row_term."""
+    s2 = s1 * 0.00390625
+    return tl.where((fr >= 0)[:, None], y + acc2.to(tl.float32) * (s2[:, None] * ws[None, :]), y)
 
 
 @triton.jit
@@ -291,11 +364,10 @@ def linear_kernel(
     yqz_ptr,  # [M] int32 zero point of yq (Q_OUT 3)
     qshift_ptr,  # [N] fp32 act_shift of the consumer (Q_SHIFT)
     qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
-    in_shift_ptr,  # [K] fp32 this linear's act_shift (QUANT 16, IN_SHIFT)
-    in_mul_ptr,  # [K] fp32 this linear's act_mul (QUANT 16, IN_MUL)
+    in_shift_ptr,  # [K] fp32 this linear's act_shift (QUANT 16, or 4 with FIRST_ROW; IN_SHIFT)
+    in_mul_ptr,  # [K] fp32 this linear's act_mul (QUANT 16, or 4 with FIRST_ROW; IN_MUL)
     fr_ptr,  # [M] int32 row -> sequence whose first row it is, or -1 (FIRST_ROW)
-    q2_ptr,  # [B, K] int8 second quantisation of the first rows (FIRST_ROW)
-    s2_ptr,  # [B] fp32 its per-row scale (FIRST_ROW)
+    x_ptr,  # [M, K] fp16 rows the int8 A was quantised from, row stride ldx (FIRST_ROW, QUANT 4)
     M,
     N,
     K,
@@ -303,6 +375,7 @@ def linear_kernel(
     ldr,
     ldy,
     ldyq,
+    ldx,
     static_amax,  # float, QUANT 2
     eps,  # float, LN
     q_static_amax,  # float, Q_OUT 2
@@ -326,7 +399,7 @@ def linear_kernel(
     IN_MUL: tl.constexpr,
     RMS: tl.constexpr = False,  # LN: RMSNorm
     POST: tl.constexpr = False,  # LN with HAS_RES: norm(y) + r
-    FIRST_ROW: tl.constexpr = False,  # INT8: the first rows' second quantisation (q2_ptr)
+    FIRST_ROW: tl.constexpr = False,  # INT8: the first rows' second quantisation, in the loop
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
@@ -336,6 +409,9 @@ def linear_kernel(
         rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = rm < M
         rm_c = tl.where(m_mask, rm, 0)
+        fr = rm_c
+        if FIRST_ROW:  # row -> its sequence if it starts one, else -1 (rows past M too)
+            fr = tl.load(fr_ptr + rm, mask=m_mask, other=-1)
         y_rows = y_ptr + rm[:, None].to(tl.int64) * ldy
         lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
         hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -345,7 +421,7 @@ def linear_kernel(
             y = gemm_tile(
                 a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
                 K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
-                fr_ptr, q2_ptr, s2_ptr,
+                fr, x_ptr, ldx, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL,
             )  # fmt: skip
             out = y.to(y_ptr.dtype.element_ty)
             tl.store(y_rows + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
@@ -384,17 +460,20 @@ def linear_kernel(
         # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
         # stores: 121 GB/s, measured on the H200, 2026-11-30).
         rm_c = tl.where(m_mask, rm, 0)
+        fr = rm_c
+        if FIRST_ROW:  # row -> its sequence if it starts one, else -1 (rows past M too)
+            fr = tl.load(fr_ptr + rm, mask=m_mask, other=-1)
         if QUANT == 16:
             y = gemm_tile_fold(
                 a_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, in_shift_ptr, in_mul_ptr, rm_c, rn,
                 n_mask, K, lda, static_amax, IN_QM, IN_SHIFT, IN_MUL, ACT, BLOCK_M, BLOCK_N,
-                BLOCK_K, FIRST_ROW, fr_ptr, q2_ptr, s2_ptr,
+                BLOCK_K, FIRST_ROW, fr,
             )  # fmt: skip
         else:
             y = gemm_tile(
                 a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
                 K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
-                fr_ptr, q2_ptr, s2_ptr,
+                fr, x_ptr, ldx, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL,
             )  # fmt: skip
         mask2 = m_mask[:, None] & n_mask[None, :]
         if HAS_RES:
@@ -580,10 +659,16 @@ def launch_linear(
     quant 16: A is fp16, quantised in the GEMM in in_mode ("dynamic", "static",
     "dynamic_asym": colsum needed) after this linear's in_shift / in_mul, as a quantize launch
     would (static_amax: the static scheme's). rms / post (LN mode): RMSNorm / norm(y) + r.
-    first_row (INT8 only): (fr_map int32 [M], q2 int8 [B, K], s2 fp32 [B]) of
-    quantize.launch_first_row_map / launch_first_row_q2: the first row of each sequence
-    quantised twice (zoi.numerics.primitives.first_row_residual)."""
+    first_row (INT8 only): (fr_map, x), fr_map int32 [M] the sequence each row starts or -1
+    (the embedding kernel's, embed.py FR_MAP): the first row of each sequence quantised twice (zoi.numerics.primitives.first_row_residual), its q2
+    computed in the K loop; x: quant 4, the fp16 [M, K] rows the int8 A was quantised from
+    (this linear's in_shift / in_mul applied to them), else None (A itself is fp16)."""
     assert first_row is None or quant in (1, 2, 4, 16), "the first-row residual is INT8 only"
+    fr_x = first_row[1] if first_row is not None else None
+    assert first_row is None or (fr_x is not None) == (quant == 4), (
+        "the first-row residual: x is the fp16 source of an int8 A (quant 4) only"
+    )
+    assert quant in (4, 16) or (in_shift is None and in_mul is None), "in_shift: quant 4 / 16"
     assert ln or not (rms or post), "rms / post are modes of the LN epilogue"
     rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
     in_qm = 0
@@ -622,8 +707,7 @@ def launch_linear(
         in_shift if in_shift is not None else dummy,
         in_mul if in_mul is not None else dummy,
         first_row[0] if first_row is not None else dummy,
-        first_row[1] if first_row is not None else dummy,
-        first_row[2] if first_row is not None else dummy,
+        fr_x if fr_x is not None else dummy,
         M,
         N,
         K,
@@ -631,6 +715,7 @@ def launch_linear(
         r.stride(0) if r is not None else 0,
         y.stride(0),
         yq.stride(0) if yq is not None else 0,
+        fr_x.stride(0) if fr_x is not None else 0,
         float(static_amax),
         float(eps),
         float(q_static_amax),

@@ -244,117 +244,43 @@ def launch_quantize(
 
 # ---- the first row of each sequence quantised twice (LinearQuant.first_row) ----------------
 # zoi.numerics.primitives.first_row_residual: the first row of each sequence (row cu[b]) gets
-# q1 = Q(x') in the linear's own mode, then the residual r = x' - float32(q1 - zp) * a_scale
-# quantised symmetric per token into (q2, s2); the INT8 GEMM adds float(q2 . w) * (s2 * ws[n])
-# to that row after its bias (linear.first_row_term). Every producer of an INT8 consumer's
-# input quantises the fp16 rows it stored (quant_rows on the stored values; the amax of QUANT 1
-# is that of the stored values), so q1 is recomputed here from those rows bit for bit: one
-# launch of B programs per linear, the producers untouched.
+# q1 = Q(x') in the linear's own mode, then the residual r = x' - float32(q1 - zp) * s1
+# quantised with the fixed scale s2 = s1 * 2^-8 (|r| <= s1 / 2 when q1 is not clamped) into
+# q2; the INT8 GEMM adds float(q2 . w) * (s2 * ws[n]) to that row after its bias. q2 of an
+# element depends on that element, x' and s1 only, so the linear kernel computes it in its own
+# K loop from the block it is reading (kernels/linear.py int8_loop / fold_loop): no launch;
+# the row map it needs comes with the embedding (embed.py FR_MAP, first_row_seq).
 
 
 @triton.jit
-def first_row_map_kernel(
-    cu_ptr,  # [B + 1] int32 cu_seqlens
-    nb_ptr,  # int32 B (the call header's batch size)
-    map_ptr,  # [M] int32 out: b where row t == cu[b] (b < B), else -1
-    M,
-    BLOCK_T: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-):
-    """Row -> sequence of its first row (or -1), for every row of the activation buffers; the
-    rows past the call's tokens are -1 (cu[b] < T for b < B)."""
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    nb = tl.load(nb_ptr)
-    seq = tl.zeros((BLOCK_T,), dtype=tl.int32) - 1
+def first_row_q2(x, q1, s1, s2, ok):
+    """q2 int8 [R, C] of x' [R, C] fp32 quantised as q1 (float32(q1 - zp), exact small
+    integers) with a_scale s1 [R], s2 = s1 * 2^-8: clamp(rint(r / s2), -127, 127) with
+    r = x' - float32(q1 * s1); 0 where not ok, where s2 is not finite and > 0 (a zero row, a
+    NaN / Inf scale: NaN outputs anyway) and where r / s2 is NaN, as the emulation."""
+    d = q1 * s1[:, None]
+    # both operands rounded on their own, as the emulation: a clamp between each multiply (this
+    # one, and act_mul's in x') and the subtract, so that neither contracts into an FMA (an
+    # inf or a NaN becomes finite here: its row's s1, hence s2, is NaN / Inf, its outputs too)
+    d = tl.minimum(tl.maximum(d, -3.4028234663852886e38), 3.4028234663852886e38)
+    x = tl.minimum(tl.maximum(x, -3.4028234663852886e38), 3.4028234663852886e38)
+    r = x - d
+    pos = (s2 > 0.0) & (s2 < float("inf"))
+    den = tl.where(pos, s2, 1.0)[:, None] + tl.zeros_like(r)
+    v = tl.math.div_rn(r, den)  # IEEE division, correctly rounded
+    ok = ok & pos[:, None] & (v == v)
+    return tl.where(ok, rint(tl.minimum(tl.maximum(v, -127.0), 127.0)), 0.0).to(tl.int8)
+
+
+@triton.jit
+def first_row_seq(rows, nb, cu_ptr, BLOCK_B: tl.constexpr):
+    """The sequence each of rows (int32) starts: b < nb with cu[b] == row, else -1 (rows past
+    the call's tokens too: cu[b] < T for b < B). The embed kernel writes it for every row of
+    the activation buffers (its FR_MAP): the linears' row map of the first-row term."""
+    seq = tl.zeros_like(rows) - 1
     for b0 in range(0, nb, BLOCK_B):
         bs = b0 + tl.arange(0, BLOCK_B)
         starts = tl.load(cu_ptr + bs, mask=bs < nb, other=-1)
         hit = rows[:, None] == starts[None, :]
         seq = tl.maximum(seq, tl.max(tl.where(hit, bs[None, :], -1), axis=1))
-    tl.store(map_ptr + rows, seq, mask=rows < M)
-
-
-@triton.jit
-def first_row_q2_kernel(
-    x_ptr,  # [T, K] fp16 rows the linear's int8 input was quantised from, row stride ldx
-    cu_ptr,  # [B + 1] int32 cu_seqlens
-    nb_ptr,  # int32 B
-    shift_ptr,  # [K] fp32 the linear's act_shift (HAS_SHIFT)
-    mul_ptr,  # [K] fp32 the linear's act_mul (HAS_MUL)
-    amax_ptr,  # [T] fp32 the producer's amax of each row (QMODE 1 with HAS_AMAX: QUANT 1)
-    q2_ptr,  # [>= B, K] int8 out, row stride K
-    s2_ptr,  # [>= B] fp32 out
-    K,
-    ldx,
-    static_amax,  # float (QMODE 2)
-    QMODE: tl.constexpr,  # the linear's own mode: 1 dynamic, 2 static, 3 asymmetric
-    HAS_SHIFT: tl.constexpr,
-    HAS_MUL: tl.constexpr,
-    HAS_AMAX: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    b = tl.program_id(0)
-    if b < tl.load(nb_ptr):
-        row = tl.load(cu_ptr + b).to(tl.int64)
-        cols = tl.arange(0, BLOCK_K)
-        c_ok = cols < K
-        x = tl.load(x_ptr + row * ldx + cols[None, :], mask=c_ok[None, :], other=0.0)
-        x = act_tf(x.to(tl.float32), cols, c_ok, shift_ptr, mul_ptr, HAS_SHIFT, HAS_MUL)
-        zero = tl.zeros((1,), dtype=tl.float32)
-        lo, hi = q_stats(x, zero, zero, QMODE)
-        if HAS_AMAX:  # the quantise-while-loading GEMM's amax: the producer's (same rows)
-            hi = tl.load(amax_ptr + row + tl.zeros((1,), dtype=tl.int64))
-        inv, z, scale, zp = q_params(lo, hi, static_amax, QMODE)
-        q = q_apply(x, inv, z, QMODE).to(tl.float32)
-        if QMODE == 3:  # the stored copy is q_u8 - 128: q_u8 - zp exactly (small integers)
-            q = q + (128 - zp).to(tl.float32)[:, None]
-        d = q * scale[:, None]
-        # the product rounded on its own, as the emulation: a clamp between the multiply and
-        # the subtract, so that they cannot contract into an FMA (inf stays out of range)
-        d = tl.minimum(tl.maximum(d, -3.4028234663852886e38), 3.4028234663852886e38)
-        r = tl.where(c_ok[None, :], x - d, 0.0)
-        lo2, hi2 = q_stats(r, zero, zero, 1)
-        inv2, z2, s2, zp2 = q_params(lo2, hi2, 0.0, 1)
-        q2 = q_apply(r, inv2, z2, 1)
-        tl.store(q2_ptr + b.to(tl.int64) * K + cols[None, :], q2, mask=c_ok[None, :])
-        tl.store(s2_ptr + b + tl.arange(0, 1), s2)
-
-
-def launch_first_row_map(cu, nb, fr_map, M, *, block_t=128, block_b=64):
-    """fr_map int32 [M]: the sequence whose first row each row is, -1 elsewhere (cu int32
-    [B + 1], nb an int32 tensor [1] holding B: the call header's, so a captured graph replays
-    it for any batch)."""
-    first_row_map_kernel[(triton.cdiv(M, block_t),)](
-        cu, nb, fr_map, M, BLOCK_T=block_t, BLOCK_B=block_b
-    )
-
-
-def launch_first_row_q2(
-    x, cu, nb, shift, mul, q2, s2, K, max_batch, *, mode, static_amax=0.0, amax=None
-):
-    """(q2 int8 [max_batch, K], s2 fp32 [max_batch]) of the first rows of x (fp16 [T, K], the
-    rows the linear's int8 input comes from; mode: the linear's scheme; amax: the producer's
-    per-row amax when the linear quantises while loading, QUANT 1). Programs b >= B write
-    nothing."""
-    qmode = QMODES[mode] if isinstance(mode, str) else int(mode)
-    assert qmode in (1, 2, 3), f"the first-row residual is INT8 only, got mode {mode!r}"
-    assert amax is None or qmode == 1, "a producer's amax goes with the dynamic scheme"
-    first_row_q2_kernel[(max_batch,)](
-        x,
-        cu,
-        nb,
-        shift if shift is not None else s2,
-        mul if mul is not None else s2,
-        amax if amax is not None else s2,
-        q2,
-        s2,
-        K,
-        x.stride(0),
-        float(static_amax),
-        QMODE=qmode,
-        HAS_SHIFT=shift is not None,
-        HAS_MUL=mul is not None,
-        HAS_AMAX=amax is not None,
-        BLOCK_K=triton.next_power_of_2(K),
-        num_warps=4 if K <= 2048 else 8,
-    )
+    return seq
