@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -177,7 +178,12 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     if precision == "int8":
         steps.step("quantising (calibration)")
         weights, quant, report = _quantize(
-            spec, weights, tokenizer, calibration, quant_config, progress
+            spec,
+            weights,
+            tokenizer,
+            calibration,
+            _first_row_default(quant_config, device),
+            progress,
         )
         steps.done()
     elif precision == "fp8":  # dynamic scales: nothing to calibrate (zoi.quant.fp8)
@@ -212,6 +218,23 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     )
     steps.done()
     return engine
+
+
+def _first_row_default(quant_config, device: str):
+    """QuantConfig.first_row_residual left unset (None, or absent from a dict) -> on for the CPU
+    (and the reference) backends, where it meets the fidelity targets at a few per cent of the
+    forward, off for device="cuda", where its Triton form still costs more than it should
+    (docs/QUANT.md "The first row of each sequence quantised twice")."""
+    on = device != "cuda"
+    if quant_config is None:
+        return {"first_row_residual": on}
+    if isinstance(quant_config, dict):
+        if quant_config.get("first_row_residual") is None:
+            return {**quant_config, "first_row_residual": on}
+        return quant_config
+    if getattr(quant_config, "first_row_residual", False) is None:
+        return dataclasses.replace(quant_config, first_row_residual=on)
+    return quant_config
 
 
 def _cuda_options(device: str):

@@ -92,10 +92,10 @@ class QuantConfig:
     # take the per-token scale) quantised twice in every INT8 linear: q1 = Q(x), q2 = x - deq(q1)
     # at the step a_scale * 2**-8, one more INT8 row per sequence and linear (LinearQuant.first_row;
     # docs/QUANT.md "The first row of each sequence quantised twice"). The CPU core, the GPU's
-    # Triton kernels and the emulation all run it, but opt-in: on an H100 its extra launches
-    # (a row map, one q2 launch per linear) cost MiniLM INT8 1x128 195 -> 302 us
-    # (lab/gpu/first_row_bench.py), and a few compiled GPU checks still miss their bound
-    first_row_residual: bool = False
+    # Triton kernels and the emulation all run it. None: zoi.compile decides by the device (on
+    # for the CPU, off for "cuda", where its in-loop q2 still costs 3-20 us per linear on an
+    # H100: lab/gpu/first_row_linear_bench.py); the quantiser called directly reads None as off
+    first_row_residual: bool | None = None
     # the budget this config was made for (QuantConfig.preset); recorded in the artifact
     calibration: str = "default"
     extra: dict = field(default_factory=dict)
