@@ -4,6 +4,7 @@ and the steps it prints. Every refusal names the option and its allowed range.""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -226,3 +227,42 @@ def _check_precision(precision: str, device: str) -> None:
             "FP8 GPU (compute capability 8.9+: Ada, Hopper), or emulated on "
             "device='reference'; on the CPU use precision='int8' or 'fp32'"
         )
+
+
+def _first_row_default(quant_config, device: str):
+    """QuantConfig.first_row_residual left unset (None, or absent from a dict) -> on for the CPU
+    (and the reference) backends, where it meets the fidelity targets at a few per cent of the
+    forward, off for device="cuda", where its Triton form still costs more than it should
+    (docs/QUANT.md "The first row of each sequence quantised twice")."""
+    on = device != "cuda"
+    if quant_config is None:
+        return {"first_row_residual": on}
+    if isinstance(quant_config, dict):
+        if quant_config.get("first_row_residual") is None:
+            return {**quant_config, "first_row_residual": on}
+        return quant_config
+    if getattr(quant_config, "first_row_residual", False) is None:
+        return dataclasses.replace(quant_config, first_row_residual=on)
+    return quant_config
+
+
+def _cpu_options(device: str):
+    """The CPU core's switches for zoi.compile / zoi.load, the API's edge: its defaults with the
+    environment's overrides (ZOI_CPU_ISA, ZOI_NUM_THREADS, ZOI_PIN, ZOI_AMX_*); None for the
+    other devices."""
+    if device != "cpu":
+        return None
+    from zoi.backends.cpu.options import CpuOptions
+
+    return CpuOptions.from_env()
+
+
+def _cuda_options(device: str):
+    """The CUDA backend's switches for zoi.compile / zoi.load, the API's edge: the measured
+    defaults with the environment's overrides (ZOI_PERSISTENT, ZOI_CUDA_PATH_CACHE, ...; the one
+    place below the CLI that reads them); None for the other devices."""
+    if device != "cuda":
+        return None
+    from zoi.backends.cuda.options import CudaOptions
+
+    return CudaOptions.from_env()

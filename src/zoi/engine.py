@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -32,6 +31,9 @@ from zoi.compile_checks import (  # noqa: F401 - _auto_max_tokens, _check_arena:
     _check_quant,
     _check_tokenizer_vocab,
     _choose_pooling,
+    _cpu_options,
+    _cuda_options,
+    _first_row_default,
     _split_device,
     _Steps,
 )
@@ -214,38 +216,15 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     steps.done()
     steps.step(f"building the {device} backend")
     engine = Engine(
-        model, tokenizer, device, device_index=device_index, cuda_options=_cuda_options(device)
+        model,
+        tokenizer,
+        device,
+        device_index=device_index,
+        cuda_options=_cuda_options(device),
+        cpu_options=_cpu_options(device),
     )
     steps.done()
     return engine
-
-
-def _first_row_default(quant_config, device: str):
-    """QuantConfig.first_row_residual left unset (None, or absent from a dict) -> on for the CPU
-    (and the reference) backends, where it meets the fidelity targets at a few per cent of the
-    forward, off for device="cuda", where its Triton form still costs more than it should
-    (docs/QUANT.md "The first row of each sequence quantised twice")."""
-    on = device != "cuda"
-    if quant_config is None:
-        return {"first_row_residual": on}
-    if isinstance(quant_config, dict):
-        if quant_config.get("first_row_residual") is None:
-            return {**quant_config, "first_row_residual": on}
-        return quant_config
-    if getattr(quant_config, "first_row_residual", False) is None:
-        return dataclasses.replace(quant_config, first_row_residual=on)
-    return quant_config
-
-
-def _cuda_options(device: str):
-    """The CUDA backend's switches for zoi.compile / zoi.load, the API's edge: the measured
-    defaults with the environment's overrides (ZOI_PERSISTENT, ZOI_CUDA_PATH_CACHE, ...; the one
-    place below the CLI that reads them); None for the other devices."""
-    if device != "cuda":
-        return None
-    from zoi.backends.cuda.options import CudaOptions
-
-    return CudaOptions.from_env()
 
 
 def _quantize(spec, weights, tokenizer, calibration, config, progress):
@@ -284,11 +263,14 @@ class Engine(HeadsMixin, TasksMixin):
         device_index: int | None = None,
         threads: int | None = None,
         cuda_options=None,
+        cpu_options=None,
     ):
         """device_index: the GPU of device='cuda' (None: the current one); threads: engine
         threads of device='cpu' (None: the process pool's); cuda_options: the CUDA backend's
-        switches (zoi.backends.cuda.options.CudaOptions; None: its defaults). Several Engines
-        may share one CompiledModel (zoi.serve.replicas: one per GPU)."""
+        switches (zoi.backends.cuda.options.CudaOptions; None: its defaults); cpu_options: the
+        CPU core's (zoi.backends.cpu.options.CpuOptions; zoi.compile / zoi.load pass the
+        environment's, read at the API's edge). Several Engines may share one CompiledModel
+        (zoi.serve.replicas: one per GPU)."""
         self.model = model
         self.spec: ModelSpec = model.spec
         self.tokenizer = tokenizer
@@ -298,7 +280,7 @@ class Engine(HeadsMixin, TasksMixin):
         # a head model on cuda: zoi.heads' hybrid backend (GPU encoder, host head)
         self.backend: Backend = head_backend(
             model, device, device_index, cuda_options
-        ) or make_backend(model, device, device_index, threads, cuda_options)
+        ) or make_backend(model, device, device_index, threads, cuda_options, cpu_options)
         self._lock = threading.Lock()
         # encode's limit per text: the model's positions, or fewer when the arena is smaller
         self.max_seq_tokens = min(self.spec.max_positions, self.max_tokens)
@@ -794,7 +776,12 @@ def load(
     elif rederived:  # the default of this device now
         model.meta["max_tokens_auto"] = {"device": device}
     engine = Engine(
-        model, tokenizer, device, device_index=device_index, cuda_options=_cuda_options(device)
+        model,
+        tokenizer,
+        device,
+        device_index=device_index,
+        cuda_options=_cuda_options(device),
+        cpu_options=_cpu_options(device),
     )
     f.release()  # the pages the backend's packing read: it keeps what it runs on
     return engine

@@ -124,8 +124,10 @@ def test_the_environment_is_read_at_the_api_edge_and_passed_down(monkeypatch, tm
     assert E._cuda_options("cpu") is None
     seen = {}
 
-    def fake_make_backend(model, device, device_index=None, threads=None, cuda_options=None):
-        seen.update(device=device, options=cuda_options)
+    def fake_make_backend(
+        model, device, device_index=None, threads=None, cuda_options=None, cpu_options=None
+    ):
+        seen.update(device=device, options=cuda_options, cpu=cpu_options)
         raise RuntimeError("stop")
 
     class _Model:
@@ -135,6 +137,13 @@ def test_the_environment_is_read_at_the_api_edge_and_passed_down(monkeypatch, tm
     monkeypatch.setattr(E, "head_backend", lambda *a, **k: None)
     with pytest.raises(RuntimeError, match="stop"):
         E.Engine(_Model(), None, "cuda", cuda_options=o)
-    assert seen == {"device": "cuda", "options": o}
+    assert seen == {"device": "cuda", "options": o, "cpu": None}
+    # the CPU core's options likewise: read at the edge (E._cpu_options), handed down
+    monkeypatch.setenv("ZOI_NUM_THREADS", "1")
+    c = E._cpu_options("cpu")
+    assert c.num_threads == 1 and E._cpu_options("cuda") is None
+    with pytest.raises(RuntimeError, match="stop"):
+        E.Engine(_Model(), None, "cpu", cpu_options=c)
+    assert seen == {"device": "cpu", "options": None, "cpu": c}
     src = (Path(backends.__file__)).read_text()
     assert "from_env(" not in src.replace("CudaOptions.from_env())", "")  # the docstring's mention
