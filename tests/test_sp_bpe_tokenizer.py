@@ -33,9 +33,11 @@ from tests.test_unigram_tokenizer import (  # noqa: E402
 )
 from tests.tokenizer.helpers import (  # noqa: E402
     assert_same,
+    assert_stream_equals_packing,
     corpus,
     hf_ids,
     mutated,
+    native_ids,
     native_of,
     wrapper_pair,
 )
@@ -217,19 +219,8 @@ def test_truncation_of_huge_text_stops_early():
 def test_stream_and_threads():
     nat = Tokenizer(variant_json("gemma"), 128)
     texts = sp_random(400, seed=9) + corpus()[:300]
-    ids, pos, cu = nat.encode_packed(texts)
-    stream = nat.stream(texts)
-    I, P, C = np.zeros(512, np.int32), np.zeros(512, np.int32), np.zeros(33, np.int32)
-    got = []
-    while True:
-        n, T, bad = stream.fill(I, P, C, 512, 32)
-        if n == 0:
-            break
-        got.append(I[:T].copy())
-    np.testing.assert_array_equal(np.concatenate(got), ids)
+    assert_stream_equals_packing(nat, texts)
     raw = native_of(variant_json("gemma"))
-    from tests.test_bpe_tokenizer import native_ids
-
     more = random_texts(1500, seed=17) + corpus()
     assert native_ids(raw, more, nthreads=1) == native_ids(raw, more, nthreads=2)
 

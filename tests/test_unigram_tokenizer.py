@@ -41,6 +41,7 @@ from tests.test_bpe_tokenizer import (  # noqa: E402
 )
 from tests.tokenizer.helpers import (  # noqa: E402
     assert_same,
+    assert_stream_equals_packing,
     corpus,
     hf_ids,
     mutated,
@@ -373,19 +374,7 @@ def test_over_the_limit_names_the_text():
 def test_stream_chunks_equal_packing():
     nat = Tokenizer(variant_json("xlmr"), 128)
     texts = sp_random(400, seed=9) + corpus()[:300]
-    ids, pos, cu = nat.encode_packed(texts)
-    stream = nat.stream(texts)
-    I, P, C = np.zeros(512, np.int32), np.zeros(512, np.int32), np.zeros(33, np.int32)
-    got_ids, got_lens = [], []
-    while True:
-        n, T, bad = stream.fill(I, P, C, 512, 32)
-        assert bad == -1
-        if n == 0:
-            break
-        got_ids.append(I[:T].copy())
-        got_lens += np.diff(C[: n + 1]).tolist()
-    np.testing.assert_array_equal(np.concatenate(got_ids), ids)
-    assert got_lens == np.diff(cu).tolist()
+    assert_stream_equals_packing(nat, texts)
 
 
 def test_threads_give_the_same_ids():

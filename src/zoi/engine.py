@@ -215,14 +215,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
         model.meta["inputs"] = report.get("inputs")  # digests (zoi.quant.provenance)
     steps.done()
     steps.step(f"building the {device} backend")
-    engine = Engine(
-        model,
-        tokenizer,
-        device,
-        device_index=device_index,
-        cuda_options=_cuda_options(device),
-        cpu_options=_cpu_options(device),
-    )
+    engine = _edge_engine(model, tokenizer, device, device_index)
     steps.done()
     return engine
 
@@ -775,7 +768,15 @@ def load(
         model.meta["max_tokens_auto"] = None
     elif rederived:  # the default of this device now
         model.meta["max_tokens_auto"] = {"device": device}
-    engine = Engine(
+    engine = _edge_engine(model, tokenizer, device, device_index)
+    f.release()  # the pages the backend's packing read: it keeps what it runs on
+    return engine
+
+
+def _edge_engine(model, tokenizer, device: str, device_index) -> Engine:
+    """zoi.compile / zoi.load's Engine: the backend switches read here, at the API's edge (the
+    measured defaults with the environment's overrides: _cuda_options, _cpu_options)."""
+    return Engine(
         model,
         tokenizer,
         device,
@@ -783,5 +784,3 @@ def load(
         cuda_options=_cuda_options(device),
         cpu_options=_cpu_options(device),
     )
-    f.release()  # the pages the backend's packing read: it keeps what it runs on
-    return engine

@@ -236,3 +236,21 @@ def mutated(js: str, fn) -> str:
     tj = json.loads(js)
     fn(tj)
     return json.dumps(tj)
+
+
+def assert_stream_equals_packing(nat, texts: list[str]) -> None:
+    """Tokenizer.stream filling 512-token / 32-text chunks gives the ids and lengths of
+    encode_packed over the same texts (no text refused)."""
+    ids, _pos, cu = nat.encode_packed(texts)
+    stream = nat.stream(texts)
+    I, P, C = np.zeros(512, np.int32), np.zeros(512, np.int32), np.zeros(33, np.int32)
+    got_ids, got_lens = [], []
+    while True:
+        n, T, bad = stream.fill(I, P, C, 512, 32)
+        assert bad == -1
+        if n == 0:
+            break
+        got_ids.append(I[:T].copy())
+        got_lens += np.diff(C[: n + 1]).tolist()
+    np.testing.assert_array_equal(np.concatenate(got_ids), ids)
+    assert got_lens == np.diff(cu).tolist()
