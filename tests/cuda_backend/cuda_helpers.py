@@ -175,3 +175,30 @@ def fp16_storage_emulation(model, ids, pos, cu, normalize: bool):
 def fp16_storage_rel(model, ids, pos, cu, normalize: bool) -> float:
     """The relative error of fp16_storage_emulation's naive output against float64."""
     return rel(*fp16_storage_emulation(model, ids, pos, cu, normalize))
+
+
+def run_ahead_of_time(code: str, arg):
+    """`code` (Python that reads json.loads(sys.argv[1]) and prints one JSON line last) run in
+    a process without TRITON_INTERPRET, from the repository root (tests/ importable), so Triton
+    compiles for sm_90 for real without a GPU: its parsed last line. Skips where ptxas is
+    missing; any other failure fails with the process's stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(arg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    if r.returncode != 0 and "ptxas" in r.stderr and "not found" in r.stderr:
+        pytest.skip("no ptxas")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

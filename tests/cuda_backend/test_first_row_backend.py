@@ -24,6 +24,7 @@ from tests.cuda_backend.cuda_helpers import (  # noqa: E402
     default_quant_model,
     min_cosine,
     rel,
+    run_ahead_of_time,
     tiny_model,
 )
 
@@ -265,12 +266,6 @@ def test_first_row_kernels_compile_for_sm90():
     loops behind the tile's runtime test) goes through Triton's sm_90 codegen and ptxas at the
     MiniLM shapes the backend picks for 16 and 128 tokens, without spilling; and q2's residual
     has no FMA (the emulation rounds x' and d before the subtract)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     base = dict(ACT=0, HAS_RES=False, LN=False, AMAX_OUT=0, Q_OUT=0, Q_SHIFT=False,
                 Q_MUL=False, PDL=True, ROWQ=False, IN_QM=0, IN_SHIFT=False, IN_MUL=False,
                 ASYM=False, RMS=False, POST=False, FIRST_ROW=True)  # fmt: skip
@@ -289,18 +284,7 @@ def test_first_row_kernels_compile_for_sm90():
         "compile_linear_ahead as f, fma_in_q2 as g; "
         "print(json.dumps([g(), f(json.loads(sys.argv[1]))]))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(cases)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],  # the repository root: tests/ importable
-    )
-    if r.returncode != 0 and "ptxas" in r.stderr and "not found" in r.stderr:
-        pytest.skip("no ptxas")
-    assert r.returncode == 0, r.stderr[-3000:]
-    n_fma, out = json.loads(r.stdout.strip().splitlines()[-1])
+    n_fma, out = run_ahead_of_time(code, cases)
     assert n_fma == 0, "act_mul's or q1 * s1's multiply contracted with the residual's subtract"
     for c, o in zip(cases, out, strict=True):
         print(c["QUANT"], c["M"], c["LN"], c["ROWQ"], o)

@@ -7,7 +7,6 @@ captured graph, twice back to back (the barrier resets itself)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from tests.cuda_backend.cuda_helpers import batch, min_cosine, rel, tiny_model  # noqa: E402
+from tests.cuda_backend.cuda_helpers import (  # noqa: E402
+    batch,
+    min_cosine,
+    rel,
+    run_ahead_of_time,
+    tiny_model,
+)
 
 from zoi.backends.reference import ReferenceBackend  # noqa: E402
 
@@ -159,10 +164,6 @@ class TestInterpreter:
 def test_compiles_for_sm90_without_gpu(tb):
     """Compile (ptxas included) for sm_90 in a process without the interpreter: the barrier's
     atomics run on one thread per program, and no activation load goes through L1."""
-    import json
-    import subprocess
-    import sys
-
     from zoi.backends.cuda.persistent import default_cfg
 
     meta = dict(
@@ -173,18 +174,7 @@ def test_compiles_for_sm90_without_gpu(tb):
         "import json, sys; from tests.cuda_backend.ptx_helpers import compile_ahead; "
         "print(json.dumps(compile_ahead(json.loads(sys.argv[1]))))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(meta)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],  # the repository root: tests/ importable
-    )
-    if r.returncode != 0 and "ptxas" in r.stderr and "not found" in r.stderr:
-        pytest.skip("no ptxas")
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_ahead_of_time(code, meta)
     assert out["l1_activation_loads"] == []
     # one arrival (atom.add acq_rel), predicated to one thread; the polls are plain
     # ld.acquire.gpu loads (no atomics hammering the counter)
