@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fail the build when an ISA-specific object file defines code outside its own namespace.
 
-Every file under csrc/kernels and csrc/decoder/dkernels.cc is compiled once per ISA with that ISA's
+Every file under csrc/kernels is compiled once per ISA with that ISA's
 flags (-mavx512bw, -mavx2, ...) into namespace zoi::<isa>. Code those files instantiate outside
 that namespace (std::vector<T>::_M_fill_assign, std::to_string, an inline helper at zoi:: scope)
 is a weak symbol in every ISA's object, and the linker keeps ONE copy for all callers: whichever

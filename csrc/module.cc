@@ -131,7 +131,9 @@ void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>
 
 void bind_tokenizer(nb::module_& m);  // csrc/tokenizer/bind.cc
 
-void bind_decoder(nb::module_& m);  // csrc/decoder/bind.cc
+// csrc/runtime/bind_gen.cc: the engine's generation methods and the paged attention kernels
+void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m,
+                     const zoi::KernelTable& (*table_for)(const std::string&));
 
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
@@ -677,7 +679,8 @@ NB_MODULE(_cpu, m) {
      "(wall s, calling thread's CPU s) per GEMM (random data, packed weights, through the pool)");
 
   // ------------------------------------------------------------------ engine
-  nb::class_<zoi::Engine>(m, "Engine")
+  auto engine = nb::class_<zoi::Engine>(m, "Engine");
+  engine
       .def(nb::init<size_t, int, int, const std::string&, int>(), "arena_bytes"_a, "max_tokens"_a, "max_batch"_a,
            "isa"_a = "", "nthreads"_a = 0)
       .def("add_embed", [](zoi::Engine& e, size_t out_off, Opt<const float> word, Opt<const int8_t> word_q,
@@ -899,6 +902,6 @@ NB_MODULE(_cpu, m) {
       .def_prop_ro("num_steps", &zoi::Engine::num_steps)
       .def_prop_ro("isa", [](const zoi::Engine& e) { return std::string(zoi::isa_name(e.isa())); });
 
+  bind_generation(engine, m, &table_for);
   bind_tokenizer(m);
-  bind_decoder(m);
 }

@@ -89,7 +89,7 @@ KFLAGS=(-ffp-contract=off)  # every kernel object (CMakeLists.txt)
 
 # the headers each kind of object includes (a tokenizer header change leaves the kernels cached)
 hash_of() { cat "$@" | sha256sum | cut -c1-16; }
-H_KERNELS=$(hash_of csrc/isa.h csrc/kernels/*.h csrc/decoder/dkernels.h csrc/runtime/pool.h)
+H_KERNELS=$(hash_of csrc/isa.h csrc/kernels/*.h csrc/runtime/pool.h)
 H_TOKENIZER=$(hash_of csrc/tokenizer/*.h)
 H_ALL="$H_KERNELS$H_TOKENIZER"
 HDR_HASH=$H_KERNELS
@@ -124,11 +124,6 @@ for isa in scalar neon dotprod i8mm; do
     ARM_OBJS+=("$(obj arm "k_${isa}_$(basename "$src" .cc)" "$CXX_ARM" "$src" "${BASE_ARM[@]}" "${KFLAGS[@]}" ${!fl} ${!df} -DZOI_NS=$isa)")
   done
 done
-for isa in scalar neon; do
-  fl="FLAGS_$isa[@]"
-  df="DEF_$isa[@]"
-  ARM_OBJS+=("$(obj arm "dk_$isa" "$CXX_ARM" csrc/decoder/dkernels.cc "${BASE_ARM[@]}" "${KFLAGS[@]}" ${!fl} ${!df} -DZOI_NS=$isa)")
-done
 for src in csrc/isa.cc csrc/kernels/dispatch.cc csrc/runtime/pool.cc; do
   ARM_OBJS+=("$(obj arm "base_$(basename "$src" .cc)" "$CXX_ARM" "$src" "${BASE_ARM[@]}")")
 done
@@ -142,6 +137,8 @@ H_ENGINE=$(hash_of csrc/isa.h csrc/kernels/*.h csrc/runtime/*.h)
 HDR_HASH=$H_ENGINE
 ENGINE_OBJS=("${ARM_OBJS[@]:0:${#ARM_OBJS[@]}-2}"
   "$(obj arm base_engine "$CXX_ARM" csrc/runtime/engine.cc "${BASE_ARM[@]}")"
+  "$(obj arm base_engine_gen "$CXX_ARM" csrc/runtime/engine_gen.cc "${BASE_ARM[@]}")"
+  "$(obj arm base_sampler "$CXX_ARM" csrc/runtime/sampler.cc "${BASE_ARM[@]}")"
   "$(obj arm base_engine_driver "$CXX_ARM" csrc/tests/arm_engine_test.cc "${BASE_ARM[@]}")")
 HDR_HASH=$H_KERNELS
 
@@ -150,7 +147,6 @@ X86_OBJS=()
 for src in "${KSRC[@]}"; do
   X86_OBJS+=("$(obj x86 "k_scalar_$(basename "$src" .cc)" "$CXX_HOST" "$src" "${BASE[@]}" "${KFLAGS[@]}" ${FLAGS_scalar[@]+"${FLAGS_scalar[@]}"} "${DEF_scalar[@]}" -DZOI_NS=scalar)")
 done
-X86_OBJS+=("$(obj x86 dk_scalar "$CXX_HOST" csrc/decoder/dkernels.cc "${BASE[@]}" "${KFLAGS[@]}" "${DEF_scalar[@]}" -DZOI_NS=scalar)")
 X86_OBJS+=("$(obj x86 base_isa "$CXX_HOST" csrc/isa.cc "${BASE[@]}")")
 X86_OBJS+=("$(obj x86 base_pool "$CXX_HOST" csrc/runtime/pool.cc "${BASE[@]}")")
 HDR_HASH=$H_TOKENIZER

@@ -5,7 +5,7 @@
 # one is left alone. Any ASan or UBSan report fails the run (leak checking is off: CPython
 # itself "leaks" at exit). torch is hidden (its own libraries are not built for ASan), so the
 # per-op tests' cuda cases skip and only the C++ core is exercised.
-# Usage: scripts/sanitize.sh [pytest args, default tests/cpu tests/ops + the decoder kernels and backend]
+# Usage: scripts/sanitize.sh [pytest args, default tests/cpu tests/ops + the paged attention kernels and the decoder on the engine]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -43,7 +43,7 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:exitcode=86:log_path=$LOG/a
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=86:log_path=$LOG/ubsan"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import zoi._cpu as c, sys; assert '$B' in c.__file__, c.__file__; print('sanitized core:', c.__file__, c.active_isa())"
-ARGS=("$@"); [ ${#ARGS[@]} -gt 0 ] || ARGS=(tests/cpu tests/ops tests/decoder/test_kernels.py tests/decoder/test_cpu_backend.py)
+ARGS=("$@"); [ ${#ARGS[@]} -gt 0 ] || ARGS=(tests/cpu tests/ops tests/decoder/test_cpu_backend.py)
 set +e
 # test_alloc preloads its own malloc counter, which cannot sit beside ASan's allocator; its
 # peak-RSS bound measures zoi's pages, which ASan's shadow memory and quarantine inflate (both

@@ -14,8 +14,26 @@ from zoi.graph.synthetic import synthetic_spec
 @pytest.mark.parametrize("pooling", SUPPORTED_POOLING)
 def test_the_builder_emits_only_ir_ops(act, pooling):
     g = build_graph(synthetic_spec(act=act, pooling=pooling))
-    assert {o.kind for o in g.ops} == set(OP_KINDS) - {"glu"}  # glu: ModernBERT (tests/archs)
+    # glu: ModernBERT and the decoders (tests/archs); sample: generation (below)
+    assert {o.kind for o in g.ops} == set(OP_KINDS) - {"glu", "sample"}
     assert {o.attrs["act"] for o in g.linears()} <= set(ACTS)
+
+
+def test_the_generation_graph_is_the_decoder_graph_with_a_cache_and_a_sampler():
+    from zoi.graph.build_decoder import build_decoder, build_generate
+
+    spec = synthetic_spec().replace(
+        arch="qwen3", norm="rmsnorm", causal=True, act="silu", pooling="last", kv_heads=2
+    )
+    enc, gen = build_decoder(spec), build_generate(spec)
+    assert [o.kind for o in gen.ops][-3:] == ["pool", "linear", "sample"]
+    assert gen.ops[-2].weights["w"] == "lm_head.w" and gen.output == "tokens"
+    n = len(enc.ops) - 1  # the stack and its final norm: the same ops, the attention paged
+    for a, b in zip(enc.ops[:n], gen.ops[:n], strict=True):
+        assert (a.kind, a.inputs, a.output, a.weights) == (b.kind, b.inputs, b.output, b.weights)
+        assert b.attrs.get("paged", False) == (a.kind == "attention")
+    with pytest.raises(ValueError, match="causal"):
+        build_generate(spec.replace(causal=False))
 
 
 @pytest.mark.parametrize("kind", ["normalize", "layernorm", "Linear", ""])

@@ -210,6 +210,43 @@ struct AttnArgs {
   int prec = 0;
 };
 
+// ---- attention over a paged KV cache (generation: the decoder layer of zoi.decoder). The cache
+// of one layer is two pools [num_blocks][kv_heads][block][d] (K and V); a sequence's position p lives
+// in block tables[row * ldt + p / block] at slot p % block.
+constexpr int kPagedMaxBlock = 256;  // tokens per KV block at most (a score row per block on the stack)
+
+// Per token t: q / k RMSNorm per head (optional), RoPE (rotate_half) at its absolute position pos[t]
+// (cos / sin [rows >= pos + 1][d / 2]), then its K and V rows written to the cache. q and k are
+// rotated in place in the qkv rows ([q heads | k heads | v heads] x d).
+struct PagedQkvArgs {
+  float* qkv = nullptr; int ldqkv = 0;
+  int T = 0, heads = 0, kv_heads = 0, d = 0;
+  const int32_t* pos = nullptr;  // [T]
+  const int32_t* row = nullptr;  // [T]: the block-table row of the token's sequence
+  const int32_t* tables = nullptr; int ldt = 0;
+  const float* cos = nullptr; const float* sin = nullptr;
+  const float* q_norm = nullptr; const float* k_norm = nullptr; float qk_eps = 1e-6f;
+  float* kc = nullptr; float* vc = nullptr;  // this layer's pools
+  int block = 16;
+};
+
+// Causal attention of token t over positions 0..pos[t] of its sequence in the cache. A work item is
+// (t, kv head, split s) over positions [s * chunk, min((s + 1) * chunk, pos + 1)); with splits > 1
+// each item writes partials (max, sum, acc [d]) that paged_merge combines (long contexts, few tokens).
+struct PagedAttnArgs {
+  const float* q = nullptr; int ldq = 0;  // rotated q rows (inside qkv)
+  int T = 0, heads = 0, kv_heads = 0, d = 0;
+  const int32_t* pos = nullptr;
+  const int32_t* row = nullptr;
+  const int32_t* tables = nullptr; int ldt = 0;
+  const float* kc = nullptr; const float* vc = nullptr;
+  int block = 16;
+  float scale = 1.f;
+  int splits = 1, chunk = 1 << 30;
+  float* out = nullptr; int ldo = 0;  // [T, heads * d]
+  float* part = nullptr;              // [T][kv_heads][splits][heads / kv_heads][d + 2] when splits > 1
+};
+
 struct PoolArgs {
   const float* x = nullptr; int ldx = 0;  // [T, H]
   const int32_t* cu = nullptr; int B = 0, H = 0;
@@ -252,6 +289,11 @@ struct KernelTable {
   void (*i8_a_set)(void* q, int ldq, int m, int k, int v);
   void (*glu)(const GluArgs& a, int tid, int nt);
   void (*lora)(const LoraArgs& a, int tid, int nt);
+  // paged attention (generation); paged_attention's parts cut T * kv_heads * splits items,
+  // paged_merge's T * kv_heads
+  void (*paged_qkv)(const PagedQkvArgs& a, int tid, int nt);
+  void (*paged_attention)(const PagedAttnArgs& a, int tid, int nt);
+  void (*paged_merge)(const PagedAttnArgs& a, int tid, int nt);
 };
 
 const KernelTable& kernel_table(Isa isa);  // throws if isa is not supported by this CPU

@@ -28,6 +28,9 @@ void activation(float* x, size_t n, int act);
 double peak_i8(long iters);
 void glu(const GluArgs& a, int tid, int nt);
 void lora(const LoraArgs& a, int tid, int nt);
+void paged_qkv(const PagedQkvArgs& a, int tid, int nt);
+void paged_attention(const PagedAttnArgs& a, int tid, int nt);
+void paged_merge(const PagedAttnArgs& a, int tid, int nt);
 
 #if defined(ZOI_ISA_VNNI)
 #define ZOI_ISA_ENUM Isa::Vnni
@@ -52,7 +55,7 @@ const KernelTable& table() {
       ZOI_ISA_ENUM, i8_kgroup(), i8_a_bytes(), i8_a_off_sym(), i8_a_off_asym(), i8_panel(), f32_panel(),
       pack_i8_bytes, pack_i8, pack_f32_bytes, pack_f32, gemm_i8, gemm_f32, quantize_rows,
       layernorm, embed, attention, pool, normalize, activation, peak_i8, i8_a_get, i8_a_set,
-      glu, lora,
+      glu, lora, paged_qkv, paged_attention, paged_merge,
   };
   return t;
 }

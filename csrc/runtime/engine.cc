@@ -507,8 +507,9 @@ void Engine::finalize() {
   parts_.assign(steps_.size(), 1);
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Kind k = steps_[i].kind;
-    parts_[i] = nthreads_ == 1 ? 1 : (k == GEMM_I8 || k == GEMM_F32 || k == ATTN) ? 4 * nthreads_ : 2 * nthreads_;
+    parts_[i] = nthreads_ == 1 ? 1 : (k == GEMM_I8 || k == GEMM_F32 || k == ATTN || k == ATTN_PAGED) ? 4 * nthreads_ : 2 * nthreads_;
   }
+  finalize_gen();
   void* qb[2] = {qbuf_.get(), qbuf2_.get()};
   float* qs[2] = {static_cast<float*>(qscale_.get()), static_cast<float*>(qscale2_.get())};
   int32_t* qz[2] = {static_cast<int32_t*>(qzp_.get()), static_cast<int32_t*>(qzp2_.get())};
@@ -556,8 +557,14 @@ void Engine::finalize() {
 // fused QUANT step reads from y, and no later step may read a float input at y before some step
 // writes at y (every input is the start of one of the planner's buffers, and a live buffer's
 // bytes are never reused), nor the host read y as the run's output.
+namespace {
+// Engine::Kind's names (step_kind, the plan checks' messages)
+const char* const kStepNames[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool",
+                                  "glu", "lora", "qkv_paged", "attention_paged", "merge_paged", "sample"};
+}  // namespace
+
 void Engine::check_dead_outputs() {
-  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu", "lora"};
+  const char* const* names = kStepNames;
   auto reads = [](const Step& s, const float* r[2]) -> int {
     switch (s.kind) {
       case EMBED: return 0;
@@ -569,6 +576,10 @@ void Engine::check_dead_outputs() {
       case POOL: r[0] = s.po.x; return 1;
       case GLU: r[0] = s.gl.x; return 1;
       case LORA: return -1;  // x, y (in place) and the residual: counted as reading y
+      case QKV_PAGED: r[0] = s.pq.qkv; return 1;
+      case ATTN_PAGED: r[0] = s.pa.q; return 1;
+      case MERGE_PAGED: return 0;  // its partials
+      case SAMPLE: r[0] = s.logits; return 1;
     }
     return -1;  // a kind not listed: y counts as read
   };
@@ -581,6 +592,8 @@ void Engine::check_dead_outputs() {
       case LN: return s.ln.y;
       case POOL: return s.po.out;
       case GLU: return s.gl.y;
+      case ATTN_PAGED: return s.pa.out;
+      case MERGE_PAGED: return s.pa.out;
       case LORA: return nullptr;  // updates y in place: what it reads stays live
       default: return nullptr;
     }
@@ -695,6 +708,10 @@ void Engine::exec(const Step& s, int part, int parts, int tid) {
       k.pool(a, t, nt);
       break;
     }
+    case QKV_PAGED:
+    case ATTN_PAGED:
+    case MERGE_PAGED:
+    case SAMPLE: exec_gen(s, t, nt); break;
   }
 }
 
@@ -755,9 +772,7 @@ void Engine::profile(const int32_t* ids, const int32_t* positions, const int32_t
 }
 
 const char* Engine::step_kind(int i) const {
-  static const char* names[] = {"embed", "quantize", "gemm_i8", "gemm_f32", "attention", "layernorm", "pool", "glu", "lora"};
-  const Step& s = steps_.at(i);
-  return names[s.kind];
+  return kStepNames[steps_.at(i).kind];
 }
 
 Engine::StepInfo Engine::step_info(int i) const {
@@ -783,6 +798,7 @@ void Engine::run(const int32_t* ids, const int32_t* positions, const int32_t* cu
 void Engine::check_batch(const int32_t* ids, const int32_t* positions, const int32_t* types, const int32_t* cu,
                          int T, int B) const {
   if (!finalized_) throw std::invalid_argument("Engine.finalize() was not called");
+  if (kv_rows_ > 0) throw std::invalid_argument("a plan with a KV cache runs one generation step at a time (run_gen)");
   if (T < 1 || T > max_tokens_) throw std::invalid_argument("T must be in [1, max_tokens]");
   if (B < 1 || B > max_batch_) throw std::invalid_argument("B must be in [1, max_batch]");
   if (cu[0] != 0 || cu[B] != T) throw std::invalid_argument("cu_seqlens must start at 0 and end at T");

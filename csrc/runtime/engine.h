@@ -92,6 +92,32 @@ class Engine {
   void set_embed_lora(const float* a, const float* b, const float* type_delta, int ntasks, int r);
   int num_tasks() const { return ntasks_; }
 
+  // ---- generation (docs/ARCHITECTURE.md "Generation"): the same steps with a paged KV cache
+  // the KV pool, reserved once at finalize: num_blocks blocks of block_size tokens per layer and
+  // K / V; block tables of table_rows rows x max_blocks; positions below max_pos (the RoPE tables'
+  // rows). Call before the first add_attention_paged.
+  void set_kv_pool(int num_blocks, int block_size, int max_blocks, int table_rows, int max_pos);
+  // a decoder layer's attention over the pool: q / k RMSNorm (optional, q_norm / k_norm [head_dim]
+  // copied), RoPE at each token's absolute position (cos / sin [max_pos, head_dim / 2], shared
+  // copies), the token's K / V written to its block, causal attention over positions 0..pos
+  void add_attention_paged(size_t in_off, size_t out_off, int heads, int head_dim, float scale, int kv_heads,
+                           const float* cos, const float* sin, const float* q_norm, const float* k_norm,
+                           float qk_eps);
+  // one token per sequence from the B rows of logits [B, vocab] at logits_off (the last step;
+  // sample_token of sampler.h with each entry's settings)
+  void add_sample(size_t logits_off, int vocab);
+  // one step of generation: B entries (one per sequence at most), entry b feeds counts[b] of the
+  // T ids (packed in order) at positions starts[b].. of block-table row rows[b]; want[b]: sample
+  // its next token into out[b] (else -1). samp [B, 3]: temperature, top_k, top_p; seeds and draw
+  // index per entry. Throws std::invalid_argument on a malformed step before touching anything.
+  void run_gen(const int32_t* ids, int T, const int32_t* rows, const int32_t* starts, const int32_t* counts,
+               const int32_t* want, int B, const double* samp, const uint64_t* seeds, const int64_t* index,
+               const int32_t* tables, int32_t* out);
+  // the logits of the last run_gen, B rows of out_cols() (tests)
+  const float* gen_logits() const { return reinterpret_cast<const float*>(static_cast<const char*>(arena_.get()) + out_off_); }
+  int last_batch() const { return B_; }
+  size_t kv_bytes() const { return kv_floats_ * 4; }
+
   // ---- heads
   // steps added while on run over the batch's B rows (a linear / LayerNorm after a pool)
   void set_batch_rows(bool on) { rows_b_ = on; }
@@ -144,7 +170,7 @@ class Engine {
   int num_steps() const { return static_cast<int>(steps_.size()); }
 
  private:
-  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL, GLU, LORA };
+  enum Kind { EMBED, QUANT, GEMM_I8, GEMM_F32, ATTN, LN, POOL, GLU, LORA, QKV_PAGED, ATTN_PAGED, MERGE_PAGED, SAMPLE };
   struct Step {
     Kind kind;
     bool rows_b = false;  // M = B (after a pool) instead of T
@@ -156,6 +182,11 @@ class Engine {
     PoolArgs po;
     GluArgs gl;
     LoraArgs lo;
+    PagedQkvArgs pq;    // QKV_PAGED
+    PagedAttnArgs pa;   // ATTN_PAGED / MERGE_PAGED
+    size_t kv_off = 0;  // QKV_PAGED / ATTN_PAGED / MERGE_PAGED: the layer's K pool in kv_ (floats; V follows)
+    const float* logits = nullptr;  // SAMPLE: [B, vocab]
+    int vocab = 0;
     // QUANT
     const float* qx = nullptr;
     int qldx = 0, qK = 0;
@@ -221,6 +252,23 @@ class Engine {
   const int32_t* cu_ = nullptr;
   int T_ = 0, B_ = 0;
   int first_ = 0, last_ = 0;  // the steps a launch runs
+  // generation: the pool (set_kv_pool) and one run_gen's inputs
+  int kv_blocks_ = 0, kv_block_ = 0, kv_max_blocks_ = 0, kv_rows_ = 0, kv_max_pos_ = 0;
+  size_t kv_floats_ = 0;        // both pools of every paged layer
+  int paged_kv_heads_ = 0, paged_part_floats_ = 0;
+  AlignedBuf kv_, gen_i32_, part_, sidx_, scum_;
+  int32_t* gen_pos_ = nullptr;  // [max_tokens]: each token's position
+  int32_t* gen_row_ = nullptr;  // [max_tokens]: each token's block-table row
+  int32_t* gen_cu_ = nullptr;   // [max_batch + 1]
+  const int32_t* tables_ = nullptr;
+  const int32_t* want_ = nullptr;
+  const double* samp_ = nullptr;
+  const uint64_t* seeds_ = nullptr;
+  const int64_t* index_ = nullptr;
+  int32_t* out_tok_ = nullptr;
+  int splits_ = 1, chunk_ = 1 << 30;
+  void finalize_gen();  // the pool, the run tables and the sampler's scratch (finalize)
+  void exec_gen(const Step& s, int part, int parts);
   double* prof_wall_ = nullptr;
   double* prof_cpu_ = nullptr;
 };

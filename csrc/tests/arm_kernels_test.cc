@@ -32,7 +32,6 @@
 #include <string>
 #include <vector>
 
-#include "decoder/dkernels.h"
 #include "isa.h"
 #include "kernels/kernels.h"
 #include "runtime/pool.h"
@@ -161,7 +160,6 @@ std::string compare(const Out& ref, const Out& got) {
 struct Table {
   std::string name;
   const KernelTable* kt;
-  const zoi::DecKernels* dk;
 };
 std::vector<Table> g_tables;  // [0] = scalar
 bool g_record = false;
@@ -890,84 +888,47 @@ void test_pool(Rng& rng) {
   }
 }
 
-void test_decoder(Rng& rng, bool quick) {
-  constexpr int P = zoi::kDecPanel;
-  const int shapes[][3] = {{1, 70, 37}, {5, 33, 300}, {3, 64, 8}};  // M = 1: the GEMV of a decode step
-  for (int si = 0; si < (quick ? 2 : 3); ++si) {
-    const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], Np = zoi::round_up(N, P);
-    std::vector<float> x(static_cast<size_t>(M) * K), w(static_cast<size_t>(N) * K), bias(N), sc(Np, 0.f), res(static_cast<size_t>(M) * N);
-    std::vector<int8_t> wq(static_cast<size_t>(N) * K);
-    fill(rng, x.data(), x.size(), -1.f, 1.f);
-    fill(rng, w.data(), w.size(), -1.f, 1.f);
-    fill(rng, bias.data(), N, -1.f, 1.f);
-    fill(rng, sc.data(), N, 1e-3f, 1e-2f);
-    fill(rng, res.data(), res.size(), -1.f, 1.f);
-    for (auto& v : wq) v = static_cast<int8_t>(rng.i(-127, 127));
-    // packed as zoi/decoder/cpu.py packs: [panel][K][32], N padded with zeros
-    std::vector<float> pf(static_cast<size_t>(Np) * K, 0.f);
-    std::vector<int8_t> pq(static_cast<size_t>(Np) * K, 0);
-    for (int n = 0; n < N; ++n)
-      for (int k = 0; k < K; ++k) {
-        const size_t at = (static_cast<size_t>(n / P) * K + k) * P + n % P;
-        pf[at] = w[static_cast<size_t>(n) * K + k];
-        pq[at] = wq[static_cast<size_t>(n) * K + k];
-      }
-    for (int wt = 0; wt < 2; ++wt) {
-      std::vector<float> scale(static_cast<size_t>(M) * N);
-      for (int m = 0; m < M; ++m)
-        for (int n = 0; n < N; ++n) {
-          double s = std::fabs(bias[n]) + std::fabs(res[static_cast<size_t>(m) * N + n]);
-          for (int k = 0; k < K; ++k)
-            s += std::fabs(x[static_cast<size_t>(m) * K + k] *
-                           (wt ? wq[static_cast<size_t>(n) * K + k] * sc[n] : w[static_cast<size_t>(n) * K + k]));
-          scale[static_cast<size_t>(m) * N + n] = static_cast<float>(s);
-        }
-      run_case("dec_linear/" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + (wt ? "/s8" : "/f32"),
-               [&](const Table& t) {
-                 std::vector<float> y(static_cast<size_t>(M) * N, kPoison);
-                 zoi::DecLinear a;
-                 a.x = x.data();
-                 a.ldx = K;
-                 a.w = wt ? static_cast<const void*>(pq.data()) : static_cast<const void*>(pf.data());
-                 a.wtype = wt;
-                 a.scale = wt ? sc.data() : nullptr;
-                 a.bias = bias.data();
-                 a.M = M;
-                 a.N = N;
-                 a.K = K;
-                 a.y = y.data();
-                 a.ldy = N;
-                 a.res = res.data();
-                 a.ldr = N;
-                 const int parts = t.dk->linear_parts(M, N);
-                 for (int part = 0; part < parts; ++part) t.dk->linear(a, part, parts);
-                 return Outs{out_fclose("y", y.data(), y.size(), 2e-6f, 1e-6f, scale)};
-               });
-    }
+// generation's attention over the paged KV cache: q / k RMSNorm + RoPE + the cache write, then
+// the attention over block tables with and without splits over the context (paged_merge)
+void test_paged(Rng& rng, bool quick) {
+  const int T = 5, heads = 6, kvh = 2, D = 20, bs = 3, NB = 24, mb = 8, rows = 2, P = mb * bs;
+  const int ld = (heads + 2 * kvh) * D;
+  std::vector<float> qkv(static_cast<size_t>(T) * ld), cs(static_cast<size_t>(P) * D / 2), sn(cs.size()), qn(D), kn(D);
+  std::vector<float> kc0(static_cast<size_t>(NB) * kvh * bs * D), vc0(kc0.size());
+  fill(rng, qkv.data(), qkv.size(), -2.f, 2.f);
+  fill(rng, cs.data(), cs.size(), -1.f, 1.f);
+  fill(rng, sn.data(), sn.size(), -1.f, 1.f);
+  fill(rng, qn.data(), D, 0.5f, 1.5f);
+  fill(rng, kn.data(), D, 0.5f, 1.5f);
+  fill(rng, kc0.data(), kc0.size(), -1.f, 1.f);
+  fill(rng, vc0.data(), vc0.size(), -1.f, 1.f);
+  std::vector<int32_t> tables(static_cast<size_t>(rows) * mb), pos = {0, 4, P - 1, 7, 13}, row = {0, 0, 1, 1, 0};
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < mb; ++b) tables[static_cast<size_t>(r) * mb + b] = (r * mb + b * 5) % NB;
+  for (int splits : {1, 3}) {
+    if (quick && splits > 1) break;
+    run_case("paged/splits" + std::to_string(splits), [&](const Table& t) {
+      std::vector<float> x = qkv, kc = kc0, vc = vc0, out(static_cast<size_t>(T) * heads * D, kPoison);
+      zoi::PagedQkvArgs q;
+      q.qkv = x.data(); q.ldqkv = ld; q.T = T; q.heads = heads; q.kv_heads = kvh; q.d = D;
+      q.pos = pos.data(); q.row = row.data(); q.tables = tables.data(); q.ldt = mb;
+      q.cos = cs.data(); q.sin = sn.data(); q.q_norm = qn.data(); q.k_norm = kn.data();
+      q.kc = kc.data(); q.vc = vc.data(); q.block = bs;
+      for (int part = 0; part < 2; ++part) t.kt->paged_qkv(q, part, 2);
+      zoi::PagedAttnArgs a;
+      a.q = x.data(); a.ldq = ld; a.T = T; a.heads = heads; a.kv_heads = kvh; a.d = D;
+      a.pos = pos.data(); a.row = row.data(); a.tables = tables.data(); a.ldt = mb;
+      a.kc = kc.data(); a.vc = vc.data(); a.block = bs; a.scale = 0.2f;
+      a.splits = splits; a.chunk = splits > 1 ? (P + splits - 1) / splits : (1 << 30);
+      std::vector<float> part(static_cast<size_t>(T) * heads * splits * (D + 2));
+      a.part = part.data(); a.out = out.data(); a.ldo = heads * D;
+      const int n = T * kvh * splits;
+      for (int i = 0; i < n; ++i) t.kt->paged_attention(a, i, n);
+      for (int i = 0; i < T * kvh; ++i) t.kt->paged_merge(a, i, T * kvh);
+      return Outs{out_fclose("qkv", x.data(), x.size(), 4e-6f, 1e-6f), out_fclose("kc", kc.data(), kc.size(), 4e-6f, 1e-6f),
+                  out_fclose("out", out.data(), out.size(), 2e-5f, 1e-6f)};
+    });
   }
-  const int M = 4, H = 45, I = 37;
-  std::vector<float> x(static_cast<size_t>(M) * H), w(H), gu(static_cast<size_t>(M) * 2 * I);
-  fill(rng, x.data(), x.size(), -2.f, 2.f);
-  fill(rng, w.data(), H, 0.5f, 1.5f);
-  fill(rng, gu.data(), gu.size(), -5.f, 5.f);
-  run_case("dec_rmsnorm", [&](const Table& t) {
-    std::vector<float> y(static_cast<size_t>(M) * H);
-    zoi::DecNorm a;
-    a.x = x.data();
-    a.ldx = H;
-    a.w = w.data();
-    a.M = M;
-    a.H = H;
-    a.y = y.data();
-    a.ldy = H;
-    for (int part = 0; part < 2; ++part) t.dk->rmsnorm(a, part, 2);
-    return Outs{out_fclose("y", y.data(), y.size(), 4e-6f, 1e-7f)};
-  });
-  run_case("dec_silu_mul", [&](const Table& t) {
-    std::vector<float> y(static_cast<size_t>(M) * I);
-    for (int part = 0; part < 3; ++part) t.dk->silu_mul(gu.data(), 2 * I, M, I, y.data(), I, part, 3);
-    return Outs{out_fclose("y", y.data(), y.size(), 4e-6f, 1e-6f)};
-  });
 }
 
 // the thread pool (futexes, affinity) on this architecture: GEMM shares on 4 threads equal the
@@ -1040,18 +1001,6 @@ const KernelTable* table_of(Isa i) {
 #else
   return &zoi::kernel_table(i);
 #endif
-}
-
-const zoi::DecKernels* dec_of(Isa i) {
-#if defined(ZOI_ARCH_ARM64) && !defined(ZOI_TEST_SCALAR_ONLY)
-  if (i == Isa::Neon || i == Isa::Dotprod || i == Isa::I8mm) return &zoi::neon::dec_table();
-#elif defined(ZOI_ARCH_X86) && !defined(ZOI_TEST_SCALAR_ONLY)
-  if (i == Isa::Vnni || i == Isa::Amx) return &zoi::vnni::dec_table();
-  if (i == Isa::Avx512) return &zoi::avx512::dec_table();
-  if (i == Isa::Avx2 || i == Isa::AvxVnni) return &zoi::avx2::dec_table();
-#endif
-  (void)i;
-  return &zoi::scalar::dec_table();
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -1338,7 +1287,7 @@ int main(int argc, char** argv) {
     // (the core reads no environment variable)
     if (const char* forced = std::getenv("ZOI_CPU_ISA"); forced && *forced) zoi::set_forced_isa(forced);
     check_detection(exp_best, exp_active, exp_unsup);
-    g_tables.push_back({"scalar", table_of(Isa::Scalar), dec_of(Isa::Scalar)});
+    g_tables.push_back({"scalar", table_of(Isa::Scalar)});
     std::vector<Isa> want;
     if (isas == "all") {
       for (Isa i : kBuildIsas)
@@ -1349,7 +1298,7 @@ int main(int argc, char** argv) {
       for (const std::string& n : split(isas, ','))
         if (n != "scalar") want.push_back(isa_or_die(n));
     }
-    for (Isa i : want) g_tables.push_back({zoi::isa_name(i), table_of(i), dec_of(i)});
+    for (Isa i : want) g_tables.push_back({zoi::isa_name(i), table_of(i)});
     std::string names;
     for (const Table& t : g_tables) {
       check_table_layout(t);
@@ -1373,7 +1322,7 @@ int main(int argc, char** argv) {
       test_glu_lora(rng, q);
       test_attention(rng, q);
       test_pool(rng);
-      test_decoder(rng, q);
+      test_paged(rng, q);
     }
     test_peak();
     {

@@ -1,5 +1,6 @@
-"""The native CPU backend on every ISA: greedy token-identical to transformers FP32, logits against
-the numpy reference, chunked prefill, threads, INT8 weights, the sampler against numpy's."""
+"""Generation on the CPU engine, every ISA: greedy token-identical to transformers FP32, logits
+against the numpy reference, chunked prefill, threads, INT8 (W8A8) against its exact emulation, the
+sampler against numpy's."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from tests.fixtures import supported_isas
 
 from zoi.decoder.api import SamplingParams
 from zoi.decoder.compile import compile_decoder
-from zoi.decoder.cpu import CpuBackend, int8_weights
+from zoi.decoder.cpu import CpuBackend
 from zoi.decoder.loader import load_decoder
 from zoi.decoder.reference import ReferenceBackend
+from zoi.errors import InputError
 
 from .dec_helpers import MODELS, PROMPTS, hf_greedy
 
@@ -114,44 +116,6 @@ def test_long_context_matches_reference(ckpt, tmp_path, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])
-def test_int8_weights(ckpt, name, isa):
-    spec, w, _ = load_decoder(ckpt(name))
-    ps = _prompts(spec, [12, 5, 30], seed=2)
-    p = SamplingParams(max_new_tokens=16)
-    c8 = CpuBackend(
-        spec,
-        w,
-        precision="int8",
-        num_blocks=40,
-        block_size=8,
-        max_batch=3,
-        max_seq_len=100,
-        isa=isa,
-    )
-    rq = ReferenceBackend(
-        spec, int8_weights(w), num_blocks=40, block_size=8, max_batch=3, max_seq_len=100
-    )
-    c32 = CpuBackend(spec, w, num_blocks=40, block_size=8, max_batch=3, max_seq_len=100, isa=isa)
-    for be in (c8, rq, c32):
-        for i, x in enumerate(ps):
-            be.add(i, x, p)
-    first = []
-    agree = []
-    for s in range(16):
-        e8, eq, e32 = c8.step(), rq.step(), c32.step()
-        # the kernels compute exactly the dequantised model
-        assert [e.token_id for e in e8] == [e.token_id for e in eq]
-        assert np.abs(c8.last_logits() - rq.last_logits).max() < 1e-5 * np.abs(rq.last_logits).max()
-        if s == 0:
-            first.append((c8.last_logits(), c32.last_logits()))
-        agree.append([a.token_id == b.token_id for a, b in zip(e8, e32, strict=True)])
-    l8, l32 = first[0]
-    assert np.abs(l8 - l32).max() < 0.05 * np.abs(l32).max()  # INT8 rounding, not a different model
-    assert all(agree[0]) and all(all(a) for a in agree[:4])  # greedy agrees on a prefix
-
-
-@pytest.mark.parametrize("isa", ISAS)
 def test_sampler_matches_numpy(ckpt, isa):
     spec, w, _ = load_decoder(ckpt("qwen3"))
     ps = _prompts(spec, [6, 11, 2, 8], seed=4)
@@ -171,15 +135,15 @@ def test_sampler_matches_numpy(ckpt, isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", ["llama_tied", "qwen3"])
-def test_w8a8_matches_its_emulation(ckpt, name, isa):
-    """precision="w8a8" (the encoders' INT8 GEMM) against numpy's exact integer emulation."""
+def test_int8_matches_its_emulation(ckpt, name, isa):
+    """precision="int8" (W8A8: the encoders' INT8 GEMM) against numpy's exact integer emulation."""
     spec, w, _ = load_decoder(ckpt(name))
     ps = _prompts(spec, [12, 5, 30], seed=2)
     p = SamplingParams(max_new_tokens=8)
     c = CpuBackend(
         spec,
         w,
-        precision="w8a8",
+        precision="int8",
         num_blocks=40,
         block_size=8,
         max_batch=3,
@@ -218,3 +182,17 @@ def test_zoi_cpu_isa_forces_the_decoder_kernels(ckpt):
             check=True,
         )
         assert out.stdout.strip() == isa
+
+
+def test_precision_words(ckpt):
+    """int8 is W8A8 (w8a8, its earlier name, runs the same); weight-only INT8 is refused by name."""
+    spec, w, _ = load_decoder(ckpt("qwen3"))
+    ps = _prompts(spec, [9, 4], seed=5)
+    kw = dict(num_blocks=20, block_size=8, max_batch=2, max_seq_len=48)
+    a, b = (CpuBackend(spec, w, precision=p, **kw) for p in ("int8", "w8a8"))
+    ta, tb = _drive([a, b], ps, SamplingParams(max_new_tokens=5), 5)
+    assert ta == tb
+    assert np.array_equal(a.last_logits(), b.last_logits())
+    for bad in ("w8", "fp16", "int4"):
+        with pytest.raises(InputError, match="'fp32' or 'int8'"):
+            CpuBackend(spec, w, precision=bad, **kw)

@@ -1,10 +1,14 @@
-"""The CPU DecoderBackend: zoi._cpu.DecoderModel (csrc/decoder/) behind the paged bookkeeping of
-zoi.decoder.paged. Weights are packed here (one layout for every ISA: panels of 32 output
-channels, [panel][K][32]), q/k/v and gate/up concatenated into one GEMM each; precision "int8"
-stores per-channel symmetric INT8 weights (zoi.numerics.primitives.quantize_weight) with FP32
-activations; "w8a8" also quantises each linear's input rows per token (symmetric INT8) and runs
-the encoders' INT8 GEMM of csrc/kernels (VNNI / AVX-512 / AVX2 / scalar). The KV pool and every buffer of a step are allocated at construction; a step is one
-native call (prefill chunks and decode tokens packed together) with the GIL released.
+"""The CPU DecoderBackend: generation on the encoders' engine (zoi.backends.cpu) behind the paged
+bookkeeping of zoi.decoder.paged.
+
+The checkpoint becomes the one runtime's IR (zoi.graph.build_decoder.build_generate: the decoder
+stack with its attention over a paged KV cache, the LM head on the last token of each sequence, the
+sampler), planned by the same planner and run by the same native engine and kernels as BERT: one
+native call per step (prefill chunks and decode tokens packed together) with the GIL released.
+precision "fp32" runs the FP32 GEMMs; "int8" is W8A8 as for encoders: weights INT8 per output
+channel (zoi.numerics.primitives.quantize_weight), each linear's input quantised per token
+(symmetric, dynamic), the INT8 GEMM of every ISA. The KV pool (float32) and every buffer of a step
+are reserved when the backend is built.
 """
 
 from __future__ import annotations
@@ -16,45 +20,90 @@ from zoi.decoder.memory import FLAGS, Part
 from zoi.decoder.paged import PagedBackend
 from zoi.decoder.reference import rope_cos_sin, rope_inv_freq
 from zoi.errors import InputError
-from zoi.numerics.primitives import dequantize_weight, quantize_weight
+from zoi.frontend.spec import ModelSpec
+from zoi.numerics.primitives import quantize_weight
 
-PANEL = 32
 DEFAULT_MAX_TOKENS = 512
-MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_BATCH = 512, 256, 1024  # csrc/decoder (kDecMaxD, kDecMaxBlock)
+MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_BATCH = 512, 256, 1024  # the engine's (kMaxHeadDim, kPagedMaxBlock)
+PRECISIONS = ("fp32", "int8")
 
 
-def pack_panels(w: np.ndarray) -> np.ndarray:
-    """[N, K] -> [ceil(N / 32), K, 32] (zero columns pad N), the layout of csrc/decoder."""
-    N, K = w.shape
-    Np = -(-N // PANEL) * PANEL
-    p = np.zeros((Np, K), w.dtype)
-    p[:N] = w
-    return np.ascontiguousarray(p.reshape(Np // PANEL, PANEL, K).transpose(0, 2, 1))
+def model_spec(spec: DecoderSpec, max_seq_len: int) -> ModelSpec:
+    """The IR's description of a generation checkpoint (positions up to max_seq_len)."""
+    return ModelSpec(
+        arch=spec.arch,
+        vocab_size=spec.vocab_size,
+        hidden=spec.hidden_size,
+        layers=spec.num_layers,
+        heads=spec.num_heads,
+        intermediate=spec.intermediate_size,
+        max_positions=max_seq_len,
+        eps=spec.rms_norm_eps,
+        act="silu",
+        pooling="last",
+        kv_heads=spec.num_kv_heads,
+        head_size=spec.head_dim,
+        norm="rmsnorm",
+        causal=True,
+        qk_norm=spec.qk_norm,
+    )
 
 
-def _linears(spec: DecoderSpec, w: dict, i: int) -> dict[str, np.ndarray]:
-    p = f"model.layers.{i}."
-    a = p + "self_attn."
-    return {
-        "qkv": np.concatenate(
-            [w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]
-        ),
-        "o": w[a + "o_proj.weight"],
-        "gu": np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-        "d": w[p + "mlp.down_proj.weight"],
-    }
+def ir_weights(spec: DecoderSpec, w: dict[str, np.ndarray], max_seq_len: int) -> dict:
+    """The checkpoint's tensors under the IR's names (zoi.frontend.archs_decoder's): q / k / v
+    and gate / up concatenated, zero biases where the checkpoint has none, the RoPE tables of
+    the first max_seq_len positions (every scaling type of zoi.decoder.reference) and the LM head."""
+    f32 = np.float32
 
+    def t(name: str) -> np.ndarray:
+        return np.ascontiguousarray(w[name], f32)
 
-def int8_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The weights an int8 backend computes with, dequantised (the reference for its kernels):
-    every projection and lm_head rounded per output channel; embeddings and norms as given."""
-    out = dict(weights)
-    for k, v in weights.items():
-        if k.endswith("_proj.weight") or k == "lm_head.weight":
-            if k == "lm_head.weight" and v is weights.get("model.embed_tokens.weight"):
-                v = np.array(v)
-            out[k] = dequantize_weight(*quantize_weight(v))
+    def zeros(n: int) -> np.ndarray:
+        return np.zeros(n, f32)
+
+    H = spec.hidden_size
+    out = {"embed.word": t("model.embed_tokens.weight"), "lm_head.w": t("lm_head.weight")}
+    for i in range(spec.num_layers):
+        p, n = f"model.layers.{i}.", f"l{i}."
+        a = p + "self_attn."
+        qkv = [w[a + f"{x}_proj.weight"] for x in "qkv"]
+        out[n + "qkv.w"] = np.concatenate(qkv).astype(f32)
+        rows = sum(len(x) for x in qkv)
+        bias = [a + f"{x}_proj.bias" for x in "qkv"]
+        out[n + "qkv.b"] = (
+            np.concatenate([w[b] for b in bias]).astype(f32) if bias[0] in w else zeros(rows)
+        )
+        out[n + "o.w"] = t(a + "o_proj.weight")
+        out[n + "o.b"] = t(a + "o_proj.bias") if a + "o_proj.bias" in w else zeros(H)
+        gu = [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]
+        out[n + "ffn1.w"] = np.concatenate(gu).astype(f32)
+        out[n + "ffn1.b"] = zeros(2 * spec.intermediate_size)
+        out[n + "ffn2.w"] = t(p + "mlp.down_proj.weight")
+        out[n + "ffn2.b"] = zeros(H)
+        for k, src in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
+            out[n + k + ".w"], out[n + k + ".b"] = t(p + src + ".weight"), zeros(H)
+        if spec.qk_norm:
+            out[n + "q_norm"] = t(a + "q_norm.weight")
+            out[n + "k_norm"] = t(a + "k_norm.weight")
+    out["final_ln.w"], out["final_ln.b"] = t("model.norm.weight"), zeros(H)
+    cos, sin = rope_cos_sin(rope_inv_freq(spec), np.arange(max_seq_len))
+    out["rope.g.cos"] = np.ascontiguousarray(cos, f32)
+    out["rope.g.sin"] = np.ascontiguousarray(sin, f32)
     return out
+
+
+def quantize_linears(graph, weights: dict) -> dict:
+    """W8A8: every linear's weight as INT8 per output channel with its scales (w_q, w_scale),
+    the LM head included; the quantiser's records, one per linear (dynamic per-token inputs)."""
+    from zoi.graph.compiled import LinearQuant
+
+    quant = {}
+    for op in graph.linears():
+        p = op.prefix
+        q, s = quantize_weight(weights.pop(f"{p}.w"))
+        weights[f"{p}.w_q"], weights[f"{p}.w_scale"] = q, s
+        quant[p] = LinearQuant("dynamic")
+    return quant
 
 
 class CpuBackend(PagedBackend):
@@ -72,12 +121,18 @@ class CpuBackend(PagedBackend):
         isa: str | None = None,
         options=None,
     ):
-        from zoi import _cpu
-        from zoi.backends.cpu.options import apply_cpu_options
+        from zoi.backends.cpu.backend import CpuBackend as EngineBackend
+        from zoi.backends.cpu.backend import KvPool
+        from zoi.graph.build_decoder import build_generate
+        from zoi.graph.compiled import CompiledModel
+        from zoi.graph.planner import plan_memory
 
-        if precision not in ("fp32", "int8", "w8a8"):
+        if precision == "w8a8":  # the earlier name of W8A8
+            precision = "int8"
+        if precision not in PRECISIONS:
             raise InputError(
-                f"precision {precision!r}: the CPU decoder runs 'fp32', 'int8' or 'w8a8'"
+                f"precision {precision!r}: the CPU decoder runs 'fp32' or 'int8' (W8A8); "
+                "weight-only INT8 ('w8') runs on the GPU"
             )
         # the native core's limits, checked here to name the option (its own message lumps them)
         if spec.head_dim > MAX_HEAD_DIM:
@@ -101,82 +156,22 @@ class CpuBackend(PagedBackend):
         self.precision = precision
         self.max_tokens = max_tokens  # sizes the step buffers _host_parts counts
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
-        int8 = precision in ("int8", "w8a8")
-        raw = precision == "w8a8"
-        # the core's process-wide switches (CpuOptions; None: from the environment) before it
-        # builds the model: isa=None takes options.isa
-        self.options = apply_cpu_options(options)
-        self.model = m = _cpu.DecoderModel(
-            vocab=spec.vocab_size,
-            hidden=spec.hidden_size,
-            inter=spec.intermediate_size,
-            layers=spec.num_layers,
-            heads=spec.num_heads,
-            kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            eps=spec.rms_norm_eps,
-            qk_norm=spec.qk_norm,
-            wtype={"fp32": 0, "int8": 1, "w8a8": 2}[precision],
-            max_tokens=self.max_tokens,
-            max_batch=max_batch,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            max_blocks=self.max_blocks_per_seq,
-            max_pos=self.max_seq_len,
-            nthreads=threads or 0,
-            isa=isa or "",
-        )
-
-        def put(layer: int, slot: str, a: np.ndarray) -> None:
-            m.set(layer, slot, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-
-        def put_linear(layer: int, slot: str, w: np.ndarray) -> None:
-            w = np.asarray(w, np.float32)
-            if raw:  # the core packs them for its INT8 GEMM
-                q, s = quantize_weight(w)
-                put(layer, slot + "_w", q)
-                put(layer, slot + "_s", s)
-            elif int8:
-                q, s = quantize_weight(w)
-                put(layer, slot + "_w", pack_panels(q))
-                sp = np.zeros(-(-len(s) // PANEL) * PANEL, np.float32)
-                sp[: len(s)] = s
-                put(layer, slot + "_s", sp)
-            else:
-                put(layer, slot + "_w", pack_panels(w))
-
-        f32 = np.float32
-        put(-1, "embed", weights["model.embed_tokens.weight"].astype(f32))
-        put(-1, "norm", weights["model.norm.weight"].astype(f32))
-        cos, sin = rope_cos_sin(rope_inv_freq(spec), np.arange(self.max_seq_len))
-        put(-1, "cos", cos)
-        put(-1, "sin", sin)
-        put_linear(-1, "lm", weights["lm_head.weight"])
-        for i in range(spec.num_layers):
-            p = f"model.layers.{i}."
-            put(i, "ln1", weights[p + "input_layernorm.weight"].astype(f32))
-            put(i, "ln2", weights[p + "post_attention_layernorm.weight"].astype(f32))
-            for slot, w in _linears(spec, weights, i).items():
-                put_linear(i, slot, w)
-            if spec.attention_bias:
-                a = p + "self_attn."
-                put(
-                    i,
-                    "qkv_b",
-                    np.concatenate([weights[a + n + "_proj.bias"] for n in "qkv"]).astype(f32),
-                )
-            if p + "self_attn.o_proj.bias" in weights:
-                put(i, "o_b", weights[p + "self_attn.o_proj.bias"].astype(f32))
-            if spec.qk_norm:
-                put(i, "qn", weights[p + "self_attn.q_norm.weight"].astype(f32))
-                put(i, "kn", weights[p + "self_attn.k_norm.weight"].astype(f32))
-        m.finalize()
+        mspec = model_spec(spec, self.max_seq_len)
+        graph = build_generate(mspec)
+        w = ir_weights(spec, weights, self.max_seq_len)
+        quant = quantize_linears(graph, w) if precision == "int8" else {}
+        plan = plan_memory(graph, max_tokens, max_batch)
+        compiled = CompiledModel(mspec, graph, plan, precision, w, quant)
+        pool = KvPool(num_blocks, block_size, self.max_blocks_per_seq, max_batch, self.max_seq_len)
+        self.backend = EngineBackend(compiled, isa=isa, nthreads=threads, options=options, kv_pool=pool)
+        self.options = self.backend.options
+        self.engine = self.backend.engine
         self._out = np.empty(max_batch, np.int32)
 
     def _host_parts(self, spec, num_blocks, block_size, max_batch, max_seq_len) -> list[Part]:
-        """The pool and tables (PagedBackend) and the native core's buffers (csrc/decoder/model.cc:
-        activations of max_tokens rows, logits and sort buffers of max_batch x vocab rows, the
-        RoPE tables, the packed weights)."""
+        """The pool and tables (PagedBackend) and the engine's buffers: the arena of a step of
+        max_tokens rows (at most every buffer of a layer at once), the LM head's logits and the
+        sampler's sort buffers of max_batch x vocab rows, the RoPE tables, the weights."""
         T, H, D, I, V = (
             self.max_tokens,
             spec.hidden_size,
@@ -199,7 +194,7 @@ class CpuBackend(PagedBackend):
 
     @property
     def isa(self) -> str:
-        return self.model.isa
+        return self.engine.isa
 
     def _run(self, rows, starts, counts, ids, samp, seeds) -> np.ndarray:
         """One native call when the tokens fit max_tokens, else chunks (a long prompt's prefill is
@@ -230,7 +225,7 @@ class CpuBackend(PagedBackend):
         n = len(ent)
         b = np.fromiter((e[0] for e in ent), np.int64, n)
         out = self._out[:n]
-        self.model.step(
+        self.engine.run_gen(
             np.ascontiguousarray(ids, np.int32),
             np.ascontiguousarray(rows[b], np.int32),
             np.fromiter((e[1] for e in ent), np.int32, n),
@@ -245,7 +240,8 @@ class CpuBackend(PagedBackend):
         for j, e in enumerate(ent):
             if e[3]:
                 result[e[0]] = out[j]
+        self._sampled = np.fromiter((e[3] for e in ent), bool, n)
 
     def last_logits(self) -> np.ndarray:
         """Logits [n, vocab] of the entries the last native call sampled (tests)."""
-        return self.model.logits()
+        return self.engine.gen_logits()[self._sampled]

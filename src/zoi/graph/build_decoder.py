@@ -8,6 +8,11 @@ Per layer i (pre-norm; Gemma3 also norms each branch's output before its residua
     m = RMS2(x1) ; x = x1 + Wdown(act(Wgate m) * Wup m)            (Gemma3: x1 + RMSp2(...))
 
 then a final RMSNorm, the pool (last token, mean, ...) and sentence-transformers' Dense modules.
+
+Generation (build_generate) is the same graph with the attention over a paged KV cache (attribute
+"paged": each token's K / V written to its sequence's blocks, its query attending to every cached
+position before it) and, after the final norm, the last token of each sequence through the LM head
+and the sampler.
 RMSNorm is `add_layernorm` with attrs rms; "post" residual means norm(x) + r instead of
 norm(x + r); the residual of a plain pre-norm block rides on the linear (its second input).
 """
@@ -33,7 +38,7 @@ def append_pool(spec: ModelSpec, ops: list[Op], bufs: dict[str, Buffer], x: str)
         name = out
 
 
-def build_decoder(spec: ModelSpec) -> Graph:
+def build_decoder(spec: ModelSpec, paged: bool = False) -> Graph:
     H, I, d = spec.hidden, spec.intermediate, spec.head_dim
     q, kv = spec.heads * d, spec.num_kv_heads * d
     bufs: dict[str, Buffer] = {}
@@ -76,6 +81,8 @@ def build_decoder(spec: ModelSpec) -> Graph:
         }
         if windows[i]:
             attrs["window"] = int(windows[i])
+        if paged:
+            attrs["paged"] = True
         aw = {"rope_cos": f"rope.{kind}.cos", "rope_sin": f"rope.{kind}.sin"}
         if spec.qk_norm:
             aw.update(q_norm=f"l{i}.q_norm", k_norm=f"l{i}.k_norm")
@@ -97,3 +104,24 @@ def build_decoder(spec: ModelSpec) -> Graph:
     x = norm(x, "final_ln", "xf")
     append_pool(spec, ops, bufs, x)
     return Graph(ops, bufs)
+
+
+def build_generate(spec: ModelSpec) -> Graph:
+    """The graph of one generation step: the decoder stack over the step's packed tokens with the
+    paged KV cache, then for the last token of each sequence the LM head (`lm_head.w` [V, H])
+    and the sampler. Causal attention without sliding windows (the cache keeps every position)."""
+    if not spec.causal or any(spec.layer_windows):
+        raise ValueError("generation runs causal attention over every cached position")
+    g = build_decoder(spec, paged=True)
+    i = next(k for k, o in enumerate(g.ops) if o.kind == "pool")
+    x = g.ops[i].inputs[0]
+    ops = g.ops[:i]
+    bufs = {n: b for n, b in g.buffers.items() if b.rows == "T"}
+    bufs["last"] = Buffer("last", "B", spec.hidden)
+    ops.append(Op("pool", [x, "cu_seqlens"], "last", {}, {"mode": "last"}))
+    bufs["logits"] = Buffer("logits", "B", spec.vocab_size)
+    lm = {"w": "lm_head.w", "b": "lm_head.b"}
+    ops.append(Op("linear", ["last"], "logits", lm, {"act": "none"}))
+    bufs["tokens"] = Buffer("tokens", "B", 1)
+    ops.append(Op("sample", ["logits"], "tokens"))
+    return Graph(ops, bufs, ("ids", "positions", "cu_seqlens"), "tokens")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool", "glu")  # every op of the IR
+# every op of the IR; "sample" (generation): one token per sequence from its row of logits
+OP_KINDS = ("embed", "linear", "attention", "add_layernorm", "pool", "glu", "sample")
 ACTS = (
     "none",
     "gelu",

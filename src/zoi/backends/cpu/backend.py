@@ -12,6 +12,7 @@ the FP32 GEMM.
 from __future__ import annotations
 
 import mmap
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,7 +23,19 @@ from zoi.graph.compiled import CompiledModel
 from zoi.graph.fusion import FusionPolicy, annotate
 from zoi.graph.quantmode import QuantMode
 
-__all__ = ["CpuBackend"]
+__all__ = ["CpuBackend", "KvPool"]
+
+
+class KvPool(NamedTuple):
+    """The paged KV cache of a generation plan (Engine.set_kv_pool): num_blocks blocks of
+    block_size tokens per layer, block tables of table_rows rows x max_blocks, positions below
+    max_pos."""
+
+    num_blocks: int
+    block_size: int
+    max_blocks: int
+    table_rows: int
+    max_pos: int
 
 
 def _f32(a) -> np.ndarray:
@@ -75,12 +88,14 @@ class CpuBackend(SyncSubmit):
         nthreads: int | None = None,
         fusion: FusionPolicy | None = None,
         options: CpuOptions | None = None,
+        kv_pool: KvPool | None = None,
     ):
         """isa: force one kernel table (None: options.isa, else the best this CPU runs);
         nthreads: engine threads (None: the process pool's); fusion: the IR fusion pass's
         switches (zoi.graph.fusion; None: its defaults); options: the core's process-wide
         switches (zoi.backends.cpu.options; None: CpuOptions.from_env()), applied before the
-        engine is built."""
+        engine is built; kv_pool: the paged KV cache of a generation graph (its paged
+        attention ops; zoi.decoder.cpu), reserved by the engine once."""
         self.options = apply_cpu_options(options)
         self.model = model
         plan, graph, W = model.plan, model.graph, model.weights
@@ -92,6 +107,8 @@ class CpuBackend(SyncSubmit):
             isa or "",
             int(nthreads or 0),
         )
+        if kv_pool is not None:
+            eng.set_kv_pool(*kv_pool)
         off = plan.offsets
         self.hidden = None
         self.linear_kinds: dict[str, str] = {}
@@ -133,6 +150,8 @@ class CpuBackend(SyncSubmit):
                     word_scale = self._hold(_f32(W["embed.word_scale"]))
                 if "pos" in ow:
                     pos, max_pos = self._hold(_f32(W[ow["pos"]])), -1
+                elif kv_pool is not None:  # generation: positions up to the context
+                    pos, max_pos = None, int(kv_pool.max_pos)
                 else:  # no position table (ModernBERT: RoPE): none held, positions bounded
                     pos, max_pos = None, min(model.position_rows(), int(plan.max_tokens))
                 type0 = _f32(W[ow["type"]][0]) if "type" in ow else None
@@ -223,6 +242,25 @@ class CpuBackend(SyncSubmit):
                         lora_act,
                         lora_res,
                     )
+            elif op.kind == "attention" and op.attrs.get("paged"):
+                a, aw = op.attrs, op.weights
+                if kv_pool is None:
+                    raise ValueError("a graph with paged attention needs the backend's kv_pool")
+                eng.add_attention_paged(
+                    off[op.inputs[0]],
+                    off[op.output],
+                    int(a["heads"]),
+                    int(a["head_dim"]),
+                    float(a["scale"]),
+                    int(a.get("kv_heads") or a["heads"]),
+                    _f32(W[aw["rope_cos"]]),
+                    _f32(W[aw["rope_sin"]]),
+                    q_norm=_f32(W[aw["q_norm"]]) if "q_norm" in aw else None,
+                    k_norm=_f32(W[aw["k_norm"]]) if "k_norm" in aw else None,
+                    qk_eps=float(a.get("qk_eps", 1e-6)),
+                )
+            elif op.kind == "sample":
+                eng.add_sample(off[op.inputs[0]], graph.buffers[op.inputs[0]].cols)
             elif op.kind == "attention" and (
                 op.weights or op.attrs.get("window", 0) or op.attrs.get("causal")
             ):
@@ -279,10 +317,13 @@ class CpuBackend(SyncSubmit):
                 raise ValueError(f"the cpu backend does not know op kind {op.kind!r}")
         if graph.ops[-1].output != graph.output:
             raise ValueError("the cpu backend expects the graph's last op to write its output")
-        ob = graph.buffers[graph.output]
+        out = graph.output
+        if graph.ops[-1].kind == "sample":  # generation: the logits are the rows kept (tests)
+            out = graph.ops[-1].inputs[0]
+        ob = graph.buffers[out]
         self.hidden = ob.cols
         self.out_rows = ob.rows
-        eng.set_output(off[graph.output], ob.cols, ob.rows == "T")
+        eng.set_output(off[out], ob.cols, ob.rows == "T")
         eng.finalize()
         self.engine = eng
 
