@@ -1,6 +1,8 @@
 """Per-op profile of the native engine (thread 0's wall and CPU time per step, summed by kind).
 
     python lab/cpu/profile_ops.py [--model minilm|bert-base] [--shape 1x128] [--threads 1] [--runs 20]
+    python lab/cpu/profile_ops.py --artifact DIR [--shape 1x128] [--threads 2]   (a zoi.save'd
+        artifact, e.g. the bench's Qwen3-Embedding shape under ~/.cache/zoi/bench/qwen3-embed/)
 
 CPU time (CLOCK_THREAD_CPUTIME_ID) is robust to other load on the machine; wall is what a
 caller sees. Medians over runs.
@@ -32,11 +34,21 @@ def main() -> None:
     ap.add_argument("--isa", default="")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--steps", action="store_true", help="also print the first layer step by step")
+    ap.add_argument("--artifact", default="", help="profile a saved artifact instead")
     a = ap.parse_args()
-    spec = minilm_spec() if a.model == "minilm" else bert_base_spec()
     b, s = (int(v) for v in a.shape.split("x"))
-    model = make_model(spec, a.precision, max_tokens=b * s, max_batch=b)
-    be = CpuBackend(model, isa=a.isa or None, nthreads=a.threads)
+    if a.artifact:
+        import zoi
+
+        be = zoi.load(a.artifact, device="cpu").backend
+        model, spec, a.model = be.model, be.model.spec, Path(a.artifact).name
+        a.precision = model.precision
+        if a.threads != be.engine.nthreads:
+            be = CpuBackend(model, isa=a.isa or None, nthreads=a.threads)
+    else:
+        spec = minilm_spec() if a.model == "minilm" else bert_base_spec()
+        model = make_model(spec, a.precision, max_tokens=b * s, max_batch=b)
+        be = CpuBackend(model, isa=a.isa or None, nthreads=a.threads)
     ids, pos, cu = batch([s] * b, spec.vocab_size, 1)
     for _ in range(3):
         be.engine.profile(ids, pos, cu)
