@@ -23,9 +23,19 @@ test-all: setup
 	$(VENV) python -m pytest -q -n 2 --dist loadfile --timeout 1800 --durations=25
 	./scripts/sanitize.sh
 
-# the edit loop: stop at the first failure, no slow tier
+# the edit loop (~2 minutes on 2 cores): the units, each op and kernel on the ISA the core picks
+# and on scalar (ZOI_TEST_ISAS=quick; CI's tier forces every ISA the CPU runs), the planner, the
+# quantiser and the tokenizers on small inputs, generation on the CPU; not the real-model
+# accuracy runs, the exhaustive tokenizer sweeps, the server, the heads, the architectures or the
+# GPU backend's interpreter tests (all in `make test`). Stops at the first failure.
+CHECK_TESTS := tests/ops tests/cpu tests/quant tests/tokenizer tests/test_ir.py tests/test_planner.py \
+	tests/test_layers.py tests/test_quantmode.py tests/test_engine.py tests/decoder/test_cpu_backend.py \
+	tests/decoder/test_scheduler.py tests/decoder/test_reference.py
+CHECK_SKIP := --ignore=tests/quant/test_minilm_int8.py --ignore=tests/tokenizer/test_codepoints.py \
+	--ignore=tests/cpu/test_real_minilm_cpu.py
 check:
-	$(VENV) python -m pytest -q -x -n 2 --dist loadfile -m "not slow"
+	$(VENV) ZOI_TEST_ISAS=quick python -m pytest -q -x -n 2 --dist loadfile -m "not slow" --durations=10 \
+		$(CHECK_SKIP) $(CHECK_TESTS)
 
 test-fast: check
 

@@ -235,6 +235,53 @@ def test_cli_generate_streams_to_stdout(ckpt, capsys):
     assert "max_seq_len=4" in capsys.readouterr().err
 
 
+def test_precision_words_on_the_cpu(ckpt, tmp_path, monkeypatch):
+    """One vocabulary with the encoders: "int8" is W8A8 ("w8a8" the same), handed to the CPU
+    backend as "int8"; "w8" (weight-only INT8) runs on cuda only and is refused here, as is an
+    unknown word, naming the choices, before the folder is read."""
+    import zoi.decoder.cpu as cpu
+
+    seen = []
+
+    class Spy(cpu.CpuBackend):
+        def __init__(self, *a, **kw):
+            seen.append(kw["precision"])
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(cpu, "CpuBackend", Spy)
+    for word, want in (("fp32", "fp32"), ("int8", "int8"), ("w8a8", "int8")):
+        g = compile_decoder(ckpt("llama_gqa"), precision=word, max_seq_len=32, max_batch=1)
+        assert g.precision == want and seen[-1] == want and isinstance(g.backend, Spy), word
+    g = zoi.compile(ckpt("llama_gqa"), device="auto", precision="w8a8", max_seq_len=32)
+    assert g.precision == seen[-1] == "int8" and g.device == "cpu"
+    missing = tmp_path / "not-a-folder"  # a refused precision never reaches the folder
+    with pytest.raises(InputError, match=r"'w8' \(weight-only INT8\) runs on device='cuda' only"):
+        compile_decoder(missing, precision="w8")
+    with pytest.raises(InputError, match=r"'int8' \(W8A8"):
+        compile_decoder(missing, precision="w8")  # and names the CPU's INT8 path
+    for word in ("int4", "INT8", "", None):
+        with pytest.raises(InputError, match=r"not supported .* use 'fp32' or 'int8' \(W8A8"):
+            compile_decoder(missing, precision=word)
+    with pytest.raises(InputError, match=r"'int8'.*'reference'; use 'fp32'$"):
+        compile_decoder(missing, device="reference", precision="int8")
+    with pytest.raises(InputError, match="device 'tpu' is not supported"):
+        compile_decoder(missing, device="tpu")
+    assert len(seen) == 4  # nothing refused built a backend
+
+
+def test_cli_generate_precision_words(ckpt, capsys):
+    from zoi.cli import main
+
+    args = ["generate", str(ckpt("llama_gqa")), PROMPTS[3], "--max-new-tokens", "3", "-v"]
+    assert main([*args, "--max-seq-len", "32", "--precision", "w8a8"]) == 0
+    assert "int8 on" in capsys.readouterr().err  # the W8A8 path, by its one name
+    assert main([*args, "--precision", "w8"]) == 2
+    assert "weight-only INT8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--precision", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
 def test_incremental_decoder_never_splits_utf8(gen):
     from zoi.decoder.tokenizer import Detokenizer
 

@@ -11,7 +11,7 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding=
 def test_readme_decoder_block(ckpt):
     sec = README[README.index("## Decoders") :]
     code = re.findall(r"```python\n(.*?)```", sec, flags=re.S)[0]
-    assert 'zoi.compile("path/to/decoder-folder"' in code
+    assert 'zoi.compile("path/to/decoder-folder", precision="int8"' in code  # int8: W8A8
     ns: dict = {}
     exec(
         compile(
@@ -21,6 +21,7 @@ def test_readme_decoder_block(ckpt):
         ),
         ns,
     )
+    assert ns["gen"].precision == "int8"
     assert len(ns["outs"]) == 2 and all(isinstance(o, str) for o in ns["outs"])
     assert (
         len(ns["outs"][0].token_ids) == 32

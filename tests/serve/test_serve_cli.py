@@ -150,3 +150,29 @@ def test_int8_compiles_go_through_the_artifact_cache(monkeypatch):
     assert open_engine("m", ServeConfig(precision="fp32")) == "F"
     assert open_engine("m", ServeConfig(precision="int8", compile_cache=False)) == "F"
     assert [c[0] for c in calls] == ["cache", "compile", "compile"]
+
+
+def test_decoder_precision_words(monkeypatch):
+    """--precision w8 (weight-only INT8: a decoder on the GPU) is one of zoi serve's choices; a
+    decoder folder is compiled with the word as given, and the server shows it as it is."""
+    from tests.decoder.fakes import ByteTokenizer, FakeBackend
+
+    import zoi
+    import zoi.serve.cli as cli
+    from zoi.serve.decoder_service import DecoderService
+
+    calls = []
+    monkeypatch.setattr(cli, "_is_decoder", lambda model: True)
+    monkeypatch.setattr(zoi, "compile", lambda path, **kw: calls.append((path, kw)) or "G")
+    assert cli.open_engine("dec", parse(["--precision", "w8", "--device", "cuda"])) == "G"
+    path, kw = calls[-1]
+    assert (path, kw["precision"], kw["device"]) == ("dec", "w8", "cuda")
+    assert ServeConfig.from_env({"ZOI_PRECISION": "w8"}).precision == "w8"
+    with pytest.raises(ValueError, match="ZOI_PRECISION='w8a16': expected one of .*int8.*w8"):
+        ServeConfig.from_env({"ZOI_PRECISION": "w8a16"})
+    for word, shown in (("int8", "int8"), ("w8", "w8"), ("fp16", "float16"), ("fp32", "float32")):
+        svc = DecoderService(FakeBackend(), ByteTokenizer(), precision=word)
+        try:
+            assert svc.dtype == shown, word
+        finally:
+            svc.close()

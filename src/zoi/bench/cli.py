@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", "cpu", "cuda", "all"],
         help="providers to run (auto: CPU, plus CUDA when torch sees a GPU); decode workloads: "
-        "cuda runs zoi-cuda-int8, zoi-cuda-fp16, transformers-cuda-fp16",
+        "cuda runs zoi-cuda-w8 (weight-only INT8), zoi-cuda-int8 (W8A8), zoi-cuda-fp16, "
+        "transformers-cuda-fp16",
     )
     p.add_argument(
         "--providers",

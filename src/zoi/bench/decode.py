@@ -8,12 +8,18 @@ of `streams` concurrent streams (prompts admitted together, every generated toke
 prefill included; one figure per count in `by_streams`, the largest count in
 `streams` / `tokens_per_s_streams`).
 
-CPU providers (`--device cpu`, the default without a GPU): zoi fp32 / int8 / w8a8 (CPU backend),
+Provider names carry zoi's precision words: int8 = W8A8 (INT8 weights and activations), w8 =
+weight-only INT8 (`precision_words` in the JSON). Result files written before these words have no
+`precision_words`: there zoi-int8 / zoi-cuda-int8 were weight-only and zoi-w8a8 / zoi-cuda-w8a8
+W8A8; their rows are kept as written. `--providers zoi-w8a8` / `zoi-cuda-w8a8` still select
+zoi-int8 / zoi-cuda-int8 (the same W8A8 path).
+
+CPU providers (`--device cpu`, the default without a GPU): zoi fp32 / int8 (CPU backend),
 transformers FP32 generate (greedy, dynamic cache, torch threads = threads), llama.cpp
 (llama-cpp-python, GGUF Q8_0 written by zoi.decoder.gguf_export; one sequence, so no streams
 figure). Streams: 8.
 
-GPU providers (`--device cuda`): zoi-cuda-int8 / -w8a8 / -fp16 (CudaDecoderBackend
+GPU providers (`--device cuda`): zoi-cuda-w8 / -int8 / -fp16 (CudaDecoderBackend
 through compile_decoder(device="cuda"); batch-1 steps through step(), host bookkeeping included;
 per streams count also the decode-only tokens/s and `time_decode_graph_us`, the CUDA-graph replay
 of one decode step alone) and transformers-cuda-fp16 (generate, FP16, static cache, which
@@ -37,14 +43,18 @@ WORKLOADS = {
     "qwen2.5-0.5b-decode": "qwen2.5-0.5b",
     "llama-3.2-1b-decode": "llama-3.2-1b",
 }
-CPU_PROVIDERS = ("zoi-fp32", "zoi-int8", "zoi-w8a8", "transformers-fp32", "llamacpp-q8_0")
-CUDA_PROVIDERS = ("zoi-cuda-int8", "zoi-cuda-w8a8", "zoi-cuda-fp16", "transformers-cuda-fp16")
+CPU_PROVIDERS = ("zoi-fp32", "zoi-int8", "transformers-fp32", "llamacpp-q8_0")
+CUDA_PROVIDERS = ("zoi-cuda-w8", "zoi-cuda-int8", "zoi-cuda-fp16", "transformers-cuda-fp16")
 PROVIDERS = CPU_PROVIDERS + CUDA_PROVIDERS
+# the earlier names of the W8A8 providers (compile_decoder's alias "w8a8" of "int8")
+PROVIDER_ALIASES = {"zoi-w8a8": "zoi-int8", "zoi-cuda-w8a8": "zoi-cuda-int8"}
+PRECISION_WORDS = "int8 = W8A8 (INT8 weights and activations), w8 = weight-only INT8"
 STREAMS = {"cpu": (8,), "cuda": (8, 32)}  # default concurrent streams per device
 NEW_TOKENS = {"cpu": 64, "cuda": 128}  # default new tokens (the run's largest device wins)
 # the decoder's GPU targets: (workload, provider, what, bound)
-TARGET_B1 = ("llama-3.2-1b-decode", "zoi-cuda-int8", 0.40)  # batch-1 decode ms per token, <=
-TARGET_X32 = ("qwen2.5-0.5b-decode", "zoi-cuda-int8", "transformers-cuda-fp16", 32, 3.0)  # >=
+# (weight-only INT8: the GPU's fastest INT8 path, batch 1 and 32 rows)
+TARGET_B1 = ("llama-3.2-1b-decode", "zoi-cuda-w8", 0.40)  # batch-1 decode ms per token, <=
+TARGET_X32 = ("qwen2.5-0.5b-decode", "zoi-cuda-w8", "transformers-cuda-fp16", 32, 3.0)  # >=
 
 
 def device_of(provider: str) -> str:
@@ -122,6 +132,7 @@ def bench_zoi(
         "decode_ms_per_token": 1e3 * float(np.median(steps)),
         "decode_ms_p90": 1e3 * float(np.percentile(steps, 90)),
         **_largest(by),
+        "precision": precision,
         "isa": be.isa,
         "threads": be.model.nthreads,
     }
@@ -375,6 +386,7 @@ def select(patterns: list[str] | None, devices: set[str]) -> list[str]:
     own = [p for p in PROVIDERS if device_of(p) in devices]
     if not patterns:
         return own
+    patterns = [PROVIDER_ALIASES.get(p, p) for p in patterns]
     return [p for p in own if any(fnmatch.fnmatch(p, pat) for pat in patterns)]
 
 
@@ -447,7 +459,7 @@ def run(
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad:
         raise ValueError(f"unknown decode workload(s) {bad}; known: {sorted(WORKLOADS)}")
-    provs = list(providers or CPU_PROVIDERS)
+    provs = [PROVIDER_ALIASES.get(p, p) for p in providers or CPU_PROVIDERS]
     devices = set(devices or {device_of(p) for p in provs if p in PROVIDERS} or {"cpu"})
     if new_tokens is None:
         new_tokens = max(NEW_TOKENS[d] for d in devices)
@@ -473,6 +485,7 @@ def run(
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
         "streams": streams,
+        "precision_words": PRECISION_WORDS,
         "loadavg_before": loadavg(),
         "rows": [],
     }

@@ -35,6 +35,10 @@ class KVPoolFull(ZoiError):
     """The paged KV pool has too few free blocks for the sequence: queue it or refuse it, never crash."""
 
 
+# the decoders' earlier name of W8A8, still accepted (`int8` is W8A8 on every model)
+PRECISION_ALIASES = {"w8a8": "int8"}
+
+
 @dataclass(frozen=True)
 class DecoderSpec:
     arch: str  # one of DECODER_ARCHS

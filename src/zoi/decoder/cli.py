@@ -67,7 +67,13 @@ def register(sub) -> None:
         "--chat", action="store_true", help="wrap the prompt as a user message (chat template)"
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "reference", "cuda"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "w8a8"])
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "int8", "w8", "fp16", "w8a8"],
+        help="int8: W8A8 (INT8 weights and activations; w8a8 means the same); w8: weight-only "
+        "INT8 and fp16 on --device cuda only (default fp32)",
+    )
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("-v", "--verbose", action="store_true", help="timing on stderr")

@@ -6,6 +6,7 @@ import os
 from numbers import Integral
 from pathlib import Path
 
+from zoi.decoder.api import PRECISION_ALIASES as ALIASES
 from zoi.decoder.generator import Generator
 from zoi.decoder.loader import load_decoder
 from zoi.decoder.memory import FLAGS
@@ -15,6 +16,40 @@ from zoi.errors import InputError
 DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_MAX_BATCH = 8
 DEFAULT_BLOCK_SIZE = 16
+
+# One vocabulary on every zoi model: "int8" is W8A8 (INT8 weights and activations), as the
+# encoders' precision="int8"; "w8" is weight-only INT8. The CPU runs "int8" only: its W8A8 GEMM
+# reads as many weight bytes as a weight-only one and converts nothing (SmolLM2-135M batch-1
+# decode 2.95 vs 5.91 ms per token, docs/DECODERS.md "Measured").
+PRECISIONS = {
+    "cpu": ("fp32", "int8"),
+    "cuda": ("fp32", "fp16", "int8", "w8"),
+    "reference": ("fp32",),
+}
+MEANING = {
+    "int8": "W8A8: INT8 weights and activations; 'w8a8' means the same",
+    "w8": "weight-only INT8",
+}
+
+
+def decoder_precision(precision, device: str) -> str:
+    """`precision` as PRECISIONS spells it for `device` ("cpu", "reference", "cuda" or "gpu"),
+    an alias resolved, or an InputError naming the choices."""
+    dev = "cuda" if device == "gpu" else device
+    ok = PRECISIONS[dev]
+    word = ALIASES.get(precision, precision) if isinstance(precision, str) else precision
+    if word in ok:
+        return word
+    if word == "w8" and dev == "cpu":
+        raise InputError(
+            "precision 'w8' (weight-only INT8) runs on device='cuda' only; on the CPU use "
+            "precision='int8' (W8A8: INT8 weights and activations, the faster INT8 path) or 'fp32'"
+        )
+    choices = [repr(w) + (f" ({MEANING[w]})" if w in MEANING else "") for w in ok]
+    raise InputError(
+        f"precision {precision!r} is not supported for decoders on device {device!r}; use "
+        + (" or ".join([", ".join(choices[:-1]), choices[-1]]) if len(choices) > 1 else choices[0])
+    )
 
 
 def decoder_folder(path, task: str | None = None) -> os.PathLike | None:
@@ -68,10 +103,13 @@ def compile_decoder(
     """A Generator for a Hugging Face decoder folder.
 
     device: "cpu" (native core), "reference" (numpy, slow) or "cuda" (zoi.decoder.cuda).
-    precision: "fp32", "int8" (per-channel INT8 weights, FP32 activations) or "w8a8" (INT8 weights
-    and per-token INT8 activations, the INT8 GEMM of csrc/kernels) on the CPU; "int8" (weight-only),
-    "w8a8" (INT8 weights, activations INT8 per (token, K tile) inside the dot / mma kernels; batch
-    rows <= 4 stay weight-only), "fp16" or "fp32" on cuda.
+    precision (the words of every zoi model; PRECISIONS lists them per device):
+      "int8": W8A8, INT8 weights per output channel and INT8 activations (on the CPU per token,
+        the encoders' INT8 GEMM of csrc/kernels; on cuda per (token, K tile) inside the dot / mma
+        kernels, batch rows <= 4 weight-only); "w8a8" is an older name of it, same meaning.
+      "w8": weight-only INT8 (INT8 weights, float activations), cuda only: on the CPU "int8"
+        is the faster INT8 path.
+      "fp32" everywhere, "fp16" on cuda; device="reference" runs "fp32" only.
     max_seq_len: prompt + generated tokens of one sequence (default min(2048, the model's limit)).
     max_batch: sequences one step carries; kv_blocks x block_size: the static KV pool (default:
     room for max_batch sequences of max_seq_len / 2 tokens each). max_tokens: tokens one native
@@ -100,12 +138,11 @@ def compile_decoder(
             )
     if device == "auto":
         device = "cpu"
-    ok = ("int8", "w8a8", "fp16", "fp32") if device in ("cuda", "gpu") else ("fp32", "int8", "w8a8")
-    if precision not in ok:
+    if device not in ("cpu", "reference", "cuda", "gpu"):
         raise InputError(
-            f"precision {precision!r} is not supported for decoders on device {device!r}; "
-            f"use {', '.join(map(repr, ok))}"
+            f"device {device!r} is not supported for decoders; use 'cpu', 'reference' or 'cuda'"
         )
+    precision = decoder_precision(precision, device)  # before the folder is read
     spec, weights, folder = load_decoder(path)
     tok = DecoderTokenizer(folder)
     limit = spec.max_position_embeddings
@@ -123,8 +160,6 @@ def compile_decoder(
     if device == "reference":
         from zoi.decoder.reference import ReferenceBackend
 
-        if precision != "fp32":
-            raise InputError("device='reference' runs fp32 only")
         be = ReferenceBackend(spec, weights, kv_blocks, block_size, max_batch, max_seq_len)
     elif device == "cpu":
         from zoi.decoder.cpu import CpuBackend
@@ -132,7 +167,7 @@ def compile_decoder(
         be = CpuBackend(
             spec,
             weights,
-            precision=precision,
+            precision=precision,  # "fp32" or "int8" (W8A8)
             num_blocks=kv_blocks,
             block_size=block_size,
             max_batch=max_batch,
@@ -141,7 +176,7 @@ def compile_decoder(
             threads=threads,
             isa=isa,
         )
-    elif device in ("cuda", "gpu"):
+    else:  # cuda
         try:
             from zoi.decoder.cuda import CudaBackend  # the decoder on the GPU
         except ImportError as e:
@@ -155,10 +190,6 @@ def compile_decoder(
             max_batch=max_batch,
             max_seq_len=max_seq_len,
             max_prefill_tokens=max_tokens,
-        )
-    else:
-        raise InputError(
-            f"device {device!r} is not supported for decoders; use 'cpu', 'reference' or 'cuda'"
         )
     from zoi.frontend.hub import model_name
 

@@ -65,7 +65,9 @@ class _Req:
 
 
 class Generator:
-    """A compiled decoder: `generate(prompts, ...)`, `stream(prompt, ...)`, `chat(messages, ...)`."""
+    """A compiled decoder: `generate(prompts, ...)`, `stream(prompt, ...)`, `chat(messages, ...)`.
+    `precision` is the word compile_decoder resolved: "fp32", "fp16", "int8" (W8A8; asked for as
+    "int8" or "w8a8") or "w8" (weight-only INT8)."""
 
     def __init__(
         self,

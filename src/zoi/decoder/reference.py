@@ -136,9 +136,9 @@ class PagedKV:
 
 
 class ReferenceModel:
-    """w8a8: every projection and lm_head as the CPU core's "w8a8" computes it: weights INT8 per
-    output channel, each input row INT8 per token (symmetric), exact integer sums scaled in float32
-    (zoi.numerics.primitives)."""
+    """w8a8=True: every projection and lm_head as the CPU decoder's precision "int8" (W8A8)
+    computes it: weights INT8 per output channel, each input row INT8 per token (symmetric), exact
+    integer sums scaled in float32 (zoi.numerics.primitives)."""
 
     def __init__(
         self,

@@ -154,8 +154,9 @@ OPTIONS: tuple[Option, ...] = (
         "--precision",
         "ZOI_PRECISION",
         str,
-        "fp32, int8 or fp16 (when compiling)",
-        ("fp32", "int8", "fp16"),
+        "fp32, int8 (W8A8: INT8 weights and activations), fp16 (GPU) or w8 (weight-only INT8: "
+        "a decoder on the GPU), when compiling",
+        ("fp32", "int8", "fp16", "w8"),
     ),
     Option(
         "served_model_name",

@@ -55,7 +55,8 @@ class DecoderService(Admission):
         self.vocab_size = int(backend.spec.vocab_size)
         self.max_input_chars = int(config.max_input_chars or 32 * self.max_seq_len)
         self.device = device
-        self.dtype = {"fp32": "float32", "int8": "int8"}.get(precision, precision)
+        # zoi's precision words: "int8" W8A8, "w8" weight-only INT8 (shown as they are)
+        self.dtype = {"fp32": "float32", "fp16": "float16"}.get(precision, precision)
         self.metrics = Metrics()
         self.decoder_metrics = DecoderMetrics(self.metrics.registry, _SECONDS, _SIZES)
         self.in_flight = 0

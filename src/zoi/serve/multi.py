@@ -29,7 +29,7 @@ log = logging.getLogger("zoi.serve")
 
 # bytes a weight takes once loaded, per precision (an INT8 engine keeps its embeddings and
 # norms in float32: a quarter is the floor, the 1.2 covers what stays wider)
-_RESIDENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.2, "fp8": 1.2}
+_RESIDENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.2, "w8": 1.2, "fp8": 1.2}
 
 
 def parse_models(items: list[str]) -> list[tuple[str | None, str]]:

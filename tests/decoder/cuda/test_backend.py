@@ -1,6 +1,7 @@
 """CudaDecoderBackend end to end (under the Triton interpreter in CI, compiled + CUDA graphs with
-ZOI_TRITON_COMPILED=1): greedy token-identical to transformers FP32 (fp32 weights), fp16 / int8
-logits against the numpy reference, in-flight joins, pool exhaustion, cancellation, seeds."""
+ZOI_TRITON_COMPILED=1): greedy token-identical to transformers FP32 (fp32 weights), fp16 / w8
+(weight-only INT8) / int8 (W8A8) logits against the numpy reference, in-flight joins, pool
+exhaustion, cancellation, seeds, the precision words."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_greedy_token_identical_to_transformers(ckpt, name):
     assert be.pool().free_blocks == be.pool().num_blocks and be.pool().running == 0
 
 
-@pytest.mark.parametrize("precision,tol", [("fp16", 2e-2), ("int8", 6e-2), ("w8a8", 8e-2)])
+@pytest.mark.parametrize("precision,tol", [("fp16", 2e-2), ("w8", 6e-2), ("int8", 8e-2)])
 def test_fp16_int8_logits_vs_reference(ckpt, precision, tol):
     # pipeline off: the logits buffer is read after each step (a step launched ahead would
     # overwrite it)
@@ -150,6 +151,17 @@ def test_pdl_off_and_refused_under_the_interpreter(ckpt):
 
     with pytest.raises(BackendUnavailableError, match="sm_90"):
         CudaDecoderBackend(spec, w, precision="fp32", num_blocks=8, max_batch=2, pdl=True)
+
+
+def test_precision_words(ckpt):
+    """The backend's own default is "w8" (weight-only INT8); "int8" is W8A8, "w8a8" the same."""
+    spec, w, _ = load_decoder(ckpt("qwen2"))
+    kw = dict(num_blocks=8, max_batch=1, max_seq_len=32)
+    for word, want, a8 in ((None, "w8", False), ("int8", "int8", True), ("w8a8", "int8", True)):
+        be = CudaDecoderBackend(spec, w, **kw, **({} if word is None else {"precision": word}))
+        assert (be.precision, be.a8, be.wbytes) == (want, a8, 1), word
+    with pytest.raises(InputError, match=r"'int4'.*'w8': weight-only INT8, 'int8': W8A8"):
+        CudaDecoderBackend(spec, w, precision="int4", **kw)
 
 
 def _scenario(be, ps, stop_tok):

@@ -34,7 +34,7 @@ def test_zoi_cuda_row(tiny, tmp_path):
     out = tmp_path / "r_cuda_decode.json"
     res = decode.run(
         ["tiny-decode"],
-        ["zoi-cuda-int8"],
+        ["zoi-cuda-w8"],
         prompt_len=8,
         new_tokens=NEW,
         streams=[2, 1],
@@ -47,9 +47,10 @@ def test_zoi_cuda_row(tiny, tmp_path):
     assert "error" not in r, r.get("error")
     assert (r["workload"], r["provider"], r["precision"]) == (
         "tiny-decode",
-        "zoi-cuda-int8",
-        "int8",
+        "zoi-cuda-w8",
+        "w8",
     )
+    assert res["precision_words"] == decode.PRECISION_WORDS
     for k in ("ttft_ms", "decode_ms_per_token", "decode_ms_p90", "tokens_per_s_streams"):
         assert pos(r[k]), (k, r[k])
     assert pos(r["decode_tokens_per_s_streams"]) and pos(r["build_s"])
@@ -80,12 +81,12 @@ def test_targets_from_rows():
     rows = [
         {
             "workload": "llama-3.2-1b-decode",
-            "provider": "zoi-cuda-int8",
+            "provider": "zoi-cuda-w8",
             "decode_ms_per_token": 0.3,
         },
         {
             "workload": "qwen2.5-0.5b-decode",
-            "provider": "zoi-cuda-int8",
+            "provider": "zoi-cuda-w8",
             "by_streams": {"32": {"tokens_per_s": 9000.0}},
         },
         {
@@ -103,14 +104,19 @@ def test_targets_from_rows():
 
 def test_providers_per_device():
     assert decode.select(None, {"cpu"}) == list(decode.CPU_PROVIDERS)
+    assert decode.select(None, {"cpu"})[:2] == ["zoi-fp32", "zoi-int8"]
     assert decode.select(None, {"cuda"}) == [
+        "zoi-cuda-w8",
         "zoi-cuda-int8",
-        "zoi-cuda-w8a8",
         "zoi-cuda-fp16",
         "transformers-cuda-fp16",
     ]
-    assert decode.select(["zoi-*"], {"cuda"}) == ["zoi-cuda-int8", "zoi-cuda-w8a8", "zoi-cuda-fp16"]
+    assert decode.select(["zoi-*"], {"cuda"}) == ["zoi-cuda-w8", "zoi-cuda-int8", "zoi-cuda-fp16"]
     assert decode.select(["zoi-int8"], {"cuda"}) == []  # a CPU provider on --device cuda
+    # the earlier names of the W8A8 providers select them; no provider is named w8a8 any more
+    assert decode.select(["zoi-cuda-w8a8"], {"cuda"}) == ["zoi-cuda-int8"]
+    assert decode.select(["zoi-w8a8"], {"cpu"}) == ["zoi-int8"]
+    assert not any("w8a8" in p for p in decode.PROVIDERS)
     assert decode._ints(["8", "32"]) == decode._ints(["8,32"]) == [8, 32]
 
 
@@ -141,6 +147,7 @@ def test_cuda_without_gpu(tmp_path, monkeypatch, capsys):
     assert f.name.endswith("_cuda_decode.json")
     res = json.loads(f.read_text())
     assert res["devices"] == ["cuda"] and res["streams"] == {"cuda": [4, 8, 16]}
+    assert "int8 = W8A8" in res["precision_words"] and "w8 = weight-only" in res["precision_words"]
     assert res["new_tokens"] == 128 and res["command"].startswith("zoi bench --device cuda")
     assert [r["provider"] for r in res["rows"]] == list(decode.CUDA_PROVIDERS)
     for r in res["rows"]:
@@ -149,17 +156,23 @@ def test_cuda_without_gpu(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "decoders").exists()  # nothing to run: no checkpoint written
 
 
-def test_compile_decoder_cuda_precisions(ckpt):
+def test_compile_decoder_cuda_precisions(ckpt, tmp_path):
+    """zoi's words on cuda: "w8" weight-only INT8, "int8" W8A8 ("w8a8" the same), fp16, fp32
+    (the default); anything else is refused naming the choices, before the folder is read."""
     from zoi.decoder.compile import compile_decoder
     from zoi.errors import InputError
 
-    g = compile_decoder(ckpt("qwen2"), device="cuda", precision="fp16", max_seq_len=32, max_batch=1)
-    assert g.backend.precision == "fp16" and g.backend.max_prefill == 32
-    g = compile_decoder(ckpt("qwen2"), device="cuda", max_seq_len=32, max_batch=1, max_tokens=48)
+    kw = dict(device="cuda", max_seq_len=32, max_batch=1)
+    g = compile_decoder(ckpt("qwen2"), precision="fp16", **kw)
+    assert g.backend.precision == "fp16" and g.backend.max_prefill == 32 and not g.backend.a8
+    g = compile_decoder(ckpt("qwen2"), max_tokens=48, **kw)
     assert g.backend.max_prefill == 48  # max_tokens: the packed prefill tokens on cuda
-    g = compile_decoder(ckpt("qwen2"), device="cuda", precision="w8a8", max_seq_len=32, max_batch=1)
-    assert g.backend.precision == "w8a8" and g.backend.a8
-    with pytest.raises(InputError, match="'w8a8'"):
-        compile_decoder(ckpt("qwen2"), device="cuda", precision="int4")
-    with pytest.raises(InputError, match="'w8a8'"):
+    assert g.precision == g.backend.precision == "fp32" and g.backend.wbytes == 4
+    for word, want, a8 in (("w8", "w8", False), ("int8", "int8", True), ("w8a8", "int8", True)):
+        g = compile_decoder(ckpt("qwen2"), precision=word, **kw)
+        assert (g.precision, g.backend.precision, g.backend.a8) == (want, want, a8), word
+        assert g.backend.wbytes == 1 and g.backend.layers[0]["qkv"][1] is not None  # INT8 W
+    with pytest.raises(InputError, match=r"'int4'.*'cuda'.*'w8' \(weight-only INT8\)"):
+        compile_decoder(tmp_path / "not-a-folder", device="cuda", precision="int4")
+    with pytest.raises(InputError, match=r"'fp16'.*'cpu'.*'fp32' or 'int8' \(W8A8"):
         compile_decoder(ckpt("qwen2"), precision="fp16")  # the CPU's list

@@ -1,6 +1,6 @@
 """GPU only (scripts/gpu_check.sh, ZOI_TRITON_COMPILED=1): CUDA-graph decode equal to eager launches,
 greedy token-identical to transformers FP32 over 64 tokens on a Qwen2.5-0.5B-shaped model (2 layers,
-smaller vocabulary), the Llama-3.2-1B shape (INT8) running at its real sizes (split-K over 132 SMs,
+smaller vocabulary), the Llama-3.2-1B shape (w8: weight-only INT8) running at its real sizes (split-K over 132 SMs,
 a 128256 vocabulary) with its per-token decode time printed (the target lives in
 lab/gpu/decode_bench.py, not in a test)."""
 
@@ -34,7 +34,7 @@ def run(be, ps, params):
     return out
 
 
-@pytest.mark.parametrize("precision", ["int8", "w8a8", "fp16"])
+@pytest.mark.parametrize("precision", ["w8", "int8", "fp16"])
 def test_graphs_equal_eager(ckpt, precision):
     spec, w, _ = load_decoder(ckpt("llama_gqa"))
     rng = np.random.default_rng(0)
@@ -69,10 +69,10 @@ def test_qwen2_shape_greedy_vs_transformers_64(tmp_path):
         assert out[i] == hf_greedy(folder, p.tolist(), 64), i
 
 
-def test_llama_1b_shape_int8_decode():
+def test_llama_1b_shape_w8_decode():
     spec = shape_spec("llama-3.2-1b")
     w = random_weights(spec, 0)
-    be = CudaDecoderBackend(spec, w, precision="int8", max_batch=1, max_seq_len=1024)
+    be = CudaDecoderBackend(spec, w, precision="w8", max_batch=1, max_seq_len=1024)
     del w
     p = np.random.default_rng(0).integers(0, spec.vocab_size, 128).astype(np.int32)
     be.add(0, p, SamplingParams(max_new_tokens=200, ignore_eos=True))
@@ -89,7 +89,7 @@ def test_llama_1b_shape_int8_decode():
     print(
         json.dumps(
             {
-                "llama-3.2-1b int8 b1": {
+                "llama-3.2-1b w8 b1": {
                     "ttft_ms_128": round(ttft * 1e3, 2),
                     "decode_ms_median": round(float(np.median(times)) * 1e3, 3),
                     "graph_us": round(be.time_decode_graph(1), 1),
@@ -99,7 +99,7 @@ def test_llama_1b_shape_int8_decode():
     )
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp16"])
+@pytest.mark.parametrize("precision", ["w8", "fp16"])
 def test_pdl_equals_no_pdl(ckpt, precision):
     """Programmatic dependent launch (and the L2 prefetch of W before the wait) changes when the
     kernels start, never what they compute: the same tokens, step for step, graphs and eager."""

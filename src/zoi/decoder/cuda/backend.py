@@ -3,7 +3,7 @@ this package, on zoi.decoder.paged.PagedBackend's bookkeeping (admission, block 
 
 Construction (torch and triton are tools here, as in the encoder's CUDA backend): the weights are
 packed once (q|k|v and gate|up fused, the RMSNorm gains folded into the following linear's
-columns, INT8 weight-only per output channel / FP16 / FP32), the static paged KV pool
+columns, INT8 per output channel ("w8", "int8") / FP16 / FP32), the static paged KV pool
 [layers, num_blocks + 1, KVH, block_size, D] (block ``num_blocks``: the trash block padded decode
 rows write to) and every activation buffer are allocated, and one decode step per batch bucket
 (1, 2, 4, 8, 16, 32 up to max_batch) is warmed up and captured into a CUDA graph with the driver
@@ -30,6 +30,7 @@ import os
 
 import numpy as np
 
+from zoi.decoder.api import PRECISION_ALIASES as ALIASES
 from zoi.decoder.api import DecoderSpec
 from zoi.decoder.cuda import kernels_attn as ka
 from zoi.decoder.cuda import kernels_linear as kl
@@ -41,7 +42,10 @@ from zoi.decoder.paged import PagedBackend, kv_block_bytes
 from zoi.errors import BackendUnavailableError, InputError
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
-PRECISIONS = ("int8", "w8a8", "fp16", "fp32")
+# zoi's precision words (zoi.decoder.compile.PRECISIONS): "w8" weight-only INT8, "int8" W8A8
+# (INT8 weights; x INT8 per (row, K tile) in the dot / mma kernels, the gemv for <= 4 rows stays
+# weight-only), "fp16", "fp32"; "w8a8" is accepted as "int8"
+PRECISIONS = ("w8", "int8", "fp16", "fp32")
 
 
 def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +63,7 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
         self,
         spec: DecoderSpec,
         weights: dict,
-        precision: str = "int8",
+        precision: str = "w8",
         num_blocks: int | None = None,
         block_size: int = 16,
         max_batch: int = 32,
@@ -73,7 +77,9 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
         fuse_rope: bool = True,
         attn_min_per: int = 1,
     ):
-        """pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
+        """precision: "w8" (the default: weight-only INT8, the fastest here), "int8" (W8A8; slower
+        at 32 rows: x32 graph 1215 vs 1110 us on the Qwen2.5-0.5B shape), "fp16" or "fp32".
+        pdl: programmatic dependent launch between the kernels (zoi.decoder.cuda.pdl; sm_90+);
         prefetch: with pdl, each linear brings its W slice into L2 before it waits for the
         previous kernel; pipeline: launch the next decode step before the host has read this
         one's tokens (``step``); fuse_rope: decode steps rope q and the new k (and write k / v
@@ -90,8 +96,12 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
             raise InputError(f"the GPU decoder runs llama / qwen2 / qwen3, not {spec.arch!r}")
         if spec.hidden_act != "silu":
             raise InputError(f"hidden_act {spec.hidden_act!r}: the GPU decoder runs SwiGLU (silu)")
+        precision = ALIASES.get(precision, precision)
         if precision not in PRECISIONS:
-            raise InputError(f"precision {precision!r}: use one of {PRECISIONS}")
+            raise InputError(
+                f"precision {precision!r}: use one of {PRECISIONS} ('w8': weight-only INT8, "
+                "'int8': W8A8, 'w8a8' is accepted as 'int8')"
+            )
         if block_size not in (16, 32, 64):
             raise InputError(f"block_size {block_size}: the GPU decoder takes 16, 32 or 64")
         if max_batch > BUCKETS[-1]:
@@ -109,8 +119,8 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
         self.precision = precision
         self.ieee = precision == "fp32"
-        self.wbytes = {"int8": 1, "w8a8": 1, "fp16": 2, "fp32": 4}[precision]
-        self.a8 = precision == "w8a8"  # INT8 x too, in the dot / mma kernels (not the gemv)
+        self.wbytes = {"w8": 1, "int8": 1, "fp16": 2, "fp32": 4}[precision]
+        self.a8 = precision == "int8"  # INT8 x too, in the dot / mma kernels (not the gemv)
         self.max_prefill = int(
             max_prefill_tokens or max(max_seq_len, min(2048, max_batch * max_seq_len))
         )
@@ -196,7 +206,7 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
     # ------------------------------------------------------------------ weights
     def _lin(self, w: np.ndarray) -> tuple:
         torch = self.torch
-        if self.precision in ("int8", "w8a8"):
+        if self.precision in ("w8", "int8"):
             q, s = quantize_rows(w)
             return self._t(q), self._t(s)
         return self._t(w, torch.float32 if self.ieee else torch.float16), None
