@@ -69,8 +69,8 @@ if has test || has quick; then
   echo "decoder tests exit code $drc" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi bench --device cuda on the decode workloads
-  # zoi-cuda-int8 / -fp16 / transformers-cuda-fp16, 8 and 32 streams, the targets in the JSON (written after each row);
-  # DECBENCH_ARGS e.g. "--quick" or "--streams 32 --providers zoi-cuda-int8,transformers-cuda-fp16"
+  # zoi-cuda-w8 (weight-only INT8) / -int8 (W8A8) / -fp16 / transformers-cuda-fp16, 8 and 32 streams, the targets in the JSON (written after each row);
+  # DECBENCH_ARGS e.g. "--quick" or "--streams 32 --providers zoi-cuda-w8,transformers-cuda-fp16"
   log "decoder benchmark (zoi bench --device cuda)" | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${DECBENCH_TIMEOUT:-580}" $PY -m zoi.bench.cli --device cuda \
     --workloads "${DECBENCH_WORKLOADS:-qwen2.5-0.5b-decode,llama-3.2-1b-decode}" ${DECBENCH_ARGS:-} \

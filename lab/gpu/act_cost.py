@@ -37,14 +37,14 @@ def main(argv=None):
     rows = []
     for M, N, K in shapes:
         lin = Linear(ctx, "int8", "plain", N, K, M)
-        cfg = k_lin.pick_config(M, N, K, True, False)
+        cfg = k_lin.pick_config(M, N, K, True)
         base = lin.ref()  # float64, no activation
         for act in acts:
             lin.poison()
 
             def go(act=act, lin=lin, M=M, N=N, K=K, cfg=cfg):
                 k_lin.launch_linear(
-                    lin.a, lin.a_sc, lin.w, lin.ws, lin.b, None, None, None, lin.y, None, M, N, K,
+                    lin.a, lin.a_sc, lin.w, lin.ws, lin.b, None, lin.y, None, M, N, K,
                     quant=4, act=act, cfg=cfg, a_zp=lin.a_zp, colsum=lin.cs,
                 )  # fmt: skip
 

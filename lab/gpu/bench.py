@@ -246,7 +246,7 @@ def kernel_times(be, tb, reps=20):
                 ts.append(time.perf_counter() - t0)
         drv.check(cu.cuGraphExecDestroy(gexec))
         drv.check(cu.cuGraphDestroy(graph))
-        name = L.kind + ("+ln" if L.ln is not None else "")
+        name = L.kind
         if L.kind == "linear":
             name += f" {L.extra['prefix'].split('.', 1)[1]} {'int8' if L.quant else 'fp16'} N={L.n} K={L.k}"
         out.append({"launch": name, "us": float(np.median(ts)) / reps * 1e6})
@@ -287,8 +287,6 @@ def gemm_bench():
             ws,
             b,
             None,
-            None,
-            None,
             y,
             None,
             M,
@@ -304,7 +302,7 @@ def gemm_bench():
             "N": N,
             "K": K,
             "a": "int8" if quant == 4 else "fp16->int8 on load",
-            "cfg": cfg or k_lin.pick_config(M, N, K, True, False),
+            "cfg": cfg or k_lin.pick_config(M, N, K, True),
             "us": ms * 1e3,
             "TOPs": 2 * M * N * K / ms / 1e9,
         }
@@ -436,7 +434,6 @@ def main(argv=None):
                 variants += [
                     ("int8 sym", "int8", dict(scheme="dynamic")),
                     ("int8 no-pdl", "int8", dict(pdl=False)),
-                    ("int8 ln-fused", "int8", dict(fuse_min_tokens=0)),
                 ]
             for prec, mprec, kw in variants:
                 t0 = time.perf_counter()

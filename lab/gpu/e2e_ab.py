@@ -2,14 +2,15 @@
 
     python lab/gpu/e2e_ab.py --out $OUT/e2e.json [--models minilm] [--shapes 32x128,256x128]
 
-"v1" builds the CudaBackend with the configurations of lab/gpu/configs_v1.py (the picks before
-the sweep, LN fused into o / ffn2 from 2048 tokens, no ROWQ), "new" with the kernels' current
-pick_config, LN unfused, no ROWQ, "rowq" as "new" plus ffn1 writing ffn2's int8 copy (ROWQ,
-from 2048 tokens; its configs from --rowq-from, the sweep's winners, when given); both
-INT8 (the default artifact's structure: asym + act_mul, bench.quantize_linears) and FP16; plus
-PyTorch FP16 + CUDA graph as the peer. Host-observed latency (ids in host memory -> normalised
-embeddings in host memory, p50 over >= 200 calls) in alternating rounds (v1, new, v1, new, ...),
-device time of one graph replay, and per-launch device times summed by kind (bench.kernel_times).
+"v1" builds the CudaBackend with the tile configurations of lab/gpu/configs_v1.py (the picks
+before the sweep), "new" with the kernels' current pick_config; "new+mod+..." variants switch
+CudaOptions (MODS below); both INT8 (the default artifact's structure: asym + act_mul,
+bench.quantize_linears) and FP16; plus PyTorch FP16 + CUDA graph as the peer. Host-observed
+latency (ids in host memory -> normalised embeddings in host memory, p50 over >= 200 calls) in
+alternating rounds (v1, new, v1, new, ...), device time of one graph replay, and per-launch
+device times summed by kind (bench.kernel_times). The runs of 2026-12-01 / 12-03 also timed
+LN fused into o / ffn2 (v1 then), ffn1 writing ffn2's int8 copy ("rowq") and the quantize
+launch folded into the GEMM ("fold"); all lost and left the backend (NOTES.md).
 minilm uses the real all-MiniLM-L6-v2 (FP16 copy) when ZOI_MINILM_DIR names it, else random init.
 """
 
@@ -33,52 +34,22 @@ sys.path.insert(0, str(HERE.parents[1] / "src"))
 
 import configs_v1  # noqa: E402
 
-V1_FUSE_MIN_TOKENS = 2048
-
-
-def plan_flags(fuse_ln, rowq):
-    """The plan switches of a variant, as CudaOptions (passed to the backend)."""
-    from zoi.backends.cuda.options import CudaOptions
-
-    return CudaOptions(fuse_ln=fuse_ln, rowq=rowq)
-
-
-# "new+mod+mod" variants for the small buckets: LN fused into o / ffn2 at every
-# bucket, programmatic dependent launch at every bucket, per-op graphs only
+# "new+mod+mod" variants for the small buckets: programmatic dependent launch at every bucket,
+# per-op graphs only
 MODS = {
-    "fuseln": dict(fuse_ln=True, fuse_min_tokens=1),
     "pdl": dict(pdl_max_tokens=1 << 20),
     "perop": dict(persistent="off"),
-    "nofold": dict(fold_quant=False),
-    "lnsmall": dict(fuse_ln_small=True),
 }
 
 
 def variant_mods(var: str) -> dict:
-    """The CudaOptions overrides of a variant name such as "new+fuseln+pdl"."""
+    """The CudaOptions overrides of a variant name such as "new+pdl+perop"."""
     kw: dict = {}
     for m in var.split("+")[1:]:
         if m not in MODS:
             raise SystemExit(f"unknown variant modifier {m!r} (known: {sorted(MODS)})")
         kw.update(MODS[m])
     return kw
-
-
-def load_rowq(path):
-    """The sweep's ROWQ winners -> kernels.linear._ROWQ (what pick_config(rowq=True) reads)."""
-    from zoi.backends.cuda.kernels import linear as k_lin
-
-    d = json.loads(Path(path).read_text())
-    table = {}
-    for r in d["summary"]:
-        k = r["key"]
-        if k[0] == "linear" and k[2] == "rowq":
-            m, layer, N, K, M = k[5]
-            c = r["best_cfg"]
-            t = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"])
-            table.setdefault(("int8", N, K), {})[M] = t
-    k_lin._ROWQ.update(table)
-    return table
 
 
 @contextlib.contextmanager
@@ -91,7 +62,7 @@ def v1_configs():
     from zoi.backends.cuda.kernels import quantize as k_q
 
     saved = (k_lin.pick_config, k_attn.pick_config, k_q.pick_config, k_ln.pick_config)
-    k_lin.pick_config = lambda M, N, K, quant, ln, **kw: configs_v1.linear(M, N, K, quant, ln)
+    k_lin.pick_config = lambda M, N, K, quant, **kw: configs_v1.linear(M, N, K, quant, False)
     k_attn.pick_config = lambda T, D, **kw: configs_v1.attention(T, D)
     k_q.pick_config = lambda K, *a, **kw: configs_v1.quantize(K)
     k_ln.pick_config = lambda H, *a, **kw: configs_v1.layernorm(H)
@@ -118,17 +89,15 @@ def main(argv=None):
     ap.add_argument("--variants", default="v1,new")
     ap.add_argument("--precisions", default="int8,fp16")
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--rowq-from", default="", help="sweep JSON whose ROWQ winners to use")
     args = ap.parse_args(argv)
 
     import torch
 
     import bench  # lab/gpu/bench.py (HERE is on sys.path)
     from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.options import CudaOptions
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    if args.rowq_from and Path(args.rowq_from).exists():
-        print("ROWQ configs from the sweep:", load_rowq(args.rowq_from), flush=True)
     rng = np.random.default_rng(0)
     result = dict(
         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -154,16 +123,12 @@ def main(argv=None):
             engines = {}
             for prec in args.precisions.split(","):
                 for var in args.variants.split(","):
-                    if prec == "fp16" and var == "rowq":
-                        continue  # no int8 consumers: the same engine as "new"
                     t0 = time.perf_counter()
                     m = bench.zoi_model(folder, prec, max_tokens=cap, max_batch=256)
                     ctx = v1_configs() if var == "v1" else contextlib.nullcontext()
-                    kw = dict(fuse_min_tokens=V1_FUSE_MIN_TOKENS) if var == "v1" else {}
-                    opts = plan_flags(fuse_ln=var == "v1", rowq=var == "rowq")
-                    opts = opts.replace(**variant_mods(var))
+                    opts = CudaOptions().replace(**variant_mods(var))
                     with ctx:
-                        engines[(prec, var)] = CudaBackend(m, buckets=buckets, options=opts, **kw)
+                        engines[(prec, var)] = CudaBackend(m, buckets=buckets, options=opts)
                     mem = engines[(prec, var)].memory()
                     print(f"  kernels/forward {mem['kernels_per_forward']}", flush=True)
                     print(

@@ -11,7 +11,7 @@ import torch
 from zoi.backends.cuda.kernels import linear as k_lin
 
 
-def bench(M, N, K, nseq, first_row, ln=False, none=False):
+def bench(M, N, K, nseq, first_row, none=False):
     dev = "cuda"
     a = torch.randint(-127, 128, (M, K), dtype=torch.int8, device=dev)
     x = torch.randn(M, K, dtype=torch.float16, device=dev)
@@ -24,13 +24,11 @@ def bench(M, N, K, nseq, first_row, ln=False, none=False):
     step = max(1, M // nseq)
     for s in range(0 if none else nseq):
         fr_map[s * step] = s
-    cfg = k_lin.pick_config(M, N, K, True, ln)
+    cfg = k_lin.pick_config(M, N, K, True)
     fr = (fr_map, x) if first_row else None
 
     def go():
-        k_lin.launch_linear(
-            a, sc, w, ws, b, None, None, None, y, None, M, N, K, quant=4, cfg=cfg, first_row=fr
-        )
+        k_lin.launch_linear(a, sc, w, ws, b, None, y, None, M, N, K, quant=4, cfg=cfg, first_row=fr)
 
     for _ in range(3):
         go()

@@ -132,11 +132,9 @@ def arena(model, ids, pos, cu, mode):
     import torch
 
     from zoi.backends.cuda.backend import CudaBackend
-    from zoi.backends.cuda.options import CudaOptions
 
-    kw = dict(buckets=[16, 64], fuse_min_tokens=64) if mode != "compiled" else {}
-    opts = CudaOptions(rowq=mode != "compiled", fuse_min_tokens=128)
-    be = CudaBackend(model, interpret=True, options=opts, **kw)
+    kw = dict(buckets=[16, 64]) if mode != "compiled" else {}
+    be = CudaBackend(model, interpret=True, **kw)
     T = len(ids)
     tb = next(b for b in be.buckets if b >= T)
     plan, rows = be.plan_for(tb), be.plan_for(tb)["amax_row"]

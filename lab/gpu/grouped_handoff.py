@@ -197,14 +197,14 @@ class Case:
 
         M, H, F = self.M, self.H, self.F
         k_lin.launch_linear(
-            self.a, self.a_sc, self.w1, self.ws1, self.b1, None, None, None, self.h, None,
+            self.a, self.a_sc, self.w1, self.ws1, self.b1, None, self.h, None,
             M, F, H, quant=4, act="gelu", cfg=cfg1, a_zp=self.a_zp, colsum=self.cs1,
         )  # fmt: skip
         k_q.launch_quantize(
             self.h, None, None, self.hq, self.hs, self.hz, M, F, mode="dynamic_asym", cfg=cfgq
         )
         k_lin.launch_linear(
-            self.hq, self.hs, self.w2, self.ws2, self.b2, None, None, None, self.y, None,
+            self.hq, self.hs, self.w2, self.ws2, self.b2, None, self.y, None,
             M, H, F, quant=4, cfg=cfg2, a_zp=self.hz, colsum=self.cs2,
         )  # fmt: skip
 
@@ -245,8 +245,8 @@ def run_case(ctx, torch, name, H, F, M, g1, g2):
 
     c = Case(ctx, H, F, M)
     want = c.ref()
-    cfg1 = k_lin.pick_config(M, F, H, True, False)
-    cfg2 = k_lin.pick_config(M, H, F, True, False)
+    cfg1 = k_lin.pick_config(M, F, H, True)
+    cfg2 = k_lin.pick_config(M, H, F, True)
     cfgq = k_q.pick_config(F, M)
     c.poison()
     c.baseline(cfg1, cfg2, cfgq)
@@ -254,7 +254,7 @@ def run_case(ctx, torch, name, H, F, M, g1, g2):
     t_base = gtime(torch, lambda: c.baseline(cfg1, cfg2, cfgq))
     parts = {
         "ffn1": gtime(torch, lambda: k_lin.launch_linear(
-            c.a, c.a_sc, c.w1, c.ws1, c.b1, None, None, None, c.h, None, M, F, H,
+            c.a, c.a_sc, c.w1, c.ws1, c.b1, None, c.h, None, M, F, H,
             quant=4, act="gelu", cfg=cfg1, a_zp=c.a_zp, colsum=c.cs1)),
         "quantize": gtime(torch, lambda: k_q.launch_quantize(
             c.h, None, None, c.hq, c.hs, c.hz, M, F, mode="dynamic_asym", cfg=cfgq)),

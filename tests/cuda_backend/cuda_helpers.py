@@ -106,7 +106,6 @@ def linear_same_input_errors(be, model, lens, seed=0) -> dict[str, float]:
     T = len(ids)
     tb = next(b for b in be.buckets if b >= T)
     plan = be.plan_for(tb)
-    assert not any(la.ln is not None for la in plan["launches"]), "needs an unfused bucket"
     n, _ = be._stage(ids, pos, cu, False, tb)
     be.d_in[:n] = torch.from_numpy(be.h_in[:n].copy()).to(be.d_in.device)
     out: dict[str, float] = {}

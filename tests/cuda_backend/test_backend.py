@@ -55,7 +55,7 @@ if COMPILED:
     M = SimpleNamespace(
         shapes=["tiny", "minilm"],
         size=dict(max_tokens=512, max_batch=64),
-        plan=dict(fuse_min_tokens=128),  # buckets 16..64 unfused, 128..512 fused
+        plan=dict(),  # every bucket 16..512
         lens=([1], [16], [17], [5, 1, 9, 40], [40] * 12 + [3], [2] * 64),
         quant_lens=([1], [16], [17], [5, 1, 9, 32], [32] * 12 + [3], [2] * 64),
         # (config, shape): the 24-wide tiny model is sensitive: one requantisation step flipped
@@ -75,32 +75,29 @@ if COMPILED:
         # at [5, 1, 9, 32]: H200 0.0682, emulation 0.0682; attention's output alone: 0.0016).
         quant_cases=[("default", "tiny"), ("default", "minilm"), ("shift", "minilm"), ("static", "tiny")],
         tiny_cos=0.96,
-        rowq=[False, True],
         single=dict(model=dict(max_tokens=256, max_batch=32, **MINILM), backend={},
                     lens=[30, 7, 19], big=[40] * 6, seed=3, atol=2e-6),
         weight_only=dict(size=dict(max_tokens=256, max_batch=32), backend={},
                          lens=([1], [30, 7, 19], [32] * 8)),
         mixed_lens=([1], [17], [5, 1, 9, 40], [40] * 12 + [3], [2] * 64),
         linear=dict(size=dict(max_tokens=256, max_batch=32), shape=MINILM, buckets=[32, 256],
-                    lens=([3, 20], [32] * 7 + [5]), rowq=[False, True]),
+                    lens=([3, 20], [32] * 7 + [5])),
     )  # fmt: skip
 else:
     M = SimpleNamespace(
         shapes=["tiny"],
         size=dict(max_tokens=64),
-        plan=dict(buckets=[16, 64], fuse_min_tokens=64),  # bucket 16 unfused, 64 fused
+        plan=dict(buckets=[16, 64]),
         lens=([1], [5, 1, 9], [40, 3, 17]),
         quant_lens=([1], [5, 1, 9], [32, 3, 17], [20, 20, 20]),
         quant_cases=[(k, "tiny") for k in NEEDS],
         tiny_cos=0.999,
-        rowq=[True],
         single=dict(model=dict(pooling="cls", act="gelu_tanh"), backend=dict(buckets=[32, 64]),
                     lens=[7, 2, 13], big=[20, 20, 20], seed=2, atol=1e-6),
         weight_only=dict(size=dict(max_tokens=64), backend=dict(buckets=[64]),
                          lens=([1], [30, 7, 19])),
         mixed_lens=([1], [5, 1, 9], [40, 3, 17], [2] * 20),
-        linear=dict(size=dict(max_tokens=64), shape={}, buckets=[64], lens=([30, 5, 20],),
-                    rowq=[False]),
+        linear=dict(size=dict(max_tokens=64), shape={}, buckets=[64], lens=([30, 5, 20],)),
     )  # fmt: skip
 
 
@@ -118,7 +115,7 @@ def _shape(shape):
 
 
 def _launches(be):
-    """Launches per bucket of its plan (fused from fuse_min_tokens on): what the backend
+    """Launches per bucket of its plan: what the backend
     reports, where no bucket runs as one persistent launch (compiled, small buckets may)."""
     n = {tb: len(be.plan_for(tb)["launches"]) for tb in be.buckets}
     if not COMPILED:
@@ -126,41 +123,25 @@ def _launches(be):
     return n
 
 
-def _fused(be, tb):
-    return tb >= be.fuse_min_tokens
-
-
-@pytest.mark.parametrize("ln_fused", [False, True])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("shape", M.shapes)
-def test_forward_matches_reference(precision, shape, ln_fused):
-    # LN fusion and ROWQ (ffn1 writes ffn2's int8 copy): off by default (slower on the H200)
+def test_forward_matches_reference(precision, shape):
     model = tiny_model(precision, **M.size, **_shape(shape))
-    be = _backend(model, opts=dict(fuse_ln=ln_fused, rowq=True), **M.plan)
+    be = _backend(model, **M.plan)
     assert be.buckets[0] == 16 and be.buckets[-1] == M.size["max_tokens"]
     ref = ReferenceBackend(model, dtype=np.float64)
     rng = np.random.default_rng(1)
     L = model.spec.layers
     if precision == "int8":
-        # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM); in the fused
-        # plan ffn2 reads the one ffn1 wrote (ROWQ), o quantises attention's output on load
-        for fused, want in ((False, 1), (True, 4)):
-            quants = {
-                la.extra["prefix"].split(".")[1]: la.quant
-                for la in be.plans[fused]["launches"]
-                if la.kind == "linear"
-            }
-            assert quants == {"qkv": 4, "o": 1, "ffn1": 4, "ffn2": want}
-        rowq = [
-            la.extra["prefix"]
-            for la in be.plans[True]["launches"]
-            if la.kind == "linear" and la.extra.get("q") and la.ln is None
-        ]
-        assert all(p.endswith("ffn1") for p in rowq) and len(rowq) == L
-    want = {
-        tb: 1 + (5 if ln_fused and _fused(be, tb) else 7) * L + 1 for tb in be.buckets
-    }  # LN fused into o / ffn2
-    assert _launches(be) == want
+        # qkv / ffn1 read the int8 copy their LN producer wrote (pure int8 GEMM); o / ffn2
+        # (symmetric, no transform) quantise the fp16 output of attention / ffn1 on load
+        quants = {
+            la.extra["prefix"].split(".")[1]: la.quant
+            for la in be.plan["launches"]
+            if la.kind == "linear"
+        }
+        assert quants == {"qkv": 4, "o": 1, "ffn1": 4, "ffn2": 1}
+    assert _launches(be) == {tb: 1 + 7 * L + 1 for tb in be.buckets}
     for lens in M.lens:
         ids, pos, cu = batch(lens, seed=rng)
         for norm in (False, True):
@@ -170,15 +151,6 @@ def test_forward_matches_reference(precision, shape, ln_fused):
             tol = 5e-3 if precision == "fp16" else 3e-2
             assert rel(got, want) < tol, (lens, norm, rel(got, want))
             assert min_cosine(got, want) > (0.9999 if precision == "fp16" else 0.999)
-
-
-def test_default_plans_have_no_ln_fusion_and_no_rowq():
-    """Defaults measured on the H200: LN unfused, no ROWQ, so both plans are the same list."""
-    model = tiny_model("int8")
-    be = _backend(model, buckets=[16, 64], fuse_min_tokens=64)
-    kinds = [[(la.kind, la.quant) for la in be.plans[f]["launches"]] for f in (False, True)]
-    assert kinds[0] == kinds[1]
-    assert not any(la.ln is not None for la in be.plans[True]["launches"] if la.kind == "linear")
 
 
 def test_later_calls_not_corrupted_and_batched_equals_single():
@@ -200,10 +172,7 @@ def test_later_calls_not_corrupted_and_batched_equals_single():
 
 def test_static_scheme_and_unfused_layernorm():
     model = tiny_model("int8", static={"l0.ffn2": 4.0, "l1.qkv": 6.0}, act="relu", pooling="max")
-    # LN fusion asked for, but max_fused_n 16 forces the standalone add_layernorm kernel
-    be = _backend(
-        model, opts=dict(fuse_ln=True, max_fused_n=16), buckets=[32, 64], fuse_min_tokens=0
-    )
+    be = _backend(model, buckets=[32, 64])
     assert _launches(be) == {
         32: 1 + 7 * model.spec.layers + 1,
         64: 1 + 7 * model.spec.layers + 1,
@@ -237,63 +206,51 @@ def _check(be, model, cases, tol=3e-2, cos=0.999):
     return worst
 
 
-def _kinds(be, fused):
+def _kinds(be):
     return [
         (la.kind, la.extra.get("prefix", ""), la.quant)
-        for la in be.plans[fused]["launches"]
+        for la in be.plan["launches"]
         if la.kind in ("linear", "quantize")
     ]
 
 
-@pytest.mark.parametrize("rowq", M.rowq)
 @pytest.mark.parametrize("config,shape", M.quant_cases)
-def test_default_quant_config_artifact_matches_reference(config, shape, rowq):
+def test_default_quant_config_artifact_matches_reference(config, shape):
     """An artifact of zoi.quant's default config (and variants) runs on the cuda backend
     as the reference backend runs it: per-token asymmetric UINT8 + SmoothQuant act_mul [+
-    act_shift]: unfused buckets (quantize launches before o / ffn2) and fused ones."""
+    act_shift], quantize launches before o / ffn2."""
     config, needs = NEEDS[config]
     kw = dict(_shape(shape), layers=2) if shape == "minilm" else None
     model = default_quant_model(**M.size, shape=kw, **config)
     assert required_quant_features(model.weights, model.quant) == needs
-    be = _backend(model, opts=dict(rowq=rowq), **M.plan)
+    be = _backend(model, **M.plan)
     L = model.spec.layers
-    # qkv / ffn1 read the int8 copy their whole-row producer (embed, LN, linear + LN) wrote;
-    # o / ffn2 (after attention / ffn1, tile producers) read one from a quantize launch when
-    # they are asymmetric or have an act_mul / act_shift, else quantise in the GEMM's loop
-    # In the fused plan, with ROWQ, ffn1 writes ffn2's copy itself: ffn2 is QUANT 4
-    # whatever its scheme, and only o keeps a quantize launch
-    want, n_q, n_q_o = {False: [], True: []}, 0, 0
+    # qkv / ffn1 read the int8 copy their whole-row producer (embed, LN) wrote; o / ffn2
+    # (after attention / ffn1, tile producers) read one from a quantize launch when they are
+    # asymmetric or have an act_mul / act_shift, else quantise in the GEMM's loop
+    want, n_q = [], 0
     for p, q in model.quant.items():
         role, tr = p.split(".")[1], f"{p}.act_mul" in model.weights
         if role in ("qkv", "ffn1") or q.scheme == "dynamic_asym" or tr:
             n_q += role in ("o", "ffn2")
-            n_q_o += role == "o"
-            want[False].append((p, 4))
+            want.append((p, 4))
         else:
-            want[False].append((p, 1 if q.scheme == "dynamic" else 2))
-        want[True].append((p, 4 if role == "ffn2" and rowq else want[False][-1][1]))
-    n_fused = n_q_o if rowq else n_q
-    for fused in (False, True):
-        k = _kinds(be, fused)
-        assert sorted((p, q) for kind, p, q in k if kind == "linear") == sorted(want[fused]), k
-        assert [kind for kind, *_ in k].count("quantize") == (n_fused if fused else n_q), k
-    if not rowq:  # quantize launches before o / ffn2 in the fused plan too
-        assert any(la.kind == "quantize" for la in be.plans[True]["launches"])
+            want.append((p, 1 if q.scheme == "dynamic" else 2))
+    k = _kinds(be)
+    assert sorted((p, q) for kind, p, q in k if kind == "linear") == sorted(want), k
+    assert [kind for kind, *_ in k].count("quantize") == n_q, k
     if config == {}:
         assert n_q == 2 * L  # o is asymmetric, ffn2 has an act_mul
     # a first-row residual (QuantConfig.first_row_residual) adds no launch: the embedding writes
     # the row map, each linear its own second quantisation
-    assert _launches(be) == {
-        tb: 1 + 7 * L + (n_fused if _fused(be, tb) else n_q) + 1 for tb in be.buckets
-    }
+    assert _launches(be) == {tb: 1 + 7 * L + n_q + 1 for tb in be.buckets}
     cos = M.tiny_cos if shape == "tiny" else 0.999
     worst = _check(be, model, M.quant_lens, cos=cos)
     print(f"{config}: worst rel {worst:.2e}")
 
 
-@pytest.mark.parametrize("rowq", M.rowq)
 @pytest.mark.parametrize("shape", M.shapes)
-def test_mixed_schemes_transforms_and_float_linears(shape, rowq):
+def test_mixed_schemes_transforms_and_float_linears(shape):
     """Every scheme and transform in one model: asym / sym / static, act_mul with and without
     act_shift on whole-row and tile producers, a float linear and a weight-only INT8 linear
     with an act_mul (folded into the fp16 weights at pack time)."""
@@ -301,7 +258,7 @@ def test_mixed_schemes_transforms_and_float_linears(shape, rowq):
     assert required_quant_features(model.weights, model.quant) == set(
         ("dynamic", "static", "dynamic_asym", "act_mul", "act_shift", "weight_only")
     )
-    be = _backend(model, opts=dict(rowq=rowq), **M.plan)
+    be = _backend(model, **M.plan)
     want = [
         ("linear", "l0.qkv", 4),  # asym copy written by embed, after shift + mul
         ("quantize", "", 0),  # attention -> l0.o (sym + mul)
@@ -315,9 +272,7 @@ def test_mixed_schemes_transforms_and_float_linears(shape, rowq):
         ("linear", "l1.ffn1", 0),  # float, act_shift / act_mul folded
         ("linear", "l1.ffn2", 0),  # weight-only INT8: dequantised to fp16, act_mul folded
     ]
-    assert _kinds(be, False) == want
-    # fused plan with ROWQ: l0.ffn1 writes l0.ffn2's static copy itself, no quantize launch
-    assert _kinds(be, True) == (want[:4] + want[5:] if rowq else want)
+    assert _kinds(be) == want
     assert be.w["l1.ffn2.w"].dtype == be.torch.float16 and "l1.ffn2.w_q" not in be.w
     assert be.w["l1.o.colsum"].dtype == be.torch.int32 and "l0.o.colsum" not in be.w
     _check(be, model, M.mixed_lens)
@@ -332,29 +287,23 @@ def test_weight_only_artifact():
     )
     assert required_quant_features(model.weights, model.quant) == {"weight_only"}
     be = _backend(model, **c["backend"])
-    assert {q for *_, q in _kinds(be, True)} == {0}
-    assert all(la.quant == 0 for la in be.plans[True]["launches"] if la.kind == "linear")
+    assert {q for *_, q in _kinds(be)} == {0}
+    assert all(la.quant == 0 for la in be.plan["launches"] if la.kind == "linear")
     assert all(f"{p}.w" not in model.weights for p in model.quant)
     _check(be, model, c["lens"], tol=5e-3, cos=0.9999)
 
 
-@pytest.mark.parametrize("rowq", M.linear["rowq"])
 @pytest.mark.parametrize("which", ["default", "mixed"])
-def test_every_linear_matches_the_emulation_on_its_own_input(which, rowq):
+def test_every_linear_matches_the_emulation_on_its_own_input(which):
     """Tight: each linear's output against the INT8 emulation (scheme, act_shift, act_mul)
-    run on the exact fp16 input the kernel read; only fp16 output rounding may differ.
-    rowq: every bucket runs the fused plan, where ffn1 writes ffn2's int8 copy itself."""
+    run on the exact fp16 input the kernel read; only fp16 output rounding may differ."""
     c = M.linear
     if which == "default":
         shape = dict(c["shape"], layers=2) if c["shape"] else None
         model = default_quant_model(**c["size"], shape=shape, smooth_shift=True)
     else:
         model = tiny_model("int8", **c["size"], **MIXED, **c["shape"])
-    be = _backend(
-        model, opts=dict(rowq=rowq), buckets=c["buckets"], fuse_min_tokens=0 if rowq else 10**9
-    )
-    if rowq:
-        assert any(la.extra.get("q") for la in be.plans[True]["launches"] if la.kind == "linear")
+    be = _backend(model, buckets=c["buckets"])
     for lens in c["lens"]:
         errs = linear_same_input_errors(be, model, lens)
         assert len(errs) == 4 * model.spec.layers

@@ -77,7 +77,6 @@ def test_fp16_storage_emulation_predicts_the_backends_errors(
 
 def test_static_tiny_two_token_sequences_lose_what_fp16_storage_loses():
     from zoi.backends.cuda.backend import CudaBackend
-    from zoi.backends.cuda.options import CudaOptions
 
     model = default_quant_model(
         max_tokens=128, max_batch=64, activations="static", smooth_shift=True
@@ -89,7 +88,6 @@ def test_static_tiny_two_token_sequences_lose_what_fp16_storage_loses():
     be = CudaBackend(
         model,
         interpret=None if COMPILED else True,
-        options=CudaOptions(fuse_min_tokens=128),
         buckets=[128],
     )
     ref = ReferenceBackend(model, dtype=np.float64)

@@ -97,23 +97,21 @@ def test_modernbert_int8_plan_has_glu_write_ffn2s_copy(tmp_path):
     from tests.archs.helpers import checkpoint
 
     import zoi
-    from zoi.backends.cuda.options import CudaOptions
     from zoi.backends.cuda.plan import describe, plan_launches
     from zoi.graph import fusion
 
     _, folder = checkpoint("modernbert", tmp_path / "mb", seed=11)
     model = zoi.compile(folder, device="cpu", precision="int8", max_tokens=512).model
-    for fuse in (False, True):
-        plan = plan_launches(model, fuse, CudaOptions())
-        glus = [la for la in plan["launches"] if la.kind == "glu"]
-        assert glus and all(la.extra.get("q") for la in glus)
-        who = {p: w for p, _, w in describe(plan)}
-        ffn2 = [p for p in who if p.endswith(".ffn2")]
-        assert ffn2 and all(who[p] == "glu" for p in ffn2), who
-        assert all(fusion.copy_made_by(model.graph, o, 64) == "glu" for o in model.graph.ops
-                   if o.kind == "linear" and o.weights["w"].endswith("ffn2.w"))  # fmt: skip
-        assert not any("glu" in r for r in plan["fallbacks"].values()), plan["fallbacks"]
-        read = {la.extra.get("qname") for la in plan["launches"] if la.kind == "linear"}
-        assert all(la.extra["q"] in read for la in glus)
-        assert not any(la.kind == "quantize" and la.ins[0].endswith(".glu")
-                       for la in plan["launches"])  # fmt: skip
+    plan = plan_launches(model)
+    glus = [la for la in plan["launches"] if la.kind == "glu"]
+    assert glus and all(la.extra.get("q") for la in glus)
+    who = {p: w for p, _, w in describe(plan)}
+    ffn2 = [p for p in who if p.endswith(".ffn2")]
+    assert ffn2 and all(who[p] == "glu" for p in ffn2), who
+    assert all(fusion.copy_made_by(model.graph, o, 64) == "glu" for o in model.graph.ops
+               if o.kind == "linear" and o.weights["w"].endswith("ffn2.w"))  # fmt: skip
+    assert not any("glu" in r for r in plan["fallbacks"].values()), plan["fallbacks"]
+    read = {la.extra.get("qname") for la in plan["launches"] if la.kind == "linear"}
+    assert all(la.extra["q"] in read for la in glus)
+    assert not any(la.kind == "quantize" and la.ins[0].endswith(".glu")
+                   for la in plan["launches"])  # fmt: skip

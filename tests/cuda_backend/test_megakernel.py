@@ -33,7 +33,7 @@ def _desc(model):
     from zoi.backends.cuda.plan import plan_launches
     from zoi.backends.cuda.weights import pack_weights
 
-    plans = [plan_launches(model, f, CudaOptions()) for f in (False, True)]
+    plans = [plan_launches(model)]
     wbuf, w, _ = pack_weights(model, plans, torch, "cpu")
     return mk.describe(plans[0]["launches"], w, wbuf.data_ptr()), wbuf
 
@@ -142,7 +142,7 @@ def test_int8_refused():
     from zoi.backends.cuda.weights import pack_weights
 
     model = tiny_model("int8")
-    plans = [plan_launches(model, f, CudaOptions()) for f in (False, True)]
+    plans = [plan_launches(model)]
     wbuf, w, _ = pack_weights(model, plans, torch, "cpu")
     with pytest.raises(mk.MegakernelUnsupported):
         mk.describe(plans[0]["launches"], w, wbuf.data_ptr())
@@ -215,7 +215,7 @@ def test_plan_packs_parameters_and_launches(monkeypatch, tmp_path):
     from zoi.backends.cuda.weights import pack_weights
 
     model = _model(hidden=64, heads=2, layers=1, inter=96)
-    plans = [plan_launches(model, f, CudaOptions()) for f in (False, True)]
+    plans = [plan_launches(model)]
     wbuf, w, _ = pack_weights(model, plans, torch, "cpu")
     hi = header_ints(64)
     fake_torch = types.SimpleNamespace(
@@ -223,7 +223,7 @@ def test_plan_packs_parameters_and_launches(monkeypatch, tmp_path):
         cuda=types.SimpleNamespace(current_stream=lambda dev: types.SimpleNamespace(cuda_stream=7)),
     )  # fmt: skip
     be = types.SimpleNamespace(
-        torch=fake_torch, eager=False, max_tokens=512, max_batch=64, plans={False: plans[0]},
+        torch=fake_torch, eager=False, max_tokens=512, max_batch=64, plan=plans[0],
         w=w, wbuf=wbuf, sm=8, drv=_FakeDriver(), device_index=0, capability=(9, 0), dev="cpu",
         d_in=torch.zeros(hi + 2 * 128, dtype=torch.int32), hdr_ints=hi,
         d_out=torch.zeros(64, 64, dtype=torch.float32),

@@ -1,9 +1,9 @@
 """The first row of each sequence quantised twice (LinearQuant.first_row) in the Triton INT8
 path: the row map (written by the embedding kernel), the second quantisation
 (quantize.first_row_q2, bit-exact) and the linear kernel that computes it in its own K loop
-(every INT8 mode: quantised while loading, static, int8 copies symmetric / asymmetric, the
-folded quantisation; with and without act_shift / act_mul), against zoi.numerics (primitives.first_row_residual, reference.linear_apply with the
-batch's cu_seqlens). Outputs poisoned; awkward batches: one sequence, one row, length-1
+(every INT8 mode: quantised while loading, static, int8 copies symmetric / asymmetric; with
+and without act_shift / act_mul), against zoi.numerics (primitives.first_row_residual,
+reference.linear_apply with the batch's cu_seqlens). Outputs poisoned; awkward batches: one sequence, one row, length-1
 sequences, many sequences in one tile, a first row as the last row of a tile, a tile with
 none, buffer rows past the call's tokens; NaN rows."""
 
@@ -68,9 +68,6 @@ MODES = [
     (4, "static", "shift+mul"),
     (4, "dynamic_asym", "shift+mul"),
     (4, "dynamic_asym", "none"),
-    (16, "dynamic_asym", "mul"),  # quantisation folded into the GEMM
-    (16, "dynamic", "shift+mul"),
-    (16, "static", "none"),
 ]
 CFG = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2)
 
@@ -177,7 +174,7 @@ def _linear(x, wd, cu, quant, mode, shift, mul, act="none", r=None):
             a, a_s = x16, t(np.abs(x).max(axis=1).astype(np.float32))  # NaN rows: NaN
     elif quant == 2:
         a, a_s = x16, None
-    elif quant == 4:  # the int8 copy a producer wrote; q2 from its fp16 source rows
+    else:  # QUANT 4: the int8 copy a producer wrote; q2 from its fp16 source rows
         a = torch.full((T, K), 99, dtype=torch.int8, device=DEV)
         a_s = poison((T,), torch.float32)
         zp = torch.full((T,), -7, dtype=torch.int32, device=DEV)
@@ -186,13 +183,10 @@ def _linear(x, wd, cu, quant, mode, shift, mul, act="none", r=None):
         if mode == "dynamic_asym":
             kw.update(a_zp=zp, colsum=colsum)
         src = x16
-    else:
-        a, a_s = x16, None
-        kw.update(in_mode=mode, in_shift=st, in_mul=mt, colsum=colsum)
     y = poison((T, N), torch.float32)
     k_lin.launch_linear(
         a, a_s, t(wd["p.w_q"]), t(wd["p.w_scale"]), t(wd["p.b"]),
-        None if r is None else t(r, torch.float16), None, None, y, None, T, N, K, cfg=CFG,
+        None if r is None else t(r, torch.float16), y, None, T, N, K, cfg=CFG,
         first_row=(fr, src), **kw,
     )  # fmt: skip
     return y.cpu().numpy().astype(np.float64)

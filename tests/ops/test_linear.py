@@ -9,12 +9,8 @@ import pytest
 from tests.ops.helpers import (
     DEV,
     ISAS,
-    _assert_quant,
     _awkward_rows,
-    _qargs,
-    _qbufs,
     _rand,
-    _transform,
     close,
     cuda,
     f16,
@@ -247,8 +243,6 @@ def test_linear_fp16(M, N, K, act):
         None,
         t(b),
         t(r, torch.float16),
-        None,
-        None,
         y,
         None,
         M,
@@ -290,8 +284,6 @@ def test_linear_int8(M, N, K, static):
         t(w_s),
         t(b),
         None,
-        None,
-        None,
         y,
         amax_out,
         M,
@@ -300,7 +292,6 @@ def test_linear_int8(M, N, K, static):
         quant=2 if static else 1,
         act="gelu",
         static_amax=static_amax,
-        amax_out_mode=1,
     )
     want = _int8_want(x16, w_q, w_s, b, "gelu", amax=static_amax if static else None)
     got = y.float().cpu().numpy()
@@ -324,8 +315,6 @@ def test_linear_int8_exact_accumulation():
         t(np.ones(N, np.float32)),
         t(np.zeros(N, np.float32)),
         None,
-        None,
-        None,
         y,
         None,
         M,
@@ -345,8 +334,6 @@ def _launch_q4(a8, scale, zp, w_q, w_s, b, y, M, N, K, act="none", r=None):
         t(w_s),
         t(b),
         r,
-        None,
-        None,
         y,
         None,
         M,
@@ -382,67 +369,6 @@ def test_linear_int8_prequantised(M, N, K, scheme):
 
 
 @cuda
-@pytest.mark.parametrize("a_kind", ["int8_asym", "fp16"])
-@pytest.mark.parametrize(
-    "M,N,K,bm,bn", [(1, 40, 24, 16, 16), (37, 200, 72, 16, 64), (19, 96, 130, 32, 32)]
-)
-@pytest.mark.parametrize(
-    "qmode,tr",
-    [
-        ("dynamic_asym", "mul"),
-        ("dynamic_asym", "shift+mul"),
-        ("dynamic", "none"),
-        ("static", "mul"),
-    ],
-)
-def test_linear_rowq_writes_int8_copy(a_kind, M, N, K, bm, bn, qmode, tr):
-    """ROWQ: a linear without LN writes the int8 copy of its (fp16-stored) output for the next
-    INT8 linear (ffn1 -> ffn2): each program owns BLOCK_M whole rows, loops over the N tiles
-    (N not a multiple of BLOCK_N here), then quantises the rows it stored. The copy must equal
-    zoi.quant.primitives on the stored fp16 y bit for bit, exactly as the quantize launch does."""
-    rng = np.random.default_rng(M * 7 + N + K + len(qmode) + len(tr) + len(a_kind))
-    x = _awkward_rows(_rand(rng, M, K, scale=2.0))
-    b = _rand(rng, N, scale=0.1)
-    shift, mul = _transform(rng, N, tr)
-    y = poison((M, N), torch.float16)
-    yq, ys, yz = _qbufs(M, N)
-    qa = _qargs(qmode, shift, mul, 3.0, yq, ys, yz, "y")
-    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2)
-    if a_kind == "fp16":
-        w = _rand(rng, N, K, scale=K**-0.5)
-        k_lin.launch_linear(
-            t(x, torch.float16), None, t(w, torch.float16), None, t(b), None, None, None,
-            y, None, M, N, K, quant=0, act="gelu", cfg=cfg, **qa,
-        )  # fmt: skip
-        want = ref.linear(f16(x), f16(w), b.astype(np.float64), "gelu")
-        tol = 3e-3
-    else:
-        w_q, w_s = qp.quantize_weight(_rand(rng, N, K))
-        q, scale, zp = qp.quantize_act_asym(x)
-        a8 = (q.astype(np.int16) - 128).astype(np.int8)
-        k_lin.launch_linear(
-            t(a8), t(scale), t(w_q), t(w_s), t(b), None, None, None, y, None, M, N, K,
-            quant=4, act="gelu", cfg=cfg, a_zp=t(zp),
-            colsum=t(w_q.astype(np.int64).sum(1).astype(np.int32)), **qa,
-        )  # fmt: skip
-        want = ref.activation(
-            qp.linear_int8_asym_emulated(x, w_q, w_s, b).astype(np.float64), "gelu"
-        )
-        tol = 2e-3
-    got = y.float().cpu().numpy()
-    assert rel(got, want) < tol
-    _assert_quant(got, qmode, shift, mul, 3.0, yq, ys, yz)
-
-
-@cuda
-def test_linear_rowq_default_config_covers_the_grid():
-    """pick_config(rowq=True) gives one program per BLOCK_M rows (grid_size), any bucket."""
-    for M in (16, 100, 4096, 32768):
-        cfg = k_lin.pick_config(M, 1536, 384, True, False, rowq=True)
-        assert k_lin.grid_size(M, 1536, cfg, rowq=True) == -(-M // cfg["BLOCK_M"])
-
-
-@cuda
 @pytest.mark.parametrize("M,N,K", [(37, 40, 300), (16, 24, 128), (3, 17, 1)])
 def test_linear_int8_asym_exact_accumulation(M, N, K):
     """Integer part bit-exact: a_scale = w_scale = 1, no bias, fp32 out -> y == the integer
@@ -471,42 +397,3 @@ def test_linear_int8_asym_exact_accumulation(M, N, K):
     exact = qp.int8_matmul_asym_exact(q, zp, w_q).astype(np.float64)
     assert np.abs(exact).max() < 2**24
     np.testing.assert_array_equal(y.cpu().numpy().astype(np.float64), exact)
-
-
-@cuda
-@pytest.mark.parametrize("quant", [0, 1])
-@pytest.mark.parametrize("M,N,K", [(1, 48, 40), (19, 96, 72)])
-@pytest.mark.parametrize(
-    "qmode,tr", [("dynamic", "none"), ("dynamic_asym", "shift+mul"), ("static", "mul")]
-)
-def test_linear_residual_layernorm_epilogue(quant, M, N, K, qmode, tr):
-    rng = np.random.default_rng(quant * 100 + M + len(tr))
-    x, r = _rand(rng, M, K), _rand(rng, M, N)
-    w, b = _rand(rng, N, K, scale=K**-0.5), _rand(rng, N, scale=0.1)
-    lw, lb = (1 + _rand(rng, N, scale=0.1)), _rand(rng, N, scale=0.1)
-    x16, r16 = f16(x), f16(r)
-    y = poison((M, N), torch.float16)
-    amax_out = poison((M,), torch.float32)
-    shift, mul = _transform(rng, N, tr)
-    yq, ys, yz = _qbufs(M, N)
-    qa = _qargs(qmode, shift, mul, 2.0, yq, ys, yz, "y")
-    cfg = k_lin.pick_config(M, N, K, quant != 0, True)
-    if quant:
-        w_q, w_s = qp.quantize_weight(w)
-        amax_in = np.abs(x16).max(axis=1).astype(np.float32)
-        a, wt = (t(x16.astype(np.float16)), t(amax_in)), (t(w_q), t(w_s))
-        lin = _int8_want(x16, w_q, w_s, b, "none", r16)
-    else:
-        a, wt = (t(x, torch.float16), None), (t(w, torch.float16), None)
-        lin = ref.linear(x16, f16(w), b.astype(np.float64), "none", r16)
-    k_lin.launch_linear(
-        *a, *wt, t(b), t(r, torch.float16), t(lw), t(lb), y, amax_out, M, N, K,
-        quant=quant, eps=1e-12, ln=True, amax_out_mode=2, cfg=cfg, **qa,
-    )  # fmt: skip
-    want = ref.layernorm(lin, lw.astype(np.float64), lb.astype(np.float64), 1e-12)
-    got = y.float().cpu().numpy()
-    assert rel(got, want) < 3e-3
-    np.testing.assert_array_equal(
-        amax_out.cpu().numpy(), np.abs(got).max(axis=1).astype(np.float32)
-    )
-    _assert_quant(got, qmode, shift, mul, 2.0, yq, ys, yz)  # producer-side INT8 copy

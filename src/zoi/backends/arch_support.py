@@ -3,7 +3,7 @@ naming the missing piece, instead of being run wrong (an attention without its b
 RoPE would still give plausible vectors).
 
 The CUDA backend runs BERT-family encoders, Electra / ALBERT (a projection of narrower
-embeddings), MPNet (relative position bias: kernels/attention_ext.py), ModernBERT (RoPE,
+embeddings), MPNet (relative position bias: kernels/attention.py), ModernBERT (RoPE,
 sliding-window local layers, GeGLU: kernels/glu.py, no position table, pre-norm LNs without a
 residual, residual adds on the linears), NomicBERT / GTE (BERT's post-norm layers with RoPE,
 no position table and a SwiGLU / GeGLU MLP: the same kernels), the decoder architectures run

@@ -24,7 +24,8 @@ from zoi.frontend.spec import ModelSpec
 from zoi.numerics.primitives import quantize_weight
 
 DEFAULT_MAX_TOKENS = 512
-MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_BATCH = 512, 256, 1024  # the engine's (kMaxHeadDim, kPagedMaxBlock)
+# the engine's limits (kMaxHeadDim, kPagedMaxBlock, max_batch)
+MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_BATCH = 512, 256, 1024
 PRECISIONS = ("fp32", "int8")
 
 
@@ -163,7 +164,9 @@ class CpuBackend(PagedBackend):
         plan = plan_memory(graph, max_tokens, max_batch)
         compiled = CompiledModel(mspec, graph, plan, precision, w, quant)
         pool = KvPool(num_blocks, block_size, self.max_blocks_per_seq, max_batch, self.max_seq_len)
-        self.backend = EngineBackend(compiled, isa=isa, nthreads=threads, options=options, kv_pool=pool)
+        self.backend = EngineBackend(
+            compiled, isa=isa, nthreads=threads, options=options, kv_pool=pool
+        )
         self.options = self.backend.options
         self.engine = self.backend.engine
         self._out = np.empty(max_batch, np.int32)

@@ -34,12 +34,8 @@ a ``linear`` writing a copy
     back on every call: multi-vector heads).
     A permission, not a data flow: a backend that writes the rows anyway (the CUDA backend)
     changes only its memory traffic, and records no fallback for it.
-a ``linear`` followed by the residual ``add_layernorm`` that alone reads it (no residual of its own)
-    ``fuse_ln``: that LayerNorm's output (the LN may run in the linear's epilogue, where the
-    backend's kernel sees whole rows); the LayerNorm gets ``fuse_into``: the linear's output.
-
 A ``linear`` with task adapters (``lora_a`` / ``lora_b`` weights) adds their term to its rows
-after the GEMM, then its activation and residual: it gets no ``fuse_ln``, writes no copy, and the
+after the GEMM, then its activation and residual: it writes no copy, and the
 float rows of its input stay in the arena (they feed the adapters).
 
 Who writes a copy: the op right before its first consumer, when it produces the consumer's
@@ -101,8 +97,6 @@ _KEYS = (
     "quant_out",
     "quant_out_min_tokens",
     "quant_out_only",
-    "fuse_ln",
-    "fuse_into",
 )
 
 
@@ -134,20 +128,6 @@ def annotate(model, policy: FusionPolicy | None = None) -> Graph:
         p = op.prefix
         mode, amax = linear_quant(model, p)
         op.attrs["quant"] = mode
-        nxt = ops[i + 1] if i + 1 < len(ops) else None
-        lora = "lora_a" in op.weights  # task adapters: their term is added after the GEMM
-        if (
-            not lora
-            and nxt is not None
-            and nxt.kind == "add_layernorm"
-            and len(op.inputs) == 1
-            and len(nxt.inputs) == 2
-            and nxt.inputs[0] == op.output
-            and nxt.inputs[1] != op.output
-            and readers.get(op.output) == [i + 1]
-        ):
-            op.attrs["fuse_ln"] = nxt.output
-            nxt.attrs["fuse_into"] = op.output
         if not mode.quantized:  # FLOAT; INT8 and FP8 read a 1-byte copy ("i8" buffer)
             continue
         X = op.inputs[0]

@@ -130,10 +130,6 @@ class CpuBackend(SyncSubmit):
         pooled = False  # ops after the pool run on one row per sequence
         for k, op in enumerate(graph.ops):
             pooled = pooled or op.kind == "pool"
-            if op.attrs.get("fuse_ln"):
-                self.fallbacks[op.attrs["fuse_ln"]] = (
-                    "LayerNorm on its own (the CPU GEMMs have no LayerNorm epilogue)"
-                )
             # a head's linear / LayerNorm after a pool runs over the B pooled rows
             eng.set_batch_rows(
                 bool(op.inputs)

@@ -52,7 +52,7 @@ def header_ints(max_batch: int) -> int:
 
 
 class Arena:
-    """Places both plans' activations (they share the region: one plan runs at a time) and
+    """Places the plans' activations (they share the region: one plan runs at a time) and
     carves the device views every launch reads. Each plan dict gets "offs", "cols" and
     "amax_row" (its row in the amax region for each per-row vector)."""
 

@@ -69,20 +69,17 @@ class CudaBackend:
         model,
         buckets: list[int] | None = None,
         interpret: bool | None = None,
-        fuse_min_tokens: int | None = None,
         pdl: bool | None = None,
         persistent_max: int | None = None,
         options: CudaOptions | None = None,
     ):
-        """options: CudaOptions (defaults: the H200's choices); fuse_min_tokens, pdl and
-        persistent_max override its fields of the same name. options.device_index: the GPU
+        """options: CudaOptions (defaults: the H200's choices); pdl and persistent_max
+        override its fields of the same name. options.device_index: the GPU
         everything is built on (its primary context; None: the current device)."""
         with on_device(options):
-            self._construct(
-                model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options
-            )
+            self._construct(model, buckets, interpret, pdl, persistent_max, options)
 
-    def _construct(self, model, buckets, interpret, fuse_min_tokens, pdl, persistent_max, options):
+    def _construct(self, model, buckets, interpret, pdl, persistent_max, options):
         self.model = model
         self.spec = model.spec
         self.precision = model.precision
@@ -93,9 +90,7 @@ class CudaBackend:
                 "zoi: device='cuda' computes precision='fp32' models in fp16 (fp16 weights and "
                 "activations, fp32 accumulation); use precision='fp16' or 'int8' to say so"
             )
-        opts = (options or CudaOptions()).replace(
-            fuse_min_tokens=fuse_min_tokens, pdl=pdl, persistent_max=persistent_max
-        )
+        opts = (options or CudaOptions()).replace(pdl=pdl, persistent_max=persistent_max)
         self.opts = opts
         self.max_tokens = int(model.plan.max_tokens)
         self.max_batch = int(min(model.plan.max_batch, self.max_tokens))
@@ -103,13 +98,12 @@ class CudaBackend:
         self._init_device(interpret)
         if self.precision == "fp8" and not self.eager:
             require_fp8(self.capability, self.device_name)
-        self.fuse_min_tokens = int(opts.fuse_min_tokens)
         self.pdl = (
             (not self.eager and self.capability >= (9, 0))
             if opts.pdl is None
             else bool(opts.pdl and not self.eager)
         )
-        self.plans = {f: plan_launches(model, f, opts) for f in (False, True)}
+        self.plan = plan_launches(model)
         # the one-launch forward needs co-resident programs and a spinning grid barrier: GPU
         # only (the interpreter runs programs one after another); tests may force it
         pmax = (
@@ -122,8 +116,8 @@ class CudaBackend:
         megakernel_options(self, opts)  # the CUDA C++ kernel's buckets, where it is on
         self.bucket_paths: dict[int, dict] = {}
         self._pplans: dict[int, object] = {}  # bucket -> PersistentPlan (its barrier flag)
-        self.launches = self.plans[True]["launches"]
-        plans = [self.plans[False], self.plans[True]]
+        self.launches = self.plan["launches"]
+        plans = [self.plan]
         self.wbuf, self.w, self.weights_bytes = pack_weights(model, plans, self.torch, self.dev)
         self.mem = Arena(
             plans, self.torch, self.dev, self.max_tokens, self.max_batch, self.spec.out_dim
@@ -216,7 +210,8 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ buckets
     def plan_for(self, tb: int) -> dict:
-        return self.plans[tb >= self.fuse_min_tokens]
+        """The launch plan of bucket tb's per-op forward (one for every bucket)."""
+        return self.plan
 
     def _act(self, plan: dict, name: str, rows: int):
         return self.mem.act(plan, name, rows)

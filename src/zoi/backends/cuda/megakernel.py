@@ -7,7 +7,7 @@ barriers). docs/MEGAKERNEL.md describes the instruction format and the design.
 The parts:
 
 * ``describe(launches, w, wbase)``: the model as plain numbers (dimensions, weight offsets)
-  from the CUDA backend's unfused launch list; anything but the BERT post-LN layer with fp16
+  from the CUDA backend's launch list; anything but the BERT post-LN layer with fp16
   weights, mean / CLS pooling raises ``MegakernelUnsupported`` (the per-op path stays);
 * ``build_program(desc, tb, n_blocks)`` / ``check_program`` (megakernel_program.py): the
   instruction list of one bucket and its static soundness check;
@@ -81,7 +81,7 @@ def describe(launches, w: dict, wbase: int) -> dict:
     from zoi.backends.cuda.persistent import PersistentUnsupported, _layers
 
     try:
-        emb, layers, pool = _layers(types.SimpleNamespace(plans={False: {"launches": launches}}))
+        emb, layers, pool = _layers(types.SimpleNamespace(plan={"launches": launches}))
     except PersistentUnsupported as e:
         raise MegakernelUnsupported(str(e).replace("persistent kernel", "megakernel")) from e
     att = layers[0][1].op.attrs
@@ -265,7 +265,7 @@ class MegakernelPlan:
             raise MegakernelUnsupported("megakernel: needs a GPU (no interpreter path)")
         if tb > backend.max_tokens:
             raise MegakernelUnsupported(f"bucket {tb} > max_tokens {backend.max_tokens}")
-        self.desc = describe(backend.plans[False]["launches"], backend.w, backend.wbuf.data_ptr())
+        self.desc = describe(backend.plan["launches"], backend.w, backend.wbuf.data_ptr())
         if backend.wbuf.data_ptr() % 16:
             raise MegakernelUnsupported("megakernel: weight buffer not 16-byte aligned")
         self.n_blocks = int(backend.sm)

@@ -83,7 +83,6 @@ def memory_report(be) -> dict:
         },
         "persistent_max": be.persistent_max,
         "bucket_paths": {tb: dict(v) for tb, v in be.bucket_paths.items()},
-        "fuse_min_tokens": be.fuse_min_tokens,
         "pdl": be.pdl,
         "device": be.device_name,
         "prebuild": getattr(be, "prebuild_info", None),

@@ -37,8 +37,8 @@ class PersistentUnsupported(BackendUnavailableError):
 
 
 def _layers(backend):
-    """Validate the unfused launch list; return (embed launch, [per-layer 7 launches], pool)."""
-    la = backend.plans[False]["launches"]
+    """Validate the launch list; return (embed launch, [per-layer 7 launches], pool)."""
+    la = backend.plan["launches"]
     if any(x.extra.get("first_row") for x in la):  # its term is in the per-op linear only
         raise PersistentUnsupported("persistent kernel: INT8 linears with a first-row term")
     if not la or la[0].kind != "embed" or la[-1].kind != "pool" or (len(la) - 2) % 7:

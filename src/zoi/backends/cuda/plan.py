@@ -2,14 +2,13 @@
 attributes (zoi.graph.fusion, decided once for every backend) say; what this backend does not
 realise is recorded in the plan's "fallbacks", never silently.
 
-Fusion: a ``linear`` the IR marks ``fuse_ln`` (its only reader is the next op, a residual
-``add_layernorm``) becomes one kernel (bias + residual + LayerNorm in the epilogue) when the
-row fits one program (N <= opts.max_fused_n) and opts.fuse_ln (off by default: slower on the
-H200). Per BERT layer: qkv, attention, o(+LN), ffn1+act, ffn2(+LN).
+Per BERT layer: qkv, attention, o, add_layernorm, ffn1+act, ffn2, add_layernorm. The LayerNorm
+runs on its own: o / ffn2 + LN in one kernel measured slower than linear + add_layernorm at every
+bucket on the H200 (lab/gpu/NOTES.md), so the linear has no norm epilogue.
 INT8 linears (every scheme of zoi.quant: dynamic, static, dynamic_asym, with SmoothQuant
 act_mul / act_shift) mostly read an int8 copy of their input with a per-row a_scale (and zero
-point), written by the producer when it sees whole rows (embed, add_layernorm, linear + LN:
-the consumer's act_shift / act_mul applied first) or by a ``quantize`` launch of its own
+point), written by the producer when it sees whole rows (embed, add_layernorm, glu: the
+consumer's act_shift / act_mul applied first) or by a ``quantize`` launch of its own
 (after attention / ffn1, when asymmetric or transformed); symmetric / static linears without
 a transform after such a producer quantise while loading their fp16 input (row amax by float
 atomic max, from a buffer the embed kernel zeroed). Details: docs/GPU.md, Numerics.
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zoi.backends.cuda.options import CudaOptions
 from zoi.errors import BackendUnavailableError
 from zoi.graph.fusion import annotate, linear_quant
 from zoi.graph.quantmode import QuantMode
@@ -37,7 +35,6 @@ class Launch:
     op: object
     out: str
     ins: list[str]
-    ln: object = None  # fused add_layernorm op (linear)
     res: str | None = None  # residual buffer
     mode: QuantMode = QuantMode.FLOAT  # linear: its INT8 / FP8 scheme (FLOAT: fp16 weights)
     prequant: bool = False  # linear: reads a pre-quantised int8 copy of its input
@@ -51,14 +48,11 @@ class Launch:
     def quant(self) -> int:
         """The linear kernel's QUANT constexpr (kernels/linear.py), derived at this edge:
         0 float, 1 int8 quantised while loading (per-token amax), 2 static (in the loop),
-        4 int8 A read from a pre-quantised copy, 8 FP8 (always a pre-quantised fp8 copy),
-        16 the quantize launch folded into the GEMM (extra["fold"]: fp16 A, any int8 mode)."""
+        4 int8 A read from a pre-quantised copy, 8 FP8 (always a pre-quantised fp8 copy)."""
         if self.mode is QuantMode.FLOAT:
             return 0
         if self.mode is QuantMode.FP8:
             return 8
-        if self.extra.get("fold"):
-            return 16
         if self.prequant:
             return 4
         return 2 if self.mode is QuantMode.STATIC else 1
@@ -80,11 +74,10 @@ def _annotate(model):
         raise BackendUnavailableError(str(e)) from None
 
 
-def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
-    """The launch list of one plan (fuse: the fused plan of buckets >= fuse_min_tokens), as
-    the IR's fusion attributes say (zoi.graph.fusion); what this backend does not realise is
-    listed in the plan's "fallbacks" (IR buffer or copy -> reason), a decision realised at other
-    buckets than the IR's thresholds in its "notes"."""
+def plan_launches(model) -> dict:
+    """The launch list every per-op bucket runs, as the IR's fusion attributes say
+    (zoi.graph.fusion); what this backend does not realise is listed in the plan's "fallbacks"
+    (IR buffer or copy -> reason)."""
     g = _annotate(model)
     ops = g.ops
     fallbacks: dict[str, str] = {}
@@ -116,26 +109,8 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             )
             L.extra["prefix"] = prefix
             L.extra["transform"] = bool(op.attrs.get("quant_transform", False))
-            ln_out = op.attrs.get("fuse_ln")  # the IR: the next op, the LN only it feeds
-            if ln_out is not None and (fuse or opts.fuse_ln_small):
-                if fuse and not opts.fuse_ln:
-                    fallbacks[ln_out] = "LayerNorm unfused (CudaOptions.fuse_ln off: slower)"
-                elif int(N) > opts.max_fused_n:
-                    fallbacks[ln_out] = (
-                        f"LayerNorm unfused ({N} columns > CudaOptions.max_fused_n "
-                        f"{opts.max_fused_n}: a row must fit one program)"
-                    )
-                else:
-                    nxt = ops[i + 1]
-                    assert nxt.output == ln_out and nxt.attrs.get("fuse_into") == op.output
-                    L.ln, L.res, L.out = nxt, nxt.inputs[1], nxt.output
-                    i += 1
-            elif ln_out is not None:
-                fallbacks[ln_out] = (
-                    f"LayerNorm unfused (buckets < fuse_min_tokens {opts.fuse_min_tokens})"
-                )
             nxt = ops[i + 1] if i + 1 < len(ops) else None
-            if _splade_of(nxt, op, ops) and L.ln is None and L.res is None:
+            if _splade_of(nxt, op, ops) and L.res is None:
                 # the MLM decoder with SPLADE's max over tokens in its epilogue
                 # (kernels/sparse_pool.py GEMM): [B, V] fp32 in the arena, no [T, V] logits
                 L.out, L.n = nxt.output, int(N)
@@ -198,35 +173,23 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
             "(or per-token logits)"
         )
     # INT8 linears read the int8 copy the IR names (quant_in). Its writer (quant_in_by) writes
-    # it in its epilogue where this backend's kernel for it can: embed, add_layernorm, a
-    # linear + LN (whole rows), a linear that owns whole rows (ROWQ: CudaOptions.rowq, in the
-    # fused plan, when it reads an int8 copy itself or is float). Otherwise the copy is made
-    # at the consumer: quantised while loading the fp16 input where the IR allows it
+    # it in its epilogue where it sees whole rows: embed, add_layernorm, glu. A linear's tile
+    # sees part of a row: the copy the IR gives it (ffn1 -> ffn2) is made at the consumer (a
+    # linear owning whole rows measured slower than ffn1 + a quantize launch on the H200,
+    # lab/gpu/NOTES.md): quantised while loading the fp16 input where the IR allows it
     # (quant_in_loop: QUANT 1 / 2), else by a quantize launch of its own before it.
     producer = {L.out: L for L in out}
 
     def whole(P):  # its kernel sees whole rows: it writes the int8 copy / a plain amax
-        return P.kind in ("embed", "add_layernorm", "glu") or (
-            P.kind == "linear" and P.ln is not None
-        )
+        return P.kind in ("embed", "add_layernorm", "glu")
 
     def can_write(P, why: dict) -> bool:
         if whole(P):
             return True
-        if P.kind != "linear":
-            why["r"] = f"a {P.kind} launch writes no int8 copy"
-        elif not opts.rowq:
-            why["r"] = "ROWQ off (CudaOptions.rowq: slower on the H200)"
-        elif not fuse:
-            why["r"] = f"no ROWQ below fuse_min_tokens {opts.fuse_min_tokens}"
-        elif P.res is not None or not (P.prequant or not P.mode.quantized):
-            why["r"] = "ROWQ needs a linear without residual that reads an int8 copy"
-        else:
-            return True
+        why["r"] = f"a {P.kind} launch writes no int8 copy"
         return False
 
     qinfo: dict[str, dict] = {}
-    notes: dict[str, str] = {}  # decisions realised otherwise than the IR's thresholds say
     final: list[Launch] = []
     for L in out:
         if L.kind != "linear" or not L.mode.quantized:
@@ -240,23 +203,8 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         writes = writes and can_write(P, why)
         if by is not None and not writes:
             fallbacks.setdefault(qname, f"made at the consumer: {why.get('r', 'no writer')}")
-        min_t = P.op.attrs.get("quant_out_min_tokens", 0) if writes else 0
-        if writes and min_t > opts.fuse_min_tokens:
-            notes[qname] = (
-                f"ROWQ from fuse_min_tokens {opts.fuse_min_tokens} (the fused plan), below the "
-                f"IR's quant_out_min_tokens {min_t}"
-            )
         if not writes and op.attrs["quant_in_loop"]:
             final.append(L)  # QUANT 1 / 2: fp16 A, quantised while loading
-            continue
-        if not writes and not fuse and opts.fold_quant and L.mode is not QuantMode.FP8:
-            # QUANT 16: the copy's quantisation in this linear's GEMM, no launch of its own
-            L.extra["fold"] = True
-            notes[qname] = (
-                "quantised in the consumer's GEMM (CudaOptions.fold_quant, buckets < "
-                f"fuse_min_tokens {opts.fuse_min_tokens}): no quantize launch"
-            )
-            final.append(L)
             continue
         if qname not in qinfo:
             qinfo[qname] = dict(
@@ -275,7 +223,7 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         final.append(L)
     from zoi.backends.cuda.first_row import first_rows
 
-    out = first_rows(model, final, fallbacks, warn=fuse)
+    out = first_rows(model, final, fallbacks, warn=True)
     # fp16 inputs quantised in the loop (QUANT 1) need a per-row amax from their producer
     need = {
         L.ins[0]
@@ -302,7 +250,6 @@ def plan_launches(model, fuse: bool, opts: CudaOptions) -> dict:
         "qinfo": qinfo,
         "scales": scales,
         "fallbacks": fallbacks,
-        "notes": notes,
     }
 
 
@@ -342,23 +289,18 @@ def _splade_of(nxt, op, ops) -> bool:
 
 def describe(plan: dict) -> list[tuple[str, str, str]]:
     """[(linear weight prefix, int8 copy, who makes it)] of every INT8 linear of a plan, in
-    the vocabulary of zoi.graph.fusion.decisions: the IR op kind of the writer (a linear + LN
-    launch writes as its add_layernorm), "loop" or "quantize"."""
+    the vocabulary of zoi.graph.fusion.decisions: the IR op kind of the writer, "loop" or
+    "quantize"."""
     writer = {L.extra["q"]: L for L in plan["launches"] if L.extra.get("q")}
     out = []
     for L in plan["launches"]:
         if L.kind != "linear" or not L.mode.quantized:
             continue
         qn = L.op.attrs["quant_in"]
-        if not L.prequant:  # quantised in its own GEMM (QUANT 1 / 2 / 16)
+        if not L.prequant:  # quantised in its own GEMM (QUANT 1 / 2)
             who = "loop"
         else:
-            W = writer[qn]
-            who = (
-                "quantize"
-                if W.kind == "quantize"
-                else ("add_layernorm" if W.kind == "linear" and W.ln is not None else W.kind)
-            )
+            who = writer[qn].kind
         out.append((L.extra["prefix"], qn, who))
     return out
 

@@ -4,8 +4,6 @@ the graph capture records, and what the interpreter runs eagerly."""
 
 from __future__ import annotations
 
-from zoi.graph.quantmode import QuantMode
-
 
 def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
     """The launches of `plan` for a bucket of tb tokens (pdl: programmatic dependent launch)."""
@@ -94,35 +92,21 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
             p = L.extra["prefix"]
             a = act(L.extra["qname"] if L.prequant else L.ins[0])
             a_sc, a_zp = qrow(L.extra["qname"]) if L.prequant else (amx(L.ins[0]), None)
-            fold = {}
-            if L.extra.get("fold"):  # QUANT 16: fp16 A quantised in the GEMM (its own transform)
-                fold = dict(
-                    in_mode=L.mode.value,
-                    in_shift=w.get(f"{p}.act_shift"),
-                    in_mul=w.get(f"{p}.act_mul"),
-                )
-                if L.mode is QuantMode.DYNAMIC_ASYM:
-                    fold["colsum"] = w[f"{p}.colsum"]
             if L.extra.get("splade"):  # the decoder with SPLADE's pooling in its epilogue
                 steps.append(_splade_step(L, a, a_sc, a_zp, w, arena, plan, cu, hdr, tb, nseq, pdl))
                 continue
             y, r = act(L.out), act(L.res) if L.res else None
-            ln = L.ln is not None
-            norm = _norm_kw(L.ln) if ln else {}
-            rowq = bool(L.extra.get("q")) and not ln
-            # how A is read: QUANT 16's quantisation, or the asymmetric copy's colsum
-            gk = fold or dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)
+            # the asymmetric copy's colsum
+            gk = dict(colsum=w.get(f"{p}.colsum") if a_zp is not None else None)
             fr = None
             if L.extra.get("first_row"):  # q2 of the first rows in the K loop (first_row.py)
                 # QUANT 4: the fp16 rows its int8 copy came from, and this linear's transform
                 fr = (arena.first_row_map(plan, tb), act(L.ins[0]) if L.quant == 4 else None)
                 if L.quant == 4:
                     gk.update(in_shift=w.get(f"{p}.act_shift"), in_mul=w.get(f"{p}.act_mul"))
-            cfg = k_lin.pick_config(
-                tb, L.n, L.k, L.mode.quantized, ln, prequant=L.prequant, rowq=rowq
-            )
+            cfg = k_lin.pick_config(tb, L.n, L.k, L.mode.quantized, prequant=L.prequant)
             steps.append(
-                lambda a=a, y=y, r=r, L=L, p=p, ln=ln, cfg=cfg, a_sc=a_sc, a_zp=a_zp, qo=qout(L), gk=gk, norm=norm, fr=fr: (
+                lambda a=a, y=y, r=r, L=L, p=p, cfg=cfg, a_sc=a_sc, a_zp=a_zp, gk=gk, fr=fr: (
                     k_lin.launch_linear(
                         a,
                         a_sc,
@@ -130,8 +114,6 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         w[f"{p}.w_scale"] if L.mode.quantized else None,
                         w[f"{p}.b"],
                         r,
-                        w[f"{L.out}.ln.w"] if ln else None,
-                        w[f"{L.out}.ln.b"] if ln else None,
                         y,
                         amx(L.out) if L.amax_out else None,
                         tb,
@@ -140,15 +122,10 @@ def per_op_steps(plan: dict, arena, w: dict, spec, tb: int, pdl: bool) -> list:
                         quant=L.quant,  # the kernel's code, derived from mode + prequant
                         act=L.op.attrs.get("act", "none"),
                         static_amax=L.static_amax,
-                        eps=L.ln.attrs["eps"] if ln else 1e-12,
-                        ln=ln,
-                        amax_out_mode=L.amax_out,
                         cfg=cfg,
                         pdl=pdl,
                         a_zp=a_zp,
                         **gk,
-                        **qo,
-                        **norm,
                         first_row=fr,
                     )
                 )
@@ -269,9 +246,9 @@ def _rows_linear_step(L, w, arena, plan, nseq, pdl):
 
     p = L.extra["prefix"]
     a, y = arena.f32(plan, L.ins[0], nseq, L.k), arena.f32(plan, L.out, nseq, L.n)
-    cfg = k_lin.pick_config(nseq, L.n, L.k, False, False)
+    cfg = k_lin.pick_config(nseq, L.n, L.k, False)
     return lambda: k_lin.launch_linear(
-        a, None, w[f"{p}.w"], None, w[f"{p}.b"], None, None, None, y, None, nseq, L.n, L.k,
+        a, None, w[f"{p}.w"], None, w[f"{p}.b"], None, y, None, nseq, L.n, L.k,
         quant=0, act=L.op.attrs.get("act", "none"), cfg=cfg, pdl=pdl,
     )  # fmt: skip
 

@@ -26,7 +26,7 @@ def align(n: int) -> int:
 def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dict, int]:
     """(the weight buffer, {packed name: view}, bytes) for the launches of `plans`."""
     W = model.weights
-    items: dict[str, np.ndarray] = {}  # packed name -> array (both plans share weights)
+    items: dict[str, np.ndarray] = {}  # packed name -> array (plans share weights)
 
     def add(key, arr):
         if key not in items:
@@ -84,9 +84,6 @@ def pack_weights(model, plans: list[dict], torch, dev: str) -> tuple[object, dic
                 w, b = fold_act_transform(w, W[f"{p}.b"], shift, mul)
                 add(f"{p}.w", f16(w))
                 add(f"{p}.b", f32(b))
-            if L.ln is not None:  # fused LN: params under the add_layernorm's output name
-                add(f"{L.out}.ln.w", f32(W[L.ln.weights["w"]]))
-                add(f"{L.out}.ln.b", f32(W[L.ln.weights["b"]]))
         elif L.kind == "attention":  # bias table, RoPE tables, q / k norm weights (fp32)
             for k in ("rel_bias", "rope_cos", "rope_sin", "q_norm", "k_norm"):
                 if k in op.weights:

@@ -40,19 +40,13 @@ from zoi.decoder.cuda.rope import cos_sin
 from zoi.decoder.memory import Part, check_fits
 from zoi.decoder.paged import PagedBackend, kv_block_bytes
 from zoi.errors import BackendUnavailableError, InputError
+from zoi.numerics.primitives import quantize_weight
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 # zoi's precision words (zoi.decoder.compile.PRECISIONS): "w8" weight-only INT8, "int8" W8A8
 # (INT8 weights; x INT8 per (row, K tile) in the dot / mma kernels, the gemv for <= 4 rows stays
 # weight-only), "fp16", "fp32"; "w8a8" is accepted as "int8"
 PRECISIONS = ("w8", "int8", "fp16", "fp32")
-
-
-def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric INT8 per output channel: (int8 [N, K], fp32 scale [N])."""
-    s = np.maximum(np.abs(w).max(1), 1e-12).astype(np.float64) / 127.0
-    q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
-    return q, s.astype(np.float32)
 
 
 class CudaDecoderBackend(LaunchLists, PagedBackend):
@@ -207,7 +201,7 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
     def _lin(self, w: np.ndarray) -> tuple:
         torch = self.torch
         if self.precision in ("w8", "int8"):
-            q, s = quantize_rows(w)
+            q, s = quantize_weight(w)  # the quantiser of every zoi INT8 weight
             return self._t(q), self._t(s)
         return self._t(w, torch.float32 if self.ieee else torch.float16), None
 
@@ -655,4 +649,4 @@ class CudaDecoderBackend(LaunchLists, PagedBackend):
 
 CudaBackend = CudaDecoderBackend  # the name zoi.decoder.compile imports
 
-__all__ = ["CudaDecoderBackend", "CudaBackend", "quantize_rows"]
+__all__ = ["CudaDecoderBackend", "CudaBackend"]

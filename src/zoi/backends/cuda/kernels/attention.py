@@ -30,7 +30,8 @@ Online softmax (flash attention) in fp32 with exp2; q/k/v and p enter ``tl.dot``
 Rows of the output are written only for real tokens; with ``AMAX_OUT`` each program maxes
 |ctx| of its head slice into ``amax_ptr`` (zeroed earlier in the same forward; NaN-keeping:
 ``common.amax_rows``) for the INT8 projection that follows. The numpy reference is
-zoi.numerics.reference.attention; kernels/attention_ext.py is the extras' launcher.
+zoi.numerics.reference.attention. The extras (relative-position bias, RoPE, local window,
+causal mask, grouped KV heads, q/k RMSNorm) are arguments of ``launch_attention``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""linear: y = act(x @ w.T + b) [+ r] [-> LayerNorm], INT8 (per-token sym / asym, static) or FP16.
+"""linear: y = act(x @ w.T + b) [+ r], INT8 (per-token sym / asym, static) or FP16.
 
 One Triton kernel, specialised by constexpr flags:
 
@@ -16,40 +16,22 @@ One Triton kernel, specialised by constexpr flags:
   of A's bits in the loop; QUANT 4 / 8: the a_scale the quantiser poisoned, kernels/quantize.py).
 * ``ACT`` 0 none, 1 gelu (erf), 2 gelu_tanh, 3 relu, 4 sigmoid, 5 silu; before the residual.
 * ``HAS_RES``: ``+ r`` after the activation (fp32).
-* ``LN``: the program owns whole rows (``BLOCK_N >= N``, grid_n == 1); the epilogue
-  computes ``LayerNorm(y) * ln_w + ln_b`` in fp32 (two-pass on the tile in registers);
-  ``RMS``: the RMSNorm instead; ``POST``: the residual after the norm, norm(y) + r (Gemma3's
-  norm of each branch before its residual add).
-* ``AMAX_OUT`` 0 none; 1 atomic max of |y| per row into ``amax_out_ptr`` (the buffer
+* ``AMAX_OUT``: the atomic max of |y| per row into ``amax_out_ptr`` (the buffer
   must be zero beforehand; amax >= 0 so a float atomic max is exact, and a NaN amax, a
   positive NaN, wins it: Triton's float atomic max is an integer max for values >= 0 by sign
-  bit, and NaN's bits lie above every float's); 2 plain store
-  (LN mode only, the program sees the whole row). The next INT8 linear reads it (QUANT 1).
+  bit, and NaN's bits lie above every float's). The next INT8 linear reads it (QUANT 1).
 * ``QUANT`` 4: A already int8 (written by its producer or by ``quantize.quantize_kernel``)
   with the per-row ``a_scale`` itself in ``a_amax_ptr``; with ``ASYM`` the copy is the
   asymmetric one stored as ``q_u8 - 128`` and the exact integer sum is
   ``dot(q_s, w) + (128 - zp[t]) * colsum[n]`` (``colsum[n] = sum_k w_q[n, k]``, int32,
   packed with the weights) == ``primitives.int8_matmul_asym_exact``.
-* ``QUANT`` 16: the consumer's quantize launch folded into the GEMM (``gemm_tile_fold``): A
-  is fp16; a prologue walks the program's BLOCK_M rows once for their statistics (``q_stats``
-  after this linear's own act_shift / act_mul, ``IN_SHIFT`` / ``IN_MUL``), then the main loop
-  quantises each A tile (``q_params`` / ``q_apply``, ``IN_QM`` 1 / 2 / 3) into the int8 dot:
-  the same codes, scales and zero points as ``quantize.quantize_kernel`` + QUANT 4, so the
-  output is bit-identical, with one launch fewer. An option of the small plan
-  (``CudaOptions.fold_quant``), off: on the H200 the two passes over K (not pipelined) cost
-  more than the launch they save (options.py has the figures).
 * ``QUANT`` 8: FP8. A is the float8e4nv copy (written by its producer or by
   ``quantize.quantize_kernel``, QMODE 5) with the per-row ``a_scale`` in ``a_amax_ptr``, W
   float8e4nv [N, K] with ``ws`` per output channel; ``tl.dot`` on fp8 operands into an fp32
   accumulator (promoted every BLOCK_K products: ``max_num_imprecise_acc``, Hopper's fp8
   wgmma keeps fewer bits internally), ``y = acc * (a_scale[t] * ws[n]) + b[n]`` as INT8 ==
   ``zoi.numerics.fp8.linear_fp8_emulated`` up to fp32 summation order.
-* ``ROWQ``: no LN, but each program owns BLOCK_M whole rows (loops over the N tiles, storing
-  y), then reads its rows back and writes their int8 copy (``quantize.q_stats`` /
-  ``q_params`` / ``q_apply``: the same numerics as ``quant_rows`` on the stored fp16 y), so
-  that ffn2 needs no quantize launch. Measured slower than ffn1 + quantize on the H200 (the
-  N tiles run one after another in a program): the backend keeps it off (``ROWQ``).
-* ``FIRST_ROW`` (INT8, every QUANT of it): the first row of each sequence quantised twice
+* ``FIRST_ROW`` (INT8, QUANT 1 / 2 / 4): the first row of each sequence quantised twice
   (``zoi.numerics.primitives.first_row_residual``: q2 = the residual of q1 on the fixed scale
   s2 = s1 * 2^-8). A tile holding such a row (row map ``fr_ptr`` >= 0, tested once before the
   K loop: the other tiles run the plain loop) computes q2 of those rows in the same K loop
@@ -57,10 +39,12 @@ One Triton kernel, specialised by constexpr flags:
   rows the int8 A came from, masked to the first rows) and accumulates ``dot(q2, w)`` with the
   W tile just loaded into a second int32 accumulator; after the bias, those rows get
   ``+ acc2 * (s2 * ws[n])`` (``primitives.add_first_row_term``).
-* ``Q_OUT`` (LN mode, or ROWQ): also write y quantised per token for the next INT8 linear
-  (``quantize.quant_rows``: mode 1 symmetric, 2 static, 3 asymmetric; that consumer's
-  act_shift / act_mul applied first), with a_scale (and zp) per row, so that it runs as
-  QUANT 4 (a pure int8 GEMM, no conversion in its main loop).
+
+Not here, measured slower on the H200 and removed (lab/gpu/NOTES.md has the figures): a
+LayerNorm epilogue (o / ffn2 + LN: a program owning whole rows lost to linear + add_layernorm
+at every bucket), a mode in which ffn1's programs own whole rows to write ffn2's int8 copy
+(slower than ffn1 + a quantize launch), and the quantize launch folded into the consumer's GEMM
+(a second, un-pipelined walk over K cost more than the launch it saved).
 """
 
 from __future__ import annotations
@@ -71,16 +55,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, norm_rows, rint
-from zoi.backends.cuda.kernels.quantize import (
-    QMODES,
-    act_tf,
-    first_row_q2,
-    q_apply,
-    q_params,
-    q_stats,
-    quant_rows,
-)
+from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, rint
+from zoi.backends.cuda.kernels.quantize import act_tf, first_row_q2
 
 
 @triton.jit
@@ -124,33 +100,6 @@ def int8_loop(
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     return acc, acc2, a_bits
-
-
-@triton.jit
-def fold_loop(
-    a_rows, w_ptrs, rk, K, inv, z, s1, zq, has, in_shift_ptr, in_mul_ptr, IN_QM: tl.constexpr,
-    IN_SHIFT: tl.constexpr, IN_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FR: tl.constexpr,
-):  # fmt: skip
-    """The main K loop of QUANT 16 (codes of x' with q_params' inv / z): (acc, acc2), FR as
-    int8_loop (x' and q1 are this loop's own)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    s2 = s1 * 0.00390625  # spec: s2 = s1 * 2^-8 (exact)
-    for k in range(0, K, BLOCK_K):
-        kk = k + rk
-        k_ok = kk < K
-        x = tl.load(a_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
-        q = q_apply(x, inv, z, IN_QM)  # columns past K: any code, against W's zeros
-        w = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
-        acc = tl.dot(q, w, acc, out_dtype=tl.int32)
-        if FR:
-            ok = has[:, None] & k_ok[None, :]
-            q2 = first_row_q2(x, q.to(tl.float32) + zq[:, None], s1, s2, ok)
-            acc2 = tl.dot(q2, w, acc2, out_dtype=tl.int32)
-        w_ptrs += BLOCK_K
-    return acc, acc2
 
 
 @triton.jit
@@ -265,79 +214,6 @@ def gemm_tile(
 
 
 @triton.jit
-def gemm_tile_fold(
-    a_ptr,
-    colsum_ptr,
-    w_ptr,
-    ws_ptr,
-    b_ptr,
-    in_shift_ptr,
-    in_mul_ptr,
-    rm_c,
-    rn,
-    n_mask,
-    K,
-    lda,
-    static_amax,
-    IN_QM: tl.constexpr,
-    IN_SHIFT: tl.constexpr,
-    IN_MUL: tl.constexpr,
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FIRST_ROW: tl.constexpr = False,
-    fr=None,
-):
-    """QUANT 16: one output tile of an INT8 linear over fp16 A, quantised per row in the GEMM
-    exactly as quantize_kernel would (statistics of the whole row first, then the codes);
-    FIRST_ROW as gemm_tile."""
-    rk = tl.arange(0, BLOCK_K)
-    rn_c = tl.where(n_mask, rn, 0)
-    a_rows = a_ptr + rm_c[:, None].to(tl.int64) * lda
-    w_ptrs = w_ptr + rn_c[None, :].to(tl.int64) * K + rk[:, None]  # [BLOCK_K, BLOCK_N] of W^T
-    lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):  # the rows' statistics (exact: min / max, tile by tile)
-        kk = k + rk
-        k_ok = kk < K
-        x = tl.load(a_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        x = act_tf(x, kk, k_ok, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL)
-        lo, hi = q_stats(x, lo, hi, IN_QM)
-    inv, z, a_scale, zp = q_params(lo, hi, static_amax, IN_QM)
-    zq = tl.zeros_like(a_scale)
-    if IN_QM == 3:
-        zq = (128 - zp).to(tl.float32)
-    if FIRST_ROW:
-        has = fr >= 0
-        if tl.max(fr, axis=0) >= 0:  # a first row in the tile: the loop that adds q2
-            acc, acc2 = fold_loop(
-                a_rows, w_ptrs, rk, K, inv, z, a_scale, zq, has, in_shift_ptr, in_mul_ptr,
-                IN_QM, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, True,
-            )  # fmt: skip
-        else:
-            acc, acc2 = fold_loop(
-                a_rows, w_ptrs, rk, K, inv, z, a_scale, zq, has, in_shift_ptr, in_mul_ptr,
-                IN_QM, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, False,
-            )  # fmt: skip
-    else:
-        acc, acc2 = fold_loop(
-            a_rows, w_ptrs, rk, K, inv, z, a_scale, zq, zq > 0.0, in_shift_ptr, in_mul_ptr,
-            IN_QM, IN_SHIFT, IN_MUL, BLOCK_M, BLOCK_N, BLOCK_K, False,
-        )  # fmt: skip
-    if IN_QM == 3:  # sum_k q_u8 w = dot(q_u8 - 128, w) + 128 colsum; minus zp colsum
-        cs = tl.load(colsum_ptr + rn_c)
-        acc += (128 - zp)[:, None] * cs[None, :]
-    ws = tl.load(ws_ptr + rn, mask=n_mask, other=0.0)
-    y = acc.to(tl.float32) * (a_scale[:, None] * ws[None, :])
-    bias = tl.load(b_ptr + rn, mask=n_mask, other=0.0)
-    y = y + bias[None, :]
-    if FIRST_ROW:
-        y = first_rows_term(y, acc2, a_scale, ws, fr)
-    return activation(y, ACT)
-
-
-@triton.jit
 def first_rows_term(y, acc2, s1, ws, fr):
     """y (bias in) + float(q2 . w) * (s2 * ws[n]) on the rows that start a sequence (fr >= 0),
     s2 = s1 * 2^-8 (a NaN s1, a NaN row: NaN outputs) == primitives.add_first_row_term."""
@@ -355,17 +231,10 @@ def linear_kernel(
     ws_ptr,  # [N] fp32 per-output-channel weight scale (QUANT 1, 2, 4)
     b_ptr,  # [N] fp32 bias
     r_ptr,  # [M, N] residual (HAS_RES), row stride ldr
-    lnw_ptr,  # [N] fp32 LayerNorm weight (LN)
-    lnb_ptr,  # [N] fp32 LayerNorm bias (LN)
     y_ptr,  # [M, N] output (dtype of the buffer), row stride ldy
     amax_out_ptr,  # [M] fp32 per-row amax of y (AMAX_OUT)
-    yq_ptr,  # [M, N] int8 per-token quantised y, row stride ldyq (Q_OUT, LN mode)
-    yqs_ptr,  # [M] fp32 a_scale of yq (Q_OUT)
-    yqz_ptr,  # [M] int32 zero point of yq (Q_OUT 3)
-    qshift_ptr,  # [N] fp32 act_shift of the consumer (Q_SHIFT)
-    qmul_ptr,  # [N] fp32 act_mul of the consumer (Q_MUL)
-    in_shift_ptr,  # [K] fp32 this linear's act_shift (QUANT 16, or 4 with FIRST_ROW; IN_SHIFT)
-    in_mul_ptr,  # [K] fp32 this linear's act_mul (QUANT 16, or 4 with FIRST_ROW; IN_MUL)
+    in_shift_ptr,  # [K] fp32 this linear's act_shift (QUANT 4 with FIRST_ROW; IN_SHIFT)
+    in_mul_ptr,  # [K] fp32 this linear's act_mul (QUANT 4 with FIRST_ROW; IN_MUL)
     fr_ptr,  # [M] int32 row -> sequence whose first row it is, or -1 (FIRST_ROW)
     x_ptr,  # [M, K] fp16 rows the int8 A was quantised from, row stride ldx (FIRST_ROW, QUANT 4)
     M,
@@ -374,142 +243,62 @@ def linear_kernel(
     lda,
     ldr,
     ldy,
-    ldyq,
     ldx,
     static_amax,  # float, QUANT 2
-    eps,  # float, LN
-    q_static_amax,  # float, Q_OUT 2
     QUANT: tl.constexpr,
     ASYM: tl.constexpr,
     ACT: tl.constexpr,
     HAS_RES: tl.constexpr,
-    LN: tl.constexpr,
     AMAX_OUT: tl.constexpr,
-    Q_OUT: tl.constexpr,
-    Q_SHIFT: tl.constexpr,
-    Q_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PDL: tl.constexpr,
-    ROWQ: tl.constexpr,
-    IN_QM: tl.constexpr,
     IN_SHIFT: tl.constexpr,
     IN_MUL: tl.constexpr,
-    RMS: tl.constexpr = False,  # LN: RMSNorm
-    POST: tl.constexpr = False,  # LN with HAS_RES: norm(y) + r
     FIRST_ROW: tl.constexpr = False,  # INT8: the first rows' second quantisation, in the loop
 ):
     if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
     pid = tl.program_id(0)
-    if ROWQ:  # this program owns BLOCK_M whole rows: all N tiles, then their int8 copy
-        rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_mask = rm < M
-        rm_c = tl.where(m_mask, rm, 0)
-        fr = rm_c
-        if FIRST_ROW:  # row -> its sequence if it starts one, else -1 (rows past M too)
-            fr = tl.load(fr_ptr + rm, mask=m_mask, other=-1)
-        y_rows = y_ptr + rm[:, None].to(tl.int64) * ldy
-        lo = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        hi = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for n0 in range(0, N, BLOCK_N):
-            rn = n0 + tl.arange(0, BLOCK_N)
-            n_mask = rn < N
-            y = gemm_tile(
-                a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
-                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
-                fr, x_ptr, ldx, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL,
-            )  # fmt: skip
-            out = y.to(y_ptr.dtype.element_ty)
-            tl.store(y_rows + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
-            x = act_tf(out.to(tl.float32), rn, n_mask, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
-            lo, hi = q_stats(x, lo, hi, Q_OUT)
-        inv, z, qs, qz = q_params(lo, hi, q_static_amax, Q_OUT)
-        tl.debug_barrier()  # the stored tiles are read back by other threads of this program
-        for n0 in range(0, N, BLOCK_N):
-            rn = n0 + tl.arange(0, BLOCK_N)
-            n_mask = rn < N
-            mask2 = m_mask[:, None] & n_mask[None, :]
-            out = tl.load(y_rows + rn[None, :], mask=mask2, other=0.0, cache_modifier=".cg")
-            x = act_tf(out.to(tl.float32), rn, n_mask, qshift_ptr, qmul_ptr, Q_SHIFT, Q_MUL)
-            yq = q_apply(x, inv, z, Q_OUT)
-            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
-        tl.store(yqs_ptr + rm, qs, mask=m_mask)
-        if Q_OUT == 3:
-            tl.store(yqz_ptr + rm, qz, mask=m_mask)
-    else:
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(N, BLOCK_N)
-        # grouped ordering: consecutive programs share W tiles in L2
-        group = GROUP_M * num_n
-        gid = pid // group
-        first_m = gid * GROUP_M
-        gsize = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group) % gsize
-        pid_n = (pid % group) // gsize
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # grouped ordering: consecutive programs share W tiles in L2
+    group = GROUP_M * num_n
+    gid = pid // group
+    first_m = gid * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gsize
+    pid_n = (pid % group) // gsize
 
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_mask = rm < M
-        n_mask = rn < N
-        # clamp rows for the main-loop loads (in bounds; their results are masked at the store).
-        # The column index along N stays a plain arange: the epilogue's loads and stores are
-        # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
-        # stores: 121 GB/s, measured on the H200, 2026-11-30).
-        rm_c = tl.where(m_mask, rm, 0)
-        fr = rm_c
-        if FIRST_ROW:  # row -> its sequence if it starts one, else -1 (rows past M too)
-            fr = tl.load(fr_ptr + rm, mask=m_mask, other=-1)
-        if QUANT == 16:
-            y = gemm_tile_fold(
-                a_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, in_shift_ptr, in_mul_ptr, rm_c, rn,
-                n_mask, K, lda, static_amax, IN_QM, IN_SHIFT, IN_MUL, ACT, BLOCK_M, BLOCK_N,
-                BLOCK_K, FIRST_ROW, fr,
-            )  # fmt: skip
-        else:
-            y = gemm_tile(
-                a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
-                K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
-                fr, x_ptr, ldx, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL,
-            )  # fmt: skip
-        mask2 = m_mask[:, None] & n_mask[None, :]
-        if HAS_RES:
-            r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
-            if not POST:
-                y = y + r.to(tl.float32)
-        if LN:
-            lw = tl.load(lnw_ptr + rn, mask=n_mask, other=0.0)
-            lb = tl.load(lnb_ptr + rn, mask=n_mask, other=0.0)
-            y = norm_rows(y, n_mask, lw, lb, N, eps, RMS)
-            if HAS_RES and POST:
-                y = y + r.to(tl.float32)
-        out = y.to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
-        if AMAX_OUT != 0:  # NaN-keeping (a NaN row's amax is NaN: its consumer's scale too)
-            row_amax = amax_rows(tl.where(mask2, out.to(tl.float32), 0.0))
-            if AMAX_OUT == 1:
-                tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
-            else:
-                tl.store(amax_out_ptr + rm, row_amax, mask=m_mask)
-        if Q_OUT != 0:  # LN mode: the program owns whole rows
-            yq, qs, qz = quant_rows(
-                out.to(tl.float32),
-                rn,
-                n_mask,
-                qshift_ptr,
-                qmul_ptr,
-                q_static_amax,
-                Q_OUT,
-                Q_SHIFT,
-                Q_MUL,
-            )
-            tl.store(yq_ptr + rm[:, None].to(tl.int64) * ldyq + rn[None, :], yq, mask=mask2)
-            tl.store(yqs_ptr + rm, qs, mask=m_mask)
-            if Q_OUT == 3:
-                tl.store(yqz_ptr + rm, qz, mask=m_mask)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = rm < M
+    n_mask = rn < N
+    # clamp rows for the main-loop loads (in bounds; their results are masked at the store).
+    # The column index along N stays a plain arange: the epilogue's loads and stores are
+    # contiguous along N and must stay provably so (a clamped index made them 2-byte scalar
+    # stores: 121 GB/s, measured on the H200, 2026-11-30).
+    rm_c = tl.where(m_mask, rm, 0)
+    fr = rm_c
+    if FIRST_ROW:  # row -> its sequence if it starts one, else -1 (rows past M too)
+        fr = tl.load(fr_ptr + rm, mask=m_mask, other=-1)
+    y = gemm_tile(
+        a_ptr, a_amax_ptr, a_zp_ptr, colsum_ptr, w_ptr, ws_ptr, b_ptr, rm_c, rn, n_mask,
+        K, lda, static_amax, QUANT, ASYM, ACT, BLOCK_M, BLOCK_N, BLOCK_K, FIRST_ROW,
+        fr, x_ptr, ldx, in_shift_ptr, in_mul_ptr, IN_SHIFT, IN_MUL,
+    )  # fmt: skip
+    mask2 = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        r = tl.load(r_ptr + rm[:, None].to(tl.int64) * ldr + rn[None, :], mask=mask2, other=0.0)
+        y = y + r.to(tl.float32)
+    out = y.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + rm[:, None].to(tl.int64) * ldy + rn[None, :], out, mask=mask2)
+    if AMAX_OUT:  # NaN-keeping (a NaN row's amax is NaN: its consumer's scale too)
+        row_amax = amax_rows(tl.where(mask2, out.to(tl.float32), 0.0))
+        tl.atomic_max(amax_out_ptr + rm, row_amax, mask=m_mask)
 
 
 from zoi.backends.cuda.kernels.linear_table import _LINEAR  # noqa: E402  (the measured tiles)
@@ -526,36 +315,20 @@ def _as_cfg(t) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
 
 
-def pick_config(
-    M: int, N: int, K: int, quant: bool, ln: bool, prequant: bool = True, rowq: bool = False
-) -> dict:
+def pick_config(M: int, N: int, K: int, quant: bool, *, prequant: bool = True) -> dict:
     """Tile configuration per shape, chosen once at compile time.
 
     MiniLM / bert-base shapes: the measured table above (prequant: A is int8, QUANT 4; the
-    in-loop quantising QUANT 1 / 2 and other shapes use the rules below). ``rowq``: the program
-    owns BLOCK_M whole rows (loops over N) and writes their int8 copy (ROWQ mode).
+    in-loop quantising QUANT 1 / 2 and other shapes use the rules below).
     Rules elsewhere: small M, 16-row tiles (mma.sync) and narrow N tiles, so that more programs
     share the weight reads; large M, 128x128 tiles with BLOCK_K 64 and 4 warps (wgmma), which won
     at every large shape of the sweep (128x256 / 8 warps, the pick before it, lost 10-30%).
-    LN epilogue: the program must own whole rows, BLOCK_N = next_pow2(N).
     """
-    if rowq:
-        return _rowq_config(M, N, K, quant)
     prec = "int8" if quant else "fp16"
-    hit = _LINEAR.get((prec, bool(ln), int(N), int(K))) if (prequant or not quant) else None
+    hit = _LINEAR.get((prec, int(N), int(K))) if (prequant or not quant) else None
     if hit is not None:
         return _as_cfg(hit[_nearest(M)])
     bk = 128 if quant else 64
-    if ln:
-        bn = triton.next_power_of_2(N)
-        bm = 16 if M <= 256 else (32 if M <= 4096 else 64)
-        if bn >= 1024:
-            bk = 64
-        warps = 4 if bn * bm <= 8192 else 8
-        stages = 3 if bn <= 512 else 2
-        return dict(
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages
-        )
     if M <= 256:
         return dict(
             BLOCK_M=16,
@@ -575,38 +348,7 @@ def pick_config(
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
 
 
-# ROWQ (a linear that writes the int8 copy of its output: ffn1 -> ffn2; off in the backend, as
-# it measured slower than ffn1 + a quantize launch): the sweep's winners (gpu_sweep_rowq_
-# 20261201T1023Z), us: minilm 44.2 at 4096, 245.7 at 32768; bert-base 112.6 / 566.0.
-_ROWQ: dict = {
-    ("int8", 1536, 384): {
-        1024: (16, 256, 64, 8, 3),
-        4096: (16, 256, 128, 8, 2),
-        16384: (64, 128, 128, 4, 4),
-        32768: (128, 64, 64, 4, 4),
-    },
-    ("int8", 3072, 768): {
-        1024: (16, 256, 128, 4, 3),
-        4096: (16, 256, 128, 4, 3),
-        16384: (64, 128, 128, 4, 4),
-        32768: (128, 64, 64, 4, 4),
-    },
-}
-
-
-def _rowq_config(M: int, N: int, K: int, quant: bool) -> dict:
-    hit = _ROWQ.get(("int8" if quant else "fp16", int(N), int(K)))
-    if hit is not None:
-        return _as_cfg(hit[_nearest(M, tuple(hit))])
-    bm = 16 if M < 8192 else (32 if M < 16384 else 64)
-    return dict(
-        BLOCK_M=bm, BLOCK_N=128, BLOCK_K=128 if quant else 64, GROUP_M=8, num_warps=4, num_stages=3
-    )
-
-
-def grid_size(M: int, N: int, cfg: dict, rowq: bool = False) -> int:
-    if rowq:
-        return triton.cdiv(M, cfg["BLOCK_M"])
+def grid_size(M: int, N: int, cfg: dict) -> int:
     return triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
 
 
@@ -617,8 +359,6 @@ def launch_linear(
     ws,
     b,
     r,
-    lnw,
-    lnb,
     y,
     amax_out,
     M,
@@ -628,65 +368,36 @@ def launch_linear(
     quant,
     act="none",
     static_amax=0.0,
-    eps=1e-12,
-    ln=False,
-    amax_out_mode=0,
     cfg=None,
     pdl=False,
     a_zp=None,
     colsum=None,
-    yq=None,
-    yq_scale=None,
-    yq_zp=None,
-    q_mode="dynamic",
-    q_shift=None,
-    q_mul=None,
-    q_static_amax=0.0,
-    in_mode=None,
     in_shift=None,
     in_mul=None,
-    rms=False,
-    post=False,
     first_row=None,
 ):
     """Launch on the current stream. Arguments are torch tensors (or anything Triton accepts).
 
-    quant 4 with a_zp / colsum: A is the asymmetric copy (q_u8 - 128). yq: also write the
-    per-token int8 copy of y for the next linear, in q_mode ("dynamic", "static",
-    "dynamic_asym"), a_scale into yq_scale, zp into yq_zp, after q_shift / q_mul; in LN mode
-    from the epilogue, otherwise in ROWQ mode (each program owns BLOCK_M rows, loops over all
-    N tiles storing y, then reads its rows back and quantises them).
-    quant 16: A is fp16, quantised in the GEMM in in_mode ("dynamic", "static",
-    "dynamic_asym": colsum needed) after this linear's in_shift / in_mul, as a quantize launch
-    would (static_amax: the static scheme's). rms / post (LN mode): RMSNorm / norm(y) + r.
+    quant 4 with a_zp / colsum: A is the asymmetric copy (q_u8 - 128). amax_out: fp32 [M],
+    zeroed beforehand, gets the atomic max of |y| per row (None: not written).
     first_row (INT8 only): (fr_map, x), fr_map int32 [M] the sequence each row starts or -1
-    (the embedding kernel's, embed.py FR_MAP): the first row of each sequence quantised twice (zoi.numerics.primitives.first_row_residual), its q2
-    computed in the K loop; x: quant 4, the fp16 [M, K] rows the int8 A was quantised from
-    (this linear's in_shift / in_mul applied to them), else None (A itself is fp16)."""
-    assert first_row is None or quant in (1, 2, 4, 16), "the first-row residual is INT8 only"
+    (the embedding kernel's, embed.py FR_MAP): the first row of each sequence quantised twice
+    (zoi.numerics.primitives.first_row_residual), its q2 computed in the K loop; x: quant 4,
+    the fp16 [M, K] rows the int8 A was quantised from (this linear's in_shift / in_mul applied
+    to them), else None (A itself is fp16)."""
+    assert first_row is None or quant in (1, 2, 4), "the first-row residual is INT8 only"
     fr_x = first_row[1] if first_row is not None else None
     assert first_row is None or (fr_x is not None) == (quant == 4), (
         "the first-row residual: x is the fp16 source of an int8 A (quant 4) only"
     )
-    assert quant in (4, 16) or (in_shift is None and in_mul is None), "in_shift: quant 4 / 16"
-    assert ln or not (rms or post), "rms / post are modes of the LN epilogue"
-    rowq = yq is not None and not ln  # ROWQ: the program loops over N, then quantises its rows
-    in_qm = 0
-    if quant == 16:
-        in_qm = QMODES[in_mode] if isinstance(in_mode, str) else int(in_mode)
-        assert in_qm in (1, 2, 3) and not rowq, "QUANT 16: an int8 mode, no ROWQ"
-        assert in_qm != 3 or colsum is not None, "QUANT 16 asymmetric needs colsum"
-    assert not rowq or (r is None and amax_out_mode == 0), "ROWQ has no residual / amax out"
-    cfg = cfg or pick_config(M, N, K, quant != 0, ln, prequant=quant in (4, 8), rowq=rowq)
-    if ln:
-        assert cfg["BLOCK_N"] >= N, "LN epilogue needs whole rows in one program"
-    assert yq is None or yq_scale is not None, "Q_OUT needs yq_scale"
+    assert fr_x is not None or (in_shift is None and in_mul is None), (
+        "in_shift / in_mul: the first-row residual of quant 4 only"
+    )
+    cfg = cfg or pick_config(M, N, K, quant != 0, prequant=quant in (4, 8))
     asym = quant == 4 and a_zp is not None
     assert not asym or colsum is not None
-    qmode = (QMODES[q_mode] if isinstance(q_mode, str) else int(q_mode)) if yq is not None else 0
-    assert qmode != 3 or yq_zp is not None
     dummy = b
-    linear_kernel[(grid_size(M, N, cfg, rowq),)](
+    linear_kernel[(grid_size(M, N, cfg),)](
         a,
         a_amax if a_amax is not None else dummy,
         a_zp if a_zp is not None else dummy,
@@ -695,15 +406,8 @@ def launch_linear(
         ws if ws is not None else dummy,
         b,
         r if r is not None else dummy,
-        lnw if lnw is not None else dummy,
-        lnb if lnb is not None else dummy,
         y,
         amax_out if amax_out is not None else dummy,
-        yq if yq is not None else y,
-        yq_scale if yq_scale is not None else dummy,
-        yq_zp if yq_zp is not None else dummy,
-        q_shift if q_shift is not None else dummy,
-        q_mul if q_mul is not None else dummy,
         in_shift if in_shift is not None else dummy,
         in_mul if in_mul is not None else dummy,
         first_row[0] if first_row is not None else dummy,
@@ -714,27 +418,16 @@ def launch_linear(
         a.stride(0),
         r.stride(0) if r is not None else 0,
         y.stride(0),
-        yq.stride(0) if yq is not None else 0,
         fr_x.stride(0) if fr_x is not None else 0,
         float(static_amax),
-        float(eps),
-        float(q_static_amax),
         QUANT=quant,
         ASYM=asym,
         ACT=ACTS[act] if isinstance(act, str) else act,
         HAS_RES=r is not None,
-        LN=ln,
-        AMAX_OUT=amax_out_mode,
-        Q_OUT=qmode,
-        Q_SHIFT=q_shift is not None,
-        Q_MUL=q_mul is not None,
+        AMAX_OUT=amax_out is not None,
         PDL=pdl,
-        ROWQ=rowq,
-        IN_QM=in_qm,
         IN_SHIFT=in_shift is not None,
         IN_MUL=in_mul is not None,
-        RMS=bool(rms),
-        POST=bool(post),
         FIRST_ROW=first_row is not None,
         launch_pdl=pdl,
         **cfg,

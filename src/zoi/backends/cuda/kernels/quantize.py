@@ -1,7 +1,7 @@
 """Per-token INT8 quantisation of whole activation rows: the numerics of zoi.numerics.primitives.
 
 ``quant_rows`` (a ``triton.jit`` helper) is what every producer that sees whole rows calls
-in its epilogue (embed, add_layernorm, linear + LayerNorm) to write the int8 copy its INT8
+in its epilogue (embed, add_layernorm) to write the int8 copy its INT8
 consumer reads; ``quantize_kernel`` is the same as a launch of its own, for consumers whose
 producer sees only tiles of a row (attention -> o, ffn1 -> ffn2) when the in-loop path of
 the linear kernel cannot serve them (asymmetric scheme, or an act_mul / act_shift).
@@ -248,7 +248,7 @@ def launch_quantize(
 # quantised with the fixed scale s2 = s1 * 2^-8 (|r| <= s1 / 2 when q1 is not clamped) into
 # q2; the INT8 GEMM adds float(q2 . w) * (s2 * ws[n]) to that row after its bias. q2 of an
 # element depends on that element, x' and s1 only, so the linear kernel computes it in its own
-# K loop from the block it is reading (kernels/linear.py int8_loop / fold_loop): no launch;
+# K loop from the block it is reading (kernels/linear.py int8_loop): no launch;
 # the row map it needs comes with the embedding (embed.py FR_MAP, first_row_seq).
 
 
