@@ -69,6 +69,28 @@ void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m,
       }, "ids"_a, "rows"_a, "starts"_a, "counts"_a, "want"_a, "samp"_a, "seeds"_a, "index"_a, "tables"_a, "out"_a,
          "one generation step in one native call (GIL released): out[b] = the sampled next token of entry b, -1 "
          "where want[b] is 0")
+      .def("profile_gen", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> rows, Arr<const int32_t> starts,
+                             Arr<const int32_t> counts, Arr<const int32_t> tables) {
+        const size_t B = rows.size();
+        need_len(starts.size(), B, "starts");
+        need_len(counts.size(), B, "counts");
+        if (tables.ndim() != 2) throw nb::value_error("tables must be [rows, max_blocks]");
+        std::vector<int32_t> want(B, 1), out(B);
+        std::vector<double> samp(3 * B, 0.0), wall(e.num_steps()), cpu(e.num_steps());
+        std::vector<uint64_t> seeds(B, 0);
+        std::vector<int64_t> index(B, 0);
+        {
+          nb::gil_scoped_release nogil;
+          e.run_gen(ids.data(), static_cast<int>(ids.size()), rows.data(), starts.data(), counts.data(), want.data(),
+                    static_cast<int>(B), samp.data(), seeds.data(), index.data(), tables.data(), out.data(), wall.data(),
+                    cpu.data());
+        }
+        nb::list l;
+        for (int i = 0; i < e.num_steps(); ++i) l.append(nb::make_tuple(std::string(e.step_kind(i)), wall[i], cpu[i]));
+        return l;
+      }, "ids"_a, "rows"_a, "starts"_a, "counts"_a, "tables"_a,
+         "kernel lab: one greedy generation step; [(step kind, thread-0 wall s, thread-0 CPU s)] per step (it writes "
+         "the KV cache as run_gen does)")
       .def("gen_logits", [](const zoi::Engine& e) {
         const size_t B = static_cast<size_t>(e.last_batch()), V = static_cast<size_t>(e.out_cols());
         float* data = new float[B * V];

@@ -110,9 +110,10 @@ class Engine {
   // T ids (packed in order) at positions starts[b].. of block-table row rows[b]; want[b]: sample
   // its next token into out[b] (else -1). samp [B, 3]: temperature, top_k, top_p; seeds and draw
   // index per entry. Throws std::invalid_argument on a malformed step before touching anything.
+  // wall / cpu (optional, [num_steps()]): the kernel lab's per-step times of thread 0 (profile)
   void run_gen(const int32_t* ids, int T, const int32_t* rows, const int32_t* starts, const int32_t* counts,
                const int32_t* want, int B, const double* samp, const uint64_t* seeds, const int64_t* index,
-               const int32_t* tables, int32_t* out);
+               const int32_t* tables, int32_t* out, double* wall = nullptr, double* cpu = nullptr);
   // the logits of the last run_gen, B rows of out_cols() (tests)
   const float* gen_logits() const { return reinterpret_cast<const float*>(static_cast<const char*>(arena_.get()) + out_off_); }
   int last_batch() const { return B_; }

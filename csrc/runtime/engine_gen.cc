@@ -181,7 +181,7 @@ void Engine::exec_gen(const Step& s, int part, int parts) {
 
 void Engine::run_gen(const int32_t* ids, int T, const int32_t* rows, const int32_t* starts, const int32_t* counts,
                      const int32_t* want, int B, const double* samp, const uint64_t* seeds, const int64_t* index,
-                     const int32_t* tables, int32_t* out) {
+                     const int32_t* tables, int32_t* out, double* wall, double* cpu) {
   if (!finalized_) throw std::invalid_argument("Engine.finalize() was not called");
   if (kv_rows_ == 0 || !kv_) throw std::invalid_argument("this plan has no KV cache: run it with run()");
   if (T < 1 || T > max_tokens_) throw std::invalid_argument("tokens per step must lie in [1, max_tokens]");
@@ -239,7 +239,10 @@ void Engine::run_gen(const int32_t* ids, int T, const int32_t* rows, const int32
   seeds_ = seeds;
   index_ = index;
   out_tok_ = out;
+  prof_wall_ = wall;
+  prof_cpu_ = wall ? cpu : nullptr;
   launch(0, num_steps());
+  prof_wall_ = prof_cpu_ = nullptr;
   tables_ = nullptr;
   want_ = nullptr;
   out_tok_ = nullptr;

@@ -134,7 +134,7 @@ def bench_zoi(
         **_largest(by),
         "precision": precision,
         "isa": be.isa,
-        "threads": be.model.nthreads,
+        "threads": be.engine.nthreads,
     }
 
 
