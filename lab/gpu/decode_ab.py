@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--models", default="llama-3.2-1b,qwen2.5-0.5b")
     ap.add_argument("--variants", default="base,pdl,pdl+prefetch")
-    ap.add_argument("--precision", default="int8", help="int8, w8a8 or fp16")
+    ap.add_argument("--precision", default="w8", help="w8 (weight-only INT8), int8 (W8A8) or fp16")
     ap.add_argument(
         "--kw",
         default="",

@@ -205,9 +205,9 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001
         doc["errors"]["torch"] = repr(e)
     work = [
-        ("llama-3.2-1b int8 b1", lambda: batch1("llama-3.2-1b", "int8", prompt, new)),
+        ("llama-3.2-1b w8 b1", lambda: batch1("llama-3.2-1b", "w8", prompt, new)),
         ("llama-3.2-1b fp16 b1", lambda: batch1("llama-3.2-1b", "fp16", prompt, new)),
-        ("qwen2.5-0.5b int8 x32", lambda: streams("qwen2.5-0.5b", "int8", 32, prompt, new)),
+        ("qwen2.5-0.5b w8 x32", lambda: streams("qwen2.5-0.5b", "w8", 32, prompt, new)),
         ("qwen2.5-0.5b fp16 x32", lambda: streams("qwen2.5-0.5b", "fp16", 32, prompt, new)),
     ]
     if not a.no_peer:

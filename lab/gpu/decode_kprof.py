@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     be = CudaDecoderBackend(
         spec,
         random_weights(spec, 0),
-        precision="int8",
+        precision="w8",  # weight-only INT8
         max_batch=a.batch,
         max_seq_len=a.ctx + 64,
         pdl=bool(a.pdl),

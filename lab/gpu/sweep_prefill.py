@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         from zoi.decoder.cuda.synth import random_weights, shape_spec
 
         spec = shape_spec("qwen2.5-0.5b")
-        be = CudaDecoderBackend(spec, random_weights(spec, 0), precision="int8", max_batch=32,
+        be = CudaDecoderBackend(spec, random_weights(spec, 0), precision="w8", max_batch=32,
                                 max_seq_len=128 + 128 + 8, max_prefill_tokens=32 * 128)  # fmt: skip
         saved = dict(lt.PREFILL_TABLE)
         e2e = {}
