@@ -196,3 +196,28 @@ def test_precision_words(ckpt):
     for bad in ("w8", "fp16", "int4"):
         with pytest.raises(InputError, match="'fp32' or 'int8'"):
             CpuBackend(spec, w, precision=bad, **kw)
+
+
+def test_decode_bench_cpu_rows(ckpt, tmp_path, monkeypatch):
+    """`zoi bench` decode on the CPU providers (a tiny checkpoint in place of the real shapes):
+    every row measured, none an error, the row naming its precision, ISA and threads."""
+    from zoi.bench import decode
+
+    monkeypatch.setitem(decode.WORKLOADS, "tiny-decode", "tiny")
+    monkeypatch.setattr(decode, "model_folder", lambda shape, cache: ckpt("qwen2"))
+    res = decode.run(
+        ["tiny-decode"],
+        ["zoi-int8", "zoi-fp32"],
+        prompt_len=8,
+        new_tokens=3,
+        streams=[1],
+        cache=tmp_path,
+        out=tmp_path / "r.json",
+        devices={"cpu"},
+    )
+    rows = {r["provider"]: r for r in res["rows"]}
+    assert sorted(rows) == ["zoi-fp32", "zoi-int8"]
+    for name, r in rows.items():
+        assert "error" not in r, r.get("error")
+        assert r["precision"] == name.split("-")[1] and r["threads"] >= 1 and r["isa"]
+        assert r["decode_ms_per_token"] > 0 and r["ttft_ms"] > 0
