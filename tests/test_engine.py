@@ -106,6 +106,9 @@ def test_bad_arguments(eng):
         eng.run_packed(np.array([10**6]), np.array([0]), np.array([0, 1]))
     with pytest.raises(ValueError, match="precision"):
         zoi.compile(device="reference", precision="int4")
+    for word in ("w8", "w8a8"):  # the decoders' words: refused by name, with what encoders run
+        with pytest.raises(ValueError, match=f"'{word}' applies to decoder.*'int8' is W8A8"):
+            zoi.compile(device="cpu", precision=word)
     with pytest.raises(ValueError, match="device"):
         zoi.compile(device="tpu")
     with pytest.raises(ValueError, match="fp16"):

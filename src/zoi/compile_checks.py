@@ -215,6 +215,12 @@ def _split_device(device: str) -> tuple[str, int | None]:
 
 
 def _check_precision(precision: str, device: str) -> None:
+    if precision in ("w8", "w8a8"):  # the decoders' words, named for what an encoder runs instead
+        raise ValueError(
+            f"precision={precision!r} applies to decoder (generation) checkpoints: 'w8' is "
+            "weight-only INT8 on the GPU, 'w8a8' the earlier name of 'int8'; an encoder runs "
+            f"one of {', '.join(PRECISIONS)} ('int8' is W8A8)"
+        )
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "fp16" and device != "cuda":
