@@ -18,16 +18,16 @@
 #include "kernels/kernels.h"
 #include "runtime/engine.h"
 #include "runtime/pool.h"
+#include "bind.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
 
-template <class T>
-using Arr = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
-template <class T>
-using Opt = std::optional<Arr<T>>;
+using zoi_bind::Arr;
+using zoi_bind::Opt;
+using zoi_bind::table_for;
 
 // the ISA names of this build's architecture (any other is refused as unsupported)
 #if defined(ZOI_ARCH_ARM64)
@@ -38,12 +38,16 @@ constexpr const char* kUnknownIsa = "unknown ISA; expected amx|vnni|avx512|avxvn
 constexpr const char* kUnknownIsa = "unknown ISA; expected scalar";
 #endif
 
-const zoi::KernelTable& table_for(const std::string& isa) {
+}  // namespace
+
+const zoi::KernelTable& zoi_bind::table_for(const std::string& isa) {
   zoi::Isa i;
   if (isa.empty()) return zoi::kernel_table(zoi::active_isa());
   if (!zoi::parse_isa(isa, &i)) throw nb::value_error(kUnknownIsa);
   return zoi::kernel_table(i);
 }
+
+namespace {
 
 int parse_act(const std::string& a) {
   if (a == "none") return zoi::ACT_NONE;
@@ -132,8 +136,7 @@ void pool_run(F& f, int nt) { zoi::ThreadPool::instance().run_all(&trampoline<F>
 void bind_tokenizer(nb::module_& m);  // csrc/tokenizer/bind.cc
 
 // csrc/runtime/bind_gen.cc: the engine's generation methods and the paged attention kernels
-void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m,
-                     const zoi::KernelTable& (*table_for)(const std::string&));
+void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m);
 
 NB_MODULE(_cpu, m) {
   m.doc() = "zoi native CPU core";
@@ -902,6 +905,6 @@ NB_MODULE(_cpu, m) {
       .def_prop_ro("num_steps", &zoi::Engine::num_steps)
       .def_prop_ro("isa", [](const zoi::Engine& e) { return std::string(zoi::isa_name(e.isa())); });
 
-  bind_generation(engine, m, &table_for);
+  bind_generation(engine, m);
   bind_tokenizer(m);
 }

@@ -11,25 +11,23 @@
 #include <optional>
 #include <vector>
 
-#include "../kernels/kernels.h"
+#include "../bind.h"
 #include "engine.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
-template <class T>
-using Arr = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
-template <class T>
-using Opt = std::optional<Arr<T>>;
+using zoi_bind::Arr;
+using zoi_bind::Opt;
+using zoi_bind::table_for;
 
 void need_len(size_t n, size_t want, const char* what) {
   if (n != want) throw nb::value_error((std::string(what) + " has the wrong length").c_str());
 }
 }  // namespace
 
-void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m,
-                     const zoi::KernelTable& (*table_for)(const std::string&)) {
+void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m) {
   cls.def("set_kv_pool", &zoi::Engine::set_kv_pool, "num_blocks"_a, "block_size"_a, "max_blocks"_a, "table_rows"_a,
           "max_pos"_a,
           "the KV pool of generation (reserved at finalize): blocks of block_size tokens per layer; block "
@@ -101,7 +99,7 @@ void bind_generation(nb::class_<zoi::Engine>& cls, nb::module_& m,
       .def_prop_ro("kv_bytes", &zoi::Engine::kv_bytes);
 
   // paged attention of T tokens (q [T, heads * D]) over caches [num_blocks, kv_heads, block, D]
-  m.def("k_paged_attention", [table_for](Arr<const float> q, Arr<const float> kc, Arr<const float> vc,
+  m.def("k_paged_attention", [](Arr<const float> q, Arr<const float> kc, Arr<const float> vc,
                                          Arr<const int32_t> pos, Arr<const int32_t> row, Arr<const int32_t> tables,
                                          int heads, int splits, int chunk, Arr<float> out, const std::string& isa) {
           const auto& k = table_for(isa);

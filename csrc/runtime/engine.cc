@@ -68,7 +68,7 @@ void Engine::check_off(size_t off, size_t bytes) const {
                                 ") does not fit the arena of " + std::to_string(arena_bytes_) + " bytes");
 }
 
-static float* copy_f(void* dst, const float* src, size_t n) {
+float* copy_f(void* dst, const float* src, size_t n) {
   std::memcpy(dst, src, n * sizeof(float));
   return static_cast<float*>(dst);
 }

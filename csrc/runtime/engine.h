@@ -25,6 +25,8 @@ using AlignedBuf = std::unique_ptr<void, AlignedFree>;
 // supplies (zeroed) on first touch: a buffer sized for max_tokens (the arena, the quantised
 // activations) costs resident memory only for the rows a call actually uses.
 AlignedBuf aligned_bytes(size_t n);
+// copies n floats to dst (a buffer the engine keeps) and returns it typed
+float* copy_f(void* dst, const float* src, size_t n);
 
 // w_bits of an INT8 linear (GemmI8Args::w_bits): 8, or 7 with every weight in [-63, 63]; anything
 // else throws std::invalid_argument naming the first weight out of range
@@ -268,6 +270,9 @@ class Engine {
   const int64_t* index_ = nullptr;
   int32_t* out_tok_ = nullptr;
   int splits_ = 1, chunk_ = 1 << 30;
+  int sample_step_ = -1;          // the SAMPLE step (its parts: one per entry of a run)
+  std::vector<int> merge_steps_;  // the MERGE_PAGED steps: no parts when a run has no splits
+  int merge_parts_ = 1;
   void finalize_gen();  // the pool, the run tables and the sampler's scratch (finalize)
   void exec_gen(const Step& s, int part, int parts);
   double* prof_wall_ = nullptr;

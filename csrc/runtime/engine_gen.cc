@@ -17,11 +17,6 @@ namespace {
 // few tokens over a long context: the positions of each (token, kv head) are cut into splits so
 // that every thread has work; partials merged after (paged_merge)
 constexpr int kMaxSplitT = 16, kMaxSplits = 16, kSplitMinLen = 512, kSplitLen = 256;
-
-float* copy_floats(void* dst, const float* src, size_t n) {
-  std::memcpy(dst, src, n * sizeof(float));
-  return static_cast<float*>(dst);
-}
 }  // namespace
 
 void Engine::set_kv_pool(int num_blocks, int block_size, int max_blocks, int table_rows, int max_pos) {
@@ -69,8 +64,8 @@ void Engine::add_attention_paged(size_t in_off, size_t out_off, int heads, int h
   p.cos = keep_shared(cos, rope);  // one copy for every layer
   p.sin = keep_shared(sin, rope);
   if (q_norm) {
-    p.q_norm = copy_floats(keep(head_dim * 4), q_norm, head_dim);
-    p.k_norm = copy_floats(keep(head_dim * 4), k_norm, head_dim);
+    p.q_norm = copy_f(keep(head_dim * 4), q_norm, head_dim);
+    p.k_norm = copy_f(keep(head_dim * 4), k_norm, head_dim);
     p.qk_eps = qk_eps;
   }
   p.block = kv_block_;
@@ -106,10 +101,22 @@ void Engine::add_sample(size_t logits_off, int vocab) {
 }
 
 void Engine::finalize_gen() {
-  bool sample = false, paged = false;
-  for (const Step& s : steps_) {
-    sample = sample || s.kind == SAMPLE;
+  bool paged = false;
+  int vocab = 0;
+  sample_step_ = -1;
+  merge_steps_.clear();
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& s = steps_[i];
     paged = paged || s.kind == QKV_PAGED;
+    if (s.kind == SAMPLE) {
+      if (sample_step_ >= 0) throw std::invalid_argument("a plan samples once per step");
+      sample_step_ = static_cast<int>(i);
+      vocab = s.vocab;
+    }
+    if (s.kind == MERGE_PAGED) {
+      merge_steps_.push_back(static_cast<int>(i));
+      merge_parts_ = parts_[i];
+    }
   }
   if (kv_rows_ > 0 && !paged) throw std::invalid_argument("a KV pool was set but no paged attention added");
   if (!paged) return;
@@ -137,8 +144,8 @@ void Engine::finalize_gen() {
       s.pa.part = static_cast<float*>(part_.get());
     }
   }
-  if (sample) {
-    const size_t n = static_cast<size_t>(max_batch_) * out_cols_;
+  if (sample_step_ >= 0) {
+    const size_t n = static_cast<size_t>(max_batch_) * vocab;
     sidx_ = aligned_bytes(n * 4);
     scum_ = aligned_bytes(n * 8);
   }
@@ -224,8 +231,8 @@ void Engine::run_gen(const int32_t* ids, int T, const int32_t* rows, const int32
     splits_ = std::min(kMaxSplits, (lmax + kSplitLen - 1) / kSplitLen);
     chunk_ = (lmax + splits_ - 1) / splits_;
   }
-  for (size_t i = 0; i < steps_.size(); ++i)
-    if (steps_[i].kind == SAMPLE) parts_[i] = B;  // one entry a part: a sort over the vocabulary each
+  if (sample_step_ >= 0) parts_[sample_step_] = B;  // one entry a part: a sort over the vocabulary each
+  for (int i : merge_steps_) parts_[i] = splits_ > 1 ? merge_parts_ : 0;  // nothing to merge: no parts
   ids_ = ids;
   positions_ = gen_pos_;
   cu_ = gen_cu_;
