@@ -1,4 +1,4 @@
-"""Write lab/gpu/sweep_gemv.py's winners into src/zoi/decoder/cuda/linear_table.py's DECODE_TABLE.
+"""Write lab/gpu/sweep_gemv.py's winners into src/zoi/backends/cuda/kernels/linear_table.py's DECODE_TABLE.
 
 Usage: python scripts/apply_gemv_table.py SWEEP.json   (the sweep's --out; run on the GPU that
 was swept, e.g. by scripts/gpu_check.sh, then commit the edited table with the sweep's JSON).
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parents[1] / "src/zoi/decoder/cuda/linear_table.py"
+TABLE = Path(__file__).resolve().parents[1] / "src/zoi/backends/cuda/kernels/linear_table.py"
 
 
 def main(argv: list[str]) -> int:

@@ -86,7 +86,7 @@ if [[ " $STAGES " == *" gemv "* ]]; then  # explicit only, ~6 min: the decoder's
   timeout "${GEMV_SWEEP_TIMEOUT:-235}" $PY lab/gpu/sweep_gemv.py ${GEMV_SWEEP_ARGS:-} --out "$OUT/gpu_gemv_sweep_${STAMP}.json" 2>&1 \
     | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
   $PY scripts/apply_gemv_table.py "$OUT/gpu_gemv_sweep_${STAMP}.json" 2>&1 | tee -a "$OUT/gpu_check_${STAMP}.log" \
-    && cp src/zoi/decoder/cuda/linear_table.py "$OUT/linear_table_${STAMP}.py"
+    && cp src/zoi/backends/cuda/kernels/linear_table.py "$OUT/linear_table_${STAMP}.py"
   par=(); $PY -c "import xdist" 2>/dev/null && par=(-n "${TEST_PROCS:-8}")
   ZOI_TRITON_COMPILED=1 timeout "${GEMV_TEST_TIMEOUT:-200}" $PY -m pytest ${GEMV_TESTS:-tests/decoder/cuda} -q -rA -p no:cacheprovider "${par[@]}" 2>&1 \
     | grep -v "^PASSED" | tail -40 | tee -a "$OUT/gpu_check_${STAMP}.log"

@@ -4,7 +4,7 @@ every decode call site of Llama-3.2-1B (M = 1) and Qwen2.5-0.5B (M = 32 streams)
     python lab/gpu/sweep_gemv.py --out $OUT/gemv_sweep.json [--budget 200] [--workers 14] [--quick]
     TRITON_INTERPRET=1 python lab/gpu/sweep_gemv.py --tiny --out /tmp/gemv_tiny.json   # CPU check
 
-Sites (as the backend launches them, src/zoi/decoder/cuda/backend.py): qkv (+RMS, +bias on qwen),
+Sites (as the backend launches them, src/zoi/backends/cuda/generate_steps.py): qkv (+RMS, +bias on qwen),
 o (+residual, out aliases h), gu (SwiGLU gate|up, +RMS), down (+residual), lm (+RMS). Configs:
 the current pick (linear_table.pick_dot: kind "dot", what main ran before this sweep), the new
 default (decode_rule), a grid of "gemv" (M <= 4: BLOCK_N x BLOCK_K x warps) and "mma" (BLOCK_N x
@@ -80,7 +80,7 @@ def cfg_dict(c) -> dict:
 
 def grid(s: dict, M: int, prec: str, sms: int, quick: bool, tiny: bool) -> list[tuple[str, dict]]:
     """(tag, config dict) of one site: current, rule, then the grid (split_k set per split)."""
-    from zoi.decoder.cuda import linear_table as lt
+    from zoi.backends.cuda.kernels import linear_table as lt
 
     N, K, sw, wb = s["N"], s["K"], bool(s.get("swiglu")), WB[prec]
     out = [
@@ -132,7 +132,7 @@ def grid(s: dict, M: int, prec: str, sms: int, quick: bool, tiny: bool) -> list[
 
 def splits_for(d: dict, M: int, N: int, K: int, sms: int, tag: str) -> list[int]:
     """Split counts timed for one config: its own for current / rule; ~1 and ~3 per SM otherwise."""
-    from zoi.decoder.cuda import linear_table as lt
+    from zoi.backends.cuda.kernels import linear_table as lt
 
     if tag in ("current", "rule"):
         return [d["split_k"]]
@@ -207,7 +207,7 @@ class Case:
         return self._ref
 
     def buffers(self, cfg):
-        from zoi.decoder.cuda import kernels_linear as kl
+        from zoi.backends.cuda.kernels import linear_decode as kl
 
         t = self.t
         sw = bool(self.s.get("swiglu"))
@@ -219,7 +219,7 @@ class Case:
             self.cnt = t.zeros(nc, dtype=t.int32, device=self.x.device)
 
     def launch(self, cfg, i=0, out=None, res=None):
-        from zoi.decoder.cuda import kernels_linear as kl
+        from zoi.backends.cuda.kernels import linear_decode as kl
 
         kl.linear(
             self.x,
@@ -268,7 +268,7 @@ def rel(t, got, want) -> float:
 
 
 def make_cfg(d: dict, split: int):
-    from zoi.decoder.cuda import linear_table as lt
+    from zoi.backends.cuda.kernels import linear_table as lt
 
     return lt.LinearConfig(**dict(d, split_k=split))
 
@@ -446,7 +446,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001
                 fails[(skey, tag, json.dumps(d, sort_keys=True), sp)] = f"timing: {e!r}"[:200]
                 continue
-            from zoi.decoder.cuda import linear_table as lt
+            from zoi.backends.cuda.kernels import linear_table as lt
 
             kb = lt.cdiv(lt.cdiv(s["K"], d["block_k"]), sp) * d["block_k"]
             rows.append(dict(
@@ -547,7 +547,7 @@ def report(doc: dict):
     for k, st in doc["predicted_step_linear_us"].items():
         print(f"  {k:28s} current {st['current_us']:8.1f}  rule {st['rule_us']:8.1f}  "
               f"best {st['best_us']:8.1f}" + (f"  (missing {st['missing']})" if st["missing"] else ""))  # fmt: skip
-    print("DECODE_TABLE lines (src/zoi/decoder/cuda/linear_table.py):")
+    print("DECODE_TABLE lines (src/zoi/backends/cuda/kernels/linear_table.py):")
     for line in doc["table"]:
         print("    " + line)
 

@@ -1,4 +1,4 @@
-"""Prefill-linear sweep: tiles of the "dot" kernel (kernels_linear.linear_kernel) at
+"""Prefill-linear sweep: tiles of the "dot" kernel (linear_decode.linear_kernel) at
 the prefill call sites of Qwen2.5-0.5B and Llama-3.2-1B (INT8 weights), M = 512 / 4096 packed
 tokens, then the end-to-end effect of the winners on Qwen2.5-0.5B x32 (32 prompts of 128 tokens
 prefilled in one pass: time to first token and tokens/s, the same backend with PREFILL_TABLE
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from zoi.decoder.cuda import kernels_linear as kl
-    from zoi.decoder.cuda import linear_table as lt
+    from zoi.backends.cuda.kernels import linear_decode as kl
+    from zoi.backends.cuda.kernels import linear_table as lt
 
     sms = (
         torch.cuda.get_device_properties(0).multi_processor_count

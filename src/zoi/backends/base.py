@@ -9,7 +9,7 @@ calls only these members, it probes nothing backend-specific.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -78,3 +78,15 @@ class TaskRunner(Protocol):
         """run_into with tasks: int32 [B], the adapter of each sequence (-1: the base weights);
         synchronous; returns `out`."""
         ...
+
+
+class KvPool(NamedTuple):
+    """The paged KV cache of a generation plan (the CPU engine's set_kv_pool; the GPU's generation runtime): num_blocks blocks of
+    block_size tokens per layer, block tables of table_rows rows x max_blocks, positions below
+    max_pos."""
+
+    num_blocks: int
+    block_size: int
+    max_blocks: int
+    table_rows: int
+    max_pos: int

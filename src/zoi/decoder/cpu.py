@@ -16,95 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.decoder.api import DecoderSpec
+from zoi.decoder.ir import generate_model
 from zoi.decoder.memory import FLAGS, Part
 from zoi.decoder.paged import PagedBackend
-from zoi.decoder.reference import rope_cos_sin, rope_inv_freq
 from zoi.errors import InputError
-from zoi.frontend.spec import ModelSpec
-from zoi.numerics.primitives import quantize_weight
 
 DEFAULT_MAX_TOKENS = 512
 # the engine's limits (kMaxHeadDim, kPagedMaxBlock, max_batch)
 MAX_HEAD_DIM, MAX_BLOCK_SIZE, MAX_BATCH = 512, 256, 1024
 PRECISIONS = ("fp32", "int8")
-
-
-def model_spec(spec: DecoderSpec, max_seq_len: int) -> ModelSpec:
-    """The IR's description of a generation checkpoint (positions up to max_seq_len)."""
-    return ModelSpec(
-        arch=spec.arch,
-        vocab_size=spec.vocab_size,
-        hidden=spec.hidden_size,
-        layers=spec.num_layers,
-        heads=spec.num_heads,
-        intermediate=spec.intermediate_size,
-        max_positions=max_seq_len,
-        eps=spec.rms_norm_eps,
-        act="silu",
-        pooling="last",
-        kv_heads=spec.num_kv_heads,
-        head_size=spec.head_dim,
-        norm="rmsnorm",
-        causal=True,
-        qk_norm=spec.qk_norm,
-    )
-
-
-def ir_weights(spec: DecoderSpec, w: dict[str, np.ndarray], max_seq_len: int) -> dict:
-    """The checkpoint's tensors under the IR's names (zoi.frontend.archs_decoder's): q / k / v
-    and gate / up concatenated, zero biases where the checkpoint has none, the RoPE tables of
-    the first max_seq_len positions (every scaling type of zoi.decoder.reference) and the LM head."""
-    f32 = np.float32
-
-    def t(name: str) -> np.ndarray:
-        return np.ascontiguousarray(w[name], f32)
-
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, f32)
-
-    H = spec.hidden_size
-    out = {"embed.word": t("model.embed_tokens.weight"), "lm_head.w": t("lm_head.weight")}
-    for i in range(spec.num_layers):
-        p, n = f"model.layers.{i}.", f"l{i}."
-        a = p + "self_attn."
-        qkv = [w[a + f"{x}_proj.weight"] for x in "qkv"]
-        out[n + "qkv.w"] = np.concatenate(qkv).astype(f32)
-        rows = sum(len(x) for x in qkv)
-        bias = [a + f"{x}_proj.bias" for x in "qkv"]
-        out[n + "qkv.b"] = (
-            np.concatenate([w[b] for b in bias]).astype(f32) if bias[0] in w else zeros(rows)
-        )
-        out[n + "o.w"] = t(a + "o_proj.weight")
-        out[n + "o.b"] = t(a + "o_proj.bias") if a + "o_proj.bias" in w else zeros(H)
-        gu = [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]
-        out[n + "ffn1.w"] = np.concatenate(gu).astype(f32)
-        out[n + "ffn1.b"] = zeros(2 * spec.intermediate_size)
-        out[n + "ffn2.w"] = t(p + "mlp.down_proj.weight")
-        out[n + "ffn2.b"] = zeros(H)
-        for k, src in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
-            out[n + k + ".w"], out[n + k + ".b"] = t(p + src + ".weight"), zeros(H)
-        if spec.qk_norm:
-            out[n + "q_norm"] = t(a + "q_norm.weight")
-            out[n + "k_norm"] = t(a + "k_norm.weight")
-    out["final_ln.w"], out["final_ln.b"] = t("model.norm.weight"), zeros(H)
-    cos, sin = rope_cos_sin(rope_inv_freq(spec), np.arange(max_seq_len))
-    out["rope.g.cos"] = np.ascontiguousarray(cos, f32)
-    out["rope.g.sin"] = np.ascontiguousarray(sin, f32)
-    return out
-
-
-def quantize_linears(graph, weights: dict) -> dict:
-    """W8A8: every linear's weight as INT8 per output channel with its scales (w_q, w_scale),
-    the LM head included; the quantiser's records, one per linear (dynamic per-token inputs)."""
-    from zoi.graph.compiled import LinearQuant
-
-    quant = {}
-    for op in graph.linears():
-        p = op.prefix
-        q, s = quantize_weight(weights.pop(f"{p}.w"))
-        weights[f"{p}.w_q"], weights[f"{p}.w_scale"] = q, s
-        quant[p] = LinearQuant("dynamic")
-    return quant
 
 
 class CpuBackend(PagedBackend):
@@ -124,9 +44,6 @@ class CpuBackend(PagedBackend):
     ):
         from zoi.backends.cpu.backend import CpuBackend as EngineBackend
         from zoi.backends.cpu.backend import KvPool
-        from zoi.graph.build_decoder import build_generate
-        from zoi.graph.compiled import CompiledModel
-        from zoi.graph.planner import plan_memory
 
         if precision == "w8a8":  # the earlier name of W8A8
             precision = "int8"
@@ -157,12 +74,7 @@ class CpuBackend(PagedBackend):
         self.precision = precision
         self.max_tokens = max_tokens  # sizes the step buffers _host_parts counts
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
-        mspec = model_spec(spec, self.max_seq_len)
-        graph = build_generate(mspec)
-        w = ir_weights(spec, weights, self.max_seq_len)
-        quant = quantize_linears(graph, w) if precision == "int8" else {}
-        plan = plan_memory(graph, max_tokens, max_batch)
-        compiled = CompiledModel(mspec, graph, plan, precision, w, quant)
+        compiled = generate_model(spec, weights, self.max_seq_len, precision, max_tokens, max_batch)
         pool = KvPool(num_blocks, block_size, self.max_blocks_per_seq, max_batch, self.max_seq_len)
         self.backend = EngineBackend(
             compiled, isa=isa, nthreads=threads, options=options, kv_pool=pool

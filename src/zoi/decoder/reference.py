@@ -55,6 +55,12 @@ def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarra
     return np.cos(f).astype(np.float32), np.sin(f).astype(np.float32)
 
 
+def rope_tables(spec: DecoderSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [n, head_dim / 2] float32 of positions 0..n-1: the one RoPE table every backend
+    reads (the CPU engine's and the GPU kernels' `rope.g.cos` / `rope.g.sin`)."""
+    return rope_cos_sin(rope_inv_freq(spec), np.arange(n))
+
+
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """x [T, heads, D] rotated as transformers' rotate_half (first half with the second)."""
     h = x.shape[-1] // 2

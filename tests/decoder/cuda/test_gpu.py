@@ -126,7 +126,7 @@ def test_linear_real_configs(M, wdt, pdl):
     Llama-3.2-1B sites, against numpy."""
     from tests.decoder.cuda.test_kernels_linear import TOL, run_case
 
-    from zoi.decoder.cuda import kernels_linear as kl
+    from zoi.backends.cuda.kernels import linear_decode as kl
 
     if wdt == "fp32" and M > 1:
         pytest.skip("fp32 weights: one shape is enough")
@@ -151,7 +151,7 @@ def test_w8a8_real_configs(M):
     import torch
     from tests.decoder.cuda.test_kernels_linear import run_case
 
-    from zoi.decoder.cuda import kernels_linear as kl
+    from zoi.backends.cuda.kernels import linear_decode as kl
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rng = np.random.default_rng(M + 1)

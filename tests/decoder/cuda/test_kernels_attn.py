@@ -1,5 +1,5 @@
 """RoPE + paged KV write, flash-decoding over the paged cache and causal varlen prefill
-attention (zoi/decoder/cuda/kernels_attn.py) against numpy, GQA, awkward lengths."""
+attention (zoi/backends/cuda/kernels/attention_paged.py) against numpy, GQA, awkward lengths."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from tests.decoder.cuda.helpers import DEV, dev, host, poisoned, rel, torch
 
+from zoi.backends.cuda.kernels import attention_paged as ka
 from zoi.decoder.api import DecoderSpec
-from zoi.decoder.cuda import kernels_attn as ka
-from zoi.decoder.cuda.rope import cos_sin
+from zoi.decoder.reference import rope_tables
 
 
 def spec(H=4, KVH=2, D=16, **kw):
@@ -44,7 +44,7 @@ def rms_ref(x, w, eps):
 def test_rope_kv_write(rng, norm, rope_scaling):
     H, KVH, D, BS, NB, T = 6, 2, 20, 16, 5, 7  # head_dim 20: half not a power of two
     sp = spec(H, KVH, D, rope_scaling=rope_scaling, rope_theta=500.0)
-    cos, sin = cos_sin(sp, 64)
+    cos, sin = rope_tables(sp, 64)
     qkv = rng.standard_normal((T, (H + 2 * KVH) * D)).astype(np.float32)
     pos = rng.integers(0, 64, T).astype(np.int32)
     slots = rng.permutation(NB * BS)[:T].astype(np.int32)
@@ -177,7 +177,7 @@ def test_decode_attention_fused_rope(rng, dtype, norm, splits, min_per):
     ctx = np.array([1, 17, 40, 96, 16, 33], np.int32)  # block edges, a full table
     B = len(ctx)
     sp = spec(H, KVH, D, rope_theta=500.0)
-    cos, sin = cos_sin(sp, 128)
+    cos, sin = rope_tables(sp, 128)
     tab, rix = paged_tables(rng, ctx, NB, MAXB, BS, spare=1)
     pos = (ctx - 1).astype(np.int32)
     slots = np.array([tab[rix[b], p // BS] * BS + p % BS for b, p in enumerate(pos)], np.int32)

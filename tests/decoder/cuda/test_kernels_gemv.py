@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tests.decoder.cuda.helpers import DEV, INTERP, dev, host, poisoned, rel, torch
 
-from zoi.decoder.cuda import kernels_linear as kl
-from zoi.decoder.cuda import linear_table as lt
+from zoi.backends.cuda.kernels import linear_decode as kl
+from zoi.backends.cuda.kernels import linear_table as lt
 
 EPS = 1e-5
 

@@ -1,4 +1,4 @@
-"""The decoder linear (zoi/decoder/cuda/kernels_linear.py) against numpy: INT8 weight-only,
+"""The decoder linear (zoi/backends/cuda/kernels/linear_decode.py) against numpy: INT8 weight-only,
 FP16 and FP32 weights, decode and prefill shapes, split-K, every fused epilogue."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tests.decoder.cuda.helpers import DEV, dev, host, poisoned, rel, torch
 
-from zoi.decoder.cuda import kernels_linear as kl
+from zoi.backends.cuda.kernels import linear_decode as kl
 
 
 def quantize(w):

@@ -1,4 +1,4 @@
-"""The fused sampling step and the embedding gather (zoi/decoder/cuda/kernels_sample.py)
+"""The fused sampling step and the embedding gather (zoi/backends/cuda/kernels/sample.py)
 against numpy: greedy ties, temperature + top-k + top-p on the same uniforms (the NOISE_IN
 seam), and the Philox path's reproducibility and distribution."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tests.decoder.cuda.helpers import DEV, dev, host, poisoned, torch
 
-from zoi.decoder.cuda import kernels_sample as ks
+from zoi.backends.cuda.kernels import sample as ks
 
 
 def sample_ref(x, temp, k, p, u):

@@ -12,30 +12,17 @@ the FP32 GEMM.
 from __future__ import annotations
 
 import mmap
-from typing import NamedTuple
 
 import numpy as np
 
 from zoi import _cpu
-from zoi.backends.base import SyncSubmit
+from zoi.backends.base import KvPool, SyncSubmit
 from zoi.backends.cpu.options import CpuOptions, apply_cpu_options
 from zoi.graph.compiled import CompiledModel
 from zoi.graph.fusion import FusionPolicy, annotate
 from zoi.graph.quantmode import QuantMode
 
-__all__ = ["CpuBackend", "KvPool"]
-
-
-class KvPool(NamedTuple):
-    """The paged KV cache of a generation plan (Engine.set_kv_pool): num_blocks blocks of
-    block_size tokens per layer, block tables of table_rows rows x max_blocks, positions below
-    max_pos."""
-
-    num_blocks: int
-    block_size: int
-    max_blocks: int
-    table_rows: int
-    max_pos: int
+__all__ = ["CpuBackend", "KvPool"]  # KvPool: zoi.backends.base, the paged cache of either device
 
 
 def _f32(a) -> np.ndarray:

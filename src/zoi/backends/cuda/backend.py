@@ -36,9 +36,9 @@ import numpy as np
 
 from zoi.backends.cuda.arena import Arena
 from zoi.backends.cuda.callpath import DriverCall, HostStaging
-from zoi.backends.cuda.device import device_index, on_device
+from zoi.backends.cuda.device import init_device, on_device
 from zoi.backends.cuda.megakernel import megakernel_options, megakernel_steps
-from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions, triton_interpreting
+from zoi.backends.cuda.options import PERSISTENT_MAX_TOKENS, CudaOptions
 from zoi.backends.cuda.outputs import memory_report, run_outputs
 from zoi.backends.cuda.plan import Launch, plan_launches, require_fp8
 from zoi.backends.cuda.prebuild import mark_built, maybe_prebuild
@@ -158,55 +158,11 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ device
     def _init_device(self, interpret):
-        try:
-            import torch
-            import triton  # noqa: F401
-        except ImportError as e:
-            raise BackendUnavailableError(
-                f"device='cuda' needs torch and triton at compile time: {e}"
-            ) from e
-        self.torch = torch
-        env_interp = triton_interpreting()  # how triton was imported (options.py)
-        self.eager = (
-            bool(interpret)
-            if interpret is not None
-            else (env_interp and not torch.cuda.is_available())
-        )
-        if self.eager:
-            if not env_interp:
-                raise BackendUnavailableError(
-                    "interpret=True needs TRITON_INTERPRET=1 set before triton is imported"
-                )
-            self.dev, self.sm, self.device_name = "cpu", 8, "triton interpreter (CPU)"
-            self.device_index = self.opts.device_index  # recorded; the interpreter has no GPUs
-            return
-        if env_interp:
-            raise BackendUnavailableError("TRITON_INTERPRET=1 is set: unset it to run on the GPU")
-        from zoi.backends.cuda import driver as drv
-
-        drv.require()
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError(
-                "device='cuda': torch sees no CUDA device (driver missing or no GPU)"
-            )
-        self.drv, self._cu = drv, drv.cu
-        torch.cuda.init()
-        self.device_index = device_index(torch, self.opts.device_index)
-        self.dev = f"cuda:{self.device_index}"  # every buffer explicitly on this GPU
-        torch.empty(1, device=self.dev)  # the runtime's primary context exists from here
-        self.cu_dev, self.ctx = drv.primary_context(self.device_index)
-        cap = drv.capability(self.cu_dev)
-        if cap < (8, 0):
-            raise BackendUnavailableError(
-                f"device='cuda' needs compute capability >= 8.0, found {cap}"
-            )
-        self.capability = cap
-        self.sm = drv.sm_count(self.cu_dev)
-        self.device_name = drv.device_name(self.cu_dev)
-        self._free0 = drv.mem_info()[0]
-        self._reserved0 = torch.cuda.memory_reserved(self.device_index)
-        self.stream = drv.new_stream()
-        self.tstream = torch.cuda.ExternalStream(int(self.stream), device=self.dev)
+        init_device(self, interpret, self.opts.device_index)
+        if not self.eager:
+            self._cu = self.cu
+            self._free0 = self.drv.mem_info()[0]
+            self._reserved0 = self.torch.cuda.memory_reserved(self.device_index)
 
     # ------------------------------------------------------------------ buckets
     def plan_for(self, tb: int) -> dict:

@@ -1,5 +1,7 @@
-"""The decoder on the GPU: Triton kernels (kernels_*.py) and CudaDecoderBackend
-(backend.py), an api.DecoderBackend with a static paged KV pool and CUDA-graph decode steps.
+"""The decoder on the GPU: CudaDecoderBackend (backend.py), an api.DecoderBackend over the GPU's
+generation runtime (zoi.backends.cuda.generate: the decode kernels of zoi.backends.cuda.kernels, a
+static paged KV pool, CUDA-graph decode steps) and the synthetic shapes of its benchmarks
+(synth.py).
 
 Importing this package imports nothing heavy; ``CudaDecoderBackend`` needs torch + triton at
 construction (docs/DECODERS_GPU.md).

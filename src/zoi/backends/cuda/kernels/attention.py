@@ -40,9 +40,9 @@ import math
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import amax_rows, softmax_step, softmax_step2
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 
 
 @triton.jit
@@ -125,9 +125,7 @@ def attention_kernel(
     CAUSAL: tl.constexpr = False,
     QK_NORM: tl.constexpr = False,
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     pid = tl.program_id(0)
     h = tl.program_id(1)
     G = tl.num_programs(0)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.attention import tile_table
 from zoi.backends.cuda.kernels.common import amax_rows, layernorm_rows
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 from zoi.backends.cuda.kernels.quantize import QMODES, first_row_seq, quant_rows
 
 
@@ -65,9 +65,7 @@ def embed_kernel(
     HAS_LN: tl.constexpr = True,  # False: no embedding norm (decoder architectures)
     FR_MAP: tl.constexpr = False,  # the first-row residual's row map (linear.py FIRST_ROW)
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     pid = tl.program_id(0)
     if TILES:
         if pid == 0:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 from zoi.backends.cuda.kernels.quantize import QMODES, act_tf, q_apply, q_params, q_stats
 
 
@@ -48,9 +48,7 @@ def glu_kernel(
     Q_SHIFT: tl.constexpr = False,
     Q_MUL: tl.constexpr = False,
 ):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < T
     r64 = rows[:, None].to(tl.int64)

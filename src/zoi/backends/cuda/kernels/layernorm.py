@@ -17,9 +17,9 @@ import math
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import amax_rows, norm_rows
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 from zoi.backends.cuda.kernels.quantize import QMODES, quant_rows
 
 
@@ -55,9 +55,7 @@ def add_layernorm_kernel(
     RMS: tl.constexpr = False,  # RMSNorm instead of LayerNorm
     POST: tl.constexpr = False,  # HAS_RES: y = norm(x) + r instead of norm(x + r)
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_H)

@@ -53,9 +53,9 @@ import math
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import ACTS, activation, amax_rows, rint
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 from zoi.backends.cuda.kernels.quantize import act_tf, first_row_q2
 
 
@@ -259,9 +259,7 @@ def linear_kernel(
     IN_MUL: tl.constexpr,
     FIRST_ROW: tl.constexpr = False,  # INT8: the first rows' second quantisation, in the loop
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)

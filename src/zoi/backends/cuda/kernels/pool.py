@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import colmax_nan
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 
 
 @triton.jit
@@ -31,9 +31,7 @@ def pool_kernel(
     PDL: tl.constexpr,
     NORM: tl.constexpr = True,  # False: never normalise (the header's flag is for the output)
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     cols = tl.arange(0, BLOCK_H)
     c_ok = cols < H
     flag = tl.load(hdr_ptr)

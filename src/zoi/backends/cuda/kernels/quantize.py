@@ -33,9 +33,9 @@ import math
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import amax_rows, rint
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 from zoi.graph.quantmode import QuantMode
 
 # the kernels' QMODE of each INT8 / FP8 QuantMode (zoi.graph.quantmode: one name per scheme)
@@ -170,9 +170,7 @@ def quantize_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # programmatic dependent launch: wait for the previous kernel's writes
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_K)

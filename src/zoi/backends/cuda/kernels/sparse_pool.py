@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from zoi.backends.cuda.kernels.common import ACTS, colmax_nan
 from zoi.backends.cuda.kernels.linear import gemm_tile
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 
 
 @triton.jit
@@ -55,9 +55,7 @@ def sparse_pool_kernel(
     ACT: tl.constexpr = 0,
     BLOCK_K: tl.constexpr = 64,
 ):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_begin(PDL)  # programmatic dependent launch: wait for the previous kernel's writes
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     c_ok = cols < V
     rr = tl.arange(0, BLOCK_R)

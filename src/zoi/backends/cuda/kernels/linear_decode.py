@@ -34,14 +34,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from zoi.decoder.cuda.linear_table import (  # noqa: F401 - re-exported: kl.pick_config, ...
+from zoi.backends.cuda.kernels.linear_table import (  # noqa: F401 - re-exported: kl.pick_config, ...
     SMEM_BUDGET,
     LinearConfig,
     counters,
     pick_config,
     workspace_floats,
 )
-from zoi.decoder.cuda.pdl import can_prefetch, pdl_begin, prefetch_l2
+from zoi.backends.cuda.kernels.pdl import can_prefetch, pdl_begin, prefetch_l2
 
 
 @triton.jit

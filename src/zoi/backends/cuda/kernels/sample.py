@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from zoi.decoder.cuda.pdl import pdl_begin
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 
 
 @triton.jit

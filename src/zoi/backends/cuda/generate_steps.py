@@ -1,8 +1,8 @@
-"""The launch lists of CudaDecoderBackend (a mixin): one layer's kernels over M rows, the decode
+"""The launch lists of GenerateRuntime (a mixin): one layer's kernels over M rows, the decode
 step of a batch bucket and its CUDA graph capture, and the packed prefill of new prompts.
 
-They read the buffers and device state CudaDecoderBackend sets up (zoi.decoder.cuda.backend);
-kept apart so that each file reads as one concern: buffers and the per-step host path there,
+They read the buffers and device state GenerateRuntime sets up (zoi.backends.cuda.generate);
+kept apart so that each file reads as one concern: the IR's weights, buffers and staging there,
 what runs on the device here.
 """
 
@@ -12,19 +12,19 @@ import gc
 
 import numpy as np
 
-from zoi.decoder.cuda import kernels_attn as ka
-from zoi.decoder.cuda import kernels_linear as kl
-from zoi.decoder.cuda import kernels_sample as ks
+from zoi.backends.cuda.kernels import attention_paged as ka
+from zoi.backends.cuda.kernels import linear_decode as kl
+from zoi.backends.cuda.kernels import sample as ks
 
 # the fields of the pinned int32 staging block, in order
 _FIELDS = ("ids", "pos", "slot", "ctx", "rix", "seed", "step", "topk", "temp", "topp", "fb")
 PREFILL_BLOCK = 64  # prefill attention tile (query rows and key block)
 
 
-class LaunchLists:
+class GenerateSteps:
     def _sites(self) -> dict:
-        sp = self.spec
-        Hd, I, HD = sp.hidden_size, sp.intermediate_size, sp.num_heads * sp.head_dim
+        sp = self.ir_spec
+        Hd, I, HD = sp.hidden, sp.intermediate, sp.heads * sp.head_dim
         return {
             "qkv": (self.qkv_n, Hd, False),
             "o": (Hd, HD, False),
@@ -42,10 +42,10 @@ class LaunchLists:
     def _layer_calls(self, L, l, x_rows, M, cfg, attn, rope_in_attn=False):
         """The launches of one layer over M rows (decode bucket or packed prefill);
         rope_in_attn: no rope_kv launch, attn(qkv, kc, vc, att, L) ropes and writes the cache."""
-        sp = self.spec
+        sp = self.ir_spec
         h, qkv, att, mlp = self.h[:M], self.qkv[:M], self.att[:M], self.mlp[:M]
-        Hd, I, HD = sp.hidden_size, sp.intermediate_size, sp.num_heads * sp.head_dim
-        eps, ieee = sp.rms_norm_eps, self.ieee
+        Hd, I, HD = sp.hidden, sp.intermediate, sp.heads * sp.head_dim
+        eps, ieee = sp.eps, self.ieee
         ws, cnt = self.ws, self.cnt
         kc, vc = self.kc[l], self.vc[l]
         pos, slot = x_rows
@@ -62,7 +62,7 @@ class LaunchLists:
                     kc,
                     vc,
                     M,
-                    sp.num_heads,
+                    sp.heads,
                     sp.num_kv_heads,
                     sp.head_dim,
                     self.block_size,
@@ -150,7 +150,7 @@ class LaunchLists:
         return calls[:1] + rope + calls[1:]
 
     def _decode_steps(self, B: int) -> list:
-        sp = self.spec
+        sp = self.ir_spec
         f = {n: self._field(n, B) for n in _FIELDS}
         splits = self.cfg[B, "splits"]
 
@@ -161,7 +161,7 @@ class LaunchLists:
             rope = None
             if self.fuse_rope:
                 rope = (f["pos"], f["slot"], self.cos, self.sin, L["qn"], L["kn"])
-                rope += (sp.rms_norm_eps,)
+                rope += (sp.eps,)
             ka.decode_attention(
                 qkv,
                 kc,
@@ -171,7 +171,7 @@ class LaunchLists:
                 f["ctx"],
                 att,
                 B,
-                sp.num_heads,
+                sp.heads,
                 sp.num_kv_heads,
                 sp.head_dim,
                 self.block_size,
@@ -200,10 +200,10 @@ class LaunchLists:
                 self.logits[:B],
                 B,
                 sp.vocab_size,
-                sp.hidden_size,
+                sp.hidden,
                 cfg("lm"),
                 scale=self.lm[1],
-                rms_eps=sp.rms_norm_eps,
+                rms_eps=sp.eps,
                 ws=self.ws,
                 cnt=self.cnt,
                 ieee=self.ieee,
@@ -256,7 +256,7 @@ class LaunchLists:
     # ------------------------------------------------------------------ per step
 
     def _prefill(self, group, rows, counts, ids, offs, samp, seeds, out):
-        sp, PT, MB, h = self.spec, self.max_prefill, self.max_batch, self.h_stage
+        sp, PT, MB, h = self.ir_spec, self.max_prefill, self.max_batch, self.h_stage
         idx = np.asarray(group)
         lens = counts[idx].astype(np.int64)
         T, n = int(lens.sum()), len(group)
@@ -301,7 +301,7 @@ class LaunchLists:
                 d_tiles,
                 nt,
                 att,
-                sp.num_heads,
+                sp.heads,
                 sp.num_kv_heads,
                 sp.head_dim,
                 pb,
@@ -314,7 +314,7 @@ class LaunchLists:
         for l, L in enumerate(self.layers):
             steps += self._layer_calls(L, l, (d_pos, d_slot), T, cfg, attn)
         lm_cfg = kl.pick_config(
-            n, sp.vocab_size, sp.hidden_size, self.sm, self.eager, self.wbytes, site="lm"
+            n, sp.vocab_size, sp.hidden, self.sm, self.eager, self.wbytes, site="lm"
         )
         steps.append(
             lambda: kl.linear(
@@ -323,11 +323,11 @@ class LaunchLists:
                 self.logits[:n],
                 n,
                 sp.vocab_size,
-                sp.hidden_size,
+                sp.hidden,
                 lm_cfg,
                 scale=self.lm[1],
                 rows=d_rows,
-                rms_eps=sp.rms_norm_eps,
+                rms_eps=sp.eps,
                 ws=self.ws,
                 cnt=self.cnt,
                 ieee=self.ieee,

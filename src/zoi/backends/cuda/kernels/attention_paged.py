@@ -26,7 +26,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from zoi.decoder.cuda.pdl import pdl_begin
+from zoi.backends.cuda.kernels.pdl import pdl_begin
 
 LOG2E = 1.4426950408889634
 

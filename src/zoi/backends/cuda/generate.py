@@ -1,0 +1,597 @@
+"""GenerateRuntime: generation on the GPU from the one runtime's IR. The graph of one step is
+zoi.graph.build_decoder.build_generate's (the decoder stack over the paged KV cache, the LM head on
+the last token of each sequence, the sampler), as the CPU engine runs it; here its ops are realised
+with the decode kernels of zoi.backends.cuda.kernels: ``linear_decode`` (GEMV / mma / dot tiles of
+one config table, linear_table.py, with the preceding RMSNorm, the bias, SwiGLU and the residual
+fused), ``attention_paged`` (flash-decoding over the block tables with q / k norm, RoPE and the K / V
+write fused; causal varlen attention for the packed prefill) and ``sample`` (the embedding gather
+and the sampler), on a KvPool (zoi.backends.base) as the CPU engine takes it.
+
+Construction (torch and triton are tools here, as in the encoders' CudaBackend, whose device set-up
+it shares: zoi.backends.cuda.device.init_device): the IR's weights are packed once (each RMSNorm's
+gain folded into the columns of the linear it feeds, INT8 per output channel ("w8", "int8") through
+zoi.numerics.primitives.quantize_weight, FP16 or FP32), the static paged KV pool
+[layers, num_blocks + 1, KVH, block_size, D] (block ``num_blocks``: the trash block padded decode
+rows write to) and every activation buffer are allocated, and one decode step per batch bucket
+(1, 2, 4, 8, 16, 32 up to max_batch) is warmed up and captured into a CUDA graph with the driver
+API on our own stream.
+
+Per step (``run_step``): the new prompts are prefilled packed, without padding (eager launches on
+our stream, the LM head over the last token of each prompt only, then the sampler); the running
+sequences take one decode step: numpy fills one pinned int32 staging block (ids, positions, cache
+slots, context lengths, block-table rows, sampling params), one cuMemcpyHtoDAsync, cuGraphLaunch of
+the bucket, cuMemcpyDtoHAsync of the tokens, cuStreamSynchronize. Block-table rows marked dirty
+are copied to the device table first. Nothing is allocated on the device while generating.
+``launch_ahead`` / ``wait_ahead``: a decode step launched before the previous one's tokens are
+read (the decoder's pipelined steps).
+
+``interpret=True`` (or TRITON_INTERPRET=1 without a GPU) runs the same launch lists eagerly on torch
+CPU tensors through the Triton interpreter: the CI test of everything but the graphs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zoi.backends.base import KvPool
+from zoi.backends.cuda.device import init_device
+from zoi.backends.cuda.generate_steps import _FIELDS, GenerateSteps
+from zoi.backends.cuda.kernels import attention_paged as ka
+from zoi.backends.cuda.kernels import linear_decode as kl
+from zoi.backends.cuda.kernels import sample as ks
+from zoi.errors import BackendUnavailableError, InputError
+from zoi.numerics.primitives import quantize_weight
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+# the precision words: "w8" weight-only INT8, "int8" W8A8 (INT8 weights; x INT8 per (row, K tile)
+# in the dot / mma kernels, the gemv for <= 4 rows stays weight-only), "fp16", "fp32"
+PRECISIONS = ("w8", "int8", "fp16", "fp32")
+BLOCK_SIZES = (16, 32, 64)
+
+__all__ = ["BUCKETS", "PRECISIONS", "GenerateRuntime", "generate_layers"]
+
+
+def generate_layers(graph) -> dict:
+    """The IR graph of one generation step (build_generate) read as the decode kernels run it:
+    per layer the weight names of the RMSNorm -> q|k|v -> paged attention -> o (+ residual) ->
+    RMSNorm -> gate|up -> SwiGLU -> down (+ residual) chain, then the final RMSNorm, the pool of the
+    last tokens, the LM head and the sampler. Any other graph is refused, naming the op."""
+    ops = list(graph.ops)
+    want = (
+        ["embed"]
+        + ["add_layernorm", "linear", "attention", "linear", "add_layernorm", "linear", "glu", "linear"]
+        * ((len(ops) - 5) // 8)
+        + ["add_layernorm", "pool", "linear", "sample"]
+    )  # fmt: skip
+    kinds = [o.kind for o in ops]
+    if kinds != want:
+        k = next(
+            (i for i, (a, b) in enumerate(zip(kinds, want, strict=False)) if a != b),
+            min(len(kinds), len(want)),
+        )
+        got = kinds[k] if k < len(kinds) else "the end"
+        raise BackendUnavailableError(
+            f"the GPU generation runtime runs pre-norm SwiGLU decoders (Llama, Mistral, Qwen2, "
+            f"Qwen3): op {k} of the graph is {got!r} where {want[k] if k < len(want) else 'the end'!r} "
+            "was expected; run this model with device='cpu'"
+        )
+    layers = []
+    for i in range(1, len(ops) - 4, 8):
+        n1, qkv, att, o, n2, gu, glu, down = ops[i : i + 8]
+        a = att.attrs
+        bad = [
+            why
+            for cond, why in (
+                (not (n1.attrs.get("rms") and n2.attrs.get("rms")), "LayerNorm (RMSNorm only)"),
+                (n1.attrs.get("residual") or n2.attrs.get("residual"), "post-norm residuals"),
+                (not a.get("paged") or not a.get("causal"), "attention not causal over the cache"),
+                (a.get("window"), "a sliding window"),
+                (glu.attrs.get("act") != "silu", f"{glu.attrs.get('act')!r} gating (SwiGLU only)"),
+                (len(o.inputs) < 2 or len(down.inputs) < 2, "no residual on o / down"),
+            )
+            if cond
+        ]
+        if bad:
+            raise BackendUnavailableError(
+                f"the GPU generation runtime does not run {', '.join(bad)} (layer {len(layers)}); "
+                "run this model with device='cpu'"
+            )
+        layers.append(
+            dict(
+                ln1=n1.weights["w"],
+                qkv=qkv.weights["w"],
+                qkv_b=qkv.weights.get("b"),
+                q_norm=att.weights.get("q_norm"),
+                k_norm=att.weights.get("k_norm"),
+                rope=(att.weights["rope_cos"], att.weights["rope_sin"]),
+                o=o.weights["w"],
+                o_b=o.weights.get("b"),
+                ln2=n2.weights["w"],
+                gu=gu.weights["w"],
+                down=down.weights["w"],
+            )
+        )
+    return dict(
+        embed=ops[0].weights["word"],
+        layers=layers,
+        final_ln=ops[-4].weights["w"],
+        lm=ops[-2].weights["w"],
+        eps=float(ops[1].attrs["eps"]),
+    )
+
+
+class GenerateRuntime(GenerateSteps):
+    """The device half of GPU generation (module doc); a paged decoder backend mixes it in."""
+
+    def _init_runtime(
+        self,
+        compiled,
+        pool: KvPool,
+        block_tables: np.ndarray,
+        max_prefill: int,
+        interpret: bool | None = None,
+        graphs: bool = True,
+        pdl: bool = False,
+        prefetch: bool = False,
+        fuse_rope: bool = True,
+        attn_min_per: int = 1,
+        device_index: int | None = None,
+    ):
+        """compiled: the CompiledModel of build_generate with float32 weights (packed here);
+        compiled.precision one of PRECISIONS. pool: the KV pool (table_rows = max_batch <= 32);
+        block_tables: the host's [table_rows, max_blocks] int32 tables, read when rows are
+        marked dirty (mark_dirty) and when steps are staged."""
+        precision = compiled.precision
+        if precision not in PRECISIONS:
+            raise InputError(
+                f"precision {precision!r}: use one of {PRECISIONS} ('w8': weight-only INT8, "
+                "'int8': W8A8)"
+            )
+        if pool.block_size not in BLOCK_SIZES:
+            raise InputError(f"block_size {pool.block_size}: the GPU decoder takes 16, 32 or 64")
+        if pool.table_rows > BUCKETS[-1]:
+            raise InputError(
+                f"max_batch {pool.table_rows} is over {BUCKETS[-1]} (the largest decode bucket)"
+            )
+        sp = compiled.spec
+        if sp.head_dim % 2 or sp.heads % sp.num_kv_heads:
+            raise InputError(
+                f"head_dim {sp.head_dim} (odd) or GQA {sp.heads}/{sp.num_kv_heads} not supported "
+                "on the GPU decoder"
+            )
+        self.ir_spec = sp
+        self.graph_weights = generate_layers(compiled.graph)
+        self.num_blocks, self.block_size = int(pool.num_blocks), int(pool.block_size)
+        self.max_blocks_per_seq, self.max_batch = int(pool.max_blocks), int(pool.table_rows)
+        self.max_seq_len = int(pool.max_pos)
+        self.block_tables = block_tables
+        self.precision = precision
+        self.ieee = precision == "fp32"
+        self.wbytes = {"w8": 1, "int8": 1, "fp16": 2, "fp32": 4}[precision]
+        self.a8 = precision == "int8"  # INT8 x too, in the dot / mma kernels (not the gemv)
+        self.max_prefill = int(max_prefill)
+        self.buckets = sorted({b for b in BUCKETS if b < self.max_batch} | {self.max_batch})
+        init_device(self, interpret, device_index, "the GPU decoder")
+        if pdl and (self.eager or self.capability < (9, 0)):
+            raise BackendUnavailableError(
+                "pdl=True needs an sm_90+ GPU (programmatic dependent launch); "
+                f"this is {self.device_name}: leave pdl off"
+            )
+        self.pdl = bool(pdl)
+        self.prefetch = bool(prefetch) and self.pdl
+        self.fuse_rope = bool(fuse_rope)
+        self.attn_min_per = max(1, int(attn_min_per))
+        self.n_ahead = 0  # decode steps launched ahead (launch_ahead)
+        self.use_graphs = bool(graphs) and not self.eager
+        self._upload(compiled.weights)
+        self._alloc()
+        if not self.eager:  # the buffers were filled on torch's stream; ours does not wait for it
+            self.torch.cuda.synchronize()
+        self._graphs: dict[int, tuple] = {}
+        self._steps = {b: self._decode_steps(b) for b in self.buckets}
+        for b in self.buckets:
+            self._graphs[b] = self._capture(b)
+
+    # ------------------------------------------------------------------ weights
+    def _t(self, a, dtype=None):
+        t = self.torch.from_numpy(np.array(a, copy=True, order="C"))
+        return (t.to(dtype) if dtype is not None else t).to(self.dev)
+
+    def _empty(self, shape, dtype, fill=0):
+        t = self.torch.empty(shape, dtype=dtype, device=self.dev)
+        t.fill_(fill)
+        return t
+
+    def _lin(self, w: np.ndarray) -> tuple:
+        torch = self.torch
+        if self.precision in ("w8", "int8"):
+            q, s = quantize_weight(w)  # the quantiser of every zoi INT8 weight
+            return self._t(q), self._t(s)
+        return self._t(w, torch.float32 if self.ieee else torch.float16), None
+
+    def _upload(self, W: dict):
+        """The IR's float32 weights packed for the decode kernels: q|k|v and gate|up as the IR
+        holds them, each RMSNorm's gain folded into the columns of the linear it feeds (the
+        kernels compute the norm's 1 / rms in their prologue), biases only where non-zero."""
+        torch, g = self.torch, self.graph_weights
+        self.act = torch.float32 if self.ieee else torch.float16
+        self.eps = g["eps"]
+
+        def w(name):
+            if name not in W:
+                raise InputError(f"weights: {name} is missing")
+            return np.asarray(W[name], np.float32)
+
+        def bias(name):
+            b = None if name is None or name not in W else w(name)
+            return None if b is None or not b.any() else self._t(b)
+
+        self.layers = []
+        for L in g["layers"]:
+            self.layers.append(
+                {
+                    "qkv": self._lin(w(L["qkv"]) * w(L["ln1"])[None, :]),
+                    "o": self._lin(w(L["o"])),
+                    "gu": self._lin(w(L["gu"]) * w(L["ln2"])[None, :]),
+                    "down": self._lin(w(L["down"])),
+                    "qkv_b": bias(L["qkv_b"]),
+                    "o_b": bias(L["o_b"]),
+                    "qn": self._t(w(L["q_norm"])) if L["q_norm"] else None,
+                    "kn": self._t(w(L["k_norm"])) if L["k_norm"] else None,
+                }
+            )
+        self.lm = self._lin(w(g["lm"]) * w(g["final_ln"])[None, :])
+        self.emb = self._t(w(g["embed"]), self.act)
+        cos, sin = g["layers"][0]["rope"]
+        self.cos, self.sin = (
+            self._t(w(cos)[: self.max_seq_len]),
+            self._t(w(sin)[: self.max_seq_len]),
+        )
+
+    # ------------------------------------------------------------------ buffers
+    def _check_device_memory(self) -> None:
+        """The pool and the step buffers _alloc makes must fit the GPU's free memory (the
+        weights are there already): refused before any of them is allocated, not a torch
+        OutOfMemoryError part-way."""
+        if self.eager:
+            return
+        sp, e = self.ir_spec, self.act.itemsize
+        T = max(self.max_batch, self.max_prefill)
+        per_block = 2 * sp.layers * sp.num_kv_heads * self.block_size * sp.head_dim * e
+        act = T * (4 * sp.hidden + e * (self.qkv_n + sp.heads * sp.head_dim))
+        act += T * e * sp.intermediate
+        free, _ = self.torch.cuda.mem_get_info()
+        parts = [
+            (
+                f"KV pool (kv_blocks={self.num_blocks} x block_size={self.block_size} "
+                f"tokens, {per_block} bytes a block)",
+                "kv_blocks",
+                (self.num_blocks + 1) * per_block,
+            ),
+            (f"prefill buffers (max_tokens={self.max_prefill} tokens)", "max_tokens", act),
+            (
+                f"logits (max_batch={self.max_batch} x vocab {sp.vocab_size})",
+                "max_batch",
+                4 * self.max_batch * sp.vocab_size,
+            ),
+        ]
+        self._fits_device(parts, free)
+
+    def _fits_device(self, parts: list[tuple[str, str, int]], free: int) -> None:
+        """Refuses parts [(what, option, bytes)] over the free GPU memory (the decoder's
+        backend names its serve flags instead)."""
+        need = sum(p[2] for p in parts)
+        if need > free:
+            big = max(parts, key=lambda p: p[2])
+            raise BackendUnavailableError(
+                f"the generation buffers need {need} bytes of GPU memory, {free} are free on "
+                f"{self.device_name}; the largest: {big[0]}: lower {big[1]}"
+            )
+
+    def _alloc(self):
+        sp, torch = self.ir_spec, self.torch
+        H, KVH, D, Hd, V = sp.heads, sp.num_kv_heads, sp.head_dim, sp.hidden, sp.vocab_size
+        I, MB, PT = sp.intermediate, self.max_batch, self.max_prefill
+        self.qkv_n = (H + 2 * KVH) * D
+        self._check_device_memory()
+        self.trash_slot = self.num_blocks * self.block_size
+        shape = (sp.layers, self.num_blocks + 1, KVH, self.block_size, D)
+        self.kc, self.vc = self._empty(shape, self.act), self._empty(shape, self.act)
+        T = max(MB, PT)
+        self.h = self._empty((T, Hd), torch.float32)
+        self.qkv = self._empty((T, self.qkv_n), self.act)
+        self.att = self._empty((T, H * D), self.act)
+        self.mlp = self._empty((T, I), self.act)
+        self.logits = self._empty((MB, V), torch.float32)
+        self.tok = self._empty((MB,), torch.int32)  # the decode graphs' tokens (fed back)
+        self.tok_pre = self._empty((MB,), torch.int32)  # the prefill's first tokens
+        S, _ = ks.sample_splits(V)  # the sampler's split argmax: S programs per row
+        self.sws = (
+            self._empty((MB * S,), torch.float32),
+            self._empty((MB * S,), torch.int32),
+            self._empty((MB,), torch.int32),
+        )
+        # block tables: row max_batch is the trash row (padded decode entries)
+        self.tab_host = np.full((MB + 1, self.max_blocks_per_seq), self.num_blocks, np.int32)
+        self._dirty: set[int] = set()  # block-table rows changed since the last upload
+        self.tab = self._t(self.tab_host)
+        # split-K / split-attention workspaces, sized for the largest site of any bucket (M <= 32)
+        ws = cnt = aws = acnt = 1
+        self.cfg = {}
+        for b in sorted(set(self.buckets) | set(BUCKETS[: BUCKETS.index(32) + 1])):
+            for site, (n, k, sw) in self._sites().items():
+                c = kl.pick_config(b, n, k, self.sm, self.eager, self.wbytes, sw, site)
+                self.cfg[b, site] = c
+                ws = max(ws, kl.workspace_floats(b, n, c, sw))
+                cnt = max(cnt, kl.counters(b, n, c))
+            splits = (
+                ka.decode_splits(b, KVH, self.max_blocks_per_seq, self.sm) if not self.eager else 2
+            )
+            self.cfg[b, "splits"] = splits
+            aws = max(aws, ka.decode_ws_floats(b, KVH, H // KVH, D, splits))
+            acnt = max(acnt, b * KVH)
+        self.ws, self.cnt = self._empty((ws,), torch.float32), self._empty((cnt,), torch.int32)
+        self.aws, self.acnt = self._empty((aws,), torch.float32), self._empty((acnt,), torch.int32)
+        # staging: decode fields at fixed offsets (MB each); prefill: ids|pos|slot (PT each),
+        # tiles (3 PT), last rows + sampling fields (MB each)
+        self.n_dec = len(_FIELDS) * MB
+        self.n_pre = 6 * PT + 6 * MB
+        self.d_stage = self._empty((self.n_dec + self.n_pre,), torch.int32)
+        if self.eager:
+            self.h_stage = np.zeros(self.n_dec + self.n_pre, np.int32)
+            self.h_tok = np.zeros(MB, np.int32)
+            self.h_ahead = [np.zeros(self.n_dec, np.int32) for _ in range(2)]
+        else:
+            drv = self.drv
+            self.p_stage = drv.Pinned((self.n_dec + self.n_pre) * 4)
+            self.h_stage = self.p_stage.view(np.int32, 0, self.n_dec + self.n_pre)
+            self.p_tok = drv.Pinned(MB * 4)
+            self.h_tok = self.p_tok.view(np.int32, 0, MB)
+            self.p_tab = drv.Pinned(self.tab_host.nbytes)
+            self.h_tab = self.p_tab.view(np.int32, 0, self.tab_host.size).reshape(
+                self.tab_host.shape
+            )
+            self.h_tab[:] = self.tab_host
+            # the steps launched ahead (step): two staging blocks and token buffers, used in turn
+            self.p_ahead = [drv.Pinned((self.n_dec + MB) * 4) for _ in range(2)]
+            self.h_ahead = [p.view(np.int32, 0, self.n_dec) for p in self.p_ahead]
+            self.ev_ahead = [drv.new_event() for _ in range(2)]
+        self._parity = 0
+        self.h_stage[:] = 0
+
+    def _h2d(self, n_ints: int, offset: int = 0):
+        if self.eager:
+            self.d_stage[offset : offset + n_ints] = self.torch.from_numpy(
+                self.h_stage[offset : offset + n_ints].copy()
+            )
+            return
+        dst = self.cu.CUdeviceptr(self.d_stage.data_ptr() + offset * 4)
+        self.drv.check(
+            self.cu.cuMemcpyHtoDAsync(dst, self.p_stage.ptr + offset * 4, n_ints * 4, self.stream)
+        )
+
+    def _sync_tables(self):
+        """Copy the block-table rows marked dirty (mark_dirty) to the device table."""
+        if not self._dirty:
+            return
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        bt = self.block_tables
+        if self.eager:
+            self.tab[: self.max_batch] = self.torch.from_numpy(bt.copy())
+            return
+        self.h_tab[dirty] = bt[dirty]
+        row = self.tab_host.shape[1] * 4
+        for r in dirty:
+            dst = self.cu.CUdeviceptr(self.tab.data_ptr() + int(r) * row)
+            self.drv.check(
+                self.cu.cuMemcpyHtoDAsync(dst, self.p_tab.ptr + int(r) * row, row, self.stream)
+            )
+
+    def mark_dirty(self, row: int) -> None:
+        """Block-table row `row` changed on the host: copied to the device before the next step."""
+        self._dirty.add(int(row))
+
+    def _stage_pad(self, B: int, n: int, base: int = 0, h=None):
+        """Padding entries n..B of the decode fields: token 0 at position 0 in the trash block."""
+        MB = self.max_batch
+        h = self.h_stage if h is None else h
+        for name, val in (
+            ("ids", 0),
+            ("pos", 0),
+            ("slot", self.trash_slot),
+            ("ctx", 1),
+            ("rix", MB),
+            ("seed", 0),
+            ("step", 0),
+            ("topk", 0),
+            ("temp", 0),
+            ("topp", 0),
+            ("fb", -1),
+        ):
+            i = _FIELDS.index(name)
+            h[base + i * MB + n : base + i * MB + B] = val
+
+    def _stage_sampling(self, base: int, idx, samp, seeds, h=None):
+        MB = self.max_batch
+        h = self.h_stage if h is None else h
+        n = len(idx)
+
+        def put(name, arr):
+            i = _FIELDS.index(name)
+            h[base + i * MB : base + i * MB + n] = arr
+
+        put("seed", (seeds[idx] ^ (seeds[idx] >> np.uint64(32))).astype(np.uint32).view(np.int32))
+        put("step", samp[idx, 3].astype(np.int32))
+        put("topk", samp[idx, 1].astype(np.int32))
+        put("temp", samp[idx, 0].astype(np.float32).view(np.int32))
+        put("topp", samp[idx, 2].astype(np.float32).view(np.int32))
+
+    def run_step(self, rows, starts, counts, ids, samp, seeds) -> np.ndarray:
+        """One generation step, as the CPU engine's run_gen: new prompts (starts == 0) prefilled
+        packed, in groups of max_prefill tokens; the running sequences (one pending token each)
+        one decode step of the smallest bucket that holds them. The next token of each."""
+        out = np.empty(len(rows), np.int32)
+        offs = np.concatenate([[0], np.cumsum(counts)])
+        pre = [i for i in range(len(rows)) if starts[i] == 0]
+        dec = [i for i in range(len(rows)) if starts[i] > 0]
+        if not self.eager:
+            self.drv.check(self.cu.cuCtxSetCurrent(self.ctx))
+        self._sync_tables()
+        group, tokens = [], 0
+        for i in pre:  # packed prefill, in groups of max_prefill tokens
+            if group and tokens + counts[i] > self.max_prefill:
+                self._prefill(group, rows, counts, ids, offs, samp, seeds, out)
+                group, tokens = [], 0
+            group.append(i)
+            tokens += int(counts[i])
+        if group:
+            self._prefill(group, rows, counts, ids, offs, samp, seeds, out)
+        if dec:
+            self._decode(dec, rows, starts, ids, offs, samp, seeds, out)
+        return out
+
+    def _slots(self, row, pos: np.ndarray) -> np.ndarray:
+        """Pool slots of positions pos of block-table row(s) row (an int, or an array beside pos)."""
+        bs = self.block_size
+        return self.block_tables[row, pos // bs] * bs + pos % bs
+
+    def _decode(self, dec, rows, starts, ids, offs, samp, seeds, out):
+        idx = np.asarray(dec)
+        pos = starts[idx].astype(np.int64)
+        fb = np.full(len(idx), -1, np.int32)
+        B = self._stage_decode(self.h_stage, ids[offs[idx]], pos, rows[idx], fb, idx, samp, seeds)
+        self._h2d(self.n_dec)
+        self._launch(B)
+        out[idx] = self._tokens(len(idx))
+
+    def _stage_decode(self, h, ids, pos, rows, fb, idx, samp, seeds) -> int:
+        """Fill the decode fields of staging block h for n = len(pos) rows; returns the bucket."""
+        n = len(pos)
+        B = next(b for b in self.buckets if b >= n)
+        MB = self.max_batch
+        # one gather for all rows, not a call per row
+        slot = self._slots(rows, pos).astype(np.int32)
+        for name, arr in (
+            ("ids", ids),
+            ("pos", pos),
+            ("slot", slot),
+            ("ctx", pos + 1),
+            ("rix", rows),
+            ("fb", fb),
+        ):
+            i = _FIELDS.index(name)
+            h[i * MB : i * MB + n] = arr
+        self._stage_sampling(0, idx, samp, seeds, h)
+        self._stage_pad(B, n, 0, h)
+        return B
+
+    def _launch(self, B: int):
+        if self.eager or not self.use_graphs:
+            self._eager(self._steps[B])
+        else:
+            self.drv.check(self.cu.cuGraphLaunch(self._graphs[B][1], self.stream))
+
+    def launch_ahead(self, ids, pos, rows, fb, samp, seeds) -> dict:
+        """Stage and launch one decode step of n = len(pos) rows without waiting for it (the
+        pipelined steps of the decoder): its tokens come back by wait_ahead. A row with fb[i] >= 0
+        takes its id from row fb[i] of the step in flight (on the device)."""
+        n = len(pos)
+        self.n_ahead += 1
+        p = self._parity
+        self._parity ^= 1
+        h = self.h_ahead[p]
+        B = self._stage_decode(h, ids, pos, rows, fb, np.arange(n), samp, seeds)
+        if self.eager:
+            self.d_stage[: self.n_dec] = self.torch.from_numpy(h.copy())
+            self._launch(B)
+            return {"toks": self.tok[:n].numpy().copy()}
+        cu, chk, buf = self.cu, self.drv.check, self.p_ahead[p]
+        chk(cu.cuCtxSetCurrent(self.ctx))
+        dst = cu.CUdeviceptr(self.d_stage.data_ptr())
+        chk(cu.cuMemcpyHtoDAsync(dst, buf.ptr, self.n_dec * 4, self.stream))
+        self._launch(B)
+        src = cu.CUdeviceptr(self.tok.data_ptr())
+        chk(cu.cuMemcpyDtoHAsync(buf.ptr + self.n_dec * 4, src, n * 4, self.stream))
+        chk(cu.cuEventRecord(self.ev_ahead[p], self.stream))
+        return {"p": p, "n": n}
+
+    def wait_ahead(self, infl: dict) -> np.ndarray:
+        """The tokens of a step launched ahead (waits for it)."""
+        if "toks" in infl:
+            return infl["toks"]
+        p, n = infl["p"], infl["n"]
+        self.drv.check(self.cu.cuEventSynchronize(self.ev_ahead[p]))
+        return self.p_ahead[p].view(np.int32, self.n_dec * 4, n).copy()
+
+    def drain(self) -> None:
+        """Nothing launched ahead here; the decoder's pipelined steps wait for theirs."""
+
+    def _eager(self, steps):
+        if self.eager:
+            for s in steps:
+                s()
+            return
+        with self.torch.cuda.stream(self.tstream):
+            for s in steps:
+                s()
+
+    def _tokens(self, n: int, buf=None) -> np.ndarray:
+        buf = self.tok if buf is None else buf
+        if self.eager:
+            return buf[:n].numpy().copy()
+        cu = self.cu
+        src = cu.CUdeviceptr(buf.data_ptr())
+        self.drv.check(cu.cuMemcpyDtoHAsync(self.p_tok.ptr, src, n * 4, self.stream))
+        self.drv.check(cu.cuStreamSynchronize(self.stream))
+        return self.h_tok[:n].copy()
+
+    def time_decode_graph(self, B: int, ctx: int = 1, n: int = 50) -> float:
+        """us per replay of bucket B's decode graph, n back-to-back launches (device-bound), on
+        padding rows that attend over ctx tokens of the trash row. Only between steps."""
+        import time
+
+        if not self.use_graphs:
+            raise BackendUnavailableError(
+                "time_decode_graph needs CUDA graphs (a GPU, graphs=True)"
+            )
+        self.drain()
+        B = next(b for b in self.buckets if b >= B)
+        self._stage_pad(B, 0)
+        i = _FIELDS.index("ctx")
+        self.h_stage[i * self.max_batch : i * self.max_batch + B] = max(
+            1, min(ctx, self.max_seq_len)
+        )
+        cu, chk = self.cu, self.drv.check
+        self._h2d(self.n_dec)
+        gexec = self._graphs[B][1]
+        chk(cu.cuGraphLaunch(gexec, self.stream))
+        chk(cu.cuStreamSynchronize(self.stream))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            chk(cu.cuGraphLaunch(gexec, self.stream))
+        chk(cu.cuStreamSynchronize(self.stream))
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def memory(self) -> dict:
+        t = [self.kc, self.vc, self.h, self.qkv, self.att, self.mlp, self.logits, self.ws, self.aws]
+        w = [
+            x
+            for L in self.layers
+            for v in L.values()
+            if v is not None
+            for x in (v if isinstance(v, tuple) else (v,))
+            if x is not None
+        ]
+        w += [x for x in self.lm if x is not None] + [self.emb]
+        nb = lambda ts: int(sum(x.numel() * x.element_size() for x in ts))  # noqa: E731
+        return {
+            "weights_bytes": nb(w),
+            "kv_pool_bytes": nb([self.kc, self.vc]),
+            "activation_bytes": nb(t[2:]),
+            "buckets": list(self.buckets),
+            "graphs": self.use_graphs,
+            "pdl": self.pdl,
+            "prefetch": self.prefetch,
+            "device": self.device_name,
+        }
