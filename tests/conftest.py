@@ -242,3 +242,30 @@ def int8_features(model) -> set[str]:
     out = {str(q.scheme) for q in model.quant.values()}
     out |= {k.rsplit(".", 1)[1] for k in model.weights if k.endswith((".act_mul", ".act_shift"))}
     return out
+
+
+def _env_cpu_options():
+    """The CPU core's options as this run's environment says (None: no native core)."""
+    try:
+        from zoi import _cpu  # noqa: F401
+    except ImportError:
+        return None
+    from zoi.backends.cpu.options import CpuOptions
+
+    return CpuOptions.from_env()
+
+
+_ENV_CPU_OPTIONS = _env_cpu_options()
+
+
+@pytest.fixture(autouse=True)
+def _cpu_options_of_the_run():
+    """Every test starts with the core's process-wide options as the run's environment says
+    (ZOI_CPU_ISA=avx2 forces a whole run; a backend given no options keeps what the core holds),
+    whatever options an earlier test applied."""
+    if _ENV_CPU_OPTIONS is not None:
+        from zoi.backends.cpu.options import current
+
+        if current() != _ENV_CPU_OPTIONS:
+            _ENV_CPU_OPTIONS.apply()
+    yield

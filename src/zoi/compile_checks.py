@@ -254,13 +254,17 @@ def _first_row_default(quant_config, device: str):
 
 def _cpu_options(device: str):
     """The CPU core's switches for zoi.compile / zoi.load, the API's edge: its defaults with the
-    environment's overrides (ZOI_CPU_ISA, ZOI_NUM_THREADS, ZOI_PIN, ZOI_AMX_*); None for the
-    other devices."""
-    if device != "cpu":
-        return None
+    environment's overrides (ZOI_CPU_ISA, ZOI_NUM_THREADS, ZOI_PIN, ZOI_AMX_*), applied to the
+    core at once (calibration and the native tokenizer run on it, on every device); returned for
+    device='cpu' (the backend is handed them), None for the other devices."""
     from zoi.backends.cpu.options import CpuOptions
 
-    return CpuOptions.from_env()
+    opts = CpuOptions.from_env()
+    try:
+        opts.apply()
+    except ImportError:  # a build without the native core: nothing runs on it
+        pass
+    return opts if device == "cpu" else None
 
 
 def _cuda_options(device: str):

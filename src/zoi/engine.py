@@ -134,6 +134,7 @@ def compile(  # noqa: A001 - the public name, as torch.compile
     tok_choice = tokenizer_choice(tokenizer)  # the environment read here, at the API's edge
     device, device_index = _split_device(device)
     _check_precision(precision, device)
+    _cpu_options(device)  # the core's options from the environment, before calibration uses it
     _check_pooling(pooling)
     if precision == "int8":  # a mistyped budget is refused before the model loads
         from zoi.quant.config import check_calibration

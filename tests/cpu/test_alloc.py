@@ -37,6 +37,8 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 from helpers import batch, make_model, small_spec
 from zoi.backends.cpu import CpuBackend
+from zoi.compile_checks import _cpu_options
+_cpu_options("cpu")  # ZOI_CPU_ISA / ZOI_NUM_THREADS, read at the API's edge
 lib = ctypes.CDLL(sys.argv[2])
 lib.zoi_alloc_count.restype = ctypes.c_ulonglong
 res = {}
@@ -111,6 +113,8 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 from helpers import batch, make_model, minilm_spec
 from zoi.backends.cpu import CpuBackend
+from zoi.compile_checks import _cpu_options
+_cpu_options("cpu")  # ZOI_CPU_ISA / ZOI_NUM_THREADS, read at the API's edge
 def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) * 1024

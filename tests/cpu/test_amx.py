@@ -159,7 +159,8 @@ def test_amx_detection_consistent():
             [
                 sys.executable,
                 "-c",
-                "from zoi.backends.cpu.options import apply_cpu_options; apply_cpu_options()",
+                "from zoi.backends.cpu.options import CpuOptions, apply_cpu_options; "
+                "apply_cpu_options(CpuOptions.from_env())",
             ],
             env=env,
             capture_output=True,

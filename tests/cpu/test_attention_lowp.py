@@ -258,16 +258,18 @@ def test_engine_attention_precision_opt_in(isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_attention_precision_follows_the_forced_isa(isa, monkeypatch):
-    """An engine of the ISA ZOI_CPU_ISA forces (the backend's default isa) runs a mode only where
+    """An engine of the ISA ZOI_CPU_ISA forces (read at the API's edge, handed to the backend)
+    runs a mode only where
     that ISA has its kernel: INT8 (1, 2) on vnni / amx, AMX-BF16 (3) on amx (not on vnni, even on
     a CPU with AMX-BF16: the CPU's features are not the ISA's); elsewhere the FP32 kernel, bit for
     bit. The kernel entry of that ISA (k_attention) agrees with the engine."""
     from zoi.backends.cpu import CpuBackend
+    from zoi.backends.cpu.options import CpuOptions
 
     monkeypatch.setenv("ZOI_CPU_ISA", isa)
     spec = small_spec(hidden=64, heads=2)  # head dim 32
     model = make_model(spec, "int8", max_tokens=128)
-    be = CpuBackend(model, nthreads=2)
+    be = CpuBackend(model, nthreads=2, options=CpuOptions.from_env())
     assert be.isa == isa
     ids, pos, cu = batch([40, 9, 33], spec.vocab_size, 3)
     base = be.run(ids, pos, cu, False).copy()

@@ -225,8 +225,9 @@ sys.path.insert(0, sys.argv[1])
 from helpers import make_model, small_spec, batch
 from zoi import _cpu
 from zoi.backends.cpu import CpuBackend
+from zoi.compile_checks import _cpu_options
 m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
-be = CpuBackend(m)
+be = CpuBackend(m, options=_cpu_options("cpu"))  # the environment, read at the API's edge
 be.run(*batch([20], 300), True)
 aff = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
 import json
@@ -257,9 +258,10 @@ sys.path.insert(0, sys.argv[1])
 from helpers import batch, make_model, small_spec
 from zoi import _cpu
 from zoi.backends.cpu import CpuBackend
+from zoi.compile_checks import _cpu_options
 m = make_model(small_spec(), "int8", max_tokens=64, max_batch=4)
 try:
-    be = CpuBackend(m)
+    be = CpuBackend(m, options=_cpu_options("cpu"))  # the environment, read at the API's edge
     print(json.dumps([_cpu.active_isa(), be.isa, be.run(*batch([9, 4], 300), True).tolist()]))
 except ValueError as e:
     print(json.dumps(["error", str(e), None]))

@@ -93,7 +93,10 @@ def test_env_and_explicit_options_agree(isa, monkeypatch):
     monkeypatch.setenv("ZOI_CPU_ISA", isa)
     monkeypatch.setenv("ZOI_NUM_THREADS", str(n))
     monkeypatch.setenv("ZOI_PIN", "0")
-    from_env = CpuBackend(m)
+    # below the API's edge nothing reads the environment: no options keep what the core holds
+    kept = CpuBackend(m)
+    assert kept.options == CpuOptions() and _cpu.pool_size() == n - 1 and _cpu.pool_pinned()
+    from_env = CpuBackend(m, options=CpuOptions.from_env())  # what zoi.compile / zoi.load pass
     assert from_env.options == explicit.options == CpuOptions.from_env()
     assert from_env.isa == isa and _cpu.active_isa() == isa
     assert _cpu.pool_size() == n and not _cpu.pool_pinned() and from_env.engine.nthreads == n
@@ -218,10 +221,13 @@ def test_bad_env_is_refused_naming_the_variable(env, words, monkeypatch):
         CpuOptions.from_env(env)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
-    for k, v in env.items():  # the backend's creation refuses it too, before building anything
+    for k, v in env.items():  # the API's edge refuses it too (for every device), before any build
         monkeypatch.setenv(k, v)
-    with pytest.raises(ValueError, match=list(env)[0]):
-        CpuBackend(_model())
+    from zoi.compile_checks import _cpu_options
+
+    for device in ("cpu", "reference"):
+        with pytest.raises(ValueError, match=list(env)[0]):
+            _cpu_options(device)
 
 
 def test_an_isa_this_cpu_lacks_is_refused_and_changes_nothing(monkeypatch):
@@ -259,9 +265,12 @@ NO_ENV_SCRIPT = r"""
 import json
 from zoi import _cpu
 core = [_cpu.active_isa(), _cpu.amx_thresholds()[0]]
-from zoi.backends.cpu.options import apply_cpu_options
-apply_cpu_options()
-print(json.dumps([core, [_cpu.active_isa(), _cpu.amx_thresholds()[0], _cpu.pool_size()]]))
+from zoi.backends.cpu.options import CpuOptions, apply_cpu_options
+apply_cpu_options()  # no options: nothing changes, nothing read
+kept = [_cpu.active_isa(), _cpu.amx_thresholds()[0]]
+apply_cpu_options(CpuOptions.from_env())
+applied = [_cpu.active_isa(), _cpu.amx_thresholds()[0], _cpu.pool_size()]
+print(json.dumps([core, kept, applied]))
 """
 
 
@@ -276,9 +285,26 @@ def test_the_core_reads_no_environment():
         text=True,
         check=True,
     ).stdout
-    core, applied = json.loads(out.strip().splitlines()[-1])
-    assert core == [_cpu.cpu_info()["best_isa"], 16]
+    core, kept, applied = json.loads(out.strip().splitlines()[-1])
+    assert core == kept == [_cpu.cpu_info()["best_isa"], 16]
     assert applied == ["scalar", 7, 1]
+
+
+EDGE_SCRIPT = r"""
+from zoi import _cpu
+from zoi.compile_checks import _cpu_options
+print(_cpu_options("reference"), _cpu.pool_size())
+"""
+
+
+def test_the_edge_sizes_the_tokenizer_pool_for_every_device():
+    """zoi.compile / zoi.load on a device other than the CPU still tokenise on the core's pool:
+    ZOI_NUM_THREADS sizes it there too."""
+    env = dict(os.environ, ZOI_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", EDGE_SCRIPT], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["None", "1"]
 
 
 def test_the_decoder_backend_applies_the_options(tmp_path):

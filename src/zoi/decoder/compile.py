@@ -162,6 +162,7 @@ def compile_decoder(
 
         be = ReferenceBackend(spec, weights, kv_blocks, block_size, max_batch, max_seq_len)
     elif device == "cpu":
+        from zoi.backends.cpu.options import CpuOptions
         from zoi.decoder.cpu import CpuBackend
 
         be = CpuBackend(
@@ -175,6 +176,7 @@ def compile_decoder(
             max_tokens=max_tokens,
             threads=threads,
             isa=isa,
+            options=CpuOptions.from_env(),  # the decoder's API edge: ZOI_CPU_ISA, ZOI_NUM_THREADS, ...
         )
     else:  # cuda
         try:

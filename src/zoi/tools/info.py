@@ -43,9 +43,9 @@ def system_info() -> dict:
         feats = _cpu.cpu_info()
         info["isa_best"] = feats["best_isa"]
         try:  # the CLI is the API's edge: the CPU options from the environment, as an engine gets them
-            from zoi.backends.cpu.options import apply_cpu_options
+            from zoi.backends.cpu.options import CpuOptions, apply_cpu_options
 
-            opts = apply_cpu_options()
+            opts = apply_cpu_options(CpuOptions.from_env())
             info["isa_active"] = _cpu.active_isa()
             info["cpu_options"] = dataclasses.asdict(opts)
         except ValueError as e:

@@ -80,7 +80,7 @@ class CpuBackend(SyncSubmit):
         """isa: force one kernel table (None: options.isa, else the best this CPU runs);
         nthreads: engine threads (None: the process pool's); fusion: the IR fusion pass's
         switches (zoi.graph.fusion; None: its defaults); options: the core's process-wide
-        switches (zoi.backends.cpu.options; None: CpuOptions.from_env()), applied before the
+        switches (zoi.backends.cpu.options; None: as the core holds them), applied before the
         engine is built; kv_pool: the paged KV cache of a generation graph (its paged
         attention ops; zoi.decoder.cpu), reserved by the engine once."""
         self.options = apply_cpu_options(options)

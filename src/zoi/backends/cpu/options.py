@@ -1,12 +1,13 @@
 """CpuOptions: the switches of the native CPU core, passed in as an argument.
 
-The C++ core (zoi._cpu) reads no environment variable: ``CpuOptions.from_env`` is the one place
-that reads the CPU variables, called where a CPU backend is created (``zoi.compile`` /
-``zoi.load`` with device='cpu', ``CpuBackend``, the decoder's CPU backend) when no options are
-passed, so that ``ZOI_CPU_ISA`` / ``ZOI_NUM_THREADS`` / ``ZOI_PIN`` keep their meaning.
-``apply`` hands them to the core before it builds an engine. They are process-wide, like the
-core's thread pool: the last options applied hold for every engine built after them (an engine's
-own ``isa=`` / ``nthreads=`` arguments still choose per engine).
+The C++ core (zoi._cpu) reads no environment variable, and nothing below the API's edge does:
+``CpuOptions.from_env`` is the one place that reads the CPU variables (``ZOI_CPU_ISA`` /
+``ZOI_NUM_THREADS`` / ``ZOI_PIN`` / ``ZOI_AMX_*``), called at the edge: ``zoi.compile`` /
+``zoi.load`` (every device: the native tokenizer runs on the core's thread pool too), the
+decoder's compile, the CLI. ``apply`` hands them to the core before it builds an engine. They are
+process-wide, like the core's thread pool: the last options applied hold for every engine built
+after them (an engine's own ``isa=`` / ``nthreads=`` arguments still choose per engine); a
+backend given no options leaves them as they are (``current``).
 """
 
 from __future__ import annotations
@@ -141,15 +142,26 @@ class CpuOptions:
         _cpu.set_forced_isa(self.isa or "")
         _cpu.set_amx_thresholds(self.amx_min_m, self.amx_nt_bytes)
         _cpu.configure_pool(self.num_threads, self.pin)
+        global _applied
+        _applied = self
         return self
 
 
+_applied: CpuOptions | None = None  # the options the core holds (None: its defaults)
+
+
+def current() -> CpuOptions:
+    """The options the core holds now: the last applied, else the defaults (which the core
+    starts with)."""
+    return _applied if _applied is not None else CpuOptions()
+
+
 def apply_cpu_options(options: CpuOptions | None = None) -> CpuOptions:
-    """`options` (None: CpuOptions.from_env()) handed to the core; returns what was applied.
-    Called where a CPU engine is created, before the core builds it."""
+    """`options` handed to the core (None: nothing changes, no environment read); returns the
+    options the core holds. Called where a CPU engine is created, before the core builds it."""
     if options is not None and not isinstance(options, CpuOptions):
         raise TypeError(
             f"cpu_options must be a zoi.backends.cpu.options.CpuOptions, got "
             f"{type(options).__name__}"
         )
-    return (options if options is not None else CpuOptions.from_env()).apply()
+    return options.apply() if options is not None else current()
