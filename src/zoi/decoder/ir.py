@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.decoder.api import DecoderSpec
-from zoi.decoder.reference import rope_tables
+from zoi.decoder.rope import rope_tables
 from zoi.frontend.spec import ModelSpec
 from zoi.numerics.primitives import quantize_weight
 

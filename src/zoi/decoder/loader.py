@@ -272,7 +272,7 @@ def spec_from_config(cfg: dict, cpath: Path, generation: dict | None = None) -> 
 def _check_rope(spec: DecoderSpec, cpath: Path) -> None:
     """The inverse frequencies as the backends compute them (float32, as transformers) must be
     finite: a base or factor too small for float32 rounds to 0 and divides by it."""
-    from zoi.decoder.reference import rope_inv_freq
+    from zoi.decoder.rope import rope_inv_freq
 
     with np.errstate(all="ignore"):
         inv = rope_inv_freq(spec)

@@ -1,81 +1,21 @@
-"""The numpy oracle of the decoders: RoPE as transformers' ROPE_INIT_FUNCTIONS, the forward pass
-over a paged KV cache, the sampler (greedy / temperature / top-k / top-p, counter-based seeded
-draws) and a DecoderBackend built on them. float32 (as transformers FP32) or float64.
+"""The numpy oracle of the decoders: the one runtime's generation graph (zoi.decoder.ir,
+build_generate) run by the IR's numpy executor (zoi.numerics.reference.execute) over a paged KV
+cache, the sampler (greedy / temperature / top-k / top-p, counter-based seeded draws) and a
+DecoderBackend built on them. float32 (as transformers FP32) or float64; W8A8 emulated exactly.
 
 Imports numpy only (no torch, no zoi._cpu): the CPU kernels, the GPU kernels and the scheduler's
-tests check against it.
+tests check against it, and it against transformers (tests/decoder/test_reference.py).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from zoi.decoder.api import DecoderSpec
 from zoi.decoder.paged import PagedBackend
+from zoi.decoder.rope import rope_cos_sin, rope_inv_freq, rope_tables  # noqa: F401 - re-exported
 
 M64 = (1 << 64) - 1
-
-
-# ---------------------------------------------------------------- RoPE
-def rope_inv_freq(spec: DecoderSpec) -> np.ndarray:
-    """inv_freq [head_dim / 2] float32, as transformers computes it (float32 torch arithmetic).
-    'dynamic' equals the default below max_position_embeddings, where zoi caps the context."""
-    dim = spec.head_dim
-    base = np.float32(spec.rope_theta)
-    inv = np.float32(1.0) / (
-        base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim))
-    )
-    inv = inv.astype(np.float32)
-    sc = spec.rope_scaling or {}
-    t = sc.get("rope_type", "default")
-    if t == "linear":
-        inv = (inv / np.float32(sc["factor"])).astype(np.float32)
-    elif t == "llama3":
-        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
-        old = sc["original_max_position_embeddings"]
-        low_wl, high_wl = old / lo, old / hi
-        wavelen = (np.float32(2 * math.pi) / inv).astype(np.float32)
-        llama = np.where(wavelen > low_wl, inv / np.float32(factor), inv).astype(np.float32)
-        smooth = ((np.float32(old) / wavelen - np.float32(lo)) / np.float32(hi - lo)).astype(
-            np.float32
-        )
-        smoothed = ((1 - smooth) * llama / np.float32(factor) + smooth * llama).astype(np.float32)
-        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
-        inv = np.where(medium, smoothed, llama).astype(np.float32)
-    elif t not in ("default", "dynamic"):
-        raise ValueError(f"rope_type {t!r} is not supported")
-    return inv
-
-
-def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [T, head_dim / 2] float32 of the angles float32(pos * inv_freq), as transformers."""
-    f = (positions.astype(np.float32)[:, None] * inv_freq[None, :]).astype(np.float32)
-    return np.cos(f).astype(np.float32), np.sin(f).astype(np.float32)
-
-
-def rope_tables(spec: DecoderSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [n, head_dim / 2] float32 of positions 0..n-1: the one RoPE table every backend
-    reads (the CPU engine's and the GPU kernels' `rope.g.cos` / `rope.g.sin`)."""
-    return rope_cos_sin(rope_inv_freq(spec), np.arange(n))
-
-
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x [T, heads, D] rotated as transformers' rotate_half (first half with the second)."""
-    h = x.shape[-1] // 2
-    c, s = cos[:, None, :].astype(x.dtype), sin[:, None, :].astype(x.dtype)
-    x1, x2 = x[..., :h], x[..., h:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    var = np.mean(x * x, axis=-1, keepdims=True)
-    return (x / np.sqrt(var + x.dtype.type(eps))) * w.astype(x.dtype)
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (x.dtype.type(1) + np.exp(-x))
 
 
 # ---------------------------------------------------------------- sampling
@@ -124,6 +64,7 @@ class PagedKV:
     def __init__(self, spec: DecoderSpec, num_blocks: int, block_size: int, dtype=np.float32):
         shape = (spec.num_layers, num_blocks, spec.num_kv_heads, block_size, spec.head_dim)
         self.block_size = block_size
+        self.tables: list[np.ndarray] = []  # the block table of each sequence of a call
         self.k = np.zeros(shape, dtype)
         self.v = np.zeros(shape, dtype)
 
@@ -142,9 +83,11 @@ class PagedKV:
 
 
 class ReferenceModel:
-    """w8a8=True: every projection and lm_head as the CPU decoder's precision "int8" (W8A8)
-    computes it: weights INT8 per output channel, each input row INT8 per token (symmetric), exact
-    integer sums scaled in float32 (zoi.numerics.primitives)."""
+    """The generation graph of a checkpoint run in numpy (zoi.numerics.reference.execute).
+    w8a8=True: every linear, the LM head included, as precision "int8" (W8A8) computes it:
+    weights INT8 per output channel, each input row INT8 per token (symmetric), exact integer
+    sums scaled in float32 (zoi.numerics.primitives). Positions up to max_seq_len (default: the
+    model's max_position_embeddings)."""
 
     def __init__(
         self,
@@ -152,29 +95,14 @@ class ReferenceModel:
         weights: dict[str, np.ndarray],
         dtype=np.float32,
         w8a8: bool = False,
+        max_seq_len: int | None = None,
     ):
+        from zoi.decoder.ir import generate_model
+
         self.spec, self.dtype = spec, np.dtype(dtype)
-        self.w = {k: np.asarray(v, self.dtype) for k, v in weights.items()}
-        self.inv_freq = rope_inv_freq(spec)
-        self.q8: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if w8a8:
-            from zoi.numerics.primitives import quantize_weight
-
-            self.q8 = {
-                k: quantize_weight(v)
-                for k, v in weights.items()
-                if k.endswith("_proj.weight") or k == "lm_head.weight"
-            }
-
-    def _lin(self, name: str, x: np.ndarray) -> np.ndarray:
-        if name in self.q8:
-            from zoi.numerics.primitives import int8_matmul_exact, quantize_act
-
-            wq, ws = self.q8[name]
-            q, s = quantize_act(x.astype(np.float32))
-            acc = int8_matmul_exact(q, wq).astype(np.float32)
-            return (acc * (s[:, None] * ws[None, :])).astype(self.dtype)
-        return x @ self.w[name].T
+        n = int(max_seq_len or spec.max_position_embeddings)
+        prec = "int8" if w8a8 else "fp32"
+        self.model = generate_model(spec, weights, n, prec, max_tokens=n, max_batch=1)
 
     def forward(
         self,
@@ -188,58 +116,21 @@ class ReferenceModel:
         """Packed tokens of B sequences (sequence i: counts[i] tokens at positions starts[i]..);
         writes their K/V into `kv` through the block tables, attends causally over the cache.
         Returns the logits of each sequence's last token [B, V] (all tokens' [T, V] if asked)."""
-        sp, w, dt = self.spec, self.w, self.dtype
-        D, nh, nkv = sp.head_dim, sp.num_heads, sp.num_kv_heads
+        from zoi.numerics.reference import execute, linear_apply
+
+        m = self.model
         starts, counts = np.asarray(starts, np.int64), np.asarray(counts, np.int64)
         pos = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts, strict=True)])
-        seq_of = np.repeat(np.arange(len(counts)), counts)
-        cos, sin = rope_cos_sin(self.inv_freq, pos)
-        x = w["model.embed_tokens.weight"][ids]
-        scale = dt.type(1.0 / math.sqrt(D))
-        group = nh // nkv
-        for li in range(sp.num_layers):
-            p = f"model.layers.{li}."
-            h = rms_norm(x, w[p + "input_layernorm.weight"], sp.rms_norm_eps)
-            q = self._lin(p + "self_attn.q_proj.weight", h)
-            k = self._lin(p + "self_attn.k_proj.weight", h)
-            v = self._lin(p + "self_attn.v_proj.weight", h)
-            if sp.attention_bias:
-                q = q + w[p + "self_attn.q_proj.bias"]
-                k = k + w[p + "self_attn.k_proj.bias"]
-                v = v + w[p + "self_attn.v_proj.bias"]
-            q, k, v = q.reshape(-1, nh, D), k.reshape(-1, nkv, D), v.reshape(-1, nkv, D)
-            if sp.qk_norm:
-                q = rms_norm(q, w[p + "self_attn.q_norm.weight"], sp.rms_norm_eps)
-                k = rms_norm(k, w[p + "self_attn.k_norm.weight"], sp.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            for i, t in enumerate(tables):
-                sel = seq_of == i
-                kv.write(li, t, pos[sel], k[sel], v[sel])
-            ctx = np.empty((len(ids), nh, D), dt)
-            for i, t in enumerate(tables):
-                n_ctx = int(starts[i] + counts[i])
-                K, V = kv.read(li, t, n_ctx)  # [n, kv, D]
-                rows = np.nonzero(seq_of == i)[0]
-                for r in rows:
-                    L = int(pos[r]) + 1
-                    Kh = np.repeat(K[:L], group, axis=1)  # [L, nh, D]
-                    Vh = np.repeat(V[:L], group, axis=1)
-                    s = np.einsum("hd,lhd->hl", q[r], Kh) * scale
-                    s = np.exp(s - s.max(axis=1, keepdims=True))
-                    s = s / s.sum(axis=1, keepdims=True)
-                    ctx[r] = np.einsum("hl,lhd->hd", s, Vh)
-            o = self._lin(p + "self_attn.o_proj.weight", ctx.reshape(len(ids), nh * D))
-            if p + "self_attn.o_proj.bias" in w:
-                o = o + w[p + "self_attn.o_proj.bias"]
-            x = x + o
-            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], sp.rms_norm_eps)
-            g = self._lin(p + "mlp.gate_proj.weight", h)
-            u = self._lin(p + "mlp.up_proj.weight", h)
-            x = x + self._lin(p + "mlp.down_proj.weight", silu(g) * u)
+        cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        kv.tables = list(tables)
+        env = execute(
+            m.graph, m.weights, np.asarray(ids), pos, cu, m.quant, dtype=self.dtype, paged=kv
+        )
         if not all_logits:
-            x = x[np.cumsum(counts) - 1]
-        x = rms_norm(x, w["model.norm.weight"], sp.rms_norm_eps)
-        return self._lin("lm_head.weight", x)
+            return env["logits"]
+        x = env[m.graph.ops[-3].inputs[0]]  # every token after the final norm (pool's input)
+        y = linear_apply(x, m.weights, "lm_head", m.quant.get("lm_head"))
+        return y.astype(self.dtype)
 
 
 class ReferenceBackend(PagedBackend):
@@ -258,7 +149,7 @@ class ReferenceBackend(PagedBackend):
     ):
         self.kv_bytes_per_value = np.dtype(dtype).itemsize  # the pool's dtype, for its bytes
         super().__init__(spec, num_blocks, block_size, max_batch, max_seq_len)
-        self.model = ReferenceModel(spec, weights, dtype, w8a8=w8a8)
+        self.model = ReferenceModel(spec, weights, dtype, w8a8=w8a8, max_seq_len=self.max_seq_len)
         self.kv = PagedKV(spec, num_blocks, block_size, dtype)
         self.last_logits: np.ndarray | None = None
 

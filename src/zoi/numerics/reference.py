@@ -250,6 +250,58 @@ def attention(
     return out
 
 
+def attention_paged(
+    qkv: np.ndarray,
+    cu_seqlens: np.ndarray,
+    positions: np.ndarray,
+    heads: int,
+    head_dim: int,
+    scale: float,
+    cache,
+    layer: int,
+    rope_cs: tuple[np.ndarray, np.ndarray] | None = None,
+    kv_heads: int = 0,
+    qk_norm: tuple[np.ndarray, np.ndarray, float] | None = None,
+    causal: bool = True,
+    **_,
+) -> np.ndarray:
+    """The `attention` op with attribute `paged` (generation): sequence s's tokens sit at the
+    absolute positions `positions[cu[s]:cu[s+1]]` of the sequence whose block table is
+    cache.tables[s]; their q and k are normed / rotated at those positions, their K and V
+    written to the cache (cache.write(layer, table, pos, k, v)), and each query attends to every
+    cached position up to its own (cache.read(layer, table, n): K, V [n, kv_heads, d])."""
+    if not causal:
+        raise ValueError("paged attention is causal")
+    H, kvh = heads * head_dim, kv_heads or heads
+    KV, rep = kvh * head_dim, heads // (kv_heads or heads)
+    out = np.empty((qkv.shape[0], H), dtype=qkv.dtype)
+    for s in range(len(cu_seqlens) - 1):
+        a, e = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
+        pos = np.asarray(positions[a:e], np.int64)
+        q = qkv[a:e, :H].reshape(e - a, heads, head_dim).transpose(1, 0, 2)
+        k = qkv[a:e, H : H + KV].reshape(e - a, kvh, head_dim).transpose(1, 0, 2)
+        v = qkv[a:e, H + KV : H + 2 * KV].reshape(e - a, kvh, head_dim)
+        if qk_norm is not None:
+            q = rmsnorm(q, qk_norm[0], None, qk_norm[2])
+            k = rmsnorm(k, qk_norm[1], None, qk_norm[2])
+        if rope_cs is not None:  # the table's rows at the absolute positions
+            cs = (rope_cs[0][pos], rope_cs[1][pos])
+            q, k = rope(q, *cs), rope(k, *cs)
+        table = cache.tables[s]
+        cache.write(layer, table, pos, k.transpose(1, 0, 2), v)
+        K, V = cache.read(layer, table, int(pos[-1]) + 1)  # [n, kv_heads, d]
+        K = np.repeat(K.transpose(1, 0, 2), rep, axis=0).astype(qkv.dtype)  # [heads, n, d]
+        V = np.repeat(V.transpose(1, 0, 2), rep, axis=0).astype(qkv.dtype)
+        sc = (q @ K.transpose(0, 2, 1)) * qkv.dtype.type(scale)  # [heads, e - a, n]
+        seen = np.arange(K.shape[1])[None, :] <= pos[:, None]
+        sc = np.where(seen[None], sc, sc.dtype.type(-np.inf))
+        sc = sc - sc.max(axis=-1, keepdims=True)
+        p = np.exp(sc)
+        p = p / p.sum(axis=-1, keepdims=True)
+        out[a:e] = (p @ V).transpose(1, 0, 2).reshape(e - a, H)
+    return out
+
+
 def add_layernorm(x, residual, w, b, eps, rms: bool = False, post: bool = False) -> np.ndarray:
     """LN(x + residual) * w + b; residual None: LN(x) (the pre-norm layers of ModernBERT);
     rms: RMSNorm instead of LayerNorm; post: norm(x) + residual (Gemma3's sandwich norms)."""
@@ -407,8 +459,16 @@ def execute(
     store=None,
     key_lens=None,
     tasks=None,
+    paged=None,
+    sample=None,
 ) -> dict[str, np.ndarray]:
     """Run the op list; returns every buffer by name.
+
+    paged: the KV cache of a generation graph (build_generate): its `attention` ops with
+    attribute `paged` write and read it (attention_paged: `write`, `read`, `tables`, the block
+    table of each sequence of the call); the i-th such op is layer i. sample(logits [B, V]) ->
+    tokens [B]: the `sample` op (None: the graph's ops before it run, `sample`'s output is
+    absent).
 
     tasks: int[B], the task adapter of each sequence (-1: none) for ops with `lora_a` /
     `lora_b` weights (docs/ARCHITECTURE.md "Task adapters"); None: every sequence runs the base
@@ -433,6 +493,7 @@ def execute(
         "cu_seqlens": np.asarray(cu_seqlens),
         "types": None if types is None else np.asarray(types),
     }
+    layer = 0  # the paged attention ops seen: the cache's layer
     for op in graph.ops:
         ins = [env[n] for n in op.inputs]
         a, wn = op.attrs, op.weights
@@ -472,6 +533,21 @@ def execute(
             if len(ins) > 1:
                 y = y + ins[1]
             env[op.output] = y.astype(dtype)
+        elif op.kind == "attention" and a.get("paged"):
+            if paged is None:
+                raise ValueError("a generation graph's paged attention needs its KV cache (paged=)")
+            env[op.output] = attention_paged(
+                ins[0],
+                ins[1],
+                env["positions"],
+                a["heads"],
+                a["head_dim"],
+                a["scale"],
+                paged,
+                layer,
+                **attention_extras(op, W),
+            )
+            layer += 1
         elif op.kind == "attention":
             env[op.output] = attention(
                 ins[0],
@@ -498,6 +574,10 @@ def execute(
             env[op.output] = glu(ins[0], a["act"])
         elif op.kind == "pool":
             env[op.output] = pool(ins[0], ins[1], a["mode"])
+        elif op.kind == "sample":
+            if sample is None:
+                continue
+            env[op.output] = np.asarray(sample(ins[0]))
         else:
             raise ValueError(f"unknown op kind {op.kind!r}")
         if store is not None:
