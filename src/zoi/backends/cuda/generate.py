@@ -48,7 +48,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 PRECISIONS = ("w8", "int8", "fp16", "fp32")
 BLOCK_SIZES = (16, 32, 64)
 
-__all__ = ["BUCKETS", "PRECISIONS", "GenerateRuntime", "generate_layers"]
+__all__ = ["BUCKETS", "PRECISIONS", "GenerateRuntime", "check_shape", "generate_layers"]
 
 
 def generate_layers(graph) -> dict:
@@ -120,6 +120,19 @@ def generate_layers(graph) -> dict:
     )
 
 
+def check_shape(block_size: int, max_batch: int, head_dim: int, heads: int, kv_heads: int) -> None:
+    """What the decode kernels take (InputError naming the option otherwise): a caller checks it
+    before it builds anything large."""
+    if block_size not in BLOCK_SIZES:
+        raise InputError(f"block_size {block_size}: the GPU decoder takes 16, 32 or 64")
+    if max_batch > BUCKETS[-1]:
+        raise InputError(f"max_batch {max_batch} is over {BUCKETS[-1]} (the largest decode bucket)")
+    if head_dim % 2 or heads % kv_heads:
+        raise InputError(
+            f"head_dim {head_dim} (odd) or GQA {heads}/{kv_heads} not supported on the GPU decoder"
+        )
+
+
 class GenerateRuntime(GenerateSteps):
     """The device half of GPU generation (module doc); a paged decoder backend mixes it in."""
 
@@ -147,18 +160,8 @@ class GenerateRuntime(GenerateSteps):
                 f"precision {precision!r}: use one of {PRECISIONS} ('w8': weight-only INT8, "
                 "'int8': W8A8)"
             )
-        if pool.block_size not in BLOCK_SIZES:
-            raise InputError(f"block_size {pool.block_size}: the GPU decoder takes 16, 32 or 64")
-        if pool.table_rows > BUCKETS[-1]:
-            raise InputError(
-                f"max_batch {pool.table_rows} is over {BUCKETS[-1]} (the largest decode bucket)"
-            )
         sp = compiled.spec
-        if sp.head_dim % 2 or sp.heads % sp.num_kv_heads:
-            raise InputError(
-                f"head_dim {sp.head_dim} (odd) or GQA {sp.heads}/{sp.num_kv_heads} not supported "
-                "on the GPU decoder"
-            )
+        check_shape(pool.block_size, pool.table_rows, sp.head_dim, sp.heads, sp.num_kv_heads)
         self.ir_spec = sp
         self.graph_weights = generate_layers(compiled.graph)
         self.num_blocks, self.block_size = int(pool.num_blocks), int(pool.block_size)

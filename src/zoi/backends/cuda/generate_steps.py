@@ -22,6 +22,13 @@ PREFILL_BLOCK = 64  # prefill attention tile (query rows and key block)
 
 
 class GenerateSteps:
+    def _linear(self, *args, **kw):
+        """kl.linear with the runtime's split-K workspace, precision and launch switches."""
+        return kl.linear(
+            *args, ws=self.ws, cnt=self.cnt, ieee=self.ieee, pdl=self.pdl,
+            prefetch=self.prefetch, a8=self.a8, **kw,
+        )  # fmt: skip
+
     def _sites(self) -> dict:
         sp = self.ir_spec
         Hd, I, HD = sp.hidden, sp.intermediate, sp.heads * sp.head_dim
@@ -45,8 +52,7 @@ class GenerateSteps:
         sp = self.ir_spec
         h, qkv, att, mlp = self.h[:M], self.qkv[:M], self.att[:M], self.mlp[:M]
         Hd, I, HD = sp.hidden, sp.intermediate, sp.heads * sp.head_dim
-        eps, ieee = sp.eps, self.ieee
-        ws, cnt = self.ws, self.cnt
+        eps = sp.eps
         kc, vc = self.kc[l], self.vc[l]
         pos, slot = x_rows
         rope = (
@@ -74,7 +80,7 @@ class GenerateSteps:
             ]
         )
         calls = [
-            lambda: kl.linear(
+            lambda: self._linear(
                 h,
                 L["qkv"][0],
                 qkv,
@@ -85,15 +91,9 @@ class GenerateSteps:
                 scale=L["qkv"][1],
                 bias=L["qkv_b"],
                 rms_eps=eps,
-                ws=ws,
-                cnt=cnt,
-                ieee=ieee,
-                pdl=self.pdl,
-                prefetch=self.prefetch,
-                a8=self.a8,
             ),
             lambda: attn(qkv, kc, vc, att, L),
-            lambda: kl.linear(
+            lambda: self._linear(
                 att,
                 L["o"][0],
                 h,
@@ -104,14 +104,8 @@ class GenerateSteps:
                 scale=L["o"][1],
                 bias=L["o_b"],
                 res=h,
-                ws=ws,
-                cnt=cnt,
-                ieee=ieee,
-                pdl=self.pdl,
-                prefetch=self.prefetch,
-                a8=self.a8,
             ),
-            lambda: kl.linear(
+            lambda: self._linear(
                 h,
                 L["gu"][0],
                 mlp,
@@ -122,14 +116,8 @@ class GenerateSteps:
                 scale=L["gu"][1],
                 rms_eps=eps,
                 swiglu=True,
-                ws=ws,
-                cnt=cnt,
-                ieee=ieee,
-                pdl=self.pdl,
-                prefetch=self.prefetch,
-                a8=self.a8,
             ),
-            lambda: kl.linear(
+            lambda: self._linear(
                 mlp,
                 L["down"][0],
                 h,
@@ -139,12 +127,6 @@ class GenerateSteps:
                 cfg("down"),
                 scale=L["down"][1],
                 res=h,
-                ws=ws,
-                cnt=cnt,
-                ieee=ieee,
-                pdl=self.pdl,
-                prefetch=self.prefetch,
-                a8=self.a8,
             ),
         ]
         return calls[:1] + rope + calls[1:]
@@ -194,7 +176,7 @@ class GenerateSteps:
                 L, l, (f["pos"], f["slot"]), B, cfg, attn, rope_in_attn=self.fuse_rope
             )
         steps.append(
-            lambda: kl.linear(
+            lambda: self._linear(
                 self.h[:B],
                 self.lm[0],
                 self.logits[:B],
@@ -204,12 +186,6 @@ class GenerateSteps:
                 cfg("lm"),
                 scale=self.lm[1],
                 rms_eps=sp.eps,
-                ws=self.ws,
-                cnt=self.cnt,
-                ieee=self.ieee,
-                pdl=self.pdl,
-                prefetch=self.prefetch,
-                a8=self.a8,
             )
         )
         steps.append(
@@ -317,7 +293,7 @@ class GenerateSteps:
             n, sp.vocab_size, sp.hidden, self.sm, self.eager, self.wbytes, site="lm"
         )
         steps.append(
-            lambda: kl.linear(
+            lambda: self._linear(
                 self.h[:T],
                 self.lm[0],
                 self.logits[:n],
@@ -328,12 +304,6 @@ class GenerateSteps:
                 scale=self.lm[1],
                 rows=d_rows,
                 rms_eps=sp.eps,
-                ws=self.ws,
-                cnt=self.cnt,
-                ieee=self.ieee,
-                pdl=self.pdl,
-                prefetch=self.prefetch,
-                a8=self.a8,
             )
         )
         steps.append(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.backends.base import KvPool
-from zoi.backends.cuda.generate import BUCKETS, PRECISIONS, GenerateRuntime
+from zoi.backends.cuda.generate import BUCKETS, PRECISIONS, GenerateRuntime, check_shape
 from zoi.decoder.api import PRECISION_ALIASES as ALIASES
 from zoi.decoder.api import DecoderSpec
 from zoi.decoder.ir import generate_model
@@ -75,17 +75,8 @@ class CudaDecoderBackend(GenerateRuntime, PagedBackend):
                 f"precision {precision!r}: use one of {PRECISIONS} ('w8': weight-only INT8, "
                 "'int8': W8A8, 'w8a8' is accepted as 'int8')"
             )
-        if block_size not in (16, 32, 64):
-            raise InputError(f"block_size {block_size}: the GPU decoder takes 16, 32 or 64")
-        if max_batch > BUCKETS[-1]:
-            raise InputError(
-                f"max_batch {max_batch} is over {BUCKETS[-1]} (the largest decode bucket)"
-            )
-        if spec.head_dim % 2 or spec.num_heads % spec.num_kv_heads:
-            raise InputError(
-                f"head_dim {spec.head_dim} (odd) or GQA {spec.num_heads}/"
-                f"{spec.num_kv_heads} not supported on the GPU decoder"
-            )
+        # before the IR's weights are built (a copy of every tensor)
+        check_shape(block_size, max_batch, spec.head_dim, spec.num_heads, spec.num_kv_heads)
         max_seq_len = int(max_seq_len or min(spec.max_position_embeddings, 4096))
         num_blocks = int(num_blocks or max_batch * -(-max_seq_len // block_size))
         PagedBackend.__init__(self, spec, num_blocks, block_size, max_batch, max_seq_len)
