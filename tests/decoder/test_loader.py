@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from zoi.decoder.loader import is_decoder_folder, load_decoder, spec_from_config
-from zoi.decoder.reference import rope_inv_freq
+from zoi.decoder.rope import rope_inv_freq
 from zoi.decoder.synthetic import write_decoder
 from zoi.errors import CheckpointError, UnsupportedModelError
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from zoi.decoder.api import DecoderSpec
 from zoi.decoder.paged import PagedBackend
-from zoi.decoder.rope import rope_cos_sin, rope_inv_freq, rope_tables  # noqa: F401 - re-exported
 
 M64 = (1 << 64) - 1
 
@@ -128,7 +127,7 @@ class ReferenceModel:
         )
         if not all_logits:
             return env["logits"]
-        x = env[m.graph.ops[-3].inputs[0]]  # every token after the final norm (pool's input)
+        x = env[next(o for o in m.graph.ops if o.kind == "pool").inputs[0]]  # after the final norm
         y = linear_apply(x, m.weights, "lm_head", m.quant.get("lm_head"))
         return y.astype(self.dtype)
 

@@ -263,15 +263,18 @@ def attention_paged(
     kv_heads: int = 0,
     qk_norm: tuple[np.ndarray, np.ndarray, float] | None = None,
     causal: bool = True,
-    **_,
+    window: int = 0,
+    bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """The `attention` op with attribute `paged` (generation): sequence s's tokens sit at the
     absolute positions `positions[cu[s]:cu[s+1]]` of the sequence whose block table is
     cache.tables[s]; their q and k are normed / rotated at those positions, their K and V
     written to the cache (cache.write(layer, table, pos, k, v)), and each query attends to every
     cached position up to its own (cache.read(layer, table, n): K, V [n, kv_heads, d])."""
-    if not causal:
-        raise ValueError("paged attention is causal")
+    if not causal or window or bias is not None:
+        raise ValueError(
+            "paged attention is causal over every cached position (no window, no bias)"
+        )
     H, kvh = heads * head_dim, kv_heads or heads
     KV, rep = kvh * head_dim, heads // (kv_heads or heads)
     out = np.empty((qkv.shape[0], H), dtype=qkv.dtype)

@@ -9,7 +9,7 @@ from tests.decoder.cuda.helpers import DEV, dev, host, poisoned, rel, torch
 
 from zoi.backends.cuda.kernels import attention_paged as ka
 from zoi.decoder.api import DecoderSpec
-from zoi.decoder.reference import rope_tables
+from zoi.decoder.rope import rope_tables
 
 
 def spec(H=4, KVH=2, D=16, **kw):

@@ -247,10 +247,7 @@ class GenerateRuntime(GenerateHost, GenerateSteps):
         self.lm = self._lin(w(g["lm"]) * w(g["final_ln"])[None, :])
         self.emb = self._t(w(g["embed"]), self.act)
         cos, sin = g["layers"][0]["rope"]
-        self.cos, self.sin = (
-            self._t(w(cos)[: self.max_seq_len]),
-            self._t(w(sin)[: self.max_seq_len]),
-        )
+        self.cos, self.sin = self._t(w(cos)), self._t(w(sin))  # max_seq_len rows (the IR's)
 
     # ------------------------------------------------------------------ buffers
     def _check_device_memory(self) -> None:

@@ -94,7 +94,6 @@ class CudaDecoderBackend(GenerateRuntime, PagedBackend):
             compiled, pool, self.block_tables, max_prefill, interpret, graphs, pdl, prefetch,
             fuse_rope, attn_min_per,
         )  # fmt: skip
-        self.spec = spec  # the checkpoint's DecoderSpec (the runtime reads ir_spec)
 
     def _fits_device(self, parts: list[tuple[str, str, int]], free: int) -> None:
         """The runtime's device-memory check, in the words of the decoder's options."""
