@@ -207,3 +207,39 @@ def test_pipelined_steps_equal_plain_steps(ckpt):
     assert be.pool().free_blocks == be.pool().num_blocks
     be.drain()
     assert be.step() == []
+
+
+def test_buffers_are_one_arena_placed_by_liveness(ckpt):
+    """Every device buffer of generation lies in one arena (the planner's placement): buffers live
+    through the whole step share bytes with nothing, those of different layer phases may, and the
+    arena is no bigger than the buffers laid end to end."""
+    _, _, be = make(ckpt, "qwen3", precision="w8")
+    base, end = be.arena.data_ptr(), be.arena.data_ptr() + be.arena_bytes
+
+    def span(t):
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    named = {
+        "kc": be.kc, "vc": be.vc, "h": be.h, "qkv": be.qkv, "att": be.att, "mlp": be.mlp,
+        "logits": be.logits, "tok": be.tok, "tok_pre": be.tok_pre, "tab": be.tab, "ws": be.ws,
+        "cnt": be.cnt, "aws": be.aws, "acnt": be.acnt, "d_stage": be.d_stage,
+        **{f"sws{i}": t for i, t in enumerate(be.sws)},
+    }  # fmt: skip
+    phased = {"qkv": (1, 2), "att": (2, 3), "mlp": (4, 5), "logits": (6, 7)}
+    for n, t in named.items():
+        a, b = span(t)
+        assert base <= a < b <= end, n
+    for n1, t1 in named.items():
+        for n2, t2 in named.items():
+            if n1 >= n2:
+                continue
+            (a1, b1), (a2, b2) = span(t1), span(t2)
+            if a1 < b2 and a2 < b1:  # they share bytes: only buffers whose phases never meet
+                assert n1 in phased and n2 in phased, (n1, n2)
+                (f1, l1), (f2, l2) = phased[n1], phased[n2]
+                assert l1 < f2 or l2 < f1, (n1, n2)
+    laid = sum(span(t)[1] - span(t)[0] for t in named.values())
+    assert be.arena_bytes < laid  # the phased buffers do share bytes
+    mem = be.memory()
+    assert mem["arena_bytes"] == be.arena_bytes
+    assert mem["kv_pool_bytes"] + mem["activation_bytes"] == be.arena_bytes

@@ -5,8 +5,10 @@ out_dim]: the hidden size, or the width of the last Dense module)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from zoi.backends.cuda.first_row import FIRST_ROW_MAP
-from zoi.backends.cuda.weights import align
+from zoi.backends.cuda.weights import ALIGN, align
 from zoi.graph.planner import place_buffers
 
 
@@ -114,3 +116,21 @@ class Arena:
         if name.endswith("#q"):
             return self.buf[o : o + rows * c].view(self.torch.int8).view(rows, c)
         return self.buf[o : o + rows * c * 2].view(self.torch.float16).view(rows, c)
+
+
+def carve(torch, dev: str, bufs: dict) -> tuple[dict, object, int]:
+    """One zeroed device buffer for a runtime's own buffer list, placed by the graph's planner:
+    bufs {name: (shape, dtype, (first, last))} with live ranges in the runtime's launch phases
+    (two buffers share bytes only when their ranges do not meet). Returns ({name: the typed view
+    of its shape}, the whole uint8 buffer, its bytes)."""
+    nbytes = {
+        n: int(np.prod(s, dtype=np.int64)) * torch.empty((), dtype=d).element_size()
+        for n, (s, d, _) in bufs.items()
+    }
+    offs, total = place_buffers(
+        {n: tuple(b[2]) for n, b in bufs.items()},
+        {n: align(max(nb, 1)) for n, nb in nbytes.items()},
+    )
+    buf = torch.zeros(max(total, ALIGN), dtype=torch.uint8, device=dev)
+    views = {n: buf[offs[n] : offs[n] + nbytes[n]].view(d).view(s) for n, (s, d, _) in bufs.items()}
+    return views, buf, total

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from zoi.backends.base import KvPool
+from zoi.backends.cuda.arena import carve
 from zoi.backends.cuda.device import init_device
 from zoi.backends.cuda.generate_host import GenerateHost
 from zoi.backends.cuda.generate_steps import _FIELDS, GenerateSteps
@@ -201,11 +202,6 @@ class GenerateRuntime(GenerateHost, GenerateSteps):
         t = self.torch.from_numpy(np.array(a, copy=True, order="C"))
         return (t.to(dtype) if dtype is not None else t).to(self.dev)
 
-    def _empty(self, shape, dtype, fill=0):
-        t = self.torch.empty(shape, dtype=dtype, device=self.dev)
-        t.fill_(fill)
-        return t
-
     def _lin(self, w: np.ndarray) -> tuple:
         torch = self.torch
         if self.precision in ("w8", "int8"):
@@ -296,26 +292,11 @@ class GenerateRuntime(GenerateHost, GenerateSteps):
         self.qkv_n = (H + 2 * KVH) * D
         self._check_device_memory()
         self.trash_slot = self.num_blocks * self.block_size
-        shape = (sp.layers, self.num_blocks + 1, KVH, self.block_size, D)
-        self.kc, self.vc = self._empty(shape, self.act), self._empty(shape, self.act)
         T = max(MB, PT)
-        self.h = self._empty((T, Hd), torch.float32)
-        self.qkv = self._empty((T, self.qkv_n), self.act)
-        self.att = self._empty((T, H * D), self.act)
-        self.mlp = self._empty((T, I), self.act)
-        self.logits = self._empty((MB, V), torch.float32)
-        self.tok = self._empty((MB,), torch.int32)  # the decode graphs' tokens (fed back)
-        self.tok_pre = self._empty((MB,), torch.int32)  # the prefill's first tokens
         S, _ = ks.sample_splits(V)  # the sampler's split argmax: S programs per row
-        self.sws = (
-            self._empty((MB * S,), torch.float32),
-            self._empty((MB * S,), torch.int32),
-            self._empty((MB,), torch.int32),
-        )
         # block tables: row max_batch is the trash row (padded decode entries)
         self.tab_host = np.full((MB + 1, self.max_blocks_per_seq), self.num_blocks, np.int32)
         self._dirty: set[int] = set()  # block-table rows changed since the last upload
-        self.tab = self._t(self.tab_host)
         # split-K / split-attention workspaces, sized for the largest site of any bucket (M <= 32)
         ws = cnt = aws = acnt = 1
         self.cfg = {}
@@ -331,13 +312,50 @@ class GenerateRuntime(GenerateHost, GenerateSteps):
             self.cfg[b, "splits"] = splits
             aws = max(aws, ka.decode_ws_floats(b, KVH, H // KVH, D, splits))
             acnt = max(acnt, b * KVH)
-        self.ws, self.cnt = self._empty((ws,), torch.float32), self._empty((cnt,), torch.int32)
-        self.aws, self.acnt = self._empty((aws,), torch.float32), self._empty((acnt,), torch.int32)
         # staging: decode fields at fixed offsets (MB each); prefill: ids|pos|slot (PT each),
         # tiles (3 PT), last rows + sampling fields (MB each)
         self.n_dec = len(_FIELDS) * MB
         self.n_pre = 6 * PT + 6 * MB
-        self.d_stage = self._empty((self.n_dec + self.n_pre,), torch.int32)
+        # every device buffer in one arena placed by the graph's planner, by the phases of a
+        # layer's launches: 0 embed, 1 q|k|v (+ RoPE / K, V write), 2 attention, 3 o, 4 gate|up,
+        # 5 down, 6 LM head, 7 sampler. The pool, the residual, workspaces, tables and staging
+        # live throughout; q|k|v and the attention output are dead by gate|up, whose output is
+        # dead by the next layer's q|k|v, and the logits are written after the last layer: they
+        # share bytes (no two layers overlap in time: one stream, launched in order).
+        i32, f32, act, ALL = torch.int32, torch.float32, self.act, (0, 7)
+        kv = (sp.layers, self.num_blocks + 1, KVH, self.block_size, D)
+        bufs = {
+            "kc": (kv, act, ALL),
+            "vc": (kv, act, ALL),
+            "h": ((T, Hd), f32, ALL),
+            "qkv": ((T, self.qkv_n), act, (1, 2)),
+            "att": ((T, H * D), act, (2, 3)),
+            "mlp": ((T, I), act, (4, 5)),
+            "logits": ((MB, V), f32, (6, 7)),
+            "tok": ((MB,), i32, ALL),  # the decode graphs' tokens (fed back)
+            "tok_pre": ((MB,), i32, ALL),  # the prefill's first tokens
+            "sws0": ((MB * S,), f32, ALL),
+            "sws1": ((MB * S,), i32, ALL),
+            "sws2": ((MB,), i32, ALL),
+            "tab": (self.tab_host.shape, i32, ALL),
+            "ws": ((ws,), f32, ALL),
+            "cnt": ((cnt,), i32, ALL),
+            "aws": ((aws,), f32, ALL),
+            "acnt": ((acnt,), i32, ALL),
+            "d_stage": ((self.n_dec + self.n_pre,), i32, ALL),
+        }
+        v, self.arena, self.arena_bytes = carve(torch, self.dev, bufs)
+        self.kc, self.vc, self.h = v["kc"], v["vc"], v["h"]
+        self.qkv, self.att, self.mlp, self.logits = v["qkv"], v["att"], v["mlp"], v["logits"]
+        self.tok, self.tok_pre, self.tab, self.d_stage = (
+            v["tok"],
+            v["tok_pre"],
+            v["tab"],
+            v["d_stage"],
+        )
+        self.sws = (v["sws0"], v["sws1"], v["sws2"])
+        self.ws, self.cnt, self.aws, self.acnt = v["ws"], v["cnt"], v["aws"], v["acnt"]
+        self.tab.copy_(torch.from_numpy(self.tab_host))
         if self.eager:
             self.h_stage = np.zeros(self.n_dec + self.n_pre, np.int32)
             self.h_tok = np.zeros(MB, np.int32)

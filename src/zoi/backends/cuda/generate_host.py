@@ -229,7 +229,6 @@ class GenerateHost:
         return (time.perf_counter() - t0) / n * 1e6
 
     def memory(self) -> dict:
-        t = [self.kc, self.vc, self.h, self.qkv, self.att, self.mlp, self.logits, self.ws, self.aws]
         w = [
             x
             for L in self.layers
@@ -243,7 +242,10 @@ class GenerateHost:
         return {
             "weights_bytes": nb(w),
             "kv_pool_bytes": nb([self.kc, self.vc]),
-            "activation_bytes": nb(t[2:]),
+            # the rest of the one arena: activations (sharing bytes by liveness), workspaces,
+            # block tables, staging
+            "activation_bytes": self.arena_bytes - nb([self.kc, self.vc]),
+            "arena_bytes": self.arena_bytes,
             "buckets": list(self.buckets),
             "graphs": self.use_graphs,
             "pdl": self.pdl,
