@@ -1,10 +1,12 @@
-"""The decoder's linear: out[M, N] = epilogue(x[M, K] @ W[N, K]^T). Three kernels with the same
-arguments, epilogues and split-K (the config's ``kind``, picked per call site in linear_table.py):
+"""The decoder's linear: out[M, N] = epilogue(x[M, K] @ W[N, K]^T). Two kernels with the same
+arguments, epilogues and split-K; the config's ``kind`` (picked per call site in linear_table.py)
+says which and how:
 
-* ``linear_kernel`` ("dot"): prefill (M = packed tokens); W tiles read as [BLOCK_K, BLOCK_N].
 * ``gemv_kernel`` ("gemv"): decode at M <= 4: no tl.dot; W tiles [BLOCK_N, BLOCK_K]
   with K contiguous (16-byte loads of the checkpoint layout), fp32 FMA and a tl.sum over K.
-* ``mma_kernel`` ("mma"): decode at M <= 32: tl.dot on W tiles loaded K-contiguous and transposed.
+* ``mma_kernel`` ("mma"): decode at M <= 32: tl.dot on W tiles loaded K-contiguous and
+  transposed in registers (or W the left operand: ``swap``); ("dot"): the prefill (M = packed
+  tokens), the same kernel with W tiles read as [BLOCK_K, BLOCK_N] through strides (``W_KN``).
 
 INT8 weights reach the gemv / mma arithmetic through exponent-bit tricks (an integer add and a
 float add per weight: _w_f32 / _w_op), not I2F, whose 16 per clock per SM is below what the HBM
@@ -120,7 +122,7 @@ def _split_k_reduce(
     cnt_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT_K,  # slices (a constexpr from the dot kernel, a runtime int from gemv / mma)
+    SPLIT_K,  # slices (a runtime int: one compile serves every split)
     SWIGLU: tl.constexpr,
 ):
     """Write this K slice's partial tile (acc, acc_u, ss) and bump the tile's counter; the last
@@ -164,111 +166,29 @@ def _split_k_reduce(
 
 
 @triton.jit
-def linear_kernel(
-    x_ptr,  # [*, K] activations (fp16 / fp32), row stride ldx
-    rows_ptr,  # [M] int32 (GATHER)
-    w_ptr,  # [N (2N with SWIGLU), K] int8 / fp16 / fp32
-    s_ptr,  # [N (2N)] fp32 per-channel scales (W_INT8)
-    b_ptr,  # [N] fp32 bias (HAS_BIAS)
-    res_ptr,  # [M, N] residual, row stride ldo (RESIDUAL)
-    out_ptr,  # [M, N], row stride ldo
-    ws_ptr,  # fp32 split-K workspace
-    cnt_ptr,  # int32 split-K tile counters (zero, and left zero)
-    M,
-    N,
-    K,
-    ldx,
-    ldo,
-    k_split,  # K columns per split (a multiple of BLOCK_K)
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    W_INT8: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    RMS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SWIGLU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    IEEE: tl.constexpr,
-    PDL: tl.constexpr,
-    A8: tl.constexpr,
-):
-    pdl_begin(PDL)
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    m_ok = rm < M
-    n_ok = rn < N
-    if GATHER:
-        xrow = tl.load(rows_ptr + rm, mask=m_ok, other=0)
+def _kn_step(x, w_cols, wu_cols, k, k_ok, n_ok, acc, acc_u, A8: tl.constexpr, SWIGLU: tl.constexpr,
+             IEEE: tl.constexpr):  # fmt: skip
+    """One K tile of the prefill ("dot" configs): W read as [BLOCK_K, BLOCK_N] through its
+    strides, straight into tl.dot (no register transpose)."""
+    wmask = k_ok[:, None] & n_ok[None, :]
+    if A8:  # int8 x int8 -> int32 per K tile, scaled by the tile's row scales
+        xq, sx = _quant_rows(x)
+        d = tl.dot(xq, tl.load(w_cols + k[:, None], mask=wmask, other=0))
+        acc += d.to(tl.float32) * sx[:, None]
+        if SWIGLU:
+            d = tl.dot(xq, tl.load(wu_cols + k[:, None], mask=wmask, other=0))
+            acc_u += d.to(tl.float32) * sx[:, None]
     else:
-        xrow = rm
-    x_base = x_ptr + xrow[:, None].to(tl.int64) * ldx
-    w_base = w_ptr + rn[None, :].to(tl.int64) * K
-    wu_base = w_ptr + (rn + N)[None, :].to(tl.int64) * K
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    k_lo = pid_k * k_split
-    k_hi = tl.minimum(k_lo + k_split, K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        k = k0 + rk
-        k_ok = k < k_hi
-        x = tl.load(x_base + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        x = x.to(tl.float32)
-        if RMS:
-            ss += tl.sum(x * x, 1)
-        wmask = k_ok[:, None] & n_ok[None, :]
-        if A8:  # int8 x int8 -> int32 per K tile, scaled by the tile's row scales
-            xq, sx = _quant_rows(x)
-            d = tl.dot(xq, tl.load(w_base + k[:, None], mask=wmask, other=0))
-            acc += d.to(tl.float32) * sx[:, None]
-            if SWIGLU:
-                d = tl.dot(xq, tl.load(wu_base + k[:, None], mask=wmask, other=0))
-                acc_u += d.to(tl.float32) * sx[:, None]
-        else:
-            acc = _dot(x, tl.load(w_base + k[:, None], mask=wmask, other=0), acc, IEEE)
-            if SWIGLU:  # the up rows: the same dot on the second half of W
-                acc_u = _dot(x, tl.load(wu_base + k[:, None], mask=wmask, other=0), acc_u, IEEE)
-    # the program that runs the epilogue: every one without split-K, the last K slice in with it
-    last = True
-    if SPLIT_K > 1:
-        acc, acc_u, ss, last = _split_k_reduce(
-            acc, acc_u, ss, pid_m, pid_n, pid_k, ws_ptr, cnt_ptr, BLOCK_M, BLOCK_N, SPLIT_K, SWIGLU
-        )
-    if last:
-        _epilogue(
-            acc,
-            acc_u,
-            ss,
-            rm,
-            rn,
-            M,
-            N,
-            K,
-            eps,
-            s_ptr,
-            b_ptr,
-            res_ptr,
-            out_ptr,
-            ldo,
-            W_INT8,
-            HAS_BIAS,
-            RMS,
-            SWIGLU,
-            RESIDUAL,
-        )
+        acc = _dot(x, tl.load(w_cols + k[:, None], mask=wmask, other=0), acc, IEEE)
+        if SWIGLU:  # the up rows: the same dot on the second half of W
+            acc_u = _dot(x, tl.load(wu_cols + k[:, None], mask=wmask, other=0), acc_u, IEEE)
+    return acc, acc_u
 
 
 # ---------------------------------------------------------------------------------------- decode
 # gemv_kernel (M <= 4) and mma_kernel (M <= 32): W tiles loaded [BLOCK_N, BLOCK_K] with K
 # contiguous (the checkpoint's [N, K]: 16-byte loads along K), the same epilogues and split-K
-# reduce as linear_kernel, the split count a runtime argument (one compile serves every split).
+# reduce, the split count a runtime argument (one compile serves every split).
 
 
 @triton.jit
@@ -495,9 +415,11 @@ def mma_kernel(
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     A8: tl.constexpr,
+    W_KN: tl.constexpr,  # prefill ("dot" configs): W tiles read [BLOCK_K, BLOCK_N] (_kn_step)
 ):
-    """Skinny GEMM on tl.dot with W read as stored (K contiguous) and transposed in registers:
-    fp16 operands (fp32 IEEE), fp32 accumulation, as linear_kernel."""
+    """GEMM on tl.dot, fp16 operands (fp32 IEEE), fp32 accumulation. Decode ("mma" configs,
+    M <= 32): W read as stored (K contiguous) and transposed in registers, or (SWAP) W the left
+    operand; prefill ("dot" configs, W_KN): W tiles read [BLOCK_K, BLOCK_N] through strides."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -516,6 +438,8 @@ def mma_kernel(
     x_rows = x_ptr + xrow[:, None].to(tl.int64) * ldx
     w_rows = w_ptr + rn[:, None].to(tl.int64) * K
     wu_rows = w_ptr + (rn + N)[:, None].to(tl.int64) * K
+    w_rows_t = w_ptr + rn[None, :].to(tl.int64) * K  # W_KN
+    wu_rows_t = w_ptr + (rn + N)[None, :].to(tl.int64) * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -531,7 +455,11 @@ def mma_kernel(
         if RMS:
             ss += tl.sum(x * x, 1)
         wm = n_ok[:, None] & k_ok[None, :]
-        if A8:  # W8A8: int8 x int8 -> int32 per K tile, scaled by the tile's row scales
+        if W_KN:
+            acc, acc_u = _kn_step(
+                x, w_rows_t, wu_rows_t, k, k_ok, n_ok, acc, acc_u, A8, SWIGLU, IEEE
+            )
+        elif A8:  # W8A8: int8 x int8 -> int32 per K tile, scaled by the tile's row scales
             xq, sx = _quant_rows(x)
             wq = tl.load(w_rows + k[None, :], mask=wm, other=0)
             if SWAP:
@@ -631,48 +559,11 @@ def linear(
             f"split-K workspace {ws.numel()} floats / {cnt.numel()} counters is under what {cfg} "
             f"needs at M={M} N={N}: size them with workspace_floats() / counters()"
         )
-    dummy = out
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split)
-    if cfg.kind != "dot":
-        _launch_decode(
-            x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu,
-            ws, cnt, ieee, ldx, pdl, pdl and prefetch and can_prefetch(w, K), a8,
-        )  # fmt: skip
-        return
-    linear_kernel[grid](
-        x,
-        rows if rows is not None else dummy,
-        w,
-        scale if scale is not None else dummy,
-        bias if bias is not None else dummy,
-        res if res is not None else dummy,
-        out,
-        ws if ws is not None else dummy,
-        cnt if cnt is not None else dummy,
-        M,
-        N,
-        K,
-        x.stride(0) if ldx is None else ldx,
-        out.stride(0),
-        kb,
-        float(rms_eps or 0.0),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        SPLIT_K=split,
-        W_INT8=scale is not None,
-        HAS_BIAS=bias is not None,
-        RMS=rms_eps is not None,
-        GATHER=rows is not None,
-        SWIGLU=swiglu,
-        RESIDUAL=res is not None,
-        IEEE=ieee,
-        PDL=pdl,
-        A8=a8,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        launch_pdl=pdl,
-    )
+    _launch_decode(
+        x, w, out, M, N, K, cfg, grid, kb, split, scale, bias, res, rows, rms_eps, swiglu,
+        ws, cnt, ieee, ldx, pdl, pdl and prefetch and can_prefetch(w, K), a8,
+    )  # fmt: skip
 
 
 def _launch_decode(
@@ -683,10 +574,12 @@ def _launch_decode(
         if cfg.block_m not in (1, 2, 4):
             raise ValueError(f"gemv config {cfg}: block_m must be 1, 2 or 4")
         kern, extra = gemv_kernel, {}
-    elif cfg.kind == "mma":
+    elif cfg.kind in ("mma", "dot"):
         if min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
-            raise ValueError(f"mma config {cfg}: tl.dot needs block_m/n/k >= 16")
-        kern, extra = mma_kernel, dict(SWAP=cfg.swap, IEEE=ieee, A8=a8)
+            raise ValueError(f"{cfg.kind} config {cfg}: tl.dot needs block_m/n/k >= 16")
+        kn = cfg.kind == "dot"
+        kern, extra = mma_kernel, dict(SWAP=cfg.swap and not kn, IEEE=ieee, A8=a8, W_KN=kn)
+        prefetch = prefetch and not kn  # the prefill's W is read once per M tile: no L2 prefetch
     else:
         raise ValueError(f"config kind {cfg.kind!r}: use dot, gemv or mma")
     dummy = out
