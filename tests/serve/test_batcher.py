@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from zoi.serve.batcher import Batcher, BatcherClosed
+from zoi.serve.batcher import Batcher, BatcherClosed, balance_on, balanced_limit
 from zoi.serve.metrics import Metrics
 
 H = 4
@@ -297,3 +297,80 @@ def test_cancelled_job_behind_the_head_is_dropped():
     assert not gone.future.done() and all(2 not in t for t in rec.tags)
     assert m.dropped._value.get() == 1
     assert m.queue_size._value.get() == 0 and m.queue_tokens._value.get() == 0
+
+
+# ---- balanced batches ---------------------------------------------------------------------------
+@pytest.mark.parametrize("balance", [True, False])
+def test_balanced_batches_halve_the_pipeline(balance):
+    """A batch of 1 runs while 7 one-sequence jobs queue (8 closed-loop clients out of step):
+    balanced, the next batch takes half of the 8 in the pipeline and the rest follow (1, 4, 3,
+    then even halves); unbalanced, all 7 go at once (1, 7: the alternation that persists)."""
+    rec = Tagged()
+    rec.gate.clear()
+    b = Batcher(rec, H, max_batch_tokens=1000, max_batch_requests=100, balance=balance)
+
+    async def main():
+        hold = b.submit(job_seqs(9, [2]), False)
+        await asyncio.sleep(0.05)  # the worker holds the batch of 1 at the gate
+        jobs = [b.submit(job_seqs(t, [2]), False) for t in range(1, 8)]
+        rec.gate.set()
+        await hold.future
+        return [await j.future for j in jobs]
+
+    outs = asyncio.run(main())
+    b.close()
+    if balance:
+        # in arrival order: the 4 that came first, then the 3 after them
+        assert rec.tags == [[9], [1, 2, 3, 4], [5, 6, 7]]
+    else:
+        assert rec.tags == [[9], [1, 2, 3, 4, 5, 6, 7]]
+    for t, out in zip(range(1, 8), outs, strict=True):
+        assert np.array_equal(out, np.stack([row(s) for s in job_seqs(t, [2])]))
+
+
+def test_balance_never_cuts_a_lone_job_and_keeps_fair_slicing():
+    rec = Tagged()
+    rec.gate.clear()
+    b = Batcher(rec, H, max_batch_tokens=1000, max_batch_requests=100, balance=True)
+
+    async def main():
+        hold = b.submit(job_seqs(9, [2]), False)
+        await asyncio.sleep(0.05)
+        lone = b.submit(job_seqs(1, [2] * 10), False)
+        rec.gate.set()
+        await hold.future
+        out = await lone.future
+        # two jobs queued together behind a batch of 1: half of 1 + 12 = 7 sequences, shared
+        # round-robin (fair slicing), the rest next
+        rec.gate.clear()
+        hold = b.submit(job_seqs(9, [2]), False)
+        await asyncio.sleep(0.05)
+        pair = [b.submit(job_seqs(t, [2] * 6), False) for t in (2, 3)]
+        rec.gate.set()
+        await hold.future
+        return out, [await j.future for j in pair]
+
+    out, pair = asyncio.run(main())
+    b.close()
+    assert rec.tags[:2] == [[9], [1] * 10]  # the lone job whole, in one call
+    assert rec.tags[3:] == [[2, 2, 2, 2, 3, 3, 3], [2, 2, 3, 3, 3]]
+    assert np.array_equal(out, np.stack([row(s) for s in job_seqs(1, [2] * 10)]))
+    for t, o in zip((2, 3), pair, strict=True):
+        assert np.array_equal(o, np.stack([row(s) for s in job_seqs(t, [2] * 6)]))
+
+
+def test_balanced_limit_and_when_it_is_on():
+    assert balanced_limit(7, 1, 256) == 4
+    assert balanced_limit(2, 6, 256) == 4 and balanced_limit(6, 2, 256) == 4
+    assert balanced_limit(3, 4, 256) == 4  # rounds up
+    assert balanced_limit(1, 0, 256) == 1 and balanced_limit(0, 0, 256) == 1
+    assert balanced_limit(100, 100, 32) == 32  # never past max_batch_requests
+    assert balance_on("auto", "cpu", 1, 0) is True
+    assert balance_on("auto", "cuda", 1, 0) is False  # a GPU's batches get cheaper per sequence
+    assert balance_on("auto", "cpu", 1, 500) is False  # a queue delay asks for fuller batches
+    assert balance_on("auto", "cpu", 2, 0) is False  # replicas: no single batch just run
+    assert balance_on("on", "cuda", 1, 500) is True
+    assert balance_on("on", "cpu", 2, 0) is False
+    assert balance_on("off", "cpu", 1, 0) is False
+    with pytest.raises(ValueError, match="auto, on or off"):
+        balance_on("yes", "cpu", 1, 0)

@@ -12,6 +12,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from zoi.serve import routes_cohere, routes_heads, routes_kserve, routes_openai, routes_tei
+from zoi.serve.batcher import Batcher, balance_on
 from zoi.serve.http import json_response
 from zoi.serve.service import Service
 
@@ -23,6 +24,7 @@ def create_app(service: Service) -> Starlette:
         from zoi.serve.routes_generate import create_decoder_app
 
         return create_decoder_app(service)
+    apply_batch_balance(service)
 
     async def metrics(request: Request):
         data, ctype = service.metrics.render()
@@ -118,3 +120,21 @@ def create_app(service: Service) -> Starlette:
     )
     app.state.service = service
     return app
+
+
+def apply_batch_balance(service: Service) -> bool:
+    """--batch-balance on the service's batchers (embeddings, task heads); returns whether
+    they balance. Set here, where every way of serving a Service passes (zoi serve, several
+    models, Ray replicas), before the first request."""
+    cfg = service.config
+    on = balance_on(
+        getattr(cfg, "batch_balance", "auto"),
+        str(service.engine.device),
+        len(service.engines),
+        cfg.max_queue_delay_us,
+    )
+    heads = getattr(service, "heads", None)
+    for b in (service.batcher, getattr(heads, "batcher", None)):
+        if isinstance(b, Batcher):
+            b.balance = on
+    return on

@@ -16,6 +16,14 @@ order, when its last sequence is done.
   arrives meanwhile rides in the next engine call instead of waiting for the whole big one;
   big requests queued together progress at the same pace. Each sequence is computed alone
   (packed, no padding), so a row does not depend on which batch carried it.
+- Balanced batches (`balance`, `zoi serve --batch-balance`): a batch of several jobs takes
+  at most half of the sequences in the pipeline, those queued plus those of the batch that
+  just ran (whose clients are about to send their next requests). Closed-loop clients
+  otherwise lock into uneven alternating batches (7 then 1, 6 then 2, 5 then 3): on a CPU
+  engine the short batch runs while the event loop answers the long one and reads its clients'
+  next requests, and that interference makes its sequences cost up to 1.6x those of an even
+  batch; halving settles them at even halves (4 then 4 with 8 clients) within a few batches.
+  A lone job is never cut by it (its budgets and fair slicing still apply).
 - A job whose client went away (`Job.cancel()`) is dropped from the queue before packing.
 - When an engine call fails, each job of that batch is retried alone, so only the jobs
   that fail by themselves get the error.
@@ -93,6 +101,7 @@ class Batcher:
         max_queue_delay_us: int = 0,
         metrics=None,
         name: str = "zoi-batcher",
+        balance: bool = False,
     ):
         self._run = run
         self.hidden = hidden
@@ -107,6 +116,10 @@ class Batcher:
         self._jlock = threading.Lock()  # a job's rows / counters (with several workers, its
         # pieces may run in parallel; zoi.serve.replicas)
         self._closing = False
+        # balanced batches (module docstring); one worker only: with several (replicas) the
+        # batch "that just ran" is not one batch
+        self.balance = balance
+        self._last_seqs = 0  # sequences of the batch taken last
         self.batches = 0
         self.sequences = 0
         self._start(name)
@@ -192,17 +205,20 @@ class Batcher:
         while another worker still runs a piece of it), its `out` allocated."""
         self._drop_cancelled()
         jobs = list(self._queue)
+        limit = self.max_batch_requests
+        if self.balance and len(jobs) > 1:
+            limit = balanced_limit(self._queued_seqs, self._last_seqs, limit)
         first: dict[Job, int] = {}  # job -> its first sequence in this batch, in service order
         tokens = count = 0
         active = jobs
-        while active and count < self.max_batch_requests:
+        while active and count < limit:
             tok_share = max(1, (self.max_batch_tokens - tokens) // len(active))
-            seq_share = max(1, (self.max_batch_requests - count) // len(active))
+            seq_share = max(1, (limit - count) // len(active))
             more = []  # jobs that took their share and may take more in the next pass
             for job in active:
                 i = job.next
                 got = got_tokens = 0
-                while i < len(job.seqs) and got < seq_share and count < self.max_batch_requests:
+                while i < len(job.seqs) and got < seq_share and count < limit:
                     n = len(job.seqs[i])
                     if tokens + n > self.max_batch_tokens or (got and got_tokens + n > tok_share):
                         break
@@ -232,6 +248,7 @@ class Batcher:
         self._queue.clear()
         self._queue.extend(waiting + again)
         self._set_queue_gauges()
+        self._last_seqs = count
         return pieces
 
     def _wait_for_work(self) -> bool:
@@ -366,6 +383,27 @@ class Batcher:
                 self._queued_tokens -= sum(len(s) for s in job.seqs[job.next :])
                 self._set_queue_gauges()
         _post(job.loop, _set_exception, job.future, e)
+
+
+def balance_on(mode: str, device: str, engines: int, max_queue_delay_us: int) -> bool:
+    """Whether the batches of a server are balanced (`--batch-balance`): "on" / "off" say so;
+    "auto" is on for one CPU engine with no queue delay. A CPU engine costs about the same per
+    sequence from a few sequences up, so halving a batch costs no throughput; a GPU's cost per
+    sequence falls with the batch, and a queue delay asks for fuller batches. Several engines
+    (--gpus / --replicas) have no single batch "that just ran": never balanced."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"batch_balance must be auto, on or off, got {mode!r}")
+    if engines != 1 or mode == "off":
+        return False
+    return mode == "on" or (device == "cpu" and max_queue_delay_us == 0)
+
+
+def balanced_limit(queued: int, last: int, limit: int) -> int:
+    """The sequences a balanced batch may take: half of those in the pipeline (`queued` plus
+    the `last` batch's, rounded up), at least one, at most `limit` (max_batch_requests). With
+    N closed-loop clients in steady alternation (a batch of b runs while N - b queue) this is
+    N / 2 whatever b was, so uneven batches even out."""
+    return max(1, min(limit, (queued + last + 1) // 2))
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -45,8 +46,9 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 # options of the server process itself, not of each engine's Service (zoi deploy ray has
-# its own --gpus / --replicas: one Ray replica per GPU)
-PROCESS_OPTIONS = ("gpus", "replicas")
+# its own --gpus / --replicas: one Ray replica per GPU; Ray runs the replicas' processes, so
+# --gc-freeze, applied by serve() below, has nothing to act on there)
+PROCESS_OPTIONS = ("gpus", "replicas", "gc_freeze")
 
 
 def add_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -176,6 +178,20 @@ def _connection_cap(want: int) -> int:
     return min(want, cap)
 
 
+def freeze_heap() -> int:
+    """Collect, then move every object alive out of the cycle collector's scans (gc.freeze);
+    returns how many objects are frozen. What is alive once the server is ready (the model's
+    Python objects, the tokenizer's vocabularies, numpy, the web stack: ~43 000 objects for
+    MiniLM) stays alive for the process's life, yet every full (oldest-generation) collection
+    walks it all: 18 ms on an idle 2-core host, 22-81 ms while serving, about once every
+    2000-3000 requests, with the GIL held, so every request in flight waits that long (p99
+    outliers at 8 concurrent clients). Frozen, a full collection walks only what was allocated
+    since (~0 ms)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 class Tally:
     """ASGI middleware: how many requests were answered, answered 5xx, or cut off unanswered
     (so the shutdown log says what really happened)."""
@@ -250,6 +266,9 @@ def serve(
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.started:
+                if config.gc_freeze:  # everything of start-up is loaded by now
+                    frozen = freeze_heap()
+                    log.debug("zoi serve: %d start-up objects out of the collector's scans", frozen)
                 print(
                     f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip(),
                     file=sys.stderr,
@@ -325,12 +344,14 @@ def cmd_serve(args) -> int:
         return _serve_decoder(engine, config, sock, t0)
     name = served_name(model, config, engine)
     service = Service(engine, config, name, engines=engines)
+    app = create_app(service)
     print(
         f"zoi serve: {engine!r}"
         + (f" x {len(engines)} engines ({service.device})" if engines else "")
         + f" as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
         f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
-        f"queue delay {config.max_queue_delay_us} us",
+        f"queue delay {config.max_queue_delay_us} us, balanced batches "
+        f"{'on' if service.batcher.balance else 'off'} (--batch-balance {config.batch_balance})",
         file=sys.stderr,
         flush=True,
     )
@@ -346,7 +367,6 @@ def cmd_serve(args) -> int:
         file=sys.stderr,
         flush=True,
     )
-    app = create_app(service)
     serve(
         app,
         config,

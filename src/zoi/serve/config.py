@@ -31,6 +31,7 @@ class ServeConfig:
     max_batch_tokens: int | None = None  # tokens per engine call; default: the engine's max_tokens
     max_batch_requests: int = 256  # sequences per engine call (clamped to the engine's max batch)
     max_queue_delay_us: int = 0  # how long an idle worker waits for more work before running
+    batch_balance: str = "auto"  # halve uneven batches (zoi.serve.batcher); auto: CPU, 1 engine
     max_concurrent_requests: int = 512  # requests admitted at once; beyond that -> 429
     max_client_batch_size: int = 512  # inputs per request; beyond that -> 413
     payload_limit: int = 2_000_000  # bytes of request body; beyond that -> 413
@@ -42,6 +43,7 @@ class ServeConfig:
     )
     max_output_floats: int = 4_194_304  # floats in one answer of token vectors; more -> 413
     graceful_timeout: float = 60.0  # seconds to finish in-flight requests after SIGTERM
+    gc_freeze: bool = True  # start-up objects leave the cycle collector's scans once ready
     header_timeout: float = 10.0  # seconds for a request's headers to arrive; else 408, closed
     body_timeout: float = 30.0  # seconds for a request's whole body to arrive; else 408
     max_connections: int = 4096  # open connections in all (capped by the open-file limit)
@@ -94,6 +96,8 @@ class ServeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, got {self.max_queue_delay_us}")
+        if self.batch_balance not in ("auto", "on", "off"):
+            raise ValueError(f"batch_balance must be auto, on or off, got {self.batch_balance!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.graceful_timeout <= 0:
@@ -189,6 +193,17 @@ OPTIONS: tuple[Option, ...] = (
         "microseconds an idle worker waits for a fuller batch (0: run what is queued)",
     ),
     Option(
+        "batch_balance",
+        "--batch-balance",
+        "ZOI_BATCH_BALANCE",
+        str,
+        "a batch of several requests takes at most half of the sequences queued or just run, so "
+        "concurrent clients settle into even batches instead of alternating long and short "
+        "ones: on, off, or auto (on for one CPU engine without --max-queue-delay-us; off on a "
+        "GPU, where bigger batches are cheaper per sequence, and with --gpus / --replicas)",
+        ("auto", "on", "off"),
+    ),
+    Option(
         "max_concurrent_requests",
         "--max-concurrent-requests",
         "ZOI_MAX_CONCURRENT_REQUESTS",
@@ -255,6 +270,16 @@ OPTIONS: tuple[Option, ...] = (
         "ZOI_GRACEFUL_TIMEOUT",
         float,
         "seconds given to in-flight requests after SIGINT/SIGTERM before they are cut",
+    ),
+    Option(
+        "gc_freeze",
+        "--gc-freeze",
+        "ZOI_GC_FREEZE",
+        bool,
+        "once ready, move every object alive after start-up (model, tokenizer, web stack) out of "
+        "Python's cycle collector's scans (gc.freeze), so a full collection while serving scans "
+        "only what requests allocate instead of pausing every request for tens of ms "
+        "(true/false)",
     ),
     Option(
         "header_timeout",
