@@ -873,6 +873,7 @@ NB_MODULE(_cpu, m) {
          "n runs back to back inside C++ (benchmarks, allocation tests); returns seconds")
       .def("profile", [](zoi::Engine& e, Arr<const int32_t> ids, Arr<const int32_t> positions, Arr<const int32_t> cu) {
         const int T = ids.shape(0), B = static_cast<int>(cu.shape(0)) - 1;
+        if (positions.shape(0) != ids.shape(0)) throw nb::value_error("positions and ids differ in length");
         std::vector<double> wall(e.num_steps()), cpu(e.num_steps());
         {
           nb::gil_scoped_release nogil;
@@ -882,7 +883,7 @@ NB_MODULE(_cpu, m) {
         for (int i = 0; i < e.num_steps(); ++i) l.append(nb::make_tuple(std::string(e.step_kind(i)), wall[i], cpu[i]));
         return l;
       }, "ids"_a, "positions"_a, "cu_seqlens"_a,
-         "kernel lab: one run; [(step kind, thread-0 wall s, thread-0 CPU s)] per step (inputs not validated)")
+         "kernel lab: one run (the batch checked as run's); [(step kind, thread-0 wall s, thread-0 CPU s)] per step")
       .def("steps_info", [](const zoi::Engine& e) {
         nb::list l;
         for (int i = 0; i < e.num_steps(); ++i) {
