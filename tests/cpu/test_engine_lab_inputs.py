@@ -12,9 +12,14 @@ from zoi.backends.cpu import CpuBackend
 
 
 @pytest.fixture(scope="module")
-def engine():
+def backend():
     m = make_model(small_spec(), "int8", max_tokens=64, max_batch=2)
-    return CpuBackend(m).engine, m.spec
+    return CpuBackend(m)  # the owner of the weights the native engine reads: kept alive
+
+
+@pytest.fixture()
+def engine(backend):
+    return backend.engine, backend.model.spec
 
 
 def test_profile_runs_a_batch_within_the_plan(engine):
