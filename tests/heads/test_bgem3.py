@@ -203,12 +203,12 @@ def test_int8_close(m3, eng):
     sa = [r["score"] for r in sorted(ra, key=lambda r: r["corpus_id"])]
     sb = [r["score"] for r in sorted(rb, key=lambda r: r["corpus_id"])]
     assert max(abs(x - y) for x, y in zip(sa, sb, strict=True)) < 0.01
-    # the same top 3, but for documents whose FP32 scores tie within the INT8 tolerance (a
-    # near-tie may swap; a real misranking leaves a gap over it)
+    # the same top 3, but for two documents whose FP32 scores are closer than the two INT8
+    # errors allowed above (2 x 0.01): such a near-tie may swap; a misranking over a real gap fails
     by_a = {r["corpus_id"]: r["score"] for r in ra}
     top_a, top_b = [r["corpus_id"] for r in ra[:3]], [r["corpus_id"] for r in rb[:3]]
     for x, y in zip(top_a, top_b, strict=True):
-        assert x == y or abs(by_a[x] - by_a[y]) < 0.01, (top_a, top_b)
+        assert x == y or abs(by_a[x] - by_a[y]) < 0.02, (top_a, top_b)
     assert spearman(sa, sb) > 0.95
 
 
