@@ -3,11 +3,12 @@ reads _LINEAR) and the decode / prefill linear's (kernels/linear_decode.py) with
 
 ## The decode / prefill linear (kernels/linear_decode.py)
 
-Tile configs of the decoder linear (kernels_linear.py): which kernel and tiles each call site gets.
+Tile configs of the decode / prefill linear: which kernel and tiles each call site gets.
 
-Three kernels (``LinearConfig.kind``):
+Three config kinds (``LinearConfig.kind``) over two kernels:
 
-* ``"dot"``: the original tl.dot kernel (W read as [BLOCK_K, BLOCK_N]); prefill (M > 32).
+* ``"dot"``: the mma kernel with W tiles read [BLOCK_K, BLOCK_N] through strides (``W_KN``, no
+  register transpose); prefill (M > 32), and two M = 32 fp16 sites the decode sweep picked.
 * ``"gemv"``: decode at M <= 4: no tl.dot, W tiles [BLOCK_N, BLOCK_K] with K contiguous (16-byte
   loads), BLOCK_M rows (1, 2, 4) per program, fp32 multiply-accumulate, tl.sum over K.
 * ``"mma"``: decode at 4 < M <= 32: tl.dot on W tiles loaded [BLOCK_N, BLOCK_K] K-contiguous and
@@ -200,7 +201,7 @@ class LinearConfig:
 KINDS = ("dot", "gemv", "mma")
 SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (H100 / H200: 227 KB per block)
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32)
-NEW_DECODE = True  # False: decode on the dot kernel (pick_dot), as before the GEMV
+NEW_DECODE = True  # False: decode on "dot" configs (pick_dot), as before the GEMV
 WDT = {1: "int8", 2: "fp16", 4: "fp32"}
 
 # (site, M bucket, N, K, weight dtype) -> config. Sites: qkv (+RMS, +bias on qwen2), o (+residual),
@@ -231,7 +232,7 @@ DECODE_TABLE: dict[tuple[str, int, int, int, str], LinearConfig] = {
 }
 # fmt: on
 
-# Prefill (M > 32, the "dot" kernel): (site, prefill bucket of M, N, K, weight dtype) -> config,
+# Prefill (M > 32, the "dot" configs): (site, prefill bucket of M, N, K, weight dtype) -> config,
 # from lab/gpu/sweep_prefill.py on the H200 (bench/results/gpu_prefill_sweep_20261202T1556Z.json:
 # Qwen2.5-0.5B x32 time to first token 21.5 -> 17.6 ms, tokens/s 24.6k -> 25.2k with these
 # entries); a shape not here takes pick_dot's 64x64x64 tiles.
@@ -300,7 +301,7 @@ def decode_rule(M: int, N: int, K: int, sms: int, wbytes: int = 1, swiglu: bool 
 def pick_dot(
     M: int, N: int, K: int, sms: int, wbytes: int = 1, swiglu: bool = False
 ) -> LinearConfig:
-    """The original pick for the "dot" kernel (the only one before the GEMV kernel): decode
+    """The original pick of "dot" configs (the only kind before the GEMV kernel): decode
     (M <= 32) gets narrow N tiles and split-K until the grid covers ~2 programs per SM; prefill
     gets 64x64 tiles. The pipeline depth is what fits the shared-memory budget (x is staged as
     fp32 at the RMS sites; wbytes: weight element size)."""
