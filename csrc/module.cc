@@ -710,9 +710,14 @@ NB_MODULE(_cpu, m) {
         e.add_embed(out_off, H, V, max_pos, word ? word->data() : nullptr, word ? nullptr : word_q->data(),
                     word ? nullptr : word_scale->data(), pos ? pos->data() : nullptr, type0 ? type0->data() : nullptr,
                     ln_w ? ln_w->data() : nullptr, ln_b ? ln_b->data() : nullptr, eps);
-      }, "out_off"_a, "word"_a.none(), "word_q"_a.none(), "word_scale"_a.none(), "pos"_a.none(), "type0"_a.none(),
-         "ln_w"_a.none(), "ln_b"_a.none(), "eps"_a, "max_pos"_a = -1,
-         "(tables are referenced: keep word/word_q/word_scale/pos alive; pos None: no position table, max_pos rows)")
+      },
+      // the tables are referenced, not copied (the word table is the largest array of a small
+      // model): the engine keeps the arrays passed alive, and takes them only as they are
+      // (noconvert: a converted temporary would die with the call)
+      "out_off"_a, "word"_a.none().noconvert(), "word_q"_a.none().noconvert(), "word_scale"_a.none().noconvert(),
+      "pos"_a.none().noconvert(), "type0"_a.none(), "ln_w"_a.none(), "ln_b"_a.none(), "eps"_a, "max_pos"_a = -1,
+      nb::keep_alive<1, 3>(), nb::keep_alive<1, 4>(), nb::keep_alive<1, 5>(), nb::keep_alive<1, 6>(),
+      "(tables are referenced and kept alive by the engine; pos None: no position table, max_pos rows)")
       .def("add_linear_f32", [](zoi::Engine& e, size_t in_off, size_t out_off, Arr<const float> w,
                                 Opt<const float> b, const std::string& act, long res_off) {
         need(w, 2, {-1, -1}, "w");

@@ -57,3 +57,30 @@ def test_run_repeat_refuses_a_batch_past_the_plan(engine):
     out = np.full((3, spec.hidden), np.nan, np.float32)
     with pytest.raises(ValueError, match="max_batch"):
         eng.run_repeat(ids, pos, cu, True, out, 2)
+
+
+def test_engine_keeps_its_tables_alive_without_the_backend():
+    """The native engine reads the embedding tables in place (not copied): it keeps the arrays
+    alive itself, so an engine kept without its CpuBackend still reads live memory (CI runs this
+    file under ASan, which reports a read of freed memory)."""
+    import gc
+    import weakref
+
+    spec = small_spec()
+    m = make_model(spec, "int8", max_tokens=64, max_batch=2)
+    ids, pos, cu = batch([5, 9], spec.vocab_size)
+    be = CpuBackend(m)
+    want = be.run(ids, pos, cu, True)
+    eng = be.engine
+    held = [weakref.ref(a) for a in be._keep]  # the tables the engine was given
+    assert held
+    del be, m
+    gc.collect()
+    assert all(r() is not None for r in held), "the engine let its tables go"
+    np.zeros(1 << 22, np.float32).fill(np.nan)  # reuse what was freed, if it was
+    out = np.full((2, spec.hidden), np.nan, np.float32)
+    eng.run(ids, pos, cu, True, out)
+    np.testing.assert_array_equal(out, want)
+    del eng
+    gc.collect()
+    assert all(r() is None for r in held), "the tables outlive the engine"
