@@ -62,7 +62,31 @@ def xlmr_tokenizer_json(vocab: int = 211) -> str:
     )
     tok.train_from_iterator(real_sentences() * 2, tr)
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    return tok.to_str()
+    return _canonical_unigram(tok.to_str(), len(XLMR_SPECIALS))
+
+
+def _canonical_unigram(tj: str, n_special: int) -> str:
+    """The trainer gives the single characters it must keep scores just below the learnt pieces'
+    in the order of a hash map seeded per process, and its scores differ in the last bits, so the
+    same corpus gave another tokenizer.json (other ids, other embedding rows) in every test
+    process; here those scores go to the characters in sorted order, every score is rounded and
+    the ids follow the scores (ties by piece): one tokenizer for every run."""
+    j = json.loads(tj)
+    vocab = j["model"]["vocab"]
+    head = vocab[:n_special]
+    # the learnt scores themselves differ in the last bits (summation order): rounded
+    rest = [[p, round(sc, 6)] for p, sc in vocab[n_special:]]
+    floor = min((sc for p, sc in rest if len(p) > 1), default=float("inf"))
+    band = [i for i, (p, sc) in enumerate(rest) if len(p) == 1 and sc < floor]
+    scores = sorted((rest[i][1] for i in band), reverse=True)
+    pieces = sorted(rest[i][0] for i in band)
+    for i, piece, sc in zip(band, pieces, scores, strict=True):
+        rest[i] = [piece, sc]
+    rest.sort(key=lambda e: (-e[1], e[0]))
+    j["model"]["vocab"] = head + rest
+    if j["model"].get("unk_id") is not None:
+        j["model"]["unk_id"] = [p for p, _ in j["model"]["vocab"]].index("<unk>")
+    return json.dumps(j, ensure_ascii=False)
 
 
 def _linear(n_in: int, n_out: int, seed: int, bias: bool = True):
