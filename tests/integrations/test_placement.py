@@ -150,3 +150,30 @@ def test_cli_parses_deploy_ray_and_bench_targets():
     assert ap.parse_args(["bench", "serve"]).target == "zoi"
     c = ap.parse_args(["export", "triton", "ART", "REPO", "--instances", "4", "--gpus", "all"])
     assert (c.instances, c.gpus, c.max_queue_delay_us) == (4, "all", 500)
+
+
+def test_deploy_ray_freezes_each_replicas_heap(artifact):
+    """`zoi deploy ray` takes --gc-freeze / --no-gc-freeze for its replicas (their processes are
+    Ray's, so zoi serve's start-up freeze runs in the replica's constructor)."""
+    import dataclasses
+    import gc
+
+    from zoi.cli import build_parser
+    from zoi.integrations.ray import DRIVER_OPTIONS, ZoiReplica
+    from zoi.serve.cli import config_from_args
+
+    ap = build_parser()
+    on = config_from_args(ap.parse_args(["deploy", "ray", "ART"]), skip=DRIVER_OPTIONS)
+    off = config_from_args(
+        ap.parse_args(["deploy", "ray", "ART", "--no-gc-freeze"]), skip=DRIVER_OPTIONS
+    )
+    assert on.gc_freeze and not off.gc_freeze
+    try:
+        for cfg, frozen in ((off, False), (on, True)):
+            gc.unfreeze()
+            fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+            rep = ZoiReplica(str(artifact), fields, None, "cpu")
+            rep.service.close()
+            assert (gc.get_freeze_count() > 0) is frozen
+    finally:
+        gc.unfreeze()

@@ -87,6 +87,11 @@ def deployment_options(
     }
 
 
+# zoi serve's options that are this command's own (--gpus, --replicas: one Ray replica per GPU);
+# the rest, --gc-freeze included, configure every replica
+DRIVER_OPTIONS = ("gpus", "replicas")
+
+
 class ZoiReplica:
     """The body of a replica: an Engine, a zoi Service over it, and zoi serve's ASGI app."""
 
@@ -101,6 +106,10 @@ class ZoiReplica:
         t0 = time.perf_counter()
         engine = zoi.load(artifact, device=device, max_tokens=cfg.max_batch_tokens)
         self.service = Service(engine, cfg, model_name)
+        if cfg.gc_freeze:  # the replica's process is Ray's: zoi serve's start-up freeze, here
+            from zoi.serve.cli import freeze_heap
+
+            freeze_heap()
         log.warning(
             "zoi replica pid %d: %r ready in %.1f s", os.getpid(), engine, time.perf_counter() - t0
         )
@@ -362,14 +371,14 @@ def cmd_deploy_ray(args) -> int:
     _refuse_transport_options(args)
     if getattr(args, "proxy", "ray") == "haproxy":
         os.environ.update(haproxy_env())
-    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
+    from zoi.serve.cli import config_from_args
 
-    if not args.address and is_loopback(config_from_args(args, skip=PROCESS_OPTIONS).host):
+    if not args.address and is_loopback(config_from_args(args, skip=DRIVER_OPTIONS).host):
         _single_node_ray()  # before ray is imported: Ray reads it at import
     import ray
     from ray import serve
 
-    cfg = config_from_args(args, skip=PROCESS_OPTIONS)
+    cfg = config_from_args(args, skip=DRIVER_OPTIONS)
     gpus = parse_gpus(args.gpus)
     host = cfg.host
     port = cfg.port or _free_port(host)
@@ -429,7 +438,7 @@ def cmd_deploy_ray(args) -> int:
 
 
 def register_deploy(sub) -> argparse.ArgumentParser:
-    from zoi.serve.cli import PROCESS_OPTIONS, add_options
+    from zoi.serve.cli import add_options
 
     p = sub.add_parser(
         "ray",
@@ -487,9 +496,9 @@ def register_deploy(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="start a local Ray's dashboard (on 127.0.0.1) [default: no dashboard]",
     )
-    # every zoi serve option (host, port, batching, limits), for each replica; --gpus and
-    # --replicas are this command's own (one Ray replica per GPU)
-    add_options(p, skip=PROCESS_OPTIONS)
+    # every zoi serve option (host, port, batching, limits, --gc-freeze), for each replica;
+    # --gpus and --replicas are this command's own (one Ray replica per GPU)
+    add_options(p, skip=DRIVER_OPTIONS)
     p.set_defaults(func=cmd_deploy_ray)
     return p
 
