@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoi._version import __version__
 from zoi.tools.info import _console, cmd_info
 
 
@@ -560,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="zoi", description="ZeroOverhead-Inference: compile once, run small encoders fast"
     )
-    ap.add_argument("--version", action="version", version=f"zoi {_version()}")
+    ap.add_argument("--version", action="version", version=f"zoi {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("info", help="machine, ISA, GPU; or a model folder / artifact")
@@ -695,12 +696,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         m.register(sub)
     return ap
-
-
-def _version() -> str:
-    from zoi._version import __version__
-
-    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

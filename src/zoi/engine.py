@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from zoi._version import __version__
 from zoi.adapters import TaskBackend, TasksMixin, adapter_meta, check_task_ids
 from zoi.backends import make_backend
 from zoi.backends.base import Backend
@@ -571,7 +572,7 @@ class Engine(HeadsMixin, TasksMixin):
             m = self.model
             meta = {
                 "format": ARTIFACT_FORMAT,
-                "zoi_version": _version(),
+                "zoi_version": __version__,
                 "spec": m.spec.to_dict(),
                 "precision": m.precision,
                 "max_tokens": m.plan.max_tokens,
@@ -642,12 +643,6 @@ def _to_torch(torch, emb: np.ndarray, stacked: bool, device):
     if stacked or emb.ndim == 1:
         return t
     return list(t.unbind(0))
-
-
-def _version() -> str:
-    from zoi._version import __version__
-
-    return __version__
 
 
 def read_artifact_meta(path: str | os.PathLike) -> dict:

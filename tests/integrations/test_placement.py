@@ -159,13 +159,13 @@ def test_deploy_ray_freezes_each_replicas_heap(artifact):
     import gc
 
     from zoi.cli import build_parser
-    from zoi.integrations.ray import DRIVER_OPTIONS, ZoiReplica
-    from zoi.serve.cli import config_from_args
+    from zoi.integrations.ray import ZoiReplica
+    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
 
     ap = build_parser()
-    on = config_from_args(ap.parse_args(["deploy", "ray", "ART"]), skip=DRIVER_OPTIONS)
+    on = config_from_args(ap.parse_args(["deploy", "ray", "ART"]), skip=PROCESS_OPTIONS)
     off = config_from_args(
-        ap.parse_args(["deploy", "ray", "ART", "--no-gc-freeze"]), skip=DRIVER_OPTIONS
+        ap.parse_args(["deploy", "ray", "ART", "--no-gc-freeze"]), skip=PROCESS_OPTIONS
     )
     assert on.gc_freeze and not off.gc_freeze
     try:

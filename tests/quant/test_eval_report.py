@@ -7,7 +7,8 @@ import json
 import numpy as np
 from tests.conftest import build_hf_model, real_sentences, save_checkpoint
 
-from zoi.tools.eval import agreement, cosine_rows, embedding_report, neighbours
+from zoi.quant.fidelity import agreement, cosine_rows, neighbours
+from zoi.tools.eval import embedding_report
 
 
 def test_figures_on_synthetic_embeddings():

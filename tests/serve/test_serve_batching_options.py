@@ -37,9 +37,9 @@ def test_flags_variables_and_defaults():
         parse(["--batch-balance", "sometimes"])
     with pytest.raises(ValueError, match="batch_balance must be auto, on or off"):
         ServeConfig(batch_balance="yes").validate()
-    # a process option: zoi deploy ray's replicas do not run serve(), so it is not theirs
-    assert "gc_freeze" in PROCESS_OPTIONS
-    assert parse([], skip=PROCESS_OPTIONS).gc_freeze is None
+    # not a process option: each replica of zoi deploy ray freezes its own heap
+    assert "gc_freeze" not in PROCESS_OPTIONS
+    assert parse(["--no-gc-freeze"], skip=PROCESS_OPTIONS).gc_freeze is False
 
 
 def _service(device="cpu", engines=1, delay=0, mode="auto"):

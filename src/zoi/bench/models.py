@@ -174,6 +174,30 @@ _TOKENIZER_FILES = (
 )
 
 
+def _save(model, dst: Path, src_tok: Path, **config_defaults) -> Path:
+    """The model saved into dst's temporary sibling (one safetensors file, as the real
+    checkpoints ship and as get_model's check expects), config_defaults set in its config.json
+    where absent, the tokenizer files of src_tok beside it; returns that folder."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+    cj = json.loads((tmp / "config.json").read_text())
+    for k, v in config_defaults.items():
+        cj.setdefault(k, v)
+    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
+    for f in _TOKENIZER_FILES:
+        if (src_tok / f).exists():
+            shutil.copy(src_tok / f, tmp / f)
+    return tmp
+
+
+def _finish(tmp: Path, dst: Path, readme: str) -> None:
+    """The folder written in tmp (its README line added) takes dst's place."""
+    (tmp / "ZOI_BENCH_README.txt").write_text(readme + "\n")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
 def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
     import torch
     import transformers
@@ -196,17 +220,10 @@ def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
         )
     torch.manual_seed(0)
     model = model_cls(cfg).eval()  # a standard checkpoint (pooler included, never used)
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
     # fields older readers (e.g. CTranslate2's converter) expect in a BERT config.json
-    cj = json.loads((tmp / "config.json").read_text())
-    cj.setdefault("position_embedding_type", "absolute")
-    cj.setdefault("architectures", [model_cls.__name__])
-    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
-    for f in _TOKENIZER_FILES:
-        if (src_tok / f).exists():
-            shutil.copy(src_tok / f, tmp / f)
+    tmp = _save(
+        model, dst, src_tok, position_embedding_type="absolute", architectures=[model_cls.__name__]
+    )
     (tmp / "1_Pooling").mkdir()
     (tmp / "1_Pooling" / "config.json").write_text(
         json.dumps(
@@ -220,33 +237,14 @@ def _make_bert_base(dst: Path, src_tok: Path, arch: str = "bert-base") -> None:
             indent=2,
         )
     )
-    (tmp / "modules.json").write_text(
-        json.dumps(
-            [
-                {
-                    "idx": 0,
-                    "name": "0",
-                    "path": "",
-                    "type": "sentence_transformers.models.Transformer",
-                },
-                {
-                    "idx": 1,
-                    "name": "1",
-                    "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling",
-                },
-            ],
-            indent=2,
-        )
-    )
+    mods = [_st_module(0, "", "Transformer"), _st_module(1, "1_Pooling", "Pooling")]
+    (tmp / "modules.json").write_text(json.dumps(mods, indent=2))
     (tmp / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": 512, "do_lower_case": False})
     )
-    (tmp / "ZOI_BENCH_README.txt").write_text(
-        f"{arch} shape, random init (torch.manual_seed(0)), written by zoi.bench.models\n"
+    _finish(
+        tmp, dst, f"{arch} shape, random init (torch.manual_seed(0)), written by zoi.bench.models"
     )
-    shutil.rmtree(dst, ignore_errors=True)
-    tmp.rename(dst)
 
 
 def _make_cross_encoder(dst: Path, src_tok: Path) -> None:
@@ -266,20 +264,12 @@ def _make_cross_encoder(dst: Path, src_tok: Path) -> None:
     )
     torch.manual_seed(0)
     model = BertForSequenceClassification(cfg).eval()
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    cj = json.loads((tmp / "config.json").read_text())
-    cj.setdefault("position_embedding_type", "absolute")
-    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
-    for f in _TOKENIZER_FILES:
-        if (src_tok / f).exists():
-            shutil.copy(src_tok / f, tmp / f)
-    (tmp / "ZOI_BENCH_README.txt").write_text(
-        "minilm-sized cross-encoder, random init (torch.manual_seed(0)), by zoi.bench.models\n"
+    tmp = _save(model, dst, src_tok, position_embedding_type="absolute")
+    _finish(
+        tmp,
+        dst,
+        "minilm-sized cross-encoder, random init (torch.manual_seed(0)), by zoi.bench.models",
     )
-    shutil.rmtree(dst, ignore_errors=True)
-    tmp.rename(dst)
 
 
 def _st_module(idx: int, path: str, kind: str) -> dict:
@@ -308,16 +298,7 @@ def _make_decoder_embedder(dst: Path, src_tok: Path, name: str) -> None:
     cfg = getattr(transformers, d["config"])(**kw)
     torch.manual_seed(0)
     model = getattr(transformers, d["model"])(cfg).eval()
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    # one file, as the real checkpoints ship (and as the cache check below expects)
-    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
-    cj = json.loads((tmp / "config.json").read_text())
-    cj.setdefault("architectures", [d["model"]])
-    (tmp / "config.json").write_text(json.dumps(cj, indent=2))
-    for f in _TOKENIZER_FILES:
-        if (src_tok / f).exists():
-            shutil.copy(src_tok / f, tmp / f)
+    tmp = _save(model, dst, src_tok, architectures=[d["model"]])
     # name the tokenizer's class: transformers' AutoTokenizer would otherwise take the folder's
     # architecture's own (GemmaTokenizer, Qwen2Tokenizer), which cannot read a WordPiece vocabulary
     tc_path = tmp / "tokenizer_config.json"
@@ -368,13 +349,13 @@ def _make_decoder_embedder(dst: Path, src_tok: Path, name: str) -> None:
     (tmp / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": max_seq, "do_lower_case": False})
     )
-    (tmp / "ZOI_BENCH_README.txt").write_text(
+    _finish(
+        tmp,
+        dst,
         f"{name}: {d['model']} shape, random init (torch.manual_seed(0)), pooling "
         f"{d['pooling']}, Dense {list(d['dense'])}, normalize {d['normalize']}; "
-        "written by zoi.bench.models\n"
+        "written by zoi.bench.models",
     )
-    shutil.rmtree(dst, ignore_errors=True)
-    tmp.rename(dst)
 
 
 def _models_dir(cache_dir: Path) -> Path:
@@ -388,27 +369,26 @@ def _models_dir(cache_dir: Path) -> Path:
     return cache / "models"
 
 
+def _built(dst: Path, make, *args) -> Path:
+    """dst, made by make(dst, the MiniLM folder, *args) unless its weights are there."""
+    if not (dst / "model.safetensors").exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        make(dst, minilm_path(), *args)
+    return dst
+
+
 def get_model(name: str, cache_dir: Path) -> ModelRef:
     if name == "minilm":
         return ModelRef("minilm", minilm_path(), hidden=384, layers=6, heads=12, max_len=256)
     if name == "bert-base":
-        dst = Path(cache_dir) / "models" / "bert-base-random-s0"
-        if not (dst / "model.safetensors").exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _make_bert_base(dst, minilm_path())
+        dst = _built(Path(cache_dir) / "models" / "bert-base-random-s0", _make_bert_base)
         return ModelRef("bert-base", dst, hidden=768, layers=12, heads=12, max_len=512)
     if name == "minilm-ce":
-        dst = Path(cache_dir) / "models" / "minilm-ce-random-s0"
-        if not (dst / "model.safetensors").exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _make_cross_encoder(dst, minilm_path())
+        dst = _built(Path(cache_dir) / "models" / "minilm-ce-random-s0", _make_cross_encoder)
         return ModelRef("minilm-ce", dst, hidden=384, layers=6, heads=12, max_len=512)
     if name in _RANDOM_ARCHS:
         kw = _RANDOM_ARCHS[name][2]
-        dst = Path(cache_dir) / "models" / f"{name}-random-s0"
-        if not (dst / "model.safetensors").exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _make_bert_base(dst, minilm_path(), name)
+        dst = _built(Path(cache_dir) / "models" / f"{name}-random-s0", _make_bert_base, name)
         return ModelRef(
             name,
             dst,
@@ -418,10 +398,7 @@ def get_model(name: str, cache_dir: Path) -> ModelRef:
             max_len=512,
         )
     if name in DECODER_EMBEDDERS:
-        dst = _models_dir(cache_dir) / f"{name}-random-s0"
-        if not (dst / "model.safetensors").exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _make_decoder_embedder(dst, minilm_path(), name)
+        dst = _built(_models_dir(cache_dir) / f"{name}-random-s0", _make_decoder_embedder, name)
         kw = json.loads((dst / "config.json").read_text())  # the folder's shape, as written
         return ModelRef(
             name,

@@ -160,44 +160,34 @@ class DecoderMetrics:
     its own: one set of buckets for every histogram of a server)."""
 
     def __init__(self, registry, seconds_buckets, size_buckets):
+        from functools import partial
+
         from prometheus_client import Counter, Gauge, Histogram
 
-        _SECONDS = tuple(seconds_buckets)
-
         r = registry
-        self.running = Gauge("zoi_decoder_running", "sequences in the running batch", registry=r)
-        self.waiting = Gauge(
-            "zoi_decoder_waiting", "requests waiting for KV blocks or a slot", registry=r
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        self.running = gauge("zoi_decoder_running", "sequences in the running batch")
+        self.waiting = gauge("zoi_decoder_waiting", "requests waiting for KV blocks or a slot")
+        self.kv_used = gauge("zoi_decoder_kv_blocks_used", "KV cache blocks in use")
+        self.kv_total = gauge("zoi_decoder_kv_blocks_total", "KV cache blocks in the pool")
+        self.tokens = counter("zoi_decoder_generated_tokens", "tokens generated")
+        self.prompt_tokens = counter("zoi_decoder_prompt_tokens", "prompt tokens prefilled")
+        self.tokens_per_s = gauge(
+            "zoi_decoder_tokens_per_second", "tokens generated per second over the last 5 s of work"
         )
-        self.kv_used = Gauge("zoi_decoder_kv_blocks_used", "KV cache blocks in use", registry=r)
-        self.kv_total = Gauge(
-            "zoi_decoder_kv_blocks_total", "KV cache blocks in the pool", registry=r
-        )
-        self.tokens = Counter("zoi_decoder_generated_tokens", "tokens generated", registry=r)
-        self.prompt_tokens = Counter(
-            "zoi_decoder_prompt_tokens", "prompt tokens prefilled", registry=r
-        )
-        self.tokens_per_s = Gauge(
-            "zoi_decoder_tokens_per_second",
-            "tokens generated per second over the last 5 s of work",
-            registry=r,
-        )
-        self.ttft = Histogram(
+        seconds = partial(Histogram, buckets=tuple(seconds_buckets), registry=r)
+        self.ttft = seconds(
             "zoi_decoder_time_to_first_token_seconds",
             "from submission to the first generated token",
-            buckets=_SECONDS,
-            registry=r,
         )
-        self.step = Histogram(
-            "zoi_decoder_step_duration_seconds", "one backend step", buckets=_SECONDS, registry=r
-        )
+        self.step = seconds("zoi_decoder_step_duration_seconds", "one backend step")
         self.batch = Histogram(
             "zoi_decoder_step_batch_size",
             "sequences in one step",
             buckets=tuple(size_buckets),
             registry=r,
         )
-        self.finished = Counter("zoi_decoder_finished", "requests finished", ["reason"], registry=r)
+        self.finished = counter("zoi_decoder_finished", "requests finished", ["reason"])
 
 
 # ---- the scheduler ----------------------------------------------------------------------------

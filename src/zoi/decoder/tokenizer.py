@@ -3,10 +3,8 @@ template (rendered with jinja2 as transformers does) and incremental detokenisat
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,28 +116,14 @@ class DecoderTokenizer:
 
 def _compile(template: str):
     import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from zoi.frontend.tokenizer import chat_environment
 
     def raise_exception(message):
         raise InputError(f"chat template: {message}")
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    def strftime_now(fmt):
-        return datetime.now().strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
     try:
-        return env.from_string(template)
+        return chat_environment(raise_exception).from_string(template)
     except jinja2.TemplateError as e:
         raise CheckpointError(f"chat template does not compile: {e}") from e
 

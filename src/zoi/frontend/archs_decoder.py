@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from zoi.errors import CheckpointError, UnsupportedModelError
+from zoi.errors import CheckpointError
+from zoi.frontend.archs import _unsupported
 from zoi.frontend.spec import ModelSpec
 
 MODEL_TYPES = {
@@ -34,10 +35,6 @@ MODEL_TYPES = {
     "gemma3_text": "gemma3",
 }
 _ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-
-
-def _unsupported(cpath: Path, field: str, value, why: str):
-    raise UnsupportedModelError(f"{cpath}: {field} {value!r} is not supported: {why}")
 
 
 def _theta(cpath: Path, params, kind: str | None, fallback) -> float:

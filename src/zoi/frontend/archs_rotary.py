@@ -48,6 +48,7 @@ import numpy as np
 
 from zoi.errors import CheckpointError, UnsupportedModelError
 from zoi.frontend.adapters import adapter_shapes
+from zoi.frontend.archs import _unsupported
 from zoi.frontend.spec import GATED_ROTARY_ARCHS, ModelSpec
 
 # config.json model_type -> arch ("new": GTE's original code, Alibaba-NLP/new-impl); the hub's
@@ -86,10 +87,6 @@ _NEW_DEFAULTS = dict(
     theta=10000.0, act="gelu", maxpos=2048, types=1, eps=1e-12, vocab=30528, inter=3072
 )
 ROPE_TYPES = ("default", "linear", "dynamic", "ntk")
-
-
-def _unsupported(cpath: Path, field: str, value, why: str):
-    raise UnsupportedModelError(f"{cpath}: {field} {value!r} is not supported: {why}")
 
 
 def _number(cpath: Path, field: str, v, positive: bool = True) -> float:

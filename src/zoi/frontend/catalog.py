@@ -10,14 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BERT_HEADS = (
-    "embeddings",
-    "token embeddings",
-    "rerank / classify",
-    "NER",
-    "SPLADE",
-    "ColBERT",
-)
+BERT_HEADS = ("embeddings", "token embeddings", "rerank / classify", "NER", "SPLADE", "ColBERT")
 
 
 @dataclass(frozen=True)
@@ -25,131 +18,56 @@ class Row:
     arch: str  # ModelSpec.arch
     model_types: tuple[str, ...]  # config.json model_type values
     examples: str
-    cpu: str
-    cuda: str
-    outputs: tuple[str, ...]
+    cpu: str = "FP32, INT8"
+    cuda: str = "FP16, INT8"
+    outputs: tuple[str, ...] = ("embeddings", "token embeddings")
 
 
 ROWS: tuple[Row, ...] = (
-    Row(
-        "bert",
-        ("bert",),
-        "all-MiniLM-L6-v2, BGE / E5 small-base",
-        "FP32, INT8",
-        "FP16, INT8",
-        BERT_HEADS,
-    ),
-    Row(
-        "distilbert",
-        ("distilbert",),
-        "msmarco-distilbert",
-        "FP32, INT8",
-        "FP16, INT8",
-        BERT_HEADS[:5],
-    ),
+    Row("bert", ("bert",), "all-MiniLM-L6-v2, BGE / E5 small-base", outputs=BERT_HEADS),
+    Row("distilbert", ("distilbert",), "msmarco-distilbert", outputs=BERT_HEADS[:5]),
     Row(
         "roberta",
         ("roberta", "xlm-roberta", "camembert"),
         "all-roberta, BGE-M3, XLM-R",
-        "FP32, INT8",
-        "FP16, INT8 (BGE-M3 / ColBERT heads: CPU)",
-        (*BERT_HEADS, "BGE-M3 dense + sparse + ColBERT"),
+        cuda="FP16, INT8 (BGE-M3 / ColBERT heads: CPU)",
+        outputs=(*BERT_HEADS, "BGE-M3 dense + sparse + ColBERT"),
     ),
-    Row(
-        "mpnet",
-        ("mpnet",),
-        "all-mpnet-base-v2",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "token embeddings"),
-    ),
-    Row(
-        "modernbert",
-        ("modernbert",),
-        "ModernBERT-base embedders",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "token embeddings"),
-    ),
-    Row(
-        "electra",
-        ("electra",),
-        "Electra embedders",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "token embeddings"),
-    ),
-    Row(
-        "albert",
-        ("albert",),
-        "paraphrase-albert",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "token embeddings"),
-    ),
+    Row("mpnet", ("mpnet",), "all-mpnet-base-v2"),
+    Row("modernbert", ("modernbert",), "ModernBERT-base embedders"),
+    Row("electra", ("electra",), "Electra embedders"),
+    Row("albert", ("albert",), "paraphrase-albert"),
     Row(
         "nomic_bert",
         ("nomic_bert",),
         "nomic-embed-text v1 / v1.5",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "token embeddings", "prompts"),
+        outputs=("embeddings", "token embeddings", "prompts"),
     ),
-    Row(
-        "gte",
-        ("gte", "new"),
-        "gte-base-en-v1.5, gte-multilingual-base",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "token embeddings"),
-    ),
+    Row("gte", ("gte", "new"), "gte-base-en-v1.5, gte-multilingual-base"),
     Row(
         "jina_v3",
         ("jina_embeddings_v3",),  # and the hub's folder: xlm-roberta with rotary positions
         "jina-embeddings-v3 (5 task LoRA adapters chosen per request)",
-        "FP32, INT8 (adapters FP32)",
-        "FP16 (interpreter) without adapters; per-request LoRA refused",
-        ("embeddings", "embeddings per task", "token embeddings (base weights)"),
+        cpu="FP32, INT8 (adapters FP32)",
+        cuda="FP16 (interpreter) without adapters; per-request LoRA refused",
+        outputs=("embeddings", "embeddings per task", "token embeddings (base weights)"),
     ),
     Row(
         "qwen3",
         ("qwen3",),
         "Qwen3-Embedding, Qwen3-Reranker",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings (last token)", "LLM rerank", "prompts"),
+        outputs=("embeddings (last token)", "LLM rerank", "prompts"),
     ),
     Row(
         "gemma3",
         ("gemma3_text",),
         "EmbeddingGemma-300m",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings (+ Dense)", "prompts"),
+        outputs=("embeddings (+ Dense)", "prompts"),
     ),
+    Row("qwen2", ("qwen2",), "gte-Qwen2 style embedders", outputs=("embeddings", "LLM rerank")),
+    Row("llama", ("llama",), "Llama-based embedders", outputs=("embeddings", "LLM rerank")),
     Row(
-        "qwen2",
-        ("qwen2",),
-        "gte-Qwen2 style embedders",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "LLM rerank"),
-    ),
-    Row(
-        "llama",
-        ("llama",),
-        "Llama-based embedders",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "LLM rerank"),
-    ),
-    Row(
-        "mistral",
-        ("mistral",),
-        "E5-Mistral style embedders",
-        "FP32, INT8",
-        "FP16, INT8",
-        ("embeddings", "LLM rerank"),
+        "mistral", ("mistral",), "E5-Mistral style embedders", outputs=("embeddings", "LLM rerank")
     ),
 )
 

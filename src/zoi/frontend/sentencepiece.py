@@ -25,6 +25,7 @@ import struct
 from typing import Any
 
 from zoi.frontend import bpe
+from zoi.frontend.bpe import _is_id
 
 # csrc/tokenizer/sentencepiece.h: NormStep / PreStep kinds
 PRECOMPILED, REPLACE, SPACES, EDGE_SPACES, LEAD, STRIP, PREPEND = range(7)
@@ -34,10 +35,6 @@ SCHEMES = {"always": 0, "first": 1, "never": 2}
 SPACE_RUNS = {" {2,}": 2, "  +": 2, " +": 1, " {1,}": 1}
 EDGE_SPACES_REGEX = r"\A +| +\z"
 REPLACEMENT = "\u2581"
-
-
-def _is_id(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _flat(node: Any, key: str) -> list | str:

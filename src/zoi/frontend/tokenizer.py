@@ -372,3 +372,24 @@ def pack(
     starts = np.repeat(cu[:-1], lens)
     positions = (np.arange(len(ids), dtype=np.int32) - starts + position_offset).astype(np.int32)
     return ids, positions, cu
+
+
+def chat_environment(raise_exception):
+    """The jinja environment transformers renders chat templates in."""
+    from datetime import datetime
+
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env

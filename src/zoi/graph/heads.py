@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from zoi.graph.ir import Buffer, Graph, Op
 
-HEAD_OUTPUT = {"seq_cls": "logits", "token_cls": "logits", "splade": "sparse"}
-
 
 def append_head(spec, ops: list[Op], bufs: dict[str, Buffer], x: str) -> str:
     """Append the head's ops reading the last hidden state `x`; returns the output buffer."""

@@ -48,17 +48,6 @@ class Plan:
             d["max_batch"],
         )
 
-    def peak_live_bytes(self) -> int:
-        """Lower bound for any arena: the largest sum of sizes live at one op."""
-        n_ops = max((e for _, e in self.live.values()), default=-1) + 1
-        return max(
-            (
-                sum(self.sizes[b] for b, (s, e) in self.live.items() if s <= i <= e)
-                for i in range(n_ops)
-            ),
-            default=0,
-        )
-
 
 def liveness(graph: Graph) -> dict[str, tuple[int, int]]:
     live: dict[str, list[int]] = {}

@@ -121,12 +121,16 @@ def _activation(fn, n_labels: int, default: str) -> Callable[[np.ndarray], np.nd
         else:
             return lambda x: np.asarray(fn(x), dtype=np.float32)
     if fn == "sigmoid":
-        return lambda x: (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+        return _sigmoid
     if fn == "softmax":
         return _softmax
     if fn == "identity":
         return lambda x: x
     raise ValueError(f"activation_fn must be one of {ACTIVATIONS}, a callable or None, got {fn!r}")
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

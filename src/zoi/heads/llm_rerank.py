@@ -27,7 +27,6 @@ does: a system message (chat) or before the query (pairs).
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -88,28 +87,15 @@ def _special_tokens(folder: Path) -> dict[str, str]:
 
 def _compile(template: str, where: Path):
     """The template under the environment transformers renders chat templates in."""
-    from datetime import datetime
-
     import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from zoi.frontend.tokenizer import chat_environment
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template)
+        return chat_environment(raise_exception).from_string(template)
     except jinja2.TemplateError as e:
         raise CheckpointError(f"{where}: the chat template does not compile ({e})") from e
 

@@ -87,11 +87,6 @@ def deployment_options(
     }
 
 
-# zoi serve's options that are this command's own (--gpus, --replicas: one Ray replica per GPU);
-# the rest, --gc-freeze included, configure every replica
-DRIVER_OPTIONS = ("gpus", "replicas")
-
-
 class ZoiReplica:
     """The body of a replica: an Engine, a zoi Service over it, and zoi serve's ASGI app."""
 
@@ -371,14 +366,14 @@ def cmd_deploy_ray(args) -> int:
     _refuse_transport_options(args)
     if getattr(args, "proxy", "ray") == "haproxy":
         os.environ.update(haproxy_env())
-    from zoi.serve.cli import config_from_args
+    from zoi.serve.cli import PROCESS_OPTIONS, config_from_args
 
-    if not args.address and is_loopback(config_from_args(args, skip=DRIVER_OPTIONS).host):
+    if not args.address and is_loopback(config_from_args(args, skip=PROCESS_OPTIONS).host):
         _single_node_ray()  # before ray is imported: Ray reads it at import
     import ray
     from ray import serve
 
-    cfg = config_from_args(args, skip=DRIVER_OPTIONS)
+    cfg = config_from_args(args, skip=PROCESS_OPTIONS)
     gpus = parse_gpus(args.gpus)
     host = cfg.host
     port = cfg.port or _free_port(host)
@@ -438,7 +433,7 @@ def cmd_deploy_ray(args) -> int:
 
 
 def register_deploy(sub) -> argparse.ArgumentParser:
-    from zoi.serve.cli import add_options
+    from zoi.serve.cli import PROCESS_OPTIONS, add_options
 
     p = sub.add_parser(
         "ray",
@@ -498,7 +493,7 @@ def register_deploy(sub) -> argparse.ArgumentParser:
     )
     # every zoi serve option (host, port, batching, limits, --gc-freeze), for each replica;
     # --gpus and --replicas are this command's own (one Ray replica per GPU)
-    add_options(p, skip=DRIVER_OPTIONS)
+    add_options(p, skip=PROCESS_OPTIONS)
     p.set_defaults(func=cmd_deploy_ray)
     return p
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
-from starlette.routing import Route
 
 from zoi.serve import routes_cohere, routes_heads, routes_kserve, routes_openai, routes_tei
 from zoi.serve.batcher import Batcher, balance_on
-from zoi.serve.http import json_response
+from zoi.serve.http import assemble_app, json_response
 from zoi.serve.service import Service
 
 log = logging.getLogger("zoi.serve")
@@ -26,30 +23,24 @@ def create_app(service: Service) -> Starlette:
         return create_decoder_app(service)
     apply_batch_balance(service)
 
-    async def metrics(request: Request):
-        data, ctype = service.metrics.render()
-        return Response(data, media_type=ctype)
-
-    async def root(request: Request):
-        return json_response(
-            {
-                "name": "zoi",
-                "model": service.model_name,
-                "routes": [
-                    "/v1/embeddings",
-                    "/v2/embed",
-                    "/embed",
-                    "/tokenize",
-                    "/health",
-                    "/info",
-                    "/v2",
-                    f"/v2/models/{service.model_name}/infer",
-                    "/metrics",
-                    "/openapi.json",
-                    "/docs",
-                ],
-            }
-        )
+    def root(paths: list[str]) -> dict:
+        return {
+            "name": "zoi",
+            "model": service.model_name,
+            "routes": [
+                "/v1/embeddings",
+                "/v2/embed",
+                "/embed",
+                "/tokenize",
+                "/health",
+                "/info",
+                "/v2",
+                f"/v2/models/{service.model_name}/infer",
+                "/metrics",
+                "/openapi.json",
+                "/docs",
+            ],
+        }
 
     async def http_error(request: Request, exc: HTTPException):
         if exc.status_code == 404 and request.url.path in routes_heads.ALL:
@@ -66,60 +57,34 @@ def create_app(service: Service) -> Starlette:
             {"error": f"internal error: {type(exc).__name__}: {exc}", "error_type": "Backend"}, 500
         )
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        # uvicorn has stopped accepting and waited for in-flight requests; drain what is left.
-        log.info("zoi serve: shutting down, answering what is queued")
-        service.close()
+    def openapi(paths: list[str]) -> dict:
+        from zoi._version import __version__
+        from zoi.serve.openapi import document
 
-    spec: dict = {}
+        return document(
+            service.model_name,
+            service.engine.spec.hidden,
+            __version__,
+            paths,
+            service.vocab_size,
+            getattr(service.engine, "head", ""),
+        )
 
-    def openapi_doc() -> dict:
-        if not spec:
-            from zoi._version import __version__
-            from zoi.serve.openapi import document
-
-            spec.update(
-                document(
-                    service.model_name,
-                    service.engine.spec.hidden,
-                    __version__,
-                    [r.path for r in routes],
-                    service.vocab_size,
-                    getattr(service.engine, "head", ""),
-                )
-            )
-        return spec
-
-    async def openapi_json(request: Request):
-        return json_response(openapi_doc())
-
-    async def docs(request: Request):
-        from zoi.serve.openapi import docs_html
-
-        return HTMLResponse(docs_html(openapi_doc()))
-
-    routes = [
-        Route("/", root, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
-        Route("/docs", docs, methods=["GET"]),
-    ]
-    routes += routes_openai.make_routes(service)
+    routes = routes_openai.make_routes(service)
     routes += routes_tei.make_routes(service)
     routes += routes_cohere.make_routes(service)
     routes += routes_kserve.make_routes(service)
-    routes += routes_heads.make_routes(
-        service
-    )  # /rerank /predict /embed_sparse /embed_all /v1/rerank
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+    # /rerank /predict /embed_sparse /embed_all /v1/rerank
+    routes += routes_heads.make_routes(service)
+    return assemble_app(
+        service,
+        routes,
+        root,
+        openapi,
+        http_error,
+        server_error,
+        "zoi serve: shutting down, answering what is queued",
     )
-    app.state.service = service
-    return app
 
 
 def apply_batch_balance(service: Service) -> bool:

@@ -157,10 +157,6 @@ class Batcher:
             self._wake()
         return job
 
-    @property
-    def queued_sequences(self) -> int:
-        return self._queued_seqs
-
     def close(self, timeout: float | None = None) -> None:
         """Stop taking jobs, answer everything queued, stop the worker."""
         with self._cond:

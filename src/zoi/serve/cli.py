@@ -22,6 +22,10 @@ from zoi.serve.config import OPTIONS, ServeConfig
 log = logging.getLogger("zoi.serve")
 
 
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
@@ -45,10 +49,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-# options of the server process itself, not of each engine's Service (zoi deploy ray has
-# its own --gpus / --replicas: one Ray replica per GPU; Ray runs the replicas' processes, so
-# --gc-freeze, applied by serve() below, has nothing to act on there)
-PROCESS_OPTIONS = ("gpus", "replicas", "gc_freeze")
+# options of the server process itself, not of each engine's Service: zoi deploy ray has its
+# own --gpus / --replicas (one Ray replica per GPU); --gc-freeze it takes for every replica
+PROCESS_OPTIONS = ("gpus", "replicas")
 
 
 def add_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -110,11 +113,9 @@ def open_engine(model: str | None, config: ServeConfig):
             max_tokens=max_tokens,
             calibration=config.calibration,
         )
-        print(
+        _say(
             f"zoi serve: {'loaded the cached' if how == 'cached' else 'compiled and cached the'} "
-            f"{config.precision} artifact {entry} (--no-compile-cache: compile at every start)",
-            file=sys.stderr,
-            flush=True,
+            f"{config.precision} artifact {entry} (--no-compile-cache: compile at every start)"
         )
         return eng
     return zoi.compile(
@@ -269,11 +270,7 @@ def serve(
                 if config.gc_freeze:  # everything of start-up is loaded by now
                     frozen = freeze_heap()
                     log.debug("zoi serve: %d start-up objects out of the collector's scans", frozen)
-                print(
-                    f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip(),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _say(f"zoi serve: ready on http://{shown}:{port} {banner}".rstrip())
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -305,11 +302,7 @@ def serve(
     finally:
         sock.close()
     why = ", ".join(signal.Signals(s).name for s in stopped_by) or "exit"
-    print(
-        f"zoi serve: stopped ({why}); " + tally.summary(config.graceful_timeout),
-        file=sys.stderr,
-        flush=True,
-    )
+    _say(f"zoi serve: stopped ({why}); " + tally.summary(config.graceful_timeout))
 
 
 def cmd_serve(args) -> int:
@@ -345,17 +338,15 @@ def cmd_serve(args) -> int:
     name = served_name(model, config, engine)
     service = Service(engine, config, name, engines=engines)
     app = create_app(service)
-    print(
+    _say(
         f"zoi serve: {engine!r}"
         + (f" x {len(engines)} engines ({service.device})" if engines else "")
         + f" as {name!r} in {time.perf_counter() - t0:.1f} s; batches of at most "
         f"{service.max_batch_tokens} tokens / {service.max_batch_requests} sequences, "
         f"queue delay {config.max_queue_delay_us} us, balanced batches "
-        f"{'on' if service.batcher.balance else 'off'} (--batch-balance {config.batch_balance})",
-        file=sys.stderr,
-        flush=True,
+        f"{'on' if service.batcher.balance else 'off'} (--batch-balance {config.batch_balance})"
     )
-    print(
+    _say(
         f"zoi serve: model name {name!r} ("
         + (
             "--served-model-name"
@@ -363,9 +354,7 @@ def cmd_serve(args) -> int:
             else "kept in the model; --served-model-name changes it"
         )
         + f'): clients send "model": "{name}" to /v1/embeddings and use '
-        f"/v2/models/{name}/infer; routes described at /openapi.json and /docs",
-        file=sys.stderr,
-        flush=True,
+        f"/v2/models/{name}/infer; routes described at /openapi.json and /docs"
     )
     serve(
         app,
@@ -385,18 +374,14 @@ def _serve_decoder(gen, config: ServeConfig, sock, t0: float) -> int:
     service = DecoderService.from_generator(gen, config)
     name = service.model_name
     pool = gen.backend.pool()
-    print(
+    _say(
         f"zoi serve: {gen!r} as {name!r} in {time.perf_counter() - t0:.1f} s; in-flight batching "
         f"of at most {pool.max_batch} sequences, KV pool {pool.num_blocks} x {pool.block_size} "
-        f"tokens, context {service.max_seq_len}, at most {config.max_waiting_requests} waiting",
-        file=sys.stderr,
-        flush=True,
+        f"tokens, context {service.max_seq_len}, at most {config.max_waiting_requests} waiting"
     )
-    print(
+    _say(
         f'zoi serve: model name {name!r}: clients send "model": "{name}" to /v1/completions and '
-        "/v1/chat/completions; routes described at /openapi.json and /docs",
-        file=sys.stderr,
-        flush=True,
+        "/v1/chat/completions; routes described at /openapi.json and /docs"
     )
     serve(
         create_app(service),
@@ -439,18 +424,12 @@ def _serve_many(items: list[str], config: ServeConfig) -> int:
         else:
             svc = Service(engine, config, name or served_name(path, config, engine))
         entries.append((svc.model_name, svc, create_app(svc)))
-        print(
-            f"zoi serve: {engine!r} as {svc.model_name!r} in {time.perf_counter() - t1:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        _say(f"zoi serve: {engine!r} as {svc.model_name!r} in {time.perf_counter() - t1:.1f} s")
     app = MultiModelApp(entries, config)
-    print(
+    _say(
         f"zoi serve: {len(entries)} models in {time.perf_counter() - t0:.1f} s; requests pick "
         f'one by "model" (default {app.default!r}) or /v2/models/NAME/infer; served: '
-        + ", ".join(app.names),
-        file=sys.stderr,
-        flush=True,
+        + ", ".join(app.names)
     )
     serve(app, config, banner=f"(models {', '.join(app.names)})", sock=sock)
     return 0

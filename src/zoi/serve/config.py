@@ -77,21 +77,10 @@ class ServeConfig:
 
     def validate(self) -> None:
         for name in (
-            "max_batch_tokens",
-            "max_batch_requests",
-            "max_concurrent_requests",
-            "max_client_batch_size",
-            "payload_limit",
-            "max_connections",
-            "max_header_bytes",
-            "max_url_bytes",
-            "max_waiting_requests",
-            "max_seq_len",
-            "max_running_requests",
-            "kv_blocks",
-            "kv_block_size",
-            "replicas",
-        ):
+            "max_batch_tokens max_batch_requests max_concurrent_requests max_client_batch_size "
+            "payload_limit max_connections max_header_bytes max_url_bytes max_waiting_requests "
+            "max_seq_len max_running_requests kv_blocks kv_block_size replicas max_input_chars"
+        ).split():
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue_delay_us < 0:
@@ -111,8 +100,6 @@ class ServeConfig:
                 f"max_connections_per_client must be >= 0 (0: no limit), got "
                 f"{self.max_connections_per_client}"
             )
-        if self.max_input_chars is not None and self.max_input_chars < 1:
-            raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
         if self.max_output_floats < 1:
             raise ValueError(f"max_output_floats must be >= 1, got {self.max_output_floats}")
 
@@ -136,66 +123,43 @@ class Option:
         return v
 
 
+def _opt(dest: str, type: type, help: str, choices: tuple | None = None, env: str = "") -> Option:
+    """The option `dest` as the flag --dest-with-dashes and the variable ZOI_DEST (or env)."""
+    flag = "--" + dest.replace("_", "-")
+    return Option(dest, flag, env or "ZOI_" + dest.upper(), type, help, choices)
+
+
 OPTIONS: tuple[Option, ...] = (
-    Option("host", "--host", "ZOI_HOST", str, "address to listen on"),
-    Option(
-        "port",
-        "--port",
-        "ZOI_PORT",
-        int,
-        "port to listen on (0: any free port, printed when ready)",
-    ),
-    Option(
-        "device",
-        "--device",
-        "ZOI_DEVICE",
-        str,
-        "where the engine runs",
-        ("cpu", "cuda", "auto", "reference"),
-    ),
-    Option(
+    _opt("host", str, "address to listen on"),
+    _opt("port", int, "port to listen on (0: any free port, printed when ready)"),
+    _opt("device", str, "where the engine runs", ("cpu", "cuda", "auto", "reference")),
+    _opt(
         "precision",
-        "--precision",
-        "ZOI_PRECISION",
         str,
         "fp32, int8 (W8A8: INT8 weights and activations), fp16 (GPU) or w8 (weight-only INT8: "
         "a decoder on the GPU), when compiling",
         ("fp32", "int8", "fp16", "w8"),
     ),
-    Option(
+    _opt(
         "served_model_name",
-        "--served-model-name",
-        "ZOI_SERVED_MODEL_NAME",
         str,
         "model name clients use on every route (default: the name kept in the model or "
         "artifact, e.g. all-MiniLM-L6-v2 for the bundled model)",
     ),
-    Option(
+    _opt(
         "max_batch_tokens",
-        "--max-batch-tokens",
-        "ZOI_MAX_BATCH_TOKENS",
         int,
         "most tokens packed into one engine call (default: the engine's max tokens, 4096 on "
         "the CPU, 32768 on a GPU; also sizes the engine's arena when compiling)",
     ),
-    Option(
-        "max_batch_requests",
-        "--max-batch-requests",
-        "ZOI_MAX_BATCH_REQUESTS",
-        int,
-        "most sequences packed into one engine call",
-    ),
-    Option(
+    _opt("max_batch_requests", int, "most sequences packed into one engine call"),
+    _opt(
         "max_queue_delay_us",
-        "--max-queue-delay-us",
-        "ZOI_MAX_QUEUE_DELAY_US",
         int,
         "microseconds an idle worker waits for a fuller batch (0: run what is queued)",
     ),
-    Option(
+    _opt(
         "batch_balance",
-        "--batch-balance",
-        "ZOI_BATCH_BALANCE",
         str,
         "a batch of several requests takes at most half of the sequences queued or just run, so "
         "concurrent clients settle into even batches instead of alternating long and short "
@@ -203,195 +167,125 @@ OPTIONS: tuple[Option, ...] = (
         "GPU, where bigger batches are cheaper per sequence, and with --gpus / --replicas)",
         ("auto", "on", "off"),
     ),
-    Option(
-        "max_concurrent_requests",
-        "--max-concurrent-requests",
-        "ZOI_MAX_CONCURRENT_REQUESTS",
-        int,
-        "requests in flight at once; more are answered 429",
-    ),
-    Option(
-        "max_client_batch_size",
-        "--max-client-batch-size",
-        "ZOI_MAX_CLIENT_BATCH_SIZE",
-        int,
-        "inputs in one request; more are answered 413",
-    ),
-    Option(
-        "payload_limit",
-        "--payload-limit",
-        "ZOI_PAYLOAD_LIMIT",
-        int,
-        "bytes of request body; more are answered 413",
-    ),
-    Option(
+    _opt("max_concurrent_requests", int, "requests in flight at once; more are answered 429"),
+    _opt("max_client_batch_size", int, "inputs in one request; more are answered 413"),
+    _opt("payload_limit", int, "bytes of request body; more are answered 413"),
+    _opt(
         "calibration",
-        "--calibration",
-        "ZOI_CALIBRATION",
         str,
         "INT8 compile budget of the models it compiles: fast, default or thorough "
         "(docs/QUANT.md, 'Calibration budgets')",
         choices=("fast", "default", "thorough"),
     ),
-    Option(
+    _opt(
         "compile_cache",
-        "--compile-cache",
-        "ZOI_COMPILE_CACHE",
         bool,
         "keep an INT8 / FP8 compile of a model folder in the artifact cache (ZOI_CACHE_DIR, "
         "else ~/.cache/zoi) and load it from there at the next start (true/false)",
     ),
-    Option(
+    _opt(
         "auto_truncate",
-        "--auto-truncate",
-        "ZOI_AUTO_TRUNCATE",
         bool,
         "truncate over-long inputs unless a request says otherwise (true/false)",
     ),
-    Option(
+    _opt(
         "max_input_chars",
-        "--max-input-chars",
-        "ZOI_MAX_INPUT_CHARS",
         int,
         "characters per input, checked before tokenising (default 32 x max positions)",
     ),
-    Option(
+    _opt(
         "max_output_floats",
-        "--max-output-floats",
-        "ZOI_MAX_OUTPUT_FLOATS",
         int,
         "floats in one answer of per-token or per-vocabulary vectors (/embed_all: tokens x "
         "hidden size; KServe TOKEN_LOGITS, SPARSE), checked before the model runs; more are "
         "answered 413",
     ),
-    Option(
+    _opt(
         "graceful_timeout",
-        "--graceful-timeout",
-        "ZOI_GRACEFUL_TIMEOUT",
         float,
         "seconds given to in-flight requests after SIGINT/SIGTERM before they are cut",
     ),
-    Option(
+    _opt(
         "gc_freeze",
-        "--gc-freeze",
-        "ZOI_GC_FREEZE",
         bool,
         "once ready, move every object alive after start-up (model, tokenizer, web stack) out of "
         "Python's cycle collector's scans (gc.freeze), so a full collection while serving scans "
         "only what requests allocate instead of pausing every request for tens of ms "
         "(true/false)",
     ),
-    Option(
+    _opt(
         "header_timeout",
-        "--header-timeout",
-        "ZOI_HEADER_TIMEOUT",
         float,
         "seconds a connection has to send a request's headers; slower ones get 408 and are closed",
     ),
-    Option(
+    _opt(
         "body_timeout",
-        "--body-timeout",
-        "ZOI_BODY_TIMEOUT",
         float,
         "seconds a request has to send its whole body; slower ones get 408 (no slot is held "
         "while a body is read)",
     ),
-    Option(
+    _opt(
         "max_connections",
-        "--max-connections",
-        "ZOI_MAX_CONNECTIONS",
         int,
         "open connections in all (capped by the open-file limit); a new one over it first "
         "closes the oldest idle or stalled one, else it is answered 503 and closed",
     ),
-    Option(
+    _opt(
         "max_connections_per_client",
-        "--max-connections-per-client",
-        "ZOI_MAX_CONNECTIONS_PER_CLIENT",
         int,
         "open connections from one IP address (0: no limit); a new one over it first closes "
         "the oldest idle or stalled one of that address, else it is answered 503 and closed",
     ),
-    Option(
+    _opt(
         "max_header_bytes",
-        "--max-header-bytes",
-        "ZOI_MAX_HEADER_BYTES",
         int,
         "bytes of a request's line and headers, counted as they arrive; more are answered 431 "
         "and the connection closed",
     ),
-    Option(
+    _opt(
         "max_url_bytes",
-        "--max-url-bytes",
-        "ZOI_MAX_URL_BYTES",
         int,
         "bytes of a request's URL; more are answered 414 and the connection closed",
     ),
-    Option(
-        "log_level",
-        "--log-level",
-        "ZOI_LOG_LEVEL",
-        str,
-        "log level",
-        ("critical", "error", "warning", "info", "debug", "trace"),
-    ),
-    Option(
+    _opt("log_level", str, "log level", ("critical", "error", "warning", "info", "debug", "trace")),
+    _opt(
         "max_waiting_requests",
-        "--max-waiting-requests",
-        "ZOI_MAX_WAITING_REQUESTS",
         int,
         "decoders: requests waiting for KV cache blocks or a batch slot; more are answered 503 "
         "with Retry-After",
     ),
-    Option(
+    _opt(
         "max_seq_len",
-        "--max-seq-len",
-        "ZOI_MAX_SEQ_LEN",
         int,
         "decoders: prompt + generated tokens of one sequence (default min(2048, the model's))",
     ),
-    Option(
+    _opt(
         "max_running_requests",
-        "--max-running-requests",
-        "ZOI_MAX_RUNNING_REQUESTS",
         int,
         "decoders: sequences one decode step carries (the in-flight batch; default 8)",
     ),
-    Option(
+    _opt(
         "kv_blocks",
-        "--kv-blocks",
-        "ZOI_KV_BLOCKS",
         int,
         "decoders: blocks of the static paged KV pool (default: room for the running batch at "
         "half the context each)",
     ),
-    Option(
-        "kv_block_size",
-        "--kv-block-size",
-        "ZOI_KV_BLOCK_SIZE",
-        int,
-        "decoders: tokens per KV cache block (default 16)",
-    ),
-    Option(
+    _opt("kv_block_size", int, "decoders: tokens per KV cache block (default 16)"),
+    _opt(
         "gpus",
-        "--gpus",
-        "ZOI_GPUS",
         str,
         "with --device cuda: 'all' or GPU ids like 0,1; one engine (weights, CUDA graphs) per "
         "GPU, batches spread over them",
     ),
-    Option(
+    _opt(
         "replicas",
-        "--replicas",
-        "ZOI_REPLICAS",
         int,
         "with --device cpu: this many CPU engines of one thread each, batches spread over them",
     ),
-    Option(
+    _opt(
         "fail_on_token",
-        "--fail-on-token",
-        "ZOI_SERVE_FAIL_ON_TOKEN",
         int,
         "testing only: the engine call fails for any sequence holding this token id",
+        env="ZOI_SERVE_FAIL_ON_TOKEN",
     ),
 )

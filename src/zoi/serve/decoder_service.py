@@ -125,10 +125,6 @@ class DecoderService(Admission):
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
-def open_decoder_service(gen, config: ServeConfig, model_name: str | None = None) -> DecoderService:
-    return DecoderService.from_generator(gen, config, model_name)
-
-
 def is_decoder_engine(engine) -> bool:
     """What zoi.compile gave for a decoder folder (a Generator: a backend and a tokenizer)."""
     try:

@@ -133,10 +133,6 @@ class ConnectionTracker:
         self.max_url_bytes = int(max_url_bytes)
         self.open = 0
         self.by_client: Counter = Counter()
-        self.refused = 0  # connections refused for a limit (nothing could be shed)
-        self.shed = 0  # connections closed to make room for a new one
-        self.header_timeouts = 0  # connections closed for slow headers
-        self.oversized = 0  # requests answered 414 / 431
         self._state: dict = {}  # connection -> (ip, IDLE | WAITING | BUSY)
         self._lists: dict = {IDLE: {}, WAITING: {}}  # state -> {connection: None}, oldest first
         self._ip_lists: dict = {}  # ip -> state -> {connection: None}
@@ -260,7 +256,6 @@ def make_protocol(tracker: ConnectionTracker):
                 )
             over_client = limit > 0 and tracker.by_client[ip] >= limit
             if over_client or tracker.open >= tracker.total_limit:
-                tracker.refused += 1
                 why = (
                     f"too many connections from {ip} being served (limit {limit}, "
                     "--max-connections-per-client); retry later or raise the limit"
@@ -285,7 +280,6 @@ def make_protocol(tracker: ConnectionTracker):
             """Close this connection (idle or waiting) to make room for a new one. A client
             waiting for an answer is told why; an idle keep-alive one is closed silently, as
             its keep-alive timeout would (an answer now could be taken for the next one's)."""
-            tracker.shed += 1
             c = self.cycle
             told = not (tracker.state(self) == IDLE and self._zoi_answered)
             if self._zoi_closing or (
@@ -345,7 +339,6 @@ def make_protocol(tracker: ConnectionTracker):
                 return
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a request is being served: its body has its own timeout
-            tracker.header_timeouts += 1
             self.transport.write(
                 _response(
                     b"408 Request Timeout",
@@ -397,7 +390,6 @@ def make_protocol(tracker: ConnectionTracker):
             """Answer a request the guard refuses and close; while an earlier request of this
             connection is being answered, an answer now would be taken for that one's: close
             without one."""
-            tracker.oversized += 1
             self._zoi_disarm()
             c = self.cycle
             if c is not None and not c.response_complete:

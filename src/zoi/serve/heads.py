@@ -33,12 +33,6 @@ class Seq:
         return len(self.ids)
 
 
-def head_name(engine) -> str:
-    from zoi.heads import HEAD_NAMES
-
-    return HEAD_NAMES[engine.head]
-
-
 def need(svc, route: str, *heads: str) -> None:
     """400 naming the model's head when the route needs another one."""
     h = getattr(svc.engine, "head", "")

@@ -1,15 +1,23 @@
-"""HTTP plumbing shared by the routes: errors, bounded body reading, fast JSON, timing headers."""
+"""HTTP plumbing shared by the routes: errors, bounded body reading, fast JSON, timing headers,
+and the app around the routes (assemble_app)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import zlib
 from typing import Any
 
 import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+log = logging.getLogger("zoi.serve")
 
 try:
     import orjson
@@ -182,3 +190,53 @@ def timing_headers(t) -> dict[str, str]:
         "x-inference-time": f"{t.infer_s * 1e3:.3f}",
         "x-total-time": f"{t.total_s * 1e3:.3f}",
     }
+
+
+def assemble_app(
+    svc, routes: list[Route], root, document, http_error, server_error, closing: str
+) -> Starlette:
+    """The app of `routes` with / (root(paths)), /metrics, /openapi.json (document(paths),
+    built at the first request), /docs, the error handlers, and a lifespan that closes `svc`."""
+    spec: dict = {}
+
+    def openapi_doc() -> dict:
+        if not spec:
+            spec.update(document([r.path for r in every]))
+        return spec
+
+    async def root_json(request: Request):
+        return json_response(root([r.path for r in every]))
+
+    async def metrics(request: Request):
+        data, ctype = svc.metrics.render()
+        return Response(data, media_type=ctype)
+
+    async def openapi_json(request: Request):
+        return json_response(openapi_doc())
+
+    async def docs(request: Request):
+        from zoi.serve.openapi import docs_html
+
+        return HTMLResponse(docs_html(openapi_doc()))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn has stopped accepting and waited for in-flight requests; drain what is left.
+        log.info(closing)
+        svc.close()
+
+    every = [
+        Route("/", root_json, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/docs", docs, methods=["GET"]),
+        *routes,
+    ]
+    app = Starlette(
+        routes=every,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
+    app.state.service = svc
+    return app

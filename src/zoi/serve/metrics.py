@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -30,29 +32,24 @@ _TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "zoi_request", "HTTP inference requests received", ["route"], registry=r
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        seconds = partial(Histogram, buckets=_SECONDS, registry=r)
+        self.requests = counter("zoi_request", "HTTP inference requests received", ["route"])
+        self.successes = counter(
+            "zoi_request_success", "inference requests answered 200", ["route"]
         )
-        self.successes = Counter(
-            "zoi_request_success", "inference requests answered 200", ["route"], registry=r
+        self.failures = counter(
+            "zoi_request_failure", "inference requests answered with an error", ["route", "status"]
         )
-        self.failures = Counter(
-            "zoi_request_failure",
-            "inference requests answered with an error",
-            ["route", "status"],
-            registry=r,
+        self.inputs = counter("zoi_request_inputs", "inputs (sequences) received")
+        self.request_tokens = counter("zoi_request_tokens", "tokens of the inputs received")
+        self.in_flight = gauge(
+            "zoi_requests_in_flight", "inference requests admitted, not yet answered"
         )
-        self.inputs = Counter("zoi_request_inputs", "inputs (sequences) received", registry=r)
-        self.request_tokens = Counter(
-            "zoi_request_tokens", "tokens of the inputs received", registry=r
-        )
-        self.in_flight = Gauge(
-            "zoi_requests_in_flight", "inference requests admitted, not yet answered", registry=r
-        )
-        self.queue_size = Gauge("zoi_queue_size", "sequences waiting for the engine", registry=r)
-        self.queue_tokens = Gauge("zoi_queue_tokens", "tokens waiting for the engine", registry=r)
-        self.dropped = Counter(
-            "zoi_dropped_requests", "queued requests dropped because the client left", registry=r
+        self.queue_size = gauge("zoi_queue_size", "sequences waiting for the engine")
+        self.queue_tokens = gauge("zoi_queue_tokens", "tokens waiting for the engine")
+        self.dropped = counter(
+            "zoi_dropped_requests", "queued requests dropped because the client left"
         )
         self.batch_size = Histogram(
             "zoi_batch_size", "sequences per engine call", buckets=_SIZES, registry=r
@@ -60,29 +57,17 @@ class Metrics:
         self.batch_tokens = Histogram(
             "zoi_batch_tokens", "tokens per engine call", buckets=_TOKENS, registry=r
         )
-        self.tokenization_duration = Histogram(
-            "zoi_tokenization_duration_seconds",
-            "time to tokenise one request",
-            buckets=_SECONDS,
-            registry=r,
+        self.tokenization_duration = seconds(
+            "zoi_tokenization_duration_seconds", "time to tokenise one request"
         )
-        self.queue_duration = Histogram(
-            "zoi_queue_duration_seconds",
-            "time a request waited before its first engine call",
-            buckets=_SECONDS,
-            registry=r,
+        self.queue_duration = seconds(
+            "zoi_queue_duration_seconds", "time a request waited before its first engine call"
         )
-        self.inference_duration = Histogram(
-            "zoi_inference_duration_seconds",
-            "time of one engine call",
-            buckets=_SECONDS,
-            registry=r,
+        self.inference_duration = seconds(
+            "zoi_inference_duration_seconds", "time of one engine call"
         )
-        self.request_duration = Histogram(
-            "zoi_request_duration_seconds",
-            "time from a request's arrival to its answer",
-            buckets=_SECONDS,
-            registry=r,
+        self.request_duration = seconds(
+            "zoi_request_duration_seconds", "time from a request's arrival to its answer"
         )
 
     def engine_metrics(self) -> None:
@@ -91,14 +76,11 @@ class Metrics:
         if hasattr(self, "engine_batches"):
             return
         r, lab = self.registry, ["engine", "device"]
-        self.engine_batches = Counter("zoi_engine_batches", "engine calls", lab, registry=r)
-        self.engine_sequences = Counter(
-            "zoi_engine_sequences", "sequences computed", lab, registry=r
-        )
-        self.engine_tokens = Counter("zoi_engine_tokens", "tokens computed", lab, registry=r)
-        self.engine_failures = Counter(
-            "zoi_engine_failures", "engine calls that failed", lab, registry=r
-        )
+        counter = partial(Counter, labelnames=lab, registry=r)
+        self.engine_batches = counter("zoi_engine_batches", "engine calls")
+        self.engine_sequences = counter("zoi_engine_sequences", "sequences computed")
+        self.engine_tokens = counter("zoi_engine_tokens", "tokens computed")
+        self.engine_failures = counter("zoi_engine_failures", "engine calls that failed")
         self.engine_busy = Gauge(
             "zoi_engine_busy", "1 while the engine runs a batch, else 0", lab, registry=r
         )

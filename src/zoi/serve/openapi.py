@@ -32,6 +32,11 @@ _TASK = {
     "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, classification, "
     "text-matching); its instruction goes before each text unless prompt_name is given",
 }
+_PROMPT_NAME = {
+    "type": "string",
+    "description": "one of the model's prompts (config_sentence_transformers.json); "
+    "default: its default_prompt_name",
+}
 
 
 def operations(
@@ -52,11 +57,7 @@ def operations(
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "dimensions": {"type": "integer", "description": f"at most {hidden}"},
             "user": {"type": "string"},
-            "prompt_name": {
-                "type": "string",
-                "description": "one of the model's prompts (config_sentence_transformers.json); "
-                "default: its default_prompt_name",
-            },
+            "prompt_name": _PROMPT_NAME,
             "task": _TASK,
         },
     }
@@ -101,11 +102,7 @@ def operations(
             "normalize": {"type": "boolean", "default": True},
             "truncate": {"type": "boolean", "description": "default: the server's --auto-truncate"},
             "truncation_direction": {"type": "string", "enum": ["Right"]},
-            "prompt_name": {
-                "type": "string",
-                "description": "one of the model's prompts (config_sentence_transformers.json); "
-                "default: its default_prompt_name",
-            },
+            "prompt_name": _PROMPT_NAME,
             "task": _TASK,
         },
     }

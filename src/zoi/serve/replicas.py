@@ -92,7 +92,7 @@ class Lane:
 
 class ReplicaBatcher(Batcher):
     """The dynamic batcher over several engines: `runs[i]` computes the rows of a batch on
-    engine i. Same interface as Batcher (submit / close / queued_sequences)."""
+    engine i. Same interface as Batcher (submit / close)."""
 
     def __init__(
         self,

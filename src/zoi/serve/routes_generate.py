@@ -10,7 +10,6 @@ sequence: its KV blocks are free before the next decode step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -18,7 +17,7 @@ import uuid
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from zoi.decoder.api import SamplingParams
@@ -26,7 +25,7 @@ from zoi.decoder.scheduler import AsyncSink, Delta, Finished, Queued, QueueFull,
 from zoi.errors import InputError
 from zoi.serve.decoder_service import DEFAULT_MAX_TOKENS, DecoderService
 from zoi.serve.handler import Answers, OwnsSlot, admitted
-from zoi.serve.http import ApiError, ClientGone, dumps, json_response, parse_json
+from zoi.serve.http import ApiError, ClientGone, assemble_app, dumps, json_response, parse_json
 from zoi.serve.routes_openai import _CODES, _TYPES
 
 log = logging.getLogger("zoi.serve")
@@ -553,32 +552,11 @@ def make_routes(svc: DecoderService) -> list[Route]:
 def create_decoder_app(svc: DecoderService) -> Starlette:
     """The app of a decoder: the generate routes, /health, /metrics, /openapi.json, /docs."""
 
-    async def metrics(request: Request):
-        data, ctype = svc.metrics.render()
-        return Response(data, media_type=ctype)
+    def openapi(paths: list[str]) -> dict:
+        from zoi._version import __version__
+        from zoi.serve.openapi import decoder_document
 
-    async def root(request: Request):
-        return json_response(
-            {"name": "zoi", "model": svc.model_name, "routes": [r.path for r in routes]}
-        )
-
-    spec: dict = {}
-
-    def openapi_doc() -> dict:
-        if not spec:
-            from zoi._version import __version__
-            from zoi.serve.openapi import decoder_document
-
-            spec.update(decoder_document(svc.model_name, __version__, [r.path for r in routes]))
-        return spec
-
-    async def openapi_json(request: Request):
-        return json_response(openapi_doc())
-
-    async def docs(request: Request):
-        from zoi.serve.openapi import docs_html
-
-        return HTMLResponse(docs_html(openapi_doc()))
+        return decoder_document(svc.model_name, __version__, paths)
 
     async def http_error(request: Request, exc: HTTPException):
         return json_response(
@@ -595,23 +573,12 @@ def create_decoder_app(svc: DecoderService) -> Starlette:
             error_body(ApiError("backend", f"internal error: {type(exc).__name__}: {exc}")), 500
         )
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        log.info("zoi serve: shutting down")
-        svc.close()
-
-    routes = [
-        Route("/", root, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
-        Route("/docs", docs, methods=["GET"]),
-    ]
-    routes += make_routes(svc)
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+    return assemble_app(
+        svc,
+        make_routes(svc),
+        lambda paths: {"name": "zoi", "model": svc.model_name, "routes": paths},
+        openapi,
+        http_error,
+        server_error,
+        "zoi serve: shutting down",
     )
-    app.state.service = svc
-    return app

@@ -14,6 +14,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.routing import Route
 
+from zoi.heads.api import _sigmoid, _softmax
 from zoi.serve.handler import admitted, json_answer
 from zoi.serve.heads import in_thread, need
 from zoi.serve.http import ApiError, json_response, parse_json, timing_headers
@@ -23,16 +24,6 @@ from zoi.serve.routes_tei import _flag, _inputs
 from zoi.serve.service import Service
 
 ROUTE = "heads"
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = x.astype(np.float64)
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 def _scores(svc: Service, logits: np.ndarray, raw: bool) -> np.ndarray:

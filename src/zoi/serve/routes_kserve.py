@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from zoi._version import __version__
 from zoi.serve import kserve_heads
 from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, dumps, error_headers, json_response, parse_json, timing_headers
@@ -180,7 +181,7 @@ def make_routes(svc: Service) -> list[Route]:
 
     async def server_meta(request: Request):
         return json_response(
-            {"name": "zoi", "version": _version(), "extensions": ["binary_tensor_data"]}
+            {"name": "zoi", "version": __version__, "extensions": ["binary_tensor_data"]}
         )
 
     async def live(request: Request):
@@ -305,9 +306,3 @@ def make_routes(svc: Service) -> list[Route]:
         Route(m + "/infer", infer, methods=["POST"]),
         Route(mv + "/infer", infer, methods=["POST"]),
     ]
-
-
-def _version() -> str:
-    from zoi._version import __version__
-
-    return __version__

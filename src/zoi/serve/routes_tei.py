@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from zoi._version import __version__
 from zoi.serve.handler import Answers, admitted, json_answer
 from zoi.serve.http import ApiError, error_headers, json_response, parse_json, timing_headers
 from zoi.serve.service import Service, flat_ids
@@ -147,7 +148,7 @@ def make_routes(svc: Service) -> list[Route]:
                 "auto_truncate": svc.config.auto_truncate,
                 "tokenization_workers": 1,
                 "engine_max_tokens": int(e.max_tokens),
-                "version": _version(),
+                "version": __version__,
                 # several engines: each one's device and figures
                 **({"engines": svc.engines_info()} if getattr(svc, "replicated", False) else {}),
             }
@@ -159,9 +160,3 @@ def make_routes(svc: Service) -> list[Route]:
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
     ]
-
-
-def _version() -> str:
-    from zoi._version import __version__
-
-    return __version__

@@ -27,39 +27,8 @@ import numpy as np
 from zoi.graph.build import linear_prefix
 from zoi.numerics.reference import linear_apply
 from zoi.quant.calibrate import token_batches, tokenize
+from zoi.quant.fidelity import agreement, cosine_rows
 from zoi.quant.forward import run_graph
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    na = np.linalg.norm(a, axis=1)
-    nb = np.linalg.norm(b, axis=1)
-    return np.sum(a * b, axis=1) / np.maximum(na * nb, 1e-30)
-
-
-def neighbours(e: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k nearest neighbours (cosine) of each row, itself excluded. [n, k]"""
-    e = e.astype(np.float64)
-    e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-30)
-    s = e @ e.T
-    np.fill_diagonal(s, -np.inf)
-    k = min(k, len(e) - 1)
-    idx = np.argpartition(-s, kth=k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(s, idx, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(idx, order, axis=1)
-
-
-def agreement(ref: np.ndarray, test: np.ndarray, k: int = 10) -> dict:
-    """Top-k and top-1 neighbour agreement of `test` embeddings against `ref` ones."""
-    if len(ref) < 2:
-        return {"top10": float("nan"), "top1": float("nan")}
-    a, b = neighbours(ref, k), neighbours(test, k)
-    kk = a.shape[1]
-    topk = float(
-        np.mean([len(set(x) & set(y)) / kk for x, y in zip(a.tolist(), b.tolist(), strict=True)])
-    )
-    return {f"top{k}": topk, "top1": float(np.mean(a[:, 0] == b[:, 0]))}
 
 
 def embedding_report(ref: np.ndarray, test: np.ndarray) -> dict:

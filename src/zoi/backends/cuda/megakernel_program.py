@@ -18,7 +18,6 @@ from zoi.errors import BackendUnavailableError
 
 # ---- the instruction format, mirrored from megakernel.cu ----
 OP_NOP, OP_EMBED_LN, OP_GEMM, OP_LN, OP_ATTN, OP_POOL = range(6)
-OP_NAMES = {0: "nop", 1: "embed_ln", 2: "gemm", 3: "ln", 4: "attention", 5: "pool"}
 (F_OP, F_WAIT, F_WAIT_N, F_WAIT_PER_CALL, F_SIGNAL, F_M0, F_BM, F_N0, F_BN, F_N, F_K) = range(11)
 (F_A, F_W, F_BIAS, F_RES, F_OUT, F_X1, F_X2, F_FLAGS, F_AUX, F_FAUX, F_FAUX2) = range(11, 22)
 F_SELF = 23  # the instruction's own index (the kernel's profile rows)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zoi.errors import BackendUnavailableError
-from zoi.graph.fusion import annotate, linear_quant
+from zoi.graph.fusion import annotate
 from zoi.graph.quantmode import QuantMode
 
 
@@ -56,15 +56,6 @@ class Launch:
         if self.prequant:
             return 4
         return 2 if self.mode is QuantMode.STATIC else 1
-
-
-def linear_mode(model, prefix: str) -> tuple[QuantMode, float]:
-    """(mode, static amax) of one linear (zoi.graph.fusion.linear_quant, the IR's rule):
-    FLOAT for FP16 and for weight-only INT8 (dequantised at pack time)."""
-    try:
-        return linear_quant(model, prefix)
-    except ValueError as e:
-        raise BackendUnavailableError(str(e)) from None
 
 
 def _annotate(model):

@@ -33,87 +33,40 @@ class Spec:
 
 
 _P = "zoi.bench.providers."
+# (module, class, required modules) of each library's providers
+_ZOI = (_P + "zoi_engine", "ZoiProvider", ("zoi",))
+_TORCH = (_P + "torch_cpu", "TorchProvider", ("torch", "transformers"))
+_TCUDA = (_P + "torch_cuda", "TorchCudaProvider", ("torch", "transformers"))
+_ORT = (_P + "onnxrt", "OrtProvider", ("onnxruntime", "onnx", "torch", "transformers"))
+_OV = (_P + "openvino_p", "OvProvider", ("openvino", "onnx", "torch", "transformers"))
+_CT2 = (_P + "ct2", "Ct2Provider", ("ctranslate2", "torch", "transformers"))
+_ST = (_P + "text_only", "SentenceTransformerProvider", ("torch", "sentence_transformers"))
+_TOK = (_P + "text_only", "TokenizerProvider")
+
+
+def _zoi(name: str, label: str, dev: str, precision: str, default=True, **options) -> Spec:
+    """A zoi engine: zoi.compile(device=dev, precision=precision, **options)."""
+    options = {"device": dev, "precision": precision, **options}
+    return Spec(name, label, dev, precision, *_ZOI, options, default=default)
+
 
 SPECS: list[Spec] = [
-    Spec(
-        "zoi-cpu-fp32",
-        "zoi CPU FP32",
-        "cpu",
-        "fp32",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "cpu", "precision": "fp32"},
-    ),
-    Spec(
-        "zoi-cpu-int8",
-        "zoi CPU INT8",
-        "cpu",
-        "int8",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "cpu", "precision": "int8"},
-    ),
-    Spec(  # the quantiser's per-linear 7-bit weights (docs/QUANT.md "7-bit weights"): on request
+    _zoi("zoi-cpu-fp32", "zoi CPU FP32", "cpu", "fp32"),
+    _zoi("zoi-cpu-int8", "zoi CPU INT8", "cpu", "int8"),
+    # the quantiser's per-linear 7-bit weights (docs/QUANT.md "7-bit weights"): on request
+    _zoi(
         "zoi-cpu-int8-w7",
         "zoi CPU INT8 (7-bit weights where chosen)",
         "cpu",
         "int8",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "cpu", "precision": "int8", "weight_bits": "auto"},
-        default=False,
+        False,
+        weight_bits="auto",
     ),
-    Spec(
-        "torch-fp32",
-        "PyTorch eager FP32",
-        "cpu",
-        "fp32",
-        _P + "torch_cpu",
-        "TorchProvider",
-        ("torch", "transformers"),
-        {},
-        baseline=True,
-    ),
-    Spec(
-        "torch-int8",
-        "PyTorch dynamic INT8",
-        "cpu",
-        "int8",
-        _P + "torch_cpu",
-        "TorchProvider",
-        ("torch", "transformers"),
-        {"quantize": True},
-    ),
-    Spec(
-        "onnxruntime-fp32",
-        "ONNX Runtime FP32 (fused)",
-        "cpu",
-        "fp32",
-        _P + "onnxrt",
-        "OrtProvider",
-        ("onnxruntime", "onnx", "torch", "transformers"),
-    ),
-    Spec(
-        "onnxruntime-int8",
-        "ONNX Runtime INT8 (dynamic, per-channel)",
-        "cpu",
-        "int8",
-        _P + "onnxrt",
-        "OrtProvider",
-        ("onnxruntime", "onnx", "torch", "transformers"),
-    ),
-    Spec(
-        "openvino-fp32",
-        "OpenVINO FP32",
-        "cpu",
-        "fp32",
-        _P + "openvino_p",
-        "OvProvider",
-        ("openvino", "onnx", "torch", "transformers"),
-    ),
+    Spec("torch-fp32", "PyTorch eager FP32", "cpu", "fp32", *_TORCH, {}, baseline=True),
+    Spec("torch-int8", "PyTorch dynamic INT8", "cpu", "int8", *_TORCH, {"quantize": True}),
+    Spec("onnxruntime-fp32", "ONNX Runtime FP32 (fused)", "cpu", "fp32", *_ORT),
+    Spec("onnxruntime-int8", "ONNX Runtime INT8 (dynamic, per-channel)", "cpu", "int8", *_ORT),
+    Spec("openvino-fp32", "OpenVINO FP32", "cpu", "fp32", *_OV),
     Spec(
         "openvino-int8",
         "OpenVINO INT8 (NNCF PTQ)",
@@ -123,35 +76,11 @@ SPECS: list[Spec] = [
         "OvProvider",
         ("openvino", "nncf", "onnx", "torch", "transformers"),
     ),
-    Spec(
-        "ctranslate2-fp32",
-        "CTranslate2 FP32",
-        "cpu",
-        "fp32",
-        _P + "ct2",
-        "Ct2Provider",
-        ("ctranslate2", "torch", "transformers"),
-    ),
-    Spec(
-        "ctranslate2-int8",
-        "CTranslate2 INT8",
-        "cpu",
-        "int8",
-        _P + "ct2",
-        "Ct2Provider",
-        ("ctranslate2", "torch", "transformers"),
-    ),
+    Spec("ctranslate2-fp32", "CTranslate2 FP32", "cpu", "fp32", *_CT2),
+    Spec("ctranslate2-int8", "CTranslate2 INT8", "cpu", "int8", *_CT2),
     # zoi's numpy reference backend: a correctness check of the harness, far too slow to rank
-    Spec(
-        "zoi-reference-fp32",
-        "zoi reference (numpy) FP32",
-        "cpu",
-        "fp32",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "reference", "precision": "fp32"},
-        default=False,
+    _zoi(
+        "zoi-reference-fp32", "zoi reference (numpy) FP32", "cpu", "fp32", False, device="reference"
     ),
     # text workloads only: the end-to-end baseline and the tokenizers alone
     Spec(
@@ -159,9 +88,7 @@ SPECS: list[Spec] = [
         "sentence-transformers FP32",
         "cpu",
         "fp32",
-        _P + "text_only",
-        "SentenceTransformerProvider",
-        ("torch", "sentence_transformers"),
+        *_ST,
         {"device": "cpu"},
         texts_only=True,
         text_baseline=True,
@@ -171,8 +98,7 @@ SPECS: list[Spec] = [
         "tokenizer only: zoi native WordPiece (1 thread)",
         "cpu",
         "fp32",
-        _P + "text_only",
-        "TokenizerProvider",
+        *_TOK,
         ("zoi",),
         {"impl": "zoi"},
         texts_only=True,
@@ -182,8 +108,7 @@ SPECS: list[Spec] = [
         "tokenizer only: HF tokenizers (1 thread)",
         "cpu",
         "fp32",
-        _P + "text_only",
-        "TokenizerProvider",
+        *_TOK,
         ("tokenizers",),
         {"impl": "hf"},
         texts_only=True,
@@ -193,53 +118,22 @@ SPECS: list[Spec] = [
         "sentence-transformers FP16 (CUDA)",
         "cuda",
         "fp16",
-        _P + "text_only",
-        "SentenceTransformerProvider",
-        ("torch", "sentence_transformers"),
+        *_ST,
         {"device": "cuda", "dtype": "float16"},
         texts_only=True,
         text_baseline=True,
     ),
     # GPU (run when torch.cuda is available)
-    Spec(
-        "zoi-cuda-fp16",
-        "zoi CUDA FP16",
-        "cuda",
-        "fp16",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "cuda", "precision": "fp16"},
-    ),
-    Spec(
-        "zoi-cuda-int8",
-        "zoi CUDA INT8",
-        "cuda",
-        "int8",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "cuda", "precision": "int8"},
-    ),
-    Spec(  # an FP8 GPU (sm_89+) only, so not run unless named
-        "zoi-cuda-fp8",
-        "zoi CUDA FP8 (E4M3)",
-        "cuda",
-        "fp8",
-        _P + "zoi_engine",
-        "ZoiProvider",
-        ("zoi",),
-        {"device": "cuda", "precision": "fp8"},
-        default=False,
-    ),
+    _zoi("zoi-cuda-fp16", "zoi CUDA FP16", "cuda", "fp16"),
+    _zoi("zoi-cuda-int8", "zoi CUDA INT8", "cuda", "int8"),
+    # an FP8 GPU (sm_89+) only: run when named
+    _zoi("zoi-cuda-fp8", "zoi CUDA FP8 (E4M3)", "cuda", "fp8", False),
     Spec(
         "torch-cuda-fp32",
         "PyTorch eager FP32 (CUDA)",
         "cuda",
         "fp32",
-        _P + "torch_cuda",
-        "TorchCudaProvider",
-        ("torch", "transformers"),
+        *_TCUDA,
         {"dtype": "float32"},
         baseline=True,
     ),
@@ -248,9 +142,7 @@ SPECS: list[Spec] = [
         "PyTorch eager FP16 (CUDA)",
         "cuda",
         "fp16",
-        _P + "torch_cuda",
-        "TorchCudaProvider",
-        ("torch", "transformers"),
+        *_TCUDA,
         {"dtype": "float16"},
     ),
     Spec(
@@ -258,9 +150,7 @@ SPECS: list[Spec] = [
         "PyTorch FP16 + CUDA graph",
         "cuda",
         "fp16",
-        _P + "torch_cuda",
-        "TorchCudaProvider",
-        ("torch", "transformers"),
+        *_TCUDA,
         {"dtype": "float16", "graph": True},
     ),
     Spec(
@@ -268,9 +158,7 @@ SPECS: list[Spec] = [
         "torch.compile reduce-overhead FP16",
         "cuda",
         "fp16",
-        _P + "torch_cuda",
-        "TorchCudaProvider",
-        ("torch", "transformers"),
+        *_TCUDA,
         {"dtype": "float16", "compile": True},
     ),
 ]
