@@ -131,8 +131,11 @@ def test_mean_and_p1_every_domain(domain_reports):
 # prose min 0.99704 on the CPU engine (0.9966 in the numpy emulation) and questions' top-10
 # 0.9732 (< 0.975): the [CLS] row's activation rounding sets both, a kernel-format limit
 # (docs/QUANT.md, "Calibration budgets": FP32 activations on that row alone give top-10 0.982).
-# Asserted here: the measured floor, so that a regression below today's figures fails.
-MIN_FLOOR, TOP10_FLOOR = 0.996, 0.970
+# Asserted here: the measured floor, so that a regression below today's figures fails. The
+# compile's calibration forward and search run on the active ISA's kernels, whose FP32 rounding
+# differs (tests/quant/test_reproducible.py), so the floor holds for every ISA: prose min
+# 0.99598 on an AVX2-only Zen 3 (the compile of a Zen 4 with AVX-512 VNNI: >= 0.996).
+MIN_FLOOR, TOP10_FLOOR = 0.9955, 0.970
 
 
 def test_min_and_top10_every_domain(domain_reports):

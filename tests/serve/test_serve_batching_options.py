@@ -86,7 +86,9 @@ def test_freeze_heap_takes_what_is_alive_out_of_the_scans():
     before = gc.get_freeze_count()  # a test process may have frozen objects before
     try:
         n = freeze_heap()
-        assert n == gc.get_freeze_count() and n >= before + len(kept)
+        # objects frozen while alive that die afterwards (temporaries, another thread's) leave
+        # the count
+        assert before + len(kept) <= n and gc.get_freeze_count() <= n
         scanned = {id(o) for o in gc.get_objects()}
         assert not any(id(x) in scanned for x in kept)
         later = [[0]]  # allocated after the freeze: scanned as usual
