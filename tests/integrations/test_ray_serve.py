@@ -18,6 +18,11 @@ from zoi.bench.loadtest import run_load
 
 from .conftest import cosine_rows, mixed_texts
 
+# starts a local Ray cluster with two replicas (~1-2 minutes of a 2-core host's CI): the slow
+# tier (`make test-all`), as the README's tiers say; the deployment's options and its replica
+# body stay in `make test` (tests/integrations/test_placement.py)
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("ray.serve")
 
 from zoi.integrations.ray import RayServeProcess  # noqa: E402

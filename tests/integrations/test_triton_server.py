@@ -21,6 +21,11 @@ from zoi.integrations.triton import TritonServerProcess, export_repository
 
 from .conftest import cosine_rows, mixed_texts
 
+# starts a Triton server (~80 s before the first request on a 2-core host): the slow tier
+# (`make test-all`), as the README's tiers say; tests/integrations/test_triton_runtime.py keeps
+# the model's Python side in `make test`
+pytestmark = pytest.mark.slow
+
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
