@@ -28,7 +28,7 @@ def main(argv=None):
         return sanitize()
     import torch
 
-    from bench import TorchPeer, build_hf, cos_stats, inputs, timed, zoi_model
+    from bench import TorchPeer, build_hf, cos_stats, graph_only_us, inputs, timed, zoi_model
     from zoi.backends.cuda import megakernel as mk
     from zoi.backends.cuda.backend import CudaBackend
     from zoi.backends.cuda.options import CudaOptions
@@ -92,6 +92,15 @@ def main(argv=None):
                 print(f"minilm {B}x{S}: GPU vs emulation, first bad buffer: {row['emulation_first_bad']}"
                       f"; max abs per buffer {[(r['buffer'], round(r['max_abs'], 4)) for r in rep]}",
                       flush=True)  # fmt: skip
+            if tb in mega._pplans:
+                row["variants"] = variants(mega, tb, flat, pos, cu, a)
+                print(f"minilm {B}x{S} program variants (device us per forward): "
+                      f"{row['variants']}", flush=True)  # fmt: skip
+            for name, be in (("megakernel", mega), ("per_op", per_op)):
+                try:
+                    row[f"{name}_graph_only_us"] = graph_only_us(be, tb, reps=200)
+                except Exception as e:  # noqa: BLE001  (a lab figure, not a result)
+                    row[f"{name}_graph_only_us"] = repr(e)
             peer = TorchPeer(hf, torch.float16, B, S, graph=True)
             c = peer(ids)
             row["cos_mega_vs_torch"] = cos_stats(a, c)
@@ -118,6 +127,63 @@ def main(argv=None):
             Path(args.out).write_text(json.dumps(res, indent=1))
             del peer, fns
     Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+VARIANTS = {  # (fuse_ln, fuse_attn): the builder's default and the fusions taken apart
+    "default": (None, None),
+    "unfused": (False, False),
+    "ln_only": (True, False),
+    "attn_only": (False, True),
+}
+
+
+def variants(be, tb, flat, pos, cu, want, reps=300):
+    """Each program variant of bucket tb as its own plan (own counters and scratch), same staged
+    input: device us per forward over back-to-back launches, its profile span and the cosine
+    of its output to the captured default's."""
+    import torch
+
+    from bench import cos_stats
+    from zoi.backends.cuda import megakernel as mk
+
+    out = {}
+    be.run(flat, pos, cu, True)  # stages this call's input on the device
+    torch.cuda.synchronize()
+    base = be._pplans[tb]
+    for name, (fl, fa) in VARIANTS.items():
+        prog = mk.build_program(base.desc, tb, base.n_blocks, max_seq=min(be.max_batch, tb),
+                                fuse_ln=fl, fuse_attn=fa)  # fmt: skip
+        r = {"instructions": len(prog.rows), "ops": sorted(set(prog.rows[:, mk.F_OP].tolist()))}
+        try:
+            plan = mk.MegakernelPlan(be, tb, program=prog)
+            be.d_out.fill_(float("nan"))
+            plan.launch()
+            torch.cuda.synchronize()
+            got = be.d_out[: len(want)].cpu().numpy()
+            r["cos_vs_default"] = cos_stats(got, want)
+            r["finite"] = bool(np.isfinite(got).all())
+            for _ in range(20):
+                plan.launch()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                plan.launch()
+            torch.cuda.synchronize()
+            r["device_us"] = round((time.perf_counter() - t0) / reps * 1e6, 2)
+            r["timed_out"] = plan.barrier_timed_out()
+            prof = mk.MegakernelPlan(be, tb, program=prog, profile=True)
+            for _ in range(5):
+                prof.launch()
+            torch.cuda.synchronize()
+            rep = prof.profile_report()
+            r["span_us"] = round(rep["span_us"], 2)
+            r["phases_layer0"] = {k: v for k, v in rep["phases"].items() if k.endswith("0")}
+        except Exception as e:  # noqa: BLE001  (one variant's failure is a lab figure)
+            r["error"] = repr(e)[:500]
+        out[name] = r
+    be.run(flat, pos, cu, True)
+    torch.cuda.synchronize()
+    return out
 
 
 def sanitize():

@@ -40,7 +40,13 @@ enum Field : int {
   F_A = 11, F_W = 12, F_BIAS = 13, F_RES = 14, F_OUT = 15, F_X1 = 16, F_X2 = 17,
   F_FLAGS = 18, F_AUX = 19, F_FAUX = 20, F_FAUX2 = 21,
   F_SELF = 23,  // the instruction's own index (profile rows)
-  N_FIELDS = 24,
+  // a GEMM's (or the pool's) prologue: the rows it makes itself instead of reading them
+  F_PSRC = 24,     // LN: fp32 partials (scratch) or the word table (weights); attention: qkv
+  F_LN_G = 25, F_LN_B = 26,  // LayerNorm gain / bias (weights, fp32)
+  F_LN_OUT = 27,   // FL_LN_STORE: the normalised rows also go here (scratch fp16)
+  F_LN_NP = 28, F_LN_PSTRIDE = 29,  // partial slices to sum, 16-byte units apart
+  F_EPOS = 30, F_ETYPE = 31,        // embedding prologue: position table, token-type row
+  N_FIELDS = 32,
 };
 // F_FLAGS bits
 constexpr int FL_ACT_MASK = 0xF;  // 0 none, 1 gelu (erf)
@@ -48,6 +54,10 @@ constexpr int FL_OUT_F32 = 1 << 4;
 constexpr int FL_HAS_RES = 1 << 5;
 constexpr int FL_HAS_TYPE = 1 << 6;
 constexpr int FL_POOL_CLS = 1 << 7;
+constexpr int FL_A_LN = 1 << 8;      // A = LN(sum of fp32 partials) of the tile's rows
+constexpr int FL_A_EMBED = 1 << 9;   // A = LN(word[id] + pos[p] + type) of the tile's rows
+constexpr int FL_A_ATTN = 1 << 10;   // A = attention of the tile's rows over every head
+constexpr int FL_LN_STORE = 1 << 11;  // the prologue's LN rows are stored too (a residual)
 // state (int64 words; the host zeroes words 1.. after a timeout)
 constexpr int STATE_ERR = 1, STATE_GEN = 2, STATE_DONE = 3, STATE_CTR = 4;
 // error codes in state[STATE_ERR]
@@ -63,6 +73,7 @@ constexpr int BN = 64;          // GEMM n tile: 8 warps x n8
 constexpr int MAX_H = 512;      // LayerNorm / pool row width (a lane's 16 columns in registers)
 constexpr int ATT_KC = 64;      // keys per attention chunk
 constexpr int MAX_D = 128;
+constexpr int LN_PRO_MAX_H = 384;  // the widest row an LN prologue makes
 
 struct Params {
   const int* instr;        // [n_instr][N_FIELDS]
@@ -85,23 +96,43 @@ static_assert(sizeof(Params) == 96 && offsetof(Params, hdr_ints) == 64 &&
                   offsetof(Params, poll_limit) == 80 && offsetof(Params, prof) == 88,
               "update the host's packing in megakernel.py");
 
+constexpr int AROW = MAX_H + 8;  // a prologue's full A row (halves): ldmatrix rows on distinct banks
+// the fused attention's region: Q (16 rows), K and V (keys rounded up to 16) at a row stride
+// of hidden + 8 halves; the builder fuses attention only where (16 + 2 keys) (H + 8) fits
+constexpr int FA_HALVES = 144 * 392;
+
+// The weight ring is never aliased: a GEMM tile requests its first weight stages before it
+// waits for its inputs, so the ring is in flight while the prologue (LN rows, attention) runs.
 struct __align__(16) Smem {
+  half w[NSTAGE][BN][SROW];
+  // A: the k stages of an A read from memory ([NSTAGE][MAX_BM][SROW] view), or the whole rows
+  // a prologue made ([MAX_BM][AROW] view)
+  half a[MAX_BM * AROW];
   union {
-    struct {
-      half a[NSTAGE][MAX_BM][SROW];
-      half w[NSTAGE][BN][SROW];
-    } g;
+    half fa[FA_HALVES];  // fused attention: Q, K, V of every head
     struct {
       half k[ATT_KC][MAX_D + 2];
       half v[ATT_KC][MAX_D + 2];
       float q[WARPS][MAX_BM / WARPS][MAX_D];  // a warp's query rows, scaled
     } at;
+    float pool[WARPS][MAX_H];  // the pool's per-warp column sums
     float red[2 * WARPS];
   };
 };
+static_assert(NSTAGE * MAX_BM * SROW <= MAX_BM * AROW, "the A stage view fits the A rows");
 // dynamic shared memory of a block (the host sets the function's limit to this; megakernel.py)
-constexpr int SMEM_BYTES = 82944;
+constexpr int SMEM_BYTES = 201472;
 static_assert(sizeof(Smem) == SMEM_BYTES, "update SMEM_BYTES here and in megakernel.py");
+
+__device__ __forceinline__ half* a_stage(Smem& sm, int buf, int r, int c) {
+  return sm.a + ((size_t)buf * MAX_BM + r) * SROW + c;
+}
+
+// the call's cu_seqlens (B + 1 <= MAX_TB + 1 ints), copied into shared memory when the block
+// starts: every sequence lookup (attention, pool) is then a shared-memory read, not a chain
+// of dependent L2 round trips
+constexpr int MAX_TB = 1024;
+__shared__ int s_cu[MAX_TB + 1];
 
 __device__ __forceinline__ const void* wptr(const Params& p, int off16) {
   return p.wbase + (size_t)off16 * 16;
@@ -222,10 +253,12 @@ __device__ __forceinline__ void load_gb(float (&gv)[NV], float (&bv)[NV], const 
   }
 }
 
-template <int NV>
-__device__ __forceinline__ void ln_finish(float (&v)[NV], const float (&gv)[NV],
-                                          const float (&bv)[NV], int H, float eps, half* out,
-                                          const float* g, const float* b) {
+// v <- LN(v) of one row (a warp: lane owns columns lane + 32 i)
+// PRE: the gain / bias were loaded with the row (gv, bv); else read at use (registers)
+template <int NV, bool PRE = (NV <= 16)>
+__device__ __forceinline__ void ln_norm(float (&v)[NV], const float (&gv)[NV],
+                                        const float (&bv)[NV], int H, float eps, const float* g,
+                                        const float* b) {
   const int lane = threadIdx.x & 31;
   float s = 0.f;
 #pragma unroll
@@ -240,15 +273,71 @@ __device__ __forceinline__ void ln_finish(float (&v)[NV], const float (&gv)[NV],
   const float rstd = rsqrtf(warp_sum(q) / H + eps);
 #pragma unroll
   for (int i = 0; i < NV; i++) {
+    const float gi = PRE ? gv[i] : g[col_of<NV>(i, H)];
+    const float bi = PRE ? bv[i] : b[col_of<NV>(i, H)];
+    v[i] = (v[i] - mean) * rstd * gi + bi;
+  }
+}
+
+// a row's values as fp16 into out (and out2 when given)
+template <int NV>
+__device__ __forceinline__ void store_row(const float (&v)[NV], int H, half* out, half* out2) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
     const int c = lane + 32 * i;
-    const float gi = NV <= 16 ? gv[i] : g[col_of<NV>(i, H)];
-    const float bi = NV <= 16 ? bv[i] : b[col_of<NV>(i, H)];
-    if (c < H) out[c] = __float2half((v[i] - mean) * rstd * gi + bi);
+    if (c < H) {
+      const half y = __float2half(v[i]);
+      out[c] = y;
+      if (out2) out2[c] = y;
+    }
   }
 }
 
 __device__ __forceinline__ void zero_row(half* out, int H) {
   for (int c = threadIdx.x & 31; c < H; c += 32) out[c] = __float2half(0.f);
+}
+
+// The source row r of an embedding LN: word[id] + pos[p] (+ the token-type row). Loads are
+// predicated on the column (one base register per source, immediate offsets: all in flight
+// at once, few registers), not branched.
+template <int NV>
+__device__ __forceinline__ void embed_row(float (&v)[NV], const Params& p, const half* word,
+                                          const half* pos, const half* type, int r, int H) {
+  const int* ids = p.in + p.hdr_ints;
+  const int* posn = ids + p.tb;
+  const int lane = threadIdx.x & 31;
+  const half* wr = word + (size_t)ids[r] * H + lane;
+  const half* pr = pos + (size_t)posn[r] * H + lane;
+  const half* tr = type ? type + lane : nullptr;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const bool ok = lane + 32 * i < H;
+    v[i] = ok ? __half2float(wr[32 * i]) + __half2float(pr[32 * i]) : 0.f;
+  }
+  if (tr) {
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] += lane + 32 * i < H ? __half2float(tr[32 * i]) : 0.f;
+  }
+}
+
+// The source row r of a partial-sum LN: the sum of np fp32 slices pst floats apart, in a
+// fixed order (repeated calls give identical bits); predicated loads as above
+template <int NV>
+__device__ __forceinline__ void partial_row(float (&v)[NV], const float* a, size_t pst, int np,
+                                            int r, int H) {
+  const int lane = threadIdx.x & 31;
+  const float* ar = a + (size_t)r * H + lane;
+#pragma unroll
+  for (int i = 0; i < NV; i++) v[i] = lane + 32 * i < H ? __ldcg(ar + 32 * i) : 0.f;
+  for (int q = 1; q < np; q++) {
+    const float* aq = ar + q * pst;
+    float t[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) t[i] = lane + 32 * i < H ? __ldcg(aq + 32 * i) : 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] += t[i];
+  }
 }
 
 template <int NV>
@@ -257,12 +346,10 @@ __device__ void op_embed_ln(const Params& p, const int* ins, int T) {
   const float eps = __int_as_float(ins[F_FAUX]);
   const half* word = (const half*)wptr(p, ins[F_A]);
   const half* pos = (const half*)wptr(p, ins[F_W]);
-  const bool has_type = ins[F_FLAGS] & FL_HAS_TYPE;
+  const half* type = ins[F_FLAGS] & FL_HAS_TYPE ? (const half*)wptr(p, ins[F_RES]) : nullptr;
   const float* g = (const float*)wptr(p, ins[F_X1]);
   const float* b = (const float*)wptr(p, ins[F_X2]);
   half* out = (half*)sptr(p, ins[F_OUT]);
-  const int* ids = p.in + p.hdr_ints;
-  const int* posn = ids + p.tb;
   const int warp = threadIdx.x >> 5;
   for (int r = ins[F_M0] + warp; r < ins[F_M0] + ins[F_BM]; r += WARPS) {
     if (r >= T) {  // padding rows: zeros (never read by a real row)
@@ -271,17 +358,9 @@ __device__ void op_embed_ln(const Params& p, const int* ins, int T) {
     }
     float gv[NV], bv[NV], v[NV];
     load_gb<NV>(gv, bv, g, b, H);
-    const half* wr = word + (size_t)ids[r] * H;
-    const half* pr = pos + (size_t)posn[r] * H;
-    // no token types: the position row read twice, counted once
-    const half* tr = has_type ? (const half*)wptr(p, ins[F_RES]) : pr;
-    const float tw = has_type ? 1.f : 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {  // one basic block: the loads are hoisted together
-      const int c = col_of<NV>(i, H);
-      v[i] = __half2float(wr[c]) + __half2float(pr[c]) + tw * __half2float(tr[c]);
-    }
-    ln_finish<NV>(v, gv, bv, H, eps, out + (size_t)r * H, g, b);
+    embed_row<NV>(v, p, word, pos, type, r, H);
+    ln_norm<NV>(v, gv, bv, H, eps, g, b);
+    store_row<NV>(v, H, out + (size_t)r * H, nullptr);
   }
 }
 
@@ -293,8 +372,7 @@ __device__ void op_ln(const Params& p, const int* ins, int T) {
   const float* g = (const float*)wptr(p, ins[F_W]);
   const float* b = (const float*)wptr(p, ins[F_BIAS]);
   half* out = (half*)sptr(p, ins[F_OUT]);
-  // the input is the sum of F_AUX fp32 partial slices (split-K), F_RES 16-byte units apart,
-  // summed in a fixed order (repeated calls give identical bits)
+  // the input is the sum of F_AUX fp32 partial slices (split-K), F_RES 16-byte units apart
   const int np = ins[F_AUX] > 1 ? ins[F_AUX] : 1;
   const size_t pst = (size_t)ins[F_RES] * 4;
   const int warp = threadIdx.x >> 5;
@@ -303,19 +381,88 @@ __device__ void op_ln(const Params& p, const int* ins, int T) {
       zero_row(out + (size_t)r * H, H);
       continue;
     }
-    const float* ar = a + (size_t)r * H;
     float gv[NV], bv[NV], v[NV];
     load_gb<NV>(gv, bv, g, b, H);
+    partial_row<NV>(v, a, pst, np, r, H);
+    ln_norm<NV>(v, gv, bv, H, eps, g, b);
+    store_row<NV>(v, H, out + (size_t)r * H, nullptr);
+  }
+}
+
+// A GEMM tile's LN prologue: rows [m0, m0 + bm) of LN(embedding) (FL_A_EMBED) or LN(sum of
+// partials) (FL_A_LN) as fp16 into the A rows in shared memory (row stride AROW), padding
+// rows (>= T) zero; with FL_LN_STORE also into F_LN_OUT (the residual a later tile adds).
+// Every tile of the row block computes the same rows (a few KB from L2): one dependent phase
+// fewer than an LN instruction between producer and consumer, if the prologue itself costs
+// about one round trip: a half-warp owns a row (16 rows at once), every source load of a row
+// (all the partial slices) is in flight together, and the gain / bias were brought into
+// shared memory (lng, lnb) before the tile's wait.
+template <int NJ>  // columns per lane: H <= 16 NJ
+__device__ void ln_prologue(const Params& p, Smem& sm, const int* ins, int T, const float* lng,
+                            const float* lnb) {
+  const int H = ins[F_K], m0 = ins[F_M0], bm = ins[F_BM], flags = ins[F_FLAGS];
+  const float eps = __int_as_float(ins[F_FAUX]);
+  half* st = flags & FL_LN_STORE ? (half*)sptr(p, ins[F_LN_OUT]) : nullptr;
+  const bool emb = flags & FL_A_EMBED;
+  const int l16 = threadIdx.x & 15;
+  const unsigned hmask = (threadIdx.x & 16) ? 0xffff0000u : 0x0000ffffu;
+  for (int i = threadIdx.x >> 4; i < bm; i += THREADS / 16) {
+    const int r = m0 + i;
+    half* srow = sm.a + (size_t)i * AROW;
+    float v[NJ];
+    const bool real = r < T;
+    if (emb) {
+      const int* ids = p.in + p.hdr_ints;
+      const int rr = real ? r : 0;
+      const half* wr = (const half*)wptr(p, ins[F_PSRC]) + (size_t)ids[rr] * H + l16;
+      const half* pr = (const half*)wptr(p, ins[F_EPOS]) + (size_t)ids[p.tb + rr] * H + l16;
+      const half* tr = flags & FL_HAS_TYPE ? (const half*)wptr(p, ins[F_ETYPE]) + l16 : pr;
+      const float tw = flags & FL_HAS_TYPE ? 1.f : 0.f;
 #pragma unroll
-    for (int i = 0; i < NV; i++) v[i] = __ldcg(ar + col_of<NV>(i, H));
-    for (int q = 1; q < np; q++) {
-      float t[NV];
+      for (int j = 0; j < NJ; j++) {
+        const bool ok = l16 + 16 * j < H;
+        v[j] = ok ? __half2float(wr[16 * j]) + __half2float(pr[16 * j]) +
+                        tw * __half2float(tr[16 * j])
+                  : 0.f;
+      }
+    } else {
+      const float* ar = (const float*)sptr(p, ins[F_PSRC]) + (size_t)(real ? r : 0) * H + l16;
+      const size_t pst = (size_t)ins[F_LN_PSTRIDE] * 4;
+      const int np = ins[F_LN_NP];
+      float t[4][NJ];  // every slice's loads in flight together
 #pragma unroll
-      for (int i = 0; i < NV; i++) t[i] = __ldcg(ar + q * pst + col_of<NV>(i, H));
+      for (int q = 0; q < 4; q++)
 #pragma unroll
-      for (int i = 0; i < NV; i++) v[i] += t[i];
+        for (int j = 0; j < NJ; j++)
+          t[q][j] = q < np && l16 + 16 * j < H ? __ldcg(ar + q * pst + 16 * j) : 0.f;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) v[j] = ((t[0][j] + t[1][j]) + t[2][j]) + t[3][j];
     }
-    ln_finish<NV>(v, gv, bv, H, eps, out + (size_t)r * H, g, b);
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) s += v[j];
+#pragma unroll
+    for (int o = 8; o; o >>= 1) s += __shfl_xor_sync(hmask, s, o);
+    const float mean = s / H;
+    float q2 = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const float d = l16 + 16 * j < H ? v[j] - mean : 0.f;
+      q2 += d * d;
+    }
+#pragma unroll
+    for (int o = 8; o; o >>= 1) q2 += __shfl_xor_sync(hmask, q2, o);
+    const float rstd = rsqrtf(q2 / H + eps);
+    half* so = st && r < p.tb ? st + (size_t)r * H : nullptr;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const int c = l16 + 16 * j;
+      if (c < H) {  // padding rows: zeros (their outputs are never read by a real row)
+        const half y = __float2half(real ? (v[j] - mean) * rstd * lng[c] + lnb[c] : 0.f);
+        srow[c] = y;
+        if (so) so[c] = y;
+      }
+    }
   }
 }
 
@@ -330,7 +477,7 @@ __device__ __forceinline__ void load_w_stage(const Params& p, Smem& sm, int buf,
     int r = i >> 3, c = (i & 7) * 8;
     int n = n0 + r, k = k0 + c;
     bool ok = n < N && k < ke;
-    cp_async16(&sm.g.w[buf][r][c], ok ? (const void*)(W + (size_t)n * K + k) : (const void*)W, ok);
+    cp_async16(&sm.w[buf][r][c], ok ? (const void*)(W + (size_t)n * K + k) : (const void*)W, ok);
   }
 }
 __device__ __forceinline__ void load_a_stage(Smem& sm, int buf, const half* A, int m0, int bm,
@@ -339,7 +486,7 @@ __device__ __forceinline__ void load_a_stage(Smem& sm, int buf, const half* A, i
     int r = i >> 3, c = (i & 7) * 8;
     int m = m0 + r, k = k0 + c;
     bool ok = m < M && k < ke;
-    cp_async16(&sm.g.a[buf][r][c], ok ? (const void*)(A + (size_t)m * K + k) : (const void*)A, ok);
+    cp_async16(a_stage(sm, buf, r, c), ok ? (const void*)(A + (size_t)m * K + k) : (const void*)A, ok);
   }
 }
 
@@ -364,25 +511,196 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], const half* s) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(s);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(a));
+}
+__device__ __forceinline__ unsigned pack_h2(float x, float y) {
+  half2 h = __floats2half2_rn(x, y);
+  return *(unsigned*)&h;
+}
+
+// the sequence of token row r: the number of sequence ends <= r
+__device__ __forceinline__ int seq_of(const int* cu, int B, int r) {
+  int s = 0;
+  for (int b = 0; b < B; b++) s += (cu[b + 1] <= r);
+  return s;
+}
+
+// The o tile's attention prologue (FL_A_ATTN): the 16 query rows [m0, m0 + 16) attend, every
+// head, over the keys of their own sequences, on tensor cores, into the A rows (fp16, stride
+// AROW). Q, K and V of every head come in at once (one round trip, not one per head); a warp
+// owns a head at a time: S = Q K^T (m16n8k16, fp32), the rows' softmax in registers (a row's
+// scores sit in a lane quad), P in fp16 straight from the S fragments as the A operand of
+// O = P V (V through ldmatrix.trans). Builder rules: bm 16, head_dim D (the template) 16 / 32
+// / 64, (16 + 2 x keys rounded up to 16) x (H + 8) halves within FA_HALVES.
+template <int D>
+__device__ void attn_prologue(const Params& p, Smem& sm, const int* ins, int T, int B) {
+  const int H = ins[F_K], m0 = ins[F_M0];
+  const int NH = H / D, FR = H + 8, H3 = 3 * H;
+  const float scale = __int_as_float(ins[F_FAUX]);  // times log2(e)
+  const half* qkv = (const half*)sptr(p, ins[F_PSRC]);
+  const int* cu = s_cu;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int m1 = min(m0 + 16, T);
+  const int kstart = cu[seq_of(cu, B, m0)];
+  const int kend = cu[seq_of(cu, B, m1 - 1) + 1];
+  const int nk = kend - kstart, nkp = (nk + 15) & ~15;
+  half* qs = sm.fa;
+  half* ks = qs + 16 * FR;
+  half* vs = ks + nkp * FR;
+  {  // Q rows, then K and V rows, 16 bytes a thread at a time; zero outside the ranges
+    const int cpr = H / 8;  // 16-byte pieces of a row
+    const int nrows = 16 + 2 * nkp;
+    for (int i = threadIdx.x; i < nrows * cpr; i += THREADS) {
+      const int rr = i / cpr, c = (i % cpr) * 8;
+      const half* src;
+      half* dst;
+      bool ok;
+      if (rr < 16) {
+        ok = m0 + rr < m1;
+        src = qkv + (size_t)(m0 + rr) * H3 + c;
+        dst = qs + rr * FR + c;
+      } else {
+        const int j = (rr - 16) % nkp, isv = (rr - 16) / nkp;
+        ok = j < nk;
+        src = qkv + (size_t)(kstart + j) * H3 + H * (1 + isv) + c;
+        dst = (isv ? vs : ks) + j * FR + c;
+      }
+      cp_async16(dst, ok ? (const void*)src : (const void*)qkv, ok);
+    }
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+  }
+  // the lane's two rows (lane / 4 and + 8) and their key ranges
+  const int g = lane >> 2, tig = lane & 3;
+  int rs[2], re[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; h2++) {
+    const int r = m0 + g + 8 * h2;
+    rs[h2] = 0;
+    re[h2] = 0;  // padding rows: no keys (their output is zero)
+    if (r < m1) {
+      const int sq = seq_of(cu, B, r);
+      rs[h2] = cu[sq];
+      re[h2] = cu[sq + 1];
+    }
+  }
+  constexpr int NT = 8;  // up to 64 keys: 8 n8 tiles of scores
+  for (int h = warp; h < NH; h += WARPS) {
+    float sc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+      unsigned a[4];
+      ldmatrix_x4(a, qs + (lane & 15) * FR + h * D + kk + (lane >> 4) * 8);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (t * 8 < nkp) {
+          unsigned bb[2];
+          ldmatrix_x2(bb, ks + (t * 8 + (lane & 7)) * FR + h * D + kk + ((lane >> 3) & 1) * 8);
+          mma16816(sc[t], a, bb);
+        }
+      }
+    }
+    // mask, scale, row max / sum over the quad (the 4 lanes of a row)
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int h2 = e >> 1, key = kstart + t * 8 + tig * 2 + (e & 1);
+        const bool ok = t * 8 < nkp && key >= rs[h2] && key < re[h2];
+        sc[t][e] = ok ? sc[t][e] * scale : -INFINITY;
+        mx[h2] = fmaxf(mx[h2], sc[t][e]);
+      }
+    }
+    float l[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+      mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
+      mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
+      if (mx[h2] == -INFINITY) mx[h2] = 0.f;  // a row without keys: every p is 0
+      l[h2] = 0.f;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        sc[t][e] = exp2f(sc[t][e] - mx[e >> 1]);  // exp2(-inf) = 0: masked keys
+        l[e >> 1] += sc[t][e];
+      }
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+      l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 1);
+      l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 2);
+    }
+    // O = P V: the S fragments of key tiles 2 kt, 2 kt + 1 are the A fragment of k step kt
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < NT / 2; kt++) {
+      if (kt * 16 < nkp) {
+        unsigned a[4] = {pack_h2(sc[2 * kt][0], sc[2 * kt][1]),
+                         pack_h2(sc[2 * kt][2], sc[2 * kt][3]),
+                         pack_h2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]),
+                         pack_h2(sc[2 * kt + 1][2], sc[2 * kt + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+          unsigned bb[2];
+          ldmatrix_x2_trans(bb, vs + (kt * 16 + (lane & 15)) * FR + h * D + n * 8);
+          mma16816(o[n], a, bb);
+        }
+      }
+    }
+    const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; h2++)
+        *(half2*)(sm.a + (size_t)(g + 8 * h2) * AROW + h * D + n * 8 + tig * 2) =
+            __floats2half2_rn(o[n][2 * h2] * inv[h2], o[n][2 * h2 + 1] * inv[h2]);
+  }
+}
+
 template <int MI>  // bm = 16 * MI rows
-__device__ void gemm_tile(const Params& p, Smem& sm, const int* ins, int T, long long gen,
-                          int* s_ok, bool* ok) {
+__device__ void gemm_tile(const Params& p, Smem& sm, const int* ins, int T, int B,
+                          long long gen, int* s_ok, bool* ok) {
   // k range [kb, ke) of the K-long rows (split-K: each split writes its own fp32 partial;
   // split 0, the one with kb == 0, adds the bias and the residual)
   const int m0 = ins[F_M0], n0 = ins[F_N0], N = ins[F_N], K = ins[F_K];
   const int kb = ins[F_X1], ke = ins[F_X2];
   const int bm = 16 * MI;
-  const half* A = (const half*)sptr(p, ins[F_A]);
+  const int flags = ins[F_FLAGS];
+  // A rows made by a prologue (whole rows in shared memory, k from 0) or read in k stages
+  const bool full = flags & (FL_A_LN | FL_A_EMBED | FL_A_ATTN);
+  const half* A = full ? nullptr : (const half*)sptr(p, ins[F_A]);
   const half* W = (const half*)wptr(p, ins[F_W]);
   const int M = p.tb;
   const int nk = (ke - kb + BK - 1) / BK;
   // the weights depend on nothing: the first NSTAGE - 1 stages are in flight while we wait
   // (one cp.async group); the A stages follow, one group each
   for (int s = 0; s < NSTAGE - 1 && s < nk; s++) load_w_stage(p, sm, s, W, n0, N, K, ke, kb + s * BK);
+  // an LN prologue's gain and bias (weights: in flight with the W stages, before the wait)
+  const bool lnp = flags & (FL_A_LN | FL_A_EMBED);
+  float* lng = (float*)sm.fa;
+  float* lnb = lng + MAX_H;
+  if (lnp) {
+    const float* g = (const float*)wptr(p, ins[F_LN_G]);
+    const float* b = (const float*)wptr(p, ins[F_LN_B]);
+    for (int i = threadIdx.x; i < 2 * (K / 4); i += THREADS) {
+      const int k4 = (i % (K / 4)) * 4;
+      cp_async16(i < K / 4 ? lng + k4 : lnb + k4, i < K / 4 ? g + k4 : b + k4, true);
+    }
+  }
   cp_commit();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = n0 + warp * 8 + (lane & 3) * 2;  // the thread's two output columns
-  const int flags = ins[F_FLAGS];
   const bool first = kb == 0;  // bias and residual: the first split only
   float bj[2];
   {
@@ -396,8 +714,31 @@ __device__ void gemm_tile(const Params& p, Smem& sm, const int* ins, int T, long
     __syncthreads();
     return;
   }
+  if (full) {  // the A columns past K up to the last k step: zeros (the W columns are too)
+    const int kw = (K + BK - 1) / BK * BK;
+    for (int i = threadIdx.x; i < bm * (kw - K); i += THREADS)
+      sm.a[(size_t)(i / (kw - K)) * AROW + K + i % (kw - K)] = __float2half(0.f);
+  }
+  if (flags & FL_A_ATTN) {
+    const int D = ins[F_AUX];
+    if (D == 16)
+      attn_prologue<16>(p, sm, ins, T, B);
+    else if (D == 32)
+      attn_prologue<32>(p, sm, ins, T, B);
+    else
+      attn_prologue<64>(p, sm, ins, T, B);
+  } else if (lnp) {
+    cp_wait<0>();  // the gain / bias (and the W stages, requested earlier)
+    __syncthreads();
+    if (K <= 128)
+      ln_prologue<8>(p, sm, ins, T, lng, lnb);
+    else if (K <= 256)
+      ln_prologue<16>(p, sm, ins, T, lng, lnb);
+    else  // K <= LN_PRO_MAX_H (the builder's rule: a lane's slices of wider rows spill)
+      ln_prologue<24>(p, sm, ins, T, lng, lnb);
+  }
   for (int s = 0; s < NSTAGE - 1; s++) {
-    if (s < nk) load_a_stage(sm, s, A, m0, bm, M, K, ke, kb + s * BK);
+    if (s < nk && !full) load_a_stage(sm, s, A, m0, bm, M, K, ke, kb + s * BK);
     cp_commit();  // possibly empty: the group count stays uniform
   }
   // the residual (written by an earlier instruction: through L2), in flight during the k loop
@@ -421,21 +762,25 @@ __device__ void gemm_tile(const Params& p, Smem& sm, const int* ins, int T, long
     const int nx = kt + NSTAGE - 1;
     if (nx < nk) {
       load_w_stage(p, sm, nx % NSTAGE, W, n0, N, K, ke, kb + nx * BK);
-      load_a_stage(sm, nx % NSTAGE, A, m0, bm, M, K, ke, kb + nx * BK);
+      if (!full) load_a_stage(sm, nx % NSTAGE, A, m0, bm, M, K, ke, kb + nx * BK);
     }
     cp_commit();
     cp_wait<NSTAGE - 1>();  // every group but the newest NSTAGE - 1: stage kt has landed
-    __syncthreads();
+    __syncthreads();  // (and, on the first step, the prologue's A rows are written)
     const int buf = kt % NSTAGE;
+    // this step's A: the prologue's rows from column kt * BK, or stage buf of the ring
+    const half* ab = full ? sm.a + kt * BK + (lane & 15) * AROW
+                          : sm.a + (size_t)buf * MAX_BM * SROW + (lane & 15) * SROW;
+    const int ars = full ? 16 * AROW : 16 * SROW;  // the next 16 rows
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned b[2];
       // x2: matrices (n 0-7, k kk..kk+7) and (n 0-7, k kk+8..kk+15); lanes 0-15 give rows
-      ldmatrix_x2(b, &sm.g.w[buf][warp * 8 + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
+      ldmatrix_x2(b, &sm.w[buf][warp * 8 + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
 #pragma unroll
       for (int i = 0; i < MI; i++) {
         unsigned a[4];
-        ldmatrix_x4(a, &sm.g.a[buf][i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+        ldmatrix_x4(a, ab + i * ars + kk + (lane >> 4) * 8);
         mma16816(acc[i], a, b);
       }
     }
@@ -477,7 +822,7 @@ __device__ void op_attention(const Params& p, Smem& sm, const int* ins, int T, i
   const float scale = __int_as_float(ins[F_FAUX]);  // already times log2(e)
   const half* qkv = (const half*)sptr(p, ins[F_A]);
   half* out = (half*)sptr(p, ins[F_OUT]);
-  const int* cu = p.in + 4;
+  const int* cu = s_cu;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int m0 = ins[F_M0];
   const int m1 = min(m0 + ins[F_BM], T);
@@ -592,29 +937,64 @@ __device__ void op_attention(const Params& p, Smem& sm, const int* ins, int T, i
 }
 
 // ---------------------------------------------------------------- pool
+// Sequences b = m0, m0 + bm, ... < B: mean (or the CLS row) of the rows, optionally L2
+// normalised. The rows are the fp16 x (F_A), or, with FL_A_LN, made here: LN(sum of the last
+// layer's partials) rounded to fp16 as the stored rows would be (no LayerNorm phase before the
+// pool). Warps take rows in turn; their column sums meet in shared memory in warp order.
+template <int NV>
 __device__ void op_pool(const Params& p, Smem& sm, const int* ins, int B, int norm) {
-  const int H = ins[F_N];
+  const int H = ins[F_N], flags = ins[F_FLAGS];
   const half* x = (const half*)sptr(p, ins[F_A]);
-  const int* cu = p.in + 4;
-  const bool cls = ins[F_FLAGS] & FL_POOL_CLS;
+  const int* cu = s_cu;
+  const bool cls = flags & FL_POOL_CLS;
+  const bool lnp = flags & FL_A_LN;
+  const float eps = __int_as_float(ins[F_FAUX]);
+  const float* g = (const float*)wptr(p, ins[F_LN_G]);
+  const float* gb = (const float*)wptr(p, ins[F_LN_B]);
+  const float* a = (const float*)sptr(p, ins[F_PSRC]);
+  const int np = max(ins[F_LN_NP], 1);
+  const size_t pst = (size_t)ins[F_LN_PSTRIDE] * 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int b = ins[F_M0]; b < B; b += ins[F_BM]) {
     const int s = cu[b], e = cls ? min(cu[b + 1], cu[b] + 1) : cu[b + 1];
-    float part = 0.f;
+    float acc[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) acc[i] = 0.f;
+    for (int r = s + warp; r < e; r += WARPS) {
+      float v[NV];
+      if (lnp) {
+        float gv[NV], bv[NV];
+        load_gb<NV>(gv, bv, g, gb, H);
+        partial_row<NV>(v, a, pst, np, r, H);
+        ln_norm<NV>(v, gv, bv, H, eps, g, gb);
+      } else {
+#pragma unroll
+        for (int i = 0; i < NV; i++) v[i] = ldcg_h(x + (size_t)r * H + col_of<NV>(i, H));
+      }
+#pragma unroll
+      for (int i = 0; i < NV; i++) acc[i] += __half2float(__float2half(v[i]));
+    }
+    __syncthreads();  // the previous sequence's sums are read
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+      if (lane + 32 * i < H) sm.pool[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
     float vals[MAX_H / THREADS];
+    float part = 0.f;
 #pragma unroll
     for (int i = 0; i < MAX_H / THREADS; i++) {
-      int c = threadIdx.x + i * THREADS;
-      float acc = 0.f;
+      const int c = threadIdx.x + i * THREADS;
+      float t = 0.f;
       if (c < H)
-        for (int r = s; r < e; r++) acc += ldcg_h(x + (size_t)r * H + c);
-      vals[i] = e > s ? acc / (float)(e - s) : 0.f;
+        for (int w = 0; w < WARPS; w++) t += sm.pool[w][c];
+      vals[i] = e > s ? t / (float)(e - s) : 0.f;
       part += c < H ? vals[i] * vals[i] : 0.f;
     }
     float div = 1.f;
     if (norm) {
       part = warp_sum(part);
       __syncthreads();
-      if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x >> 5] = part;
+      if (lane == 0) sm.red[warp] = part;
       __syncthreads();
       float tot = 0.f;
       for (int w = 0; w < WARPS; w++) tot += sm.red[w];
@@ -652,6 +1032,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) zoi_megakernel(Params p
   // before it arrives at the done counter, so the last arriver may advance it
   const long long gen = *(volatile long long*)(p.state + STATE_GEN);
   const int norm = p.in[0], B = p.in[1], T = p.in[2];
+  for (int t = threadIdx.x; t <= B && t <= MAX_TB; t += THREADS) s_cu[t] = p.in[4 + t];
+  __syncthreads();
   bool alive = true;
   for (int q = q0; q < q1 && alive; q++) {
     const int* ins = q - q0 < QCACHE ? s_ins[q - q0] : p.instr + (size_t)p.queue[q] * N_FIELDS;
@@ -660,9 +1042,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) zoi_megakernel(Params p
     if (op == OP_GEMM) {
       bool ok;
       if (ins[F_BM] == 32)
-        gemm_tile<2>(p, sm, ins, T, gen, &s_ok, &ok);
+        gemm_tile<2>(p, sm, ins, T, B, gen, &s_ok, &ok);
       else
-        gemm_tile<1>(p, sm, ins, T, gen, &s_ok, &ok);
+        gemm_tile<1>(p, sm, ins, T, B, gen, &s_ok, &ok);
       if (!ok) {
         alive = false;
         break;
@@ -684,7 +1066,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) zoi_megakernel(Params p
           else
             op_attention<MAX_D>(p, sm, ins, T, B);
           break;
-        case OP_POOL: op_pool(p, sm, ins, B, norm); break;
+        case OP_POOL: op_pool<MAX_H / 32>(p, sm, ins, B, norm); break;
         default:
           if (threadIdx.x == 0)
             atomicExch((unsigned long long*)(p.state + STATE_ERR), (unsigned long long)ERR_BAD_OP);

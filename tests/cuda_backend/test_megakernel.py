@@ -46,10 +46,23 @@ def minilm_desc():
     return _desc(_model(**MINILM))[0]
 
 
-@pytest.mark.parametrize("tb", [1, 16, 17, 128, 300, 512, 1024])
+# fusions: (fuse_ln, fuse_attn); None = the builder's default for the bucket
+FUSIONS = [(None, None), (False, False), (True, False)]
+
+
+# the fusions' programs on the small buckets they serve, the default on every bucket
+HAZARD_CASES = [
+    (tb, fuse)
+    for tb in (1, 16, 17, 128, 300, 512, 1024)
+    for fuse in (FUSIONS if tb <= 300 else FUSIONS[:1])
+]
+
+
+@pytest.mark.parametrize("tb,fuse", HAZARD_CASES)
 @pytest.mark.parametrize("blocks", [1, 7, 132])
-def test_program_dependencies_and_hazards(minilm_desc, tb, blocks):
-    prog = mk.build_program(minilm_desc, tb, blocks, max_seq=min(tb, 64))
+def test_program_dependencies_and_hazards(minilm_desc, tb, blocks, fuse):
+    prog = mk.build_program(minilm_desc, tb, blocks, max_seq=min(tb, 64), fuse_ln=fuse[0],
+                            fuse_attn=fuse[1])  # fmt: skip
     st = mk.check_program(prog)  # every read after its write through counters, no deadlock
     assert st["instructions"] == len(prog.rows) and prog.n_blocks == blocks
     R = prog.rows
@@ -74,22 +87,52 @@ def test_ffn2_splits():
 
 
 def test_checker_finds_a_missing_counter(minilm_desc):
-    prog = mk.build_program(minilm_desc, 64, 8)
+    prog = mk.build_program(minilm_desc, 64, 8, fuse_ln=False, fuse_attn=False)
     k = next(i for i, r in enumerate(prog.rows) if r[mk.F_OP] == mk.OP_ATTN)
     prog.rows[k, mk.F_WAIT] = -1  # attention no longer waits for its qkv tiles
     with pytest.raises(AssertionError, match="no counter between them"):
         mk.check_program(prog)
 
 
-def test_checker_finds_a_short_wait(minilm_desc):
+@pytest.mark.parametrize("flag", ["FL_A_ATTN", "FL_A_LN"])
+def test_checker_finds_a_missing_counter_before_a_prologue(minilm_desc, flag):
+    """A fused tile's prologue reads another tile's output (qkv for the attention, the
+    partials for the LayerNorm): without its wait the checker names the race."""
     prog = mk.build_program(minilm_desc, 64, 8)
-    k = next(i for i, r in enumerate(prog.rows) if r[mk.F_OP] == mk.OP_LN)
+    k = next(i for i, r in enumerate(prog.rows) if r[mk.F_FLAGS] & getattr(mk, flag))
+    prog.rows[k, mk.F_WAIT] = -1
+    with pytest.raises(AssertionError, match="no counter between them"):
+        mk.check_program(prog)
+
+
+@pytest.mark.parametrize("fuse_ln", [False, True])
+def test_checker_finds_a_short_wait(minilm_desc, fuse_ln):
+    prog = mk.build_program(minilm_desc, 64, 8, fuse_ln=fuse_ln)
+    op = mk.OP_GEMM if fuse_ln else mk.OP_LN
+    k = next(i for i, r in enumerate(prog.rows) if r[mk.F_OP] == op and r[mk.F_WAIT] >= 0)
     prog.rows[k, mk.F_WAIT_N] -= 1
     with pytest.raises(AssertionError, match="waits for"):
         mk.check_program(prog)
 
 
-def _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed):
+def test_fusions_take_phases_out(minilm_desc):
+    """The default small-bucket program has no embedding, LayerNorm or attention
+    instructions (their work runs in the GEMM / pool prologues); the unfused one has them."""
+    ops = lambda p: set(p.rows[:, mk.F_OP].tolist())  # noqa: E731
+    fused = mk.build_program(minilm_desc, 16, 132)
+    assert ops(fused) == {mk.OP_GEMM, mk.OP_POOL}
+    assert mk.build_program(minilm_desc, 128, 132).rows[:, mk.F_OP].tolist().count(mk.OP_LN) == 0
+    plain = mk.build_program(minilm_desc, 16, 132, fuse_ln=False, fuse_attn=False)
+    assert ops(plain) == {mk.OP_EMBED_LN, mk.OP_GEMM, mk.OP_LN, mk.OP_ATTN, mk.OP_POOL}
+    assert not mk.attn_fusable(minilm_desc, 128)  # 128 keys: the attention instructions stay
+    assert mk.OP_ATTN in ops(mk.build_program(minilm_desc, 128, 132))
+    wide = _desc(_model(hidden=512, heads=8, layers=1, inter=64))[0]  # rows over 384: no LN fusion
+    assert mk.OP_LN in ops(mk.build_program(wide, 16, 132, fuse_ln=True))
+    with pytest.raises(mk.MegakernelUnsupported, match="bucket"):
+        mk.build_program(minilm_desc, 2048, 132)
+
+
+def _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed, fuse=(None, None)):
     ids, pos, cu = batch(lens, int(model.spec.vocab_size), seed)
     hi = header_ints(64)
     d_in = np.zeros(hi + 2 * tb, np.int32)
@@ -98,7 +141,8 @@ def _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed):
     d_in[hi : hi + len(ids)] = ids
     d_in[hi + tb : hi + tb + len(ids)] = pos
     out = np.full((64, desc["H"]), np.nan, np.float32)  # poisoned
-    prog = mk.build_program(desc, tb, blocks, max_seq=min(tb, 64))
+    prog = mk.build_program(desc, tb, blocks, max_seq=min(tb, 64), fuse_ln=fuse[0],
+                            fuse_attn=fuse[1])  # fmt: skip
     mk.emulate(prog, wbuf.numpy().view(np.uint8), d_in, hi, out)
     return out[: len(lens)], ReferenceBackend(model, dtype=np.float64).run(ids, pos, cu, norm)
 
@@ -110,15 +154,20 @@ def _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed):
         (dict(hidden=64, heads=2, layers=1, inter=96, pooling="cls", type_vocab=0), [7], 16),
         (dict(hidden=64, heads=2, layers=1, inter=96, seed=3), [1, 30, 2, 60], 128),
         (dict(hidden=32, heads=2, layers=1, inter=40, seed=4), [300], 300),
+        (dict(hidden=48, heads=3, layers=2, inter=80, seed=5), [3, 11, 1], 16),
+        (dict(hidden=128, heads=2, layers=1, inter=96, seed=6), [2, 30], 32),
     ],
 )
-def test_emulation_matches_reference(kw, lens, tb):
-    """The instruction fields, read as the kernel reads them, compute the model's forward."""
+@pytest.mark.parametrize("fuse", FUSIONS, ids=["default", "unfused", "ln-only"])
+def test_emulation_matches_reference(kw, lens, tb, fuse):
+    """The instruction fields, read as the kernel reads them, compute the model's forward,
+    with and without the prologue fusions (head dims 16 / 32 / 64 in the fused attention;
+    hidden 48: A rows shorter than a k step)."""
     model = _model(**kw)
     desc, wbuf = _desc(model)
     # 132 blocks: ffn2 split in up to 4 k ranges (fp32 partials summed by the LN)
     for norm, blocks in ((True, 5), (False, 1), (True, 132)):
-        got, want = _emulate(model, desc, wbuf, lens, tb, blocks, norm, seed=len(lens))
+        got, want = _emulate(model, desc, wbuf, lens, tb, blocks, norm, len(lens), fuse)
         assert np.isfinite(got).all()
         assert rel(got, want) < 5e-3 and min_cosine(got, want) > 0.9999, rel(got, want)
 

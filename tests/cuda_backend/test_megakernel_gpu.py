@@ -112,17 +112,40 @@ def test_matches_reference_and_per_op(shape):
                 assert rel(got, other) < 5e-3, (lens, norm, rel(got, other), rel(other, want))
 
 
-def test_matches_emulation():
+@pytest.mark.parametrize(
+    "shape,lens,fuse",
+    [
+        ("h64", [3, 50, 11], (None, None)),  # bucket 128: LayerNorms in the prologues
+        ("h64", [3, 9], (None, None)),  # bucket 16: attention in the o tiles too (head_dim 32)
+        ("h48", [5, 1, 7], (None, None)),  # head_dim 16, hidden shorter than a k step
+        ("minilm", [16], (None, None)),
+        ("minilm", [16], (False, True)),  # attention fused, LayerNorm instructions
+        ("h64", [3, 9], (False, False)),  # the unfused program at a small bucket
+    ],
+)
+def test_matches_emulation(shape, lens, fuse):
     """The numpy emulation of the same instruction list (fields read as the kernel reads them)
-    and the GPU agree buffer by buffer."""
+    and the GPU agree buffer by buffer, for each prologue fusion."""
     from zoi.backends.cuda import megakernel as mk
 
-    be, _, model = backends("h64")
+    be, _, model = backends(shape)
     rng = np.random.default_rng(5)
-    ids, pos, cu = batch([3, 50, 11], int(model.spec.vocab_size), rng)
+    ids, pos, cu = batch(lens, int(model.spec.vocab_size), rng)
     _run(be, ids, pos, cu, True)
     torch.cuda.synchronize()
-    plan = be._pplans[128]
+    tb = next(b for b in be.buckets if b >= len(ids))
+    base = be._pplans[tb]
+    plan = base
+    if fuse != (None, None):
+        prog = mk.build_program(base.desc, tb, base.n_blocks, max_seq=min(be.max_batch, tb),
+                                fuse_ln=fuse[0], fuse_attn=fuse[1])  # fmt: skip
+        plan = mk.MegakernelPlan(be, tb, program=prog)
+        want = be.d_out[: len(lens)].cpu().numpy()
+        be.d_out.fill_(float("nan"))
+        plan.launch()
+        torch.cuda.synchronize()
+        got = be.d_out[: len(lens)].cpu().numpy()
+        assert rel(got, want) < 2e-3, rel(got, want)  # the same forward, other phases
     out = np.zeros((be.max_batch, int(model.spec.out_dim)), np.float32)
     _, sc = mk.emulate(
         plan.prog, be.wbuf.cpu().numpy().view(np.uint8), be.d_in.cpu().numpy(), be.hdr_ints,
@@ -153,7 +176,7 @@ def test_timeout_fails_the_call_and_the_next_is_right():
     plan = be._pplans[128]
     good = plan.instr.clone()
     bad = plan.prog.rows.copy()
-    k = next(i for i, r in enumerate(bad) if r[mk.F_OP] == mk.OP_LN)
+    k = next(i for i, r in enumerate(bad) if r[mk.F_WAIT] >= 0)
     bad[k, mk.F_WAIT_N] += 1  # one bump more than the counter ever gets
     plan.instr.copy_(torch.from_numpy(bad.reshape(-1)).to(plan.instr.device))
     torch.cuda.synchronize()

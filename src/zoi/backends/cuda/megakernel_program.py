@@ -21,12 +21,17 @@ OP_NOP, OP_EMBED_LN, OP_GEMM, OP_LN, OP_ATTN, OP_POOL = range(6)
 (F_OP, F_WAIT, F_WAIT_N, F_WAIT_PER_CALL, F_SIGNAL, F_M0, F_BM, F_N0, F_BN, F_N, F_K) = range(11)
 (F_A, F_W, F_BIAS, F_RES, F_OUT, F_X1, F_X2, F_FLAGS, F_AUX, F_FAUX, F_FAUX2) = range(11, 22)
 F_SELF = 23  # the instruction's own index (the kernel's profile rows)
-N_FIELDS = 24
+# a GEMM's (or the pool's) prologue: the A rows it makes itself (LayerNorm / embedding /
+# attention) instead of reading them from an earlier instruction's output
+(F_PSRC, F_LN_G, F_LN_B, F_LN_OUT, F_LN_NP, F_LN_PSTRIDE, F_EPOS, F_ETYPE) = range(24, 32)
+N_FIELDS = 32
 FL_ACT_MASK, FL_OUT_F32, FL_HAS_RES, FL_HAS_TYPE, FL_POOL_CLS = 0xF, 16, 32, 64, 128
+FL_A_LN, FL_A_EMBED, FL_A_ATTN, FL_LN_STORE = 1 << 8, 1 << 9, 1 << 10, 1 << 11
 STATE_ERR, STATE_GEN, STATE_DONE, STATE_CTR = 1, 2, 3, 4
 ERR_TIMEOUT, ERR_BAD_OP = 1, 2
 THREADS = 256
-SMEM_BYTES = 82944  # the kernel's dynamic shared memory (static_assert there)
+SMEM_BYTES = 201472  # the kernel's dynamic shared memory (static_assert there)
+FA_HALVES = 144 * 392  # the fused attention's Q / K / V region (halves)
 GEMM_BN = 64
 MAX_H = 512  # the kernel keeps a lane's 16 columns of a row in registers
 MAX_D = 128
@@ -37,6 +42,20 @@ POLL_LIMIT = 1 << 21
 ALIGN = 256
 ACTS = {"none": 0, "gelu": 1}
 LN_ROWS = 8  # rows of a LayerNorm / embedding instruction: one per warp
+# the largest bucket whose LayerNorms run in their consumers' prologues (every GEMM tile of a
+# row block recomputes its rows' LN from the partials: cheap while the row blocks are few)
+FUSE_LN_MAX = 256
+LN_PRO_MAX_H = 384  # the widest row an LN prologue makes (a lane's slices of wider rows spill)
+MAX_TB = 1024  # the kernel's shared cu_seqlens hold MAX_TB + 1 entries
+ATTN_DIMS = (16, 32, 64)  # head dims of the fused attention prologue (the kernel's templates)
+
+
+def attn_fusable(desc: dict, tb: int) -> bool:
+    """The o tiles can compute their rows' attention themselves: 16-row tiles (tb <= 64, so
+    at most 64 keys), a head_dim the kernel instantiates, Q / K / V of the bucket within the
+    kernel's region."""
+    kp = -(-tb // 16) * 16
+    return tb <= 64 and desc["D"] in ATTN_DIMS and (16 + 2 * kp) * (desc["H"] + 8) <= FA_HALVES
 
 
 class MegakernelUnsupported(BackendUnavailableError):
@@ -92,16 +111,34 @@ def ffn2_splits(I: int, tiles: int, n_blocks: int) -> list[tuple[int, int]]:
     return [(0, I)]
 
 
-def build_program(desc: dict, tb: int, n_blocks: int, max_seq: int | None = None) -> Program:
+def build_program(
+    desc: dict,
+    tb: int,
+    n_blocks: int,
+    max_seq: int | None = None,
+    fuse_ln: bool | None = None,
+    fuse_attn: bool | None = None,
+) -> Program:
     """The instruction list of bucket tb over n_blocks persistent blocks (see the module and
     docs/MEGAKERNEL.md). Every buffer is written once per call (one set per layer), so the only
     hazards are read-after-write, each covered by a counter; instructions are placed by a list
     scheduler (earliest estimated finish, dependencies respected) and every queue is in global
     instruction order, so the lowest unfinished instruction can always run (no deadlock while
-    the blocks are co-resident)."""
+    the blocks are co-resident).
+
+    fuse_ln (default: tb <= FUSE_LN_MAX; hidden <= LN_PRO_MAX_H only): no embedding / LayerNorm instructions; the qkv and
+    ffn1 tiles make their A rows (the embedding's or the previous sum's LayerNorm) in a
+    prologue, their first column tile stores them for the residual, and the pool normalises
+    the last layer's rows itself. fuse_attn (default: where ``attn_fusable``): no attention
+    instructions; the o tiles compute their rows' attention in a prologue. Each fusion takes
+    one dependent phase (a counter round trip and its loads) out of every layer."""
     H, I, NH, D, L = desc["H"], desc["I"], desc["NH"], desc["D"], desc["L"]
     if tb < 1 or n_blocks < 1:
         raise ValueError(f"build_program: tb {tb} and n_blocks {n_blocks} must be >= 1")
+    if tb > MAX_TB:
+        raise MegakernelUnsupported(f"megakernel: bucket {tb} > {MAX_TB} tokens")
+    fuse_ln = (tb <= FUSE_LN_MAX if fuse_ln is None else bool(fuse_ln)) and H <= LN_PRO_MAX_H
+    fuse_attn = (fuse_attn is None or bool(fuse_attn)) and attn_fusable(desc, tb)
     bm = 16 if tb <= 64 else 32
     n_m = -(-tb // bm)
     cd = lambda a, b: -(-a // b)  # noqa: E731
@@ -115,12 +152,13 @@ def build_program(desc: dict, tb: int, n_blocks: int, max_seq: int | None = None
         buffers[name] = (top // 16, tb, cols, itemsize)
         top += (tb * cols * itemsize + ALIGN - 1) // ALIGN * ALIGN
 
-    for l in range(L + 1):
+    for l in range(L + (0 if fuse_ln else 1)):  # fused: the last LN's rows stay in the pool
         buf(f"x{l}", H, 2)
     splits = ffn2_splits(I, n_m * cd(H, GEMM_BN), n_blocks)
     for l in range(L):
         buf(f"qkv{l}", 3 * H, 2)
-        buf(f"ctx{l}", H, 2)
+        if not fuse_attn:
+            buf(f"ctx{l}", H, 2)
         buf(f"s1_{l}", H, 4)
         buf(f"x1_{l}", H, 2)
         buf(f"h{l}", I, 2)
@@ -172,91 +210,157 @@ def build_program(desc: dict, tb: int, n_blocks: int, max_seq: int | None = None
     att_rows = next(
         (r for r in (8, 16) if r < bm and n_m * NH * cd(bm, r) <= n_blocks), bm
     )  # fmt: skip
-    for m in range(n_m):
-        for m0, m1 in pieces(m, LN_ROWS):
-            add(
-                f"embed m{m} r{m0}", OP_EMBED_LN, None, f"x0.m{m}", [], [("x0", m0, m1, 0, H)],
-                (m1 - m0) * H * 4, m0=m0, bm=m1 - m0, n=H, a=e["word"], w=e["pos"],
-                res=max(e["type"], 0), x1=e["ln_w"], x2=e["ln_b"], out=sb("x0"),
-                flags=FL_HAS_TYPE if e["type"] >= 0 else 0, faux=eps,
-            )  # fmt: skip
+    if not fuse_ln:
+        for m in range(n_m):
+            for m0, m1 in pieces(m, LN_ROWS):
+                add(
+                    f"embed m{m} r{m0}", OP_EMBED_LN, None, f"x0.m{m}", [],
+                    [("x0", m0, m1, 0, H)], (m1 - m0) * H * 4, m0=m0, bm=m1 - m0, n=H,
+                    a=e["word"], w=e["pos"], res=max(e["type"], 0), x1=e["ln_w"],
+                    x2=e["ln_b"], out=sb("x0"), flags=FL_HAS_TYPE if e["type"] >= 0 else 0,
+                    faux=eps,
+                )  # fmt: skip
+
+    def ln_pro(srcs, g, b):
+        """A prologue's LayerNorm of the fp32 partials srcs (consecutive, one stride apart)."""
+        f = dict(psrc=sb(srcs[0]), ln_np=len(srcs), ln_pstride=s2_stride, ln_g=g, ln_b=b,
+                 faux=eps)  # fmt: skip
+        return f, srcs
 
     def gemm(name, l, m, a, K, Nn, wo, bo, out, wait, signal, act=0, res=None, f32=False,
-             ranges=None):  # fmt: skip
+             ranges=None, pro=None, store=None):  # fmt: skip
+        """pro: (flags, fields, read buffers, extra cost) of an A prologue; store: the buffer
+        its first column tile stores the prologue's rows in."""
         m0, m1 = m * bm, min(tb, m * bm + bm)
         for n in range(cd(Nn, GEMM_BN)):
             n0, n1 = n * GEMM_BN, min(Nn, n * GEMM_BN + GEMM_BN)
             for p, (kb, ke) in enumerate(ranges or [(0, K)]):
                 r0 = res if kb == 0 else None  # bias and residual: the first split only
-                reads = [(a, m0, m1, kb, ke)] + ([(r0, m0, m1, n0, n1)] if r0 else [])
-                flags = act | (FL_OUT_F32 if f32 else 0) | (FL_HAS_RES if r0 else 0)
+                if pro is None:
+                    reads, pf, pfl, pc = [(a, m0, m1, kb, ke)], {"a": sb(a)}, 0, 0.0
+                else:
+                    pfl, pf, rb, pc = pro
+                    reads = [(x, r0_, r1_, 0, c_) for x, r0_, r1_, c_ in rb(m0, m1)]
+                writes = [(out if ranges is None else f"{out}_{p}", m0, m1, n0, n1)]
+                st = store is not None and n == 0
+                if st:
+                    writes.append((store, m0, m1, 0, K))
+                    pf = dict(pf, ln_out=sb(store))
+                reads += [(r0, m0, m1, n0, n1)] if r0 else []
+                flags = (
+                    act | pfl | (FL_OUT_F32 if f32 else 0) | (FL_HAS_RES if r0 else 0)
+                    | (FL_LN_STORE if st else 0)
+                )  # fmt: skip
                 o = out if ranges is None else f"{out}_{p}"
                 add(
                     f"{name}{l} m{m} n{n}" + (f" k{p}" if ranges else ""), OP_GEMM, wait, signal,
-                    reads, [(o, m0, m1, n0, n1)],
-                    (m1 - m0) * (n1 - n0) * (ke - kb) / 64 + 2 * (n1 - n0) * (ke - kb) / 8,
-                    m0=m0, bm=bm, n0=n0, bn=GEMM_BN, n=Nn, k=K, x1=kb, x2=ke, a=sb(a), w=wo,
-                    bias=bo, res=sb(r0) if r0 else 0, out=sb(o), flags=flags,
+                    reads, writes,
+                    (m1 - m0) * (n1 - n0) * (ke - kb) / 64 + 2 * (n1 - n0) * (ke - kb) / 8 + pc,
+                    m0=m0, bm=bm, n0=n0, bn=GEMM_BN, n=Nn, k=K, x1=kb, x2=ke, w=wo,
+                    bias=bo, res=sb(r0) if r0 else 0, out=sb(o), flags=flags, **pf,
                 )  # fmt: skip
 
     n_qkv = cd(3 * H, GEMM_BN)
     n_h = cd(H, GEMM_BN)
     n_i = cd(I, GEMM_BN)
+    np2 = len(splits)
     qk = f32_bits(desc["scale"] * 1.4426950408889634)
-    for l, ly in enumerate(desc["layers"]):
+    layers = desc["layers"]
+    for l, ly in enumerate(layers):
         x, qkv, ctx, s1, x1, hh, s2 = (
             f"x{l}", f"qkv{l}", f"ctx{l}", f"s1_{l}", f"x1_{l}", f"h{l}", f"s2_{l}",
         )  # fmt: skip
         for m in range(n_m):
-            gemm("qkv", l, m, x, H, 3 * H, ly["qkv_w"], ly["qkv_b"], qkv,
-                 (f"{x}.m{m}", len(pieces(m, LN_ROWS))), f"qkv{l}")  # fmt: skip
+            if not fuse_ln:
+                gemm("qkv", l, m, x, H, 3 * H, ly["qkv_w"], ly["qkv_b"], qkv,
+                     (f"{x}.m{m}", len(pieces(m, LN_ROWS))), f"qkv{l}")  # fmt: skip
+            elif l == 0:  # the embedding's LayerNorm, from the tables: nothing to wait for
+                pf = dict(psrc=e["word"], epos=e["pos"], etype=max(e["type"], 0),
+                          ln_g=e["ln_w"], ln_b=e["ln_b"], faux=eps)  # fmt: skip
+                fl = FL_A_EMBED | (FL_HAS_TYPE if e["type"] >= 0 else 0)
+                gemm("qkv", l, m, None, H, 3 * H, ly["qkv_w"], ly["qkv_b"], qkv, None,
+                     f"qkv{l}", pro=(fl, pf, lambda m0, m1: [], bm * H / 2),
+                     store=x)  # fmt: skip
+            else:
+                pf, srcs = ln_pro([f"s2_{l - 1}_{p}" for p in range(np2)],
+                                  layers[l - 1]["ln2_w"], layers[l - 1]["ln2_b"])  # fmt: skip
+                gemm("qkv", l, m, None, H, 3 * H, ly["qkv_w"], ly["qkv_b"], qkv,
+                     (f"f2_{l - 1}.m{m}", n_h * np2), f"qkv{l}",
+                     pro=(FL_A_LN, pf, lambda m0, m1, s=srcs: [(x_, m0, m1, H) for x_ in s],
+                          bm * H * np2 / 2), store=x)  # fmt: skip
+        if not fuse_attn:
+            for m in range(n_m):
+                for m0, m1 in pieces(m, att_rows):
+                    for h in range(NH):
+                        add(
+                            f"attention{l} m{m} r{m0} h{h}", OP_ATTN,
+                            (f"qkv{l}", n_m * n_qkv), f"ctx{l}.m{m}", [(qkv, 0, tb, 0, 3 * H)],
+                            [(ctx, m0, m1, h * D, h * D + D)],
+                            (m1 - m0) * min(tb, 512) * D / 16, m0=m0, bm=m1 - m0, n0=h, bn=D,
+                            n=H, k=3 * H, a=sb(qkv), out=sb(ctx), faux=qk,
+                        )  # fmt: skip
         for m in range(n_m):
-            for m0, m1 in pieces(m, att_rows):
-                for h in range(NH):
+            if fuse_attn:
+                pf = dict(psrc=sb(qkv), aux=D, faux=qk)
+                gemm("o", l, m, None, H, H, ly["o_w"], ly["o_b"], s1,
+                     (f"qkv{l}", n_m * n_qkv), f"o{l}.m{m}", res=x, f32=True,
+                     pro=(FL_A_ATTN, pf, lambda m0, m1, q=qkv: [(q, 0, tb, 3 * H)],
+                          bm * tb * H / 8))  # fmt: skip
+            else:
+                gemm("o", l, m, ctx, H, H, ly["o_w"], ly["o_b"], s1,
+                     (f"ctx{l}.m{m}", NH * len(pieces(m, att_rows))), f"o{l}.m{m}", res=x,
+                     f32=True)  # fmt: skip
+        if not fuse_ln:
+            for m in range(n_m):
+                for m0, m1 in pieces(m, LN_ROWS):
                     add(
-                        f"attention{l} m{m} r{m0} h{h}", OP_ATTN, (f"qkv{l}", n_m * n_qkv),
-                        f"ctx{l}.m{m}", [(qkv, 0, tb, 0, 3 * H)],
-                        [(ctx, m0, m1, h * D, h * D + D)], (m1 - m0) * min(tb, 512) * D / 16,
-                        m0=m0, bm=m1 - m0, n0=h, bn=D, n=H, k=3 * H, a=sb(qkv), out=sb(ctx),
-                        faux=qk,
+                        f"ln1_{l} m{m} r{m0}", OP_LN, (f"o{l}.m{m}", n_h), f"x1_{l}.m{m}",
+                        [(s1, m0, m1, 0, H)], [(x1, m0, m1, 0, H)], (m1 - m0) * H * 4,
+                        m0=m0, bm=m1 - m0, n=H, a=sb(s1), w=ly["ln1_w"], bias=ly["ln1_b"],
+                        out=sb(x1), faux=eps, aux=1,
                     )  # fmt: skip
         for m in range(n_m):
-            gemm("o", l, m, ctx, H, H, ly["o_w"], ly["o_b"], s1,
-                 (f"ctx{l}.m{m}", NH * len(pieces(m, att_rows))), f"o{l}.m{m}", res=x,
-                 f32=True)  # fmt: skip
+            if fuse_ln:
+                pf, srcs = ln_pro([s1], ly["ln1_w"], ly["ln1_b"])
+                gemm("ffn1_", l, m, None, H, I, ly["f1_w"], ly["f1_b"], hh,
+                     (f"o{l}.m{m}", n_h), f"h{l}.m{m}", act=desc["act"],
+                     pro=(FL_A_LN, pf, lambda m0, m1, s=srcs: [(x_, m0, m1, H) for x_ in s],
+                          bm * H / 2), store=x1)  # fmt: skip
+            else:
+                gemm("ffn1_", l, m, x1, H, I, ly["f1_w"], ly["f1_b"], hh,
+                     (f"x1_{l}.m{m}", len(pieces(m, LN_ROWS))), f"h{l}.m{m}",
+                     act=desc["act"])  # fmt: skip
         for m in range(n_m):
-            for m0, m1 in pieces(m, LN_ROWS):
-                add(
-                    f"ln1_{l} m{m} r{m0}", OP_LN, (f"o{l}.m{m}", n_h), f"x1_{l}.m{m}",
-                    [(s1, m0, m1, 0, H)], [(x1, m0, m1, 0, H)], (m1 - m0) * H * 4,
-                    m0=m0, bm=m1 - m0, n=H, a=sb(s1), w=ly["ln1_w"], bias=ly["ln1_b"],
-                    out=sb(x1), faux=eps, aux=1,
-                )  # fmt: skip
-        for m in range(n_m):
-            gemm("ffn1_", l, m, x1, H, I, ly["f1_w"], ly["f1_b"], hh,
-                 (f"x1_{l}.m{m}", len(pieces(m, LN_ROWS))), f"h{l}.m{m}",
-                 act=desc["act"])  # fmt: skip
-        for m in range(n_m):
+            sig = "final" if fuse_ln and l == L - 1 else f"f2_{l}.m{m}"
             gemm("ffn2_", l, m, hh, I, H, ly["f2_w"], ly["f2_b"], s2, (f"h{l}.m{m}", n_i),
-                 f"f2_{l}.m{m}", res=x1, f32=True, ranges=splits)  # fmt: skip
-        nxt = f"x{l + 1}"
-        for m in range(n_m):
-            for m0, m1 in pieces(m, LN_ROWS):
-                add(
-                    f"ln2_{l} m{m} r{m0}", OP_LN, (f"f2_{l}.m{m}", n_h * len(splits)),
-                    "final" if l == L - 1 else f"{nxt}.m{m}",
-                    [(f"{s2}_{p}", m0, m1, 0, H) for p in range(len(splits))],
-                    [(nxt, m0, m1, 0, H)], (m1 - m0) * H * 4 * len(splits),
-                    m0=m0, bm=m1 - m0, n=H, a=sb(f"{s2}_0"), w=ly["ln2_w"],
-                    bias=ly["ln2_b"], out=sb(nxt), faux=eps, aux=len(splits), res=s2_stride,
-                )  # fmt: skip
+                 sig, res=x1, f32=True, ranges=splits)  # fmt: skip
+        if not fuse_ln:
+            nxt = f"x{l + 1}"
+            for m in range(n_m):
+                for m0, m1 in pieces(m, LN_ROWS):
+                    add(
+                        f"ln2_{l} m{m} r{m0}", OP_LN, (f"f2_{l}.m{m}", n_h * np2),
+                        "final" if l == L - 1 else f"{nxt}.m{m}",
+                        [(f"{s2}_{p}", m0, m1, 0, H) for p in range(np2)],
+                        [(nxt, m0, m1, 0, H)], (m1 - m0) * H * 4 * np2,
+                        m0=m0, bm=m1 - m0, n=H, a=sb(f"{s2}_0"), w=ly["ln2_w"],
+                        bias=ly["ln2_b"], out=sb(nxt), faux=eps, aux=np2, res=s2_stride,
+                    )  # fmt: skip
     P = max(1, min(max_seq, n_blocks))
-    n_final = sum(len(pieces(m, LN_ROWS)) for m in range(n_m))
+    cls = FL_POOL_CLS if desc["pool"] == "cls" else 0
+    if fuse_ln:
+        last = layers[L - 1]
+        pf, srcs = ln_pro([f"s2_{L - 1}_{p}" for p in range(np2)], last["ln2_w"], last["ln2_b"])
+        wait, reads = ("final", n_m * n_h * np2), [(x_, 0, tb, 0, H) for x_ in srcs]
+        pf, cls = dict(pf), cls | FL_A_LN
+    else:
+        n_final = sum(len(pieces(m, LN_ROWS)) for m in range(n_m))
+        wait, reads, pf = ("final", n_final), [(f"x{L}", 0, tb, 0, H)], {"a": sb(f"x{L}")}
     for p in range(P):
         add(
-            f"pool {p}", OP_POOL, ("final", n_final), None, [(f"x{L}", 0, tb, 0, H)],
-            [("out", b, b + 1, 0, H) for b in range(p, max_seq, P)], tb * H / P, m0=p, bm=P, n=H, a=sb(f"x{L}"),
-            flags=FL_POOL_CLS if desc["pool"] == "cls" else 0,
+            f"pool {p}", OP_POOL, wait, None, reads,
+            [("out", b, b + 1, 0, H) for b in range(p, max_seq, P)], tb * H / P, m0=p, bm=P,
+            n=H, flags=cls, **pf,
         )  # fmt: skip
     R = np.stack(rows)
     for r in R:  # every wait covers all the bumps of its counter in a call
