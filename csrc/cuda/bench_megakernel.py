@@ -23,9 +23,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="1x16,1x128,8x128")
     ap.add_argument("--sanitize", action="store_true", help="3 small forwards (compute-sanitizer)")
+    ap.add_argument("--hops", action="store_true", help="the cost of a dependency hop alone")
     args = ap.parse_args(argv)
     if args.sanitize:
         return sanitize()
+    if args.hops:
+        return hops(args.out)
     import torch
 
     from bench import TorchPeer, build_hf, cos_stats, graph_only_us, inputs, timed, zoi_model
@@ -184,6 +187,91 @@ def variants(be, tb, flat, pos, cu, want, reps=300):
     be.run(flat, pos, cu, True)
     torch.cuda.synchronize()
     return out
+
+
+def hops(out_path):
+    """What one dependency costs with no work in it: programs of NOP instructions only (each
+    waits on its counter, bumps its own), timed over back-to-back launches. "chain2": n
+    instructions alternating between two blocks on different SMs, each waiting for the
+    previous one (a counter round trip between SMs); "queue": the same n in one block's queue
+    (instruction overhead, no cross-SM wait); "phases W": n / W phases of W instructions on W
+    blocks, each waiting for all W of the previous phase (a GEMM phase's fan-in)."""
+    import dataclasses
+
+    import torch
+
+    from zoi.backends.cuda import megakernel as mk
+    from zoi.backends.cuda.backend import CudaBackend
+    from zoi.backends.cuda.megakernel_program import F_SELF, F_WAIT_PER_CALL, N_FIELDS, Program
+    from zoi.graph.compiled import CompiledModel
+    from zoi.graph.synthetic import random_weights, synthetic_spec
+
+    spec = dataclasses.replace(
+        synthetic_spec(hidden=64, heads=2, layers=1, inter=96), max_positions=64
+    )
+    model = CompiledModel.build(spec, random_weights(spec, 0), "fp16", 64, None, {})
+    be = CudaBackend(model, buckets=[16], options=mk_options())
+    be.run(
+        np.arange(5, dtype=np.int32), np.arange(5, dtype=np.int32), np.array([0, 5], np.int32), True
+    )
+    nb = int(be.sm)
+
+    def program(n_phases, width, blocks_of):
+        rows, queues, per_call, names = [], [[] for _ in range(nb)], [], []
+        for k in range(n_phases):
+            per_call.append(width)
+            for j in range(width):
+                r = np.zeros(N_FIELDS, np.int32)
+                r[mk.F_OP] = 0
+                r[mk.F_WAIT] = k - 1 if k else -1
+                r[mk.F_WAIT_N] = width if k else 0
+                r[mk.F_SIGNAL] = k
+                r[F_SELF] = len(rows)
+                queues[blocks_of(k, j)].append(len(rows))
+                rows.append(r)
+                names.append(f"p{k} {j}")
+        R = np.stack(rows)
+        for r in R:
+            if r[mk.F_WAIT] >= 0:
+                r[F_WAIT_PER_CALL] = per_call[r[mk.F_WAIT]]
+        n = len(rows)
+        return Program(16, 16, R, queues, per_call, {}, 0, [([], [])] * n, [1.0] * n, names)
+
+    res = {"gpu": torch.cuda.get_device_name(), "sms": nb, "rows": {}}
+    cases = {
+        "chain2": program(120, 1, lambda k, j: (k % 2) * (nb // 2)),
+        "queue": program(60, 1, lambda k, j: 0),
+        "phases 6": program(60, 6, lambda k, j: (k % 2) * (nb // 2) + j),
+        "phases 24": program(60, 24, lambda k, j: (k % 2) * (nb // 2) + j),
+    }
+    for name, prog in cases.items():
+        mk.check_program(prog)
+        plan = mk.MegakernelPlan(be, 16, program=prog)
+        for _ in range(20):
+            plan.launch()
+        torch.cuda.synchronize()
+        reps = 200
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            plan.launch()
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - t0) / reps * 1e6
+        n_ph = len(prog.per_call)
+        res["rows"][name] = dict(
+            forward_us=round(us, 2), phases=n_ph, us_per_phase=round(us / n_ph, 3),
+            timed_out=plan.barrier_timed_out(),
+        )  # fmt: skip
+        print(
+            f"hops {name}: {us:.1f} us for {n_ph} dependent phases = {us / n_ph:.3f} us each",
+            flush=True,
+        )
+    Path(out_path).write_text(json.dumps(res, indent=1))
+
+
+def mk_options():
+    from zoi.backends.cuda.options import CudaOptions
+
+    return CudaOptions(megakernel="on")
 
 
 def sanitize():

@@ -115,12 +115,14 @@ def test_matches_reference_and_per_op(shape):
 @pytest.mark.parametrize(
     "shape,lens,fuse",
     [
-        ("h64", [3, 50, 11], (None, None)),  # bucket 128: LayerNorms in the prologues
-        ("h64", [3, 9], (None, None)),  # bucket 16: attention in the o tiles too (head_dim 32)
-        ("h48", [5, 1, 7], (None, None)),  # head_dim 16, hidden shorter than a k step
+        ("h64", [3, 50, 11], (None, None)),  # bucket 128: the default (no fusion)
+        ("h64", [3, 50, 11], (True, False)),  # LayerNorms in the prologues, 32-row tiles
+        ("h64", [3, 9], (None, None)),  # bucket 16: attention in the o tiles (head_dim 32)
+        ("h64", [3, 9], (True, True)),  # both fusions
+        ("h48", [5, 1, 7], (True, True)),  # head_dim 16, hidden shorter than a k step
         ("minilm", [16], (None, None)),
-        ("minilm", [16], (False, True)),  # attention fused, LayerNorm instructions
-        ("h64", [3, 9], (False, False)),  # the unfused program at a small bucket
+        ("minilm", [16], (True, True)),
+        ("minilm", [40, 9], (True, False)),  # bucket 128, the LN prologue over 384 columns
     ],
 )
 def test_matches_emulation(shape, lens, fuse):

@@ -42,9 +42,14 @@ POLL_LIMIT = 1 << 21
 ALIGN = 256
 ACTS = {"none": 0, "gelu": 1}
 LN_ROWS = 8  # rows of a LayerNorm / embedding instruction: one per warp
-# the largest bucket whose LayerNorms run in their consumers' prologues (every GEMM tile of a
-# row block recomputes its rows' LN from the partials: cheap while the row blocks are few)
-FUSE_LN_MAX = 256
+# The fusions' defaults, from bench_megakernel's variants on an H100 (MiniLM shapes, device
+# us per forward, unfused / LN fused / attention fused / both): 1x16 177.5 / 185.2 / 171.3 /
+# 175.9, 1x32 178.2 / 183.9 / 181.0 / 190.7, 1x64 187.3 / 206.8 / 206.6 / 226.2, 1x128 284.0 /
+# 350.6 / - / -. A prologue costs about what the phase it removes cost (its loads are one more
+# dependent round trip after the wait, and the LN's rows are recomputed by every column tile),
+# so only the attention at 16 tokens is ahead; the LN prologue stays an option (off).
+FUSE_LN_MAX = 0  # buckets <= this fuse their LayerNorms by default
+FUSE_ATTN_MAX = 16  # buckets <= this fuse their attention by default (where attn_fusable)
 LN_PRO_MAX_H = 384  # the widest row an LN prologue makes (a lane's slices of wider rows spill)
 MAX_TB = 1024  # the kernel's shared cu_seqlens hold MAX_TB + 1 entries
 ATTN_DIMS = (16, 32, 64)  # head dims of the fused attention prologue (the kernel's templates)
@@ -126,10 +131,11 @@ def build_program(
     instruction order, so the lowest unfinished instruction can always run (no deadlock while
     the blocks are co-resident).
 
-    fuse_ln (default: tb <= FUSE_LN_MAX; hidden <= LN_PRO_MAX_H only): no embedding / LayerNorm instructions; the qkv and
+    fuse_ln (default: tb <= FUSE_LN_MAX, i.e. off; hidden <= LN_PRO_MAX_H only): no embedding / LayerNorm instructions; the qkv and
     ffn1 tiles make their A rows (the embedding's or the previous sum's LayerNorm) in a
     prologue, their first column tile stores them for the residual, and the pool normalises
-    the last layer's rows itself. fuse_attn (default: where ``attn_fusable``): no attention
+    the last layer's rows itself. fuse_attn (default: tb <= FUSE_ATTN_MAX where
+    ``attn_fusable``): no attention
     instructions; the o tiles compute their rows' attention in a prologue. Each fusion takes
     one dependent phase (a counter round trip and its loads) out of every layer."""
     H, I, NH, D, L = desc["H"], desc["I"], desc["NH"], desc["D"], desc["L"]
@@ -138,7 +144,9 @@ def build_program(
     if tb > MAX_TB:
         raise MegakernelUnsupported(f"megakernel: bucket {tb} > {MAX_TB} tokens")
     fuse_ln = (tb <= FUSE_LN_MAX if fuse_ln is None else bool(fuse_ln)) and H <= LN_PRO_MAX_H
-    fuse_attn = (fuse_attn is None or bool(fuse_attn)) and attn_fusable(desc, tb)
+    fuse_attn = (tb <= FUSE_ATTN_MAX if fuse_attn is None else bool(fuse_attn)) and attn_fusable(
+        desc, tb
+    )
     bm = 16 if tb <= 64 else 32
     n_m = -(-tb // bm)
     cd = lambda a, b: -(-a // b)  # noqa: E731
