@@ -456,3 +456,14 @@ def test_large_decoder_graphs_skip_the_offline_optimiser(tiny_cache, tmp_path, m
     assert C.onnx_fp32(ref, tmp_path) == raw
     q = C.onnx_int8(ref, tmp_path)
     assert q.exists() and q != raw
+
+
+def test_int8_saturation_read_from_the_cpu_flags():
+    """ONNX Runtime's INT8 export takes 7-bit weights exactly where its x86 products saturate
+    (AVX2 / AVX-512 without VNNI), read from /proc/cpuinfo's flags."""
+    assert C.int8_saturates("flags\t\t: fpu sse2 avx2 fma\n")
+    assert C.int8_saturates("flags\t\t: avx2 avx512f avx512bw\n")
+    assert not C.int8_saturates("flags\t\t: avx2 avx512f avx512_vnni\n")
+    assert not C.int8_saturates("flags\t\t: avx2 avx_vnni\n")
+    assert not C.int8_saturates("flags\t\t: sse2 sse4_2\n")  # no AVX2: not this kernel
+    assert not C.int8_saturates("")

@@ -243,18 +243,41 @@ def onnx_fp32(model: ModelRef, cache: Path) -> Path:
 def fusion_stats(onnx_file: Path | str) -> dict | None:
     """What the optimiser fused into the graph ``onnx_file`` derives from (None: unknown)."""
     import json
+    import re
 
     p = Path(onnx_file)
-    for cand in (p, p.parent / p.name.replace("model_int8_ort", "model_opt_ort")):
+    opt = re.sub(r"model_int8(_w7)?_ort", "model_opt_ort", p.name)
+    for cand in (p, p.parent / opt):
         f = fusion_stats_path(cand)
         if f.exists():
             return json.loads(f.read_text())
     return None
 
 
+def int8_saturates(cpuinfo: str | None = None) -> bool:
+    """True on an x86 CPU without VNNI (AVX2 / AVX-512 only): there ONNX Runtime's U8S8
+    kernels add pairs of u8 x s8 products in int16 with saturation (vpmaddubsw), and its
+    quantisation guide asks for 7-bit weights (reduce_range) on such CPUs. Elsewhere (VNNI,
+    ARM) the products are exact. cpuinfo: /proc/cpuinfo's text (tests)."""
+    import platform
+
+    if cpuinfo is None:
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return False
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split()
+    return "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & set(flags)
+
+
 def onnx_int8(model: ModelRef, cache: Path) -> Path:
-    """``quantize_dynamic`` (INT8 weights per channel, dynamic activations) of the fused graph."""
+    """``quantize_dynamic`` (INT8 weights per channel, dynamic activations) of the fused graph,
+    with 7-bit weights where the CPU's INT8 products saturate (``int8_saturates``: ONNX
+    Runtime's own advice for such CPUs; the file name says which)."""
     fused = onnx_fp32(model, cache)
+    reduce = int8_saturates()
 
     def build(tmp: Path) -> None:
         import onnx
@@ -264,12 +287,14 @@ def onnx_int8(model: ModelRef, cache: Path) -> Path:
             str(fused),
             str(tmp),
             per_channel=True,
+            reduce_range=reduce,
             weight_type=QuantType.QInt8,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             use_external_data_format=bool(external_data(fused)),
         )
 
-    return _done_onnx(raw_sibling(fused, f"model_int8_ort{_ver('onnxruntime')}.onnx"), build)
+    name = f"model_int8{'_w7' if reduce else ''}_ort{_ver('onnxruntime')}.onnx"
+    return _done_onnx(raw_sibling(fused, name), build)
 
 
 def raw_sibling(p: Path, name: str) -> Path:
@@ -290,22 +315,35 @@ def openvino_fp32(model: ModelRef, cache: Path) -> Path:
 
 
 def openvino_int8(model: ModelRef, cache: Path, subset: int = 300) -> Path:
-    """NNCF post-training quantisation (transformer preset), calibrated on real text."""
+    """NNCF post-training quantisation (transformer preset), calibrated on real text; where the
+    CPU's INT8 products saturate (``int8_saturates``), NNCF's overflow fix on every layer
+    (7-bit weights: its answer to the same AVX2 / AVX-512 without VNNI kernels)."""
     fp32 = openvino_fp32(model, cache)
+    fix_all = int8_saturates()
 
     def build(tmp: Path) -> None:
         import nncf
         import openvino as ov
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            OverflowFix,
+        )
 
         tmp.mkdir()
         m = ov.Core().read_model(str(fp32))
         data = _example(model, subset, seed=1)
+        adv = AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE) if fix_all else None
         q = nncf.quantize(
-            m, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER, subset_size=subset
+            m,
+            nncf.Dataset(data),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=subset,
+            advanced_parameters=adv,
         )
         ov.save_model(q, str(tmp / "model.xml"), compress_to_fp16=False)
 
-    d = _done(fp32.parent.parent / f"int8-nncf{_ver('nncf')}", build)
+    tag = f"int8{'-w7' if fix_all else ''}-nncf{_ver('nncf')}"
+    d = _done(fp32.parent.parent / tag, build)
     return d / "model.xml"
 
 

@@ -9,8 +9,8 @@ The parts:
 * ``describe(launches, w, wbase)``: the model as plain numbers (dimensions, weight offsets)
   from the CUDA backend's launch list; anything but the BERT post-LN layer with fp16
   weights, mean / CLS pooling raises ``MegakernelUnsupported`` (the per-op path stays);
-* ``build_program(desc, tb, n_blocks)`` / ``check_program`` (megakernel_program.py): the
-  instruction list of one bucket and its static soundness check;
+* ``build_program(desc, tb, n_blocks)`` (megakernel_program.py) / ``check_program``
+  (megakernel_check.py): the instruction list of one bucket and its static soundness check;
 * ``emulate`` / ``compare_scratch`` (megakernel_emulate.py): a numpy run of an instruction list
   as the kernel reads it (the CPU check against the reference; the GPU tests' diagnosis);
 * ``cubin()``: the compiled kernel: ``zoi/_cuda/megakernel.cubin`` from the package build, else
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoi.backends.cuda.megakernel_check import check_program  # noqa: F401  (re-exported)
 from zoi.backends.cuda.megakernel_emulate import compare_scratch, emulate  # noqa: F401
 from zoi.backends.cuda.megakernel_program import (  # noqa: F401  (re-exported)
     ACTS,
@@ -57,7 +58,6 @@ from zoi.backends.cuda.megakernel_program import (  # noqa: F401  (re-exported)
     MegakernelUnsupported,
     attn_fusable,
     build_program,
-    check_program,
     ffn2_splits,
 )
 
