@@ -90,7 +90,16 @@ else:
         plan=dict(buckets=[16, 64]),
         lens=([1], [5, 1, 9], [40, 3, 17]),
         quant_lens=([1], [5, 1, 9], [32, 3, 17], [20, 20, 20]),
-        quant_cases=[(k, "tiny") for k in NEEDS],
+        # default (the product's artifact) and static + shift (the awkward fp16-storage case)
+        # here; shift and dynamic in the slow tier: their kernel paths (act_shift on an
+        # asymmetric copy, symmetric dynamic with an act_mul) are test_mixed_schemes_...'s
+        # l0.qkv and l0.o, in the same model as every other scheme
+        quant_cases=[
+            ("default", "tiny"),
+            pytest.param("shift", "tiny", marks=pytest.mark.slow),
+            ("static", "tiny"),
+            pytest.param("dynamic", "tiny", marks=pytest.mark.slow),
+        ],
         tiny_cos=0.999,
         single=dict(model=dict(pooling="cls", act="gelu_tanh"), backend=dict(buckets=[32, 64]),
                     lens=[7, 2, 13], big=[20, 20, 20], seed=2, atol=1e-6),
@@ -123,7 +132,11 @@ def _launches(be):
     return n
 
 
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
+# INT8: the slow tier (~35 s in the interpreter). Its symmetric dynamic linears (o / ffn2 quantising
+# on load, qkv / ffn1 reading their LN producer's copy) against the float64 reference are
+# test_static_scheme_and_unfused_layernorm's dynamic linears; every INT8 scheme is
+# test_mixed_schemes_transforms_and_float_linears'; scripts/gpu_check.sh runs it compiled
+@pytest.mark.parametrize("precision", ["fp16", pytest.param("int8", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("shape", M.shapes)
 def test_forward_matches_reference(precision, shape):
     model = tiny_model(precision, **M.size, **_shape(shape))

@@ -79,7 +79,9 @@ class TestInterpreter:
         [
             {"BM": 32, "BN_WIDE": 64, "BN_NARROW": 32},
             {"ATT_BM": 32, "ATT_BN": 32, "POOL_BR": 32},
-            {"BK": 32, "BN_WIDE": 256, "BN_NARROW": 64},
+            # the slow tier: BK 32 is a K loop of 2 steps (cfg3's BK 16 loops too), BN 256
+            # masks columns past I (I = 80 masks some in every config)
+            pytest.param({"BK": 32, "BN_WIDE": 256, "BN_NARROW": 64}, marks=pytest.mark.slow),
             # deterministic split-K: o in 2, ffn2 in 3 (the last split partly masked), the
             # partials summed by ffn1's / the next qkv's LN-on-load and by the pool
             {"BK": 16, "KSPLIT_O": 2, "KSPLIT_F2": 3, "BK_F2": 16, "POOL_BR": 8, "BM_LN": 32},
@@ -95,8 +97,13 @@ class TestInterpreter:
         be._steps[64] = build_persistent_steps(be, 64, cfg=cfg)
         _check(be, model, ([5, 1, 9], [40, 3, 17]), seed=6)
 
-    # 256 takes ~1 minute in the interpreter: the slow tier (compiled on the GPU every run)
-    @pytest.mark.parametrize("tb", [16, 128, pytest.param(256, marks=pytest.mark.slow)])
+    # 256 takes ~1 minute in the interpreter, 128 ~25 s: the slow tier (compiled on the GPU
+    # every run); 16 keeps the one-shot LN GEMMs and the split-K ffn2 here, and BM 32 is
+    # test_tile_configs' first config
+    @pytest.mark.parametrize(
+        "tb",
+        [16, pytest.param(128, marks=pytest.mark.slow), pytest.param(256, marks=pytest.mark.slow)],
+    )
     def test_h200_default_cfg_minilm_width(self, tb):
         """The config default_cfg picks for an H200 (132 SMs) at each bucket, on a
         MiniLM-width layer: one-shot LN GEMMs (BK 512 > H 384, masked), split-K ffn2

@@ -117,8 +117,19 @@ def attn_ref(q, k, v):  # q [H, D] k/v [n, KVH, D] -> [H, D]
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("splits,min_per", [(1, 1), (3, 1), (5, 2), (4, 8)])
+# unsplit in both dtypes, each split case in one dtype here (3 and 5 slices in fp16, the min_per
+# clamp in fp32), the other dtype in the slow tier (~7 s in the interpreter): SPLITS and IEEE
+# are independent constexprs of the one kernel
+PAGED_SLOW = {(3, 1, 0), (5, 2, 0), (4, 8, 1)}  # (splits, min_per, dtype index)
+PAGED_CASES = [
+    pytest.param(dt, s, mp, id=f"{s}-{mp}-dtype{i}",
+                 marks=pytest.mark.slow if (s, mp, i) in PAGED_SLOW else ())
+    for s, mp in [(1, 1), (3, 1), (5, 2), (4, 8)]
+    for i, dt in enumerate([torch.float32, torch.float16])
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,splits,min_per", PAGED_CASES)
 def test_decode_attention_paged(rng, dtype, splits, min_per):
     H, KVH, D, BS, NB, MAXB = 8, 2, 32, 16, 24, 6
     ctx = np.array([1, 17, 40, 96, 16], np.int32)  # a full table, exact block edges
@@ -166,9 +177,20 @@ def test_decode_attention_paged(rng, dtype, splits, min_per):
         assert int(cnt.abs().sum()) == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("splits,min_per", [(1, 1), (3, 1), (6, 2)])
+# every (dtype, norm) pair unsplit, 3 slices (fp16, no norm) and 6 slices of >= 2 blocks (fp32,
+# q / k norms) here; the other split cases in the slow tier (~22 s in the interpreter): SPLITS,
+# NORM and IEEE are independent constexprs of the one kernel, each value runs here
+FUSED_FAST = {(3, False, 1), (6, True, 0)}  # (splits, norm, dtype index) of the split cases
+FUSED_CASES = [
+    pytest.param(dt, norm, s, mp, id=f"{s}-{mp}-{norm}-dtype{i}",
+                 marks=() if s == 1 or (s, norm, i) in FUSED_FAST else pytest.mark.slow)
+    for s, mp in [(1, 1), (3, 1), (6, 2)]
+    for norm in (False, True)
+    for i, dt in enumerate([torch.float32, torch.float16])
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,norm,splits,min_per", FUSED_CASES)
 def test_decode_attention_fused_rope(rng, dtype, norm, splits, min_per):
     """rope=(...): q and the current k roped in the attention kernel, k / v written into the
     cache by the slice that holds the current token: the same cache and the same output as

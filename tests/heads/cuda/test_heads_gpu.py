@@ -52,7 +52,9 @@ def _engines(folder, precision, max_tokens=128):
     return eng, zoi.Engine(base.model, base.tokenizer, "reference")
 
 
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
+# FP16 in the slow tier (~13 s in the interpreter): the per-token logits, NER and one at a
+# time == batched run here in INT8, FP16 linears in test_splade_on_cuda / token embeddings
+@pytest.mark.parametrize("precision", [pytest.param("fp16", marks=pytest.mark.slow), "int8"])
 def test_token_classification_on_cuda(head_ckpts, precision):
     folder, model = head_ckpts("bert", "tok", 7)
     eng, ref = _engines(folder, precision)
@@ -96,7 +98,9 @@ def test_splade_on_cuda(head_ckpts, precision):
     np.testing.assert_array_equal(idx, np.flatnonzero(got[0]))
 
 
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
+# INT8 in the slow tier (~8 s in the interpreter): the token rows copied from the arena run here
+# in FP16, the INT8 engine on cuda in test_token_classification_on_cuda / test_splade_on_cuda
+@pytest.mark.parametrize("precision", ["fp16", pytest.param("int8", marks=pytest.mark.slow)])
 def test_token_embeddings_on_cuda(small_bert_path, precision):
     eng, ref = _engines(small_bert_path, precision)
     got = eng.encode(TEXTS, output_value="token_embeddings")
