@@ -3,7 +3,7 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|multigpu|multibench|fp8|mega] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|clusterhop|multigpu|multibench|fp8|mega] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
 #   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
 #   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
@@ -75,6 +75,12 @@ if [[ " $STAGES " == *" decbench "* ]]; then  # explicit only (not in all): zoi 
   timeout "${DECBENCH_TIMEOUT:-580}" $PY -m zoi.bench.cli --device cuda \
     --workloads "${DECBENCH_WORKLOADS:-qwen2.5-0.5b-decode,llama-3.2-1b-decode}" ${DECBENCH_ARGS:-} \
     --out "$OUT/gpu_${STAMP}_cuda_decode.json" 2>&1 | tail -60 | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" clusterhop "* ]]; then  # explicit only, ~30 s: a dependency hop through L2 vs DSMEM (lab)
+  log "cluster hop: L2 counters vs distributed shared memory vs cluster barriers (lab/gpu/cluster_hop.cu)" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/zoi_cluster_hop lab/gpu/cluster_hop.cu 2>&1 | tail -5 | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${CLUSTERHOP_TIMEOUT:-60}" /tmp/zoi_cluster_hop ${CLUSTERHOP_ITERS:-2000} 2>&1 \
+    | tee "$OUT/gpu_cluster_hop_${STAMP}.jsonl" | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if [[ " $STAGES " == *" grouped "* ]]; then  # explicit only, ~2 min: the grouped int8 handoff (lab)
   log "grouped int8 handoff ffn1 -> ffn2 vs linear + quantize + linear (lab/gpu/grouped_handoff.py)" | tee -a "$OUT/gpu_check_${STAMP}.log"

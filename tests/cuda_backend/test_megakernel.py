@@ -230,6 +230,22 @@ def test_nvcc_builds_the_kernel(tmp_path, arch):
     assert 0 < r["smem"] <= 48 * 1024, report
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_builds_the_cluster_hop_lab(tmp_path):
+    """lab/gpu/cluster_hop.cu (the next design step's measurement: a dependency through L2
+    counters vs distributed shared memory, scripts/gpu_check.sh clusterhop) keeps building."""
+    import subprocess
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "lab" / "gpu" / "cluster_hop.cu"
+    out = tmp_path / "cluster_hop"
+    p = subprocess.run(
+        ["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(out), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0 and out.stat().st_size > 10_000, p.stderr[-2000:]
+
+
 def test_ptxas_report_parsed():
     text = (
         "ptxas info    : Function properties for zoi_megakernel\n"
