@@ -73,7 +73,6 @@ constexpr int BN = 64;          // GEMM n tile: 8 warps x n8
 constexpr int MAX_H = 512;      // LayerNorm / pool row width (a lane's 16 columns in registers)
 constexpr int ATT_KC = 64;      // keys per attention chunk
 constexpr int MAX_D = 128;
-constexpr int LN_PRO_MAX_H = 384;  // the widest row an LN prologue makes
 
 struct Params {
   const int* instr;        // [n_instr][N_FIELDS]
@@ -96,7 +95,8 @@ static_assert(sizeof(Params) == 96 && offsetof(Params, hdr_ints) == 64 &&
                   offsetof(Params, poll_limit) == 80 && offsetof(Params, prof) == 88,
               "update the host's packing in megakernel.py");
 
-constexpr int AROW = MAX_H + 8;  // a prologue's full A row (halves): ldmatrix rows on distinct banks
+// a prologue's full A row (halves), padded: ldmatrix rows on distinct banks
+constexpr int AROW = MAX_H + 8;
 // the fused attention's region: Q (16 rows), K and V (keys rounded up to 16) at a row stride
 // of hidden + 8 halves; the builder fuses attention only where (16 + 2 keys) (H + 8) fits
 constexpr int FA_HALVES = 144 * 392;
@@ -254,8 +254,7 @@ __device__ __forceinline__ void load_gb(float (&gv)[NV], float (&bv)[NV], const 
 }
 
 // v <- LN(v) of one row (a warp: lane owns columns lane + 32 i)
-// PRE: the gain / bias were loaded with the row (gv, bv); else read at use (registers)
-template <int NV, bool PRE = (NV <= 16)>
+template <int NV>
 __device__ __forceinline__ void ln_norm(float (&v)[NV], const float (&gv)[NV],
                                         const float (&bv)[NV], int H, float eps, const float* g,
                                         const float* b) {
@@ -273,8 +272,8 @@ __device__ __forceinline__ void ln_norm(float (&v)[NV], const float (&gv)[NV],
   const float rstd = rsqrtf(warp_sum(q) / H + eps);
 #pragma unroll
   for (int i = 0; i < NV; i++) {
-    const float gi = PRE ? gv[i] : g[col_of<NV>(i, H)];
-    const float bi = PRE ? bv[i] : b[col_of<NV>(i, H)];
+    const float gi = NV <= 16 ? gv[i] : g[col_of<NV>(i, H)];  // wider rows: loaded at use
+    const float bi = NV <= 16 ? bv[i] : b[col_of<NV>(i, H)];
     v[i] = (v[i] - mean) * rstd * gi + bi;
   }
 }
@@ -486,7 +485,8 @@ __device__ __forceinline__ void load_a_stage(Smem& sm, int buf, const half* A, i
     int r = i >> 3, c = (i & 7) * 8;
     int m = m0 + r, k = k0 + c;
     bool ok = m < M && k < ke;
-    cp_async16(a_stage(sm, buf, r, c), ok ? (const void*)(A + (size_t)m * K + k) : (const void*)A, ok);
+    cp_async16(a_stage(sm, buf, r, c), ok ? (const void*)(A + (size_t)m * K + k) : (const void*)A,
+               ok);
   }
 }
 
@@ -685,7 +685,8 @@ __device__ void gemm_tile(const Params& p, Smem& sm, const int* ins, int T, int 
   const int nk = (ke - kb + BK - 1) / BK;
   // the weights depend on nothing: the first NSTAGE - 1 stages are in flight while we wait
   // (one cp.async group); the A stages follow, one group each
-  for (int s = 0; s < NSTAGE - 1 && s < nk; s++) load_w_stage(p, sm, s, W, n0, N, K, ke, kb + s * BK);
+  for (int s = 0; s < NSTAGE - 1 && s < nk; s++)
+    load_w_stage(p, sm, s, W, n0, N, K, ke, kb + s * BK);
   // an LN prologue's gain and bias (weights: in flight with the W stages, before the wait)
   const bool lnp = flags & (FL_A_LN | FL_A_EMBED);
   float* lng = (float*)sm.fa;
@@ -734,7 +735,7 @@ __device__ void gemm_tile(const Params& p, Smem& sm, const int* ins, int T, int 
       ln_prologue<8>(p, sm, ins, T, lng, lnb);
     else if (K <= 256)
       ln_prologue<16>(p, sm, ins, T, lng, lnb);
-    else  // K <= LN_PRO_MAX_H (the builder's rule: a lane's slices of wider rows spill)
+    else  // K <= 384 (megakernel_program.LN_PRO_MAX_H: a lane's slices of wider rows spill)
       ln_prologue<24>(p, sm, ins, T, lng, lnb);
   }
   for (int s = 0; s < NSTAGE - 1; s++) {

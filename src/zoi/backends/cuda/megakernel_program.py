@@ -131,13 +131,13 @@ def build_program(
     instruction order, so the lowest unfinished instruction can always run (no deadlock while
     the blocks are co-resident).
 
-    fuse_ln (default: tb <= FUSE_LN_MAX, i.e. off; hidden <= LN_PRO_MAX_H only): no embedding / LayerNorm instructions; the qkv and
-    ffn1 tiles make their A rows (the embedding's or the previous sum's LayerNorm) in a
-    prologue, their first column tile stores them for the residual, and the pool normalises
-    the last layer's rows itself. fuse_attn (default: tb <= FUSE_ATTN_MAX where
-    ``attn_fusable``): no attention
-    instructions; the o tiles compute their rows' attention in a prologue. Each fusion takes
-    one dependent phase (a counter round trip and its loads) out of every layer."""
+    fuse_ln (default: tb <= FUSE_LN_MAX, i.e. off; hidden <= LN_PRO_MAX_H only): no embedding /
+    LayerNorm instructions; the qkv and ffn1 tiles make their A rows (the embedding's or the
+    previous sum's LayerNorm) in a prologue, their first column tile stores them for the
+    residual, and the pool normalises the last layer's rows itself. fuse_attn (default: tb <=
+    FUSE_ATTN_MAX where ``attn_fusable``): no attention instructions; the o tiles compute their
+    rows' attention in a prologue. Each fusion takes one dependent phase (a counter round trip
+    and its loads) out of every layer."""
     H, I, NH, D, L = desc["H"], desc["I"], desc["NH"], desc["D"], desc["L"]
     if tb < 1 or n_blocks < 1:
         raise ValueError(f"build_program: tb {tb} and n_blocks {n_blocks} must be >= 1")
@@ -229,11 +229,15 @@ def build_program(
                     faux=eps,
                 )  # fmt: skip
 
+    def ln_fields(srcs, g, b):
+        """The fields of a LayerNorm of the fp32 partials srcs (consecutive, one stride apart)."""
+        return dict(psrc=sb(srcs[0]), ln_np=len(srcs), ln_pstride=s2_stride, ln_g=g, ln_b=b,
+                    faux=eps)  # fmt: skip
+
     def ln_pro(srcs, g, b):
-        """A prologue's LayerNorm of the fp32 partials srcs (consecutive, one stride apart)."""
-        f = dict(psrc=sb(srcs[0]), ln_np=len(srcs), ln_pstride=s2_stride, ln_g=g, ln_b=b,
-                 faux=eps)  # fmt: skip
-        return f, srcs
+        """A GEMM tile's LN prologue over srcs: (flags, fields, the rows it reads, extra cost)."""
+        reads = lambda m0, m1: [(x_, m0, m1, H) for x_ in srcs]  # noqa: E731
+        return FL_A_LN, ln_fields(srcs, g, b), reads, bm * H * len(srcs) / 2
 
     def gemm(name, l, m, a, K, Nn, wo, bo, out, wait, signal, act=0, res=None, f32=False,
              ranges=None, pro=None, store=None):  # fmt: skip
@@ -290,12 +294,10 @@ def build_program(
                      f"qkv{l}", pro=(fl, pf, lambda m0, m1: [], bm * H / 2),
                      store=x)  # fmt: skip
             else:
-                pf, srcs = ln_pro([f"s2_{l - 1}_{p}" for p in range(np2)],
-                                  layers[l - 1]["ln2_w"], layers[l - 1]["ln2_b"])  # fmt: skip
+                pro = ln_pro([f"s2_{l - 1}_{p}" for p in range(np2)],
+                             layers[l - 1]["ln2_w"], layers[l - 1]["ln2_b"])  # fmt: skip
                 gemm("qkv", l, m, None, H, 3 * H, ly["qkv_w"], ly["qkv_b"], qkv,
-                     (f"f2_{l - 1}.m{m}", n_h * np2), f"qkv{l}",
-                     pro=(FL_A_LN, pf, lambda m0, m1, s=srcs: [(x_, m0, m1, H) for x_ in s],
-                          bm * H * np2 / 2), store=x)  # fmt: skip
+                     (f"f2_{l - 1}.m{m}", n_h * np2), f"qkv{l}", pro=pro, store=x)  # fmt: skip
         if not fuse_attn:
             for m in range(n_m):
                 for m0, m1 in pieces(m, att_rows):
@@ -329,11 +331,9 @@ def build_program(
                     )  # fmt: skip
         for m in range(n_m):
             if fuse_ln:
-                pf, srcs = ln_pro([s1], ly["ln1_w"], ly["ln1_b"])
                 gemm("ffn1_", l, m, None, H, I, ly["f1_w"], ly["f1_b"], hh,
                      (f"o{l}.m{m}", n_h), f"h{l}.m{m}", act=desc["act"],
-                     pro=(FL_A_LN, pf, lambda m0, m1, s=srcs: [(x_, m0, m1, H) for x_ in s],
-                          bm * H / 2), store=x1)  # fmt: skip
+                     pro=ln_pro([s1], ly["ln1_w"], ly["ln1_b"]), store=x1)  # fmt: skip
             else:
                 gemm("ffn1_", l, m, x1, H, I, ly["f1_w"], ly["f1_b"], hh,
                      (f"x1_{l}.m{m}", len(pieces(m, LN_ROWS))), f"h{l}.m{m}",
@@ -358,9 +358,9 @@ def build_program(
     cls = FL_POOL_CLS if desc["pool"] == "cls" else 0
     if fuse_ln:
         last = layers[L - 1]
-        pf, srcs = ln_pro([f"s2_{L - 1}_{p}" for p in range(np2)], last["ln2_w"], last["ln2_b"])
+        srcs = [f"s2_{L - 1}_{p}" for p in range(np2)]
+        pf, cls = ln_fields(srcs, last["ln2_w"], last["ln2_b"]), cls | FL_A_LN
         wait, reads = ("final", n_m * n_h * np2), [(x_, 0, tb, 0, H) for x_ in srcs]
-        pf, cls = dict(pf), cls | FL_A_LN
     else:
         n_final = sum(len(pieces(m, LN_ROWS)) for m in range(n_m))
         wait, reads, pf = ("final", n_final), [(f"x{L}", 0, tb, 0, H)], {"a": sb(f"x{L}")}
