@@ -3,12 +3,14 @@
 #   install/build, GPU tests (kernels compiled + the whole CudaBackend), compute-sanitizer on
 #   one forward, the GPU benchmark with its PyTorch peers. Logs and JSON go to $OUT (default
 #   ./gpu_out); copy them into bench/results/ (gpu_* files) and commit.
-# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|clusterhop|multigpu|multibench|fp8|mega] ...   (several stages may be given)
+# Usage: scripts/gpu_check.sh [all|test|sanitize|bench|labbench|quick|e2e|arena|decbench|gemv|grouped|clusterhop|decmega|multigpu|multibench|fp8|mega] ...   (several stages may be given)
 #   multigpu (explicit only): one engine per GPU end to end (scripts/multigpu_check.py: cuda:N
 #   engines, `zoi serve --device cuda --gpus 0`, and --gpus all on two GPUs or more; the CUDA
 #   image lacks starlette / uvicorn: carry their wheels in .whl/, see docs/DEPLOY.md);
 #   multibench (explicit only): scripts/bench_multigpu.sh (1 GPU vs 2 on zoi serve, Triton, Ray)
 #   fp8 (explicit only, sm_89+): FP8 tests compiled, zoi eval --precision fp8, zoi bench fp8/int8/fp16
+#   decmega (explicit only, lab): lab/gpu/decode_mega.cu, a persistent Llama-1B decode step vs
+#   the weight-read floor, and the product's decode step on the same card
 #   mega (explicit only): the CUDA C++ megakernel: nvcc build + ptxas report, its GPU tests, MiniLM
 #   1x16 / 1x128 / 8x128 megakernel vs per-op graph vs PyTorch FP16 + CUDA graph (JSON);
 #   MEGA_SANITIZE=1 adds compute-sanitizer memcheck + racecheck of a few megakernel forwards
@@ -81,6 +83,19 @@ if [[ " $STAGES " == *" clusterhop "* ]]; then  # explicit only, ~30 s: a depend
   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/zoi_cluster_hop lab/gpu/cluster_hop.cu 2>&1 | tail -5 | tee -a "$OUT/gpu_check_${STAMP}.log"
   timeout "${CLUSTERHOP_TIMEOUT:-60}" /tmp/zoi_cluster_hop ${CLUSTERHOP_ITERS:-2000} 2>&1 \
     | tee "$OUT/gpu_cluster_hop_${STAMP}.jsonl" | tee -a "$OUT/gpu_check_${STAMP}.log"
+fi
+if [[ " $STAGES " == *" decmega "* ]]; then  # explicit only, ~2 min: a persistent decode step (lab)
+  log "decmega: persistent decode step, Llama-3.2-1B shapes INT8 (lab/gpu/decode_mega.cu) vs the weight-read floor" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -o /tmp/zoi_decode_mega lab/gpu/decode_mega.cu 2>&1 \
+    | grep -A2 decode_step | grep -E 'registers|spill' | tee -a "$OUT/gpu_check_${STAMP}.log"
+  timeout "${DECMEGA_TIMEOUT:-150}" /tmp/zoi_decode_mega ${DECMEGA_ITERS:-200} 2>&1 \
+    | tee "$OUT/gpu_decode_mega_${STAMP}.jsonl" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  mrc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$mrc
+  echo "decode_mega exit code $mrc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+  # the product's decode step on the same card, same run (per-op graph, Triton kernels)
+  [[ -n "${DECMEGA_PRODUCT:-1}" && "${DECMEGA_PRODUCT:-1}" != 0 ]] && timeout "${DECMEGA_PRODUCT_TIMEOUT:-200}" \
+    $PY lab/gpu/decode_ab.py --models llama-3.2-1b --variants base --pipeline-only --new 96 \
+    --out "$OUT/gpu_decode_mega_product_${STAMP}.json" 2>&1 | tail -8 | tee -a "$OUT/gpu_check_${STAMP}.log"
 fi
 if [[ " $STAGES " == *" grouped "* ]]; then  # explicit only, ~2 min: the grouped int8 handoff (lab)
   log "grouped int8 handoff ffn1 -> ffn2 vs linear + quantize + linear (lab/gpu/grouped_handoff.py)" | tee -a "$OUT/gpu_check_${STAMP}.log"

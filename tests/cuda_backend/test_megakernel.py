@@ -231,14 +231,16 @@ def test_nvcc_builds_the_kernel(tmp_path, arch):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_nvcc_builds_the_cluster_hop_lab(tmp_path):
-    """lab/gpu/cluster_hop.cu (the next design step's measurement: a dependency through L2
-    counters vs distributed shared memory, scripts/gpu_check.sh clusterhop) keeps building."""
+@pytest.mark.parametrize("name", ["cluster_hop", "decode_mega"])
+def test_nvcc_builds_the_lab_kernels(tmp_path, name):
+    """The persistent kernel's lab measurements keep building: lab/gpu/cluster_hop.cu (a
+    dependency through L2 counters vs distributed shared memory, scripts/gpu_check.sh clusterhop)
+    and lab/gpu/decode_mega.cu (a persistent Llama-1B decode step, scripts/gpu_check.sh decmega)."""
     import subprocess
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[2] / "lab" / "gpu" / "cluster_hop.cu"
-    out = tmp_path / "cluster_hop"
+    src = Path(__file__).resolve().parents[2] / "lab" / "gpu" / f"{name}.cu"
+    out = tmp_path / name
     p = subprocess.run(
         ["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(out), str(src)],
         capture_output=True, text=True, timeout=300,
