@@ -40,7 +40,15 @@
 constexpr int H = 2048, NQ = 32, NKV = 8, HD = 64, FF = 8192, NL = 16, VOC = 128256;
 constexpr int QKV = H + 2 * NKV * HD;  // 3072
 constexpr int MAXCTX = 2048;
-constexpr int THREADS = 256;
+constexpr int THREADS = 256;  // the compute warps
+// PRODUCER 1: a ninth warp issues the weight copies (waiting on per-slot "empty" mbarriers), so
+// no compute thread ever waits on the copy engine's queue; 0: thread 0 issues between tiles
+#ifndef PRODUCER
+#define PRODUCER 1
+#endif
+// with the producer warp, a second extra warp bumps the phase counters (a release waits for the
+// block's stores to drain: ~1 us a phase that the compute warps no longer wait out)
+constexpr int BLOCK = THREADS + (PRODUCER ? 64 : 0);
 constexpr int SLOT = 32768;
 constexpr int NSLOT = 6;
 constexpr float EPS = 1e-5f;
@@ -154,8 +162,12 @@ __global__ void ref_attn(float* qkv, half* kc, half* vc, float* attn, int l, int
 }
 
 // ---------------------------------------------------------------- the persistent kernel
+// the compute warps' barrier (named barrier 1: the producer warp never joins it)
+__device__ __forceinline__ void csync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
+
 struct Prof {  // per block, SM clocks
   unsigned long long total, wait_dep, wait_w, attn, body;  // body: weights ready -> next issued
+  unsigned long long dot, issue;  // of body: the tile loop to its barrier; thread 0's issue
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -190,8 +202,21 @@ __device__ __forceinline__ int ld_acquire(const int* a) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
   return v;
 }
+__device__ __forceinline__ int ld_relaxed(const int* a) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
 __device__ __forceinline__ void red_release(int* a, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire_cta(const unsigned* a) {
+  unsigned v;
+  asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(smem_u32(a)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_cta(unsigned* a, unsigned v) {
+  asm volatile("st.release.cta.shared::cta.u32 [%0], %1;" ::"r"(smem_u32(a)), "r"(v) : "memory");
 }
 __device__ __forceinline__ unsigned long long gtime() {
   unsigned long long t;
@@ -208,7 +233,9 @@ struct Smem {
   alignas(16) float x[FF];  // the phase's input row (or attention scores)
   float red[32];
   float stat[8];
+  unsigned sig_seq;  // phase ends the compute warps have finished (the signal warp's cue)
   uint64_t full[NSLOT];
+  uint64_t empty[NSLOT];
 };
 
 // the weight bytes of instruction `in` into ring slot s (thread 0 only)
@@ -263,32 +290,52 @@ __device__ __forceinline__ float dot4(unsigned w, float4 x, float acc) {
   return acc;
 }
 
-// one 32 KB tile [32768 / K rows][K] against x[K] (shared memory): warp w owns bytes
-// [w * 4096, (w + 1) * 4096): two rows at K = 2048, half a row at K = 8192. Lane words are
-// consecutive (conflict-free LDS.32) and so are their x float4s (conflict-free LDS.128).
-// red[r] gets row r's sum (K = 2048) or red[2r], red[2r + 1] its halves (K = 8192).
-template <int K>
-__device__ __forceinline__ void tile_dot(const int8_t* tile, const float* x, float* red) {
-  int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const unsigned* w32 = reinterpret_cast<const unsigned*>(tile + warp * 4096);
-  float acc[2][2] = {};  // [row][even / odd step]: two FMA chains per row
-#pragma unroll 8
-  for (int s = 0; s < 32; ++s) {
-    int col = (warp * 4096 + s * 128) % K + lane * 4;
-    float4 xv = *reinterpret_cast<const float4*>(x + col);
-    unsigned wv = w32[s * 32 + lane];
-    const int r = K == 2048 && s >= 16;
-    acc[r][s & 1] = dot4(wv, xv, acc[r][s & 1]);
+// A 32 KB tile against x, x held in registers for the whole phase (re-reading it from shared
+// memory made four of every five bytes the tile loop moved through the LSU):
+//   [16 rows][2048] (qkv / o / gu / lm_head): warp w owns rows 2w, 2w + 1; lane's columns
+//     c * 128 + lane * 4 (c < 16: xr[16]); red[r] = row r's sum.
+//   [4 rows][8192] (down): warp w owns columns [w * 1024, (w + 1) * 1024) of every row; lane's
+//     columns w * 1024 + c * 128 + lane * 4 (c < 8: xr[0..8)); red[4 w + r] = row r's part.
+// Lane words are consecutive in shared memory (conflict-free LDS.32). Two FMA chains per row,
+// every index compile-time (an index computed at run time put the accumulators in local memory).
+__device__ __forceinline__ void load_xr(float4 (&xr)[16], const float* x, bool down) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (down) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) xr[c] = *reinterpret_cast<const float4*>(x + warp * 1024 + c * 128 + lane * 4);
+  } else {
+#pragma unroll
+    for (int c = 0; c < 16; ++c) xr[c] = *reinterpret_cast<const float4*>(x + c * 128 + lane * 4);
   }
-  float a0 = warp_sum(acc[0][0] + acc[0][1]);
-  float a1 = warp_sum(acc[1][0] + acc[1][1]);
-  if (lane == 0) {
-    if (K == 2048) {
-      red[2 * warp] = a0;
-      red[2 * warp + 1] = a1;
-    } else {
-      red[warp] = a0;
+}
+__device__ __forceinline__ void tile_rows(const int8_t* tile, const float4 (&xr)[16], float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const unsigned* w32 = reinterpret_cast<const unsigned*>(tile) + warp * 1024 + lane;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float e = 0.f, o = 0.f;
+#pragma unroll
+    for (int c = 0; c < 16; c += 2) {
+      e = dot4(w32[r * 512 + c * 32], xr[c], e);
+      o = dot4(w32[r * 512 + (c + 1) * 32], xr[c + 1], o);
     }
+    const float v = warp_sum(e + o);
+    if (lane == 0) red[2 * warp + r] = v;
+  }
+}
+__device__ __forceinline__ void tile_down(const int8_t* tile, const float4 (&xr)[16], float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const unsigned* w32 = reinterpret_cast<const unsigned*>(tile) + warp * 256 + lane;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    float e = 0.f, o = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; c += 2) {
+      e = dot4(w32[r * 2048 + c * 32], xr[c], e);
+      o = dot4(w32[r * 2048 + (c + 1) * 32], xr[c + 1], o);
+    }
+    const float v = warp_sum(e + o);
+    if (lane == 0) red[4 * warp + r] = v;
   }
 }
 
@@ -303,14 +350,14 @@ __device__ void load_x(Smem& sm, const float* src, int n, bool rms) {
   if (rms) {
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) sm.red[threadIdx.x / 32] = ss;
-    __syncthreads();
+    csync();
     if (threadIdx.x == 0) {
       float t = 0.f;
       for (int i = 0; i < THREADS / 32; ++i) t += sm.red[i];
       sm.stat[0] = rsqrtf(t / n + EPS);
     }
   }
-  __syncthreads();
+  csync();
 }
 
 // one q head's attention (RoPE, the cache write by the group's first head, softmax over pos + 1
@@ -337,7 +384,7 @@ __device__ void attention(const State& st, Smem& sm, int l, int h, int pos) {
     int d = tid - 32;
     vn[d] = __half2float(__float2half(__ldcg(st.qkv + H + NKV * HD + g * HD + d)));
   }
-  __syncthreads();
+  csync();
   if (h % (NQ / NKV) == 0 && tid < HD) {
     st.kc[kv_off(l, g, pos) + tid] = __float2half(kn[tid]);
     st.vc[kv_off(l, g, pos) + tid] = __float2half(vn[tid]);
@@ -366,15 +413,15 @@ __device__ void attention(const State& st, Smem& sm, int l, int h, int pos) {
     }
     sc[t] = a * 0.125f;
   }
-  __syncthreads();
+  csync();
   float m = -INFINITY;
   for (int t = tid; t <= pos; t += THREADS) m = fmaxf(m, sc[t]);
   m = warp_max(m);
   if (lane == 0) sm.red[warp] = m;
-  __syncthreads();
+  csync();
   m = sm.red[0];
   for (int i = 1; i < THREADS / 32; ++i) m = fmaxf(m, sm.red[i]);
-  __syncthreads();
+  csync();
   float sum = 0.f;
   for (int t = tid; t <= pos; t += THREADS) {
     float p = expf(sc[t] - m);
@@ -383,7 +430,7 @@ __device__ void attention(const State& st, Smem& sm, int l, int h, int pos) {
   }
   sum = warp_sum(sum);
   if (lane == 0) sm.red[warp] = sum;
-  __syncthreads();
+  csync();
   sum = 0.f;
   for (int i = 0; i < THREADS / 32; ++i) sum += sm.red[i];
   // out = sum_t p[t] v[t]: a warp per key (t = warp, warp + 8, ...), a lane per two dimensions
@@ -403,7 +450,7 @@ __device__ void attention(const State& st, Smem& sm, int l, int h, int pos) {
   }
   part[warp * HD + 2 * lane] = ox;
   part[warp * HD + 2 * lane + 1] = oy;
-  __syncthreads();
+  csync();
   if (tid < HD) {
     float o = 0.f;
     for (int i = 0; i < THREADS / 32; ++i) o += part[i * HD + tid];
@@ -411,22 +458,76 @@ __device__ void attention(const State& st, Smem& sm, int l, int h, int pos) {
   }
 }
 
-__global__ void __launch_bounds__(THREADS, 1)
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+
+__global__ void __launch_bounds__(BLOCK, 1)
     decode_step(Weights w, State st, const Ins* __restrict__ ins, const int* __restrict__ qoff,
-                int* cnt, int epoch, int pos, int* err, Prof* prof, long long limit_ns) {
+                int* cnt, int epoch, int pos, int* err, Prof* prof, long long limit_ns, int mode) {
+  // mode (timing only, results meaningless): bit 0 no waits (the stream and the tiles alone),
+  // bit 1 no tile arithmetic (the stream and the dependency chain alone)
+  const bool nodep = mode & 1, nodot = mode & 2;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
   const int q0 = qoff[blockIdx.x], q1 = qoff[blockIdx.x + 1], nq = q1 - q0;
-  unsigned long long t_start = clock64(), t_dep = 0, t_w = 0, t_attn = 0, t_body = 0;
+  unsigned long long t_start = clock64(), t_dep = 0, t_w = 0, t_attn = 0, t_body = 0, t_dot = 0,
+                     t_iss = 0;
+  unsigned n_sig = 0;
   if (tid == 0) {
-    for (int s = 0; s < NSLOT; ++s) mbar_init(&sm.full[s], 1);
+    for (int s = 0; s < NSLOT; ++s) {
+      mbar_init(&sm.full[s], 1);
+      mbar_init(&sm.empty[s], 1);
+    }
+    sm.sig_seq = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if (tid == 0)
+  if (PRODUCER && tid >= THREADS) {  // the producer warp: one lane walks the queue
+    if (tid == THREADS) {
+      Ins nx = nq ? ins[q0] : Ins{};
+      for (int j = 0; j < nq; ++j) {
+        const Ins in = nx;
+        if (j + 1 < nq) nx = ins[q0 + j + 1];
+        const int s = j % NSLOT;
+        if (j >= NSLOT)
+          while (!mbar_try(&sm.empty[s], ((j / NSLOT) - 1) & 1)) {
+          }
+        issue(w, in, sm, s);
+      }
+    }
+    if (tid >= THREADS + 32) {  // the signal warp: each phase end's count, in queue order
+      const int lane = tid & 31;  // (32 instructions read at once: one L2 / HBM trip per 32)
+      unsigned k = 0;
+      for (int j0 = 0; j0 < nq; j0 += 32) {
+        int si = -1, sa = 0;
+        if (j0 + lane < nq) {
+          const Ins in = ins[q0 + j0 + lane];
+          si = in.sig_idx;
+          sa = in.sig_add;
+        }
+        unsigned m = __ballot_sync(0xffffffffu, si >= 0 && sa > 0);
+        while (m) {
+          const int b = __ffs(m) - 1;
+          m &= m - 1;
+          const int c = __shfl_sync(0xffffffffu, si, b), add = __shfl_sync(0xffffffffu, sa, b);
+          ++k;
+          if (lane == 0) {
+            while (ld_acquire_cta(&sm.sig_seq) < k) {
+            }
+            red_release(cnt + c, add);  // cumulative: the compute warps' bar.sync, release.cta
+          }
+          __syncwarp();
+        }
+      }
+    }
+    return;
+  }
+  if (!PRODUCER && tid == 0)
     for (int j = 0; j < NSLOT && j < nq; ++j) issue(w, ins[q0 + j], sm, j);
-  int have = -2;  // the wait index whose input row sm.x holds
+  int have = -2;  // the wait index whose input row sm.x (and xr) holds
+  float4 xr[16];
   // instructions are read one iteration ahead (and the one to issue NSLOT ahead): the weight
   // stream evicts them from L2, and a fetch at the point of use put an HBM round trip on every
   // instruction's critical path
@@ -435,21 +536,23 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Ins in = nxt;
     if (j + 1 < nq) nxt = ins[q0 + j + 1];
     Ins ahead = in;
-    if (tid == 0 && j + NSLOT < nq) ahead = ins[q0 + j + NSLOT];
+    if (!PRODUCER && tid == 0 && j + NSLOT < nq) ahead = ins[q0 + j + NSLOT];
     const int s = j % NSLOT;
     if (in.wait_idx != have) {  // first instruction of a phase on this SM: wait, load its input
       unsigned long long t0 = clock64();
-      if (in.wait_idx >= 0 && tid == 0) {
+      if (in.wait_idx >= 0 && tid == 0 && !nodep) {  // nodep: timing only (no ordering)
         const int target = (epoch + 1) * in.wait_cnt;
         long long t_lim = gtime() + limit_ns;
-        while (ld_acquire(cnt + in.wait_idx) < target) {
+        // relaxed polls (an acquire load also invalidates L1 each time), one acquire at the end
+        while (ld_relaxed(cnt + in.wait_idx) < target) {
           if ((long long)gtime() > t_lim || *(volatile int*)err) {  // stuck, or another SM was
             atomicCAS(err, 0, 1 + in.wait_idx);
             break;
           }
         }
+        (void)ld_acquire(cnt + in.wait_idx);
       }
-      __syncthreads();
+      csync();
       const float* hsrc = in.layer == 0 && in.op == QKV_T ? st.emb : st.h;
       switch (in.op) {
         case QKV_T:
@@ -459,6 +562,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         case DOWN_T: load_x(sm, st.act, FF, false); break;
         default: break;
       }
+      if (in.op != ATTN) load_xr(xr, sm.x, in.op == DOWN_T);
       have = in.op == ATTN ? -3 : in.wait_idx;  // attention overwrites sm.x
       t_dep += clock64() - t0;
     }
@@ -478,15 +582,21 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float* sc = sm.ring[s].sc;
     if (in.op == ATTN) {
       unsigned long long t0 = clock64();
-      attention(st, sm, l, in.n0, pos);
+      if (!nodot) attention(st, sm, l, in.n0, pos);
       t_attn += clock64() - t0;
     } else if (in.op == DOWN_T) {
-      tile_dot<FF>(sm.ring[s].w, sm.x, sm.red);
-      __syncthreads();
-      if (tid < 4) st.h[in.n0 + tid] = base + (sm.red[2 * tid] + sm.red[2 * tid + 1]) * sc[tid];
+      if (!nodot) tile_down(sm.ring[s].w, xr, sm.red);
+      csync();
+      t_dot += clock64() - t_b0;
+      if (tid < 4) {
+        float a = 0.f;
+        for (int i = 0; i < THREADS / 32; ++i) a += sm.red[4 * i + tid];
+        st.h[in.n0 + tid] = base + a * sc[tid];
+      }
     } else {
-      tile_dot<H>(sm.ring[s].w, sm.x, sm.red);
-      __syncthreads();
+      if (!nodot) tile_rows(sm.ring[s].w, xr, sm.red);
+      csync();
+      t_dot += clock64() - t_b0;
       const float r = sm.stat[0];
       if (tid < 16) {
         const float a = sm.red[tid] * sc[tid];
@@ -500,19 +610,27 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       if (in.op == GU_T && tid < 8) st.act[in.n0 + tid] = silu(sm.red[tid] * sc[tid] * r) * (sm.red[8 + tid] * sc[8 + tid] * r);
     }
-    __syncthreads();  // the slot is free and every output of the instruction is written
+    csync();  // the slot is free and every output of the instruction is written
     if (tid == 0) {
-      if (j + NSLOT < nq) {  // the next load first: the release below waits for the stores
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        issue(w, ahead, sm, s);
-      }
+      const unsigned long long t_i0 = clock64();
       // the SM's last instruction of a phase counts all of the SM's instructions in it
       // (release: cumulative over the block's stores through bar.sync)
-      if (in.sig_idx >= 0 && in.sig_add > 0) red_release(cnt + in.sig_idx, in.sig_add);
+      const bool sig = in.sig_idx >= 0 && in.sig_add > 0;
+      if (PRODUCER) {
+        mbar_arrive(&sm.empty[s]);  // the slot is the producer's again
+        if (sig) st_release_cta(&sm.sig_seq, ++n_sig);
+      } else {
+        if (j + NSLOT < nq) {  // the next load first: the release below waits for the stores
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          issue(w, ahead, sm, s);
+        }
+        if (sig) red_release(cnt + in.sig_idx, in.sig_add);
+      }
+      t_iss += clock64() - t_i0;
     }
     t_body += clock64() - t_b0;
   }
-  if (tid == 0 && prof) prof[blockIdx.x] = Prof{clock64() - t_start, t_dep, t_w, t_attn, t_body};
+  if (tid == 0 && prof) prof[blockIdx.x] = Prof{clock64() - t_start, t_dep, t_w, t_attn, t_body, t_dot, t_iss};
 }
 
 // ---------------------------------------------------------------- host
@@ -571,8 +689,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int nsm = prop.multiProcessorCount;
-  printf("{\"gpu\": \"%s\", \"sms\": %d, \"smem_bytes\": %zu, \"iters\": %d}\n", prop.name, nsm,
-         sizeof(Smem), iters);
+  printf("{\"gpu\": \"%s\", \"sms\": %d, \"smem_bytes\": %zu, \"iters\": %d, \"producer_warp\": %d}\n",
+         prop.name, nsm, sizeof(Smem), iters, PRODUCER);
 
   // weights: one buffer, the layout the instructions read
   const size_t n_qkv = size_t(NL) * QKV * H, n_o = size_t(NL) * H * H, n_g = size_t(NL) * FF * H,
@@ -684,16 +802,16 @@ int main(int argc, char** argv) {
   const size_t smem = sizeof(Smem);
   CK(cudaFuncSetAttribute(decode_step, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int per_sm = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step, THREADS, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step, BLOCK, smem));
   if (per_sm < 1) {
     printf("{\"error\": \"decode_step does not fit an SM\"}\n");
     return 1;
   }
   int epoch = 0;
   const long long limit_ns = 200000000LL;  // a stuck step errs after 0.2 s instead of hanging
-  auto mega = [&](int pos, const float* e, Prof* pr) {
+  auto mega = [&](int pos, const float* e, Prof* pr, int mode = 0) {
     mg.emb = e;
-    decode_step<<<nsm, THREADS, smem>>>(w, mg, d_ins, d_off, cnt, epoch++, pos, err, pr, limit_ns);
+    decode_step<<<nsm, BLOCK, smem>>>(w, mg, d_ins, d_off, cnt, epoch++, pos, err, pr, limit_ns, mode);
   };
   auto reference = [&](int pos, const float* e) {
     rf.emb = e;
@@ -791,28 +909,33 @@ int main(int argc, char** argv) {
   fflush(stdout);
 
   std::vector<Prof> hp(nsm);
-  for (int ctx : {128, 512, 2047}) {
-    const double us = timed([&] { mega(ctx, emb, nullptr); }, iters);
+  const char* names[4] = {"mega", "mega_nodep", "mega_nodot", "mega_stream_only"};
+  const int cases[][2] = {{128, 3}, {128, 2}, {128, 1}, {128, 0}, {512, 0}, {2047, 0}};  // ctx, mode
+  for (const auto& cm : cases) {
+    const int ctx = cm[0], mode = cm[1];
+    const double us = timed([&] { mega(ctx, emb, nullptr, mode); }, iters);
     int h_err = 0;
     CK(cudaMemcpy(&h_err, err, sizeof(int), cudaMemcpyDeviceToHost));
-    mega(ctx, emb, prof);
+    mega(ctx, emb, prof, mode);
     CK(cudaMemcpy(hp.data(), prof, nsm * sizeof(Prof), cudaMemcpyDeviceToHost));
-    double tot = 0, dep = 0, wt = 0, at = 0, tmax = 0, bd = 0;
+    double tot = 0, dep = 0, wt = 0, at = 0, tmax = 0, bd = 0, dt = 0, is = 0;
     for (auto& p : hp) {
       tot += p.total;
       dep += p.wait_dep;
       wt += p.wait_w;
       at += p.attn;
       bd += p.body;
+      dt += p.dot;
+      is += p.issue;
       tmax = fmax(tmax, double(p.total));
     }
     const double clk_ghz = tmax / us / 1e3;  // the slowest block spans the step (launch aside)
-    printf("{\"case\": \"mega\", \"ctx\": %d, \"us_per_step\": %.1f, \"weight_tb_s\": %.3f, "
+    printf("{\"case\": \"%s\", \"ctx\": %d, \"us_per_step\": %.1f, \"weight_tb_s\": %.3f, "
            "\"x_read_floor\": %.2f, \"x_copy_floor\": %.2f, \"share_wait_dep\": %.3f, "
-           "\"share_wait_weights\": %.3f, \"share_attention\": %.3f, \"share_body\": %.3f, \"clock_ghz_est\": %.2f, "
+           "\"share_wait_weights\": %.3f, \"share_attention\": %.3f, \"share_body\": %.3f, \"share_dot\": %.3f, \"share_issue\": %.3f, \"clock_ghz_est\": %.2f, "
            "\"err_flag\": %d}\n",
-           ctx, us, wbytes / us / 1e6, us / us_read, us / (wbytes / copy_bw / 1e6), dep / tot, wt / tot,
-           at / tot, bd / tot, clk_ghz, h_err);
+           names[mode], ctx, us, wbytes / us / 1e6, us / us_read, us / (wbytes / copy_bw / 1e6), dep / tot, wt / tot,
+           at / tot, bd / tot, dt / tot, is / tot, clk_ghz, h_err);
     fflush(stdout);
     pass &= h_err == 0;
   }
