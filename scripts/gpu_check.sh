@@ -86,14 +86,16 @@ if [[ " $STAGES " == *" clusterhop "* ]]; then  # explicit only, ~30 s: a depend
 fi
 if [[ " $STAGES " == *" decmega "* ]]; then  # explicit only, ~2 min: a persistent decode step (lab)
   log "decmega: persistent decode step, Llama-3.2-1B shapes INT8 (lab/gpu/decode_mega.cu) vs the weight-read floor" | tee -a "$OUT/gpu_check_${STAMP}.log"
-  # PRODUCER 1: producer and signal warps; 0: thread 0 issues and signals between tiles
-  for prod in ${DECMEGA_PRODUCER:-1 0}; do
-    nvcc -O3 -std=c++17 -arch=sm_90a -DPRODUCER=$prod -Xptxas -v -o /tmp/zoi_decode_mega lab/gpu/decode_mega.cu 2>&1 \
+  # variants PRODUCER:NSLOT (1: producer and signal warps, 0: thread 0 issues and signals between
+  # tiles; the weight ring's depth in 32 KB slots)
+  for v in ${DECMEGA_VARIANTS:-1:6}; do
+    prod=${v%%:*}; nslot=${v##*:}
+    nvcc -O3 -std=c++17 -arch=sm_90a -DPRODUCER=$prod -DNSLOT=$nslot -Xptxas -v -o /tmp/zoi_decode_mega lab/gpu/decode_mega.cu 2>&1 \
       | grep -A2 decode_step | grep -E 'registers|spill' | tee -a "$OUT/gpu_check_${STAMP}.log"
     timeout "${DECMEGA_TIMEOUT:-100}" /tmp/zoi_decode_mega ${DECMEGA_ITERS:-200} 2>&1 \
       | tee -a "$OUT/gpu_decode_mega_${STAMP}.jsonl" | tee -a "$OUT/gpu_check_${STAMP}.log"
     mrc=${PIPESTATUS[0]}; [[ $rc -eq 0 ]] && rc=$mrc
-    echo "decode_mega (producer warp $prod) exit code $mrc" | tee -a "$OUT/gpu_check_${STAMP}.log"
+    echo "decode_mega (producer warp $prod, ring $nslot) exit code $mrc" | tee -a "$OUT/gpu_check_${STAMP}.log"
   done
   # the product's decode step on the same card, same run (per-op graph, Triton kernels)
   for prec in ${DECMEGA_PRODUCT:-w8}; do  # weight-only INT8, as the kernel (int8: W8A8)

@@ -50,7 +50,11 @@ constexpr int THREADS = 256;  // the compute warps
 // block's stores to drain: ~1 us a phase that the compute warps no longer wait out)
 constexpr int BLOCK = THREADS + (PRODUCER ? 64 : 0);
 constexpr int SLOT = 32768;
-constexpr int NSLOT = 6;
+// ring depth in 32 KB slots: 6 fills the SM's shared memory beside x; 7 (x straight from L2
+// into registers, attention scratch in its own slot) measured no faster
+#ifndef NSLOT
+#define NSLOT 6
+#endif
 constexpr float EPS = 1e-5f;
 constexpr float THETA = 500000.f;
 
@@ -164,6 +168,9 @@ __global__ void ref_attn(float* qkv, half* kc, half* vc, float* attn, int l, int
 // ---------------------------------------------------------------- the persistent kernel
 // the compute warps' barrier (named barrier 1: the producer warp never joins it)
 __device__ __forceinline__ void csync() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
+
+constexpr int NTRACE = NL * NPH + 1;  // traced phases: every counted one and lm_head
+__device__ __forceinline__ int phase_of(const Ins& in) { return in.sig_idx >= 0 ? in.sig_idx : NL * NPH; }
 
 struct Prof {  // per block, SM clocks
   unsigned long long total, wait_dep, wait_w, attn, body;  // body: weights ready -> next issued
@@ -464,7 +471,8 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
 
 __global__ void __launch_bounds__(BLOCK, 1)
     decode_step(Weights w, State st, const Ins* __restrict__ ins, const int* __restrict__ qoff,
-                int* cnt, int epoch, int pos, int* err, Prof* prof, long long limit_ns, int mode) {
+                int* cnt, int epoch, int pos, int* err, Prof* prof, long long limit_ns, int mode,
+                unsigned long long* trace) {
   // mode (timing only, results meaningless): bit 0 no waits (the stream and the tiles alone),
   // bit 1 no tile arithmetic (the stream and the dependency chain alone)
   const bool nodep = mode & 1, nodot = mode & 2;
@@ -565,6 +573,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
       if (in.op != ATTN) load_xr(xr, sm.x, in.op == DOWN_T);
       have = in.op == ATTN ? -3 : in.wait_idx;  // attention overwrites sm.x
       t_dep += clock64() - t0;
+      // trace: when this SM starts a phase (its wait over, its input loaded) and, below, when it
+      // has finished the phase (ns, globaltimer); phase = the counter it bumps, NL * NPH for lm_head
+      if (trace && tid == 0) trace[(size_t(blockIdx.x) * NTRACE + phase_of(in)) * 2] = gtime();
     }
     {  // this instruction's weights
       unsigned long long t0 = clock64();
@@ -619,6 +630,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       if (PRODUCER) {
         mbar_arrive(&sm.empty[s]);  // the slot is the producer's again
         if (sig) st_release_cta(&sm.sig_seq, ++n_sig);
+        if (trace && (sig || j + 1 == nq)) trace[(size_t(blockIdx.x) * NTRACE + phase_of(in)) * 2 + 1] = gtime();
       } else {
         if (j + NSLOT < nq) {  // the next load first: the release below waits for the stores
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -689,8 +701,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int nsm = prop.multiProcessorCount;
-  printf("{\"gpu\": \"%s\", \"sms\": %d, \"smem_bytes\": %zu, \"iters\": %d, \"producer_warp\": %d}\n",
-         prop.name, nsm, sizeof(Smem), iters, PRODUCER);
+  printf("{\"gpu\": \"%s\", \"sms\": %d, \"smem_bytes\": %zu, \"iters\": %d, \"producer_warp\": %d, \"nslot\": %d}\n",
+         prop.name, nsm, sizeof(Smem), iters, PRODUCER, NSLOT);
 
   // weights: one buffer, the layout the instructions read
   const size_t n_qkv = size_t(NL) * QKV * H, n_o = size_t(NL) * H * H, n_g = size_t(NL) * FF * H,
@@ -809,9 +821,9 @@ int main(int argc, char** argv) {
   }
   int epoch = 0;
   const long long limit_ns = 200000000LL;  // a stuck step errs after 0.2 s instead of hanging
-  auto mega = [&](int pos, const float* e, Prof* pr, int mode = 0) {
+  auto mega = [&](int pos, const float* e, Prof* pr, int mode = 0, unsigned long long* tr = nullptr) {
     mg.emb = e;
-    decode_step<<<nsm, BLOCK, smem>>>(w, mg, d_ins, d_off, cnt, epoch++, pos, err, pr, limit_ns, mode);
+    decode_step<<<nsm, BLOCK, smem>>>(w, mg, d_ins, d_off, cnt, epoch++, pos, err, pr, limit_ns, mode, tr);
   };
   auto reference = [&](int pos, const float* e) {
     rf.emb = e;
@@ -938,6 +950,42 @@ int main(int argc, char** argv) {
            at / tot, bd / tot, dt / tot, is / tot, clk_ghz, h_err);
     fflush(stdout);
     pass &= h_err == 0;
+  }
+  // the phase timeline of one step (ctx 128): per phase, from the first SM's start to the last
+  // SM's finish (span) and from that finish to the next phase's first start (hop), by kind
+  if (PRODUCER) {
+    const size_t nt = size_t(nsm) * NTRACE * 2;
+    unsigned long long* d_tr;
+    CK(cudaMalloc(&d_tr, nt * 8));
+    CK(cudaMemset(d_tr, 0, nt * 8));
+    mega(128, emb, nullptr, 0, d_tr);
+    std::vector<unsigned long long> tr(nt);
+    CK(cudaMemcpy(tr.data(), d_tr, nt * 8, cudaMemcpyDeviceToHost));
+    std::vector<double> S(NTRACE, 1e30), E(NTRACE, 0), Smax(NTRACE, 0);
+    for (int b = 0; b < nsm; ++b)
+      for (int p = 0; p < NTRACE; ++p) {
+        const double a = double(tr[(size_t(b) * NTRACE + p) * 2]), z = double(tr[(size_t(b) * NTRACE + p) * 2 + 1]);
+        if (a == 0 || z == 0) continue;
+        S[p] = fmin(S[p], a);
+        Smax[p] = fmax(Smax[p], a);
+        E[p] = fmax(E[p], z);
+      }
+    const char* kind[6] = {"qkv", "attn", "o", "gu", "down", "lm_head"};
+    double span[6] = {}, hop[6] = {}, skew[6] = {};
+    int n[6] = {};
+    for (int p = 0; p < NTRACE; ++p) {
+      const int k = p == NL * NPH ? 5 : p % NPH;
+      span[k] += (E[p] - S[p]) / 1e3;
+      skew[k] += (Smax[p] - S[p]) / 1e3;
+      if (p + 1 < NTRACE) hop[k] += (S[p + 1] - E[p]) / 1e3;
+      ++n[k];
+    }
+    printf("{\"case\": \"timeline\", \"ctx\": 128, \"step_us\": %.1f", (E[NTRACE - 1] - S[0]) / 1e3);
+    for (int k = 0; k < 6; ++k)
+      printf(", \"%s\": {\"count\": %d, \"span_us\": %.2f, \"start_skew_us\": %.2f, \"hop_after_us\": %.2f}", kind[k],
+             n[k], span[k] / n[k], skew[k] / n[k], hop[k] / n[k]);
+    printf("}\n");
+    CK(cudaFree(d_tr));
   }
   printf("{\"pass\": %s}\n", pass ? "true" : "false");
   return pass ? 0 : 3;
