@@ -315,35 +315,29 @@ __device__ __forceinline__ void load_xr(float4 (&xr)[16], const float* x, bool d
     for (int c = 0; c < 16; ++c) xr[c] = *reinterpret_cast<const float4*>(x + c * 128 + lane * 4);
   }
 }
-__device__ __forceinline__ void tile_rows(const int8_t* tile, const float4 (&xr)[16], float* red) {
+// R rows per warp, C word steps per row: warp w's words start at w * WARP_W, row r's at
+// r * ROW_W; red[R * w + r] gets the warp's sum for row r
+template <int R, int C, int WARP_W, int ROW_W>
+__device__ __forceinline__ void tile_dot(const int8_t* tile, const float4 (&xr)[16], float* red) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const unsigned* w32 = reinterpret_cast<const unsigned*>(tile) + warp * 1024 + lane;
+  const unsigned* w32 = reinterpret_cast<const unsigned*>(tile) + warp * WARP_W + lane;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < R; ++r) {
     float e = 0.f, o = 0.f;
 #pragma unroll
-    for (int c = 0; c < 16; c += 2) {
-      e = dot4(w32[r * 512 + c * 32], xr[c], e);
-      o = dot4(w32[r * 512 + (c + 1) * 32], xr[c + 1], o);
+    for (int c = 0; c < C; c += 2) {
+      e = dot4(w32[r * ROW_W + c * 32], xr[c], e);
+      o = dot4(w32[r * ROW_W + (c + 1) * 32], xr[c + 1], o);
     }
     const float v = warp_sum(e + o);
-    if (lane == 0) red[2 * warp + r] = v;
+    if (lane == 0) red[R * warp + r] = v;
   }
 }
+__device__ __forceinline__ void tile_rows(const int8_t* tile, const float4 (&xr)[16], float* red) {
+  tile_dot<2, 16, 1024, 512>(tile, xr, red);  // [16][2048]: rows 2w, 2w + 1
+}
 __device__ __forceinline__ void tile_down(const int8_t* tile, const float4 (&xr)[16], float* red) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const unsigned* w32 = reinterpret_cast<const unsigned*>(tile) + warp * 256 + lane;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    float e = 0.f, o = 0.f;
-#pragma unroll
-    for (int c = 0; c < 8; c += 2) {
-      e = dot4(w32[r * 2048 + c * 32], xr[c], e);
-      o = dot4(w32[r * 2048 + (c + 1) * 32], xr[c + 1], o);
-    }
-    const float v = warp_sum(e + o);
-    if (lane == 0) red[4 * warp + r] = v;
-  }
+  tile_dot<4, 8, 256, 2048>(tile, xr, red);  // [4][8192]: columns [1024 w, 1024 (w + 1))
 }
 
 // the phase's input row into shared memory (through L2: other SMs wrote it), and its RMS
