@@ -17,11 +17,13 @@
 //
 // Instructions: one per weight tile of 32 KB (16 rows x 2048: qkv / o / lm_head; 8 gate + 8 up
 // rows: gu; 4 rows x 8192: down) and one per q head (attention). Each SM runs its own queue in
-// the global phase order, round-robin over the SMs phase after phase. Before an instruction's
-// first read of another SM's output, thread 0 waits (ld.acquire.gpu, bounded by a time limit that
-// sets an error flag) until the phase before has counted all its instructions; after its last
-// write it counts itself (red.release.gpu). Counters only grow: a step's targets are
-// (epoch + 1) x count, so no memset is needed between launches.
+// the global phase order, round-robin over the SMs phase after phase. At the first instruction
+// of a phase, thread 0 polls until the phase before has counted all its instructions (relaxed
+// loads, then one acquire; bounded by a time limit that sets an error flag), and the phase's
+// input row is loaded. When an SM finishes its last instruction of a phase, it adds its count
+// of them to the phase's counter (red.release.gpu, from the signal warp). Counters only grow:
+// a step's targets are (epoch + 1) x count, so no memset is needed between launches.
+// Timing modes and a phase timeline (`case: timeline`) split a step's time; docs/MEGAKERNEL.md.
 //
 // Checked against plain reference kernels (one warp per output row, one thread per head's
 // attention) on the logits of several consecutive steps, then timed for a few context lengths
